@@ -1,0 +1,129 @@
+"""Many SSH endpoints on loopback: 127.0.1.x addresses served by several sshd.
+
+OpenSSH accepts at most 16 ListenAddress lines per sshd, so N endpoints need
+ceil(N / 16) sshd processes. A dedicated login user keeps shell start-up
+cheap (root's rc files on these machines are slow).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+USER = "cvsbench"
+PORT = 2222
+PER_SSHD = 16
+
+
+@dataclass
+class LoopbackFarm:
+    directory: Path
+    addresses: list[str]
+    key_file: Path
+    known_hosts: Path
+    pids: list[int]
+    user: str = USER
+    port: int = PORT
+
+    def cluster_yaml(self, name: str = "loopback", **ssh_extra: object) -> Path:
+        import yaml
+
+        ssh = {
+            "user": self.user,
+            "port": self.port,
+            "identity_files": [str(self.key_file)],
+            "known_hosts": str(self.known_hosts),
+            "host_key_policy": "strict",
+            "use_ssh_config": False,
+            **ssh_extra,
+        }
+        doc = {
+            "name": name,
+            "hosts": [{"name": f"lo{i + 1}", "address": a} for i, a in enumerate(self.addresses)],
+            "ssh": ssh,
+            "concurrency": {"handshakes": 32},
+        }
+        path = self.directory / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
+
+
+def _ensure_user() -> None:
+    if subprocess.run(["id", USER], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "-m", "-s", "/bin/sh", USER], check=True)
+        subprocess.run(["usermod", "-p", "*", USER], check=True)
+
+
+@contextmanager
+def loopback_farm(count: int, *, max_startups: str = "200:30:400") -> Iterator[LoopbackFarm]:
+    """Start ceil(count/16) sshd serving `count` loopback addresses; stop them after."""
+    if os.geteuid() != 0:
+        raise SystemExit("the loopback farm needs root (it starts sshd and adds a user)")
+    _ensure_user()
+    directory = Path(tempfile.mkdtemp(prefix="cvs-loopback-"))
+    os.chmod(directory, 0o755)
+    pids: list[int] = []
+    try:
+        host_key = directory / "host_ed25519"
+        key = directory / "id_ed25519"
+        for k in (host_key, key):
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(k)], check=True
+            )
+        home = Path(f"~{USER}").expanduser()
+        ssh_dir = home / ".ssh"
+        ssh_dir.mkdir(mode=0o700, exist_ok=True)
+        (ssh_dir / "authorized_keys").write_text((directory / "id_ed25519.pub").read_text())
+        shutil.chown(ssh_dir, USER, USER)
+        shutil.chown(ssh_dir / "authorized_keys", USER, USER)
+        addresses = [f"127.0.{1 + i // 250}.{1 + i % 250}" for i in range(count)]
+        pub = (directory / "host_ed25519.pub").read_text().split()
+        patterns = ",".join(f"[{a}]:{PORT}" for a in addresses)
+        known = directory / "known_hosts"
+        known.write_text(f"{patterns} {pub[0]} {pub[1]}\n")
+        for n in range(0, count, PER_SSHD):
+            chunk = addresses[n : n + PER_SSHD]
+            conf = directory / f"sshd_{n}.conf"
+            pidfile = directory / f"sshd_{n}.pid"
+            conf.write_text(
+                "\n".join(
+                    [f"ListenAddress {a}:{PORT}" for a in chunk]
+                    + [
+                        f"HostKey {host_key}",
+                        f"PidFile {pidfile}",
+                        "UsePAM no",
+                        "PasswordAuthentication no",
+                        "KbdInteractiveAuthentication no",
+                        "PubkeyAuthentication yes",
+                        f"AllowUsers {USER}",
+                        f"MaxStartups {max_startups}",
+                        "MaxSessions 32",
+                        "UseDNS no",
+                        "PrintMotd no",
+                        "LogLevel ERROR",
+                    ]
+                )
+                + "\n"
+            )
+            subprocess.run(["/usr/sbin/sshd", "-f", str(conf)], check=True)
+            for _ in range(100):
+                if pidfile.exists() and pidfile.read_text().strip():
+                    break
+                time.sleep(0.02)
+            pids.append(int(pidfile.read_text()))
+        yield LoopbackFarm(directory, addresses, key, known, pids)
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(directory, ignore_errors=True)

@@ -1,0 +1,281 @@
+"""`cvs`: the command line. Thin: parse, load, call the API, render.
+
+Exit codes (DESIGN.md): 0 all good, 1 a command failed on some host, 2 usage
+or config error, 3 some host unreachable, 4 refused by policy, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from . import __version__
+from .config import ConfigError
+from .events import EventSink, JsonLinesSink, PlainSink, wants_plain
+from .results import HostResult, exit_code_for
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_REFUSED, EXIT_INTERRUPTED = (
+    0,
+    1,
+    2,
+    3,
+    4,
+    130,
+)
+
+DEFAULT_SANDBOX_DIR = "/tmp/cvs-sandbox"
+
+
+class UsageError(Exception):
+    """Bad command-line input; printed as one line, exit 2."""
+
+
+def _cluster_path(args: argparse.Namespace) -> Path:
+    if args.cluster:
+        return Path(args.cluster)
+    env = os.environ.get("CVS_CLUSTER")
+    if env:
+        return Path(env)
+    default = Path("cluster.yaml")
+    if not default.exists():
+        raise UsageError(
+            "no cluster file: pass -c FILE, set CVS_CLUSTER, or create ./cluster.yaml "
+            "(`cvs sandbox up` writes one for a local sandbox)"
+        )
+    return default
+
+
+def load(args: argparse.Namespace, **kwargs: Any) -> Any:
+    from .config import load_cluster
+
+    return load_cluster(_cluster_path(args), **kwargs)
+
+
+def make_sink(args: argparse.Namespace, *, output: bool = True) -> EventSink:
+    if args.json:
+        return JsonLinesSink(sys.stdout, output=output)
+    if wants_plain(sys.stderr):
+        return PlainSink(verbose=args.verbose, output=output)
+    from .render import RichSink
+
+    sink = RichSink(verbose=args.verbose)
+    if not output:
+        sink.emit = _without_output(sink.emit)  # type: ignore[method-assign]
+    return sink
+
+
+def _without_output(emit: Callable[[Any], None]) -> Callable[[Any], None]:
+    from .events import OutputLine
+
+    def filtered(event: Any) -> None:
+        if not isinstance(event, OutputLine):
+            emit(event)
+
+    return filtered
+
+
+def print_json_summary(results: dict[str, HostResult], code: int, **extra: Any) -> None:
+    summary = {
+        "ok": code == 0,
+        "exit_code": code,
+        **extra,
+        "hosts": {h: r.to_dict() for h, r in results.items()},
+    }
+    sys.stdout.write(json.dumps(summary) + "\n")
+    sys.stdout.flush()
+
+
+# -- commands ---------------------------------------------------------------
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .config import cluster_warnings, normalized_cluster
+
+    cluster = load(args, check_files=not args.no_check_files)
+    doc = normalized_cluster(cluster)
+    warnings = cluster_warnings(cluster)
+    if args.json:
+        sys.stdout.write(json.dumps({"ok": True, "cluster": doc, "warnings": warnings}) + "\n")
+    else:
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump(doc, sort_keys=False))
+        for w in warnings:
+            sys.stderr.write(f"warning: {w}\n")
+        sys.stderr.write(f"{_cluster_path(args)}: ok, {len(cluster.hosts)} hosts\n")
+    return EXIT_OK
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    from .api import Cluster, select_hosts
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("cvs exec: no command given (usage: cvs exec [options] -- CMD ...)")
+    cluster_cfg = load(args)
+    hosts = select_hosts(cluster_cfg, args.hosts)
+    # One argument is taken as shell text (`cvs exec -- 'a | b'`), several as argv.
+    remote: str | list[str] = command[0] if len(command) == 1 else command
+    sink = make_sink(args, output=not args.group)
+
+    async def main() -> dict[str, HostResult]:
+        async with Cluster.open(cluster_cfg, sink=sink) as cluster:
+            return await cluster.exec(
+                remote, hosts=hosts, timeout=args.timeout, host_os=args.host_os
+            )
+
+    try:
+        results = anyio.run(main)
+    finally:
+        sink.close()
+    code = exit_code_for(list(results.values()))
+    if args.json:
+        print_json_summary(results, code)
+        return code
+    from .render import print_grouped, summary_line
+
+    if args.group:
+        print_grouped(results)
+    for r in results.values():
+        if not r.ok and not args.group:
+            sys.stderr.write(f"{r.host}: {r.status}: {r.error}\n")
+    sys.stderr.write(summary_line(results) + "\n")
+    return code
+
+
+def cmd_sandbox(args: argparse.Namespace) -> int:
+    from .sandbox import SandboxError, sandbox_down, sandbox_up
+
+    directory = Path(args.dir or os.environ.get("CVS_SANDBOX_DIR") or DEFAULT_SANDBOX_DIR)
+
+    def progress(text: str) -> None:
+        if not args.json:
+            sys.stderr.write(f"sandbox: {text}\n")
+            sys.stderr.flush()
+
+    try:
+        if args.sandbox_command == "up":
+            if args.hosts < 1:
+                raise UsageError("cvs sandbox up: --hosts must be at least 1")
+            box = sandbox_up(directory, args.hosts, egress_host=args.egress, progress=progress)
+            if args.json:
+                sys.stdout.write(json.dumps({"ok": True, "cluster": str(box.cluster_file)}) + "\n")
+            else:
+                sys.stdout.write(f"{box.cluster_file}\n")
+        else:
+            sandbox_down(directory, progress=progress)
+    except SandboxError as exc:
+        sys.stderr.write(f"cvs sandbox: {exc}\n")
+        return EXIT_USAGE
+    return EXIT_OK
+
+
+# -- parser -----------------------------------------------------------------
+
+EPILOG = """\
+exit codes: 0 ok · 1 a command failed on some host · 2 usage or config error ·
+3 some host unreachable · 4 refused by policy · 130 interrupted
+
+Start here:  cvs sandbox up --hosts 4      # a local 4-host cluster, prints its cluster.yaml
+             cvs -c /tmp/cvs-sandbox/cluster.yaml exec -- hostname
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-c",
+        "--cluster",
+        metavar="FILE",
+        help="cluster file (default: $CVS_CLUSTER, then ./cluster.yaml)",
+    )
+    common.add_argument("--json", action="store_true", help="JSON lines on stdout")
+    common.add_argument("-v", "--verbose", action="store_true", help="more progress detail")
+
+    parser = argparse.ArgumentParser(
+        prog="cvs",
+        description="Keep one named test container per GPU host in the state a run needs.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[common],
+    )
+    parser.add_argument("--version", action="version", version=f"cvs {__version__}")
+    sub = parser.add_subparsers(dest="command_name", metavar="COMMAND", required=True)
+
+    p = sub.add_parser(
+        "validate",
+        parents=[common],
+        help="check a cluster file and print it normalized",
+        description="Load the cluster file, expand hostlists, fill defaults, print the result. "
+        "Exit 2 with one line naming the file and key on any problem.",
+    )
+    p.add_argument(
+        "--no-check-files",
+        action="store_true",
+        help="do not require identity files and setup scripts to exist here",
+    )
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser(
+        "exec",
+        parents=[common],
+        help="run a command on every host (in the container when there is one)",
+        description="Run CMD on the selected hosts at once, over one SSH connection per host. "
+        "With a container block and a running container, CMD runs inside it; "
+        "--host-os runs it on the host itself. One argument is shell text; several are argv.",
+        epilog="example: cvs exec --hosts 'node[1-2]' --timeout 30 -- nvidia-smi -L",
+    )
+    p.add_argument("--hosts", metavar="PATTERN", help="names, globs or hostlists, comma-separated")
+    p.add_argument("--timeout", type=float, metavar="S", help="per-host timeout in seconds")
+    p.add_argument("--group", action="store_true", help="fold identical output (like dshbak -c)")
+    p.add_argument("--host-os", action="store_true", help="run on the host, not in the container")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    p.set_defaults(func=cmd_exec)
+
+    p = sub.add_parser(
+        "sandbox",
+        parents=[common],
+        help="a local multi-host cluster on this machine (root)",
+        description="Build or remove a sandbox cluster: N network namespaces on a private bridge, "
+        "each with its own sshd and dockerd, and a cluster.yaml to drive them.",
+    )
+    sandbox_sub = p.add_subparsers(dest="sandbox_command", metavar="up|down", required=True)
+    up = sandbox_sub.add_parser("up", parents=[common], help="build the sandbox")
+    up.add_argument("--hosts", type=int, default=4, help="number of hosts (default 4)")
+    up.add_argument("--dir", help=f"where it lives (default {DEFAULT_SANDBOX_DIR})")
+    up.add_argument(
+        "--egress", action="store_true", help="add a host whose containers reach Debian mirrors"
+    )
+    down = sandbox_sub.add_parser("down", parents=[common], help="remove everything it made")
+    down.add_argument("--dir", help=f"where it lives (default {DEFAULT_SANDBOX_DIR})")
+    p.set_defaults(func=cmd_sandbox)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        sys.stderr.write("cvs: interrupted\n")
+        return EXIT_INTERRUPTED
+    except (ConfigError, UsageError) as exc:
+        sys.stderr.write(f"cvs: {exc}\n")
+        return EXIT_USAGE
+    except ValueError as exc:
+        from .api import HostSelectionError
+
+        if isinstance(exc, HostSelectionError):
+            sys.stderr.write(f"cvs: {exc}\n")
+            return EXIT_USAGE
+        raise

@@ -1,0 +1,207 @@
+"""Typed events the core emits, and the sinks that render or record them.
+
+The core never prints. It calls `sink.emit(event)`; the CLI picks a sink: a
+rich live view on a TTY, plain `host | line` text when piped (or `CI` /
+`NO_COLOR` set), JSON lines with `--json`. A run directory records every event
+with `JsonLinesSink` as well (see `TeeSink`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import IO, Any, Literal, Protocol
+
+from .results import HostResult
+
+Level = Literal["info", "warning", "error"]
+
+
+@dataclass(frozen=True)
+class Event:
+    ts: float = field(default_factory=time.time, kw_only=True)
+
+    @property
+    def kind(self) -> str:
+        return type(self).__name__
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if isinstance(getattr(self, "result", None), HostResult):
+            data["result"] = self.result.to_dict()  # type: ignore[attr-defined]
+        return {"event": self.kind, **data}
+
+
+@dataclass(frozen=True)
+class Connecting(Event):
+    host: str
+    address: str
+
+
+@dataclass(frozen=True)
+class Connected(Event):
+    host: str
+    seconds: float
+    attempts: int = 1
+
+
+@dataclass(frozen=True)
+class ConnectFailed(Event):
+    host: str
+    status: str
+    error: str
+    attempts: int = 1
+
+
+@dataclass(frozen=True)
+class CommandStarted(Event):
+    host: str
+    command: str
+    label: str | None = None
+
+
+@dataclass(frozen=True)
+class OutputLine(Event):
+    host: str
+    stream: Literal["stdout", "stderr"]
+    line: str
+
+
+@dataclass(frozen=True)
+class CommandFinished(Event):
+    host: str
+    result: HostResult
+    label: str | None = None
+
+
+@dataclass(frozen=True)
+class HostStep(Event):
+    """Progress of a per-host pipeline (pull, run, provision, sshd, ...)."""
+
+    host: str
+    step: str
+    status: Literal["started", "ok", "failed", "skipped"]
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Message(Event):
+    level: Level
+    text: str
+    host: str | None = None
+
+
+class EventSink(Protocol):
+    def emit(self, event: Event) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class NullSink:
+    def emit(self, event: Event) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class CollectingSink:
+    """Keeps every event; for tests and for building summaries."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def emit(self, event: Event) -> None:
+        self.events.append(event)
+
+    def close(self) -> None:
+        pass
+
+    def of(self, kind: type[Event]) -> list[Any]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+class TeeSink:
+    def __init__(self, *sinks: EventSink) -> None:
+        self.sinks = list(sinks)
+
+    def emit(self, event: Event) -> None:
+        for sink in self.sinks:
+            sink.emit(event)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+class JsonLinesSink:
+    """One JSON object per event; used for `--json` and for run directories."""
+
+    def __init__(self, stream: IO[str], *, output: bool = True) -> None:
+        self.stream = stream
+        self.output = output
+        self._lock = threading.Lock()
+
+    def emit(self, event: Event) -> None:
+        if not self.output and isinstance(event, OutputLine):
+            return
+        with self._lock:
+            self.stream.write(json.dumps(event.to_dict(), default=str) + "\n")
+            self.stream.flush()
+
+    def close(self) -> None:
+        self.stream.flush()
+
+
+class PlainSink:
+    """`host | line` text: for pipes, CI logs and `NO_COLOR`."""
+
+    def __init__(
+        self, stream: IO[str] | None = None, *, verbose: bool = False, output: bool = True
+    ) -> None:
+        self.stream = stream or sys.stdout
+        self.err = sys.stderr if stream is None else stream
+        self.verbose = verbose
+        self.output = output
+
+    def emit(self, event: Event) -> None:
+        line = self.render(event)
+        if line is not None:
+            target = self.stream if isinstance(event, OutputLine) else self.err
+            target.write(line + "\n")
+            target.flush()
+
+    def render(self, event: Event) -> str | None:
+        match event:
+            case OutputLine(host=host, line=line) if self.output:
+                return f"{host} | {line}"
+            case Message(level=level, text=text, host=host):
+                prefix = f"{host}: " if host else ""
+                tag = "" if level == "info" else f"{level}: "
+                return f"{tag}{prefix}{text}"
+            case ConnectFailed(host=host, status=status, error=error):
+                return f"{host} ! {status}: {error}"
+            case CommandFinished(host=host, result=r) if not r.ok:
+                code = f" (exit {r.exit_code})" if r.exit_code is not None else ""
+                return f"{host} ! {r.status}{code}{': ' + r.error if r.error else ''}"
+            case HostStep(host=host, step=step, status=status, detail=detail) if (
+                self.verbose or status == "failed"
+            ):
+                return f"{host} - {step}: {status}{' - ' + detail if detail else ''}"
+            case Connected(host=host, seconds=s, attempts=n) if self.verbose:
+                return f"{host} - connected in {s:.2f}s ({n} attempt{'s' if n > 1 else ''})"
+        return None
+
+    def close(self) -> None:
+        self.stream.flush()
+
+
+def wants_plain(stream: IO[str]) -> bool:
+    """Plain text when not a TTY, or when CI / NO_COLOR ask for it."""
+    if os.environ.get("CI") or os.environ.get("NO_COLOR"):
+        return True
+    return not (hasattr(stream, "isatty") and stream.isatty())

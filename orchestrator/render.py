@@ -1,0 +1,154 @@
+"""Turning results and events into what a person reads."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from typing import IO
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from .events import (
+    CommandFinished,
+    CommandStarted,
+    Connected,
+    ConnectFailed,
+    Connecting,
+    Event,
+    HostStep,
+    Message,
+    OutputLine,
+)
+from .results import HostResult
+
+_TRAILING_NUMBER = re.compile(r"^(.*?)(\d+)$")
+
+
+def compress_hosts(hosts: Iterable[str]) -> str:
+    """`node1,node2,node3,gpu07` -> `node[1-3],gpu07` (the inverse of a hostlist)."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    order: list[tuple[str, int] | str] = []
+    for h in hosts:
+        m = _TRAILING_NUMBER.match(h)
+        if not m:
+            order.append(h)
+            continue
+        key = (m.group(1), len(m.group(2)) if m.group(2).startswith("0") else 0)
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(int(m.group(2)))
+    parts: list[str] = []
+    for item in order:
+        if isinstance(item, str):
+            parts.append(item)
+            continue
+        prefix, width = item
+        nums = sorted(set(groups[item]))
+        if len(nums) == 1:
+            parts.append(f"{prefix}{str(nums[0]).zfill(width)}")
+            continue
+        ranges: list[str] = []
+        lo = prev = nums[0]
+        for n in [*nums[1:], None]:
+            if n is not None and n == prev + 1:
+                prev = n
+                continue
+            a, b = str(lo).zfill(width), str(prev).zfill(width)
+            ranges.append(a if lo == prev else f"{a}-{b}")
+            if n is not None:
+                lo = prev = n
+        parts.append(f"{prefix}[{','.join(ranges)}]")
+    return ",".join(parts)
+
+
+def group_results(results: Mapping[str, HostResult]) -> list[tuple[list[str], HostResult]]:
+    """Hosts with identical output and status folded together, like `dshbak -c`."""
+    buckets: dict[tuple[str, str, str, int | None], list[str]] = {}
+    sample: dict[tuple[str, str, str, int | None], HostResult] = {}
+    for host, r in results.items():
+        key = (r.status, r.stdout, r.stderr, r.exit_code)
+        buckets.setdefault(key, []).append(host)
+        sample.setdefault(key, r)
+    return [(hosts, sample[k]) for k, hosts in buckets.items()]
+
+
+def print_grouped(results: Mapping[str, HostResult], out: IO[str] = sys.stdout) -> None:
+    for hosts, r in group_results(results):
+        title = f"{compress_hosts(hosts)} ({len(hosts)}) {r.status}"
+        if r.exit_code not in (None, 0):
+            title += f" exit {r.exit_code}"
+        if r.error and r.status != "failed":
+            title += f": {r.error}"
+        bar = "-" * min(max(len(title), 16), 78)
+        out.write(f"{bar}\n{title}\n{bar}\n")
+        body = "\n".join(x for x in (r.stdout, r.stderr) if x)
+        if body:
+            out.write(body + "\n")
+
+
+def summary_line(results: Mapping[str, HostResult]) -> str:
+    counts: dict[str, int] = {}
+    for r in results.values():
+        counts[r.status] = counts.get(r.status, 0) + 1
+    order = ["ok", "failed", "timeout", "unreachable", "auth", "host_key"]
+    parts = [f"{counts[s]} {s}" for s in order if s in counts]
+    return f"{len(results)} host{'s' if len(results) != 1 else ''}: " + ", ".join(parts)
+
+
+class RichSink:
+    """A live table on a terminal: one row per host with its latest state."""
+
+    def __init__(self, console: Console | None = None, *, verbose: bool = False) -> None:
+        self.console = console or Console(stderr=True)
+        self.verbose = verbose
+        self.rows: dict[str, tuple[str, str]] = {}
+        self.started = time.monotonic()
+        self.live = Live(self._table(), console=self.console, transient=True, auto_refresh=False)
+        self.live.start()
+
+    def _table(self) -> Table:
+        table = Table.grid(padding=(0, 2))
+        for host, (state, last) in list(self.rows.items())[-40:]:
+            table.add_row(Text(host, style="bold"), Text(state), Text(last[-100:], style="dim"))
+        return table
+
+    def _set(self, host: str, state: str, last: str | None = None) -> None:
+        prev = self.rows.get(host, ("", ""))
+        self.rows[host] = (state, prev[1] if last is None else last)
+        self.live.update(self._table(), refresh=True)
+
+    def emit(self, event: Event) -> None:
+        match event:
+            case Connecting(host=h):
+                self._set(h, "[cyan]connecting")
+            case Connected(host=h):
+                self._set(h, "[cyan]connected")
+            case ConnectFailed(host=h, status=s, error=e):
+                self._set(h, f"[red]{s}", e)
+                self.console.print(f"[red]{h}[/] ! {s}: {e}")
+            case CommandStarted(host=h):
+                self._set(h, "[yellow]running")
+            case OutputLine(host=h, line=line):
+                self.live.console.print(Text(f"{h} | ", style="bold") + Text(line))
+                self._set(h, self.rows.get(h, ("running", ""))[0], line)
+            case CommandFinished(host=h, result=r):
+                style = "green" if r.ok else "red"
+                self._set(h, f"[{style}]{r.status}")
+            case HostStep(host=h, step=step, status=status, detail=detail):
+                style = {"ok": "green", "failed": "red", "skipped": "dim"}.get(status, "yellow")
+                self._set(h, f"[{style}]{step} {status}", detail or None)
+                if status == "failed":
+                    self.console.print(f"[red]{h}[/] ! {step}: {detail}")
+            case Message(level=level, text=text, host=host):
+                style = {"warning": "yellow", "error": "red"}.get(level, "")
+                prefix = f"{host}: " if host else ""
+                self.console.print(Text(f"{prefix}{text}", style=style))
+
+    def close(self) -> None:
+        self.live.stop()

@@ -1,0 +1,63 @@
+"""Typed per-host outcomes of remote work."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Status = Literal["ok", "failed", "timeout", "unreachable", "auth", "host_key"]
+
+# Statuses that mean "we never got to run anything on that host".
+CONNECTION_STATUSES: frozenset[str] = frozenset({"unreachable", "auth", "host_key"})
+
+
+@dataclass(frozen=True)
+class HostResult:
+    """What one command did on one host.
+
+    `status` separates a command that ran and failed (`failed`, with its exit
+    code) from one that never ran (`unreachable`, `auth`, `host_key`) and from
+    one we stopped (`timeout`). `error` says why in one line when not `ok`.
+    """
+
+    host: str
+    status: Status
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    duration: float = 0.0
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def reached(self) -> bool:
+        return self.status not in CONNECTION_STATUSES
+
+    def tail(self, lines: int = 20) -> str:
+        """Last lines of combined output, for failure reports."""
+        text = (self.stdout + ("\n" if self.stdout and self.stderr else "") + self.stderr).rstrip()
+        return "\n".join(text.splitlines()[-lines:])
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "host": self.host,
+            "status": self.status,
+            "ok": self.ok,
+            "exit_code": self.exit_code,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "duration": round(self.duration, 3),
+            "error": self.error,
+        }
+
+
+def exit_code_for(results: list[HostResult]) -> int:
+    """CLI exit code per DESIGN.md: 3 if any host unreachable, else 1 if any failed."""
+    if any(not r.reached for r in results):
+        return 3
+    if any(not r.ok for r in results):
+        return 1
+    return 0

@@ -1,0 +1,461 @@
+"""One SSH connection per host, reused for every command of an invocation.
+
+`SSHPool` owns the connections. `pool.run(host, argv)` opens the host's
+connection on first use (under a fleet-wide handshake limit, with retries on
+transient failures) and runs the command on a new channel of it (under a
+per-connection channel limit kept below sshd's MaxSessions).
+
+Every remote command runs as the leader of its own process group (sshd starts
+the session in a new session), and reports that group's id first thing on
+stderr. On timeout or cancellation the pool kills that group over a spare
+channel, so nothing is left running on the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncssh
+from tenacity import (
+    AsyncRetrying,
+    RetryError,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_random_exponential,
+)
+
+from .config import ClusterConfig, HostSpec
+from .events import (
+    CommandFinished,
+    CommandStarted,
+    Connected,
+    ConnectFailed,
+    Connecting,
+    EventSink,
+    NullSink,
+    OutputLine,
+)
+from .results import HostResult, Status
+
+PID_MARKER = "@@cvs-pgid "
+PREFERRED_CIPHERS = [
+    "aes128-gcm@openssh.com",
+    "aes256-gcm@openssh.com",
+    "aes128-ctr",
+    "aes256-ctr",
+    "chacha20-poly1305@openssh.com",
+]
+_PID_LINE = re.compile(r"^@@cvs-pgid (\d+)$")
+
+Command = str | Sequence[str]
+
+
+class ConnectError(Exception):
+    """Connecting to a host failed; `status` is unreachable, auth or host_key."""
+
+    def __init__(self, host: str, status: Status, message: str, attempts: int = 1) -> None:
+        super().__init__(message)
+        self.host = host
+        self.status = status
+        self.message = message
+        self.attempts = attempts
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """Connection failures worth another try: throttled, reset, refused, timed out.
+
+    Auth failures and host-key mismatches are final: retrying them only
+    delays the error (and can lock an account).
+    """
+    if isinstance(exc, asyncssh.PermissionDenied | asyncssh.HostKeyNotVerifiable):
+        return False
+    return isinstance(
+        exc,
+        OSError | TimeoutError | asyncssh.ConnectionLost | asyncssh.DisconnectError,
+    )
+
+
+def classify_connect_error(exc: BaseException) -> tuple[Status, str]:
+    if isinstance(exc, asyncssh.PermissionDenied):
+        return "auth", f"authentication failed: {exc.reason or exc}"
+    if isinstance(exc, asyncssh.HostKeyNotVerifiable):
+        return "host_key", (
+            f"host key not verifiable: {exc.reason or exc} "
+            "(check known_hosts, or set ssh.host_key_policy)"
+        )
+    if isinstance(exc, TimeoutError):
+        return "unreachable", "connect timed out"
+    if isinstance(exc, ConnectionRefusedError):
+        return "unreachable", "connection refused"
+    if isinstance(exc, asyncssh.Error):
+        return "unreachable", f"ssh error: {exc.reason or exc}"
+    if isinstance(exc, OSError):
+        return "unreachable", exc.strerror or str(exc)
+    return "unreachable", str(exc) or type(exc).__name__
+
+
+class _AcceptNewClient(asyncssh.SSHClient):
+    """`accept-new`: trust a host seen for the first time, never a changed key."""
+
+    def __init__(self, known_hosts_path: Path, host_patterns: list[str]) -> None:
+        self._path = known_hosts_path
+        self._patterns = host_patterns
+
+    def validate_host_public_key(
+        self, host: str, addr: str, port: int, key: asyncssh.SSHKey
+    ) -> bool:
+        if self._path.exists():
+            known = asyncssh.read_known_hosts(str(self._path))
+            trusted, ca, revoked, *_ = known.match(host, addr, port)
+            if trusted or ca or revoked:
+                return False  # a different key is on record: that is a mismatch
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        line = ",".join(self._patterns) + " " + key.export_public_key().decode().strip()
+        with self._path.open("a") as f:
+            f.write(line + "\n")
+        return True
+
+
+@dataclass
+class _HostLink:
+    conn: asyncssh.SSHClientConnection
+    # Work channels; one slot beyond this is kept for kill requests.
+    channels: anyio.Semaphore
+    control: anyio.Semaphore
+
+
+class SSHPool:
+    """Connections to a cluster's hosts, opened lazily, one per host, reused."""
+
+    def __init__(self, cluster: ClusterConfig, sink: EventSink | None = None) -> None:
+        self.cluster = cluster
+        self.sink: EventSink = sink or NullSink()
+        self._links: dict[str, _HostLink] = {}
+        self._locks: dict[str, anyio.Lock] = {}
+        self._failures: dict[str, ConnectError] = {}
+        self._handshakes = anyio.CapacityLimiter(cluster.concurrency.handshakes)
+        self.connects = 0  # handshakes performed (for the benchmark / tests)
+
+    async def __aenter__(self) -> SSHPool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            for link in self._links.values():
+                link.conn.close()
+            for link in self._links.values():
+                with anyio.move_on_after(2), contextlib.suppress(Exception):
+                    await link.conn.wait_closed()
+        self._links.clear()
+
+    # -- connecting ---------------------------------------------------------
+
+    def _connect_options(self, spec: HostSpec) -> dict[str, Any]:
+        ssh = self.cluster.ssh
+        address = spec.address or spec.name
+        port = spec.port or ssh.port
+        opts: dict[str, Any] = {
+            "host": address,
+            "port": port,
+            "connect_timeout": ssh.connect_timeout,
+            "keepalive_interval": ssh.keepalive or None,
+            "login_timeout": ssh.connect_timeout * 3,
+            # AES-GCM runs in OpenSSL; asyncssh's chacha20-poly1305 spends
+            # Python time per packet, which dominates a fan-out on reused
+            # connections. Compression costs CPU on both ends for tiny packets.
+            "encryption_algs": PREFERRED_CIPHERS,
+            "compression_algs": ["none"],
+        }
+        user = spec.user or ssh.user
+        if user:
+            opts["username"] = user
+        if ssh.identity_files:
+            opts["client_keys"] = list(ssh.identity_files)
+            opts["agent_path"] = None
+        if ssh.proxy_jump:
+            opts["tunnel"] = ssh.proxy_jump
+        if not ssh.use_ssh_config:
+            opts["config"] = None
+        known = Path(ssh.known_hosts).expanduser() if ssh.known_hosts else None
+        if ssh.host_key_policy == "off":
+            opts["known_hosts"] = None
+        elif ssh.host_key_policy == "strict":
+            if known is not None:
+                opts["known_hosts"] = str(known)
+        else:
+            path = known or Path("~/.ssh/known_hosts").expanduser()
+            patterns = [address if port == 22 else f"[{address}]:{port}"]
+            opts["client_factory"] = lambda: _AcceptNewClient(path, patterns)
+            opts["known_hosts"] = str(path) if path.exists() else ([], [], [])
+        return opts
+
+    async def _open(self, spec: HostSpec) -> _HostLink:
+        opts = self._connect_options(spec)
+        attempts = 0
+        self.sink.emit(Connecting(host=spec.name, address=f"{opts['host']}:{opts['port']}"))
+        start = time.monotonic()
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(_is_transient),
+            stop=stop_after_attempt(self.cluster.ssh.connect_retries + 1),
+            wait=wait_random_exponential(multiplier=0.2, max=3.0),
+            reraise=False,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    attempts += 1
+                    async with self._handshakes:
+                        self.connects += 1
+                        conn = await asyncssh.connect(**opts)
+        except RetryError as exc:
+            inner = exc.last_attempt.exception() or exc
+            status, message = classify_connect_error(inner)
+            raise ConnectError(
+                spec.name, status, f"{message} (after {attempts} attempts)", attempts
+            ) from inner
+        except (OSError, asyncssh.Error, TimeoutError) as exc:
+            status, message = classify_connect_error(exc)
+            raise ConnectError(spec.name, status, message, attempts) from exc
+        self.sink.emit(
+            Connected(host=spec.name, seconds=time.monotonic() - start, attempts=attempts)
+        )
+        work = max(1, self.cluster.ssh.max_channels - 1)
+        return _HostLink(conn, anyio.Semaphore(work), anyio.Semaphore(1))
+
+    async def link(self, host: str) -> _HostLink:
+        """The host's connection, opening it once; a failure is remembered."""
+        if host in self._links:
+            return self._links[host]
+        if host in self._failures:
+            raise self._failures[host]
+        lock = self._locks.setdefault(host, anyio.Lock())
+        async with lock:
+            if host in self._links:
+                return self._links[host]
+            if host in self._failures:
+                raise self._failures[host]
+            try:
+                self._links[host] = await self._open(self.cluster.host(host))
+            except ConnectError as exc:
+                self._failures[host] = exc
+                self.sink.emit(
+                    ConnectFailed(
+                        host=host, status=exc.status, error=exc.message, attempts=exc.attempts
+                    )
+                )
+                raise
+            return self._links[host]
+
+    async def connect(self, host: str) -> ConnectError | None:
+        """Open the host's connection now; the failure (if any) is returned, not raised."""
+        try:
+            await self.link(host)
+        except ConnectError as exc:
+            return exc
+        return None
+
+    # -- running ------------------------------------------------------------
+
+    async def run(
+        self,
+        host: str,
+        command: Command,
+        *,
+        timeout: float | None = None,
+        input: str | bytes | None = None,
+        env: dict[str, str] | None = None,
+        stream_output: bool = True,
+        label: str | None = None,
+        on_timeout: Callable[[], Command] | None = None,
+    ) -> HostResult:
+        """Run `command` on `host` and wait for it.
+
+        `command` is an argv list (quoted here with `shlex.join`) or a shell
+        string that the caller built from quoted pieces. `input` is fed to the
+        command's standard input (secrets and payloads go this way, never in
+        argv). `on_timeout` gives an extra cleanup command for work the
+        process group does not own (e.g. the process inside `docker exec`).
+        Never raises for remote failures: the result's status says what
+        happened.
+        """
+        text = command if isinstance(command, str) else shlex.join(command)
+        timeout = self.cluster.ssh.command_timeout if timeout is None else timeout
+        start = time.monotonic()
+        try:
+            link = await self.link(host)
+        except ConnectError as exc:
+            result = HostResult(
+                host, exc.status, duration=time.monotonic() - start, error=exc.message
+            )
+            self.sink.emit(CommandFinished(host=host, result=result, label=label))
+            return result
+        self.sink.emit(CommandStarted(host=host, command=text, label=label))
+        async with link.channels:
+            result = await self._run_on(
+                link, host, text, timeout, input, env, stream_output, start, on_timeout
+            )
+        self.sink.emit(CommandFinished(host=host, result=result, label=label))
+        return result
+
+    async def _run_on(
+        self,
+        link: _HostLink,
+        host: str,
+        text: str,
+        timeout: float,
+        input: str | bytes | None,
+        env: dict[str, str] | None,
+        stream_output: bool,
+        start: float,
+        on_timeout: Callable[[], Command] | None,
+    ) -> HostResult:
+        merged_env = {**self.cluster.env, **(env or {})}
+        exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in merged_env.items())
+        # The login shell's pid is the command's process group (sshd starts
+        # each session with setsid): report it so a timeout can kill the group.
+        wrapped = f"printf '{PID_MARKER}%s\\n' $$ >&2; {exports}{text}"
+        emit = self.sink.emit if stream_output else None
+        try:
+            chan, session = await link.conn.create_session(
+                lambda: _CommandSession(host, emit), wrapped, encoding="utf-8", errors="replace"
+            )
+        except (asyncssh.Error, OSError) as exc:
+            return HostResult(
+                host,
+                "unreachable",
+                duration=time.monotonic() - start,
+                error=f"could not open a channel: {exc}",
+            )
+        status: Status = "ok"
+        error: str | None = None
+        try:
+            with anyio.fail_after(timeout):
+                if input is not None:
+                    chan.write(input.decode() if isinstance(input, bytes) else input)
+                chan.write_eof()
+                await session.closed.wait()
+        except TimeoutError:
+            status, error = "timeout", f"timed out after {timeout:g}s; remote process killed"
+            await self._kill(link, session.pgid, on_timeout)
+            chan.close()
+        except (asyncssh.Error, OSError) as exc:
+            status, error = "unreachable", f"connection lost: {exc}"
+        except BaseException:
+            # Cancelled (Ctrl-C, a sibling failed): stop the remote side too.
+            with anyio.CancelScope(shield=True):
+                await self._kill(link, session.pgid, on_timeout)
+                chan.close()
+            raise
+        exit_code = session.exit_code
+        if status == "ok":
+            if session.lost is not None:
+                status, error = "unreachable", f"connection lost: {session.lost}"
+            elif exit_code != 0:
+                status, error = "failed", f"exit code {exit_code}"
+        return HostResult(
+            host,
+            status,
+            exit_code=exit_code,
+            stdout="\n".join(session.lines["stdout"]),
+            stderr="\n".join(session.lines["stderr"]),
+            duration=time.monotonic() - start,
+            error=error,
+        )
+
+    async def _kill(
+        self, link: _HostLink, pgid: int | None, on_timeout: Callable[[], Command] | None
+    ) -> None:
+        """TERM, then KILL, the command's process group, over the spare channel."""
+        parts = []
+        if on_timeout is not None:
+            extra = on_timeout()
+            parts.append(extra if isinstance(extra, str) else shlex.join(extra))
+        if pgid:
+            g = str(pgid)
+            parts.append(
+                # `kill -SIG -PGID`, not `kill -SIG -- -PGID`: dash rejects the `--` form.
+                f"kill -TERM -{g} 2>/dev/null || exit 0; for i in 1 2 3 4 5; do "
+                f"sleep 0.1; kill -0 -{g} 2>/dev/null || exit 0; done; kill -KILL -{g}"
+            )
+        if not parts:
+            return
+        script = "; ".join(f"( {p} )" for p in parts) + "; true"
+        with anyio.move_on_after(5), contextlib.suppress(asyncssh.Error, OSError):
+            async with link.control:
+                await link.conn.run(script, check=False)
+
+
+class _CommandSession(asyncssh.SSHClientSession[str]):
+    """Collects one command's output line by line, straight from asyncssh's callbacks.
+
+    Callbacks instead of reader tasks: a fan-out over hundreds of reused
+    connections spends its time here, and tasks per channel doubled it.
+    """
+
+    def __init__(self, host: str, emit: Callable[[OutputLine], None] | None) -> None:
+        self.host = host
+        self.emit = emit
+        self.lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self.partial: dict[str, str] = {"stdout": "", "stderr": ""}
+        self.pgid: int | None = None
+        self.exit_code: int | None = None
+        self.lost: Exception | None = None
+        self.closed = anyio.Event()
+
+    def data_received(self, data: str, datatype: asyncssh.DataType) -> None:
+        stream = "stderr" if datatype == asyncssh.EXTENDED_DATA_STDERR else "stdout"
+        *complete, self.partial[stream] = (self.partial[stream] + data).split("\n")
+        for line in complete:
+            self._line(stream, line)
+
+    def _line(self, stream: str, line: str) -> None:
+        if stream == "stderr" and self.pgid is None:
+            m = _PID_LINE.match(line)
+            if m:
+                self.pgid = int(m.group(1))
+                return
+        self.lines[stream].append(line)
+        if self.emit is not None:
+            self.emit(OutputLine(host=self.host, stream=stream, line=line))  # type: ignore[arg-type]
+
+    def _flush(self) -> None:
+        for stream, rest in self.partial.items():
+            if rest:
+                self._line(stream, rest)
+            self.partial[stream] = ""
+
+    def exit_status_received(self, status: int) -> None:
+        self.exit_code = status
+
+    def exit_signal_received(self, signal: str, core_dumped: bool, msg: str, lang: str) -> None:
+        self.exit_code = 128 + _signal_number(signal)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._flush()
+        self.lost = exc
+        self.closed.set()
+
+
+def _signal_number(name: str) -> int:
+    import signal
+
+    try:
+        return int(getattr(signal, "SIG" + name))
+    except (AttributeError, TypeError):
+        return 0
+
+
+def default_known_hosts() -> str:
+    return os.path.expanduser("~/.ssh/known_hosts")

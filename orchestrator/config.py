@@ -10,11 +10,29 @@ prints it and exits 2.
 
 from __future__ import annotations
 
+import difflib
+import getpass
+import json
+import os
 import re
+import types
+import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from orchestrator.hostlist import HostlistError, expand_hostlist
+from orchestrator.units import parse_size
 
 Lifetime = Literal["no_launch", "per_run", "persistent"]
 HostKeyPolicy = Literal["strict", "accept-new", "off"]
@@ -46,12 +64,29 @@ def _check_env(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def _size_as_text(v: Any) -> Any:
+    # A bare YAML number is a byte count; keep the field a string so every
+    # consumer parses sizes the same way (parse_size).
+    if isinstance(v, int) and not isinstance(v, bool):
+        return str(v)
+    return v
+
+
+def _check_size(v: str | None) -> str | None:
+    if v is not None:
+        parse_size(v)  # ValueError names the bad value and the expected form
+    return v
+
+
 class Limits(Model):
     """Operator caps on what a container may take on a host."""
 
     max_cpus: float | None = Field(default=None, gt=0)
     max_memory: str | None = None
     max_pids: int | None = Field(default=None, ge=1)
+
+    _size_in = field_validator("max_memory", mode="before")(_size_as_text)
+    _size_ok = field_validator("max_memory")(_check_size)
 
 
 class HostSpec(Model):
@@ -90,6 +125,12 @@ class SSHConfig(Model):
     max_channels: int = Field(default=8, ge=1, le=64)
     connect_retries: int = Field(default=6, ge=0, le=50)
 
+    @field_validator("identity_files", mode="before")
+    @classmethod
+    def _one_identity(cls, v: Any) -> Any:
+        # `identity_files: ~/.ssh/id_ed25519` is the common case; accept it.
+        return [v] if isinstance(v, str) else v
+
 
 class Concurrency(Model):
     # Handshakes in flight at once (sshd's MaxStartups defaults to 10:30:100).
@@ -115,11 +156,19 @@ class Resources(Model):
     memory_reservation: str | None = None
     cpu_shares: int | None = Field(default=None, ge=2)
 
+    _size_in = field_validator("memory", "shm_size", "memory_reservation", mode="before")(
+        _size_as_text
+    )
+    _size_ok = field_validator("memory", "shm_size", "memory_reservation")(_check_size)
+
 
 class GPURequest(Model):
     count: int | None = Field(default=None, ge=1)
     type: str | None = None
     min_memory: str | None = None
+
+    _size_in = field_validator("min_memory", mode="before")(_size_as_text)
+    _size_ok = field_validator("min_memory")(_check_size)
 
 
 class SSHDConfig(Model):
@@ -197,6 +246,9 @@ class ContainerConfig(Model):
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
         return _check_env(v)
 
+    _size_in = field_validator("shm_size", mode="before")(_size_as_text)
+    _size_ok = field_validator("shm_size")(_check_size)
+
 
 HostEntry = Annotated[str | HostSpec, Field(union_mode="left_to_right")]
 
@@ -223,6 +275,21 @@ class ClusterConfig(Model):
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
         return _check_env(v)
 
+    @model_validator(mode="after")
+    def _hosts_consistent(self) -> ClusterConfig:
+        # The loader reports these with file positions first; this keeps a
+        # ClusterConfig built in code (tests, the sandbox) just as consistent.
+        if not self.hosts:
+            raise ValueError("the host list is empty")
+        seen: set[str] = set()
+        for h in self.hosts:
+            if h.name in seen:
+                raise ValueError(f"duplicate host {h.name!r}")
+            seen.add(h.name)
+        if self.head is not None and self.head not in seen:
+            raise ValueError(f"head {self.head!r} is not one of the hosts")
+        return self
+
     @property
     def head_host(self) -> HostSpec:
         name = self.head or self.hosts[0].name
@@ -233,3 +300,916 @@ class ClusterConfig(Model):
             if h.name == name:
                 return h
         raise KeyError(name)
+
+
+# --------------------------------------------------------------------------
+# Loading: file -> raw data (with positions) -> expanded hosts -> model.
+# --------------------------------------------------------------------------
+
+
+class _MarkedDict(dict):
+    """A YAML mapping that remembers where each key was written."""
+
+    mark: yaml.Mark | None = None
+    key_marks: dict[Any, yaml.Mark]
+
+
+class _MarkedList(list):
+    """A YAML sequence that remembers where each item was written."""
+
+    mark: yaml.Mark | None = None
+    item_marks: list[yaml.Mark]
+
+
+class _MarkingLoader(yaml.SafeLoader):
+    """SafeLoader that records node positions and refuses duplicate keys.
+
+    PyYAML silently keeps the last of two equal keys; in a cluster file that
+    hides a mistake (two `ssh:` blocks, one ignored), so it is an error here.
+    """
+
+
+def _construct_mapping(loader: _MarkingLoader, node: yaml.MappingNode) -> _MarkedDict:
+    explicit = sum(1 for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge")
+    loader.flatten_mapping(node)
+    # After flattening, merged (`<<: *anchor`) pairs come first; explicit keys
+    # may override those, but not repeat each other.
+    first_explicit = len(node.value) - explicit
+    out = _MarkedDict()
+    out.mark = node.start_mark
+    out.key_marks = {}
+    for index, (key_node, value_node) in enumerate(node.value):
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                None, None, "a mapping key must be a plain value", key_node.start_mark
+            ) from None
+        if key in out and index >= first_explicit and out.key_marks[key].line >= 0:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"duplicate key {key!r} (first at line {out.key_marks[key].line + 1})",
+                key_node.start_mark,
+            )
+        out[key] = loader.construct_object(value_node, deep=True)
+        mark = key_node.start_mark
+        if index < first_explicit:
+            # Merged from elsewhere: a later explicit key may override it.
+            mark = yaml.Mark(mark.name, mark.index, -1 - mark.line, mark.column, None, None)
+        out.key_marks[key] = mark
+    return out
+
+
+def _construct_sequence(loader: _MarkingLoader, node: yaml.SequenceNode) -> _MarkedList:
+    out = _MarkedList(loader.construct_object(child, deep=True) for child in node.value)
+    out.mark = node.start_mark
+    out.item_marks = [child.start_mark for child in node.value]
+    return out
+
+
+_MarkingLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
+_MarkingLoader.add_constructor("tag:yaml.org,2002:seq", _construct_sequence)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _line_of(mark: yaml.Mark | None) -> int | None:
+    if mark is None:
+        return None
+    line = mark.line if mark.line >= 0 else -1 - mark.line
+    return line + 1
+
+
+def _yaml_error(source: str, exc: yaml.YAMLError) -> ConfigError:
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    context = getattr(exc, "context", None)
+    context_mark = getattr(exc, "context_mark", None)
+    message = _one_line(problem)
+    if context and context_mark is not None and context_mark is not mark:
+        message += f" ({_one_line(context)} at line {context_mark.line + 1})"
+    if mark is None:
+        return ConfigError(f"{source}: YAML error: {message}")
+    return ConfigError(f"{source}:{mark.line + 1}:{mark.column + 1}: {message}")
+
+
+class _DuplicateJSONKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            # JSON parsers keep the last duplicate; in node_dict that silently
+            # drops a host, so refuse.
+            raise _DuplicateJSONKey(key)
+        out[key] = value
+    return out
+
+
+def _parse_json(text: str, source: str) -> Any:
+    try:
+        return json.loads(text, object_pairs_hook=_json_object)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{source}:{exc.lineno}:{exc.colno}: {exc.msg}") from None
+    except _DuplicateJSONKey as exc:
+        raise ConfigError(f"{source}: duplicate key {exc.key!r} in a JSON object") from None
+
+
+def _parse_text(text: str, source: str) -> Any:
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    if source.lower().endswith(".json"):
+        return _parse_json(text, source)
+    try:
+        return yaml.load(text, Loader=_MarkingLoader)
+    except yaml.YAMLError as exc:
+        if text.lstrip().startswith("{"):
+            # JSON that YAML rejects (tabs, for one) is still a valid cluster file.
+            try:
+                return json.loads(text, object_pairs_hook=_json_object)
+            except (ValueError, _DuplicateJSONKey, RecursionError):
+                pass
+        raise _yaml_error(source, exc) from None
+
+
+# ---- describing values and paths in plain words ---------------------------
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return f"a boolean ({'true' if value else 'false'})"
+    if isinstance(value, int):
+        return f"an integer ({value})"
+    if isinstance(value, float):
+        return f"a number ({value})"
+    if isinstance(value, str):
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        return f"a string ({shown!r})"
+    if isinstance(value, list | tuple | set):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return f"a {type(value).__name__}"
+
+
+def _format_path(path: list[Any] | tuple[Any, ...]) -> str:
+    out = ""
+    for el in path:
+        if isinstance(el, int) and not isinstance(el, bool):
+            out += f"[{el}]"
+        elif isinstance(el, str) and re.match(r"^[A-Za-z_][A-Za-z0-9_-]*$", el):
+            out += f".{el}" if out else el
+        else:
+            out += f"[{el!r}]"
+    return out or "(top level)"
+
+
+def _lookup_mark(root: Any, path: list[Any]) -> yaml.Mark | None:
+    """The position of the deepest part of `path` that exists in the raw data."""
+    mark = getattr(root, "mark", None)
+    node = root
+    for el in path:
+        if isinstance(node, _MarkedDict) and el in node:
+            mark = node.key_marks.get(el, mark)
+            node = node[el]
+        elif (
+            isinstance(node, _MarkedList)
+            and isinstance(el, int)
+            and not isinstance(el, bool)
+            and 0 <= el < len(node)
+        ):
+            mark = node.item_marks[el]
+            node = node[el]
+        else:
+            break
+    return mark
+
+
+class _Located:
+    """Builds `FILE[:LINE]: key.path: message` lines for one source."""
+
+    def __init__(self, source: str, raw: Any) -> None:
+        self.source = source
+        self.raw = raw
+
+    def error(self, path: list[Any], message: str) -> str:
+        line = _line_of(_lookup_mark(self.raw, path))
+        where = f"{self.source}:{line}" if line is not None else self.source
+        return _one_line(f"{where}: {_format_path(path)}: {message}")
+
+
+# ---- pydantic errors -> one line ------------------------------------------
+
+
+def _unwrap(tp: Any) -> Any:
+    while typing.get_origin(tp) is Annotated:
+        tp = typing.get_args(tp)[0]
+    return tp
+
+
+def _union_members(tp: Any) -> list[Any] | None:
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        members = [_unwrap(m) for m in typing.get_args(tp) if m is not type(None)]
+        return members if len(members) > 1 else None
+    return None
+
+
+def _strip_none(tp: Any) -> Any:
+    tp = _unwrap(tp)
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        members = [m for m in typing.get_args(tp) if m is not type(None)]
+        if len(members) == 1:
+            return _unwrap(members[0])
+    return tp
+
+
+def _is_model(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, BaseModel)
+
+
+def _branch_words(tag: str) -> str:
+    if tag.startswith("literal["):
+        return tag[len("literal[") : -1].replace("True", "true").replace("False", "false")
+    return {
+        "str": "a string",
+        "int": "an integer",
+        "float": "a number",
+        "bool": "true or false",
+        "list": "a list",
+        "dict": "a mapping",
+    }.get(tag, "a mapping")
+
+
+class _ErrorPath:
+    """A pydantic error location walked against the model's types.
+
+    Union members show up in pydantic's location as tags (`GPURequest`,
+    `literal['all']`); they are dropped from the user-facing path but kept
+    so that errors from the branches of one union can be merged.
+    """
+
+    def __init__(self, loc: tuple[Any, ...]) -> None:
+        self.path: list[Any] = []
+        self.union_at: int | None = None  # len(self.path) where a union branched
+        self.branch: str | None = None
+        self.branch_is_model = False
+        self.depth_after_branch = 0
+        self.model: type[BaseModel] | None = None  # model owning the last key
+        self.dict_key = False
+        tp: Any = ClusterConfig
+        for el in loc:
+            tp = _strip_none(tp)
+            members = _union_members(tp)
+            if members is not None and isinstance(el, str) and self.union_at is None:
+                self.union_at = len(self.path)
+                self.branch = el
+                chosen = next(
+                    (m for m in members if _is_model(m) and m.__name__ == el),
+                    None,
+                )
+                self.branch_is_model = chosen is not None
+                tp = chosen if chosen is not None else Any
+                continue
+            if self.union_at is not None:
+                self.depth_after_branch += 1
+            if _is_model(tp):
+                self.model = tp
+                fields = tp.model_fields
+                self.path.append(el)
+                tp = fields[el].annotation if isinstance(el, str) and el in fields else Any
+                continue
+            origin = typing.get_origin(tp)
+            if el == "[key]":
+                self.dict_key = True
+                continue
+            self.path.append(el)
+            if origin is list and isinstance(el, int):
+                tp = typing.get_args(tp)[0]
+            elif origin is dict:
+                tp = typing.get_args(tp)[1]
+            else:
+                tp = Any
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _error_message(err: dict[str, Any], where: _ErrorPath) -> str:
+    kind = err["type"]
+    value = err.get("input")
+    ctx = err.get("ctx") or {}
+    got = _describe(value)
+    if kind == "extra_forbidden":
+        key = where.path[-1] if where.path else "?"
+        fields = list(where.model.model_fields) if where.model is not None else []
+        fields = [f for f in fields if f != "source"]
+        close = difflib.get_close_matches(str(key), fields, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        if not hint and fields:
+            hint = f" (known keys: {', '.join(fields)})"
+        return f"unknown key{hint}"
+    if kind == "missing":
+        return "required key is missing"
+    if kind == "invalid_key":
+        return "keys must be strings"
+    if kind in ("value_error", "assertion_error"):
+        error = ctx.get("error")
+        return str(error) if error is not None else err["msg"].removeprefix("Value error, ")
+    if kind == "literal_error":
+        expected = str(ctx.get("expected", "")).replace("True", "true").replace("False", "false")
+        return f"invalid value: expected {expected}, got {got}"
+    if kind in ("int_parsing", "int_type"):
+        return f"expected an integer, got {got}"
+    if kind == "int_from_float":
+        return f"expected a whole number, got {got}"
+    if kind in ("float_parsing", "float_type"):
+        return f"expected a number, got {got}"
+    if kind in ("bool_parsing", "bool_type"):
+        return f"expected true or false, got {got}"
+    if kind == "string_type":
+        hint = " (quote it)" if isinstance(value, int | float) else ""
+        noun = "key" if where.dict_key else "value"
+        return f"expected a string {noun}, got {got}{hint}"
+    if kind in ("list_type", "tuple_type", "set_type"):
+        return f"expected a list, got {got}"
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return f"expected a mapping, got {got}"
+    if kind == "greater_than":
+        return f"must be greater than {_num(ctx.get('gt'))}, got {_show(value)}"
+    if kind == "greater_than_equal":
+        return f"must be at least {_num(ctx.get('ge'))}, got {_show(value)}"
+    if kind == "less_than":
+        return f"must be less than {_num(ctx.get('lt'))}, got {_show(value)}"
+    if kind == "less_than_equal":
+        return f"must be at most {_num(ctx.get('le'))}, got {_show(value)}"
+    if kind in ("finite_number",):
+        return f"must be a finite number, got {_show(value)}"
+    return _one_line(err.get("msg", kind))
+
+
+def _validation_lines(
+    errors: list[Any], located: _Located, user_path: Callable[[list[Any]], list[Any]]
+) -> list[str]:
+    """One message per problem, union branches merged, in pydantic's order.
+
+    `user_path` maps a path in the validated document to the path as written
+    in the file (hosts are expanded before validation).
+    """
+    walked = [_ErrorPath(tuple(e["loc"])) for e in errors]
+    for w in walked:
+        w.path = user_path(w.path)
+    lines: list[str] = []
+    done_unions: set[tuple[str, ...]] = set()
+    for err, where in zip(errors, walked, strict=True):
+        if where.union_at is not None:
+            key = tuple(map(str, where.path[: where.union_at]))
+            if key in done_unions:
+                continue
+            done_unions.add(key)
+            group = [
+                (e, w)
+                for e, w in zip(errors, walked, strict=True)
+                if w.union_at is not None and tuple(map(str, w.path[: w.union_at])) == key
+            ]
+            deeper = [(e, w) for e, w in group if w.branch_is_model and w.depth_after_branch]
+            if deeper:
+                # The value was a mapping meant for the model branch: report
+                # what is wrong inside it, not that it isn't 'all'.
+                for e, w in deeper:
+                    lines.append(located.error(w.path, _error_message(e, w)))
+                continue
+            union_path = where.path[: where.union_at]
+            choices: list[str] = []
+            for _, w in group:
+                words = _branch_words(w.branch or "")
+                if words not in choices:
+                    choices.append(words)
+            got = _describe(err.get("input"))
+            lines.append(
+                located.error(
+                    union_path,
+                    f"expected {' or '.join(choices)}, got {got}",
+                )
+            )
+            continue
+        lines.append(located.error(where.path, _error_message(err, where)))
+    # A hostlist entry that expanded to many hosts yields the same complaint
+    # once per host; say it once.
+    return list(dict.fromkeys(lines))
+
+
+def _first_of(lines: list[str]) -> ConfigError:
+    first = lines[0]
+    more = len(lines) - 1
+    if more:
+        first += f" (and {more} more problem{'s' if more > 1 else ''})"
+    return ConfigError(first)
+
+
+# ---- hosts -----------------------------------------------------------------
+
+_HOST_OVERRIDES = tuple(f for f in HostSpec.model_fields if f != "name")
+
+
+def _expand_hosts(raw_hosts: Any, located: _Located) -> tuple[list[Any], list[int]]:
+    """Expanded host entries, and for each the index of the entry it came from."""
+    if isinstance(raw_hosts, str):
+        raw_hosts = [raw_hosts]
+        single = True
+    else:
+        single = False
+    if raw_hosts is None or (isinstance(raw_hosts, list) and not raw_hosts):
+        raise ConfigError(located.error(["hosts"], "the host list is empty"))
+    if not isinstance(raw_hosts, list):
+        raise ConfigError(
+            located.error(["hosts"], f"expected a list of hosts, got {_describe(raw_hosts)}")
+        )
+    entries: list[Any] = []
+    origins: list[int] = []
+    for index, item in enumerate(raw_hosts):
+        path: list[Any] = ["hosts"] if single else ["hosts", index]
+        if isinstance(item, str):
+            expr, overrides = item, {}
+        elif isinstance(item, dict):
+            if "name" not in item:
+                raise ConfigError(located.error(path, "a host mapping needs a 'name'"))
+            expr = item["name"]
+            if not isinstance(expr, str):
+                raise ConfigError(
+                    located.error([*path, "name"], f"expected a host name, got {_describe(expr)}")
+                )
+            overrides = {k: v for k, v in item.items() if k != "name"}
+        else:
+            raise ConfigError(
+                located.error(
+                    path,
+                    f"expected a host name, address, hostlist or a mapping with 'name', "
+                    f"got {_describe(item)}",
+                )
+            )
+        try:
+            names = expand_hostlist(expr)
+        except HostlistError as exc:
+            name_path = [*path, "name"] if isinstance(item, dict) else path
+            raise ConfigError(located.error(name_path, f"bad hostlist: {exc}")) from None
+        for name in names:
+            entries.append({"name": name, **overrides})
+            origins.append(index)
+    seen: dict[str, int] = {}
+    for index, entry in zip(origins, entries, strict=True):
+        name = entry["name"]
+        if name in seen:
+            first = seen[name]
+            path = ["hosts"] if single else ["hosts", index]
+            also = "" if first == index else f" (also in hosts[{first}])"
+            raise ConfigError(located.error(path, f"duplicate host {name!r}{also}"))
+        seen[name] = index
+    return entries, origins
+
+
+# ---- CVS cluster JSON -------------------------------------------------------
+
+_CVS_TOP_KEYS = {
+    "node_dict",
+    "username",
+    "priv_key_file",
+    "head_node_dict",
+    "env_vars",
+    "container",
+}
+# CVS keys that mean nothing to this orchestrator (BMC access, rack maps, home
+# mount name for CVS's own scripts): accepted and ignored.
+_CVS_IGNORED_KEYS = {"home_mount_dir_name", "orchestrator", "racks"}
+_CVS_NODE_KEYS = {"bmc_ip", "vpc_ip", "rack_id"}
+# CVS's container.runtime.args names -> ours. CVS applies its own defaults
+# (privileged, /dev/kfd, IPC_LOCK, memlock...) for args a file leaves out;
+# those are NOT applied here: what the file says is what runs.
+_CVS_RUNTIME_ARGS = {
+    "devices": "devices",
+    "capabilities": "cap_add",
+    "cap_add": "cap_add",
+    "security_opts": "security_opt",
+    "security_opt": "security_opt",
+    "groups": "group_add",
+    "group_add": "group_add",
+    "ulimits": "ulimits",
+    "environment": "env",
+    "env": "env",
+    "network_mode": "network",
+    "network": "network",
+    "ipc_mode": "ipc",
+    "ipc": "ipc",
+    "privileged": "privileged",
+    "volumes": "volumes",
+    "shm_size": "shm_size",
+    "extra_args": "extra_args",
+}
+_CVS_PLACEHOLDER_USER = "{user-id}"
+
+
+def is_cvs_cluster(data: Any) -> bool:
+    """A CVS cluster JSON is recognised by its top-level `node_dict`."""
+    return isinstance(data, dict) and "node_dict" in data
+
+
+def _cvs_comment(key: Any) -> bool:
+    # CVS documents its files with `_comment`, `_vpc_comment`, `_env_vars_example`...
+    return isinstance(key, str) and key.startswith("_")
+
+
+def _replace_user(value: Any, user: str) -> Any:
+    if isinstance(value, str):
+        return value.replace(_CVS_PLACEHOLDER_USER, user)
+    if isinstance(value, dict):
+        return {_replace_user(k, user): _replace_user(v, user) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace_user(v, user) for v in value]
+    return value
+
+
+def _unknown(located: _Located, path: list[Any], key: Any, known: set[str]) -> ConfigError:
+    close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfigError(located.error([*path, key], f"unknown key in a CVS cluster file{hint}"))
+
+
+def _cvs_container(block: Any, located: _Located) -> Any:
+    if not isinstance(block, dict):
+        return block  # the model reports the type
+    out = {k: v for k, v in block.items() if not _cvs_comment(k) and k != "runtime"}
+    runtime = block.get("runtime")
+    if runtime is None:
+        return out
+    if not isinstance(runtime, dict):
+        raise ConfigError(
+            located.error(["container", "runtime"], f"expected a mapping, got {_describe(runtime)}")
+        )
+    for key in runtime:
+        if not _cvs_comment(key) and key not in ("name", "args"):
+            raise _unknown(located, ["container", "runtime"], key, {"name", "args"})
+    name = runtime.get("name", "docker")
+    if name != "docker":
+        raise ConfigError(
+            located.error(
+                ["container", "runtime", "name"], f"only 'docker' is supported, got {name!r}"
+            )
+        )
+    args = runtime.get("args") or {}
+    if not isinstance(args, dict):
+        raise ConfigError(
+            located.error(
+                ["container", "runtime", "args"], f"expected a mapping, got {_describe(args)}"
+            )
+        )
+    for key, value in args.items():
+        if _cvs_comment(key):
+            continue
+        if key not in _CVS_RUNTIME_ARGS:
+            raise _unknown(located, ["container", "runtime", "args"], key, set(_CVS_RUNTIME_ARGS))
+        ours = _CVS_RUNTIME_ARGS[key]
+        if ours == "ulimits" and isinstance(value, list):
+            # CVS writes ulimits as ["memlock=-1", ...]; ours is a mapping.
+            limits: dict[str, Any] = {}
+            for item in value:
+                if not isinstance(item, str) or "=" not in item:
+                    raise ConfigError(
+                        located.error(
+                            ["container", "runtime", "args", "ulimits"],
+                            f"expected NAME=VALUE entries, got {_describe(item)}",
+                        )
+                    )
+                limit, _, amount = item.partition("=")
+                limits[limit] = amount
+            value = limits
+        if ours in out and key != ours:
+            raise ConfigError(
+                located.error(
+                    ["container", "runtime", "args", key],
+                    f"conflicts with container.{ours} (set it in one place)",
+                )
+            )
+        out[ours] = value
+    return out
+
+
+def _from_cvs(data: dict[str, Any], located: _Located) -> dict[str, Any]:
+    data = _replace_user(data, getpass.getuser())
+    located = _Located(located.source, None)  # positions don't survive the rewrite
+    for key in data:
+        if _cvs_comment(key) or key in _CVS_TOP_KEYS or key in _CVS_IGNORED_KEYS:
+            continue
+        raise _unknown(located, [], key, _CVS_TOP_KEYS | _CVS_IGNORED_KEYS)
+    nodes = data["node_dict"]
+    if not isinstance(nodes, dict):
+        raise ConfigError(
+            located.error(["node_dict"], f"expected a mapping of hosts, got {_describe(nodes)}")
+        )
+    hosts: list[dict[str, Any]] = []
+    for name, node in nodes.items():
+        if _cvs_comment(name):
+            continue
+        entry: dict[str, Any] = {"name": name}
+        if node is None:
+            node = {}
+        if not isinstance(node, dict):
+            raise ConfigError(
+                located.error(["node_dict", name], f"expected a mapping, got {_describe(node)}")
+            )
+        for key in node:
+            if not _cvs_comment(key) and key not in _CVS_NODE_KEYS:
+                raise _unknown(located, ["node_dict", name], key, _CVS_NODE_KEYS)
+        vpc = node.get("vpc_ip")
+        # CVS says "set the same as the main host IP" when there is no VPC.
+        if isinstance(vpc, str) and vpc.strip() and vpc not in ("NA", name):
+            entry["vpc_address"] = vpc
+        elif vpc is not None and not isinstance(vpc, str):
+            entry["vpc_address"] = vpc  # the model reports the type
+        hosts.append(entry)
+    out: dict[str, Any] = {"hosts": hosts}
+    ssh: dict[str, Any] = {}
+    if data.get("username") is not None:
+        ssh["user"] = data["username"]
+    if data.get("priv_key_file") is not None:
+        ssh["identity_files"] = [data["priv_key_file"]]
+    if ssh:
+        out["ssh"] = ssh
+    head = data.get("head_node_dict")
+    if isinstance(head, dict):
+        mgmt = head.get("mgmt_ip")
+        if mgmt is not None:
+            out["head"] = mgmt
+    elif head is not None:
+        raise ConfigError(
+            located.error(["head_node_dict"], f"expected a mapping, got {_describe(head)}")
+        )
+    if data.get("env_vars") is not None:
+        out["env"] = data["env_vars"]
+    container = data.get("container")
+    orchestrator = data.get("orchestrator", "container")
+    if container is not None and orchestrator != "baremetal":
+        out["container"] = _cvs_container(container, located)
+    return out
+
+
+# ---- paths -----------------------------------------------------------------
+
+
+def _resolve(path: str, base_dir: Path) -> str:
+    p = Path(os.path.expanduser(path))
+    if not p.is_absolute():
+        p = base_dir / p
+    return os.path.normpath(str(p))
+
+
+def _resolve_paths(
+    cluster: ClusterConfig, base_dir: Path, located: _Located, check_files: bool
+) -> ClusterConfig:
+    identity: list[str] = []
+    for index, path in enumerate(cluster.ssh.identity_files):
+        key = ["ssh", "identity_files", index]
+        if not path.strip():
+            raise ConfigError(located.error(key, "empty path"))
+        resolved = _resolve(path, base_dir)
+        if check_files and not os.path.isfile(resolved):
+            raise ConfigError(located.error(key, f"identity file not found: {resolved}"))
+        identity.append(resolved)
+    ssh_update: dict[str, Any] = {"identity_files": identity}
+    if cluster.ssh.known_hosts:
+        ssh_update["known_hosts"] = _resolve(cluster.ssh.known_hosts, base_dir)
+    update: dict[str, Any] = {"ssh": cluster.ssh.model_copy(update=ssh_update)}
+    if cluster.state_dir:
+        update["state_dir"] = _resolve(cluster.state_dir, base_dir)
+    container = cluster.container
+    if container is not None:
+        script = container.setup_script
+        if script is not None and not script.strip():
+            script = None  # empty means the packaged default
+        elif script is not None:
+            script = _resolve(script, base_dir)
+            if check_files and not os.path.isfile(script):
+                raise ConfigError(
+                    located.error(
+                        ["container", "setup_script"], f"setup script not found: {script}"
+                    )
+                )
+        update["container"] = container.model_copy(update={"setup_script": script})
+    return cluster.model_copy(update=update)
+
+
+# ---- entry points ----------------------------------------------------------
+
+
+def cluster_from_data(
+    data: Any, source: str, base_dir: Path, *, check_files: bool = True
+) -> ClusterConfig:
+    """Validate already-parsed cluster data (a YAML/JSON document)."""
+    located = _Located(source, data)
+    if data is None:
+        raise ConfigError(f"{source}: the file is empty (expected a mapping with 'hosts')")
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{source}: the top level must be a mapping of keys (hosts, ssh, container, ...), "
+            f"got {_describe(data)}"
+        )
+    for key in data:
+        if not isinstance(key, str):
+            raise ConfigError(located.error([key], f"keys must be strings, got {_describe(key)}"))
+    if is_cvs_cluster(data):
+        data = _from_cvs(data, located)
+        located = _Located(source, None)
+    else:
+        # `x-...` top-level keys are free for YAML anchors to hang on (the
+        # docker compose convention): `x-caps: &caps {max_cpus: 8}`.
+        data = {k: v for k, v in data.items() if not k.startswith("x-")}
+    if "source" in data:
+        raise ConfigError(
+            located.error(["source"], "is set by the loader (the file's directory); remove it")
+        )
+    if "hosts" not in data:
+        raise ConfigError(f"{source}: hosts: required key is missing")
+    entries, origins = _expand_hosts(data["hosts"], located)
+    raw_single = isinstance(data["hosts"], str)
+    document = {**data, "hosts": entries}
+    head = data.get("head")
+    if head is None:
+        first = entries[0].get("name")
+        document["head"] = first
+    elif isinstance(head, str) and head not in {e["name"] for e in entries}:
+        raise ConfigError(located.error(["head"], f"{head!r} is not one of the hosts"))
+    document["source"] = str(base_dir)
+
+    def user_path(path: list[Any]) -> list[Any]:
+        # hosts[k] of the expanded list -> hosts[i] as written in the file.
+        if (
+            len(path) >= 2
+            and path[0] == "hosts"
+            and isinstance(path[1], int)
+            and 0 <= path[1] < len(origins)
+        ):
+            raw_index = origins[path[1]]
+            return ["hosts"] if raw_single else ["hosts", raw_index, *path[2:]]
+        return path
+
+    try:
+        cluster = ClusterConfig.model_validate(document)
+    except ValidationError as exc:
+        lines = _validation_lines(exc.errors(include_url=False), located, user_path)
+        raise _first_of(lines) from None
+    return _resolve_paths(cluster, base_dir, located, check_files)
+
+
+def parse_cluster(
+    text: str, source: str, base_dir: Path, *, check_files: bool = True
+) -> ClusterConfig:
+    """Parse cluster-file text. `source` names the file in messages; relative
+    paths in it resolve against `base_dir`. Raises ConfigError only."""
+    try:
+        data = _parse_text(text, source)
+        return cluster_from_data(data, source, Path(base_dir), check_files=check_files)
+    except ConfigError:
+        raise
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply") from None
+    except Exception as exc:  # any parser/validator surprise is still a config problem
+        raise ConfigError(f"{source}: {_one_line(f'{type(exc).__name__}: {exc}')}") from None
+
+
+def load_cluster(path: str | Path, *, check_files: bool = True) -> ClusterConfig:
+    """Load and validate a cluster file (YAML, JSON, or CVS cluster JSON).
+
+    `check_files=False` skips existence checks of identity files and the
+    setup script (`cvs validate --no-check-files`, samples on another box).
+    """
+    source = str(path)
+    p = Path(os.path.expanduser(source))
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{source}: is a directory, not a cluster file") from None
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{source}:{line}: not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})"
+        ) from None
+    return parse_cluster(text, source, p.resolve().parent, check_files=check_files)
+
+
+# ---- derived views -----------------------------------------------------------
+
+
+def _image_basename(image: str) -> str:
+    ref = image.split("@", 1)[0]
+    last = ref.rsplit("/", 1)[-1]
+    return last.split(":", 1)[0]
+
+
+def container_name(cluster: ClusterConfig) -> str:
+    """The container's name on every host: explicit, or `cvs-<user>-<image>`.
+
+    The user is the SSH login user when the file sets one (the same on every
+    operator's machine), else the local user.
+    """
+    if cluster.container is None:
+        raise ConfigError("the cluster file has no container block")
+    if cluster.container.name:
+        return cluster.container.name
+    user = cluster.ssh.user or getpass.getuser()
+    raw = f"cvs-{user}-{_image_basename(cluster.container.image)}"
+    name = re.sub(r"[^a-zA-Z0-9_.-]+", "-", raw)[:128]
+    if not CONTAINER_NAME_RE.match(name):  # cannot happen: starts with "cvs"
+        raise ConfigError(f"cannot derive a container name from {raw!r}; set container.name")
+    return name
+
+
+def _caps_hosts(cluster: ClusterConfig) -> list[str]:
+    """Hosts on which nothing caps the container (no hard request, no limit)."""
+    container = cluster.container
+    if container is None:
+        return []
+    r = container.resources
+    if r.cpus is not None or r.memory is not None or r.pids is not None:
+        return []
+
+    def capped(limits: Limits | None) -> bool:
+        return limits is not None and any(
+            v is not None for v in (limits.max_cpus, limits.max_memory, limits.max_pids)
+        )
+
+    if capped(cluster.limits):
+        return []
+    return [h.name for h in cluster.hosts if not capped(h.limits)]
+
+
+def cluster_warnings(cluster: ClusterConfig) -> list[str]:
+    """Things that load fine but are probably not what the operator wants."""
+    out: list[str] = []
+    container = cluster.container
+    if container is not None and container.lifetime == "persistent" and not container.name:
+        out.append(
+            "container.lifetime is persistent but container.name is not set: the name is "
+            f"derived from the image ({container_name(cluster)}), so a tag bump would "
+            "silently orphan the old container; set container.name"
+        )
+    uncapped = _caps_hosts(cluster)
+    if uncapped and len(uncapped) == len(cluster.hosts):
+        out.append("no resource caps: containers may take the whole host")
+    elif uncapped:
+        shown = ", ".join(uncapped[:5]) + (" ..." if len(uncapped) > 5 else "")
+        out.append(
+            f"no resource caps on {len(uncapped)} host(s) ({shown}): "
+            "containers there may take the whole host"
+        )
+    if cluster.ssh.host_key_policy == "off":
+        out.append("ssh.host_key_policy is off: host keys are not checked at all")
+    return out
+
+
+def normalized_cluster(cluster: ClusterConfig) -> dict[str, Any]:
+    """A plain dict for `cvs validate`: hosts expanded, defaults filled in.
+
+    Per-host address, port and user show the effective values (the host's
+    override, else the ssh block's, else the name), so the output answers
+    "what will be contacted" without reading the rules.
+    """
+    out = cluster.model_dump(mode="json", exclude={"source"})
+    hosts = []
+    for h in cluster.hosts:
+        entry = h.model_dump(mode="json", exclude_none=True)
+        entry["address"] = h.address or h.name
+        entry["port"] = h.port or cluster.ssh.port
+        user = h.user or cluster.ssh.user
+        if user:
+            entry["user"] = user
+        hosts.append(entry)
+    out["hosts"] = hosts
+    out["head"] = cluster.head_host.name
+    if cluster.container is not None:
+        out["container"]["name"] = container_name(cluster)
+    return out

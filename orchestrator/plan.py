@@ -1,0 +1,581 @@
+"""PURE: (container config, {host: HostState}) -> Plan.
+
+No IO here: every decision about attaching, cold-starting, restarting,
+replacing or refusing is a function of probed facts, so it is tested table-
+driven and with hypothesis (tests/test_plan.py). The lifetime rules are the
+table in DESIGN.md:
+
+- no_launch: verify running everywhere; never start or remove anything.
+- per_run: start fresh everywhere; replace a same-named container only if it
+  carries our label (`--force` replaces a foreign one too).
+- persistent: all running -> attach; none present -> cold start; all stopped
+  -> restart (keeps the overlay); any partial set or mix -> refuse, naming
+  the hosts in each state and both ways out. `--force` replaces instead of
+  refusing; it is the only way a plan removes a persistent container.
+
+Any host whose state is unknown (unreachable, docker daemon down, no docker
+access, garbled probe) refuses the plan: unknown is never treated as absent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+from orchestrator.config import ContainerConfig, Lifetime
+from orchestrator.probe import HostState
+from orchestrator.runtime.docker import LABEL_CONFIG_HASH, LABEL_MANAGED, is_ours
+
+ActionKind = Literal["attach", "cold_start", "restart", "replace", "verify", "remove", "none"]
+
+REBUILD_COMMAND = "cvs down --force && cvs up"
+_MAX_NAMED_HOSTS = 12
+
+
+@dataclass(frozen=True)
+class HostAction:
+    kind: ActionKind
+    reason: str
+    remove_first: bool = False  # `docker rm -f` the same-named container before `docker run`
+    provision: bool = False  # run the setup script after this action
+    start_sshd: bool = False  # (re)start the in-container sshd after this action
+
+    @property
+    def launches(self) -> bool:
+        """Needs the image on the host and a `docker run`."""
+        return self.kind in ("cold_start", "replace")
+
+    @property
+    def removes(self) -> bool:
+        return self.remove_first or self.kind == "remove"
+
+
+@dataclass(frozen=True)
+class Plan:
+    lifetime: Lifetime
+    actions: Mapping[str, HostAction]
+    refused: bool = False
+    reasons: list[str] = field(default_factory=list)  # one line each: hosts and the way out
+    warnings: list[str] = field(default_factory=list)
+    unknown_hosts: tuple[str, ...] = ()  # hosts whose state could not be determined
+
+    @property
+    def exit_code(self) -> int:
+        return 4 if self.refused else 0
+
+    def hosts(self, *kinds: ActionKind) -> list[str]:
+        return [h for h, a in self.actions.items() if a.kind in kinds]
+
+
+# --- helpers -------------------------------------------------------------
+
+
+def _names(hosts: Iterable[str]) -> str:
+    hosts = list(hosts)
+    if len(hosts) <= _MAX_NAMED_HOSTS:
+        return ", ".join(hosts)
+    shown = ", ".join(hosts[:_MAX_NAMED_HOSTS])
+    return f"{shown} and {len(hosts) - _MAX_NAMED_HOSTS} more"
+
+
+def _short(image_id: str | None) -> str:
+    if not image_id:
+        return "?"
+    algo, _, digest = image_id.partition(":")
+    return f"{algo}:{digest[:12]}" if digest else image_id[:12]
+
+
+def _group(pairs: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """value -> hosts, in first-seen order."""
+    groups: dict[str, list[str]] = {}
+    for host, value in pairs:
+        groups.setdefault(value, []).append(host)
+    return groups
+
+
+def _grouped_text(groups: Mapping[str, list[str]], fmt: Callable[[str], str] = str) -> str:
+    return "; ".join(f"{fmt(value)} on {_names(hosts)}" for value, hosts in groups.items())
+
+
+def _state_word(state: HostState) -> str:
+    if state.container == "other":
+        return state.container_status or "other"
+    return state.container or "unknown"
+
+
+def _describe(state: HostState, ours: bool) -> str:
+    if not state.known:
+        return f"state unknown: {state.error or 'probe failed'}"
+    if state.container == "absent":
+        return "absent"
+    return f"{_state_word(state)} ({'ours' if ours else 'not created by cvs'})"
+
+
+def _sshd_wanted(cfg: ContainerConfig, n_hosts: int) -> bool:
+    if cfg.sshd.enabled == "auto":
+        return n_hosts > 1
+    return bool(cfg.sshd.enabled)
+
+
+def _label(cfg: ContainerConfig) -> str:
+    return f"container {cfg.name}" if cfg.name else "the container"
+
+
+def _frozen(actions: dict[str, HostAction]) -> Mapping[str, HostAction]:
+    return MappingProxyType(dict(actions))
+
+
+def _refusal(
+    cfg: ContainerConfig,
+    states: Mapping[str, HostState],
+    ours: Mapping[str, bool],
+    reasons: list[str],
+    warnings: list[str],
+) -> Plan:
+    actions = {h: HostAction("none", _describe(s, ours[h])) for h, s in states.items()}
+    return Plan(
+        lifetime=cfg.lifetime,
+        actions=_frozen(actions),
+        refused=True,
+        reasons=reasons,
+        warnings=warnings,
+        unknown_hosts=tuple(h for h, s in states.items() if not s.known),
+    )
+
+
+def _unknown_reason(states: Mapping[str, HostState]) -> str | None:
+    unknown = {h: s for h, s in states.items() if not s.known}
+    if not unknown:
+        return None
+    detail = "; ".join(
+        f"{h}: {s.error or 'probe failed'}" for h, s in list(unknown.items())[:_MAX_NAMED_HOSTS]
+    )
+    more = len(unknown) - _MAX_NAMED_HOSTS
+    if more > 0:
+        detail += f"; and {more} more"
+    return (
+        f"cannot tell the container state on {_names(unknown)} ({detail}); unknown is never "
+        "treated as absent, so nothing was changed: fix those hosts (reachable over SSH, "
+        "dockerd running, docker or passwordless `sudo -n docker` access) or remove them "
+        "from the cluster file"
+    )
+
+
+def _image_problems(
+    cfg: ContainerConfig, present: Mapping[str, HostState], *, no_launch: bool
+) -> tuple[list[str], list[str]]:
+    """(refusal reasons, warnings) about the images of existing containers."""
+    reasons: list[str] = []
+    warnings: list[str] = []
+    label = _label(cfg)
+    unreadable = [h for h, s in present.items() if not s.container_image_readable]
+    if unreadable:
+        reasons.append(
+            f"cannot read the image of {label} on {_names(unreadable)}: check it with "
+            f"`docker inspect` on those hosts, or remove it everywhere and start again "
+            f"(`{REBUILD_COMMAND}`)"
+        )
+    readable = {h: s for h, s in present.items() if s.container_image_readable}
+    groups = _group((h, s.container_image_id or "?") for h, s in readable.items())
+    if len(groups) > 1:
+        reasons.append(
+            f"image skew: {label} runs different images across hosts: "
+            f"{_grouped_text(groups, _short)}; every host must run the same image: remove it "
+            f"everywhere and start again (`{REBUILD_COMMAND}`)"
+        )
+    stale = _group(
+        (h, s.tag_image_id)
+        for h, s in readable.items()
+        if s.tag_image_id is not None and s.tag_image_id != s.container_image_id
+    )
+    for tag_id, hosts in stale.items():
+        running = {_short(present[h].container_image_id) for h in hosts}
+        fix = (
+            "recreate those containers to pick it up (no_launch: cvs does not)"
+            if no_launch
+            else f"to rebuild: `{REBUILD_COMMAND}`"
+        )
+        warnings.append(
+            f"stale: {label} on {_names(hosts)} runs {', '.join(sorted(running))} but "
+            f"{cfg.image} now resolves to {_short(tag_id)}; {fix}"
+        )
+    return reasons, warnings
+
+
+def check_tag_identity(states: Mapping[str, HostState], *, image: str | None = None) -> list[str]:
+    """Refusal reasons unless the tag resolves to the same image on every host.
+
+    Call it with the states probed after the pull/load step, for the hosts
+    about to cold-start. Equal image IDs agree; so do differing IDs that share
+    a repo digest (the same registry manifest can get different local IDs).
+    """
+    what = image or "the image"
+    reasons: list[str] = []
+    unknown = [h for h, s in states.items() if not s.known and s.tag_image_id is None]
+    errors = [h for h, s in states.items() if s.tag_error and h not in unknown]
+    missing = [
+        h
+        for h, s in states.items()
+        if s.tag_image_id is None and h not in unknown and h not in errors
+    ]
+    if unknown:
+        reasons.append(f"cannot tell what {what} resolves to on {_names(unknown)} (probe failed)")
+    if errors:
+        detail = "; ".join(f"{h}: {states[h].tag_error}" for h in errors[:_MAX_NAMED_HOSTS])
+        reasons.append(f"cannot read {what} on {_names(errors)} ({detail})")
+    if missing:
+        reasons.append(
+            f"{what} is not present on {_names(missing)} after the pull step: pull or load it "
+            "there (check `pull`, `image_tar` and `registry` in the cluster file)"
+        )
+    have = {h: s for h, s in states.items() if s.tag_image_id is not None}
+    groups = _group((h, s.tag_image_id or "") for h, s in have.items())
+    if len(groups) > 1:
+        shared = set.intersection(*(set(s.tag_repo_digests) for s in have.values()))
+        if not shared:
+            reasons.append(
+                f"{what} resolves to different images across hosts: "
+                f"{_grouped_text(groups, _short)}; make every host hold the same image "
+                "(pull it from one registry, or `docker save` once and `docker load` on each "
+                "host), then retry"
+            )
+    return reasons
+
+
+def _pre_pull_tag_check(cfg: ContainerConfig, launching: Mapping[str, HostState]) -> list[str]:
+    # When the pull step cannot change anything (never pulls, or pulls only what
+    # is missing and nothing is), the tag check can run now, before touching
+    # any host. Otherwise the caller runs check_tag_identity after pulling.
+    if not launching or cfg.pull == "always":
+        return []
+    if any(s.tag_image_id is None for s in launching.values()):
+        return []
+    return check_tag_identity(launching, image=cfg.image)
+
+
+def _provisioning(
+    cfg: ContainerConfig,
+    kept: Mapping[str, HostState],
+    *,
+    reprovision: bool,
+    script_sha256: str | None,
+) -> tuple[dict[str, tuple[bool, str]], list[str]]:
+    """For containers kept (attach/restart): host -> (provision?, why), and warnings."""
+    decisions: dict[str, tuple[bool, str]] = {}
+    mismatched: list[tuple[str, str]] = []
+    for host, state in kept.items():
+        marker = state.provision_marker
+        if reprovision:
+            decisions[host] = (True, "reprovision requested")
+        elif marker is None:
+            decisions[host] = (True, "no provisioning marker (never provisioned or failed)")
+        elif script_sha256 is not None and marker != script_sha256:
+            decisions[host] = (False, "provisioned with another script")
+            mismatched.append((host, marker))
+        else:
+            decisions[host] = (False, "provisioned")
+    warnings = [
+        f"{_label(cfg)} on {_names(hosts)} was provisioned with {marker[:12]}, config says "
+        f"{(script_sha256 or '?')[:12]} — run `cvs up --reprovision`"
+        for marker, hosts in _group(mismatched).items()
+    ]
+    return decisions, warnings
+
+
+def _drift_warning(
+    cfg: ContainerConfig, kept: Mapping[str, HostState], config_hash: str | None
+) -> list[str]:
+    if config_hash is None:
+        return []
+    drifted = [
+        h for h, s in kept.items() if s.labels.get(LABEL_CONFIG_HASH) not in (None, config_hash)
+    ]
+    if not drifted:
+        return []
+    return [
+        f"config drift: {_label(cfg)} on {_names(drifted)} was created from a different "
+        f"container config; to apply the current one: `{REBUILD_COMMAND}`"
+    ]
+
+
+# --- cvs up --------------------------------------------------------------
+
+
+def decide_plan(
+    cfg: ContainerConfig,
+    states: Mapping[str, HostState],
+    *,
+    force: bool = False,
+    reprovision: bool = False,
+    our_label: str = LABEL_MANAGED,
+    cluster_name: str = "cvs",
+    script_sha256: str | None = None,
+    config_hash: str | None = None,
+) -> Plan:
+    """What `cvs up` does on each host, or a refusal (exit 4) with reasons.
+
+    `script_sha256` is the sha256 of the setup script the config asks for
+    (compared with each kept container's marker); `config_hash` the value of
+    the config-hash label new containers get (compared for drift warnings).
+    """
+    ours = {
+        h: s.container not in (None, "absent")
+        and is_ours(s.labels, cluster_name, our_label=our_label)
+        for h, s in states.items()
+    }
+    warnings: list[str] = []
+    if cfg.lifetime == "persistent" and cfg.name is None:
+        warnings.append(
+            "persistent containers without an explicit `container.name`: the default name "
+            "derives from the image, so a tag bump would silently orphan the old containers; "
+            "set `container.name`"
+        )
+    unknown = _unknown_reason(states)
+    if unknown:
+        return _refusal(cfg, states, ours, [unknown], warnings)
+    if cfg.lifetime == "no_launch":
+        return _plan_no_launch(cfg, states, ours, warnings)
+    sshd = _sshd_wanted(cfg, len(states))
+    if cfg.lifetime == "per_run":
+        return _plan_per_run(
+            cfg, states, ours, warnings, force=force, sshd=sshd, cluster_name=cluster_name
+        )
+    return _plan_persistent(
+        cfg,
+        states,
+        ours,
+        warnings,
+        force=force,
+        sshd=sshd,
+        cluster_name=cluster_name,
+        reprovision=reprovision,
+        script_sha256=script_sha256,
+        config_hash=config_hash,
+    )
+
+
+def _plan_no_launch(
+    cfg: ContainerConfig,
+    states: Mapping[str, HostState],
+    ours: Mapping[str, bool],
+    warnings: list[str],
+) -> Plan:
+    not_running = {h: s for h, s in states.items() if s.container != "running"}
+    reasons: list[str] = []
+    if not_running:
+        groups = _group((h, _state_word(s)) for h, s in not_running.items())
+        reasons.append(
+            f"lifetime no_launch: {_label(cfg)} is not running on {_names(not_running)} "
+            f"({_grouped_text(groups)}); no_launch never starts containers: start them on "
+            "those hosts yourself, or set `container.lifetime` to per_run or persistent"
+        )
+    running = {h: s for h, s in states.items() if s.container == "running"}
+    image_reasons, image_warnings = _image_problems(cfg, running, no_launch=True)
+    reasons += image_reasons
+    warnings = warnings + image_warnings
+    if reasons:
+        return _refusal(cfg, states, ours, reasons, warnings)
+    actions = {h: HostAction("verify", "running; no_launch verifies only") for h in states}
+    return Plan(cfg.lifetime, _frozen(actions), warnings=warnings)
+
+
+def _foreign_reason(cfg: ContainerConfig, foreign: list[str], cluster_name: str) -> str:
+    return (
+        f"{_label(cfg)} on {_names(foreign)} was not created by cvs for cluster "
+        f"{cluster_name!r} (no matching {LABEL_MANAGED} label) and is never removed without "
+        "--force: remove or rename it there, choose another `container.name`, or rerun with "
+        "--force to replace it"
+    )
+
+
+def _fresh_actions(
+    states: Mapping[str, HostState],
+    ours: Mapping[str, bool],
+    *,
+    sshd: bool,
+    why: str,
+) -> dict[str, HostAction]:
+    actions: dict[str, HostAction] = {}
+    for host, state in states.items():
+        if state.container == "absent":
+            actions[host] = HostAction(
+                "cold_start", f"{why}: absent, start fresh", provision=True, start_sshd=sshd
+            )
+        else:
+            whose = "our" if ours[host] else "foreign (--force)"
+            actions[host] = HostAction(
+                "replace",
+                f"{why}: remove {whose} {_state_word(state)} container, start fresh",
+                remove_first=True,
+                provision=True,
+                start_sshd=sshd,
+            )
+    return actions
+
+
+def _plan_per_run(
+    cfg: ContainerConfig,
+    states: Mapping[str, HostState],
+    ours: Mapping[str, bool],
+    warnings: list[str],
+    *,
+    force: bool,
+    sshd: bool,
+    cluster_name: str,
+) -> Plan:
+    foreign = [h for h, s in states.items() if s.container != "absent" and not ours[h]]
+    reasons: list[str] = []
+    if foreign and not force:
+        reasons.append(_foreign_reason(cfg, foreign, cluster_name))
+    reasons += _pre_pull_tag_check(cfg, states)
+    if reasons:
+        return _refusal(cfg, states, ours, reasons, warnings)
+    if foreign:
+        warnings = [*warnings, f"--force: replacing foreign containers on {_names(foreign)}"]
+    actions = _fresh_actions(states, ours, sshd=sshd, why="per_run")
+    return Plan(cfg.lifetime, _frozen(actions), warnings=warnings)
+
+
+def _plan_persistent(
+    cfg: ContainerConfig,
+    states: Mapping[str, HostState],
+    ours: Mapping[str, bool],
+    warnings: list[str],
+    *,
+    force: bool,
+    sshd: bool,
+    cluster_name: str,
+    reprovision: bool,
+    script_sha256: str | None,
+    config_hash: str | None,
+) -> Plan:
+    label = _label(cfg)
+    by_state = _group((h, _state_word(s)) for h, s in states.items())
+    common = next(iter(by_state)) if len(by_state) == 1 else None
+    foreign = [h for h, s in states.items() if s.container != "absent" and not ours[h]]
+    # `force` turns these refusals into "replace everywhere"; nothing else.
+    replaceable: list[str] = []
+    if foreign:
+        replaceable.append(_foreign_reason(cfg, foreign, cluster_name))
+    if common not in ("running", "exited", "absent"):
+        replaceable.append(
+            f"lifetime persistent: {label} is not in the same state on every host "
+            f"({'; '.join(f'{w}: {_names(hs)}' for w, hs in by_state.items())}); nothing was "
+            f"changed. Either remove it on all hosts and start fresh (`{REBUILD_COMMAND}`, or "
+            "`cvs up --force`), or bring the other hosts back to the same state (e.g. "
+            f"`docker start {cfg.name or 'NAME'}` where it is exited, restore it where it is "
+            "missing)"
+        )
+    if not replaceable and common in ("running", "exited"):
+        image_reasons, image_warnings = _image_problems(cfg, states, no_launch=False)
+        replaceable += image_reasons
+        warnings = warnings + image_warnings
+
+    if replaceable and not force:
+        return _refusal(cfg, states, ours, replaceable, warnings)
+    if replaceable or common == "absent":
+        # Everything is launched fresh: the tag must agree across hosts, and
+        # force does not waive that.
+        tag_reasons = _pre_pull_tag_check(cfg, states)
+        if tag_reasons:
+            return _refusal(cfg, states, ours, replaceable + tag_reasons, warnings)
+    if replaceable:
+        present = [h for h, s in states.items() if s.container != "absent"]
+        warnings = [
+            *warnings,
+            f"--force: replacing {label} on {_names(present)} instead of refusing "
+            "(their overlays are lost)",
+        ]
+        actions = _fresh_actions(states, ours, sshd=sshd, why="persistent --force")
+        return Plan(cfg.lifetime, _frozen(actions), warnings=warnings)
+    if common == "absent":
+        actions = {
+            h: HostAction(
+                "cold_start",
+                "persistent: absent everywhere, cold start",
+                provision=True,
+                start_sshd=sshd,
+            )
+            for h in states
+        }
+        return Plan(cfg.lifetime, _frozen(actions), warnings=warnings)
+
+    decisions, provision_warnings = _provisioning(
+        cfg, states, reprovision=reprovision, script_sha256=script_sha256
+    )
+    warnings = warnings + provision_warnings + _drift_warning(cfg, states, config_hash)
+    actions = {}
+    for host, state in states.items():
+        provision, why = decisions[host]
+        if state.container == "running":
+            actions[host] = HostAction(
+                "attach",
+                f"persistent: running everywhere, attach; {why}",
+                provision=provision,
+                start_sshd=sshd and state.sshd_listening is not True,
+            )
+        else:
+            actions[host] = HostAction(
+                "restart",
+                f"persistent: stopped everywhere, `docker start` (keeps the overlay); {why}",
+                provision=provision,
+                start_sshd=sshd,
+            )
+    return Plan(cfg.lifetime, _frozen(actions), warnings=warnings)
+
+
+# --- cvs down ------------------------------------------------------------
+
+
+def decide_down(
+    cfg: ContainerConfig,
+    states: Mapping[str, HostState],
+    *,
+    force: bool = False,
+    our_label: str = LABEL_MANAGED,
+    cluster_name: str = "cvs",
+) -> Plan:
+    """What `cvs down` removes on each host. Never refuses: it does what it safely can.
+
+    per_run removes our containers; persistent keeps them unless `force`;
+    no_launch never removes anything (cvs did not start those containers).
+    A foreign same-named container is removed only with `force`. Hosts whose
+    state is unknown get no action and a warning (listed in `unknown_hosts`).
+    """
+    label = _label(cfg)
+    actions: dict[str, HostAction] = {}
+    warnings: list[str] = []
+    unknown = [h for h, s in states.items() if not s.known]
+    if unknown:
+        warnings.append(
+            f"could not tell the state of {label} on {_names(unknown)}; nothing was done there"
+        )
+    if cfg.lifetime == "no_launch" and force:
+        warnings.append("--force has no effect under no_launch: cvs never removes those")
+    kept_foreign: list[str] = []
+    for host, state in states.items():
+        ours = state.container not in (None, "absent") and is_ours(
+            state.labels, cluster_name, our_label=our_label
+        )
+        if not state.known:
+            actions[host] = HostAction("none", _describe(state, ours))
+        elif state.container == "absent":
+            actions[host] = HostAction("none", "absent")
+        elif cfg.lifetime == "no_launch":
+            actions[host] = HostAction("none", "no_launch: cvs never removes containers")
+        elif cfg.lifetime == "persistent" and not force:
+            actions[host] = HostAction("none", "persistent: kept (`cvs down --force` removes)")
+        elif ours or force:
+            whose = "our" if ours else "foreign (--force)"
+            actions[host] = HostAction("remove", f"remove {whose} {_state_word(state)} container")
+        else:
+            actions[host] = HostAction("none", "not created by cvs: kept (--force removes)")
+            kept_foreign.append(host)
+    if kept_foreign:
+        warnings.append(
+            f"{label} on {_names(kept_foreign)} was not created by cvs for cluster "
+            f"{cluster_name!r}: kept; `cvs down --force` removes it"
+        )
+    return Plan(cfg.lifetime, _frozen(actions), warnings=warnings, unknown_hosts=tuple(unknown))

@@ -1,0 +1,432 @@
+"""One round trip per host -> HostState (facts only; plan.py decides).
+
+`probe_command` builds one POSIX sh script. On the host it:
+
+1. decides docker access: `docker version` works -> direct; else
+   `sudo -n docker version` works -> sudo; else none (both errors reported);
+2. with that prefix: `docker inspect --type container NAME` and
+   `docker image inspect IMAGE`;
+3. when the container exists: one `docker exec NAME sh -c …` that reports
+   whether anything LISTENs on the sshd port (from /proc/net/tcp{,6}: no
+   ss/netstat needed, and nothing like `pgrep -f` that could match itself) and
+   prints the provisioning marker. If the exec fails (container not running),
+   the marker is read with `docker cp NAME:MARKER -` instead, which works on
+   a stopped container too, so a restart knows whether it was provisioned.
+
+Every command's stdout and stderr come back as framed sections:
+
+    @@cvs:section NAME RC ENC      ENC is b64 (base64) or hex (od, fallback)
+    <encoded stdout>
+    @@cvs:stderr
+    <encoded stderr>
+    @@cvs:end NAME
+    ...
+    @@cvs:done
+
+Encoding bodies means no output (labels, error text) can forge a frame, and
+the missing `@@cvs:done` tells a truncated probe from a finished one.
+`parse_probe_output` turns that into a `HostState`; anything it cannot read
+becomes `error` with the container state unknown (None), never "absent".
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import re
+import shlex
+import tarfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+from orchestrator.config import ContainerConfig
+from orchestrator.runtime.docker import (
+    ContainerLimits,
+    DockerOutputError,
+    classify_docker_error,
+    image_inspect_argv,
+    inspect_argv,
+    parse_container_inspect,
+    parse_image_inspect,
+    validate_container_name,
+)
+
+DockerAccessMode = Literal["direct", "sudo", "none"]
+ContainerState = Literal["absent", "running", "exited", "other"]
+ErrorKind = Literal["unreachable", "no_docker", "no_access", "daemon_down", "garbled", "docker"]
+
+FRAME = "@@cvs:"
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}\b")
+
+
+@dataclass(frozen=True)
+class HostState:
+    host: str
+    reachable: bool = True
+    error: str | None = None  # why the probe could not tell (daemon down, no access, garbled)
+    error_kind: ErrorKind | None = None
+    docker_access: DockerAccessMode | None = None  # None: could not tell (e.g. daemon down)
+    container: ContainerState | None = None  # None = unknown, NEVER treated as absent
+    container_status: str | None = None  # docker's word (paused, restarting, created, …)
+    container_id: str | None = None
+    container_image_id: str | None = None
+    container_image_readable: bool = True  # False when the container's image id is unreadable
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    started_at: str | None = None
+    host_config: ContainerLimits | None = None  # parsed limits for drift checks
+    tag_image_id: str | None = None  # what cfg.image resolves to on this host now (None: absent)
+    tag_repo_digests: tuple[str, ...] = ()
+    tag_error: str | None = None  # image inspect failed for a reason other than "no such image"
+    sshd_listening: bool | None = None  # None: not checked (not running, no /proc/net, exec failed)
+    provision_marker: str | None = None  # sha256 of the script that provisioned the container
+    exec_error: str | None = None  # why the in-container check could not run
+
+    @classmethod
+    def unreachable(cls, host: str, reason: str) -> HostState:
+        return cls(host=host, reachable=False, error=reason, error_kind="unreachable")
+
+    @property
+    def known(self) -> bool:
+        """Reachable, docker usable, and the container state determined."""
+        return (
+            self.reachable
+            and self.docker_access in ("direct", "sudo")
+            and self.container is not None
+        )
+
+
+# --- the script ----------------------------------------------------------
+
+_PRELUDE = r"""
+umask 077
+tmp=$(mktemp -d 2>/dev/null) || { tmp=/tmp/cvs-probe.$$; mkdir -m 700 "$tmp" || exit 90; }
+trap 'rm -rf "$tmp"' EXIT
+trap 'exit 130' HUP INT TERM
+if command -v base64 >/dev/null 2>&1; then
+  enc=b64; encode() { base64 < "$1"; }
+else
+  enc=hex; encode() { od -An -v -tx1 < "$1"; }
+fi
+emit() {
+  printf '@@cvs:section %s %s %s\n' "$1" "$2" "$enc"
+  encode "$tmp/out"
+  printf '@@cvs:stderr\n'
+  encode "$tmp/err"
+  printf '@@cvs:end %s\n' "$1"
+}
+section() {
+  _name=$1; shift
+  "$@" >"$tmp/out" 2>"$tmp/err" </dev/null
+  _rc=$?
+  emit "$_name" "$_rc"
+  return "$_rc"
+}
+printf '@@cvs:probe 1\n'
+""".lstrip()
+
+
+def _in_container_script(sshd_port: int, marker_path: str) -> str:
+    # The port as /proc/net/tcp prints it: ":%04X" ending local_address.
+    port_hex = f":{sshd_port:04X}"
+    return "\n".join(
+        [
+            "listen=unknown",
+            "for f in /proc/net/tcp /proc/net/tcp6; do",
+            '  [ -r "$f" ] || continue',
+            '  [ "$listen" = unknown ] && listen=no',
+            # Columns: sl local_address rem_address st ...; st 0A is LISTEN.
+            "  while read -r _sl local _rem st _rest; do",
+            f'    case "$local" in *{shlex.quote(port_hex)})',
+            '      [ "$st" = 0A ] && listen=yes ;;',
+            "    esac",
+            '  done < "$f"',
+            "done",
+            'echo "listen $listen"',
+            f"if [ -r {shlex.quote(marker_path)} ]; then",
+            "  echo marker present",
+            f"  cat {shlex.quote(marker_path)}",
+            "else",
+            "  echo marker absent",
+            "fi",
+        ]
+    )
+
+
+def probe_command(
+    cfg: ContainerConfig | None, name: str, *, sshd_port: int, marker_path: str
+) -> str:
+    """The probe script (POSIX sh); run it on the host as `sh -c SCRIPT`.
+
+    `cfg` None probes docker access and the container only (no image tag).
+    """
+    validate_container_name(name)
+    if not 1 <= sshd_port <= 65535:
+        raise ValueError(f"invalid sshd port {sshd_port}")
+    if not marker_path.startswith("/"):
+        raise ValueError(f"marker path must be absolute, got {marker_path!r}")
+    # The docker prefix lives in "$@" (set below), so each docker call is
+    # `"$@" <quoted argv…>` and nothing user-supplied is ever unquoted.
+    version = ["version", "--format", "{{.Server.Version}}"]
+    lines = [
+        _PRELUDE,
+        f"if section access.direct docker {shlex.join(version)}; then set -- docker",
+        f"elif section access.sudo sudo -n docker {shlex.join(version)}; then"
+        " set -- sudo -n docker",
+        "else printf '@@cvs:done\\n'; exit 0",
+        "fi",
+    ]
+    if cfg is not None:
+        lines.append(f'section image "$@" {shlex.join(image_inspect_argv([], cfg.image))}')
+    exec_argv = ["exec", name, "sh", "-c", _in_container_script(sshd_port, marker_path)]
+    cp_argv = ["cp", f"{name}:{marker_path}", "-"]
+    lines += [
+        f'if section container "$@" {shlex.join(inspect_argv([], name))}; then',
+        f'  section exec "$@" {shlex.join(exec_argv)} ||',
+        f'    section marker_tar "$@" {shlex.join(cp_argv)}',
+        "fi",
+        "printf '@@cvs:done\\n'",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def probe_remote_command(
+    cfg: ContainerConfig | None, name: str, *, sshd_port: int, marker_path: str
+) -> str:
+    """`sh -c '<probe script>'`: ready for an SSH exec whatever the login shell is."""
+    script = probe_command(cfg, name, sshd_port=sshd_port, marker_path=marker_path)
+    return shlex.join(["sh", "-c", script])
+
+
+# --- parsing -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str
+    rc: int
+    out: bytes
+    err: bytes
+
+    @property
+    def stdout(self) -> str:
+        return self.out.decode("utf-8", errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.err.decode("utf-8", errors="replace")
+
+
+class ProbeOutputError(ValueError):
+    pass
+
+
+def _decode(enc: str, lines: list[str]) -> bytes:
+    try:
+        if enc == "b64":
+            raw = base64.b64decode("".join(lines), validate=True)
+        elif enc == "hex":
+            raw = bytes.fromhex("".join("".join(lines).split()))
+        else:
+            raise ProbeOutputError(f"unknown encoding {enc!r}")
+    except (binascii.Error, ValueError) as exc:
+        raise ProbeOutputError(f"undecodable section body: {exc}") from None
+    return raw
+
+
+def parse_sections(stdout: str) -> tuple[dict[str, Section], bool]:
+    """Framed sections by name, and whether the `done` frame was seen."""
+    sections: dict[str, Section] = {}
+    done = False
+    current: tuple[str, int, str] | None = None
+    body: list[str] = []
+    err: list[str] | None = None
+    for line in stdout.splitlines():
+        if not line.startswith(FRAME):
+            if current is None:
+                continue  # e.g. a login banner or motd ahead of the script's output
+            (body if err is None else err).append(line.strip())
+            continue
+        words = line[len(FRAME) :].split()
+        if not words:
+            raise ProbeOutputError(f"bad frame line {line!r}")
+        tag = words[0]
+        if tag == "section" and current is None and len(words) == 4:
+            try:
+                current = (words[1], int(words[2]), words[3])
+            except ValueError:
+                raise ProbeOutputError(f"bad frame line {line!r}") from None
+            body, err = [], None
+        elif tag == "stderr" and current is not None and err is None:
+            err = []
+        elif tag == "end" and current is not None and err is not None and words[1:] == [current[0]]:
+            name, rc, enc = current
+            sections[name] = Section(name, rc, _decode(enc, body), _decode(enc, err))
+            current = None
+        elif tag == "done" and current is None:
+            done = True
+        elif tag == "probe" and current is None:
+            pass
+        else:
+            raise ProbeOutputError(f"unexpected frame line {line!r}")
+    if current is not None:
+        raise ProbeOutputError(f"section {current[0]!r} not terminated")
+    return sections, done
+
+
+def _first_line(text: str) -> str:
+    for line in text.strip().splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def _marker_value(text: str) -> str | None:
+    text = text.strip()
+    if not text:
+        return None
+    # Accept `sha256sum` output ("<hex>  <file>") as well as a bare digest.
+    m = _SHA256_RE.match(text)
+    return m.group(0) if m else text
+
+
+def _marker_from_tar(raw: bytes) -> str | None:
+    # `docker cp NAME:FILE -` writes a tar holding that one file.
+    try:
+        with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
+            for member in tar:
+                if member.isfile():
+                    f = tar.extractfile(member)
+                    return _marker_value(f.read().decode("utf-8", "replace")) if f else None
+    except tarfile.TarError:
+        return None
+    return None
+
+
+def _access_failure(host: str, direct: Section | None, sudo: Section | None) -> HostState:
+    texts = [s for s in (direct, sudo) if s is not None]
+    kinds = [classify_docker_error(s.stderr or s.stdout, s.rc) for s in texts]
+    detail = "; ".join(
+        f"{label}: {_first_line(s.stderr or s.stdout) or f'exit {s.rc}'}"
+        for label, s in zip(("docker", "sudo -n docker"), texts, strict=False)
+    )
+    if "daemon_down" in kinds:
+        return HostState(
+            host=host,
+            error=f"docker daemon not reachable ({detail})",
+            error_kind="daemon_down",
+        )
+    if kinds and kinds[0] == "not_installed":
+        return HostState(
+            host=host,
+            docker_access="none",
+            error=f"docker is not installed or not on PATH ({detail})",
+            error_kind="no_docker",
+        )
+    return HostState(
+        host=host,
+        docker_access="none",
+        error=(
+            "no docker access: plain `docker` and `sudo -n docker` both failed "
+            f"({detail}); add the login user to the docker group or allow it "
+            "passwordless sudo for docker"
+        ),
+        error_kind="no_access",
+    )
+
+
+def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) -> HostState:
+    """The probe's output on `host` -> HostState. Never raises on bad output."""
+    try:
+        sections, done = parse_sections(stdout)
+    except ProbeOutputError as exc:
+        return _garbled(host, str(exc), exit_status, stderr)
+    if not done or exit_status != 0:
+        why = "probe did not finish" if not done else f"probe exited {exit_status}"
+        return _garbled(host, why, exit_status, stderr)
+
+    direct, sudo = sections.get("access.direct"), sections.get("access.sudo")
+    if direct is not None and direct.rc == 0:
+        access: DockerAccessMode = "direct"
+    elif sudo is not None and sudo.rc == 0:
+        access = "sudo"
+    else:
+        if direct is None:
+            return _garbled(host, "no docker access section", exit_status, stderr)
+        return _access_failure(host, direct, sudo)
+
+    values: dict[str, object] = {"host": host, "docker_access": access}
+
+    image = sections.get("image")
+    if image is not None:
+        if image.rc == 0:
+            try:
+                info = parse_image_inspect(image.stdout)
+                values["tag_image_id"] = info.id
+                values["tag_repo_digests"] = info.repo_digests
+            except DockerOutputError as exc:
+                values["tag_error"] = str(exc)
+        elif classify_docker_error(image.stderr, image.rc) != "not_found":
+            values["tag_error"] = _first_line(image.stderr) or f"exit {image.rc}"
+
+    container = sections.get("container")
+    if container is None:
+        return _garbled(host, "no container section", exit_status, stderr)
+    if container.rc != 0:
+        kind = classify_docker_error(container.stderr, container.rc)
+        if kind == "not_found":
+            return HostState(**values, container="absent")  # type: ignore[arg-type]
+        reason = _first_line(container.stderr) or f"exit {container.rc}"
+        return HostState(
+            **values,  # type: ignore[arg-type]
+            error=f"docker inspect failed: {reason}",
+            error_kind="daemon_down" if kind == "daemon_down" else "docker",
+        )
+    try:
+        cinfo = parse_container_inspect(container.stdout)
+    except DockerOutputError as exc:
+        return HostState(**values, error=str(exc), error_kind="garbled")  # type: ignore[arg-type]
+
+    values.update(
+        container=cinfo.state,
+        container_status=cinfo.status,
+        container_id=cinfo.id,
+        container_image_id=cinfo.image_id,
+        container_image_readable=cinfo.image_id is not None
+        and cinfo.image_id.startswith("sha256:"),
+        labels=cinfo.labels,
+        started_at=cinfo.started_at,
+        host_config=cinfo.limits,
+    )
+    values.update(_in_container_facts(sections, running=cinfo.state == "running"))
+    return HostState(**values)  # type: ignore[arg-type]
+
+
+def _in_container_facts(sections: Mapping[str, Section], *, running: bool) -> dict[str, object]:
+    facts: dict[str, object] = {}
+    ex = sections.get("exec")
+    if ex is not None and ex.rc == 0 and running:
+        lines = ex.stdout.splitlines()
+        listen = lines[0].split() if lines else []
+        marker = lines[1].split() if len(lines) > 1 else []
+        if listen[:1] != ["listen"] or marker[:1] != ["marker"]:
+            facts["exec_error"] = "unexpected output from the in-container check"
+            return facts
+        facts["sshd_listening"] = {"yes": True, "no": False}.get(listen[1] if listen[1:] else "")
+        if marker[1:] == ["present"]:
+            facts["provision_marker"] = _marker_value("\n".join(lines[2:]))
+        return facts
+    if ex is not None and ex.rc != 0 and running:
+        facts["exec_error"] = _first_line(ex.stderr) or f"docker exec exited {ex.rc}"
+    tar = sections.get("marker_tar")
+    if tar is not None and tar.rc == 0:
+        facts["provision_marker"] = _marker_from_tar(tar.out)
+    return facts
+
+
+def _garbled(host: str, why: str, exit_status: int, stderr: str) -> HostState:
+    tail = _first_line(stderr[-2000:]) if stderr else ""
+    detail = f"{why} (exit {exit_status})" + (f": {tail}" if tail else "")
+    return HostState(host=host, error=f"unreadable probe output: {detail}", error_kind="garbled")

@@ -1,0 +1,403 @@
+"""Argv builders and output parsers for the docker CLI.
+
+Builders return argv lists; the caller quotes them once with `shlex.join`
+(remote commands are shell text, so quoting happens exactly there). Every
+container name and image reference is validated before it reaches an argv,
+so a name like `x;rm -rf /` is refused even though quoting would defuse it.
+
+Parsers read `docker inspect` / `docker image inspect` JSON into small frozen
+dataclasses; text is never grepped for facts. The only text matching is
+`classify_docker_error`, which sorts the CLI's *error messages* (there is no
+structured form of those) into the few kinds the planner must tell apart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+from orchestrator.config import CONTAINER_NAME_RE, IMAGE_REF_RE, ContainerConfig, Registry
+
+DockerAccess = Literal["direct", "sudo"]
+ContainerStatus = Literal["running", "exited", "other"]
+DockerErrorKind = Literal["not_found", "daemon_down", "permission_denied", "not_installed", "other"]
+
+# Label keys the orchestrator puts on containers it creates. A container is
+# "ours" when LABEL_MANAGED carries this cluster's name (see `is_ours`).
+LABEL_MANAGED = "io.cvs.managed"
+LABEL_CONFIG_HASH = "io.cvs.config-hash"
+
+# Docker's zero time: what StartedAt holds for a container never started.
+_ZERO_TIME = "0001-01-01T00:00:00Z"
+
+
+class DockerOutputError(ValueError):
+    """Docker printed something that is not the JSON we asked for."""
+
+
+# --- validation ----------------------------------------------------------
+
+
+def validate_container_name(name: str) -> str:
+    """`name` unchanged, or ValueError when docker would not accept it as a name."""
+    if not isinstance(name, str) or not CONTAINER_NAME_RE.match(name):
+        raise ValueError(
+            f"invalid container name {name!r} (letters, digits, '_', '.', '-'; "
+            "must start with a letter or digit)"
+        )
+    return name
+
+
+def validate_image_ref(ref: str) -> str:
+    """`ref` unchanged, or ValueError when it is not a plain image reference."""
+    if not isinstance(ref, str) or not IMAGE_REF_RE.match(ref):
+        raise ValueError(f"invalid image reference {ref!r}")
+    return ref
+
+
+def _validate_label(key: str, value: str) -> None:
+    # Quoting makes any value safe on the command line; these rules are about
+    # docker parsing `--label k=v` back into the same key and value.
+    if not key or "=" in key or any(c.isspace() for c in key):
+        raise ValueError(f"invalid label key {key!r}")
+    if "\n" in value or "\0" in value:
+        raise ValueError(f"invalid label value for {key!r}: contains a newline or NUL")
+
+
+# --- builders ------------------------------------------------------------
+
+
+def docker_prefix(access: DockerAccess) -> list[str]:
+    """How to invoke docker on a host, as decided by the probe."""
+    if access == "direct":
+        return ["docker"]
+    if access == "sudo":
+        return ["sudo", "-n", "docker"]
+    raise ValueError(f"no docker prefix for access {access!r}")
+
+
+def config_hash(cfg: ContainerConfig) -> str:
+    """Short, stable hash of the container block (label value for drift checks)."""
+    text = json.dumps(cfg.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def managed_labels(
+    cluster_name: str, cfg_hash: str | None = None, *, our_label: str = LABEL_MANAGED
+) -> dict[str, str]:
+    """The labels `run_argv` should get so `is_ours` recognises the container."""
+    labels = {our_label: cluster_name}
+    if cfg_hash is not None:
+        labels[LABEL_CONFIG_HASH] = cfg_hash
+    return labels
+
+
+def is_ours(
+    labels: Mapping[str, str], cluster_name: str, *, our_label: str = LABEL_MANAGED
+) -> bool:
+    """Whether this cluster created the container (another cluster's is foreign)."""
+    return labels.get(our_label) == cluster_name
+
+
+def run_argv(
+    prefix: Sequence[str],
+    cfg: ContainerConfig,
+    name: str,
+    labels: Mapping[str, str],
+    *,
+    extra_run_args: Sequence[str] = (),
+) -> list[str]:
+    """`docker run -d …` for a long-lived container that idles on `sleep infinity`.
+
+    `cfg.devices` is used as given: the caller filters it per host (only the
+    devices present there). `extra_run_args` carries flags computed elsewhere
+    (resource caps, GPU devices and env); `cfg.extra_args` (the operator's
+    escape hatch) follows them so it can override.
+    """
+    validate_container_name(name)
+    validate_image_ref(cfg.image)
+    argv = [*prefix, "run", "-d", "--name", name]
+    for key, value in labels.items():
+        _validate_label(key, value)
+        argv += ["--label", f"{key}={value}"]
+    argv += ["--network", cfg.network]
+    if cfg.ipc:
+        argv += ["--ipc", cfg.ipc]
+    if cfg.privileged:
+        argv.append("--privileged")
+    for device in cfg.devices:
+        argv += ["--device", device]
+    for cap in cfg.cap_add:
+        argv += ["--cap-add", cap]
+    for opt in cfg.security_opt:
+        argv += ["--security-opt", opt]
+    for group in cfg.group_add:
+        argv += ["--group-add", str(group)]
+    for key, limit in cfg.ulimits.items():
+        argv += ["--ulimit", f"{key}={limit}"]
+    for volume in cfg.volumes:
+        argv += ["-v", volume]
+    for key, value in cfg.env.items():
+        argv += ["-e", f"{key}={value}"]
+    if cfg.shm_size:
+        argv += ["--shm-size", str(cfg.shm_size)]
+    argv += list(extra_run_args)
+    argv += list(cfg.extra_args)
+    argv += [cfg.image, "sleep", "infinity"]
+    return argv
+
+
+def inspect_argv(prefix: Sequence[str], name: str) -> list[str]:
+    # --type container: an image that happens to share the name is not a hit.
+    return [*prefix, "inspect", "--type", "container", validate_container_name(name)]
+
+
+def image_inspect_argv(prefix: Sequence[str], ref: str) -> list[str]:
+    return [*prefix, "image", "inspect", _image_or_id(ref)]
+
+
+def start_argv(prefix: Sequence[str], name: str) -> list[str]:
+    return [*prefix, "start", validate_container_name(name)]
+
+
+def stop_argv(prefix: Sequence[str], name: str, *, timeout: int | None = None) -> list[str]:
+    argv = [*prefix, "stop"]
+    if timeout is not None:
+        argv += ["-t", str(int(timeout))]
+    return [*argv, validate_container_name(name)]
+
+
+def rm_argv(prefix: Sequence[str], name: str) -> list[str]:
+    return [*prefix, "rm", "-f", validate_container_name(name)]
+
+
+def pull_argv(prefix: Sequence[str], ref: str) -> list[str]:
+    return [*prefix, "pull", validate_image_ref(ref)]
+
+
+def load_argv(prefix: Sequence[str], tar_path: str) -> list[str]:
+    if not tar_path or tar_path.startswith("-"):
+        raise ValueError(f"invalid image tar path {tar_path!r}")
+    return [*prefix, "load", "-i", tar_path]
+
+
+def login_argv(prefix: Sequence[str], username: str, server: str | None = None) -> list[str]:
+    """`docker login … --password-stdin`: the password never appears in argv."""
+    if not username or username.startswith("-"):
+        raise ValueError(f"invalid registry username {username!r}")
+    argv = [*prefix, "login", "--username", username, "--password-stdin"]
+    if server:
+        if server.startswith("-"):
+            raise ValueError(f"invalid registry server {server!r}")
+        argv.append(server)
+    return argv
+
+
+def login_command(prefix: Sequence[str], registry: Registry) -> str:
+    """Shell text for a host: `docker login` reading the password file on that host.
+
+    The password stays on the host: it goes from `registry.password_file`
+    into docker's stdin and never crosses SSH, argv or logs.
+    """
+    argv = login_argv(prefix, registry.username, registry.server)
+    return f"{shlex.join(argv)} < {shlex.quote(registry.password_file)}"
+
+
+def exec_argv(
+    prefix: Sequence[str],
+    name: str,
+    argv: Sequence[str],
+    *,
+    interactive: bool = False,
+    user: str | None = None,
+    env: Mapping[str, str] | None = None,
+    workdir: str | None = None,
+) -> list[str]:
+    """`docker exec [-i] [-u user] [-w dir] [-e K=V] NAME argv…`."""
+    if not argv:
+        raise ValueError("exec needs a command")
+    out = [*prefix, "exec"]
+    if interactive:
+        out.append("-i")
+    if user is not None:
+        if not user or user.startswith("-"):
+            raise ValueError(f"invalid user {user!r}")
+        out += ["-u", user]
+    if workdir is not None:
+        out += ["-w", workdir]
+    for key, value in (env or {}).items():
+        if not key or "=" in key or key.startswith("-"):
+            raise ValueError(f"invalid environment variable name {key!r}")
+        out += ["-e", f"{key}={value}"]
+    return [*out, validate_container_name(name), *argv]
+
+
+def _image_or_id(ref: str) -> str:
+    # Image inspect also takes an image ID ("sha256:…"), which the reference
+    # grammar does not cover.
+    if ref.startswith("sha256:") and all(c in "0123456789abcdef" for c in ref[7:]) and ref[7:]:
+        return ref
+    return validate_image_ref(ref)
+
+
+# --- parsers -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceMapping:
+    path_on_host: str
+    path_in_container: str
+    permissions: str
+
+
+@dataclass(frozen=True)
+class ContainerLimits:
+    """HostConfig limits as docker reports them; None = docker's "unset" (0 / -1 / null)."""
+
+    nano_cpus: int | None = None
+    memory: int | None = None
+    memory_reservation: int | None = None
+    cpu_shares: int | None = None
+    pids_limit: int | None = None
+    shm_size: int | None = None
+    devices: tuple[DeviceMapping, ...] = ()
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    id: str
+    name: str
+    status: str  # docker's own word: created, running, paused, restarting, exited, dead, …
+    running: bool
+    image_id: str | None  # None when docker did not report one
+    image_ref: str | None  # what the container was started from (Config.Image)
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    started_at: str | None = None
+    limits: ContainerLimits = field(default_factory=ContainerLimits)
+
+    @property
+    def state(self) -> ContainerStatus:
+        """Coarse state for planning.
+
+        `created` (never started) counts as exited: `docker start` brings it
+        up with its overlay, exactly as for a stopped container.
+        """
+        if self.running and self.status == "running":
+            return "running"
+        if self.status in ("exited", "created"):
+            return "exited"
+        return "other"
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    id: str
+    repo_digests: tuple[str, ...] = ()
+    repo_tags: tuple[str, ...] = ()
+
+
+def _first_object(text: str, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DockerOutputError(f"{what}: not JSON ({exc.msg} at char {exc.pos})") from None
+    if isinstance(data, list):
+        if not data:
+            raise DockerOutputError(f"{what}: empty result")
+        data = data[0]
+    if not isinstance(data, dict):
+        raise DockerOutputError(f"{what}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _opt_int(value: Any, *, unset: tuple[int, ...] = (0,)) -> int | None:
+    if value is None or isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return None if value in unset else value
+
+
+def _str_map(value: Any) -> Mapping[str, str]:
+    if not isinstance(value, dict):
+        return MappingProxyType({})
+    return MappingProxyType({str(k): str(v) for k, v in value.items()})
+
+
+def _limits(host_config: Any) -> ContainerLimits:
+    if not isinstance(host_config, dict):
+        return ContainerLimits()
+    devices = tuple(
+        DeviceMapping(
+            path_on_host=str(d.get("PathOnHost", "")),
+            path_in_container=str(d.get("PathInContainer", "")),
+            permissions=str(d.get("CgroupPermissions", "")),
+        )
+        for d in host_config.get("Devices") or ()
+        if isinstance(d, dict)
+    )
+    return ContainerLimits(
+        nano_cpus=_opt_int(host_config.get("NanoCpus")),
+        memory=_opt_int(host_config.get("Memory")),
+        memory_reservation=_opt_int(host_config.get("MemoryReservation")),
+        cpu_shares=_opt_int(host_config.get("CpuShares")),
+        # 20.10 reports null or 0 for "no limit", newer engines -1.
+        pids_limit=_opt_int(host_config.get("PidsLimit"), unset=(0, -1)),
+        shm_size=_opt_int(host_config.get("ShmSize")),
+        devices=devices,
+    )
+
+
+def parse_container_inspect(text: str) -> ContainerInfo:
+    """`docker inspect --type container NAME` output -> ContainerInfo."""
+    obj = _first_object(text, "docker inspect")
+    state = obj.get("State")
+    cid = obj.get("Id")
+    if not isinstance(state, dict) or not isinstance(cid, str) or not cid:
+        raise DockerOutputError("docker inspect: no container Id/State in the output")
+    config = obj.get("Config") if isinstance(obj.get("Config"), dict) else {}
+    image_id = obj.get("Image")
+    started = state.get("StartedAt")
+    return ContainerInfo(
+        id=cid,
+        name=str(obj.get("Name", "")).lstrip("/"),
+        status=str(state.get("Status", "")),
+        running=state.get("Running") is True,
+        image_id=image_id if isinstance(image_id, str) and image_id else None,
+        image_ref=config.get("Image") if isinstance(config.get("Image"), str) else None,
+        labels=_str_map(config.get("Labels")),
+        started_at=started if isinstance(started, str) and started != _ZERO_TIME else None,
+        limits=_limits(obj.get("HostConfig")),
+    )
+
+
+def parse_image_inspect(text: str) -> ImageInfo:
+    """`docker image inspect REF` output -> ImageInfo."""
+    obj = _first_object(text, "docker image inspect")
+    iid = obj.get("Id")
+    if not isinstance(iid, str) or not iid:
+        raise DockerOutputError("docker image inspect: no image Id in the output")
+    return ImageInfo(
+        id=iid,
+        repo_digests=tuple(str(d) for d in obj.get("RepoDigests") or ()),
+        repo_tags=tuple(str(t) for t in obj.get("RepoTags") or ()),
+    )
+
+
+def classify_docker_error(stderr: str, exit_status: int | None = None) -> DockerErrorKind:
+    """Sort a failed docker CLI call by its message (docker has no structured errors)."""
+    low = stderr.lower()
+    if "no such object" in low or "no such container" in low or "no such image" in low:
+        return "not_found"
+    if "permission denied" in low and "docker" in low:
+        return "permission_denied"
+    if "cannot connect to the docker daemon" in low or "is the docker daemon running" in low:
+        return "daemon_down"
+    if "error during connect" in low or "connection refused" in low:
+        return "daemon_down"
+    if exit_status == 127 or "command not found" in low or "docker: not found" in low:
+        return "not_installed"
+    return "other"

@@ -1,0 +1,562 @@
+"""Docker argv builders and inspect parsers, proven against a real private dockerd.
+
+`PrivateDockerd` starts its own dockerd in the root network namespace with no
+bridge, no iptables and no masquerading, on a socket under a temp dir, and
+stops it by pid. The test image is a static busybox imported as a rootfs tar
+(`busybox-static`), so no registry or network is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import ContainerConfig, Registry
+from orchestrator.runtime.docker import (
+    LABEL_CONFIG_HASH,
+    LABEL_MANAGED,
+    DockerOutputError,
+    classify_docker_error,
+    config_hash,
+    docker_prefix,
+    exec_argv,
+    image_inspect_argv,
+    inspect_argv,
+    is_ours,
+    load_argv,
+    login_argv,
+    login_command,
+    managed_labels,
+    parse_container_inspect,
+    parse_image_inspect,
+    pull_argv,
+    rm_argv,
+    run_argv,
+    start_argv,
+    stop_argv,
+    validate_container_name,
+)
+
+DOCKERD = "/usr/sbin/dockerd"
+BUSYBOX = "/bin/busybox"
+TEST_IMAGE = "cvs-test/busybox:1"
+
+
+# --- private dockerd (shared with tests/test_probe.py) ----------------------
+
+
+def private_dockerd_skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root to run dockerd"
+    if not os.path.exists(DOCKERD):
+        return f"{DOCKERD} not installed"
+    if not shutil.which("docker"):
+        return "no docker CLI on PATH"
+    if not os.path.exists(BUSYBOX):
+        return f"{BUSYBOX} missing (apt-get install busybox-static)"
+    return None
+
+
+class PrivateDockerd:
+    """A dockerd of our own: its own data/exec root and socket; stopped by pid."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.sock = root / "docker.sock"
+        self.host = f"unix://{self.sock}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "DOCKER_HOST": self.host}
+
+    def start(self, timeout: float = 60.0) -> None:
+        log = open(self.root / "dockerd.log", "wb")  # noqa: SIM115 - outlives this call
+        self.proc = subprocess.Popen(
+            [
+                DOCKERD,
+                "--bridge=none",
+                "--iptables=false",
+                "--ip6tables=false",
+                "--ip-masq=false",
+                "--data-root",
+                str(self.root / "data"),
+                "--exec-root",
+                str(self.root / "exec"),
+                "--pidfile",
+                str(self.root / "dockerd.pid"),
+                "-H",
+                self.host,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"dockerd exited: {self.log_tail()}")
+            if self.sock.exists() and self.docker("version", check=False).returncode == 0:
+                return
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"dockerd did not come up: {self.log_tail()}")
+
+    def log_tail(self) -> str:
+        path = self.root / "dockerd.log"
+        return path.read_text(errors="replace")[-2000:] if path.exists() else ""
+
+    def docker(
+        self, *args: str, input: bytes | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["docker", *args],
+            env=self.env,
+            input=input.decode() if input is not None else None,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=120,
+        )
+
+    def run_argv(self, argv: list[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run a builder's argv the way the orchestrator will: quoted once, through sh."""
+        return subprocess.run(
+            ["sh", "-c", shlex.join(argv)],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=120,
+        )
+
+    def import_busybox(self, tag: str = TEST_IMAGE) -> str:
+        """Image id of a busybox-only image imported as `tag` (a new id each time)."""
+        rootfs = self.root / f"rootfs-{time.monotonic_ns()}"
+        (rootfs / "bin").mkdir(parents=True)
+        for d in ("proc", "sys", "dev", "etc", "tmp"):
+            (rootfs / d).mkdir()
+        shutil.copy2(BUSYBOX, rootfs / "bin" / "busybox")
+        applets = subprocess.run(
+            [BUSYBOX, "--list"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        for applet in applets:
+            if applet != "busybox":
+                (rootfs / "bin" / applet).symlink_to("busybox")
+        tar = subprocess.run(["tar", "-C", str(rootfs), "-c", "."], capture_output=True, check=True)
+        shutil.rmtree(rootfs)
+        out = subprocess.run(
+            ["docker", "import", "-", tag],
+            input=tar.stdout,
+            env=self.env,
+            capture_output=True,
+            check=True,
+            timeout=120,
+        )
+        return out.stdout.decode().strip()
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            ids = self.docker("ps", "-aq", check=False).stdout.split()
+            if ids:
+                self.docker("rm", "-f", *ids, check=False)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.proc = None
+        self._unmount_leftovers()
+
+    def _unmount_leftovers(self) -> None:
+        # dockerd can leave e.g. exec-root/netns/default mounted after it exits.
+        prefix = f"{self.root}/"
+        with open("/proc/self/mounts") as f:
+            points = [line.split()[1] for line in f if line.split()[1].startswith(prefix)]
+        for point in sorted(points, key=len, reverse=True):
+            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+
+
+@pytest.fixture(scope="module")
+def dockerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateDockerd]:
+    reason = private_dockerd_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    # A short path: the daemon's unix sockets live under it (108-byte limit).
+    root = Path(tmp_path_factory.mktemp("dockerd"))
+    daemon = PrivateDockerd(root)
+    try:
+        daemon.start()
+        yield daemon
+    finally:
+        daemon.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def image_id(dockerd: PrivateDockerd) -> str:
+    return dockerd.import_busybox()
+
+
+# --- pure builders ---------------------------------------------------------
+
+HOSTILE = "a; rm -rf / $(id) `id` 'q' \"d\" | & > <\n*"
+
+
+def test_docker_prefix_direct_is_plain_docker() -> None:
+    assert docker_prefix("direct") == ["docker"]
+
+
+def test_docker_prefix_sudo_never_prompts() -> None:
+    assert docker_prefix("sudo") == ["sudo", "-n", "docker"]
+
+
+def test_docker_prefix_rejects_no_access() -> None:
+    with pytest.raises(ValueError):
+        docker_prefix("none")  # type: ignore[arg-type]
+
+
+def test_run_argv_puts_every_option_before_image_and_sleep_infinity() -> None:
+    cfg = ContainerConfig(
+        image="registry.example:5000/team/img:1.2",
+        name="c1",
+        network="host",
+        ipc="host",
+        privileged=True,
+        devices=["/dev/kfd"],
+        cap_add=["SYS_PTRACE"],
+        security_opt=["seccomp=unconfined"],
+        group_add=["video"],
+        ulimits={"memlock": -1, "stack": "67108864"},
+        volumes=["/data:/data:ro"],
+        env={"A": "1"},
+        shm_size="16g",
+        extra_args=["--init"],
+    )
+    argv = run_argv(["docker"], cfg, "c1", {"k": "v"}, extra_run_args=["--cpus", "2"])
+    assert argv == [
+        "docker", "run", "-d", "--name", "c1",
+        "--label", "k=v",
+        "--network", "host",
+        "--ipc", "host",
+        "--privileged",
+        "--device", "/dev/kfd",
+        "--cap-add", "SYS_PTRACE",
+        "--security-opt", "seccomp=unconfined",
+        "--group-add", "video",
+        "--ulimit", "memlock=-1",
+        "--ulimit", "stack=67108864",
+        "-v", "/data:/data:ro",
+        "-e", "A=1",
+        "--shm-size", "16g",
+        "--cpus", "2",
+        "--init",
+        "registry.example:5000/team/img:1.2", "sleep", "infinity",
+    ]  # fmt: skip
+
+
+def test_run_argv_leaves_out_options_that_are_not_set() -> None:
+    cfg = ContainerConfig(image="img:1", ipc=None)
+    argv = run_argv(["sudo", "-n", "docker"], cfg, "c", {})
+    assert argv == [
+        "sudo", "-n", "docker", "run", "-d", "--name", "c", "--network", "host",
+        "img:1", "sleep", "infinity",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name", ["x;rm -rf /", "a b", "$(id)", "`id`", "a|b", "a&b", "-rf", "", "a\nb", "é"]
+)
+def test_container_name_with_shell_metacharacters_is_rejected(name: str) -> None:
+    cfg = ContainerConfig(image="img:1")
+    with pytest.raises(ValueError, match="invalid container name"):
+        run_argv(["docker"], cfg, name, {})
+    for build in (inspect_argv, start_argv, rm_argv, stop_argv):
+        with pytest.raises(ValueError):
+            build(["docker"], name)
+    with pytest.raises(ValueError):
+        exec_argv(["docker"], name, ["true"])
+
+
+@pytest.mark.parametrize("ref", ["img:1;id", "img:$(id)", "IMG", "img 1", "-img"])
+def test_image_ref_with_shell_metacharacters_is_rejected(ref: str) -> None:
+    # model_construct skips the config's own validation: the builder checks again.
+    cfg = ContainerConfig.model_construct(
+        **{**ContainerConfig(image="img:1").__dict__, "image": ref}
+    )
+    with pytest.raises(ValueError, match="invalid image reference"):
+        run_argv(["docker"], cfg, "c", {})
+    with pytest.raises(ValueError):
+        pull_argv(["docker"], ref)
+    with pytest.raises(ValueError):
+        image_inspect_argv(["docker"], ref)
+
+
+def test_image_inspect_accepts_an_image_id() -> None:
+    iid = "sha256:" + "ab" * 32
+    assert image_inspect_argv(["docker"], iid) == ["docker", "image", "inspect", iid]
+
+
+def test_hostile_values_survive_one_round_of_shell_quoting() -> None:
+    cfg = ContainerConfig(
+        image="img:1", env={"X": HOSTILE}, volumes=[f"/tmp/{HOSTILE}:/x"], extra_args=[HOSTILE]
+    )
+    argv = run_argv(["docker"], cfg, "c", {"k": HOSTILE.replace("\n", "")})
+    assert shlex.split(shlex.join(argv)) == argv
+
+
+@pytest.mark.parametrize("key", ["a=b", "", "a b"])
+def test_label_key_docker_would_misparse_is_rejected(key: str) -> None:
+    with pytest.raises(ValueError, match="label"):
+        run_argv(["docker"], ContainerConfig(image="img:1"), "c", {key: "v"})
+
+
+def test_login_reads_password_from_stdin_never_argv() -> None:
+    argv = login_argv(["docker"], "bob", "reg.example")
+    assert argv == [
+        "docker", "login", "--username", "bob", "--password-stdin", "reg.example"
+    ]  # fmt: skip
+    registry = Registry(username="bob", password_file="/etc/cvs/pw file", server=None)
+    assert login_command(["sudo", "-n", "docker"], registry) == (
+        "sudo -n docker login --username bob --password-stdin < '/etc/cvs/pw file'"
+    )
+
+
+def test_exec_argv_places_options_before_name_and_command() -> None:
+    argv = exec_argv(
+        ["docker"], "c", ["sh", "-c", "echo $X"], interactive=True, user="1000", env={"X": "1"}
+    )
+    assert argv == ["docker", "exec", "-i", "-u", "1000", "-e", "X=1", "c", "sh", "-c", "echo $X"]
+
+
+def test_simple_lifecycle_argvs() -> None:
+    assert start_argv(["docker"], "c") == ["docker", "start", "c"]
+    assert stop_argv(["docker"], "c", timeout=5) == ["docker", "stop", "-t", "5", "c"]
+    assert rm_argv(["docker"], "c") == ["docker", "rm", "-f", "c"]
+    assert pull_argv(["docker"], "img:1") == ["docker", "pull", "img:1"]
+    assert load_argv(["docker"], "/x/img.tar") == ["docker", "load", "-i", "/x/img.tar"]
+    assert inspect_argv(["docker"], "c") == ["docker", "inspect", "--type", "container", "c"]
+
+
+def test_managed_labels_are_recognised_as_ours_only_for_the_same_cluster() -> None:
+    labels = managed_labels("alpha", "abc")
+    assert labels == {LABEL_MANAGED: "alpha", LABEL_CONFIG_HASH: "abc"}
+    assert is_ours(labels, "alpha")
+    assert not is_ours(labels, "beta")
+    assert not is_ours({}, "alpha")
+
+
+def test_config_hash_changes_with_the_container_block() -> None:
+    a = ContainerConfig(image="img:1")
+    assert config_hash(a) == config_hash(ContainerConfig(image="img:1"))
+    assert config_hash(a) != config_hash(ContainerConfig(image="img:2"))
+
+
+def test_validate_container_name_returns_good_name() -> None:
+    assert validate_container_name("cvs_gpu-1.x") == "cvs_gpu-1.x"
+
+
+# --- pure parsers ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("stderr", "rc", "kind"),
+    [
+        ("Error: No such object: c", 1, "not_found"),
+        ("Error response from daemon: No such container: c", 1, "not_found"),
+        ("Error response from daemon: no such image: x:1: No such image: x:1", 1, "not_found"),
+        (
+            "Cannot connect to the Docker daemon at unix:///x.sock. Is the docker daemon running?",
+            1,
+            "daemon_down",
+        ),
+        (
+            "permission denied while trying to connect to the Docker daemon socket at "
+            "unix:///var/run/docker.sock",
+            1,
+            "permission_denied",
+        ),
+        ("sh: 1: docker: not found", 127, "not_installed"),
+        ("bash: docker: command not found", 127, "not_installed"),
+        ("something else", 1, "other"),
+    ],
+)
+def test_classify_docker_error(stderr: str, rc: int, kind: str) -> None:
+    assert classify_docker_error(stderr, rc) == kind
+
+
+@pytest.mark.parametrize("text", ["", "not json", "[]", "[1]", '[{"Id": "x"}]', "{}"])
+def test_container_inspect_parser_rejects_what_is_not_a_container(text: str) -> None:
+    with pytest.raises(DockerOutputError):
+        parse_container_inspect(text)
+
+
+@pytest.mark.parametrize("text", ["", "[]", '[{"RepoTags": []}]'])
+def test_image_inspect_parser_rejects_what_is_not_an_image(text: str) -> None:
+    with pytest.raises(DockerOutputError):
+        parse_image_inspect(text)
+
+
+@pytest.mark.parametrize("value", [None, 0, -1])
+def test_unset_pids_limit_reads_as_none_across_engine_versions(value: int | None) -> None:
+    doc = [{"Id": "x", "State": {"Status": "running", "Running": True}, "HostConfig": {}}]
+    doc[0]["HostConfig"]["PidsLimit"] = value
+    assert parse_container_inspect(json.dumps(doc)).limits.pids_limit is None
+
+
+def test_never_started_container_has_no_start_time_and_counts_as_exited() -> None:
+    doc = [
+        {
+            "Id": "x",
+            "State": {"Status": "created", "Running": False, "StartedAt": "0001-01-01T00:00:00Z"},
+        }
+    ]
+    info = parse_container_inspect(json.dumps(doc))
+    assert info.started_at is None
+    assert info.state == "exited"
+
+
+# --- against the real dockerd ---------------------------------------------
+
+pytestmark_real = pytest.mark.sandbox
+
+
+@pytestmark_real
+def test_run_argv_settings_come_back_from_docker_inspect(
+    dockerd: PrivateDockerd, image_id: str, tmp_path: Path
+) -> None:
+    (tmp_path / "vol").mkdir()
+    cfg = ContainerConfig(
+        image=TEST_IMAGE,
+        network="none",
+        ipc="private",
+        devices=["/dev/null:/dev/cvsnull"],
+        cap_add=["SYS_PTRACE"],
+        security_opt=["no-new-privileges"],
+        group_add=["1234"],
+        ulimits={"nofile": "1024:2048"},
+        volumes=[f"{tmp_path / 'vol'}:/data:ro"],
+        env={"HOSTILE": HOSTILE},
+        shm_size="32m",
+    )
+    limits = ["--cpus", "0.5", "--memory", "64m", "--memory-reservation", "32m"]
+    limits += ["--cpu-shares", "512", "--pids-limit", "50"]
+    labels = managed_labels("alpha", "h1")
+    dockerd.run_argv(run_argv(["docker"], cfg, "settings", labels, extra_run_args=limits))
+    try:
+        info = parse_container_inspect(
+            dockerd.run_argv(inspect_argv(["docker"], "settings")).stdout
+        )
+        assert info.name == "settings"
+        assert info.running and info.state == "running"
+        assert info.image_id == image_id
+        assert info.image_ref == TEST_IMAGE
+        assert dict(info.labels) == labels
+        assert info.started_at and info.started_at.startswith("20")
+        assert info.limits.nano_cpus == 500_000_000
+        assert info.limits.memory == 64 * 2**20
+        assert info.limits.memory_reservation == 32 * 2**20
+        assert info.limits.cpu_shares == 512
+        assert info.limits.pids_limit == 50
+        assert info.limits.shm_size == 32 * 2**20
+        assert [(d.path_on_host, d.path_in_container) for d in info.limits.devices] == [
+            ("/dev/null", "/dev/cvsnull")
+        ]
+        env = dockerd.run_argv(
+            exec_argv(["docker"], "settings", ["sh", "-c", 'printf "%s\\n" "$HOSTILE"'])
+        ).stdout
+        assert env == HOSTILE + "\n"
+    finally:
+        dockerd.run_argv(rm_argv(["docker"], "settings"))
+
+
+@pytestmark_real
+def test_exec_argv_passes_user_env_and_stdin(dockerd: PrivateDockerd, image_id: str) -> None:
+    cfg = ContainerConfig(image=TEST_IMAGE, network="none", ipc=None)
+    dockerd.run_argv(run_argv(["docker"], cfg, "execer", {}))
+    try:
+        argv = exec_argv(
+            ["docker"],
+            "execer",
+            ["sh", "-c", 'echo "$(id -u) $X $(cat)"'],
+            interactive=True,
+            user="4321",
+            env={"X": "x;y"},
+        )
+        out = subprocess.run(
+            ["sh", "-c", shlex.join(argv)],
+            input="from-stdin",
+            env=dockerd.env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert out == "4321 x;y from-stdin\n"
+    finally:
+        dockerd.run_argv(rm_argv(["docker"], "execer"))
+
+
+@pytestmark_real
+def test_stop_then_start_keeps_the_overlay_and_rm_makes_it_absent(
+    dockerd: PrivateDockerd, image_id: str
+) -> None:
+    cfg = ContainerConfig(image=TEST_IMAGE, network="none", ipc=None)
+    dockerd.run_argv(run_argv(["docker"], cfg, "keeper", {}))
+    dockerd.run_argv(exec_argv(["docker"], "keeper", ["sh", "-c", "echo kept > /kept"]))
+    dockerd.run_argv(stop_argv(["docker"], "keeper", timeout=1))
+    stopped = parse_container_inspect(dockerd.run_argv(inspect_argv(["docker"], "keeper")).stdout)
+    assert stopped.state == "exited"
+    dockerd.run_argv(start_argv(["docker"], "keeper"))
+    again = parse_container_inspect(dockerd.run_argv(inspect_argv(["docker"], "keeper")).stdout)
+    assert again.id == stopped.id and again.state == "running"
+    assert dockerd.run_argv(exec_argv(["docker"], "keeper", ["cat", "/kept"])).stdout == "kept\n"
+    dockerd.run_argv(rm_argv(["docker"], "keeper"))
+    gone = dockerd.run_argv(inspect_argv(["docker"], "keeper"), check=False)
+    assert gone.returncode != 0
+    assert classify_docker_error(gone.stderr, gone.returncode) == "not_found"
+
+
+@pytestmark_real
+def test_image_inspect_and_load_round_trip_keeps_the_id(
+    dockerd: PrivateDockerd, image_id: str, tmp_path: Path
+) -> None:
+    info = parse_image_inspect(dockerd.run_argv(image_inspect_argv(["docker"], TEST_IMAGE)).stdout)
+    assert info.id == image_id
+    assert TEST_IMAGE in info.repo_tags
+    assert info.repo_digests == ()  # imported, never pushed or pulled
+    tar = tmp_path / "img.tar"
+    dockerd.docker("save", "-o", str(tar), TEST_IMAGE)
+    dockerd.docker("rmi", TEST_IMAGE)
+    missing = dockerd.run_argv(image_inspect_argv(["docker"], TEST_IMAGE), check=False)
+    assert classify_docker_error(missing.stderr, missing.returncode) == "not_found"
+    dockerd.run_argv(load_argv(["docker"], str(tar)))
+    reloaded = dockerd.run_argv(image_inspect_argv(["docker"], TEST_IMAGE)).stdout
+    assert parse_image_inspect(reloaded).id == image_id
+
+
+@pytestmark_real
+def test_daemon_down_is_classified_apart_from_not_found(tmp_path: Path) -> None:
+    if not shutil.which("docker"):
+        pytest.skip("no docker CLI")
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/none.sock"}
+    out = subprocess.run(
+        ["sh", "-c", shlex.join(inspect_argv(["docker"], "c"))],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode != 0
+    assert classify_docker_error(out.stderr, out.returncode) == "daemon_down"

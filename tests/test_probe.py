@@ -1,0 +1,339 @@
+"""The one-round-trip probe: the script run for real with `sh -c` against a
+private dockerd (DOCKER_HOST), and the parser on hand-made output."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_docker_runtime import TEST_IMAGE, PrivateDockerd, private_dockerd_skip_reason
+
+from orchestrator.config import ContainerConfig
+from orchestrator.probe import (
+    HostState,
+    parse_probe_output,
+    parse_sections,
+    probe_command,
+    probe_remote_command,
+)
+from orchestrator.runtime.docker import managed_labels, rm_argv, run_argv
+
+MARKER = "/etc/cvs/provisioned"
+SHA = "ab" * 32
+PORT = 2224
+
+
+@pytest.fixture(scope="module")
+def dockerd(tmp_path_factory: pytest.TempPathFactory):
+    reason = private_dockerd_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    root = Path(tmp_path_factory.mktemp("dockerd"))
+    daemon = PrivateDockerd(root)
+    try:
+        daemon.start()
+        yield daemon
+    finally:
+        daemon.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def image_id(dockerd: PrivateDockerd) -> str:
+    return dockerd.import_busybox()
+
+
+@pytest.fixture
+def cfg() -> ContainerConfig:
+    # No host networking: each container gets its own loopback, so whatever
+    # listens on the host's ports cannot leak into the sshd check.
+    return ContainerConfig(image=TEST_IMAGE, name="probed", network="none", ipc=None)
+
+
+def run_probe(
+    env: dict[str, str], cfg: ContainerConfig | None, name: str = "probed", **kw: str
+) -> HostState:
+    script = probe_command(cfg, name, sshd_port=PORT, marker_path=kw.get("marker", MARKER))
+    out = subprocess.run(
+        ["/bin/sh", "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    return parse_probe_output("h1", out.returncode, out.stdout, out.stderr)
+
+
+@pytest.fixture
+def container(dockerd: PrivateDockerd, image_id: str, cfg: ContainerConfig):
+    dockerd.run_argv(run_argv(["docker"], cfg, "probed", managed_labels("alpha", "cfg1")))
+    yield "probed"
+    dockerd.run_argv(rm_argv(["docker"], "probed"), check=False)
+
+
+def fake_bin(tmp_path: Path, scripts: dict[str, str], links: tuple[str, ...] = ()) -> str:
+    """A PATH of stand-in commands plus symlinks to a few real ones."""
+    d = tmp_path / "bin"
+    d.mkdir()
+    for name, body in scripts.items():
+        (d / name).write_text("#!/bin/sh\n" + body)
+        (d / name).chmod(0o755)
+    for name in links:
+        real = shutil.which(name)
+        assert real, name
+        (d / name).symlink_to(real)
+    return str(d)
+
+
+BASICS = ("mktemp", "rm", "base64", "od", "cat")
+
+# --- real dockerd ----------------------------------------------------------
+
+pytestmark_real = pytest.mark.sandbox
+
+
+@pytestmark_real
+def test_no_container_is_absent_and_tag_resolves(
+    dockerd: PrivateDockerd, image_id: str, cfg: ContainerConfig
+) -> None:
+    state = run_probe(dockerd.env, cfg)
+    assert state.known and state.error is None
+    assert state.docker_access == "direct"
+    assert state.container == "absent"
+    assert state.tag_image_id == image_id
+    assert state.sshd_listening is None and state.provision_marker is None
+
+
+@pytestmark_real
+def test_running_container_reports_identity_labels_listener_and_marker(
+    dockerd: PrivateDockerd, image_id: str, cfg: ContainerConfig, container: str
+) -> None:
+    dockerd.docker("exec", container, "sh", "-c", f"mkdir -p /etc/cvs && echo {SHA} > {MARKER}")
+    dockerd.docker("exec", "-d", container, "httpd", "-f", "-p", f"127.0.0.1:{PORT}")
+    inspect = dockerd.docker("inspect", "--format", "{{.Id}} {{.State.StartedAt}}", container)
+    cid, started = inspect.stdout.split()
+    for _ in range(50):  # httpd -d returns before the socket is bound
+        state = run_probe(dockerd.env, cfg)
+        if state.sshd_listening:
+            break
+    assert state.known
+    assert state.container == "running"
+    assert state.container_id == cid
+    assert state.started_at == started
+    assert state.container_image_id == image_id == state.tag_image_id
+    assert state.container_image_readable
+    assert dict(state.labels) == managed_labels("alpha", "cfg1")
+    assert state.host_config is not None and state.host_config.shm_size == 64 * 2**20
+    assert state.sshd_listening is True
+    assert state.provision_marker == SHA
+
+
+@pytestmark_real
+def test_running_container_without_listener_or_marker(
+    dockerd: PrivateDockerd, cfg: ContainerConfig, container: str
+) -> None:
+    state = run_probe(dockerd.env, cfg)
+    assert state.container == "running"
+    assert state.sshd_listening is False
+    assert state.provision_marker is None
+    assert state.exec_error is None
+
+
+@pytestmark_real
+def test_exited_container_still_reports_its_marker(
+    dockerd: PrivateDockerd, cfg: ContainerConfig, container: str
+) -> None:
+    dockerd.docker("exec", container, "sh", "-c", f"mkdir -p /etc/cvs && echo {SHA} > {MARKER}")
+    dockerd.docker("stop", "-t", "0", container)
+    state = run_probe(dockerd.env, cfg)
+    assert state.known
+    assert state.container == "exited"
+    assert state.container_status == "exited"
+    assert state.sshd_listening is None
+    assert state.provision_marker == SHA
+
+
+@pytestmark_real
+def test_marker_path_with_spaces_and_quotes_is_read_verbatim(
+    dockerd: PrivateDockerd, cfg: ContainerConfig, container: str
+) -> None:
+    odd = "/tmp/it's a $(marker)"
+    dockerd.docker("exec", container, "sh", "-c", 'echo done > "$1"', "sh", odd)
+    assert run_probe(dockerd.env, cfg, marker=odd).provision_marker == "done"
+
+
+@pytestmark_real
+def test_missing_tag_reads_as_no_image(
+    dockerd: PrivateDockerd, image_id: str, cfg: ContainerConfig
+) -> None:
+    other = cfg.model_copy(update={"image": "cvs-test/not-here:9"})
+    state = run_probe(dockerd.env, other)
+    assert state.known
+    assert state.tag_image_id is None and state.tag_error is None
+
+
+@pytestmark_real
+def test_daemon_down_is_unknown_never_absent(tmp_path: Path, cfg: ContainerConfig) -> None:
+    if not shutil.which("docker"):
+        pytest.skip("no docker CLI")
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/gone.sock"}
+    # A sudo that cannot elevate keeps this about the daemon, not about sudo.
+    env["PATH"] = fake_bin(tmp_path, {"sudo": "echo 'sudo: a password is required' >&2\nexit 1"})
+    env["PATH"] += ":" + os.environ["PATH"]
+    state = run_probe(env, cfg)
+    assert not state.known
+    assert state.container is None
+    assert state.error_kind == "daemon_down"
+    assert "daemon" in (state.error or "")
+
+
+@pytestmark_real
+def test_sudo_is_used_when_plain_docker_is_denied(
+    dockerd: PrivateDockerd, image_id: str, cfg: ContainerConfig, tmp_path: Path
+) -> None:
+    real_docker = shutil.which("docker")
+    denied = (
+        "echo 'permission denied while trying to connect to the Docker daemon socket "
+        "at unix:///var/run/docker.sock' >&2\nexit 1"
+    )
+    sudo = f'[ "$1" = -n ] && [ "$2" = docker ] || exit 1\nshift 2\nexec {real_docker} "$@"'
+    env = {**dockerd.env, "PATH": fake_bin(tmp_path, {"docker": denied, "sudo": sudo}, BASICS)}
+    state = run_probe(env, cfg)
+    assert state.docker_access == "sudo"
+    assert state.known and state.container == "absent"
+    assert state.tag_image_id == image_id
+
+
+@pytestmark_real
+def test_no_docker_access_is_a_clear_error(
+    dockerd: PrivateDockerd, cfg: ContainerConfig, tmp_path: Path
+) -> None:
+    denied = "echo 'permission denied while trying to connect to the Docker daemon socket' >&2\n"
+    scripts = {
+        "docker": denied + "exit 1",
+        "sudo": "echo 'sudo: a password is required' >&2\nexit 1",
+    }
+    env = {**dockerd.env, "PATH": fake_bin(tmp_path, scripts, BASICS)}
+    state = run_probe(env, cfg)
+    assert state.docker_access == "none"
+    assert state.error_kind == "no_access"
+    assert not state.known and state.container is None
+    assert "docker group" in (state.error or "")
+
+
+@pytestmark_real
+def test_docker_not_installed_is_named(cfg: ContainerConfig, tmp_path: Path) -> None:
+    env = {**os.environ, "PATH": fake_bin(tmp_path, {}, BASICS)}
+    state = run_probe(env, cfg)
+    assert state.docker_access == "none"
+    assert state.error_kind == "no_docker"
+
+
+@pytestmark_real
+def test_hosts_without_base64_fall_back_to_hex(
+    dockerd: PrivateDockerd, image_id: str, cfg: ContainerConfig, container: str, tmp_path: Path
+) -> None:
+    env = {**dockerd.env, "PATH": fake_bin(tmp_path, {}, ("mktemp", "rm", "od", "docker"))}
+    state = run_probe(env, cfg)
+    assert state.container == "running"
+    assert state.tag_image_id == image_id
+    assert state.sshd_listening is False
+
+
+@pytestmark_real
+def test_remote_command_form_runs_under_any_login_shell(
+    dockerd: PrivateDockerd, image_id: str, cfg: ContainerConfig
+) -> None:
+    cmd = probe_remote_command(cfg, "probed", sshd_port=PORT, marker_path=MARKER)
+    out = subprocess.run(
+        ["bash", "-c", cmd], env=dockerd.env, capture_output=True, text=True, timeout=60
+    )
+    assert parse_probe_output("h1", out.returncode, out.stdout, out.stderr).container == "absent"
+
+
+# --- pure: script building and parsing --------------------------------------
+
+
+@pytest.mark.parametrize("name", ["a;b", "$(id)", "a b", "-x"])
+def test_probe_command_rejects_unsafe_container_names(name: str) -> None:
+    with pytest.raises(ValueError):
+        probe_command(None, name, sshd_port=PORT, marker_path=MARKER)
+
+
+def test_probe_command_without_config_skips_the_image() -> None:
+    script = probe_command(None, "c", sshd_port=PORT, marker_path=MARKER)
+    assert "image inspect" not in script
+    assert "inspect --type container c" in script
+
+
+def frame(name: str, rc: int, out: bytes = b"", err: bytes = b"") -> str:
+    b64 = base64.b64encode
+    return (
+        f"@@cvs:section {name} {rc} b64\n{b64(out).decode()}\n@@cvs:stderr\n"
+        f"{b64(err).decode()}\n@@cvs:end {name}\n"
+    )
+
+
+DIRECT_OK = frame("access.direct", 0, b"20.10.24\n")
+
+
+def test_unreachable_host_is_not_known() -> None:
+    state = HostState.unreachable("h9", "connection refused")
+    assert not state.known and not state.reachable
+    assert state.error == "connection refused" and state.container is None
+
+
+def test_truncated_output_is_unknown_not_absent() -> None:
+    text = "@@cvs:probe 1\n" + DIRECT_OK + frame("container", 1, err=b"Error: No such object: c")
+    state = parse_probe_output("h1", 0, text, "")
+    assert state.container is None and state.error_kind == "garbled"
+
+
+def test_killed_probe_is_unknown_even_with_sections() -> None:
+    text = DIRECT_OK + frame("container", 1, err=b"No such container: c") + "@@cvs:done\n"
+    assert parse_probe_output("h1", 255, text, "killed").container is None
+
+
+def test_garbage_is_unknown() -> None:
+    state = parse_probe_output("h1", 0, "@@cvs:section x\nnot base64!!\n", "")
+    assert not state.known and state.error_kind == "garbled"
+
+
+def test_banner_before_the_frames_is_ignored() -> None:
+    text = (
+        "Welcome to gpu01\n"
+        + DIRECT_OK
+        + frame("container", 1, err=b"Error: No such container: c")
+        + "@@cvs:done\n"
+    )
+    assert parse_probe_output("h1", 0, text, "").container == "absent"
+
+
+def test_inspect_failing_for_another_reason_is_unknown() -> None:
+    err = b"Cannot connect to the Docker daemon at unix:///x. Is the docker daemon running?"
+    text = DIRECT_OK + frame("container", 1, err=err) + "@@cvs:done\n"
+    state = parse_probe_output("h1", 0, text, "")
+    assert state.container is None and state.error_kind == "daemon_down"
+    assert state.docker_access == "direct"
+
+
+def test_container_without_image_id_is_unreadable() -> None:
+    doc = b'[{"Id": "c1", "Image": "", "State": {"Status": "running", "Running": true}}]'
+    listen = b"listen no\nmarker absent\n"
+    text = DIRECT_OK + frame("container", 0, doc) + frame("exec", 0, listen) + "@@cvs:done\n"
+    state = parse_probe_output("h1", 0, text, "")
+    assert state.container == "running" and not state.container_image_readable
+
+
+def test_marker_in_sha256sum_format_yields_the_digest() -> None:
+    doc = b'[{"Id": "c1", "Image": "sha256:aa", "State": {"Status": "running", "Running": true}}]'
+    body = f"listen yes\nmarker present\n{SHA}  /tmp/setup.sh\n".encode()
+    text = DIRECT_OK + frame("container", 0, doc) + frame("exec", 0, body) + "@@cvs:done\n"
+    state = parse_probe_output("h1", 0, text, "")
+    assert state.provision_marker == SHA and state.sshd_listening is True
+
+
+def test_section_bodies_cannot_forge_frames() -> None:
+    sections, done = parse_sections(frame("x", 0, b"@@cvs:done\n@@cvs:end x\n"))
+    assert not done
+    assert sections["x"].stdout == "@@cvs:done\n@@cvs:end x\n"

@@ -12,13 +12,23 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from .config import ClusterConfig, load_cluster
+from .config import ClusterConfig, container_name, load_cluster
+from .container_exec import NOT_RUNNING_EXIT, container_command
+from .errors import UsageError
 from .events import EventSink, NullSink
-from .fanout import run_on_hosts
+from .fanout import fan_out, run_on_hosts
+from .resources import limits_drift
 from .results import HostResult
+from .runtime.docker import LABEL_CONFIG_HASH
 from .transport import SSHPool
+
+if TYPE_CHECKING:
+    from .lifecycle import Lifecycle, UpReport
+    from .plan import Plan
 
 
 class HostSelectionError(ValueError):
@@ -80,6 +90,75 @@ class Cluster:
     def hosts(self) -> list[str]:
         return [h.name for h in self.config.hosts]
 
+    def lifecycle(self) -> Lifecycle:
+        """The container lifecycle (needs a `container` block)."""
+        from .lifecycle import Lifecycle
+
+        if self.config.container is None:
+            raise UsageError(
+                f"{self.config.source or 'the cluster file'}: no `container` block: "
+                "add one (image, lifetime) to manage containers"
+            )
+        return Lifecycle(self.config, self.pool, self.sink)
+
+    async def plan(self, *, force: bool = False, reprovision: bool = False) -> Plan:
+        """What `up` would do on each host (nothing is changed, nothing locked)."""
+        lc = self.lifecycle()
+        return lc.decide(await lc.probe_all(), force=force, reprovision=reprovision)
+
+    async def up(self, *, force: bool = False, reprovision: bool = False) -> UpReport:
+        """Bring containers to the state the lifetime policy asks for.
+
+        Raises `PolicyRefused` (nothing changed on any host) when the policy
+        or image identity forbids it.
+        """
+        return await self.lifecycle().up(force=force, reprovision=reprovision)
+
+    async def down(self, *, force: bool = False) -> tuple[Plan, dict[str, HostResult]]:
+        """Remove containers per the lifetime (`force` removes persistent ones too)."""
+        return await self.lifecycle().down(force=force)
+
+    async def status(self) -> list[dict[str, Any]]:
+        """One row per host: reachability, docker access, container, image, sshd, drift."""
+        lc = self.lifecycle()
+        states = await lc.probe_all()
+        script = lc.script()
+        rows = []
+        for host, st in states.items():
+            drift: list[str] = []
+            limits: dict[str, str] = {}
+            try:
+                eff = lc._resources(host)
+                limits = eff.describe()
+                if st.host_config is not None:
+                    drift += limits_drift(eff, _inspect_keys(st.host_config))
+            except ValueError as exc:
+                drift.append(str(exc))
+            if st.labels.get(LABEL_CONFIG_HASH) not in (None, lc.hash):
+                drift.append("container block changed since start")
+            stale = (
+                st.container_image_id is not None
+                and st.tag_image_id is not None
+                and st.container_image_id != st.tag_image_id
+            )
+            rows.append(
+                {
+                    "host": host,
+                    "reachable": st.reachable,
+                    "docker": st.docker_access or "?",
+                    "state": st.container or "unknown",
+                    "image": _short(st.container_image_id),
+                    "tag": _short(st.tag_image_id),
+                    "stale": stale,
+                    "sshd": {True: "listening", False: "down", None: "-"}[st.sshd_listening],
+                    "provisioned": _provisioned(st.provision_marker, script.sha256),
+                    "limits": limits,
+                    "drift": drift,
+                    "error": st.error,
+                }
+            )
+        return rows
+
     async def exec_host_os(
         self,
         command: str | Sequence[str],
@@ -99,6 +178,51 @@ class Cluster:
         hosts: Sequence[str] | None = None,
         timeout: float | None = None,
         host_os: bool = False,
+        env: dict[str, str] | None = None,
     ) -> dict[str, HostResult]:
-        """Run a command on every selected host (container support: see `exec_in_container`)."""
-        return await self.exec_host_os(command, hosts=hosts, timeout=timeout)
+        """Run a command on every selected host: inside the container when the
+        cluster has a container block (and `host_os` is not set), else on the
+        host. A string is shell text; a list is argv."""
+        selected = list(hosts or self.hosts)
+        if host_os or self.config.container is None:
+            return await fan_out(
+                selected,
+                lambda h: self.pool.run(h, command, timeout=timeout, env=env, label="exec"),
+                limit=self.config.concurrency.hosts,
+            )
+        name = container_name(self.config)
+        container_env = {**self.config.env, **(env or {})}
+
+        async def one(host: str) -> HostResult:
+            script, kill = container_command(name, command, env=container_env)
+            result = await self.pool.run(
+                host, script, timeout=timeout, label="exec", on_timeout=lambda: kill
+            )
+            if result.exit_code == NOT_RUNNING_EXIT and result.stderr.startswith("container "):
+                return replace(result, error=result.stderr.strip())
+            return result
+
+        return await fan_out(selected, one, limit=self.config.concurrency.hosts)
+
+
+def _short(image_id: str | None) -> str:
+    if not image_id:
+        return "-"
+    return image_id.removeprefix("sha256:")[:12]
+
+
+def _provisioned(marker: str | None, wanted: str) -> str:
+    if marker is None:
+        return "no"
+    return "yes" if marker == wanted else f"other script ({marker[:12]})"
+
+
+def _inspect_keys(limits: Any) -> dict[str, Any]:
+    return {
+        "NanoCpus": limits.nano_cpus,
+        "Memory": limits.memory,
+        "MemoryReservation": limits.memory_reservation,
+        "CpuShares": limits.cpu_shares,
+        "PidsLimit": limits.pids_limit,
+        "ShmSize": limits.shm_size,
+    }

@@ -18,6 +18,7 @@ import anyio
 
 from . import __version__
 from .config import ConfigError
+from .errors import CvsError, PolicyRefused, UsageError
 from .events import EventSink, JsonLinesSink, PlainSink, wants_plain
 from .results import HostResult, exit_code_for
 
@@ -31,10 +32,6 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_REFUSED, EXIT_INTERRUPT
 )
 
 DEFAULT_SANDBOX_DIR = "/tmp/cvs-sandbox"
-
-
-class UsageError(Exception):
-    """Bad command-line input; printed as one line, exit 2."""
 
 
 def _cluster_path(args: argparse.Namespace) -> Path:
@@ -152,6 +149,119 @@ def cmd_exec(args: argparse.Namespace) -> int:
     return code
 
 
+def _run_async(
+    args: argparse.Namespace, work: Callable[[Any], Any], *, output: bool = False
+) -> Any:
+    """Open the cluster, run `work(cluster)`, close; events go to the chosen sink."""
+    from .api import Cluster
+
+    cluster_cfg = load(args)
+    sink = make_sink(args, output=output)
+
+    async def main() -> Any:
+        async with Cluster.open(cluster_cfg, sink=sink) as cluster:
+            return await work(cluster)
+
+    try:
+        return anyio.run(main)
+    finally:
+        sink.close()
+
+
+def _print_refusal(args: argparse.Namespace, exc: PolicyRefused) -> int:
+    if args.json:
+        sys.stdout.write(json.dumps({"ok": False, "exit_code": 4, "refused": exc.reasons}) + "\n")
+    else:
+        sys.stderr.write("cvs: refused, nothing was changed:\n")
+        for reason in exc.reasons:
+            sys.stderr.write(f"  - {reason}\n")
+    return EXIT_REFUSED
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    plan = _run_async(args, lambda c: c.plan(force=args.force, reprovision=args.reprovision))
+    if args.json:
+        doc = {
+            "ok": not plan.refused,
+            "exit_code": plan.exit_code,
+            "lifetime": plan.lifetime,
+            "refused": plan.reasons,
+            "warnings": plan.warnings,
+            "hosts": {h: {"action": a.kind, "reason": a.reason} for h, a in plan.actions.items()},
+        }
+        sys.stdout.write(json.dumps(doc) + "\n")
+        return plan.exit_code
+    width = max((len(h) for h in plan.actions), default=4)
+    sys.stdout.write(f"lifetime: {plan.lifetime}\n")
+    for host, action in plan.actions.items():
+        extras = [
+            x for x, on in (("provision", action.provision), ("sshd", action.start_sshd)) if on
+        ]
+        more = f" (+{', '.join(extras)})" if extras else ""
+        sys.stdout.write(f"{host:<{width}}  {action.kind:<10} {action.reason}{more}\n")
+    for w in plan.warnings:
+        sys.stderr.write(f"warning: {w}\n")
+    if plan.refused:
+        sys.stderr.write("refused:\n")
+        for r in plan.reasons:
+            sys.stderr.write(f"  - {r}\n")
+    return plan.exit_code
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    try:
+        report = _run_async(args, lambda c: c.up(force=args.force, reprovision=args.reprovision))
+    except PolicyRefused as exc:
+        return _print_refusal(args, exc)
+    if args.json:
+        sys.stdout.write(json.dumps(report.to_dict()) + "\n")
+        return report.exit_code
+    for host, outcome in report.outcomes.items():
+        if outcome.ok:
+            steps = ", ".join(name for name, _ in outcome.steps) or "nothing to do"
+            sys.stderr.write(f"{host}: {outcome.action.kind} ok ({steps})\n")
+        else:
+            sys.stderr.write(f"{host}: {outcome.action.kind} FAILED at {outcome.error}\n")
+    ok = sum(o.ok for o in report.outcomes.values())
+    sys.stderr.write(f"up: {ok}/{len(report.outcomes)} hosts ready\n")
+    return report.exit_code
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    plan, results = _run_async(args, lambda c: c.down(force=args.force))
+    code = exit_code_for(list(results.values())) if results else 0
+    if plan.unknown_hosts:
+        code = max(code, EXIT_UNREACHABLE)
+    if args.json:
+        doc = {
+            "ok": code == 0,
+            "exit_code": code,
+            "warnings": plan.warnings,
+            "hosts": {h: {"action": a.kind, "reason": a.reason} for h, a in plan.actions.items()},
+        }
+        sys.stdout.write(json.dumps(doc) + "\n")
+        return code
+    for w in plan.warnings:
+        sys.stderr.write(f"warning: {w}\n")
+    for host, action in plan.actions.items():
+        r = results.get(host)
+        done = "" if r is None else (" ok" if r.ok else f" FAILED: {r.error}")
+        sys.stderr.write(f"{host}: {action.reason}{done}\n")
+    return code
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    rows = _run_async(args, lambda c: c.status())
+    code = EXIT_UNREACHABLE if any(not r["reachable"] for r in rows) else EXIT_OK
+    if args.json:
+        sys.stdout.write(json.dumps({"ok": code == 0, "exit_code": code, "hosts": rows}) + "\n")
+        return code
+    from .render import print_status
+
+    print_status(rows, plain=wants_plain(sys.stdout))
+    return code
+
+
 def cmd_sandbox(args: argparse.Namespace) -> int:
     from .sandbox import SandboxError, sandbox_down, sandbox_up
 
@@ -241,6 +351,61 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     p.set_defaults(func=cmd_exec)
 
+    lifecycle_epilog = (
+        "lifetimes: no_launch (use running containers, never start any), per_run (fresh each "
+        "run, removed by down), persistent (kept between runs; a partial set is refused)"
+    )
+    p = sub.add_parser(
+        "plan",
+        parents=[common],
+        help="show what `up` would do on each host (dry run)",
+        description="Probe every host (one round trip each) and print the action `up` would take "
+        "and why. Changes nothing. Exit 4 when `up` would be refused.",
+        epilog=lifecycle_epilog,
+    )
+    p.add_argument("--force", action="store_true", help="plan as `up --force` would")
+    p.add_argument("--reprovision", action="store_true", help="plan as `up --reprovision` would")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser(
+        "up",
+        parents=[common],
+        help="bring the containers up per the lifetime policy",
+        description="Lock and probe every host, decide per the lifetime policy, then on each host "
+        "independently: pull/load, run, provision (setup script), start the in-container sshd. "
+        "Exit 4 (nothing changed) when refused: partial persistent set, image skew, unreadable "
+        "image, unknown host state.",
+        epilog=lifecycle_epilog,
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace containers instead of refusing (removes persistent or foreign ones)",
+    )
+    p.add_argument(
+        "--reprovision", action="store_true", help="run the setup script again on kept containers"
+    )
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser(
+        "status",
+        parents=[common],
+        help="table of hosts: container, image, sshd, provisioning, drift",
+        description="Probe every host and show reachability, docker access, container state, "
+        "image and tag IDs (stale?), sshd, provisioning marker, effective limits and drift.",
+    )
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser(
+        "down",
+        parents=[common],
+        help="remove containers per the lifetime (persistent: only with --force)",
+        description="per_run: remove our containers. persistent: keep them (--force removes). "
+        "no_launch: nothing. A same-named container cvs did not create is kept unless --force.",
+    )
+    p.add_argument("--force", action="store_true", help="also remove persistent/foreign ones")
+    p.set_defaults(func=cmd_down)
+
     p = sub.add_parser(
         "sandbox",
         parents=[common],
@@ -269,9 +434,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("cvs: interrupted\n")
         return EXIT_INTERRUPTED
-    except (ConfigError, UsageError) as exc:
+    except PolicyRefused as exc:
+        return _print_refusal(args, exc)
+    except ConfigError as exc:
         sys.stderr.write(f"cvs: {exc}\n")
         return EXIT_USAGE
+    except CvsError as exc:
+        sys.stderr.write(f"cvs: {exc}\n")
+        return exc.exit_code
     except ValueError as exc:
         from .api import HostSelectionError
 

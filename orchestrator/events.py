@@ -185,7 +185,7 @@ class PlainSink:
                 return f"{tag}{prefix}{text}"
             case ConnectFailed(host=host, status=status, error=error):
                 return f"{host} ! {status}: {error}"
-            case CommandFinished(host=host, result=r) if not r.ok:
+            case CommandFinished(host=host, result=r) if self.verbose and not r.ok:
                 code = f" (exit {r.exit_code})" if r.exit_code is not None else ""
                 return f"{host} ! {r.status}{code}{': ' + r.error if r.error else ''}"
             case HostStep(host=host, step=step, status=status, detail=detail) if (

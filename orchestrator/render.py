@@ -152,3 +152,37 @@ class RichSink:
 
     def close(self) -> None:
         self.live.stop()
+
+
+STATUS_COLUMNS = ["host", "reachable", "docker", "state", "image", "tag", "stale", "sshd"]
+
+
+def print_status(rows: list[dict[str, object]], *, plain: bool) -> None:
+    """The `cvs status` table; limits and drift follow as notes per host."""
+    headers = [*STATUS_COLUMNS, "provisioned", "limits", "drift"]
+
+    def cells(row: dict[str, object]) -> list[str]:
+        limits = row.get("limits") or {}
+        lim = " ".join(f"{k}={v}" for k, v in limits.items() if k in ("cpus", "memory", "pids"))  # type: ignore[union-attr]
+        drift = "; ".join(row.get("drift") or []) or "-"  # type: ignore[arg-type]
+        base = [
+            "yes" if v is True else "no" if v is False else str(v)
+            for v in (row[c] for c in STATUS_COLUMNS)
+        ]
+        return [*base, str(row.get("provisioned", "-")), lim or "-", drift]
+
+    if plain:
+        data = [headers] + [cells(r) for r in rows]
+        widths = [max(len(r[i]) for r in data) for i in range(len(headers))]
+        for r in data:
+            sys.stdout.write(
+                "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n"
+            )
+    else:
+        table = Table(*headers)
+        for r in rows:
+            table.add_row(*cells(r))
+        Console().print(table)
+    for r in rows:
+        if r.get("error"):
+            sys.stderr.write(f"{r['host']}: {r['error']}\n")

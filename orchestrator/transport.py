@@ -18,7 +18,7 @@ import os
 import re
 import shlex
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -373,6 +373,30 @@ class SSHPool:
             duration=time.monotonic() - start,
             error=error,
         )
+
+    @contextlib.asynccontextmanager
+    async def held_process(self, host: str, command: Command) -> AsyncIterator[Any]:
+        """A remote process kept running while the block runs (e.g. one holding a lock).
+
+        Yields the asyncssh process (read its stdout for what it reports).
+        On exit its stdin is closed, which ends a process waiting on it, and
+        the channel is closed. Raises ConnectError when the host is not reached.
+        """
+        text = command if isinstance(command, str) else shlex.join(command)
+        link = await self.link(host)
+        async with link.channels:
+            process = await link.conn.create_process(text, encoding="utf-8", errors="replace")
+            try:
+                yield process
+            finally:
+                with (
+                    anyio.CancelScope(shield=True),
+                    anyio.move_on_after(5),
+                    contextlib.suppress(asyncssh.Error, OSError),
+                ):
+                    process.stdin.write_eof()
+                    await process.wait_closed()
+                process.close()
 
     async def _kill(
         self, link: _HostLink, pgid: int | None, on_timeout: Callable[[], Command] | None

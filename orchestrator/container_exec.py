@@ -1,0 +1,75 @@
+"""Commands inside each host's container, killable on timeout.
+
+`docker exec` has no way to stop what it started: killing the client leaves
+the process running in the container. So the in-container side records its
+pid, and a timeout (or Ctrl-C) kills that process tree from a second exec.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+from collections.abc import Mapping, Sequence
+
+from .runtime.docker import validate_container_name
+
+NOT_RUNNING_EXIT = 125
+
+# Descendants by walking /proc/*/status (no pgrep/ps: minimal images lack them).
+_KILL_TREE = r"""
+p=$(cat "$1" 2>/dev/null) || exit 0
+tree() {
+  for d in /proc/[0-9]*; do
+    pp=
+    while read -r k v; do [ "$k" = PPid: ] && { pp=$v; break; }; done < "$d/status" 2>/dev/null
+    [ "$pp" = "$1" ] && tree "${d#/proc/}"
+  done
+  echo "$1"
+}
+pids=$(tree "$p")
+kill -TERM $pids 2>/dev/null
+sleep 0.3
+kill -KILL $(tree "$p") 2>/dev/null
+rm -f "$1"
+true
+"""
+
+# Records its pid, then becomes the command (exec keeps the pid).
+_RUN = 'echo $$ > "$1"; shift; exec "$@"'
+
+
+def _pidfile(token: str) -> str:
+    return f"/tmp/.cvs-exec-{token}.pid"
+
+
+def container_command(
+    name: str,
+    command: str | Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    token: str | None = None,
+) -> tuple[str, str]:
+    """(host shell text running `command` in container `name`, the kill text for timeouts).
+
+    The host side finds how to reach docker (plain, else `sudo -n`) and that
+    the container runs, in the same round trip as the command itself.
+    """
+    validate_container_name(name)
+    token = token or secrets.token_hex(6)
+    argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
+    exec_opts: list[str] = []
+    for key, value in (env or {}).items():
+        exec_opts += ["-e", f"{key}={value}"]
+    inner = ["exec", *exec_opts, name, "sh", "-c", _RUN, "cvs", _pidfile(token), *argv]
+    running = ["inspect", "--type", "container", "-f", "{{.State.Running}}", name]
+    script = (
+        f'if [ "$(docker {shlex.join(running)} 2>/dev/null)" = true ]; then set -- docker; '
+        f'elif [ "$(sudo -n docker {shlex.join(running)} 2>/dev/null)" = true ]; then '
+        "set -- sudo -n docker; "
+        f"else echo {shlex.quote(f'container {name} is not running here (run `cvs up`)')} >&2; "
+        f"exit {NOT_RUNNING_EXIT}; fi; "
+        f'exec "$@" {shlex.join(inner)}'
+    )
+    kill_argv = ["exec", name, "sh", "-c", _KILL_TREE, "cvs", _pidfile(token)]
+    kill = f"docker {shlex.join(kill_argv)} 2>/dev/null || sudo -n docker {shlex.join(kill_argv)}"
+    return script, kill

@@ -1,0 +1,140 @@
+"""Per-cluster SSH keys for container-to-container ssh (MPI).
+
+The orchestrator generates its own keys locally and installs those in the
+containers; the user's own private keys (~/.ssh) never enter a container.
+
+- one ed25519 user key pair per cluster: root in every container logs in to
+  every peer with it;
+- one ed25519 sshd host key per host: the containers' known_hosts lists them,
+  so peers connect with strict host-key checking and no prompts.
+
+Keys live in the cluster's state directory (0700; key files 0600) and are
+reused across runs: a persistent container keeps working, and known_hosts
+stays valid, when `cvs up` runs again in a new process. A host added to the
+cluster later gets a new host key; the others keep theirs.
+
+Layout:
+
+    STATE_DIR/keys/cluster_ed25519{,.pub}
+    STATE_DIR/keys/hosts/<host>_ed25519{,.pub}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+import asyncssh
+
+from orchestrator.config import HOST_NAME_RE, ClusterConfig
+
+KEY_TYPE = "ssh-ed25519"
+USER_KEY_FILE = "cluster_ed25519"
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    """An OpenSSH-format private key and its one-line public key."""
+
+    private: str
+    public: str  # "ssh-ed25519 AAAA… comment"
+
+    @property
+    def public_blob(self) -> str:
+        """`ssh-ed25519 AAAA…` without the comment (for known_hosts)."""
+        return " ".join(self.public.split()[:2])
+
+
+@dataclass(frozen=True)
+class ClusterKeys:
+    user: KeyPair
+    host_keys: Mapping[str, KeyPair]
+    state_dir: Path
+
+    @classmethod
+    def load_or_create(cls, state_dir: Path, hosts: Iterable[str]) -> ClusterKeys:
+        """The cluster's keys, creating the missing ones (safe against a concurrent caller)."""
+        state_dir = Path(state_dir).expanduser()
+        keys_dir = state_dir / "keys"
+        hosts_dir = keys_dir / "hosts"
+        for d in (state_dir, keys_dir, hosts_dir):
+            _private_dir(d)
+        user = _load_or_create_pair(keys_dir / USER_KEY_FILE, f"cvs-cluster@{state_dir.name}")
+        host_keys: dict[str, KeyPair] = {}
+        for host in hosts:
+            if not HOST_NAME_RE.match(host) or "/" in host:
+                raise ValueError(f"invalid host name {host!r}")
+            host_keys[host] = _load_or_create_pair(
+                hosts_dir / f"{host}_ed25519", f"cvs-host@{host}"
+            )
+        return cls(user=user, host_keys=MappingProxyType(host_keys), state_dir=state_dir)
+
+    def host_key(self, host: str) -> KeyPair:
+        try:
+            return self.host_keys[host]
+        except KeyError:
+            raise KeyError(f"no sshd host key for {host!r}; load keys for every host") from None
+
+
+def default_state_dir(cluster: ClusterConfig) -> Path:
+    """cluster.state_dir (already resolved by the loader) or ~/.local/state/cvs/<name>."""
+    if cluster.state_dir:
+        return Path(cluster.state_dir).expanduser()
+    return Path("~/.local/state/cvs").expanduser() / cluster.name
+
+
+def _private_dir(path: Path) -> None:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # mkdir's mode is masked by the umask and ignored for an existing dir.
+    if path.stat().st_uid == os.geteuid():
+        path.chmod(0o700)
+
+
+def _load_or_create_pair(private_path: Path, comment: str) -> KeyPair:
+    public_path = private_path.with_name(private_path.name + ".pub")
+    if not private_path.exists():
+        key = asyncssh.generate_private_key(KEY_TYPE, comment=comment)
+        _publish(private_path, key.export_private_key("openssh"))
+    if private_path.stat().st_mode & 0o077:
+        private_path.chmod(0o600)
+    private_text = private_path.read_text()
+    key = asyncssh.import_private_key(private_text)
+    if key.algorithm.decode() != KEY_TYPE:
+        raise ValueError(f"{private_path}: expected an {KEY_TYPE} key, found {key.algorithm!r}")
+    public_text = key.export_public_key("openssh").decode().strip()
+    if not public_path.exists() or public_path.read_text().strip() != public_text:
+        # Derived from the private key, so rewriting it is always safe.
+        _replace(public_path, public_text + "\n")
+    return KeyPair(private=private_text, public=public_text)
+
+
+def _write_temp(path: Path, data: str | bytes) -> Path:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, 0o600)
+    return Path(tmp)
+
+
+def _publish(path: Path, data: str | bytes) -> None:
+    """Create `path` atomically unless it exists; a concurrent creator's key wins."""
+    tmp = _write_temp(path, data)
+    try:
+        # link() fails when `path` exists, unlike rename(): two processes
+        # creating the same key end up agreeing on one of them.
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _replace(path: Path, data: str) -> None:
+    tmp = _write_temp(path, data)
+    os.replace(tmp, path)

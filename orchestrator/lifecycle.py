@@ -1,0 +1,541 @@
+"""Executing the container lifecycle: lock + probe, plan, per-host pipelines.
+
+`up` takes, per host, a lock on the host and probes it in the same round
+trip (the lock is held by the probing process until we are done), decides a
+`Plan` with the pure `decide_plan`, then runs each host's pipeline on its own:
+
+    prepare (login, load | pull, image id, devices, GPUs)   per host
+    -- barrier: the tag resolves to one image everywhere; GPU requests fit --
+    [remove] -> run -> provision -> sshd -> verify           per host
+
+The barrier is the one place all hosts must agree before anything starts;
+no other step waits for the fleet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from .config import ClusterConfig, ContainerConfig, container_name
+from .errors import PolicyRefused
+from .events import EventSink, HostStep, Message
+from .fanout import fan_out
+from .gpus import GPUError, GPUSelection, Unsatisfiable, discovery_command, parse_discovery
+from .keys import ClusterKeys, default_state_dir
+from .plan import HostAction, Plan, check_tag_identity, decide_down, decide_plan
+from .probe import HostState, parse_probe_output, probe_command
+from .provision import MARKER_PATH, SetupScript, ensure_sshd, run_setup_script, sshd_wanted
+from .resources import EffectiveResources, effective_resources
+from .results import HostResult
+from .runtime.docker import (
+    config_hash,
+    docker_prefix,
+    image_inspect_argv,
+    load_argv,
+    login_command,
+    managed_labels,
+    parse_image_inspect,
+    pull_argv,
+    rm_argv,
+    run_argv,
+    start_argv,
+)
+from .transport import ConnectError, SSHPool
+
+PROBE_DONE = "@@cvs:done"
+
+
+@dataclass
+class HostOutcome:
+    """What `up` did on one host: the steps run and whether it ended ready."""
+
+    host: str
+    action: HostAction
+    steps: list[tuple[str, HostResult]] = field(default_factory=list)
+    ok: bool = True
+    error: str | None = None
+    unreachable: bool = False
+
+    def fail(self, step: str, result: HostResult | None, message: str) -> None:
+        self.ok = False
+        self.unreachable = result is not None and not result.reached
+        tail = result.tail(15) if result is not None else ""
+        self.error = f"{step}: {message}" + (f"\n{tail}" if tail else "")
+
+
+@dataclass
+class UpReport:
+    plan: Plan
+    outcomes: dict[str, HostOutcome]
+
+    @property
+    def ok(self) -> bool:
+        return all(o.ok for o in self.outcomes.values())
+
+    @property
+    def exit_code(self) -> int:
+        if any(o.unreachable for o in self.outcomes.values()):
+            return 3
+        return 0 if self.ok else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "exit_code": self.exit_code,
+            "lifetime": self.plan.lifetime,
+            "warnings": self.plan.warnings,
+            "hosts": {
+                h: {
+                    "action": o.action.kind,
+                    "reason": o.action.reason,
+                    "ok": o.ok,
+                    "error": o.error,
+                    "steps": {name: r.status for name, r in o.steps},
+                }
+                for h, o in self.outcomes.items()
+            },
+        }
+
+
+class Lifecycle:
+    """The container lifecycle of one cluster over an open `SSHPool`."""
+
+    def __init__(self, cluster: ClusterConfig, pool: SSHPool, sink: EventSink) -> None:
+        if cluster.container is None:
+            raise ValueError("the cluster file has no `container` block")
+        self.cluster = cluster
+        self.cfg: ContainerConfig = cluster.container
+        self.pool = pool
+        self.sink = sink
+        self.name = container_name(cluster)
+        self.hash = config_hash(self.cfg)
+
+    # -- probing --------------------------------------------------------
+
+    def _probe_script(self) -> str:
+        return probe_command(
+            self.cfg, self.name, sshd_port=self.cfg.sshd.port, marker_path=MARKER_PATH
+        )
+
+    async def probe(self, host: str) -> HostState:
+        """One round trip: what is on the host now."""
+        result = await self.pool.run(
+            host, ["sh", "-c", self._probe_script()], stream_output=False, label="probe"
+        )
+        if not result.reached:
+            return HostState.unreachable(host, result.error or result.status)
+        return parse_probe_output(host, result.exit_code or 0, result.stdout, result.stderr)
+
+    async def probe_all(self, hosts: Sequence[str] | None = None) -> dict[str, HostState]:
+        return await fan_out(list(hosts or self._hosts()), self.probe)
+
+    def _hosts(self) -> list[str]:
+        return [h.name for h in self.cluster.hosts]
+
+    @contextlib.asynccontextmanager
+    async def _locked_probe(self, host: str) -> AsyncIterator[HostState]:
+        """Lock the host and probe it in one round trip; the lock lasts the block.
+
+        `flock` holds the lock for as long as the probing shell runs, and the
+        shell waits on its stdin after the probe: closing our side releases it.
+        """
+        # The host's name is in the path as well as the container's: hosts that
+        # share a filesystem (the sandbox's namespaces do) must not share a lock.
+        lock = f"/tmp/cvs-{self.name}-{host}.lock"
+        wait = int(self.cfg.start_timeout)
+        inner = self._probe_script() + "cat >/dev/null\n"
+        command = (
+            f"if command -v flock >/dev/null 2>&1; then exec flock -w {wait} "
+            f"{shlex.quote(lock)} sh -c {shlex.quote(inner)}; "
+            f"else exec sh -c {shlex.quote(inner)}; fi"
+        )
+        try:
+            async with self.pool.held_process(host, command) as process:
+                lines: list[str] = []
+                with anyio.move_on_after(wait + 30):
+                    while line := await process.stdout.readline():
+                        lines.append(line)
+                        if line.strip() == PROBE_DONE:
+                            break
+                text = "".join(lines)
+                if PROBE_DONE not in text:
+                    err = await _drain(process.stderr)
+                    yield parse_probe_output(host, 1, text, err or "lock or probe failed")
+                else:
+                    yield parse_probe_output(host, 0, text, "")
+        except ConnectError as exc:
+            yield HostState.unreachable(host, exc.message)
+
+    @contextlib.asynccontextmanager
+    async def locked_states(self) -> AsyncIterator[dict[str, HostState]]:
+        """Every host locked and probed. The head first, so two invocations on
+        the same cluster queue on it instead of deadlocking on each other's hosts."""
+        hosts = self._hosts()
+        head = self.cluster.head_host.name
+        async with contextlib.AsyncExitStack() as stack:
+            states = {head: await stack.enter_async_context(self._locked_probe(head))}
+            others = [h for h in hosts if h != head]
+
+            async def take(host: str) -> HostState:
+                return await stack.enter_async_context(self._locked_probe(host))
+
+            states.update(await fan_out(others, take))
+            yield {h: states[h] for h in hosts}
+
+    # -- deciding -------------------------------------------------------
+
+    def script(self) -> SetupScript:
+        return SetupScript.for_config(self.cfg)
+
+    def decide(
+        self, states: Mapping[str, HostState], *, force: bool = False, reprovision: bool = False
+    ) -> Plan:
+        return decide_plan(
+            self.cfg,
+            states,
+            force=force,
+            reprovision=reprovision,
+            cluster_name=self.cluster.name,
+            script_sha256=self.script().sha256,
+            config_hash=self.hash,
+        )
+
+    # -- acting ---------------------------------------------------------
+
+    def _step(self, host: str, step: str, status: str, detail: str = "") -> None:
+        self.sink.emit(HostStep(host=host, step=step, status=status, detail=detail))  # type: ignore[arg-type]
+
+    async def _cmd(
+        self,
+        outcome: HostOutcome,
+        step: str,
+        command: str | list[str],
+        *,
+        timeout: float | None = None,
+        input: str | None = None,
+    ) -> HostResult | None:
+        """Run one pipeline step; on failure mark the outcome and return None."""
+        self._step(outcome.host, step, "started")
+        result = await self.pool.run(
+            outcome.host, command, timeout=timeout, input=input, stream_output=False, label=step
+        )
+        outcome.steps.append((step, result))
+        if not result.ok:
+            outcome.fail(step, result, result.error or result.status)
+            self._step(outcome.host, step, "failed", result.tail(5) or result.error or "")
+            return None
+        self._step(outcome.host, step, "ok")
+        return result
+
+    async def _prepare(
+        self, host: str, state: HostState, outcome: HostOutcome
+    ) -> tuple[str | None, tuple[str, ...], list[str], list[Any]]:
+        """Login, load or pull as configured; return the tag's image id, repo
+        digests, the configured devices present on the host, and its GPUs."""
+        prefix = docker_prefix(state.docker_access)  # type: ignore[arg-type]
+        cfg = self.cfg
+        tag_id, digests = state.tag_image_id, state.tag_repo_digests
+        need_image = tag_id is None or cfg.pull == "always"
+        if need_image:
+            if cfg.registry is not None and cfg.image_tar is None:
+                r = await self._cmd(outcome, "login", login_command(prefix, cfg.registry))
+                if r is None:
+                    return None, (), [], []
+            if cfg.image_tar is not None and tag_id is None:
+                r = await self._cmd(
+                    outcome,
+                    "load",
+                    load_argv(prefix, cfg.image_tar),
+                    timeout=cfg.start_timeout,
+                )
+            elif cfg.pull == "never":
+                outcome.fail(
+                    "pull",
+                    None,
+                    f"image {cfg.image} is not on the host and pull is 'never' "
+                    "(load it there, set container.image_tar, or allow pulling)",
+                )
+                return None, (), [], []
+            else:
+                r = await self._cmd(
+                    outcome, "pull", pull_argv(prefix, cfg.image), timeout=cfg.start_timeout
+                )
+            if r is None:
+                return None, (), [], []
+            r = await self._cmd(outcome, "image", image_inspect_argv(prefix, cfg.image))
+            if r is None:
+                return None, (), [], []
+            info = parse_image_inspect(r.stdout)
+            tag_id, digests = info.id, tuple(info.repo_digests)
+        devices = await self._present_devices(outcome)
+        gpus: list[Any] = []
+        if cfg.gpus is not None and outcome.ok:
+            root = self.cluster.host(host).gpu_device_root or "/"
+            r = await self._cmd(outcome, "gpus", ["sh", "-c", discovery_command(root)])
+            if r is not None:
+                gpus = parse_discovery(r.stdout)
+        return tag_id, digests, devices, gpus
+
+    async def _present_devices(self, outcome: HostOutcome) -> list[str]:
+        """The configured `devices` that exist on this host (`/dev/infiniband/*` expanded)."""
+        if not self.cfg.devices:
+            return []
+        paths = [d.split(":", 1)[0] for d in self.cfg.devices]
+        script = 'for p in "$@"; do for f in $p; do [ -e "$f" ] && echo "$f"; done; done; true'
+        r = await self._cmd(outcome, "devices", ["sh", "-c", script, "sh", *paths])
+        if r is None:
+            return []
+        present = set(r.stdout.split())
+        out: list[str] = []
+        for spec, path in zip(self.cfg.devices, paths, strict=True):
+            if "*" in path:
+                out += sorted(p for p in present if _glob_match(path, p))
+            elif path in present:
+                out.append(spec)
+        return out
+
+    def _resources(self, host: str) -> EffectiveResources:
+        return effective_resources(
+            self.cfg.resources, self.cluster.limits, self.cluster.host(host).limits
+        )
+
+    async def up(self, *, force: bool = False, reprovision: bool = False) -> UpReport:
+        async with self.locked_states() as states:
+            plan = self.decide(states, force=force, reprovision=reprovision)
+            for w in plan.warnings:
+                self.sink.emit(Message(level="warning", text=w))
+            if plan.refused:
+                raise PolicyRefused(plan.reasons)
+            return await self._execute(plan, states)
+
+    async def _execute(self, plan: Plan, states: Mapping[str, HostState]) -> UpReport:
+        outcomes = {h: HostOutcome(h, a) for h, a in plan.actions.items()}
+        launching = [h for h, a in plan.actions.items() if a.launches]
+        prepared: dict[str, tuple[str | None, tuple[str, ...], list[str], list[Any]]] = {}
+
+        async def prepare(host: str) -> None:
+            prepared[host] = await self._prepare(host, states[host], outcomes[host])
+
+        await fan_out(launching, prepare)
+        if any(not outcomes[h].ok for h in launching):
+            # Nothing has started anywhere yet: stop here, report per host.
+            return UpReport(plan, outcomes)
+        self._barrier(launching, prepared, states)
+        keys = None
+        if sshd_wanted(self.cluster):
+            keys = ClusterKeys.load_or_create(default_state_dir(self.cluster), self._hosts())
+        selections = self._gpu_selections(launching, prepared)
+
+        async def pipeline(host: str) -> None:
+            await self._host_pipeline(
+                host,
+                states[host],
+                outcomes[host],
+                prepared.get(host),
+                keys,
+                selections.get(host),
+            )
+
+        await fan_out(list(plan.actions), pipeline)
+        started = [h for h in launching if any(s == "run" for s, _ in outcomes[h].steps)]
+        if self.cfg.lifetime == "per_run" and any(not o.ok for o in outcomes.values()):
+            await self._roll_back(started, states, "a per_run start failed on some host")
+        elif any(not outcomes[h].ok and _run_failed(outcomes[h]) for h in launching):
+            # A partial cold start would leave a partial persistent set.
+            await self._roll_back(started, states, "the cold start failed on some host")
+        return UpReport(plan, outcomes)
+
+    def _barrier(
+        self,
+        launching: list[str],
+        prepared: Mapping[str, tuple[str | None, tuple[str, ...], list[str], list[Any]]],
+        states: Mapping[str, HostState],
+    ) -> None:
+        """Refuse before anything starts if the tag or the GPU requests disagree."""
+        if not launching:
+            return
+        after_pull = {
+            h: _with_tag(states[h], prepared[h][0], prepared[h][1]) if h in prepared else s
+            for h, s in states.items()
+        }
+        reasons = check_tag_identity({h: after_pull[h] for h in launching}, image=self.cfg.image)
+        if self.cfg.gpus is not None:
+            for host in launching:
+                try:
+                    picked = _select(prepared[host][3], self.cfg.gpus)
+                except GPUError as exc:
+                    reasons.append(f"{host}: {exc}")
+                    continue
+                if isinstance(picked, Unsatisfiable):
+                    reasons.append(picked.message(host))
+        if reasons:
+            raise PolicyRefused(reasons)
+
+    def _gpu_selections(
+        self,
+        launching: list[str],
+        prepared: Mapping[str, tuple[str | None, tuple[str, ...], list[str], list[Any]]],
+    ) -> dict[str, GPUSelection]:
+        if self.cfg.gpus is None:
+            return {}
+        out: dict[str, GPUSelection] = {}
+        for host in launching:
+            picked = _select(prepared[host][3], self.cfg.gpus)
+            if isinstance(picked, GPUSelection):
+                out[host] = picked
+        return out
+
+    async def _host_pipeline(
+        self,
+        host: str,
+        state: HostState,
+        outcome: HostOutcome,
+        prepared: tuple[str | None, tuple[str, ...], list[str], list[Any]] | None,
+        keys: ClusterKeys | None,
+        gpus: GPUSelection | None,
+    ) -> None:
+        action = outcome.action
+        if action.kind in ("verify", "none"):
+            return
+        prefix = docker_prefix(state.docker_access)  # type: ignore[arg-type]
+        if (
+            action.remove_first
+            and await self._cmd(outcome, "remove", rm_argv(prefix, self.name)) is None
+        ):
+            return
+        if action.launches:
+            devices = prepared[2] if prepared else []
+            extra = self._resources(host).docker_args()
+            if gpus is not None:
+                extra += gpus.docker_args()
+                for k, v in gpus.env().items():
+                    extra += ["-e", f"{k}={v}"]
+            cfg = self.cfg.model_copy(update={"devices": devices})
+            argv = run_argv(
+                prefix,
+                cfg,
+                self.name,
+                managed_labels(self.cluster.name, self.hash),
+                extra_run_args=extra,
+            )
+            if await self._cmd(outcome, "run", argv, timeout=self.cfg.start_timeout) is None:
+                return
+        elif (
+            action.kind == "restart"
+            and await self._cmd(outcome, "restart", start_argv(prefix, self.name)) is None
+        ):
+            return
+        if action.provision:
+            self._step(host, "provision", "started")
+            r = await run_setup_script(
+                self.pool, host, prefix, self.name, self.script(), timeout=self.cfg.start_timeout
+            )
+            outcome.steps.append(("provision", r))
+            if not r.ok:
+                outcome.fail("provision", r, r.error or r.status)
+                self._step(host, "provision", "failed", r.tail(10))
+                return
+            self._step(host, "provision", "ok")
+        if keys is not None and (action.start_sshd or action.launches or action.kind == "restart"):
+            self._step(host, "sshd", "started")
+            r = await ensure_sshd(self.pool, host, prefix, self.name, self.cluster, keys)
+            outcome.steps.append(("sshd", r))
+            if not r.ok:
+                outcome.fail("sshd", r, r.error or r.status)
+                self._step(host, "sshd", "failed", r.tail(5))
+                return
+            self._step(host, "sshd", "ok", r.stdout.strip().splitlines()[-1] if r.stdout else "")
+        if action.launches or action.kind == "restart":
+            check = [
+                *prefix,
+                "inspect",
+                "--type",
+                "container",
+                "-f",
+                "{{.State.Running}}",
+                self.name,
+            ]
+            r = await self._cmd(outcome, "verify", check)
+            if r is not None and r.stdout.strip() != "true":
+                outcome.fail("verify", r, "the container is not running after start")
+
+    async def _roll_back(self, hosts: list[str], states: Mapping[str, HostState], why: str) -> None:
+        if not hosts:
+            return
+        self.sink.emit(
+            Message(
+                level="warning",
+                text=f"{why}: removing the containers started on {', '.join(hosts)}",
+            )
+        )
+
+        async def remove(host: str) -> None:
+            prefix = docker_prefix(states[host].docker_access)  # type: ignore[arg-type]
+            await self.pool.run(
+                host, rm_argv(prefix, self.name), stream_output=False, label="rollback"
+            )
+
+        with anyio.CancelScope(shield=True):
+            await fan_out(hosts, remove)
+
+    async def down(self, *, force: bool = False) -> tuple[Plan, dict[str, HostResult]]:
+        async with self.locked_states() as states:
+            plan = decide_down(self.cfg, states, force=force, cluster_name=self.cluster.name)
+            for w in plan.warnings:
+                self.sink.emit(Message(level="warning", text=w))
+            removing = plan.hosts("remove")
+
+            async def remove(host: str) -> HostResult:
+                prefix = docker_prefix(states[host].docker_access)  # type: ignore[arg-type]
+                self._step(host, "remove", "started")
+                r = await self.pool.run(
+                    host, rm_argv(prefix, self.name), stream_output=False, label="remove"
+                )
+                self._step(host, "remove", "ok" if r.ok else "failed", r.error or "")
+                return r
+
+            with anyio.CancelScope(shield=True):
+                return plan, await fan_out(removing, remove)
+
+
+def _run_failed(outcome: HostOutcome) -> bool:
+    return any(
+        s in ("pull", "load", "login", "run", "image", "remove")
+        for s, r in outcome.steps
+        if not r.ok
+    )
+
+
+def _with_tag(state: HostState, tag_id: str | None, digests: tuple[str, ...]) -> HostState:
+    from dataclasses import replace
+
+    return replace(state, tag_image_id=tag_id, tag_repo_digests=digests)
+
+
+def _select(inventory: list[Any], request: Any) -> GPUSelection | Unsatisfiable:
+    from .gpus import select_gpus
+
+    return select_gpus(inventory, request)
+
+
+def _glob_match(pattern: str, path: str) -> bool:
+    import fnmatch
+
+    return fnmatch.fnmatchcase(path, pattern)
+
+
+async def _drain(stream: Any) -> str:
+    with anyio.move_on_after(1), contextlib.suppress(Exception):
+        return str(await stream.read())
+    return ""
+
+
+def elapsed_since(start: float) -> float:
+    return time.monotonic() - start

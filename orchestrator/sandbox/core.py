@@ -1,0 +1,574 @@
+"""The sandbox cluster: N hosts on this machine, each with its own sshd and dockerd.
+
+Layout of one sandbox (index K, directory DIR):
+
+- DIR/sandbox.json     everything `sandbox_down` needs, written before anything
+                       is created and updated as daemons start
+- DIR/cluster.yaml     the cluster file for node1..nodeN (DIR/cluster-egress.yaml
+                       for the optional egress host)
+- DIR/ssh/             client key pair, known_hosts
+- DIR/hosts/NAME/      sshd_config, host key, logs, dockerd data root
+- /run/cvs-sandbox/K/  authorized_keys and per-host docker sockets / exec roots:
+                       world-traversable and short (unix socket paths are
+                       limited to 108 bytes), unlike a 0700 pytest tmp dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import daemons, images, network, procs
+from .errors import SandboxError
+from .users import DOCKER_USER, ensure_users
+
+Progress = Callable[[str], None]
+STATE_FILE = "sandbox.json"
+EGRESS_NAME = "egress1"
+CONTAINER_NAME = "cvs-sandbox"
+SSHD_START_TIMEOUT = 20.0
+DOCKERD_START_TIMEOUT = 60.0
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass
+class SandboxHost:
+    name: str
+    address: str
+    port: int
+    # None for the egress host, which lives in the root namespace.
+    netns: str | None
+    veth: str | None
+    host_dir: Path
+    run_dir: Path
+    sshd_pid: int | None = None
+    dockerd_pid: int | None = None
+    # Overrides on top of the generated sshd_config (see `set_sshd_option`).
+    sshd_options: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def egress(self) -> bool:
+        return self.netns is None
+
+    @property
+    def sshd_config(self) -> Path:
+        return self.host_dir / "sshd_config"
+
+    @property
+    def host_key(self) -> Path:
+        return self.host_dir / "ssh_host_ed25519_key"
+
+    @property
+    def data_root(self) -> Path:
+        return self.host_dir / "docker"
+
+    @property
+    def exec_root(self) -> Path:
+        return self.run_dir / "exec"
+
+    @property
+    def docker_socket(self) -> Path:
+        return self.run_dir / "docker.sock"
+
+    @property
+    def docker_host(self) -> str:
+        return f"unix://{self.docker_socket}"
+
+    @property
+    def dockerd_pid_file(self) -> Path:
+        return self.run_dir / "docker.pid"
+
+    # Written to sandbox.json for people and tools reading it; recomputed on load.
+    DERIVED = ("sshd_config", "data_root", "exec_root", "docker_host")
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["host_dir"] = str(self.host_dir)
+        data["run_dir"] = str(self.run_dir)
+        data.update({key: str(getattr(self, key)) for key in self.DERIVED})
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SandboxHost:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        data = {k: v for k, v in data.items() if k in fields}
+        data["host_dir"] = Path(data["host_dir"])
+        data["run_dir"] = Path(data["run_dir"])
+        return cls(**data)
+
+
+@dataclass
+class Sandbox:
+    directory: Path
+    index: int
+    bridge: str
+    run_dir: Path
+    hosts: list[SandboxHost]
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    # -- paths -----------------------------------------------------------
+    @property
+    def state_file(self) -> Path:
+        return self.directory / STATE_FILE
+
+    @property
+    def cluster_file(self) -> Path:
+        return self.directory / "cluster.yaml"
+
+    @property
+    def egress_cluster_file(self) -> Path | None:
+        return self.directory / "cluster-egress.yaml" if self.egress else None
+
+    @property
+    def key_file(self) -> Path:
+        return self.directory / "ssh" / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.directory / "ssh" / "known_hosts"
+
+    @property
+    def authorized_keys(self) -> Path:
+        return self.run_dir / "authorized_keys"
+
+    @property
+    def nodes(self) -> list[SandboxHost]:
+        """The hosts in cluster.yaml (everything but the egress host)."""
+        return [h for h in self.hosts if not h.egress]
+
+    @property
+    def egress(self) -> SandboxHost | None:
+        return next((h for h in self.hosts if h.egress), None)
+
+    def host(self, name: str) -> SandboxHost:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(name)
+
+    def _h(self, host: str | SandboxHost) -> SandboxHost:
+        return host if isinstance(host, SandboxHost) else self.host(host)
+
+    # -- state -----------------------------------------------------------
+    def save(self) -> None:
+        data = {
+            "version": 1,
+            "directory": str(self.directory),
+            "index": self.index,
+            "bridge": self.bridge,
+            "run_dir": str(self.run_dir),
+            "hosts": [h.to_json() for h in self.hosts],
+        }
+        with self._lock:
+            tmp = self.state_file.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(data, indent=2) + "\n")
+            tmp.replace(self.state_file)
+
+    # -- helpers for tests -----------------------------------------------
+    def docker_argv(self, host: str | SandboxHost) -> list[str]:
+        """argv prefix running the docker CLI against that host's dockerd from the root ns."""
+        return ["docker", "--host", self._h(host).docker_host]
+
+    def ssh_argv(self, host: str | SandboxHost, user: str = DOCKER_USER) -> list[str]:
+        """argv prefix for OpenSSH's client to that host, strict host-key checking."""
+        h = self._h(host)
+        return [
+            "ssh", "-F", "/dev/null",
+            "-i", str(self.key_file), "-o", "IdentitiesOnly=yes",
+            "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+            "-o", f"UserKnownHostsFile={self.known_hosts}",
+            "-o", "ConnectTimeout=10", "-p", str(h.port),
+            f"{user}@{h.address}", "--",
+        ]  # fmt: skip
+
+    # -- sshd ------------------------------------------------------------
+    def _write_sshd_config(self, h: SandboxHost) -> None:
+        options = daemons.sshd_base_options(
+            address=h.address,
+            port=h.port,
+            host_key=h.host_key,
+            pid_file=h.host_dir / "sshd.pid",
+            authorized_keys=self.authorized_keys,
+            docker_host=h.docker_host,
+        )
+        options.update(h.sshd_options)
+        h.sshd_config.write_text(daemons.render_sshd_config(options))
+
+    def start_sshd(self, host: str | SandboxHost) -> None:
+        h = self._h(host)
+        if procs.is_ours(h.sshd_pid, str(h.sshd_config)):
+            return
+        self._write_sshd_config(h)
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation dir
+        log = h.host_dir / "sshd.log"
+        h.sshd_pid = procs.spawn(daemons.sshd_argv(h.sshd_config, h.netns), log)
+        self.save()
+        try:
+            procs.wait_for(
+                lambda: daemons.sshd_ready(h.address, h.port),
+                timeout=SSHD_START_TIMEOUT,
+                what=f"sshd on {h.name} ({h.address}:{h.port})",
+            )
+        except TimeoutError as exc:
+            raise SandboxError(f"{exc}; see {log}") from exc
+
+    def stop_sshd(self, host: str | SandboxHost) -> None:
+        h = self._h(host)
+        if h.sshd_pid and procs.is_ours(h.sshd_pid, str(h.sshd_config)):
+            # Open sessions are children of the listener and outlive it. (In a
+            # netns host `sandbox_down` also sweeps the whole namespace.)
+            sessions = procs.children(h.sshd_pid) if h.egress else []
+            procs.stop(h.sshd_pid, str(h.sshd_config))
+            for pid in sessions:
+                procs.stop(pid, "sshd", timeout=2.0)
+        h.sshd_pid = None
+        self.save()
+
+    def restart_sshd(self, host: str | SandboxHost) -> None:
+        self.stop_sshd(host)
+        self.start_sshd(host)
+
+    def set_sshd_option(self, host: str | SandboxHost, key: str, value: str) -> None:
+        """Override one sshd_config keyword (e.g. MaxStartups 1:100:1) and restart sshd."""
+        h = self._h(host)
+        h.sshd_options[key] = str(value)
+        self.restart_sshd(h)
+
+    def rotate_host_key(self, host: str | SandboxHost) -> None:
+        """New host key, known_hosts left as is: clients see a host-key mismatch."""
+        h = self._h(host)
+        for path in (h.host_key, h.host_key.with_suffix(".pub")):
+            path.unlink(missing_ok=True)
+        _keygen(h.host_key, comment=f"{h.name}-rotated")
+        self.restart_sshd(h)
+
+    # -- dockerd ---------------------------------------------------------
+    def start_dockerd(self, host: str | SandboxHost) -> None:
+        h = self._h(host)
+        marker = str(h.exec_root)
+        if procs.is_ours(h.dockerd_pid, marker):
+            return
+        h.data_root.mkdir(parents=True, exist_ok=True)
+        h.run_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        config = h.host_dir / "daemon.json"
+        daemons.write_dockerd_config(config)
+        argv = daemons.dockerd_argv(
+            netns=h.netns,
+            data_root=h.data_root,
+            exec_root=h.exec_root,
+            pid_file=h.dockerd_pid_file,
+            socket_path=h.docker_socket,
+            config_file=config,
+        )
+        log = h.host_dir / "dockerd.log"
+        h.dockerd_pid = procs.spawn(argv, log)
+        self.save()
+        try:
+            procs.wait_for(
+                lambda: daemons.dockerd_ready(h.docker_socket) or not procs.alive(h.dockerd_pid),
+                timeout=DOCKERD_START_TIMEOUT,
+                what=f"dockerd on {h.name}",
+            )
+        except TimeoutError as exc:
+            raise SandboxError(f"{exc}; see {log}") from exc
+        if not procs.alive(h.dockerd_pid):
+            raise SandboxError(f"dockerd on {h.name} exited during start-up; see {log}")
+
+    def stop_dockerd(self, host: str | SandboxHost, *, remove_containers: bool = False) -> None:
+        h = self._h(host)
+        marker = str(h.exec_root)
+        if remove_containers and procs.is_ours(h.dockerd_pid, marker):
+            _remove_all_containers(self.docker_argv(h))
+        if procs.stop(h.dockerd_pid, marker, timeout=20.0) != "terminated":
+            # After a crash (or a SIGKILLed dockerd) containerd, shims and
+            # containers can outlive it; all of them carry our exec root.
+            # (A dockerd that exits on SIGTERM takes them down itself.)
+            _kill_runc_containers(h.exec_root)
+            for pid in procs.pids_mentioning(marker):
+                procs.stop(pid, marker, timeout=5.0)
+        h.dockerd_pid = None
+        self.save()
+
+    def import_skewed_image(self, host: str | SandboxHost, tag: str) -> str:
+        """`docker import` the cached sshd rootfs as `tag` on that host: a new image ID."""
+        return images.import_rootfs(self.docker_argv(host), "sshd", tag)
+
+    def image_id(self, host: str | SandboxHost, tag: str) -> str:
+        return images.image_id(self.docker_argv(host), tag)
+
+
+# -- building -------------------------------------------------------------
+
+
+def _keygen(path: Path, comment: str) -> None:
+    procs.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
+
+
+def _remove_all_containers(docker: list[str]) -> None:
+    with contextlib.suppress(subprocess.CalledProcessError, OSError):
+        ids = procs.run([*docker, "ps", "-aq"]).split()
+        if ids:
+            procs.run([*docker, "rm", "-f", "-v", *ids], check=False)
+
+
+def _kill_runc_containers(exec_root: Path) -> None:
+    state = exec_root / "runtime-runc" / "moby"
+    if not state.is_dir():
+        return
+    with contextlib.suppress(subprocess.CalledProcessError, OSError):
+        for cid in procs.run(["runc", "--root", str(state), "list", "-q"]).split():
+            procs.run(["runc", "--root", str(state), "delete", "--force", cid], check=False)
+
+
+def _require_root() -> None:
+    if os.geteuid() != 0:
+        raise SandboxError(
+            "cvs sandbox needs root: it creates network namespaces, a bridge, login users "
+            "and runs sshd/dockerd (run it with sudo)"
+        )
+
+
+def _cluster_yaml(sb: Sandbox, hosts: list[SandboxHost], name: str, image: str) -> str:
+    doc = {
+        "name": name,
+        "hosts": [
+            {"name": h.name, "address": h.address} | ({} if h.port == 22 else {"port": h.port})
+            for h in hosts
+        ],
+        "ssh": {
+            "user": DOCKER_USER,
+            "identity_files": [str(sb.key_file)],
+            "known_hosts": str(sb.known_hosts),
+            "host_key_policy": "strict",
+            "use_ssh_config": False,
+        },
+        # No `privileged`, no memlock ulimit: both fail on this machine.
+        "container": {"image": image, "name": CONTAINER_NAME, "lifetime": "per_run"},
+    }
+    header = (
+        "# Sandbox cluster written by `cvs sandbox up`; removed by `cvs sandbox down`.\n"
+        f"# Sandbox state: {sb.state_file}\n"
+    )
+    return header + yaml.safe_dump(doc, sort_keys=False)
+
+
+def _new_sandbox(directory: Path, hosts: int, egress_host: bool) -> Sandbox:
+    with network.global_lock():
+        ensure_users()
+        index = network.claim_index()
+    run_dir = network.RUN_ROOT / str(index)
+    members = []
+    for number in range(1, hosts + 1):
+        name = f"node{number}"
+        members.append(
+            SandboxHost(
+                name=name,
+                address=network.host_address(index, number),
+                port=22,
+                netns=network.netns_name(index, name),
+                veth=network.veth_name(index, number),
+                host_dir=directory / "hosts" / name,
+                run_dir=run_dir / name,
+            )
+        )
+    if egress_host:
+        members.append(
+            SandboxHost(
+                name=EGRESS_NAME,
+                # Loopback in the root namespace: unique per sandbox index.
+                address=f"127.77.{index}.1",
+                port=22,
+                netns=None,
+                veth=None,
+                host_dir=directory / "hosts" / EGRESS_NAME,
+                run_dir=run_dir / EGRESS_NAME,
+            )
+        )
+    sb = Sandbox(
+        directory=directory,
+        index=index,
+        bridge=network.bridge_name(index),
+        run_dir=run_dir,
+        hosts=members,
+    )
+    sb.save()
+    return sb
+
+
+def _prepare_keys(sb: Sandbox) -> None:
+    (sb.directory / "ssh").mkdir(mode=0o700, exist_ok=True)
+    _keygen(sb.key_file, comment=f"cvs-sandbox-{sb.index}")
+    sb.authorized_keys.write_text(sb.key_file.with_suffix(".pub").read_text())
+    sb.authorized_keys.chmod(0o644)
+    lines = []
+    for h in sb.hosts:
+        h.host_dir.mkdir(parents=True, exist_ok=True)
+        h.run_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        _keygen(h.host_key, comment=h.name)
+        key_type, key_b64 = h.host_key.with_suffix(".pub").read_text().split()[:2]
+        pattern = h.address if h.port == 22 else f"[{h.address}]:{h.port}"
+        lines.append(f"{pattern} {key_type} {key_b64}\n")
+    sb.known_hosts.write_text("".join(lines))
+
+
+def _start_host(sb: Sandbox, h: SandboxHost, template: Path, progress: Progress) -> None:
+    images.seed_data_root(template, h.data_root)
+    if h.netns is not None:
+        number = int(h.name.removeprefix("node"))
+        network.create_host_netns(sb.index, h.name, number)
+    sb.start_dockerd(h)
+    sb.start_sshd(h)
+    progress(f"{h.name}: sshd at {h.address}:{h.port}, dockerd at {h.docker_host}")
+
+
+def _parallel(fn: Callable[[SandboxHost], None], hosts: list[SandboxHost]) -> None:
+    if not hosts:
+        return
+    with ThreadPoolExecutor(max_workers=min(len(hosts), 16)) as pool:
+        futures = [pool.submit(fn, h) for h in hosts]
+        errors = [f.exception() for f in futures]
+    for err in errors:
+        if err is not None:
+            raise err
+
+
+def sandbox_up(
+    directory: Path,
+    hosts: int = 4,
+    *,
+    egress_host: bool = False,
+    progress: Progress | None = None,
+) -> Sandbox:
+    """Build the sandbox in `directory` (created; must not hold a live sandbox).
+
+    On any failure (also Ctrl-C) everything created so far is torn down again.
+    """
+    _require_root()
+    say = progress or _quiet
+    directory = Path(directory).absolute()
+    if hosts < (0 if egress_host else 1) or hosts > 250:
+        raise SandboxError(f"--hosts must be between 1 and 250, got {hosts}")
+    if (directory / STATE_FILE).exists():
+        raise SandboxError(
+            f"{directory} already holds a sandbox; run `cvs sandbox down --dir {directory}` first"
+        )
+    directory.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    sb = _new_sandbox(directory, hosts, egress_host)
+    try:
+        say(f"sandbox {sb.index}: bridge {sb.bridge}, {network.SUBNET_PREFIX}.{sb.index}.0/24")
+        _prepare_keys(sb)
+        network.create_bridge(sb.index)
+        template = images.ensure_images(say)
+        _parallel(lambda h: _start_host(sb, h, template, say), sb.hosts)
+        if sb.nodes:
+            sb.cluster_file.write_text(_cluster_yaml(sb, sb.nodes, "sandbox", images.SSHD_TAG))
+        if sb.egress is not None:
+            assert sb.egress_cluster_file is not None
+            # The base image: the default setup script apt-installs openssh-server here.
+            text = _cluster_yaml(sb, [sb.egress], "sandbox-egress", images.BASE_TAG)
+            sb.egress_cluster_file.write_text(text)
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            say("sandbox up failed; tearing down what was created")
+        sandbox_down(directory)
+        if isinstance(exc, procs.CommandError | TimeoutError):
+            raise SandboxError(f"sandbox up failed: {exc}") from exc
+        raise
+    say(f"sandbox ready in {time.monotonic() - started:.1f}s: {sb.cluster_file}")
+    return sb
+
+
+def load_sandbox(directory: Path) -> Sandbox:
+    state = Path(directory).absolute() / STATE_FILE
+    try:
+        data = json.loads(state.read_text())
+    except FileNotFoundError:
+        raise SandboxError(f"no sandbox in {directory} ({state} not found)") from None
+    except ValueError as exc:
+        raise SandboxError(f"{state}: unreadable sandbox state: {exc}") from None
+    return Sandbox(
+        directory=Path(data["directory"]),
+        index=int(data["index"]),
+        bridge=data["bridge"],
+        run_dir=Path(data["run_dir"]),
+        hosts=[SandboxHost.from_json(h) for h in data["hosts"]],
+    )
+
+
+def sandbox_down(directory: Path, progress: Progress | None = None) -> None:
+    """Remove everything the sandbox in `directory` created. Idempotent."""
+    _require_root()
+    say = progress or _quiet
+    directory = Path(directory).absolute()
+    if not (directory / STATE_FILE).exists():
+        say(f"no sandbox in {directory}; nothing to do")
+        return
+    sb = load_sandbox(directory)
+    # Keep going past a failing step so one stuck piece does not strand the
+    # rest; report all failures at the end and keep the state file for a rerun.
+    errors: list[str] = []
+
+    def attempt(what: str, fn: Callable[[], object]) -> None:
+        try:
+            fn()
+        except Exception as exc:
+            errors.append(f"{what}: {exc}")
+
+    def stop_host(h: SandboxHost) -> None:
+        attempt(f"{h.name} dockerd", lambda: sb.stop_dockerd(h, remove_containers=True))
+        attempt(f"{h.name} sshd", lambda: sb.stop_sshd(h))
+        if h.netns is not None and network.netns_exists(h.netns):
+            # Anything still inside a namespace we created was started by us.
+            for pid in procs.run(["ip", "netns", "pids", h.netns], check=False).split():
+                procs.kill_now(int(pid))
+        for mount in procs.mounts_under([h.data_root, h.run_dir]):
+            procs.run(["umount", "-l", mount], check=False)
+        # Tens of thousands of layer files per host: delete hosts in parallel.
+        # --one-file-system: never descend into a mount that refused to go.
+        attempt(
+            f"{h.name} files",
+            lambda: procs.run(["rm", "-rf", "--one-file-system", str(h.host_dir)]),
+        )
+
+    say(f"stopping {len(sb.hosts)} host(s)")
+    _parallel(stop_host, sb.hosts)
+    for mount in procs.mounts_under([sb.run_dir]):
+        procs.run(["umount", "-l", mount], check=False)
+    for h in sb.hosts:
+        if h.netns is not None:
+            attempt(f"netns {h.netns}", lambda ns=h.netns: network.delete_netns(ns))
+        if h.veth is not None:
+            attempt(f"link {h.veth}", lambda link=h.veth: network.delete_link(link))
+    attempt(f"bridge {sb.bridge}", lambda: network.delete_link(sb.bridge))
+    shutil.rmtree(sb.run_dir, ignore_errors=True)
+    # Only what `up` created: DIR may be shared with other files.
+    for name in ("hosts", "ssh"):
+        shutil.rmtree(directory / name, ignore_errors=True)
+    for name in ("cluster.yaml", "cluster-egress.yaml", STATE_FILE + ".tmp"):
+        (directory / name).unlink(missing_ok=True)
+    if errors:
+        raise SandboxError(
+            f"sandbox down in {directory} is incomplete (rerun it): " + "; ".join(errors)
+        )
+    # The state file goes last, so an interrupted down can simply be rerun.
+    (directory / STATE_FILE).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        directory.rmdir()
+    say(f"sandbox {sb.index} removed")

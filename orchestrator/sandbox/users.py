@@ -1,0 +1,59 @@
+"""The three login users every sandbox host shares (created once, idempotent).
+
+- cvs: in group docker, the no-sudo path; the cluster file logs in as cvs.
+- cvssudo: not in docker; `sudo -n docker` works without a password.
+- cvsnone: neither, for "no docker access" errors.
+
+Accounts get an empty home (no skeleton rc files: every SSH exec would pay for
+them) and the non-locked password field '*': key-only login with `UsePAM no`
+refuses locked accounts ('!').
+"""
+
+from __future__ import annotations
+
+import pwd
+import tempfile
+from pathlib import Path
+
+from .procs import run
+
+DOCKER_USER = "cvs"
+SUDO_USER = "cvssudo"
+NO_DOCKER_USER = "cvsnone"
+LOGIN_USERS = (DOCKER_USER, SUDO_USER, NO_DOCKER_USER)
+
+SUDOERS_FILE = Path("/etc/sudoers.d/cvs-sandbox")
+# DOCKER_HOST comes from sshd's SetEnv and must survive sudo's env_reset, or
+# `sudo docker` would talk to the default socket instead of this host's dockerd.
+SUDOERS_TEXT = f"""\
+# Written by cvs sandbox (orchestrator/sandbox/users.py).
+Defaults:{SUDO_USER} env_keep += "DOCKER_HOST DOCKER_API_VERSION"
+Defaults:{SUDO_USER} !lecture
+{SUDO_USER} ALL=(root) NOPASSWD: /usr/local/bin/docker, /usr/bin/docker
+"""
+
+
+def _exists(user: str) -> bool:
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        return False
+    return True
+
+
+def ensure_users() -> None:
+    """Create the users and sudoers entry if missing. Call under `global_lock`."""
+    run(["groupadd", "-f", "docker"])
+    with tempfile.TemporaryDirectory() as empty_skel:
+        for user in LOGIN_USERS:
+            if not _exists(user):
+                run(["useradd", "-m", "-k", empty_skel, "-s", "/bin/bash", user])
+            run(["usermod", "-p", "*", "-s", "/bin/bash", user])
+    run(["usermod", "-aG", "docker", DOCKER_USER])
+    if SUDOERS_FILE.exists() and SUDOERS_FILE.read_text() == SUDOERS_TEXT:
+        return
+    tmp = SUDOERS_FILE.with_suffix(".tmp")
+    tmp.write_text(SUDOERS_TEXT)
+    tmp.chmod(0o440)
+    run(["visudo", "-cf", str(tmp)])
+    tmp.rename(SUDOERS_FILE)

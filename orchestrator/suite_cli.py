@@ -1,0 +1,249 @@
+"""`cvs run SUITE` and `cvs run --list` (wired into cli.py's parser).
+
+Exit codes (DESIGN.md): 0 every step ok on every host, 1 a step failed, 2 bad
+suite or cluster file, 3 some host unreachable, 4 refused by the lifetime
+policy, 130 interrupted. The run directory is written in every case that got
+as far as starting the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+import anyio
+
+from .errors import UsageError
+from .events import TeeSink
+from .records import RunOutcome, RunRecorder, default_run_dir, results_document
+from .render import compress_hosts
+from .suite import SHIPPED_PACKAGE, find_suite, list_suites, load_suite
+from .suite_runner import new_outcome, resolve_step_hosts, run_suite
+
+# Above this many hosts a step's row names hosts per status instead of one column per host.
+WIDE_TABLE_HOSTS = 8
+
+RUN_EPILOG = """\
+suites are found by name in ./suites, then each directory of $CVS_SUITES_PATH,
+then the examples shipped with cvs (install_demo, test_demo); or give a path.
+
+example (persistent containers: the install survives into the next run):
+  cvs -c cluster.yaml run install_demo
+  cvs -c cluster.yaml run test_demo
+"""
+
+
+def add_run_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    """Add `cvs run` to cli.py's subcommands (`sub`), sharing its `common` options."""
+    p = sub.add_parser(
+        "run",
+        parents=[common],
+        help="run a suite of steps across the cluster and record the results",
+        description="Bring containers up per the cluster's lifetime, run the suite's steps in "
+        "order (each on its hosts at once), bring them down per the lifetime (per_run: "
+        "removed, also on failure or Ctrl-C). Writes a run directory with events.jsonl, "
+        "per-host per-step logs, results.json and junit.xml.",
+        epilog=RUN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("suite", nargs="?", metavar="SUITE", help="suite name or path to a suite file")
+    p.add_argument("--list", action="store_true", help="list the suites found, and where")
+    p.add_argument(
+        "--run-dir",
+        metavar="DIR",
+        help="where to write the run records (default runs/<UTC time>-<suite>/)",
+    )
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.list:
+        return _list(args)
+    if not args.suite:
+        raise UsageError("cvs run: name a suite (cvs run SUITE), or list them with cvs run --list")
+    from . import cli
+
+    ref = find_suite(args.suite)
+    suite = load_suite(ref.path)
+    cluster_path = cli._cluster_path(args)
+    cluster = cli.load(args)
+    resolve_step_hosts(suite, cluster)  # a bad `hosts:` is exit 2 before anything starts
+    if args.run_dir:
+        recorder = RunRecorder.create(Path(args.run_dir))
+    else:
+        recorder = RunRecorder.create(default_run_dir(suite.name), unique=True)
+    outcome = new_outcome(suite, cluster, str(cluster_path))
+    screen = cli.make_sink(args)
+    sink = TeeSink(screen, recorder.events_sink())
+
+    async def main() -> RunOutcome:
+        return await run_suite(
+            suite,
+            cluster,
+            sink=sink,
+            recorder=recorder,
+            cluster_file=str(cluster_path),
+            outcome=outcome,
+        )
+
+    try:
+        anyio.run(main)
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+    finally:
+        sink.close()
+        recorder.close()
+    if args.json:
+        doc = {**results_document(outcome), "run_dir": str(recorder.run_dir)}
+        doc["files"] = _paths(recorder)
+        sys.stdout.write(json.dumps(doc) + "\n")
+        sys.stdout.flush()
+    else:
+        print_report(outcome, recorder, sys.stdout)
+    return outcome.exit_code
+
+
+def _paths(recorder: RunRecorder) -> dict[str, str]:
+    return {
+        "run_dir": str(recorder.run_dir),
+        "events": str(recorder.events_path),
+        "logs": str(recorder.run_dir / "logs"),
+        "results": str(recorder.results_path),
+        "junit": str(recorder.junit_path),
+    }
+
+
+# ---- the report at the end ----------------------------------------------------------
+
+
+def _cell(outcome: RunOutcome, step_index: int, host: str) -> str:
+    r = outcome.steps[step_index].results.get(host)
+    if r is None:
+        return "-"
+    if r.status == "failed" and r.exit_code not in (None, 0):
+        return f"FAILED (exit {r.exit_code})"
+    return r.status.upper() if r.status in ("failed", "timeout", "interrupted") else r.status
+
+
+def summary_rows(outcome: RunOutcome) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the step x host table; folded per status for wide fleets."""
+    hosts: list[str] = []
+    for s in outcome.steps:
+        hosts.extend(h for h in s.results if h not in hosts)
+    if len(hosts) <= WIDE_TABLE_HOSTS:
+        rows = [
+            [s.name] + [_cell(outcome, i, h) for h in hosts] for i, s in enumerate(outcome.steps)
+        ]
+        return ["step", *hosts], rows
+    rows = []
+    for s in outcome.steps:
+        by_status: dict[str, list[str]] = {}
+        for h, r in s.results.items():
+            by_status.setdefault(r.status, []).append(h)
+        text = "  ".join(f"{st}: {compress_hosts(hs)}" for st, hs in by_status.items())
+        rows.append([s.name, s.status, text])
+    return ["step", "status", "hosts"], rows
+
+
+def plain_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in [header, *rows]
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def failure_report(outcome: RunOutcome, tail_lines: int = 10) -> str:
+    """Per failing host: the step, the status and reason, and the last lines of output."""
+    out: list[str] = []
+    for s in outcome.steps:
+        for h, r in s.results.items():
+            if r.ok or r.status == "skipped":
+                continue
+            out.append(f"{s.name} on {h}: {r.status}: {r.reason or r.status}")
+            tail = r.tail.splitlines()[-tail_lines:]
+            out.extend(f"    {line}" for line in tail)
+    return "\n".join(out) + ("\n" if out else "")
+
+
+def _verdict(outcome: RunOutcome) -> str:
+    finished = outcome.finished or outcome.started
+    seconds = (finished - outcome.started).total_seconds()
+    word = {0: "ok", 3: "host unreachable", 4: "refused", 130: "interrupted"}.get(
+        outcome.exit_code, "failed"
+    )
+    text = f"{outcome.suite}: {word} (exit {outcome.exit_code}) in {seconds:.1f}s"
+    return text + (f": {outcome.error}" if outcome.error else "")
+
+
+def print_report(outcome: RunOutcome, recorder: RunRecorder, out: IO[str]) -> None:
+    header, rows = summary_rows(outcome)
+    failures = failure_report(outcome)
+    tty = hasattr(out, "isatty") and out.isatty()
+    if tty:
+        from rich.console import Console
+        from rich.table import Table
+
+        console = Console(file=out)
+        table = Table(title=f"{outcome.suite} on {outcome.cluster}", title_justify="left")
+        for column in header:
+            table.add_column(column)
+        styles = {"ok": "green", "skipped": "dim"}
+        for row in rows:
+            table.add_row(
+                row[0], *[f"[{styles.get(c, 'red')}]{c}[/]" if c != "-" else c for c in row[1:]]
+            )
+        console.print(table)
+        if failures:
+            console.print(failures, style="red", markup=False, highlight=False, end="")
+    else:
+        out.write(plain_table(header, rows))
+        out.write(failures)
+    for w in outcome.warnings:
+        out.write(f"warning: {w}\n")
+    out.write(_verdict(outcome) + "\n")
+    for label, path in _paths(recorder).items():
+        out.write(f"{label + ':':9} {path}\n")
+    out.flush()
+
+
+def _list(args: argparse.Namespace) -> int:
+    refs = list_suites()
+    seen: set[str] = set()
+    entries = []
+    for ref in refs:
+        try:
+            description = load_suite(ref.path).description
+            problem = None
+        except Exception as exc:  # a broken file is listed with why, not hidden
+            description, problem = "", str(exc)
+        entries.append(
+            {
+                "name": ref.name,
+                "description": description,
+                "source": ref.origin,
+                "path": str(ref.path),
+                "shadowed": ref.name in seen,
+                "error": problem,
+            }
+        )
+        seen.add(ref.name)
+    if args.json:
+        sys.stdout.write(json.dumps({"ok": True, "suites": entries}) + "\n")
+        return 0
+    if not entries:
+        sys.stdout.write(
+            f"no suites found (looked in ./suites, $CVS_SUITES_PATH, {SHIPPED_PACKAGE})\n"
+        )
+        return 0
+    rows = []
+    for e in entries:
+        note = " (shadowed)" if e["shadowed"] else ""
+        note += f" (broken: {e['error']})" if e["error"] else ""
+        rows.append([e["name"], e["description"] + note, f"{e['source']}: {e['path']}"])
+    sys.stdout.write(plain_table(["name", "description", "source"], rows))
+    return 0

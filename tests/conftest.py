@@ -1,0 +1,105 @@
+"""Shared fixtures: the real sandbox cluster (netns + sshd + dockerd per host).
+
+`sandbox` (4 hosts) and `egress_sandbox` (node1 + egress1, whose containers
+reach Debian's mirrors) are session-scoped and built lazily: only when a test
+asks for them. Tests using them get the `sandbox` mark automatically, so
+`pytest -m "not sandbox"` runs without root.
+
+Teardown always runs: pytest finalizes session fixtures on failure and on
+Ctrl-C, and an atexit hook catches what escapes that (SIGTERM from a CI
+timeout is turned into KeyboardInterrupt for the same reason).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import itertools
+import os
+import shutil
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.sandbox import Sandbox, sandbox_down, sandbox_up
+
+SANDBOX_FIXTURES = {"sandbox", "egress_sandbox", "make_sandbox"}
+REQUIRED_TOOLS = ("ip", "nsenter", "dockerd", "sshd", "debootstrap", "ssh", "sudo")
+
+
+def _skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "sandbox tests need root"
+    path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+    missing = [t for t in REQUIRED_TOOLS if shutil.which(t, path=path) is None]
+    if missing:
+        return "sandbox tests need " + ", ".join(missing)
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SANDBOX_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.sandbox)
+
+
+def _sigterm_as_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+
+
+def _down_quietly(directory: Path) -> None:
+    with contextlib.suppress(Exception):
+        sandbox_down(directory)
+
+
+@contextlib.contextmanager
+def _built(directory: Path, **kwargs: object) -> Iterator[Sandbox]:
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    # A partial per directory: atexit.unregister removes by equality, and
+    # partials are equal only to themselves.
+    hook = functools.partial(_down_quietly, directory)
+    atexit.register(hook)
+    try:
+        yield sandbox_up(directory, **kwargs)  # type: ignore[arg-type]
+    finally:
+        sandbox_down(directory)
+        atexit.unregister(hook)
+
+
+@pytest.fixture(scope="session")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    """A 4-host sandbox (node1..node4) for the whole session. Do not break it:
+    tests that stop daemons or rotate keys use `make_sandbox` instead."""
+    with _built(tmp_path_factory.mktemp("sandbox") / "sb", hosts=4) as sb:
+        yield sb
+
+
+@pytest.fixture(scope="session")
+def egress_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    """node1 plus egress1 (root namespace, containers with --network host reach
+    Debian's mirrors); its cluster file is `egress_cluster_file`."""
+    with _built(tmp_path_factory.mktemp("egress") / "sb", hosts=1, egress_host=True) as sb:
+        yield sb
+
+
+@pytest.fixture
+def make_sandbox(tmp_path: Path) -> Iterator[Callable[..., Sandbox]]:
+    """Factory for throwaway sandboxes a test may break; all torn down after it."""
+    counter = itertools.count()
+    with contextlib.ExitStack() as stack:
+
+        def make(hosts: int = 1, **kwargs: object) -> Sandbox:
+            directory = tmp_path / f"sb{next(counter)}"
+            return stack.enter_context(_built(directory, hosts=hosts, **kwargs))
+
+        yield make

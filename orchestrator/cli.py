@@ -277,6 +277,8 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
             if args.hosts < 1:
                 raise UsageError("cvs sandbox up: --hosts must be at least 1")
             box = sandbox_up(directory, args.hosts, egress_host=args.egress, progress=progress)
+            if args.lifetime != "per_run":
+                _set_sandbox_lifetime(box.cluster_file, args.lifetime)
             if args.json:
                 sys.stdout.write(json.dumps({"ok": True, "cluster": str(box.cluster_file)}) + "\n")
             else:
@@ -287,6 +289,15 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         sys.stderr.write(f"cvs sandbox: {exc}\n")
         return EXIT_USAGE
     return EXIT_OK
+
+
+def _set_sandbox_lifetime(path: Path, lifetime: str) -> None:
+    import yaml
+
+    doc = yaml.safe_load(path.read_text())
+    doc["container"]["lifetime"] = lifetime
+    header = "".join(line + "\n" for line in path.read_text().splitlines() if line.startswith("#"))
+    path.write_text(header + yaml.safe_dump(doc, sort_keys=False))
 
 
 # -- parser -----------------------------------------------------------------
@@ -406,6 +417,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="also remove persistent/foreign ones")
     p.set_defaults(func=cmd_down)
 
+    from .suite_cli import add_run_parser
+
+    add_run_parser(sub, common)
+
     p = sub.add_parser(
         "sandbox",
         parents=[common],
@@ -417,6 +432,12 @@ def build_parser() -> argparse.ArgumentParser:
     up = sandbox_sub.add_parser("up", parents=[common], help="build the sandbox")
     up.add_argument("--hosts", type=int, default=4, help="number of hosts (default 4)")
     up.add_argument("--dir", help=f"where it lives (default {DEFAULT_SANDBOX_DIR})")
+    up.add_argument(
+        "--lifetime",
+        choices=["per_run", "persistent", "no_launch"],
+        default="per_run",
+        help="container lifetime written into the cluster file (default per_run)",
+    )
     up.add_argument(
         "--egress", action="store_true", help="add a host whose containers reach Debian mirrors"
     )

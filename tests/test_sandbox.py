@@ -53,7 +53,7 @@ def footprint(sb: Sandbox) -> dict[str, object]:
             if n and network.link_exists(n)
         ],
         "pids": [p for p in pids if procs.alive(p)],
-        "processes": procs.pids_mentioning(str(sb.run_dir))
+        "processes": procs.pids_mentioning(f"{sb.run_dir}/")
         + procs.pids_mentioning(str(sb.directory)),
         "mounts": procs.mounts_under([sb.directory, sb.run_dir]),
         "paths": [str(p) for p in (sb.directory, sb.run_dir) if p.exists()],

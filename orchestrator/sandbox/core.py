@@ -549,6 +549,11 @@ def sandbox_down(directory: Path, progress: Progress | None = None) -> None:
 
     say(f"stopping {len(sb.hosts)} host(s)")
     _parallel(stop_host, sb.hosts)
+    # A containerd shim can outlive `docker rm` and dockerd by a moment; every
+    # process our daemons started names a path under the run dir.
+    marker = f"{sb.run_dir}/"
+    for pid in procs.pids_mentioning(marker):
+        attempt(f"leftover process {pid}", lambda pid=pid: procs.stop(pid, marker, timeout=5.0))
     for mount in procs.mounts_under([sb.run_dir]):
         procs.run(["umount", "-l", mount], check=False)
     for h in sb.hosts:

@@ -1,0 +1,326 @@
+"""Run records: what a suite run leaves behind in its run directory.
+
+    runs/20250101T120000Z-test_demo/
+      events.jsonl            every event, one JSON object per line
+      logs/STEP/HOST.log      that host's stdout and stderr for that step
+      results.json            the outcome (schema: docs/results-schema.json)
+      junit.xml               one testcase per step x host, for CI systems
+
+The outcome types here are plain data; `results_document` and `junit_xml`
+are pure functions of them, so they are tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from .events import JsonLinesSink
+from .results import CONNECTION_STATUSES, HostResult
+
+RESULTS_SCHEMA_VERSION = 1
+TAIL_LINES = 20
+
+HostStatus = Literal[
+    "ok", "failed", "timeout", "unreachable", "auth", "host_key", "skipped", "interrupted"
+]
+StepStatus = Literal["ok", "failed", "skipped"]
+
+
+@dataclass(frozen=True)
+class StepHostOutcome:
+    """One step on one host, judged against the step's `expect`."""
+
+    host: str
+    status: HostStatus
+    exit_code: int | None = None
+    duration: float = 0.0
+    tail: str = ""
+    # Why it is not ok, in one line ("exit 1, expected 0", "stdout did not match ...").
+    reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def reached(self) -> bool:
+        return self.status not in CONNECTION_STATUSES
+
+
+@dataclass
+class StepOutcome:
+    name: str
+    hosts: list[str]
+    on: str = "container"
+    mpi: bool = False
+    continue_on_failure: bool = False
+    results: dict[str, StepHostOutcome] = field(default_factory=dict)
+    duration: float = 0.0
+
+    @property
+    def status(self) -> StepStatus:
+        if not self.results or all(r.status == "skipped" for r in self.results.values()):
+            return "skipped"
+        return "ok" if all(r.ok for r in self.results.values()) else "failed"
+
+
+@dataclass
+class RunOutcome:
+    suite: str
+    suite_file: str
+    description: str
+    cluster: str
+    cluster_file: str
+    lifetime: str | None
+    started: datetime
+    finished: datetime | None = None
+    # host -> {"action": ..., "reason": ...} from the up report's plan.
+    plan: dict[str, dict[str, str]] = field(default_factory=dict)
+    steps: list[StepOutcome] = field(default_factory=list)
+    # Set when the run stopped before or between steps: refused, up failed, interrupted.
+    error: str | None = None
+    interrupted: bool = False
+    refused: bool = False
+    # `up` left hosts not ready: 3 (unreachable) or 1.
+    up_exit_code: int | None = None
+    # Stale images, failed removals, ...: recorded, but they do not fail the run.
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        """DESIGN.md: 130 interrupted, 4 refused, 3 unreachable, 1 a step failed, 0 ok."""
+        if self.interrupted:
+            return 130
+        if self.refused:
+            return 4
+        outcomes = [r for s in self.steps for r in s.results.values()]
+        if any(not r.reached for r in outcomes):
+            return 3
+        if self.up_exit_code:
+            return self.up_exit_code
+        if self.error is not None or any(s.status == "failed" for s in self.steps):
+            return 1
+        return 0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+def utc_stamp(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def default_run_dir(suite: str, now: datetime | None = None, base: Path = Path("runs")) -> Path:
+    """`runs/<UTC time YYYYmmddTHHMMSSZ>-<suite>`."""
+    moment = (now or datetime.now(UTC)).astimezone(UTC)
+    return base / f"{moment.strftime('%Y%m%dT%H%M%SZ')}-{suite}"
+
+
+def tail_of(result: HostResult, lines: int = TAIL_LINES) -> str:
+    return result.tail(lines)
+
+
+# ---- results.json ---------------------------------------------------------------
+
+
+def _host_doc(r: StepHostOutcome) -> dict[str, Any]:
+    return {
+        "status": r.status,
+        "ok": r.ok,
+        "exit_code": r.exit_code,
+        "duration": round(r.duration, 3),
+        "reason": r.reason,
+        "tail": r.tail,
+    }
+
+
+def results_document(outcome: RunOutcome) -> dict[str, Any]:
+    """The results.json content (docs/results-schema.json describes it)."""
+    finished = outcome.finished or outcome.started
+    return {
+        "schema_version": RESULTS_SCHEMA_VERSION,
+        "suite": {
+            "name": outcome.suite,
+            "file": outcome.suite_file,
+            "description": outcome.description,
+        },
+        "cluster": {
+            "name": outcome.cluster,
+            "file": outcome.cluster_file,
+            "lifetime": outcome.lifetime,
+        },
+        "started": utc_stamp(outcome.started),
+        "finished": utc_stamp(finished),
+        "duration": round((finished - outcome.started).total_seconds(), 3),
+        "plan": {host: dict(entry) for host, entry in outcome.plan.items()},
+        "steps": [
+            {
+                "name": s.name,
+                "on": s.on,
+                "mpi": s.mpi,
+                "continue_on_failure": s.continue_on_failure,
+                "status": s.status,
+                "duration": round(s.duration, 3),
+                "hosts": {h: _host_doc(r) for h, r in s.results.items()},
+            }
+            for s in outcome.steps
+        ],
+        "ok": outcome.ok,
+        "exit_code": outcome.exit_code,
+        "interrupted": outcome.interrupted,
+        "error": outcome.error,
+        "warnings": list(outcome.warnings),
+    }
+
+
+# ---- junit.xml ------------------------------------------------------------------
+
+# XML 1.0 cannot carry most control characters; command output may contain them.
+_XML_BAD = {c: None for c in range(0x20) if c not in (0x09, 0x0A, 0x0D)}
+
+
+def _xml_text(text: str) -> str:
+    return text.translate(_XML_BAD)
+
+
+def junit_xml(outcome: RunOutcome) -> str:
+    """One testcase per step x host: classname `suite.step`, name `host`.
+
+    failed / timeout -> <failure>, unreachable / auth / host_key -> <error>
+    (the test never ran), skipped -> <skipped>.
+    """
+    cases: list[ET.Element] = []
+    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for step in outcome.steps:
+        for host, r in step.results.items():
+            case = ET.Element(
+                "testcase",
+                classname=f"{outcome.suite}.{step.name}",
+                name=host,
+                time=f"{r.duration:.3f}",
+            )
+            counts["tests"] += 1
+            message = _xml_text(r.reason or r.status)
+            if r.status in ("failed", "timeout"):
+                counts["failures"] += 1
+                failure = ET.SubElement(case, "failure", message=message, type=r.status)
+                failure.text = _xml_text(r.tail)
+            elif r.status == "skipped":
+                counts["skipped"] += 1
+                ET.SubElement(case, "skipped", message=message)
+            elif not r.ok:
+                counts["errors"] += 1
+                error = ET.SubElement(case, "error", message=message, type=r.status)
+                error.text = _xml_text(r.tail)
+            elif r.tail:
+                out = ET.SubElement(case, "system-out")
+                out.text = _xml_text(r.tail)
+            cases.append(case)
+    finished = outcome.finished or outcome.started
+    attrs = {k: str(v) for k, v in counts.items()}
+    seconds = f"{(finished - outcome.started).total_seconds():.3f}"
+    root = ET.Element("testsuites", name=outcome.suite, time=seconds, **attrs)
+    suite = ET.SubElement(
+        root,
+        "testsuite",
+        name=outcome.suite,
+        timestamp=utc_stamp(outcome.started),
+        time=seconds,
+        **attrs,
+    )
+    props = ET.SubElement(suite, "properties")
+    for key, value in (
+        ("cluster", outcome.cluster),
+        ("cluster_file", outcome.cluster_file),
+        ("lifetime", outcome.lifetime or "none"),
+        ("exit_code", str(outcome.exit_code)),
+    ):
+        ET.SubElement(props, "property", name=key, value=_xml_text(value))
+    if outcome.error:
+        ET.SubElement(props, "property", name="error", value=_xml_text(outcome.error))
+    suite.extend(cases)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+# ---- the run directory ------------------------------------------------------------
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class RunRecorder:
+    """Creates a run directory and writes into it as the run goes."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._events: IO[str] | None = None
+
+    @classmethod
+    def create(cls, run_dir: Path, *, unique: bool = False) -> RunRecorder:
+        """Make the run directory; with `unique`, `-2`, `-3`, ... when it already exists
+        (two runs of one suite in the same second)."""
+        candidate, n = run_dir, 1
+        while True:
+            try:
+                candidate.mkdir(parents=True, exist_ok=not unique)
+                break
+            except FileExistsError:
+                n += 1
+                candidate = run_dir.with_name(f"{run_dir.name}-{n}")
+        (candidate / "logs").mkdir(exist_ok=True)
+        return cls(candidate)
+
+    @property
+    def events_path(self) -> Path:
+        return self.run_dir / "events.jsonl"
+
+    @property
+    def results_path(self) -> Path:
+        return self.run_dir / "results.json"
+
+    @property
+    def junit_path(self) -> Path:
+        return self.run_dir / "junit.xml"
+
+    def log_path(self, step: str, host: str) -> Path:
+        return self.run_dir / "logs" / step / f"{host}.log"
+
+    def events_sink(self) -> JsonLinesSink:
+        if self._events is None:
+            self._events = self.events_path.open("w", encoding="utf-8")
+        return JsonLinesSink(self._events)
+
+    def write_log(self, step: str, result: HostResult) -> Path:
+        path = self.log_path(step, result.host)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        parts = [result.stdout]
+        if result.stderr:
+            parts.append(result.stderr)
+        if result.error and result.status != "ok":
+            parts.append(f"[cvs] {result.status}: {result.error}\n")
+        text = "".join(p if p.endswith("\n") or not p else p + "\n" for p in parts)
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    def finish(self, outcome: RunOutcome) -> None:
+        """Write results.json and junit.xml (atomically: a reader never sees half a file)."""
+        doc = results_document(outcome)
+        doc["run_dir"] = str(self.run_dir)
+        _write_atomic(self.results_path, json.dumps(doc, indent=2) + "\n")
+        _write_atomic(self.junit_path, junit_xml(outcome))
+
+    def close(self) -> None:
+        if self._events is not None:
+            self._events.close()
+            self._events = None

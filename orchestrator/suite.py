@@ -1,0 +1,351 @@
+"""Suite files: lookup by name, the typed model, one-line load errors.
+
+A suite is a YAML file of named steps that run across the cluster's hosts:
+
+    name: test_demo
+    description: run the demo tool everywhere
+    steps:
+      - name: version
+        run: /opt/demo/bin/cvs-demo
+        expect: {stdout: '^cvs-demo ok '}
+
+A name is looked up in `./suites`, then each directory of `$CVS_SUITES_PATH`,
+then the examples shipped in the `orchestrator.suites` package; anything that
+looks like a path is loaded as one. Every problem is a `ConfigError` whose
+message is one line naming the file and the key path (or line:column).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass
+from importlib import resources
+from importlib.abc import Traversable
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from .config import (
+    ENV_NAME_RE,
+    ConfigError,
+    Model,
+    _describe,
+    _Located,
+    _MarkingLoader,
+    _one_line,
+    _yaml_error,
+)
+
+SUITE_SUFFIXES = (".yaml", ".yml")
+SUITES_PATH_ENV = "CVS_SUITES_PATH"
+SHIPPED_PACKAGE = "orchestrator.suites"
+# Step names become directory names under the run dir's logs/ and junit classnames.
+STEP_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+Origin = Literal["path", "./suites", "$CVS_SUITES_PATH", "shipped"]
+
+
+def _compile(pattern: str | None) -> str | None:
+    if pattern is not None:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"invalid regex {pattern!r}: {exc}") from None
+    return pattern
+
+
+class Expect(Model):
+    """What a step's result must look like on every host it ran on."""
+
+    exit_code: int = 0
+    # Regexes searched in stdout with re.MULTILINE (`^` and `$` match per line).
+    stdout: str | None = None
+    not_stdout: str | None = None
+
+    _regex = field_validator("stdout", "not_stdout")(_compile)
+
+    def stdout_re(self) -> re.Pattern[str] | None:
+        return re.compile(self.stdout, re.MULTILINE) if self.stdout is not None else None
+
+    def not_stdout_re(self) -> re.Pattern[str] | None:
+        return re.compile(self.not_stdout, re.MULTILINE) if self.not_stdout is not None else None
+
+
+class Step(Model):
+    name: str
+    run: str
+    on: Literal["container", "host"] = "container"
+    # `all`, `head`, or names / globs / hostlists, comma-separated (api.select_hosts).
+    hosts: str = "all"
+    timeout: float | None = Field(default=None, gt=0)
+    env: dict[str, str] = Field(default_factory=dict)
+    expect: Expect = Field(default_factory=Expect)
+    # The suite goes on after this step fails; the failure still fails the run.
+    continue_on_failure: bool = False
+    # Run once on the head container with CVS_MPI_HOSTFILE / CVS_MPI_HOSTS / CVS_MPI_NP set.
+    mpi: bool = False
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not STEP_NAME_RE.match(v):
+            raise ValueError(
+                f"invalid step name {v!r} (letters, digits, '_', '.', '-'; at most 64; "
+                "it names the step's log directory)"
+            )
+        return v
+
+    @field_validator("run")
+    @classmethod
+    def _run(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("is empty")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not ENV_NAME_RE.match(key):
+                raise ValueError(f"invalid environment variable name {key!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _mpi_placement(self) -> Step:
+        if self.mpi and self.on != "container":
+            raise ValueError("an mpi step runs in the head container; remove 'on: host'")
+        if self.mpi and self.hosts not in ("all", "head"):
+            raise ValueError("an mpi step runs once on the head container; remove 'hosts'")
+        return self
+
+
+class Suite(Model):
+    name: str
+    description: str = ""
+    steps: list[Step] = Field(min_length=1)
+    # The file this was loaded from (set by the loader, not written in the file).
+    source: str | None = None
+
+    @model_validator(mode="after")
+    def _unique_steps(self) -> Suite:
+        seen: set[str] = set()
+        for step in self.steps:
+            if step.name in seen:
+                raise ValueError(f"duplicate step name {step.name!r}")
+            seen.add(step.name)
+        return self
+
+
+# ---- loading ------------------------------------------------------------------
+
+
+def _models_along(path: list[Any]) -> type[Model] | None:
+    """The model that owns the last key of a validation error's path."""
+    model: type[Model] | None = Suite
+    for el in path[:-1]:
+        if model is Suite and el == "steps":
+            model = None  # the list; the next element is an index
+        elif model is None and isinstance(el, int):
+            model = Step
+        elif model is Step and el == "expect":
+            model = Expect
+        else:
+            return None
+    return model
+
+
+def _message(err: dict[str, Any]) -> str:
+    kind, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
+    path = [p for p in err["loc"]]
+    if kind == "extra_forbidden":
+        owner = _models_along(path)
+        fields = [f for f in (owner.model_fields if owner else {}) if f != "source"]
+        close = difflib.get_close_matches(str(path[-1]), fields, n=1, cutoff=0.6)
+        if close:
+            return f"unknown key (did you mean {close[0]!r}?)"
+        return f"unknown key (known keys: {', '.join(fields)})" if fields else "unknown key"
+    if kind == "missing":
+        return "required key is missing"
+    if kind in ("value_error", "assertion_error"):
+        error = ctx.get("error")
+        return str(error) if error is not None else err["msg"].removeprefix("Value error, ")
+    if kind == "literal_error":
+        return f"invalid value: expected {ctx.get('expected')}, got {_describe(value)}"
+    if kind == "too_short":
+        return "needs at least one entry"
+    if kind == "greater_than":
+        return f"must be greater than {ctx.get('gt')}, got {value!r}"
+    if kind in ("string_type",):
+        return f"expected a string, got {_describe(value)}"
+    if kind in ("int_parsing", "int_type", "int_from_float"):
+        return f"expected an integer, got {_describe(value)}"
+    if kind in ("float_parsing", "float_type"):
+        return f"expected a number, got {_describe(value)}"
+    if kind in ("bool_parsing", "bool_type"):
+        return f"expected true or false, got {_describe(value)}"
+    if kind == "list_type":
+        return f"expected a list, got {_describe(value)}"
+    if kind in ("dict_type", "model_type"):
+        return f"expected a mapping, got {_describe(value)}"
+    return _one_line(err.get("msg", kind))
+
+
+def _step_label(data: Any, path: list[Any]) -> str:
+    # `steps[2]` alone makes the reader count; name the step when it has one.
+    if len(path) >= 2 and path[0] == "steps" and isinstance(path[1], int):
+        steps = data.get("steps") if isinstance(data, dict) else None
+        if isinstance(steps, list) and 0 <= path[1] < len(steps):
+            step = steps[path[1]]
+            if isinstance(step, dict) and isinstance(step.get("name"), str):
+                return f" (step {step['name']!r})"
+    return ""
+
+
+def _on_key_fix(data: dict[Any, Any]) -> None:
+    """YAML 1.1 reads the key `on` as the boolean true; give steps their `on:` back.
+
+    In place, moving the recorded position along, so errors still point at the line.
+    """
+    steps = data.get("steps")
+    if not isinstance(steps, list):
+        return
+    for step in steps:
+        if isinstance(step, dict) and True in step and "on" not in step:
+            step["on"] = step.pop(True)
+            marks = getattr(step, "key_marks", None)
+            if marks is not None and True in marks:
+                marks["on"] = marks.pop(True)
+
+
+def suite_from_data(data: Any, source: str) -> Suite:
+    """Validate an already-parsed suite document; `source` names it in messages."""
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else _describe(data)
+        raise ConfigError(f"{source}: expected a mapping with 'name' and 'steps', got {got}")
+    if "source" in data:
+        raise ConfigError(f"{source}: source: is set by the loader; remove it")
+    _on_key_fix(data)
+    located = _Located(source, data)
+    try:
+        return Suite.model_validate({**data, "source": source})
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        lines = []
+        for err in errors:
+            path = list(err["loc"])
+            lines.append(located.error(path, _message(err)) + _step_label(data, path))
+        lines = list(dict.fromkeys(lines))
+        more = len(lines) - 1
+        suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+        raise ConfigError(lines[0] + suffix) from None
+
+
+def parse_suite(text: str, source: str) -> Suite:
+    """Parse suite YAML text. Raises ConfigError only, with a one-line message."""
+    try:
+        data = yaml.load(text, Loader=_MarkingLoader)
+    except yaml.YAMLError as exc:
+        raise _yaml_error(source, exc) from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply") from None
+    return suite_from_data(data, source)
+
+
+def load_suite(path: str | Path | Traversable) -> Suite:
+    source = str(path)
+    try:
+        raw = path.read_bytes() if not isinstance(path, str) else Path(path).read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{source}: is a directory, not a suite file") from None
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source}: not valid UTF-8 (at byte offset {exc.start})") from None
+    return parse_suite(text.removeprefix("\ufeff"), source)
+
+
+# ---- lookup -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SuiteRef:
+    """A suite file found by name: where it is and which search location found it."""
+
+    name: str
+    path: Path | Traversable
+    origin: Origin
+
+
+def search_locations(
+    cwd: Path | None = None, env: dict[str, str] | None = None
+) -> list[tuple[Origin, Path | Traversable]]:
+    """Where names are looked up, in order."""
+    env = dict(os.environ) if env is None else env
+    out: list[tuple[Origin, Path | Traversable]] = [("./suites", (cwd or Path.cwd()) / "suites")]
+    for part in env.get(SUITES_PATH_ENV, "").split(os.pathsep):
+        if part.strip():
+            out.append(("$CVS_SUITES_PATH", Path(os.path.expanduser(part))))
+    out.append(("shipped", resources.files(SHIPPED_PACKAGE)))
+    return out
+
+
+def _suite_files(directory: Path | Traversable) -> list[tuple[str, Path | Traversable]]:
+    try:
+        if not directory.is_dir():
+            return []
+        entries = sorted(directory.iterdir(), key=lambda p: p.name)
+    except OSError:
+        return []
+    out = []
+    for entry in entries:
+        stem, dot, ext = entry.name.rpartition(".")
+        if dot and f".{ext}" in SUITE_SUFFIXES and stem and entry.is_file():
+            out.append((stem, entry))
+    return out
+
+
+def looks_like_path(arg: str) -> bool:
+    return os.sep in arg or "/" in arg or arg.endswith(SUITE_SUFFIXES)
+
+
+def find_suite(
+    name_or_path: str, *, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> SuiteRef:
+    """Resolve a suite name (or path) to its file; ConfigError naming every place looked."""
+    if looks_like_path(name_or_path):
+        path = Path(os.path.expanduser(name_or_path))
+        if not path.is_absolute() and cwd is not None:
+            path = cwd / path
+        if not path.is_file():
+            raise ConfigError(f"suite file {name_or_path!r}: no such file")
+        return SuiteRef(path.stem, path, "path")
+    locations = search_locations(cwd, env)
+    for origin, directory in locations:
+        for stem, entry in _suite_files(directory):
+            if stem == name_or_path:
+                return SuiteRef(stem, entry, origin)
+    looked = ", ".join(
+        f"{directory} ({origin})" if origin != "shipped" else "the shipped examples"
+        for origin, directory in locations
+    )
+    known = sorted({ref.name for ref in list_suites(cwd=cwd, env=env)})
+    close = difflib.get_close_matches(name_or_path, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ConfigError(f"unknown suite {name_or_path!r}: looked in {looked}{hint}")
+
+
+def list_suites(*, cwd: Path | None = None, env: dict[str, str] | None = None) -> list[SuiteRef]:
+    """Every suite file found, in lookup order (a later one of the same name is shadowed)."""
+    return [
+        SuiteRef(stem, entry, origin)
+        for origin, directory in search_locations(cwd, env)
+        for stem, entry in _suite_files(directory)
+    ]

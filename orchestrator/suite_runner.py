@@ -1,0 +1,315 @@
+"""Running a suite: up per lifetime, the steps in order, down per lifetime.
+
+    outcome = await run_suite(suite, cluster_config, recorder=rec, sink=sink)
+
+`per_run` containers are removed at the end whatever happened: a failed
+step, an exception, or Ctrl-C (the down runs in a shielded cancel scope).
+`persistent` containers are left running; `no_launch` ones are only checked.
+
+The decisions (which hosts a step runs on, whether a host's result meets the
+step's `expect`, the MPI environment) are pure functions, tested without a
+cluster; `run_suite` is the IO around them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+
+from .api import Cluster, HostSelectionError, select_hosts
+from .config import ClusterConfig, ConfigError
+from .errors import PolicyRefused
+from .events import EventSink, HostStep, Message
+from .records import (
+    TAIL_LINES,
+    HostStatus,
+    RunOutcome,
+    RunRecorder,
+    StepHostOutcome,
+    StepOutcome,
+)
+from .results import HostResult
+from .suite import Step, Suite
+
+# Removing per_run containers must finish even after Ctrl-C, but not hang forever.
+DOWN_TIMEOUT = 300.0
+
+
+# ---- pure decisions -------------------------------------------------------------
+
+
+def step_hosts(step: Step, cluster: ClusterConfig) -> list[str]:
+    """The hosts a step runs on, in cluster order. An mpi step runs once, on the head."""
+    if step.mpi or step.hosts == "head":
+        return [cluster.head_host.name]
+    return select_hosts(cluster, step.hosts)
+
+
+def resolve_step_hosts(suite: Suite, cluster: ClusterConfig) -> dict[str, list[str]]:
+    """Every step's hosts, checked before anything starts (a typo is exit 2, not a half run)."""
+    out: dict[str, list[str]] = {}
+    for index, step in enumerate(suite.steps):
+        try:
+            out[step.name] = step_hosts(step, cluster)
+        except HostSelectionError as exc:
+            where = suite.source or suite.name
+            raise ConfigError(
+                f"{where}: steps[{index}].hosts: {step.hosts!r} matches no host of cluster "
+                f"{cluster.name!r} (step {step.name!r}): {exc}"
+            ) from None
+    return out
+
+
+def mpi_env(cluster: ClusterConfig) -> dict[str, str]:
+    """What an mpi step's command sees: hostfile path, `-H` style host list, rank count."""
+    slots = cluster.container.mpi.slots if cluster.container is not None else 1
+    hostfile = cluster.container.mpi.hostfile if cluster.container is not None else ""
+    names = [h.name for h in cluster.hosts]
+    hosts = ",".join(names if slots == 1 else [f"{n}:{slots}" for n in names])
+    return {
+        "CVS_MPI_HOSTFILE": hostfile,
+        "CVS_MPI_HOSTS": hosts,
+        "CVS_MPI_NP": str(len(names) * slots),
+    }
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def judge(step: Step, result: HostResult, tail_lines: int = TAIL_LINES) -> StepHostOutcome:
+    """Whether one host's result meets the step's `expect`; the reason in one line if not."""
+    expect = step.expect
+    base = {
+        "host": result.host,
+        "exit_code": result.exit_code,
+        "duration": result.duration,
+        "tail": result.tail(tail_lines),
+    }
+    if result.status == "timeout":
+        limit = f" after {step.timeout:g}s" if step.timeout is not None else ""
+        return StepHostOutcome(status="timeout", reason=f"timed out{limit}", **base)
+    if not result.reached:
+        return StepHostOutcome(status=result.status, reason=result.error or result.status, **base)
+    if result.exit_code is None:
+        # Ran, but no exit status came back (signal, dropped channel).
+        return StepHostOutcome(status="failed", reason=result.error or "no exit status", **base)
+    if result.exit_code != expect.exit_code:
+        reason = f"exit {result.exit_code}, expected {expect.exit_code}"
+        if result.error and result.error not in reason:
+            reason += f": {_clip(result.error)}"
+        return StepHostOutcome(status="failed", reason=reason, **base)
+    wanted = expect.stdout_re()
+    if wanted is not None and not wanted.search(result.stdout):
+        reason = f"stdout did not match {expect.stdout!r}"
+        return StepHostOutcome(status="failed", reason=reason, **base)
+    unwanted = expect.not_stdout_re()
+    if unwanted is not None:
+        found = unwanted.search(result.stdout)
+        if found:
+            reason = f"stdout matched {expect.not_stdout!r}: {_clip(found.group(0))!r}"
+            return StepHostOutcome(status="failed", reason=reason, **base)
+    return StepHostOutcome(status="ok", **base)
+
+
+def skipped_step(
+    step: Step, hosts: list[str], reason: str, status: HostStatus = "skipped"
+) -> StepOutcome:
+    """A step that did not run (or did not finish) on its hosts, with why."""
+    return StepOutcome(
+        name=step.name,
+        hosts=hosts,
+        on=step.on,
+        mpi=step.mpi,
+        continue_on_failure=step.continue_on_failure,
+        results={h: StepHostOutcome(host=h, status=status, reason=reason) for h in hosts},
+    )
+
+
+def plan_rows(report: Any) -> dict[str, dict[str, str]]:
+    """host -> {action, reason} from an `UpReport` (its plan's per-host actions)."""
+    actions: Mapping[str, Any] = getattr(getattr(report, "plan", None), "actions", {}) or {}
+    return {h: {"action": str(a.kind), "reason": str(a.reason)} for h, a in actions.items()}
+
+
+def up_failure(report: Any) -> tuple[int, str] | None:
+    """(exit code, one line) when `up` left some host not ready, else None."""
+    if getattr(report, "ok", True):
+        return None
+    failed = {h: o for h, o in report.outcomes.items() if not o.ok}
+    first_host, first = next(iter(failed.items()))
+    detail = (first.error or "failed").splitlines()[0]
+    more = f" (and {len(failed) - 1} more host(s))" if len(failed) > 1 else ""
+    text = f"up failed on {', '.join(failed)}: {first_host}: {detail}{more}"
+    return int(report.exit_code) or 1, text
+
+
+def _is_interrupt(exc: BaseException) -> bool:
+    return isinstance(exc, KeyboardInterrupt | anyio.get_cancelled_exc_class())
+
+
+# ---- IO -----------------------------------------------------------------------------
+
+
+def new_outcome(suite: Suite, cluster: ClusterConfig, cluster_file: str) -> RunOutcome:
+    lifetime = cluster.container.lifetime if cluster.container is not None else None
+    return RunOutcome(
+        suite=suite.name,
+        suite_file=suite.source or "",
+        description=suite.description,
+        cluster=cluster.name,
+        cluster_file=cluster_file,
+        lifetime=lifetime,
+        started=datetime.now(UTC),
+    )
+
+
+async def _run_step(
+    cluster: Cluster,
+    step: Step,
+    hosts: list[str],
+    recorder: RunRecorder | None,
+    sink: EventSink,
+) -> StepOutcome:
+    env = dict(step.env)
+    if step.mpi:
+        env = {**mpi_env(cluster.config), **env}
+    for h in hosts:
+        sink.emit(HostStep(host=h, step=step.name, status="started"))
+    started = time.monotonic()
+    results = await cluster.exec(
+        step.run,
+        hosts=hosts,
+        timeout=step.timeout,
+        host_os=step.on == "host",
+        env=env or None,
+    )
+    outcome = StepOutcome(
+        name=step.name,
+        hosts=hosts,
+        on=step.on,
+        mpi=step.mpi,
+        continue_on_failure=step.continue_on_failure,
+        duration=time.monotonic() - started,
+    )
+    for h in hosts:
+        result = results.get(h) or HostResult(host=h, status="failed", error="no result")
+        if recorder is not None:
+            recorder.write_log(step.name, result)
+        judged = judge(step, result)
+        outcome.results[h] = judged
+        status = "ok" if judged.ok else "failed"
+        detail = "" if judged.ok else f"{judged.status}: {judged.reason}"
+        sink.emit(HostStep(host=h, step=step.name, status=status, detail=detail))
+    return outcome
+
+
+async def _steps(
+    cluster: Cluster,
+    suite: Suite,
+    hosts: dict[str, list[str]],
+    outcome: RunOutcome,
+    recorder: RunRecorder | None,
+    sink: EventSink,
+) -> None:
+    stop_reason: str | None = None
+    for index, step in enumerate(suite.steps):
+        if stop_reason is not None:
+            outcome.steps[index] = skipped_step(step, hosts[step.name], stop_reason)
+            continue
+        try:
+            done = await _run_step(cluster, step, hosts[step.name], recorder, sink)
+        except BaseException as exc:
+            if _is_interrupt(exc):
+                stopped = skipped_step(step, hosts[step.name], "interrupted", "interrupted")
+            else:
+                reason = f"{type(exc).__name__}: {exc}"
+                stopped = skipped_step(step, hosts[step.name], _clip(reason), "failed")
+            outcome.steps[index] = stopped
+            raise
+        outcome.steps[index] = done
+        if done.status == "failed" and not step.continue_on_failure:
+            stop_reason = f"step {step.name!r} failed"
+
+
+async def run_suite(
+    suite: Suite,
+    cluster: ClusterConfig,
+    *,
+    sink: EventSink,
+    recorder: RunRecorder | None = None,
+    cluster_file: str = "",
+    outcome: RunOutcome | None = None,
+    force: bool = False,
+) -> RunOutcome:
+    """Run `suite` on `cluster`; always returns (or re-raises cancellation) with the
+    outcome recorded. Pass `outcome` to keep a handle on it if the run is interrupted."""
+    hosts = resolve_step_hosts(suite, cluster)
+    outcome = outcome or new_outcome(suite, cluster, cluster_file)
+    outcome.steps = [skipped_step(s, hosts[s.name], "not run") for s in suite.steps]
+    managed = cluster.container is not None
+    per_run = managed and cluster.container.lifetime == "per_run"  # type: ignore[union-attr]
+    try:
+        async with Cluster.open(cluster, sink=sink) as fleet:
+            up_entered = False
+            try:
+                if managed:
+                    up_entered = True
+                    report = await fleet.up(force=force)
+                    outcome.plan = plan_rows(report)
+                    outcome.warnings.extend(getattr(report.plan, "warnings", []))
+                    failure = up_failure(report)
+                    if failure is not None:
+                        outcome.up_exit_code, outcome.error = failure
+                        reason = "up failed"
+                        outcome.steps = [
+                            skipped_step(s, hosts[s.name], reason) for s in suite.steps
+                        ]
+                        return outcome
+                await _steps(fleet, suite, hosts, outcome, recorder, sink)
+            except PolicyRefused as exc:
+                up_entered = False  # refused: nothing was changed, nothing to undo
+                outcome.refused = True
+                outcome.error = f"refused: {exc}"
+                outcome.steps = [skipped_step(s, hosts[s.name], "refused") for s in suite.steps]
+            finally:
+                if per_run and up_entered:
+                    await _down(fleet, outcome, sink)
+    except BaseException as exc:
+        if _is_interrupt(exc):
+            outcome.interrupted = True
+            outcome.error = outcome.error or "interrupted"
+        elif outcome.error is None:
+            outcome.error = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        outcome.finished = datetime.now(UTC)
+        if recorder is not None:
+            recorder.finish(outcome)
+    return outcome
+
+
+async def _down(fleet: Cluster, outcome: RunOutcome, sink: EventSink) -> None:
+    # Shielded: on Ctrl-C the run is being cancelled, and this is the part that must happen.
+    with anyio.move_on_after(DOWN_TIMEOUT, shield=True) as scope:
+        try:
+            _, removed = await fleet.down()
+        except Exception as exc:
+            text = f"down failed: {type(exc).__name__}: {exc}"
+            outcome.warnings.append(text)
+            sink.emit(Message(level="error", text=text))
+            return
+        for host, r in removed.items():
+            if not r.ok:
+                text = f"could not remove the container on {host}: {r.error or r.status}"
+                outcome.warnings.append(text)
+                sink.emit(Message(level="error", text=text, host=host))
+    if scope.cancelled_caught:
+        text = f"down did not finish within {DOWN_TIMEOUT:g}s; run `cvs down` to clean up"
+        outcome.warnings.append(text)
+        sink.emit(Message(level="error", text=text))

@@ -311,23 +311,38 @@ Start here:  cvs sandbox up --hosts 4      # a local 4-host cluster, prints its 
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _common_options(*, subcommand: bool) -> argparse.ArgumentParser:
+    """-c/--json/-v, accepted before and after the subcommand.
+
+    A subparser writes its defaults over what the main parser parsed, so in
+    subcommands they default to SUPPRESS: otherwise `cvs -c FILE up` would
+    silently drop FILE. (Separate parsers: `parents` shares Action objects.)
+    """
     common = argparse.ArgumentParser(add_help=False)
+    unset: dict[str, Any] = {"default": argparse.SUPPRESS} if subcommand else {}
     common.add_argument(
         "-c",
         "--cluster",
         metavar="FILE",
         help="cluster file (default: $CVS_CLUSTER, then ./cluster.yaml)",
+        **unset,
     )
-    common.add_argument("--json", action="store_true", help="JSON lines on stdout")
-    common.add_argument("-v", "--verbose", action="store_true", help="more progress detail")
+    common.add_argument("--json", action="store_true", help="JSON lines on stdout", **unset)
+    common.add_argument(
+        "-v", "--verbose", action="store_true", help="more progress detail", **unset
+    )
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common_options(subcommand=True)
 
     parser = argparse.ArgumentParser(
         prog="cvs",
         description="Keep one named test container per GPU host in the state a run needs.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        parents=[common],
+        parents=[_common_options(subcommand=False)],
     )
     parser.add_argument("--version", action="version", version=f"cvs {__version__}")
     sub = parser.add_subparsers(dest="command_name", metavar="COMMAND", required=True)

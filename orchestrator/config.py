@@ -1186,6 +1186,13 @@ def cluster_warnings(cluster: ClusterConfig) -> list[str]:
             f"no resource caps on {len(uncapped)} host(s) ({shown}): "
             "containers there may take the whole host"
         )
+    # Imported here: resources imports this module. A value that loads but that
+    # docker would refuse (cpus 0.001, memory 1Ki) raises ResourceError, a
+    # ConfigError, so `cvs validate` exits 2 naming the key. Clamps are not
+    # warned here: a per-host cap below the request is routine; `cvs up` says so.
+    from orchestrator.resources import cluster_effective_resources
+
+    cluster_effective_resources(cluster)
     if cluster.ssh.host_key_policy == "off":
         out.append("ssh.host_key_policy is off: host keys are not checked at all")
     return out

@@ -32,7 +32,13 @@ from .keys import ClusterKeys, default_state_dir
 from .plan import HostAction, Plan, check_tag_identity, decide_down, decide_plan
 from .probe import HostState, parse_probe_output, probe_command
 from .provision import MARKER_PATH, SetupScript, ensure_sshd, run_setup_script, sshd_wanted
-from .resources import EffectiveResources, effective_resources
+from .resources import (
+    EffectiveResources,
+    clamp_warnings,
+    cluster_effective_resources,
+    container_limits_drift,
+    effective_resources,
+)
 from .results import HostResult
 from .runtime.docker import (
     config_hash,
@@ -307,10 +313,22 @@ class Lifecycle:
         )
 
     async def up(self, *, force: bool = False, reprovision: bool = False) -> UpReport:
+        # Before touching any host: a value docker would refuse raises
+        # ResourceError (exit 2) here instead of failing `docker run` midway.
+        resources = cluster_effective_resources(self.cluster)
+        for w in clamp_warnings(resources):
+            self.sink.emit(Message(level="warning", text=w))
         async with self.locked_states() as states:
             plan = self.decide(states, force=force, reprovision=reprovision)
             for w in plan.warnings:
                 self.sink.emit(Message(level="warning", text=w))
+            for host in plan.hosts("attach", "restart"):
+                # Keeping a container keeps its limits; say where they are not
+                # what the config now asks for instead of accepting them silently.
+                for drift in container_limits_drift(resources[host], states[host].host_config):
+                    self.sink.emit(
+                        Message(level="warning", host=host, text=f"limits drift: {drift}")
+                    )
             if plan.refused:
                 raise PolicyRefused(plan.reasons)
             return await self._execute(plan, states)

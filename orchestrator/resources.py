@@ -27,11 +27,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.config import Limits, Resources
+from orchestrator.config import ConfigError, Limits, Resources
 from orchestrator.units import format_size, parse_size
 
 if TYPE_CHECKING:
     from orchestrator.config import ClusterConfig
+    from orchestrator.runtime.docker import ContainerLimits
 
 NANO = 10**9
 # What docker reports for ShmSize when --shm-size was not given.
@@ -42,8 +43,11 @@ MIN_NANO_CPUS = NANO // 100
 MIN_MEMORY_BYTES = 6 * 1024**2
 
 
-class ResourceError(ValueError):
-    """A resource request or cap is unusable. `str()` names the key."""
+class ResourceError(ConfigError, ValueError):
+    """A resource request or cap is unusable. `str()` names the key.
+
+    A ConfigError, so the CLI exits 2 on it like on any other bad value in the
+    cluster file, whichever command met it first."""
 
 
 @dataclass(frozen=True)
@@ -179,6 +183,42 @@ def limits_drift(effective: EffectiveResources, host_config: Mapping[str, Any]) 
                 f"{render(want)}"
             )
     return messages
+
+
+def container_limits_drift(
+    effective: EffectiveResources, limits: ContainerLimits | None
+) -> list[str]:
+    """`limits_drift` against the limits a probe parsed from `docker inspect`."""
+    if limits is None:
+        return []
+    return limits_drift(
+        effective,
+        {
+            "NanoCpus": limits.nano_cpus,
+            "Memory": limits.memory,
+            "PidsLimit": limits.pids_limit,
+            "MemoryReservation": limits.memory_reservation,
+            "CpuShares": limits.cpu_shares,
+            "ShmSize": limits.shm_size,
+        },
+    )
+
+
+def clamp_warnings(per_host: Mapping[str, EffectiveResources]) -> list[str]:
+    """Each distinct clamp warning once, naming the hosts it applies to unless it
+    applies to all of them (a global cap on 500 hosts is one line, not 500)."""
+    hosts_by_text: dict[str, list[str]] = {}
+    for host, eff in per_host.items():
+        for text in eff.warnings:
+            hosts_by_text.setdefault(text, []).append(host)
+    out = []
+    for text, hosts in hosts_by_text.items():
+        if len(hosts) == len(per_host):
+            out.append(text)
+        else:
+            shown = ", ".join(hosts[:5]) + (" ..." if len(hosts) > 5 else "")
+            out.append(f"{text} (on {shown})")
+    return out
 
 
 def cluster_effective_resources(cluster: ClusterConfig) -> dict[str, EffectiveResources]:

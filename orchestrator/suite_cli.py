@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import IO, Any
@@ -68,7 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     ref = find_suite(args.suite)
     suite = load_suite(ref.path)
-    cluster_path = cli._cluster_path(args)
+    cluster_path = Path(os.path.abspath(cli._cluster_path(args)))
     cluster = cli.load(args)
     resolve_step_hosts(suite, cluster)  # a bad `hosts:` is exit 2 before anything starts
     if args.run_dir:
@@ -162,7 +163,7 @@ def failure_report(outcome: RunOutcome, tail_lines: int = 10) -> str:
     out: list[str] = []
     for s in outcome.steps:
         for h, r in s.results.items():
-            if r.ok or r.status == "skipped":
+            if r.ok or r.status in ("skipped", "interrupted"):
                 continue
             out.append(f"{s.name} on {h}: {r.status}: {r.reason or r.status}")
             tail = r.tail.splitlines()[-tail_lines:]
@@ -177,7 +178,7 @@ def _verdict(outcome: RunOutcome) -> str:
         outcome.exit_code, "failed"
     )
     text = f"{outcome.suite}: {word} (exit {outcome.exit_code}) in {seconds:.1f}s"
-    return text + (f": {outcome.error}" if outcome.error else "")
+    return text + (f": {outcome.error}" if outcome.error and outcome.error != word else "")
 
 
 def print_report(outcome: RunOutcome, recorder: RunRecorder, out: IO[str]) -> None:

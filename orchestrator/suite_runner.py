@@ -101,7 +101,7 @@ def judge(step: Step, result: HostResult, tail_lines: int = TAIL_LINES) -> StepH
         return StepHostOutcome(status="failed", reason=result.error or "no exit status", **base)
     if result.exit_code != expect.exit_code:
         reason = f"exit {result.exit_code}, expected {expect.exit_code}"
-        if result.error and result.error not in reason:
+        if result.error and not result.error.startswith(("exit code", "exit status")):
             reason += f": {_clip(result.error)}"
         return StepHostOutcome(status="failed", reason=reason, **base)
     wanted = expect.stdout_re()

@@ -5,17 +5,15 @@ connection on first use (under a fleet-wide handshake limit, with retries on
 transient failures) and runs the command on a new channel of it (under a
 per-connection channel limit kept below sshd's MaxSessions).
 
-Every remote command runs as the leader of its own process group (sshd starts
-the session in a new session), and reports that group's id first thing on
-stderr. On timeout or cancellation the pool kills that group over a spare
-channel, so nothing is left running on the host.
+On timeout or cancellation the pool signals the command's process group
+over its own channel (sshd runs each session in a new process group and
+delivers channel signals to all of it), so nothing is left running.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shlex
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -46,7 +44,6 @@ from .events import (
 )
 from .results import HostResult, Status
 
-PID_MARKER = "@@cvs-pgid "
 PREFERRED_CIPHERS = [
     "aes128-gcm@openssh.com",
     "aes256-gcm@openssh.com",
@@ -54,7 +51,6 @@ PREFERRED_CIPHERS = [
     "aes256-ctr",
     "chacha20-poly1305@openssh.com",
 ]
-_PID_LINE = re.compile(r"^@@cvs-pgid (\d+)$")
 
 Command = str | Sequence[str]
 
@@ -323,9 +319,7 @@ class SSHPool:
     ) -> HostResult:
         merged_env = {**self.cluster.env, **(env or {})}
         exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in merged_env.items())
-        # The login shell's pid is the command's process group (sshd starts
-        # each session with setsid): report it so a timeout can kill the group.
-        wrapped = f"printf '{PID_MARKER}%s\\n' $$ >&2; {exports}{text}"
+        wrapped = f"{exports}{text}"
         emit = self.sink.emit if stream_output else None
         try:
             chan, session = await link.conn.create_session(
@@ -348,14 +342,14 @@ class SSHPool:
                 await session.closed.wait()
         except TimeoutError:
             status, error = "timeout", f"timed out after {timeout:g}s; remote process killed"
-            await self._kill(link, session.pgid, on_timeout)
+            await self._kill(link, chan, session, on_timeout)
             chan.close()
         except (asyncssh.Error, OSError) as exc:
             status, error = "unreachable", f"connection lost: {exc}"
         except BaseException:
             # Cancelled (Ctrl-C, a sibling failed): stop the remote side too.
             with anyio.CancelScope(shield=True):
-                await self._kill(link, session.pgid, on_timeout)
+                await self._kill(link, chan, session, on_timeout)
                 chan.close()
             raise
         exit_code = session.exit_code
@@ -399,26 +393,33 @@ class SSHPool:
                 process.close()
 
     async def _kill(
-        self, link: _HostLink, pgid: int | None, on_timeout: Callable[[], Command] | None
+        self,
+        link: _HostLink,
+        chan: asyncssh.SSHClientChannel[str],
+        session: _CommandSession,
+        on_timeout: Callable[[], Command] | None,
     ) -> None:
-        """TERM, then KILL, the command's process group, over the spare channel."""
-        parts = []
+        """Stop the command: TERM its process group, then KILL if it lingers.
+
+        OpenSSH's sshd delivers a channel `signal` request with killpg() to
+        the session's process group (OpenSSH >= 7.9), so the command and its
+        children stop without a second connection. `on_timeout` cleans up
+        what the group does not own (a process inside `docker exec`), over a
+        channel slot kept free for this.
+        """
+        with contextlib.suppress(asyncssh.Error, OSError):
+            chan.send_signal("TERM")
+        with anyio.move_on_after(0.5):
+            await session.closed.wait()
+        if not session.closed.is_set():
+            with contextlib.suppress(asyncssh.Error, OSError):
+                chan.send_signal("KILL")
         if on_timeout is not None:
             extra = on_timeout()
-            parts.append(extra if isinstance(extra, str) else shlex.join(extra))
-        if pgid:
-            g = str(pgid)
-            parts.append(
-                # `kill -SIG -PGID`, not `kill -SIG -- -PGID`: dash rejects the `--` form.
-                f"kill -TERM -{g} 2>/dev/null || exit 0; for i in 1 2 3 4 5; do "
-                f"sleep 0.1; kill -0 -{g} 2>/dev/null || exit 0; done; kill -KILL -{g}"
-            )
-        if not parts:
-            return
-        script = "; ".join(f"( {p} )" for p in parts) + "; true"
-        with anyio.move_on_after(5), contextlib.suppress(asyncssh.Error, OSError):
-            async with link.control:
-                await link.conn.run(script, check=False)
+            script = extra if isinstance(extra, str) else shlex.join(extra)
+            with anyio.move_on_after(5), contextlib.suppress(asyncssh.Error, OSError):
+                async with link.control:
+                    await link.conn.run(script, check=False)
 
 
 class _CommandSession(asyncssh.SSHClientSession[str]):
@@ -433,7 +434,6 @@ class _CommandSession(asyncssh.SSHClientSession[str]):
         self.emit = emit
         self.lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
         self.partial: dict[str, str] = {"stdout": "", "stderr": ""}
-        self.pgid: int | None = None
         self.exit_code: int | None = None
         self.lost: Exception | None = None
         self.closed = anyio.Event()
@@ -445,11 +445,6 @@ class _CommandSession(asyncssh.SSHClientSession[str]):
             self._line(stream, line)
 
     def _line(self, stream: str, line: str) -> None:
-        if stream == "stderr" and self.pgid is None:
-            m = _PID_LINE.match(line)
-            if m:
-                self.pgid = int(m.group(1))
-                return
         self.lines[stream].append(line)
         if self.emit is not None:
             self.emit(OutputLine(host=self.host, stream=stream, line=line))  # type: ignore[arg-type]

@@ -361,7 +361,16 @@ class Lifecycle:
                 selections.get(host),
             )
 
-        await fan_out(list(plan.actions), pipeline)
+        try:
+            await fan_out(list(plan.actions), pipeline)
+        except BaseException:
+            # Interrupted (Ctrl-C) mid-start: per_run containers are disposable
+            # and half-started ones would only confuse the next run.
+            # A `docker run` cut short may still have created its container, so
+            # every launching host is cleaned (they were ours to replace anyway).
+            if self.cfg.lifetime == "per_run":
+                await self._roll_back(launching, states, "interrupted")
+            raise
         started = [h for h in launching if any(s == "run" for s, _ in outcomes[h].steps)]
         if self.cfg.lifetime == "per_run" and any(not o.ok for o in outcomes.values()):
             await self._roll_back(started, states, "a per_run start failed on some host")

@@ -171,9 +171,7 @@ def test_any_outcome_gives_valid_results_and_one_testcase_per_step_and_host(
 
 
 def test_junit_maps_statuses_to_failure_error_skipped() -> None:
-    run = outcome(
-        [a_step("a", n1="ok", n2="failed", n3="timeout", n4="unreachable", n5="skipped")]
-    )
+    run = outcome([a_step("a", n1="ok", n2="failed", n3="timeout", n4="unreachable", n5="skipped")])
     root = ET.fromstring(junit_xml(run))
     suite = root.find("testsuite")
     assert suite is not None

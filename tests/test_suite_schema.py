@@ -285,9 +285,7 @@ def result(status: str = "ok", code: int | None = 0, out: str = "", **kw: object
         ({}, result("failed", None, error="signal"), "failed", "signal"),
     ],
 )
-def test_judge(
-    expect: dict[str, object], res: HostResult, status: str, reason: str | None
-) -> None:
+def test_judge(expect: dict[str, object], res: HostResult, status: str, reason: str | None) -> None:
     judged = judge(step(expect=expect), res)
     assert judged.status == status
     if reason is None:

@@ -75,7 +75,16 @@ def _addresses_in_use() -> set[ipaddress.IPv4Network]:
 def claim_index() -> int:
     """Pick a free K (1..250) and claim it with RUN_ROOT/K. Call under `global_lock`."""
     in_use = _addresses_in_use()
-    for index in range(1, 251):
+    # Round-robin from the last claim rather than lowest-free: a sandbox just
+    # torn down does not hand its subnet (and stale host keys / observers of
+    # its paths) straight to the next one.
+    cursor = RUN_ROOT / ".next"
+    try:
+        start = int(cursor.read_text())
+    except (OSError, ValueError):
+        start = 1
+    start = start if 1 <= start <= 250 else 1
+    for index in [*range(start, 251), *range(1, start)]:
         subnet = ipaddress.ip_network(f"{SUBNET_PREFIX}.{index}.0/24")
         claim = RUN_ROOT / str(index)
         if claim.exists() or link_exists(bridge_name(index)):
@@ -84,6 +93,7 @@ def claim_index() -> int:
             continue
         claim.mkdir(mode=0o755)
         claim.chmod(0o755)
+        cursor.write_text(f"{index % 250 + 1}\n")
         return index
     raise SandboxError("no free sandbox subnet in 10.201.1-250.0/24; run `cvs sandbox down`")
 

@@ -1,0 +1,256 @@
+"""SSHPool against the real sandbox sshd: retries under throttling, fast final
+failures (auth, host key), accept-new, connection reuse.
+
+Variants of the sandbox cluster file are written to tmp_path rather than
+changing the shared sandbox; the one test that must change a daemon (the
+throttled sshd) restores it in a `finally`. The helpers at the top are shared
+with test_exec_cli.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import yaml
+
+from orchestrator.config import ClusterConfig, load_cluster
+from orchestrator.events import CollectingSink, Connected, ConnectFailed
+from orchestrator.results import HostResult
+from orchestrator.sandbox import Sandbox
+from orchestrator.sandbox.network import NETNS_DIR
+from orchestrator.sandbox.procs import cmdline
+from orchestrator.transport import SSHPool
+
+# -- helpers (also used by test_exec_cli.py) ---------------------------------
+
+
+def cluster_variant(sandbox: Sandbox, directory: Path, **changes: Any) -> Path:
+    """The sandbox's cluster file with top-level keys replaced (`ssh` is merged)."""
+    doc = yaml.safe_load(sandbox.cluster_file.read_text())
+    for key, value in changes.items():
+        if key == "ssh":
+            doc["ssh"] = {**doc["ssh"], **value}
+        elif value is None:
+            doc.pop(key, None)
+        else:
+            doc[key] = value
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "cluster.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def sandbox_pids(sandbox: Sandbox, argv: list[str]) -> list[int]:
+    """Processes running exactly `argv` inside this sandbox's hosts.
+
+    Matched by network namespace, not by user: the login users are shared by
+    every sandbox on the machine, and other test sessions may run the same
+    commands at the same time. Containers run with --network host, so their
+    processes are found too.
+    """
+    namespaces = set()
+    for h in sandbox.nodes:
+        st = os.stat(NETNS_DIR / str(h.netns))
+        namespaces.add((st.st_dev, st.st_ino))
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            st = os.stat(f"/proc/{entry}/ns/net")
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in namespaces and cmdline(int(entry), retry=False) == argv:
+            found.append(int(entry))
+    return found
+
+
+def wait_until(predicate: Any, timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
+
+
+# -- local helpers -------------------------------------------------------------
+
+
+def run_once(
+    config: ClusterConfig, command: str, hosts: list[str] | None = None
+) -> tuple[dict[str, HostResult], CollectingSink]:
+    sink = CollectingSink()
+
+    async def main() -> dict[str, HostResult]:
+        async with SSHPool(config, sink) as pool:
+            results: dict[str, HostResult] = {}
+            async with anyio.create_task_group() as tg:
+                for host in hosts or [h.name for h in config.hosts]:
+
+                    async def one(h: str = host) -> None:
+                        results[h] = await pool.run(h, command, timeout=30)
+
+                    tg.start_soon(one)
+            return results
+
+    return anyio.run(main), sink
+
+
+def keygen(path: Path) -> Path:
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "stranger", "-f", str(path)],
+        check=True,
+    )
+    return path
+
+
+def known_hosts_line(sandbox: Sandbox, host: str) -> str:
+    address = sandbox.host(host).address
+    for line in sandbox.known_hosts.read_text().splitlines():
+        if line.split()[0] == address:
+            return line
+    raise KeyError(host)
+
+
+def foreign_known_hosts(sandbox: Sandbox, host: str, path: Path) -> Path:
+    """A known_hosts file holding some other key for `host`'s address."""
+    key = keygen(path.parent / "foreign_host_key")
+    key_type, key_b64 = key.with_suffix(".pub").read_text().split()[:2]
+    path.write_text(f"{sandbox.host(host).address} {key_type} {key_b64}\n")
+    return path
+
+
+@contextlib.contextmanager
+def sshd_option(sandbox: Sandbox, host: str, key: str, value: str) -> Iterator[None]:
+    """Run `host`'s sshd with one extra option; restore the shared sandbox after."""
+    try:
+        sandbox.set_sshd_option(host, key, value)
+        yield
+    finally:
+        sandbox.host(host).sshd_options.pop(key, None)
+        sandbox.restart_sshd(host)
+
+
+# -- tests ---------------------------------------------------------------------
+
+
+def test_throttled_sshd_serves_a_50_way_fan_out_thanks_to_retries(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    # Fifty names for node1's address: fifty clients handshake with one sshd
+    # that drops every unauthenticated connection beyond three.
+    address = sandbox.host("node1").address
+    path = cluster_variant(
+        sandbox,
+        tmp_path,
+        hosts=[{"name": f"alias{i:02d}", "address": address} for i in range(50)],
+        concurrency={"handshakes": 50},
+        # Fifty clients on one sshd is far harsher than a fleet of throttled
+        # hosts: give the backoff room so the test pins "retries help", not
+        # "the default budget happens to suffice on a loaded CI box".
+        ssh={"connect_retries": 12},
+    )
+    with sshd_option(sandbox, "node1", "MaxStartups", "3:100:3"):
+        results, sink = run_once(load_cluster(path), "true")
+    assert {r.status for r in results.values()} == {"ok"}, [
+        (r.host, r.error) for r in results.values() if not r.ok
+    ]
+    attempts = [e.attempts for e in sink.of(Connected)]
+    assert len(attempts) == 50
+    assert max(attempts) > 1, "sshd never refused a handshake: the throttle did not bite"
+
+
+def test_wrong_key_fails_fast_as_auth_without_retries(sandbox: Sandbox, tmp_path: Path) -> None:
+    key = keygen(tmp_path / "id_stranger")
+    path = cluster_variant(sandbox, tmp_path, ssh={"identity_files": [str(key)]})
+    started = time.monotonic()
+    results, sink = run_once(load_cluster(path), "true", hosts=["node1"])
+    elapsed = time.monotonic() - started
+    assert results["node1"].status == "auth"
+    assert "authentication failed" in (results["node1"].error or "")
+    [failed] = sink.of(ConnectFailed)
+    assert failed.attempts == 1
+    # The retry backoff alone would add seconds; a single handshake takes ~0.1 s.
+    assert elapsed < 2.0
+
+
+def test_changed_host_key_fails_as_host_key_under_strict(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    known = foreign_known_hosts(sandbox, "node1", tmp_path / "known_hosts")
+    path = cluster_variant(
+        sandbox, tmp_path, ssh={"known_hosts": str(known), "host_key_policy": "strict"}
+    )
+    results, sink = run_once(load_cluster(path), "true", hosts=["node1"])
+    assert results["node1"].status == "host_key"
+    assert [e.attempts for e in sink.of(ConnectFailed)] == [1]
+
+
+def test_accept_new_trusts_an_unknown_host_and_records_its_key(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    path = cluster_variant(
+        sandbox, tmp_path, ssh={"known_hosts": str(known), "host_key_policy": "accept-new"}
+    )
+    results, _ = run_once(load_cluster(path), "true", hosts=["node1"])
+    assert results["node1"].status == "ok", results["node1"].error
+    recorded = known.read_text().splitlines()
+    expected = known_hosts_line(sandbox, "node1").split()
+    assert [line.split()[:3] for line in recorded] == [expected[:3]]
+
+
+def test_accept_new_still_refuses_a_changed_host_key(sandbox: Sandbox, tmp_path: Path) -> None:
+    known = foreign_known_hosts(sandbox, "node1", tmp_path / "known_hosts")
+    before = known.read_text()
+    path = cluster_variant(
+        sandbox, tmp_path, ssh={"known_hosts": str(known), "host_key_policy": "accept-new"}
+    )
+    results, sink = run_once(load_cluster(path), "true", hosts=["node1"])
+    assert results["node1"].status == "host_key"
+    assert [e.attempts for e in sink.of(ConnectFailed)] == [1]
+    assert known.read_text() == before
+
+
+def test_one_connection_per_host_serves_every_command(sandbox: Sandbox) -> None:
+    config = load_cluster(sandbox.cluster_file)
+    hosts = [h.name for h in config.hosts]
+
+    async def main() -> tuple[int, list[str]]:
+        async with SSHPool(config) as pool:
+            statuses = []
+            for _ in range(3):
+                async with anyio.create_task_group() as tg:
+                    for host in hosts:
+
+                        async def one(h: str = host) -> None:
+                            statuses.append((await pool.run(h, ["true"])).status)
+
+                        tg.start_soon(one)
+            return pool.connects, statuses
+
+    connects, statuses = anyio.run(main)
+    assert statuses == ["ok"] * 12
+    assert connects == len(hosts)
+
+
+@pytest.mark.parametrize("policy", ["strict", "accept-new"])
+def test_known_host_connects_under_either_checking_policy(
+    sandbox: Sandbox, tmp_path: Path, policy: str
+) -> None:
+    path = cluster_variant(sandbox, tmp_path, ssh={"host_key_policy": policy})
+    before = sandbox.known_hosts.read_text()
+    results, sink = run_once(load_cluster(path), "true", hosts=["node1"])
+    assert results["node1"].status == "ok", results["node1"].error
+    assert [e.attempts for e in sink.of(Connected)] == [1]
+    assert sandbox.known_hosts.read_text() == before

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -116,8 +117,8 @@ def exec_stdout(cluster: Path, host: str, *command: str) -> str:
 @pytest.fixture
 def container_name(sandbox: Sandbox, request: pytest.FixtureRequest) -> Iterator[str]:
     """A container name of this test's own, removed from every host afterwards."""
-    name = "cvs-res-" + request.node.name.removeprefix("test_").replace("_", "-")[:40]
-    name = name.replace("[", "-").replace("]", "")
+    words = re.sub(r"[^a-zA-Z0-9.]+", "-", request.node.name.removeprefix("test_")).strip("-")
+    name = f"cvs-res-{words}"[:120]
     remove_everywhere(sandbox, name)
     yield name
     remove_everywhere(sandbox, name)

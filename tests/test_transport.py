@@ -183,9 +183,7 @@ def test_wrong_key_fails_fast_as_auth_without_retries(sandbox: Sandbox, tmp_path
     assert elapsed < 2.0
 
 
-def test_changed_host_key_fails_as_host_key_under_strict(
-    sandbox: Sandbox, tmp_path: Path
-) -> None:
+def test_changed_host_key_fails_as_host_key_under_strict(sandbox: Sandbox, tmp_path: Path) -> None:
     known = foreign_known_hosts(sandbox, "node1", tmp_path / "known_hosts")
     path = cluster_variant(
         sandbox, tmp_path, ssh={"known_hosts": str(known), "host_key_policy": "strict"}

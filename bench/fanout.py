@@ -21,10 +21,10 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.loopback import loopback_farm  # noqa: E402
-from orchestrator.config import ClusterConfig  # noqa: E402
-from orchestrator.fanout import run_on_hosts  # noqa: E402
-from orchestrator.transport import SSHPool  # noqa: E402
+from bench.loopback import loopback_farm
+from orchestrator.config import ClusterConfig
+from orchestrator.fanout import run_on_hosts
+from orchestrator.transport import SSHPool
 
 
 def ours(cfg: ClusterConfig) -> tuple[float, float, int]:

@@ -7,6 +7,7 @@ cheap (root's rc files on these machines are slow).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -122,8 +123,6 @@ def loopback_farm(count: int, *, max_startups: str = "200:30:400") -> Iterator[L
         yield LoopbackFarm(directory, addresses, key, known, pids)
     finally:
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         shutil.rmtree(directory, ignore_errors=True)

@@ -12,16 +12,11 @@ from __future__ import annotations
 
 import difflib
 import getpass
-import json
 import os
 import re
-import types
-import typing
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -31,6 +26,16 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.documents import (
+    ConfigError,
+    Located,
+    describe_value,
+    first_problem,
+    one_line,
+    parse_document,
+    read_document_text,
+    validation_lines,
+)
 from orchestrator.hostlist import HostlistError, expand_hostlist
 from orchestrator.units import parse_size
 
@@ -47,10 +52,6 @@ IMAGE_REF_RE = re.compile(
 )
 HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class ConfigError(Exception):
-    """A cluster (or suite) file is unusable. `str()` is one line for the user."""
 
 
 class Model(BaseModel):
@@ -307,432 +308,12 @@ class ClusterConfig(Model):
 # --------------------------------------------------------------------------
 
 
-class _MarkedDict(dict):
-    """A YAML mapping that remembers where each key was written."""
-
-    mark: yaml.Mark | None = None
-    key_marks: dict[Any, yaml.Mark]
-
-
-class _MarkedList(list):
-    """A YAML sequence that remembers where each item was written."""
-
-    mark: yaml.Mark | None = None
-    item_marks: list[yaml.Mark]
-
-
-class _MarkingLoader(yaml.SafeLoader):
-    """SafeLoader that records node positions and refuses duplicate keys.
-
-    PyYAML silently keeps the last of two equal keys; in a cluster file that
-    hides a mistake (two `ssh:` blocks, one ignored), so it is an error here.
-    """
-
-
-def _construct_mapping(loader: _MarkingLoader, node: yaml.MappingNode) -> _MarkedDict:
-    explicit = sum(1 for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge")
-    loader.flatten_mapping(node)
-    # After flattening, merged (`<<: *anchor`) pairs come first; explicit keys
-    # may override those, but not repeat each other.
-    first_explicit = len(node.value) - explicit
-    out = _MarkedDict()
-    out.mark = node.start_mark
-    out.key_marks = {}
-    for index, (key_node, value_node) in enumerate(node.value):
-        key = loader.construct_object(key_node, deep=True)
-        try:
-            hash(key)
-        except TypeError:
-            raise yaml.constructor.ConstructorError(
-                None, None, "a mapping key must be a plain value", key_node.start_mark
-            ) from None
-        if key in out and index >= first_explicit and out.key_marks[key].line >= 0:
-            raise yaml.constructor.ConstructorError(
-                None,
-                None,
-                f"duplicate key {key!r} (first at line {out.key_marks[key].line + 1})",
-                key_node.start_mark,
-            )
-        out[key] = loader.construct_object(value_node, deep=True)
-        mark = key_node.start_mark
-        if index < first_explicit:
-            # Merged from elsewhere: a later explicit key may override it.
-            mark = yaml.Mark(mark.name, mark.index, -1 - mark.line, mark.column, None, None)
-        out.key_marks[key] = mark
-    return out
-
-
-def _construct_sequence(loader: _MarkingLoader, node: yaml.SequenceNode) -> _MarkedList:
-    out = _MarkedList(loader.construct_object(child, deep=True) for child in node.value)
-    out.mark = node.start_mark
-    out.item_marks = [child.start_mark for child in node.value]
-    return out
-
-
-_MarkingLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
-_MarkingLoader.add_constructor("tag:yaml.org,2002:seq", _construct_sequence)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-def _line_of(mark: yaml.Mark | None) -> int | None:
-    if mark is None:
-        return None
-    line = mark.line if mark.line >= 0 else -1 - mark.line
-    return line + 1
-
-
-def _yaml_error(source: str, exc: yaml.YAMLError) -> ConfigError:
-    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc)
-    context = getattr(exc, "context", None)
-    context_mark = getattr(exc, "context_mark", None)
-    message = _one_line(problem)
-    if context and context_mark is not None and context_mark is not mark:
-        message += f" ({_one_line(context)} at line {context_mark.line + 1})"
-    if mark is None:
-        return ConfigError(f"{source}: YAML error: {message}")
-    return ConfigError(f"{source}:{mark.line + 1}:{mark.column + 1}: {message}")
-
-
-class _DuplicateJSONKey(Exception):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            # JSON parsers keep the last duplicate; in node_dict that silently
-            # drops a host, so refuse.
-            raise _DuplicateJSONKey(key)
-        out[key] = value
-    return out
-
-
-def _parse_json(text: str, source: str) -> Any:
-    try:
-        return json.loads(text, object_pairs_hook=_json_object)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{source}:{exc.lineno}:{exc.colno}: {exc.msg}") from None
-    except _DuplicateJSONKey as exc:
-        raise ConfigError(f"{source}: duplicate key {exc.key!r} in a JSON object") from None
-
-
-def _parse_text(text: str, source: str) -> Any:
-    if text.startswith("\ufeff"):
-        text = text[1:]
-    if source.lower().endswith(".json"):
-        return _parse_json(text, source)
-    try:
-        return yaml.load(text, Loader=_MarkingLoader)
-    except yaml.YAMLError as exc:
-        if text.lstrip().startswith("{"):
-            # JSON that YAML rejects (tabs, for one) is still a valid cluster file.
-            try:
-                return json.loads(text, object_pairs_hook=_json_object)
-            except (ValueError, _DuplicateJSONKey, RecursionError):
-                pass
-        raise _yaml_error(source, exc) from None
-
-
-# ---- describing values and paths in plain words ---------------------------
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "nothing (null)"
-    if isinstance(value, bool):
-        return f"a boolean ({'true' if value else 'false'})"
-    if isinstance(value, int):
-        return f"an integer ({value})"
-    if isinstance(value, float):
-        return f"a number ({value})"
-    if isinstance(value, str):
-        shown = value if len(value) <= 60 else value[:57] + "..."
-        return f"a string ({shown!r})"
-    if isinstance(value, list | tuple | set):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping"
-    return f"a {type(value).__name__}"
-
-
-def _format_path(path: list[Any] | tuple[Any, ...]) -> str:
-    out = ""
-    for el in path:
-        if isinstance(el, int) and not isinstance(el, bool):
-            out += f"[{el}]"
-        elif isinstance(el, str) and re.match(r"^[A-Za-z_][A-Za-z0-9_-]*$", el):
-            out += f".{el}" if out else el
-        else:
-            out += f"[{el!r}]"
-    return out or "(top level)"
-
-
-def _lookup_mark(root: Any, path: list[Any]) -> yaml.Mark | None:
-    """The position of the deepest part of `path` that exists in the raw data."""
-    mark = getattr(root, "mark", None)
-    node = root
-    for el in path:
-        if isinstance(node, _MarkedDict) and el in node:
-            mark = node.key_marks.get(el, mark)
-            node = node[el]
-        elif (
-            isinstance(node, _MarkedList)
-            and isinstance(el, int)
-            and not isinstance(el, bool)
-            and 0 <= el < len(node)
-        ):
-            mark = node.item_marks[el]
-            node = node[el]
-        else:
-            break
-    return mark
-
-
-class _Located:
-    """Builds `FILE[:LINE]: key.path: message` lines for one source."""
-
-    def __init__(self, source: str, raw: Any) -> None:
-        self.source = source
-        self.raw = raw
-
-    def error(self, path: list[Any], message: str) -> str:
-        line = _line_of(_lookup_mark(self.raw, path))
-        where = f"{self.source}:{line}" if line is not None else self.source
-        return _one_line(f"{where}: {_format_path(path)}: {message}")
-
-
-# ---- pydantic errors -> one line ------------------------------------------
-
-
-def _unwrap(tp: Any) -> Any:
-    while typing.get_origin(tp) is Annotated:
-        tp = typing.get_args(tp)[0]
-    return tp
-
-
-def _union_members(tp: Any) -> list[Any] | None:
-    origin = typing.get_origin(tp)
-    if origin is typing.Union or origin is types.UnionType:
-        members = [_unwrap(m) for m in typing.get_args(tp) if m is not type(None)]
-        return members if len(members) > 1 else None
-    return None
-
-
-def _strip_none(tp: Any) -> Any:
-    tp = _unwrap(tp)
-    origin = typing.get_origin(tp)
-    if origin is typing.Union or origin is types.UnionType:
-        members = [m for m in typing.get_args(tp) if m is not type(None)]
-        if len(members) == 1:
-            return _unwrap(members[0])
-    return tp
-
-
-def _is_model(tp: Any) -> bool:
-    return isinstance(tp, type) and issubclass(tp, BaseModel)
-
-
-def _branch_words(tag: str) -> str:
-    if tag.startswith("literal["):
-        return tag[len("literal[") : -1].replace("True", "true").replace("False", "false")
-    return {
-        "str": "a string",
-        "int": "an integer",
-        "float": "a number",
-        "bool": "true or false",
-        "list": "a list",
-        "dict": "a mapping",
-    }.get(tag, "a mapping")
-
-
-class _ErrorPath:
-    """A pydantic error location walked against the model's types.
-
-    Union members show up in pydantic's location as tags (`GPURequest`,
-    `literal['all']`); they are dropped from the user-facing path but kept
-    so that errors from the branches of one union can be merged.
-    """
-
-    def __init__(self, loc: tuple[Any, ...]) -> None:
-        self.path: list[Any] = []
-        self.union_at: int | None = None  # len(self.path) where a union branched
-        self.branch: str | None = None
-        self.branch_is_model = False
-        self.depth_after_branch = 0
-        self.model: type[BaseModel] | None = None  # model owning the last key
-        self.dict_key = False
-        tp: Any = ClusterConfig
-        for el in loc:
-            tp = _strip_none(tp)
-            members = _union_members(tp)
-            if members is not None and isinstance(el, str) and self.union_at is None:
-                self.union_at = len(self.path)
-                self.branch = el
-                chosen = next(
-                    (m for m in members if _is_model(m) and m.__name__ == el),
-                    None,
-                )
-                self.branch_is_model = chosen is not None
-                tp = chosen if chosen is not None else Any
-                continue
-            if self.union_at is not None:
-                self.depth_after_branch += 1
-            if _is_model(tp):
-                self.model = tp
-                fields = tp.model_fields
-                self.path.append(el)
-                tp = fields[el].annotation if isinstance(el, str) and el in fields else Any
-                continue
-            origin = typing.get_origin(tp)
-            if el == "[key]":
-                self.dict_key = True
-                continue
-            self.path.append(el)
-            if origin is list and isinstance(el, int):
-                tp = typing.get_args(tp)[0]
-            elif origin is dict:
-                tp = typing.get_args(tp)[1]
-            else:
-                tp = Any
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return repr(value)
-
-
-def _num(value: Any) -> str:
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
-
-
-def _error_message(err: dict[str, Any], where: _ErrorPath) -> str:
-    kind = err["type"]
-    value = err.get("input")
-    ctx = err.get("ctx") or {}
-    got = _describe(value)
-    if kind == "extra_forbidden":
-        key = where.path[-1] if where.path else "?"
-        fields = list(where.model.model_fields) if where.model is not None else []
-        fields = [f for f in fields if f != "source"]
-        close = difflib.get_close_matches(str(key), fields, n=1, cutoff=0.6)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        if not hint and fields:
-            hint = f" (known keys: {', '.join(fields)})"
-        return f"unknown key{hint}"
-    if kind == "missing":
-        return "required key is missing"
-    if kind == "invalid_key":
-        return "keys must be strings"
-    if kind in ("value_error", "assertion_error"):
-        error = ctx.get("error")
-        return str(error) if error is not None else err["msg"].removeprefix("Value error, ")
-    if kind == "literal_error":
-        expected = str(ctx.get("expected", "")).replace("True", "true").replace("False", "false")
-        return f"invalid value: expected {expected}, got {got}"
-    if kind in ("int_parsing", "int_type"):
-        return f"expected an integer, got {got}"
-    if kind == "int_from_float":
-        return f"expected a whole number, got {got}"
-    if kind in ("float_parsing", "float_type"):
-        return f"expected a number, got {got}"
-    if kind in ("bool_parsing", "bool_type"):
-        return f"expected true or false, got {got}"
-    if kind == "string_type":
-        hint = " (quote it)" if isinstance(value, int | float) else ""
-        noun = "key" if where.dict_key else "value"
-        return f"expected a string {noun}, got {got}{hint}"
-    if kind in ("list_type", "tuple_type", "set_type"):
-        return f"expected a list, got {got}"
-    if kind in ("dict_type", "model_type", "model_attributes_type"):
-        return f"expected a mapping, got {got}"
-    if kind == "greater_than":
-        return f"must be greater than {_num(ctx.get('gt'))}, got {_show(value)}"
-    if kind == "greater_than_equal":
-        return f"must be at least {_num(ctx.get('ge'))}, got {_show(value)}"
-    if kind == "less_than":
-        return f"must be less than {_num(ctx.get('lt'))}, got {_show(value)}"
-    if kind == "less_than_equal":
-        return f"must be at most {_num(ctx.get('le'))}, got {_show(value)}"
-    if kind in ("finite_number",):
-        return f"must be a finite number, got {_show(value)}"
-    return _one_line(err.get("msg", kind))
-
-
-def _validation_lines(
-    errors: list[Any], located: _Located, user_path: Callable[[list[Any]], list[Any]]
-) -> list[str]:
-    """One message per problem, union branches merged, in pydantic's order.
-
-    `user_path` maps a path in the validated document to the path as written
-    in the file (hosts are expanded before validation).
-    """
-    walked = [_ErrorPath(tuple(e["loc"])) for e in errors]
-    for w in walked:
-        w.path = user_path(w.path)
-    lines: list[str] = []
-    done_unions: set[tuple[str, ...]] = set()
-    for err, where in zip(errors, walked, strict=True):
-        if where.union_at is not None:
-            key = tuple(map(str, where.path[: where.union_at]))
-            if key in done_unions:
-                continue
-            done_unions.add(key)
-            group = [
-                (e, w)
-                for e, w in zip(errors, walked, strict=True)
-                if w.union_at is not None and tuple(map(str, w.path[: w.union_at])) == key
-            ]
-            deeper = [(e, w) for e, w in group if w.branch_is_model and w.depth_after_branch]
-            if deeper:
-                # The value was a mapping meant for the model branch: report
-                # what is wrong inside it, not that it isn't 'all'.
-                for e, w in deeper:
-                    lines.append(located.error(w.path, _error_message(e, w)))
-                continue
-            union_path = where.path[: where.union_at]
-            choices: list[str] = []
-            for _, w in group:
-                words = _branch_words(w.branch or "")
-                if words not in choices:
-                    choices.append(words)
-            got = _describe(err.get("input"))
-            lines.append(
-                located.error(
-                    union_path,
-                    f"expected {' or '.join(choices)}, got {got}",
-                )
-            )
-            continue
-        lines.append(located.error(where.path, _error_message(err, where)))
-    # A hostlist entry that expanded to many hosts yields the same complaint
-    # once per host; say it once.
-    return list(dict.fromkeys(lines))
-
-
-def _first_of(lines: list[str]) -> ConfigError:
-    first = lines[0]
-    more = len(lines) - 1
-    if more:
-        first += f" (and {more} more problem{'s' if more > 1 else ''})"
-    return ConfigError(first)
-
-
 # ---- hosts -----------------------------------------------------------------
 
 _HOST_OVERRIDES = tuple(f for f in HostSpec.model_fields if f != "name")
 
 
-def _expand_hosts(raw_hosts: Any, located: _Located) -> tuple[list[Any], list[int]]:
+def _expand_hosts(raw_hosts: Any, located: Located) -> tuple[list[Any], list[int]]:
     """Expanded host entries, and for each the index of the entry it came from."""
     if isinstance(raw_hosts, str):
         raw_hosts = [raw_hosts]
@@ -743,7 +324,7 @@ def _expand_hosts(raw_hosts: Any, located: _Located) -> tuple[list[Any], list[in
         raise ConfigError(located.error(["hosts"], "the host list is empty"))
     if not isinstance(raw_hosts, list):
         raise ConfigError(
-            located.error(["hosts"], f"expected a list of hosts, got {_describe(raw_hosts)}")
+            located.error(["hosts"], f"expected a list of hosts, got {describe_value(raw_hosts)}")
         )
     entries: list[Any] = []
     origins: list[int] = []
@@ -757,7 +338,9 @@ def _expand_hosts(raw_hosts: Any, located: _Located) -> tuple[list[Any], list[in
             expr = item["name"]
             if not isinstance(expr, str):
                 raise ConfigError(
-                    located.error([*path, "name"], f"expected a host name, got {_describe(expr)}")
+                    located.error(
+                        [*path, "name"], f"expected a host name, got {describe_value(expr)}"
+                    )
                 )
             overrides = {k: v for k, v in item.items() if k != "name"}
         else:
@@ -765,7 +348,7 @@ def _expand_hosts(raw_hosts: Any, located: _Located) -> tuple[list[Any], list[in
                 located.error(
                     path,
                     f"expected a host name, address, hostlist or a mapping with 'name', "
-                    f"got {_describe(item)}",
+                    f"got {describe_value(item)}",
                 )
             )
         try:
@@ -848,13 +431,13 @@ def _replace_user(value: Any, user: str) -> Any:
     return value
 
 
-def _unknown(located: _Located, path: list[Any], key: Any, known: set[str]) -> ConfigError:
+def _unknown(located: Located, path: list[Any], key: Any, known: set[str]) -> ConfigError:
     close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return ConfigError(located.error([*path, key], f"unknown key in a CVS cluster file{hint}"))
 
 
-def _cvs_container(block: Any, located: _Located) -> Any:
+def _cvs_container(block: Any, located: Located) -> Any:
     if not isinstance(block, dict):
         return block  # the model reports the type
     out = {k: v for k, v in block.items() if not _cvs_comment(k) and k != "runtime"}
@@ -863,7 +446,9 @@ def _cvs_container(block: Any, located: _Located) -> Any:
         return out
     if not isinstance(runtime, dict):
         raise ConfigError(
-            located.error(["container", "runtime"], f"expected a mapping, got {_describe(runtime)}")
+            located.error(
+                ["container", "runtime"], f"expected a mapping, got {describe_value(runtime)}"
+            )
         )
     for key in runtime:
         if not _cvs_comment(key) and key not in ("name", "args"):
@@ -879,7 +464,7 @@ def _cvs_container(block: Any, located: _Located) -> Any:
     if not isinstance(args, dict):
         raise ConfigError(
             located.error(
-                ["container", "runtime", "args"], f"expected a mapping, got {_describe(args)}"
+                ["container", "runtime", "args"], f"expected a mapping, got {describe_value(args)}"
             )
         )
     for key, value in args.items():
@@ -896,7 +481,7 @@ def _cvs_container(block: Any, located: _Located) -> Any:
                     raise ConfigError(
                         located.error(
                             ["container", "runtime", "args", "ulimits"],
-                            f"expected NAME=VALUE entries, got {_describe(item)}",
+                            f"expected NAME=VALUE entries, got {describe_value(item)}",
                         )
                     )
                 limit, _, amount = item.partition("=")
@@ -913,9 +498,9 @@ def _cvs_container(block: Any, located: _Located) -> Any:
     return out
 
 
-def _from_cvs(data: dict[str, Any], located: _Located) -> dict[str, Any]:
+def _from_cvs(data: dict[str, Any], located: Located) -> dict[str, Any]:
     data = _replace_user(data, getpass.getuser())
-    located = _Located(located.source, None)  # positions don't survive the rewrite
+    located = Located(located.source, None)  # positions don't survive the rewrite
     for key in data:
         if _cvs_comment(key) or key in _CVS_TOP_KEYS or key in _CVS_IGNORED_KEYS:
             continue
@@ -923,7 +508,9 @@ def _from_cvs(data: dict[str, Any], located: _Located) -> dict[str, Any]:
     nodes = data["node_dict"]
     if not isinstance(nodes, dict):
         raise ConfigError(
-            located.error(["node_dict"], f"expected a mapping of hosts, got {_describe(nodes)}")
+            located.error(
+                ["node_dict"], f"expected a mapping of hosts, got {describe_value(nodes)}"
+            )
         )
     hosts: list[dict[str, Any]] = []
     for name, node in nodes.items():
@@ -934,7 +521,9 @@ def _from_cvs(data: dict[str, Any], located: _Located) -> dict[str, Any]:
             node = {}
         if not isinstance(node, dict):
             raise ConfigError(
-                located.error(["node_dict", name], f"expected a mapping, got {_describe(node)}")
+                located.error(
+                    ["node_dict", name], f"expected a mapping, got {describe_value(node)}"
+                )
             )
         for key in node:
             if not _cvs_comment(key) and key not in _CVS_NODE_KEYS:
@@ -961,7 +550,7 @@ def _from_cvs(data: dict[str, Any], located: _Located) -> dict[str, Any]:
             out["head"] = mgmt
     elif head is not None:
         raise ConfigError(
-            located.error(["head_node_dict"], f"expected a mapping, got {_describe(head)}")
+            located.error(["head_node_dict"], f"expected a mapping, got {describe_value(head)}")
         )
     if data.get("env_vars") is not None:
         out["env"] = data["env_vars"]
@@ -983,7 +572,7 @@ def _resolve(path: str, base_dir: Path) -> str:
 
 
 def _resolve_paths(
-    cluster: ClusterConfig, base_dir: Path, located: _Located, check_files: bool
+    cluster: ClusterConfig, base_dir: Path, located: Located, check_files: bool
 ) -> ClusterConfig:
     identity: list[str] = []
     for index, path in enumerate(cluster.ssh.identity_files):
@@ -1024,20 +613,22 @@ def cluster_from_data(
     data: Any, source: str, base_dir: Path, *, check_files: bool = True
 ) -> ClusterConfig:
     """Validate already-parsed cluster data (a YAML/JSON document)."""
-    located = _Located(source, data)
+    located = Located(source, data)
     if data is None:
         raise ConfigError(f"{source}: the file is empty (expected a mapping with 'hosts')")
     if not isinstance(data, dict):
         raise ConfigError(
             f"{source}: the top level must be a mapping of keys (hosts, ssh, container, ...), "
-            f"got {_describe(data)}"
+            f"got {describe_value(data)}"
         )
     for key in data:
         if not isinstance(key, str):
-            raise ConfigError(located.error([key], f"keys must be strings, got {_describe(key)}"))
+            raise ConfigError(
+                located.error([key], f"keys must be strings, got {describe_value(key)}")
+            )
     if is_cvs_cluster(data):
         data = _from_cvs(data, located)
-        located = _Located(source, None)
+        located = Located(source, None)
     else:
         # `x-...` top-level keys are free for YAML anchors to hang on (the
         # docker compose convention): `x-caps: &caps {max_cpus: 8}`.
@@ -1074,8 +665,8 @@ def cluster_from_data(
     try:
         cluster = ClusterConfig.model_validate(document)
     except ValidationError as exc:
-        lines = _validation_lines(exc.errors(include_url=False), located, user_path)
-        raise _first_of(lines) from None
+        lines = validation_lines(exc.errors(include_url=False), located, user_path, ClusterConfig)
+        raise first_problem(lines) from None
     return _resolve_paths(cluster, base_dir, located, check_files)
 
 
@@ -1085,14 +676,14 @@ def parse_cluster(
     """Parse cluster-file text. `source` names the file in messages; relative
     paths in it resolve against `base_dir`. Raises ConfigError only."""
     try:
-        data = _parse_text(text, source)
+        data = parse_document(text, source)
         return cluster_from_data(data, source, Path(base_dir), check_files=check_files)
     except ConfigError:
         raise
     except RecursionError:
         raise ConfigError(f"{source}: nested too deeply") from None
     except Exception as exc:  # any parser/validator surprise is still a config problem
-        raise ConfigError(f"{source}: {_one_line(f'{type(exc).__name__}: {exc}')}") from None
+        raise ConfigError(f"{source}: {one_line(f'{type(exc).__name__}: {exc}')}") from None
 
 
 def load_cluster(path: str | Path, *, check_files: bool = True) -> ClusterConfig:
@@ -1102,23 +693,9 @@ def load_cluster(path: str | Path, *, check_files: bool = True) -> ClusterConfig
     setup script (`cvs validate --no-check-files`, samples on another box).
     """
     source = str(path)
-    p = Path(os.path.expanduser(source))
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"{source}: no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{source}: is a directory, not a cluster file") from None
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise ConfigError(
-            f"{source}:{line}: not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})"
-        ) from None
-    return parse_cluster(text, source, p.resolve().parent, check_files=check_files)
+    text = read_document_text(source, "cluster file")
+    base_dir = Path(os.path.expanduser(source)).resolve().parent
+    return parse_cluster(text, source, base_dir, check_files=check_files)
 
 
 # ---- derived views -----------------------------------------------------------

@@ -29,15 +29,15 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from .config import (
-    ENV_NAME_RE,
+from .config import ENV_NAME_RE, Model
+from .documents import (
     ConfigError,
-    Model,
-    _describe,
-    _Located,
-    _MarkingLoader,
-    _one_line,
-    _yaml_error,
+    Located,
+    MarkingLoader,
+    describe_value,
+    one_line,
+    read_document_text,
+    yaml_error,
 )
 
 SUITE_SUFFIXES = (".yaml", ".yml")
@@ -174,24 +174,24 @@ def _message(err: dict[str, Any]) -> str:
         error = ctx.get("error")
         return str(error) if error is not None else err["msg"].removeprefix("Value error, ")
     if kind == "literal_error":
-        return f"invalid value: expected {ctx.get('expected')}, got {_describe(value)}"
+        return f"invalid value: expected {ctx.get('expected')}, got {describe_value(value)}"
     if kind == "too_short":
         return "needs at least one entry"
     if kind == "greater_than":
         return f"must be greater than {ctx.get('gt')}, got {value!r}"
     if kind in ("string_type",):
-        return f"expected a string, got {_describe(value)}"
+        return f"expected a string, got {describe_value(value)}"
     if kind in ("int_parsing", "int_type", "int_from_float"):
-        return f"expected an integer, got {_describe(value)}"
+        return f"expected an integer, got {describe_value(value)}"
     if kind in ("float_parsing", "float_type"):
-        return f"expected a number, got {_describe(value)}"
+        return f"expected a number, got {describe_value(value)}"
     if kind in ("bool_parsing", "bool_type"):
-        return f"expected true or false, got {_describe(value)}"
+        return f"expected true or false, got {describe_value(value)}"
     if kind == "list_type":
-        return f"expected a list, got {_describe(value)}"
+        return f"expected a list, got {describe_value(value)}"
     if kind in ("dict_type", "model_type"):
-        return f"expected a mapping, got {_describe(value)}"
-    return _one_line(err.get("msg", kind))
+        return f"expected a mapping, got {describe_value(value)}"
+    return one_line(err.get("msg", kind))
 
 
 def _step_label(data: Any, path: list[Any]) -> str:
@@ -224,12 +224,12 @@ def _on_key_fix(data: dict[Any, Any]) -> None:
 def suite_from_data(data: Any, source: str) -> Suite:
     """Validate an already-parsed suite document; `source` names it in messages."""
     if not isinstance(data, dict):
-        got = "an empty file" if data is None else _describe(data)
+        got = "an empty file" if data is None else describe_value(data)
         raise ConfigError(f"{source}: expected a mapping with 'name' and 'steps', got {got}")
     if "source" in data:
         raise ConfigError(f"{source}: source: is set by the loader; remove it")
     _on_key_fix(data)
-    located = _Located(source, data)
+    located = Located(source, data)
     try:
         return Suite.model_validate({**data, "source": source})
     except ValidationError as exc:
@@ -247,9 +247,9 @@ def suite_from_data(data: Any, source: str) -> Suite:
 def parse_suite(text: str, source: str) -> Suite:
     """Parse suite YAML text. Raises ConfigError only, with a one-line message."""
     try:
-        data = yaml.load(text, Loader=_MarkingLoader)
+        data = yaml.load(text, Loader=MarkingLoader)
     except yaml.YAMLError as exc:
-        raise _yaml_error(source, exc) from None
+        raise yaml_error(source, exc) from None
     except RecursionError:
         raise ConfigError(f"{source}: nested too deeply") from None
     return suite_from_data(data, source)
@@ -257,19 +257,8 @@ def parse_suite(text: str, source: str) -> Suite:
 
 def load_suite(path: str | Path | Traversable) -> Suite:
     source = str(path)
-    try:
-        raw = path.read_bytes() if not isinstance(path, str) else Path(path).read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"{source}: no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{source}: is a directory, not a suite file") from None
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{source}: not valid UTF-8 (at byte offset {exc.start})") from None
-    return parse_suite(text.removeprefix("\ufeff"), source)
+    text = read_document_text(source if isinstance(path, str | Path) else path, "suite file")
+    return parse_suite(text, source)
 
 
 # ---- lookup -------------------------------------------------------------------

@@ -30,6 +30,7 @@ import pytest
 import yaml
 
 from orchestrator.api import Cluster
+from orchestrator.cli import build_parser
 from orchestrator.events import CollectingSink, CommandStarted
 from orchestrator.runtime.docker import LABEL_MANAGED
 from orchestrator.sandbox import BASE_TAG, NO_DOCKER_USER, SSHD_TAG, SUDO_USER, Sandbox
@@ -562,6 +563,22 @@ def test_legacy_container_key_exits_2_with_migration_message(lab: Lab, key: str)
     assert up.returncode == 2, explain(up)
     assert f"legacy key 'container.{key}'" in up.stderr
     assert "container.lifetime" in up.stderr and "persistent" in up.stderr
+
+
+# --- the command line ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-c", "c.yaml", "--json", "up"],
+        ["up", "-c", "c.yaml", "--json"],
+        ["-c", "other.yaml", "up", "-c", "c.yaml", "--json"],
+    ],
+)
+def test_global_options_count_before_or_after_the_subcommand(argv: list[str]) -> None:
+    args = build_parser().parse_args(argv)
+    assert (args.cluster, args.json, args.verbose) == ("c.yaml", True, False)
 
 
 # --- status ---------------------------------------------------------------------

@@ -3,7 +3,7 @@
     runs/20250101T120000Z-test_demo/
       events.jsonl            every event, one JSON object per line
       logs/STEP/HOST.log      that host's stdout and stderr for that step
-      results.json            the outcome (schema: docs/results-schema.json)
+      results.json            the outcome (schema: orchestrator/schemas/results.schema.json)
       junit.xml               one testcase per step x host, for CI systems
 
 The outcome types here are plain data; `results_document` and `junit_xml`
@@ -142,7 +142,7 @@ def _host_doc(r: StepHostOutcome) -> dict[str, Any]:
 
 
 def results_document(outcome: RunOutcome) -> dict[str, Any]:
-    """The results.json content (docs/results-schema.json describes it)."""
+    """The results.json content (orchestrator/schemas/results.schema.json describes it)."""
     finished = outcome.finished or outcome.started
     return {
         "schema_version": RESULTS_SCHEMA_VERSION,

@@ -26,7 +26,7 @@ import yaml
 from orchestrator.sandbox import DOCKER_USER, Sandbox
 
 REPO = Path(__file__).resolve().parents[1]
-SCHEMA = json.loads((REPO / "docs" / "results-schema.json").read_text())
+SCHEMA = json.loads((REPO / "orchestrator" / "schemas" / "results.schema.json").read_text())
 NODES = ["node1", "node2", "node3", "node4"]
 # Every process's command line in a container (minbase images have no ps).
 LIST_COMMANDS = 'for p in /proc/[0-9]*; do tr "\\0" " " < $p/cmdline; echo; done'
@@ -292,7 +292,7 @@ def test_pytest_plugin_example_runs_against_the_sandbox(
 ) -> None:
     cluster = cluster_variant(sandbox, tmp_path, "cvs-suite-pytest", "per_run")
     removed_after.append(cluster)
-    argv = [sys.executable, "-m", "pytest", "-q", str(REPO / "examples" / "test_with_cluster.py")]
+    argv = [sys.executable, "-m", "pytest", "-q", str(REPO / "orchestrator" / "examples" / "test_with_cluster.py")]
     proc = subprocess.run(
         [*argv, "--cluster-file", str(cluster), "-p", "no:cacheprovider"],
         cwd=REPO,

@@ -4,7 +4,7 @@ The plugin (installed with the package) adds `--cluster-file` and a
 session-scoped `cluster` fixture: the containers are brought up per the
 cluster's lifetime before the first test that uses it and down after the last.
 
-    pytest examples/test_with_cluster.py --cluster-file /tmp/cvs-sandbox/cluster.yaml
+    pytest orchestrator/examples/test_with_cluster.py --cluster-file /tmp/cvs-sandbox/cluster.yaml
 
 Without a cluster file (and no $CVS_CLUSTER) these tests are skipped.
 """

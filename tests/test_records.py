@@ -1,4 +1,4 @@
-"""Run records: results.json (against orchestrator/schemas/results.schema.json), junit.xml, run dirs."""
+"""Run records: results.json (against its shipped JSON Schema), junit.xml, run dirs."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ from orchestrator.records import (
 )
 from orchestrator.results import HostResult
 
-SCHEMA = json.loads((Path(__file__).parent.parent / "orchestrator" / "schemas" / "results.schema.json").read_text())
+SCHEMA_FILE = Path(__file__).parent.parent / "orchestrator" / "schemas" / "results.schema.json"
+SCHEMA = json.loads(SCHEMA_FILE.read_text())
 T0 = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
 
 

@@ -292,7 +292,8 @@ def test_pytest_plugin_example_runs_against_the_sandbox(
 ) -> None:
     cluster = cluster_variant(sandbox, tmp_path, "cvs-suite-pytest", "per_run")
     removed_after.append(cluster)
-    argv = [sys.executable, "-m", "pytest", "-q", str(REPO / "orchestrator" / "examples" / "test_with_cluster.py")]
+    example = REPO / "orchestrator" / "examples" / "test_with_cluster.py"
+    argv = [sys.executable, "-m", "pytest", "-q", str(example)]
     proc = subprocess.run(
         [*argv, "--cluster-file", str(cluster), "-p", "no:cacheprovider"],
         cwd=REPO,

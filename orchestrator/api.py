@@ -21,6 +21,7 @@ from .container_exec import NOT_RUNNING_EXIT, container_command
 from .errors import UsageError
 from .events import EventSink, NullSink
 from .fanout import fan_out, run_on_hosts
+from .provision import sshd_wanted
 from .resources import limits_drift
 from .results import HostResult
 from .runtime.docker import LABEL_CONFIG_HASH
@@ -150,7 +151,7 @@ class Cluster:
                     "image": _short(st.container_image_id),
                     "tag": _short(st.tag_image_id),
                     "stale": stale,
-                    "sshd": {True: "listening", False: "down", None: "-"}[st.sshd_listening],
+                    "sshd": _sshd_column(st.sshd_listening, wanted=sshd_wanted(self.config)),
                     "provisioned": _provisioned(st.provision_marker, script.sha256),
                     "limits": limits,
                     "drift": drift,
@@ -209,6 +210,14 @@ def _short(image_id: str | None) -> str:
     if not image_id:
         return "-"
     return image_id.removeprefix("sha256:")[:12]
+
+
+def _sshd_column(listening: bool | None, *, wanted: bool) -> str:
+    if listening:
+        return "listening"
+    if not wanted:
+        return "off"
+    return "down" if listening is False else "-"
 
 
 def _provisioned(marker: str | None, wanted: str) -> str:

@@ -379,6 +379,7 @@ class SSHPool:
         text = command if isinstance(command, str) else shlex.join(command)
         link = await self.link(host)
         async with link.channels:
+            self.sink.emit(CommandStarted(host=host, command=text, label="held"))
             process = await link.conn.create_process(text, encoding="utf-8", errors="replace")
             try:
                 yield process

@@ -241,9 +241,10 @@ def test_persistent_cold_start_then_attach_keeps_container_and_costs_one_round_t
     assert {h: o.action.kind for h, o in report.outcomes.items()} == dict.fromkeys(THREE, "attach")
     assert all(o.steps == [] for o in report.outcomes.values())
     # Probe + decide + act with nothing to do: the locked probe is the only
-    # round trip per host (a held channel, so no CommandStarted for it).
+    # round trip per host.
     assert dict(counts) == dict.fromkeys(THREE, 1)
-    assert [e for e in sink.events if isinstance(e, CommandStarted)] == []
+    started = [e for e in sink.events if isinstance(e, CommandStarted)]
+    assert sorted((e.host, e.label) for e in started) == [(h, "held") for h in THREE]
 
     assert identities(sandbox, THREE, lab.name) == before
     read = cvs(path, "exec", "--", "cat /root/keep")

@@ -69,6 +69,7 @@ def loopback_farm(count: int, *, max_startups: str = "200:30:400") -> Iterator[L
     if os.geteuid() != 0:
         raise SystemExit("the loopback farm needs root (it starts sshd and adds a user)")
     _ensure_user()
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
     directory = Path(tempfile.mkdtemp(prefix="cvs-loopback-"))
     os.chmod(directory, 0o755)
     pids: list[int] = []

@@ -217,7 +217,8 @@ class Sandbox:
         self._write_sshd_config(h)
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation dir
         log = h.host_dir / "sshd.log"
-        h.sshd_pid = procs.spawn(daemons.sshd_argv(h.sshd_config, h.netns), log)
+        hostname = h.name if h.netns else None  # the egress host shares the machine's
+        h.sshd_pid = procs.spawn(daemons.sshd_argv(h.sshd_config, h.netns, hostname), log)
         self.save()
         try:
             procs.wait_for(
@@ -275,6 +276,7 @@ class Sandbox:
             pid_file=h.dockerd_pid_file,
             socket_path=h.docker_socket,
             config_file=config,
+            hostname=h.name if h.netns else None,
         )
         log = h.host_dir / "dockerd.log"
         h.dockerd_pid = procs.spawn(argv, log)

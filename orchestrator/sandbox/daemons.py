@@ -49,9 +49,21 @@ def render_sshd_config(options: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def sshd_argv(config: Path, netns: str | None) -> list[str]:
+def in_own_uts(hostname: str, argv: list[str]) -> list[str]:
+    """`argv` in a new UTS namespace whose host name is `hostname`.
+
+    Each sandbox host then answers `hostname` with its own name, and so do its
+    containers (with --network host, docker gives them the daemon's name).
+    Every step execs, so the pid spawned is the daemon's.
+    """
+    return ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', hostname, *argv]
+
+
+def sshd_argv(config: Path, netns: str | None, hostname: str | None = None) -> list[str]:
     # -D keeps sshd in the foreground so the pid we spawn is the listener's.
     argv = [SSHD, "-D", "-e", "-f", str(config)]
+    if hostname is not None:
+        argv = in_own_uts(hostname, argv)
     if netns is None:
         return argv
     return ["ip", "netns", "exec", netns, *argv]
@@ -59,7 +71,7 @@ def sshd_argv(config: Path, netns: str | None) -> list[str]:
 
 def dockerd_argv(
     *, netns: str | None, data_root: Path, exec_root: Path, pid_file: Path, socket_path: Path,
-    config_file: Path,
+    config_file: Path, hostname: str | None = None,
 ) -> list[str]:  # fmt: skip
     argv = [
         DOCKERD,
@@ -74,6 +86,8 @@ def dockerd_argv(
         "--shutdown-timeout", "5",
         "--log-level", "warn",
     ]  # fmt: skip
+    if hostname is not None:
+        argv = in_own_uts(hostname, argv)
     if netns is None:
         return argv
     # nsenter, not `ip netns exec`: the latter remounts /sys and dockerd then

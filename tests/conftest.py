@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from private_dockerd import PrivateDockerd, private_dockerd_skip_reason
 
 from orchestrator.sandbox import Sandbox, sandbox_down, sandbox_up
 
@@ -103,3 +104,27 @@ def make_sandbox(tmp_path: Path) -> Iterator[Callable[..., Sandbox]]:
             return stack.enter_context(_built(directory, hosts=hosts, **kwargs))
 
         yield make
+
+
+# --- a private dockerd (root namespace) for docker runtime and probe tests ---
+
+
+@pytest.fixture(scope="module")
+def dockerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateDockerd]:
+    reason = private_dockerd_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    # A short path: the daemon's unix sockets live under it (108-byte limit).
+    root = Path(tmp_path_factory.mktemp("dockerd"))
+    daemon = PrivateDockerd(root)
+    try:
+        daemon.start()
+        yield daemon
+    finally:
+        daemon.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def image_id(dockerd: PrivateDockerd) -> str:
+    return dockerd.import_busybox()

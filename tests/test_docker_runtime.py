@@ -12,13 +12,11 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from private_dockerd import TEST_IMAGE, PrivateDockerd
 
 from orchestrator.config import ContainerConfig, Registry
 from orchestrator.runtime.docker import (
@@ -45,171 +43,6 @@ from orchestrator.runtime.docker import (
     stop_argv,
     validate_container_name,
 )
-
-DOCKERD = "/usr/sbin/dockerd"
-BUSYBOX = "/bin/busybox"
-TEST_IMAGE = "cvs-test/busybox:1"
-
-
-# --- private dockerd (shared with tests/test_probe.py) ----------------------
-
-
-def private_dockerd_skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root to run dockerd"
-    if not os.path.exists(DOCKERD):
-        return f"{DOCKERD} not installed"
-    if not shutil.which("docker"):
-        return "no docker CLI on PATH"
-    if not os.path.exists(BUSYBOX):
-        return f"{BUSYBOX} missing (apt-get install busybox-static)"
-    return None
-
-
-class PrivateDockerd:
-    """A dockerd of our own: its own data/exec root and socket; stopped by pid."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.sock = root / "docker.sock"
-        self.host = f"unix://{self.sock}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def env(self) -> dict[str, str]:
-        return {**os.environ, "DOCKER_HOST": self.host}
-
-    def start(self, timeout: float = 60.0) -> None:
-        log = open(self.root / "dockerd.log", "wb")  # noqa: SIM115 - outlives this call
-        self.proc = subprocess.Popen(
-            [
-                DOCKERD,
-                "--bridge=none",
-                "--iptables=false",
-                "--ip6tables=false",
-                "--ip-masq=false",
-                "--data-root",
-                str(self.root / "data"),
-                "--exec-root",
-                str(self.root / "exec"),
-                "--pidfile",
-                str(self.root / "dockerd.pid"),
-                "-H",
-                self.host,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"dockerd exited: {self.log_tail()}")
-            if self.sock.exists() and self.docker("version", check=False).returncode == 0:
-                return
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"dockerd did not come up: {self.log_tail()}")
-
-    def log_tail(self) -> str:
-        path = self.root / "dockerd.log"
-        return path.read_text(errors="replace")[-2000:] if path.exists() else ""
-
-    def docker(
-        self, *args: str, input: bytes | None = None, check: bool = True
-    ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["docker", *args],
-            env=self.env,
-            input=input.decode() if input is not None else None,
-            capture_output=True,
-            text=True,
-            check=check,
-            timeout=120,
-        )
-
-    def run_argv(self, argv: list[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
-        """Run a builder's argv the way the orchestrator will: quoted once, through sh."""
-        return subprocess.run(
-            ["sh", "-c", shlex.join(argv)],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            check=check,
-            timeout=120,
-        )
-
-    def import_busybox(self, tag: str = TEST_IMAGE) -> str:
-        """Image id of a busybox-only image imported as `tag` (a new id each time)."""
-        rootfs = self.root / f"rootfs-{time.monotonic_ns()}"
-        (rootfs / "bin").mkdir(parents=True)
-        for d in ("proc", "sys", "dev", "etc", "tmp"):
-            (rootfs / d).mkdir()
-        shutil.copy2(BUSYBOX, rootfs / "bin" / "busybox")
-        applets = subprocess.run(
-            [BUSYBOX, "--list"], capture_output=True, text=True, check=True
-        ).stdout.split()
-        for applet in applets:
-            if applet != "busybox":
-                (rootfs / "bin" / applet).symlink_to("busybox")
-        tar = subprocess.run(["tar", "-C", str(rootfs), "-c", "."], capture_output=True, check=True)
-        shutil.rmtree(rootfs)
-        out = subprocess.run(
-            ["docker", "import", "-", tag],
-            input=tar.stdout,
-            env=self.env,
-            capture_output=True,
-            check=True,
-            timeout=120,
-        )
-        return out.stdout.decode().strip()
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            ids = self.docker("ps", "-aq", check=False).stdout.split()
-            if ids:
-                self.docker("rm", "-f", *ids, check=False)
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self.proc = None
-        self._unmount_leftovers()
-
-    def _unmount_leftovers(self) -> None:
-        # dockerd can leave e.g. exec-root/netns/default mounted after it exits.
-        prefix = f"{self.root}/"
-        with open("/proc/self/mounts") as f:
-            points = [line.split()[1] for line in f if line.split()[1].startswith(prefix)]
-        for point in sorted(points, key=len, reverse=True):
-            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
-
-
-@pytest.fixture(scope="module")
-def dockerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateDockerd]:
-    reason = private_dockerd_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    # A short path: the daemon's unix sockets live under it (108-byte limit).
-    root = Path(tmp_path_factory.mktemp("dockerd"))
-    daemon = PrivateDockerd(root)
-    try:
-        daemon.start()
-        yield daemon
-    finally:
-        daemon.stop()
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def image_id(dockerd: PrivateDockerd) -> str:
-    return dockerd.import_busybox()
-
 
 # --- pure builders ---------------------------------------------------------
 

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_docker_runtime import TEST_IMAGE, PrivateDockerd, private_dockerd_skip_reason
+from private_dockerd import TEST_IMAGE, PrivateDockerd
 
 from orchestrator.config import ContainerConfig
 from orchestrator.probe import (
@@ -25,26 +25,6 @@ from orchestrator.runtime.docker import managed_labels, rm_argv, run_argv
 MARKER = "/etc/cvs/provisioned"
 SHA = "ab" * 32
 PORT = 2224
-
-
-@pytest.fixture(scope="module")
-def dockerd(tmp_path_factory: pytest.TempPathFactory):
-    reason = private_dockerd_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    root = Path(tmp_path_factory.mktemp("dockerd"))
-    daemon = PrivateDockerd(root)
-    try:
-        daemon.start()
-        yield daemon
-    finally:
-        daemon.stop()
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def image_id(dockerd: PrivateDockerd) -> str:
-    return dockerd.import_busybox()
 
 
 @pytest.fixture

@@ -600,7 +600,8 @@ def test_status_shows_a_row_per_host_with_the_lifecycle_columns(lab: Lab, sandbo
     ]  # fmt: skip
     assert [r.split()[:8] for r in rows] == [
         # sshd is disabled for this cluster: the column says so rather than "down".
-        [h, "yes", "direct", "running", image, image, "no", "off"] for h in THREE
+        [h, "yes", "direct", "running", image, image, "no", "off"]
+        for h in THREE
     ]
 
 

@@ -20,6 +20,10 @@ from .results import HostResult
 
 Level = Literal["info", "warning", "error"]
 
+# Steps that can take minutes (a multi-GB pull, an apt install): plain output
+# announces them even without -v, so a quiet terminal is never a mystery.
+SLOW_STEPS = frozenset({"pull", "load", "provision"})
+
 
 @dataclass(frozen=True)
 class Event:
@@ -189,7 +193,7 @@ class PlainSink:
                 code = f" (exit {r.exit_code})" if r.exit_code is not None else ""
                 return f"{host} ! {r.status}{code}{': ' + r.error if r.error else ''}"
             case HostStep(host=host, step=step, status=status, detail=detail) if (
-                self.verbose or status == "failed"
+                self.verbose or status == "failed" or (status == "started" and step in SLOW_STEPS)
             ):
                 return f"{host} - {step}: {status}{' - ' + detail if detail else ''}"
             case Connected(host=host, seconds=s, attempts=n) if self.verbose:

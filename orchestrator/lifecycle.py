@@ -56,6 +56,8 @@ from .runtime.docker import (
 from .transport import ConnectError, SSHPool
 
 PROBE_DONE = "@@cvs:done"
+# A probe that has said nothing after this long is queued behind another lock holder.
+LOCK_NOTICE_AFTER = 3.0
 
 
 @dataclass
@@ -165,6 +167,17 @@ class Lifecycle:
         try:
             async with self.pool.held_process(host, command) as process:
                 lines: list[str] = []
+                with anyio.move_on_after(LOCK_NOTICE_AFTER):
+                    lines.append(await process.stdout.readline())
+                if not lines:
+                    self.sink.emit(
+                        Message(
+                            level="info",
+                            host=host,
+                            text="waiting for another cvs invocation on this host to finish "
+                            f"(lock {lock}, up to {wait}s)",
+                        )
+                    )
                 with anyio.move_on_after(wait + 30):
                     while line := await process.stdout.readline():
                         lines.append(line)

@@ -52,9 +52,12 @@ class SyncCluster:
         hosts: Sequence[str] | None = None,
         timeout: float | None = None,
         host_os: bool = False,
+        env: dict[str, str] | None = None,
     ) -> dict[str, HostResult]:
         return self._portal.call(
-            lambda: self._cluster.exec(command, hosts=hosts, timeout=timeout, host_os=host_os)
+            lambda: self._cluster.exec(
+                command, hosts=hosts, timeout=timeout, host_os=host_os, env=env
+            )
         )
 
     def up(self, **kwargs: Any) -> Any:

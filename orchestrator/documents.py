@@ -402,6 +402,9 @@ def _error_message(err: dict[str, Any], where: _ErrorPath) -> str:
         return f"expected a list, got {got}"
     if kind in ("dict_type", "model_type", "model_attributes_type"):
         return f"expected a mapping, got {got}"
+    if kind == "too_short":
+        least = ctx.get("min_length", 1)
+        return "needs at least one entry" if least == 1 else f"needs at least {least} entries"
     if kind == "greater_than":
         return f"must be greater than {_num(ctx.get('gt'))}, got {_show(value)}"
     if kind == "greater_than_equal":

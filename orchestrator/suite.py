@@ -35,8 +35,8 @@ from .documents import (
     Located,
     MarkingLoader,
     describe_value,
-    one_line,
     read_document_text,
+    validation_lines,
     yaml_error,
 )
 
@@ -143,57 +143,6 @@ class Suite(Model):
 # ---- loading ------------------------------------------------------------------
 
 
-def _models_along(path: list[Any]) -> type[Model] | None:
-    """The model that owns the last key of a validation error's path."""
-    model: type[Model] | None = Suite
-    for el in path[:-1]:
-        if model is Suite and el == "steps":
-            model = None  # the list; the next element is an index
-        elif model is None and isinstance(el, int):
-            model = Step
-        elif model is Step and el == "expect":
-            model = Expect
-        else:
-            return None
-    return model
-
-
-def _message(err: dict[str, Any]) -> str:
-    kind, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
-    path = [p for p in err["loc"]]
-    if kind == "extra_forbidden":
-        owner = _models_along(path)
-        fields = [f for f in (owner.model_fields if owner else {}) if f != "source"]
-        close = difflib.get_close_matches(str(path[-1]), fields, n=1, cutoff=0.6)
-        if close:
-            return f"unknown key (did you mean {close[0]!r}?)"
-        return f"unknown key (known keys: {', '.join(fields)})" if fields else "unknown key"
-    if kind == "missing":
-        return "required key is missing"
-    if kind in ("value_error", "assertion_error"):
-        error = ctx.get("error")
-        return str(error) if error is not None else err["msg"].removeprefix("Value error, ")
-    if kind == "literal_error":
-        return f"invalid value: expected {ctx.get('expected')}, got {describe_value(value)}"
-    if kind == "too_short":
-        return "needs at least one entry"
-    if kind == "greater_than":
-        return f"must be greater than {ctx.get('gt')}, got {value!r}"
-    if kind in ("string_type",):
-        return f"expected a string, got {describe_value(value)}"
-    if kind in ("int_parsing", "int_type", "int_from_float"):
-        return f"expected an integer, got {describe_value(value)}"
-    if kind in ("float_parsing", "float_type"):
-        return f"expected a number, got {describe_value(value)}"
-    if kind in ("bool_parsing", "bool_type"):
-        return f"expected true or false, got {describe_value(value)}"
-    if kind == "list_type":
-        return f"expected a list, got {describe_value(value)}"
-    if kind in ("dict_type", "model_type"):
-        return f"expected a mapping, got {describe_value(value)}"
-    return one_line(err.get("msg", kind))
-
-
 def _step_label(data: Any, path: list[Any]) -> str:
     # `steps[2]` alone makes the reader count; name the step when it has one.
     if len(path) >= 2 and path[0] == "steps" and isinstance(path[1], int):
@@ -234,11 +183,8 @@ def suite_from_data(data: Any, source: str) -> Suite:
         return Suite.model_validate({**data, "source": source})
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
-        lines = []
-        for err in errors:
-            path = list(err["loc"])
-            lines.append(located.error(path, _message(err)) + _step_label(data, path))
-        lines = list(dict.fromkeys(lines))
+        lines = validation_lines(errors, located, lambda path: path, Suite)
+        lines[0] += _step_label(data, list(errors[0]["loc"]))
         more = len(lines) - 1
         suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
         raise ConfigError(lines[0] + suffix) from None

@@ -156,12 +156,15 @@ class Lifecycle:
         """
         # The host's name is in the path as well as the container's: hosts that
         # share a filesystem (the sandbox's namespaces do) must not share a lock.
-        lock = f"/tmp/cvs-{self.name}-{host}.lock"
+        # A directory, not a file: flock(1) opens a directory read-only, which
+        # works whoever created it, where an existing file in sticky /tmp
+        # cannot be opened with O_CREAT by another user (fs.protected_regular).
+        lock = shlex.quote(f"/tmp/cvs-{self.name}-{host}.lock")
         wait = int(self.cfg.start_timeout)
         inner = self._probe_script() + "cat >/dev/null\n"
         command = (
-            f"if command -v flock >/dev/null 2>&1; then exec flock -w {wait} "
-            f"{shlex.quote(lock)} sh -c {shlex.quote(inner)}; "
+            f"if command -v flock >/dev/null 2>&1; then mkdir -m 755 {lock} 2>/dev/null; "
+            f"exec flock -w {wait} {lock} sh -c {shlex.quote(inner)}; "
             f"else exec sh -c {shlex.quote(inner)}; fi"
         )
         try:

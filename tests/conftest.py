@@ -66,7 +66,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     for lock in Path("/tmp").glob("cvs-*.lock"):
         with contextlib.suppress(OSError):
             if lock.stat().st_mtime >= _SESSION_START:
-                lock.unlink()
+                lock.rmdir() if lock.is_dir() else lock.unlink()
 
 
 def _down_quietly(directory: Path) -> None:

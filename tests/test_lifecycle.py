@@ -173,7 +173,7 @@ class Lab:
                 docker(self.sandbox, node.name, "rmi", tag, check=False)
         # The per-host lock files `up` leaves (the sandbox's hosts share /tmp).
         for lock in Path("/tmp").glob(f"cvs-{self.name}-*.lock"):
-            lock.unlink(missing_ok=True)
+            lock.rmdir() if lock.is_dir() else lock.unlink(missing_ok=True)
 
 
 @pytest.fixture
@@ -625,3 +625,35 @@ def test_attach_benchmark_reports_one_round_trip_per_host(lab: Lab) -> None:
     result = json.loads(proc.stdout.splitlines()[-1])
     assert result["round_trips"] == dict.fromkeys(THREE, 1)
     assert result["actions"] == dict.fromkeys(THREE, "attach")
+
+
+# --- locks across login users ---------------------------------------------------
+
+
+@pytest.fixture
+def protected_regular() -> Iterator[None]:
+    """fs.protected_regular=2 for the test (many distributions set it), restored after."""
+    knob = Path("/proc/sys/fs/protected_regular")
+    if not knob.exists():
+        pytest.skip("this kernel has no fs.protected_regular")
+    before = knob.read_text().strip()
+    knob.write_text("2")
+    try:
+        yield
+    finally:
+        knob.write_text(before)
+
+
+def test_second_login_user_takes_the_lock_first_user_created(
+    lab: Lab, protected_regular: None
+) -> None:
+    # `cvs` creates the per-host locks; `cvssudo` must still be able to take
+    # them for the same container (a lock *file* in sticky /tmp could not be
+    # opened for create by another user under protected_regular).
+    first = cvs(lab.cluster(lifetime="persistent", hosts=["node1"]), "up")
+    assert first.returncode == 0, explain(first)
+
+    second = cvs(lab.cluster(lifetime="persistent", hosts=["node1"], user="cvssudo"), "up")
+
+    assert second.returncode == 0, explain(second)
+    assert "attach" in second.stderr

@@ -20,9 +20,9 @@ from .config import ClusterConfig, container_name, load_cluster
 from .container_exec import NOT_RUNNING_EXIT, container_command
 from .errors import UsageError
 from .events import EventSink, NullSink
-from .fanout import fan_out, run_on_hosts
+from .fanout import fan_out
 from .provision import sshd_wanted
-from .resources import limits_drift
+from .resources import container_limits_drift
 from .results import HostResult
 from .runtime.docker import LABEL_CONFIG_HASH
 from .transport import SSHPool
@@ -129,10 +129,9 @@ class Cluster:
             drift: list[str] = []
             limits: dict[str, str] = {}
             try:
-                eff = lc._resources(host)
+                eff = lc.resources(host)
                 limits = eff.describe()
-                if st.host_config is not None:
-                    drift += limits_drift(eff, _inspect_keys(st.host_config))
+                drift += container_limits_drift(eff, st.host_config)
             except ValueError as exc:
                 drift.append(str(exc))
             if st.labels.get(LABEL_CONFIG_HASH) not in (None, lc.hash):
@@ -159,18 +158,6 @@ class Cluster:
                 }
             )
         return rows
-
-    async def exec_host_os(
-        self,
-        command: str | Sequence[str],
-        *,
-        hosts: Sequence[str] | None = None,
-        timeout: float | None = None,
-    ) -> dict[str, HostResult]:
-        """Run a command on the hosts' own OS (not in the container)."""
-        return await run_on_hosts(
-            self.pool, list(hosts or self.hosts), command, timeout=timeout, label="exec"
-        )
 
     async def exec(
         self,
@@ -224,14 +211,3 @@ def _provisioned(marker: str | None, wanted: str) -> str:
     if marker is None:
         return "no"
     return "yes" if marker == wanted else f"other script ({marker[:12]})"
-
-
-def _inspect_keys(limits: Any) -> dict[str, Any]:
-    return {
-        "NanoCpus": limits.nano_cpus,
-        "Memory": limits.memory,
-        "MemoryReservation": limits.memory_reservation,
-        "CpuShares": limits.cpu_shares,
-        "PidsLimit": limits.pids_limit,
-        "ShmSize": limits.shm_size,
-    }

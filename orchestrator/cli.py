@@ -62,20 +62,7 @@ def make_sink(args: argparse.Namespace, *, output: bool = True) -> EventSink:
         return PlainSink(verbose=args.verbose, output=output)
     from .render import RichSink
 
-    sink = RichSink(verbose=args.verbose)
-    if not output:
-        sink.emit = _without_output(sink.emit)  # type: ignore[method-assign]
-    return sink
-
-
-def _without_output(emit: Callable[[Any], None]) -> Callable[[Any], None]:
-    from .events import OutputLine
-
-    def filtered(event: Any) -> None:
-        if not isinstance(event, OutputLine):
-            emit(event)
-
-    return filtered
+    return RichSink(verbose=args.verbose, output=output)
 
 
 def print_json_summary(results: dict[str, HostResult], code: int, **extra: Any) -> None:

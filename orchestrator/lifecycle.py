@@ -15,10 +15,10 @@ no other step waits for the fleet.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import shlex
-import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -27,7 +27,15 @@ from .config import ClusterConfig, ContainerConfig, container_name
 from .errors import PolicyRefused
 from .events import EventSink, HostStep, Message
 from .fanout import fan_out
-from .gpus import GPUError, GPUSelection, Unsatisfiable, discovery_command, parse_discovery
+from .gpus import (
+    GPU,
+    GPUError,
+    GPUSelection,
+    Unsatisfiable,
+    discovery_command,
+    parse_discovery,
+    select_gpus,
+)
 from .keys import ClusterKeys, default_state_dir
 from .plan import HostAction, Plan, check_tag_identity, decide_down, decide_plan
 from .probe import HostState, parse_probe_output, probe_command
@@ -76,6 +84,16 @@ class HostOutcome:
         self.unreachable = result is not None and not result.reached
         tail = result.tail(15) if result is not None else ""
         self.error = f"{step}: {message}" + (f"\n{tail}" if tail else "")
+
+
+@dataclass
+class Prepared:
+    """What the prepare step found on a launching host."""
+
+    tag_image_id: str | None = None
+    tag_repo_digests: tuple[str, ...] = ()
+    devices: list[str] = field(default_factory=list)  # configured devices present here
+    gpus: list[GPU] = field(default_factory=list)
 
 
 @dataclass
@@ -256,11 +274,9 @@ class Lifecycle:
         self._step(outcome.host, step, "ok")
         return result
 
-    async def _prepare(
-        self, host: str, state: HostState, outcome: HostOutcome
-    ) -> tuple[str | None, tuple[str, ...], list[str], list[Any]]:
-        """Login, load or pull as configured; return the tag's image id, repo
-        digests, the configured devices present on the host, and its GPUs."""
+    async def _prepare(self, host: str, state: HostState, outcome: HostOutcome) -> Prepared:
+        """Login, load or pull as configured; find the tag's image, the configured
+        devices present on the host, and its GPUs."""
         prefix = docker_prefix(state.docker_access)  # type: ignore[arg-type]
         cfg = self.cfg
         tag_id, digests = state.tag_image_id, state.tag_repo_digests
@@ -269,7 +285,7 @@ class Lifecycle:
             if cfg.registry is not None and cfg.image_tar is None:
                 r = await self._cmd(outcome, "login", login_command(prefix, cfg.registry))
                 if r is None:
-                    return None, (), [], []
+                    return Prepared()
             if cfg.image_tar is not None and tag_id is None:
                 r = await self._cmd(
                     outcome,
@@ -284,26 +300,26 @@ class Lifecycle:
                     f"image {cfg.image} is not on the host and pull is 'never' "
                     "(load it there, set container.image_tar, or allow pulling)",
                 )
-                return None, (), [], []
+                return Prepared()
             else:
                 r = await self._cmd(
                     outcome, "pull", pull_argv(prefix, cfg.image), timeout=cfg.start_timeout
                 )
             if r is None:
-                return None, (), [], []
+                return Prepared()
             r = await self._cmd(outcome, "image", image_inspect_argv(prefix, cfg.image))
             if r is None:
-                return None, (), [], []
+                return Prepared()
             info = parse_image_inspect(r.stdout)
             tag_id, digests = info.id, tuple(info.repo_digests)
         devices = await self._present_devices(outcome)
-        gpus: list[Any] = []
+        gpus: list[GPU] = []
         if cfg.gpus is not None and outcome.ok:
             root = self.cluster.host(host).gpu_device_root or "/"
             r = await self._cmd(outcome, "gpus", ["sh", "-c", discovery_command(root)])
             if r is not None:
                 gpus = parse_discovery(r.stdout)
-        return tag_id, digests, devices, gpus
+        return Prepared(tag_id, digests, devices, gpus)
 
     async def _present_devices(self, outcome: HostOutcome) -> list[str]:
         """The configured `devices` that exist on this host (`/dev/infiniband/*` expanded)."""
@@ -318,12 +334,13 @@ class Lifecycle:
         out: list[str] = []
         for spec, path in zip(self.cfg.devices, paths, strict=True):
             if "*" in path:
-                out += sorted(p for p in present if _glob_match(path, p))
+                out += sorted(p for p in present if fnmatch.fnmatchcase(p, path))
             elif path in present:
                 out.append(spec)
         return out
 
-    def _resources(self, host: str) -> EffectiveResources:
+    def resources(self, host: str) -> EffectiveResources:
+        """The caps the container on `host` gets: min(request, global cap, host cap)."""
         return effective_resources(
             self.cfg.resources, self.cluster.limits, self.cluster.host(host).limits
         )
@@ -347,12 +364,17 @@ class Lifecycle:
                     )
             if plan.refused:
                 raise PolicyRefused(plan.reasons)
-            return await self._execute(plan, states)
+            return await self._execute(plan, states, resources)
 
-    async def _execute(self, plan: Plan, states: Mapping[str, HostState]) -> UpReport:
+    async def _execute(
+        self,
+        plan: Plan,
+        states: Mapping[str, HostState],
+        resources: Mapping[str, EffectiveResources],
+    ) -> UpReport:
         outcomes = {h: HostOutcome(h, a) for h, a in plan.actions.items()}
         launching = [h for h, a in plan.actions.items() if a.launches]
-        prepared: dict[str, tuple[str | None, tuple[str, ...], list[str], list[Any]]] = {}
+        prepared: dict[str, Prepared] = {}
 
         async def prepare(host: str) -> None:
             prepared[host] = await self._prepare(host, states[host], outcomes[host])
@@ -361,20 +383,19 @@ class Lifecycle:
         if any(not outcomes[h].ok for h in launching):
             # Nothing has started anywhere yet: stop here, report per host.
             return UpReport(plan, outcomes)
-        self._barrier(launching, prepared, states)
+        selections = self._barrier(launching, prepared, states)
         keys = None
         if sshd_wanted(self.cluster):
             keys = ClusterKeys.load_or_create(default_state_dir(self.cluster), self._hosts())
-        selections = self._gpu_selections(launching, prepared)
 
         async def pipeline(host: str) -> None:
+            extra = resources[host].docker_args()
+            if host in selections:
+                extra += selections[host].docker_args()
+                for k, v in selections[host].env().items():
+                    extra += ["-e", f"{k}={v}"]
             await self._host_pipeline(
-                host,
-                states[host],
-                outcomes[host],
-                prepared.get(host),
-                keys,
-                selections.get(host),
+                host, states[host], outcomes[host], prepared.get(host, Prepared()), keys, extra
             )
 
         try:
@@ -398,51 +419,46 @@ class Lifecycle:
     def _barrier(
         self,
         launching: list[str],
-        prepared: Mapping[str, tuple[str | None, tuple[str, ...], list[str], list[Any]]],
+        prepared: Mapping[str, Prepared],
         states: Mapping[str, HostState],
-    ) -> None:
-        """Refuse before anything starts if the tag or the GPU requests disagree."""
+    ) -> dict[str, GPUSelection]:
+        """Refuse before anything starts if the tag or the GPU requests disagree;
+        otherwise the GPUs each launching host gives its container."""
         if not launching:
-            return
+            return {}
         after_pull = {
-            h: _with_tag(states[h], prepared[h][0], prepared[h][1]) if h in prepared else s
-            for h, s in states.items()
+            h: replace(
+                states[h],
+                tag_image_id=prepared[h].tag_image_id,
+                tag_repo_digests=prepared[h].tag_repo_digests,
+            )
+            for h in launching
         }
-        reasons = check_tag_identity({h: after_pull[h] for h in launching}, image=self.cfg.image)
+        reasons = check_tag_identity(after_pull, image=self.cfg.image)
+        selections: dict[str, GPUSelection] = {}
         if self.cfg.gpus is not None:
             for host in launching:
                 try:
-                    picked = _select(prepared[host][3], self.cfg.gpus)
+                    picked = select_gpus(prepared[host].gpus, self.cfg.gpus)
                 except GPUError as exc:
                     reasons.append(f"{host}: {exc}")
                     continue
                 if isinstance(picked, Unsatisfiable):
                     reasons.append(picked.message(host))
+                else:
+                    selections[host] = picked
         if reasons:
             raise PolicyRefused(reasons)
-
-    def _gpu_selections(
-        self,
-        launching: list[str],
-        prepared: Mapping[str, tuple[str | None, tuple[str, ...], list[str], list[Any]]],
-    ) -> dict[str, GPUSelection]:
-        if self.cfg.gpus is None:
-            return {}
-        out: dict[str, GPUSelection] = {}
-        for host in launching:
-            picked = _select(prepared[host][3], self.cfg.gpus)
-            if isinstance(picked, GPUSelection):
-                out[host] = picked
-        return out
+        return selections
 
     async def _host_pipeline(
         self,
         host: str,
         state: HostState,
         outcome: HostOutcome,
-        prepared: tuple[str | None, tuple[str, ...], list[str], list[Any]] | None,
+        prepared: Prepared,
         keys: ClusterKeys | None,
-        gpus: GPUSelection | None,
+        extra_run_args: list[str],
     ) -> None:
         action = outcome.action
         if action.kind in ("verify", "none"):
@@ -454,19 +470,13 @@ class Lifecycle:
         ):
             return
         if action.launches:
-            devices = prepared[2] if prepared else []
-            extra = self._resources(host).docker_args()
-            if gpus is not None:
-                extra += gpus.docker_args()
-                for k, v in gpus.env().items():
-                    extra += ["-e", f"{k}={v}"]
-            cfg = self.cfg.model_copy(update={"devices": devices})
+            cfg = self.cfg.model_copy(update={"devices": prepared.devices})
             argv = run_argv(
                 prefix,
                 cfg,
                 self.name,
                 managed_labels(self.cluster.name, self.hash),
-                extra_run_args=extra,
+                extra_run_args=extra_run_args,
             )
             if await self._cmd(outcome, "run", argv, timeout=self.cfg.start_timeout) is None:
                 return
@@ -556,29 +566,7 @@ def _run_failed(outcome: HostOutcome) -> bool:
     )
 
 
-def _with_tag(state: HostState, tag_id: str | None, digests: tuple[str, ...]) -> HostState:
-    from dataclasses import replace
-
-    return replace(state, tag_image_id=tag_id, tag_repo_digests=digests)
-
-
-def _select(inventory: list[Any], request: Any) -> GPUSelection | Unsatisfiable:
-    from .gpus import select_gpus
-
-    return select_gpus(inventory, request)
-
-
-def _glob_match(pattern: str, path: str) -> bool:
-    import fnmatch
-
-    return fnmatch.fnmatchcase(path, pattern)
-
-
 async def _drain(stream: Any) -> str:
     with anyio.move_on_after(1), contextlib.suppress(Exception):
         return str(await stream.read())
     return ""
-
-
-def elapsed_since(start: float) -> float:
-    return time.monotonic() - start

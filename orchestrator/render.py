@@ -104,9 +104,12 @@ def summary_line(results: Mapping[str, HostResult]) -> str:
 class RichSink:
     """A live table on a terminal: one row per host with its latest state."""
 
-    def __init__(self, console: Console | None = None, *, verbose: bool = False) -> None:
+    def __init__(
+        self, console: Console | None = None, *, verbose: bool = False, output: bool = True
+    ) -> None:
         self.console = console or Console(stderr=True)
         self.verbose = verbose
+        self.output = output
         self.rows: dict[str, tuple[str, str]] = {}
         self.started = time.monotonic()
         self.live = Live(self._table(), console=self.console, transient=True, auto_refresh=False)
@@ -134,7 +137,7 @@ class RichSink:
                 self.console.print(f"[red]{h}[/] ! {s}: {e}")
             case CommandStarted(host=h):
                 self._set(h, "[yellow]running")
-            case OutputLine(host=h, line=line):
+            case OutputLine(host=h, line=line) if self.output:
                 self.live.console.print(Text(f"{h} | ", style="bold") + Text(line))
                 self._set(h, self.rows.get(h, ("running", ""))[0], line)
             case CommandFinished(host=h, result=r):

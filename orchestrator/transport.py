@@ -13,7 +13,6 @@ delivers channel signals to all of it), so nothing is left running.
 from __future__ import annotations
 
 import contextlib
-import os
 import shlex
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -475,7 +474,3 @@ def _signal_number(name: str) -> int:
         return int(getattr(signal, "SIG" + name))
     except (AttributeError, TypeError):
         return 0
-
-
-def default_known_hosts() -> str:
-    return os.path.expanduser("~/.ssh/known_hosts")

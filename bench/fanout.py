@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.loopback import loopback_farm
 from orchestrator.config import ClusterConfig
-from orchestrator.fanout import run_on_hosts
-from orchestrator.transport import SSHPool
+from orchestrator.ssh.fanout import run_on_hosts
+from orchestrator.ssh.transport import SSHPool
 
 
 def ours(cfg: ClusterConfig, reuse_rounds: int) -> tuple[float, float, int]:

@@ -16,23 +16,23 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import ClusterConfig, container_name, load_cluster
-from .container_exec import NOT_RUNNING_EXIT, container_command
-from .errors import UsageError
-from .events import EventSink, NullSink
-from .fanout import fan_out
-from .provision import sshd_wanted
-from .resources import container_limits_drift
-from .results import HostResult
-from .runtime.docker import LABEL_CONFIG_HASH
-from .transport import SSHPool
+from orchestrator.config import ClusterConfig, container_name, load_cluster
+from orchestrator.containers.docker import LABEL_CONFIG_HASH
+from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command
+from orchestrator.containers.provision import sshd_wanted
+from orchestrator.errors import UsageError
+from orchestrator.events import EventSink, NullSink
+from orchestrator.limits.resources import container_limits_drift
+from orchestrator.results import HostResult
+from orchestrator.ssh.fanout import fan_out
+from orchestrator.ssh.transport import SSHPool
 
 if TYPE_CHECKING:
-    from .lifecycle import Lifecycle, UpReport
-    from .plan import Plan
+    from orchestrator.containers.lifecycle import Lifecycle, UpReport
+    from orchestrator.containers.plan import Plan
 
 
-class HostSelectionError(ValueError):
+class HostSelectionError(UsageError, ValueError):
     """A `--hosts` pattern matched no host of the cluster."""
 
 
@@ -53,7 +53,7 @@ def select_hosts(cluster: ClusterConfig, pattern: str | None) -> list[str]:
             matched = [n for n in names if n == part or fnmatch.fnmatchcase(n, part)]
             if not matched:
                 try:
-                    from .hostlist import expand_hostlist
+                    from orchestrator.config.hostlist import expand_hostlist
 
                     expanded = set(expand_hostlist(part))
                     matched = [n for n in names if n in expanded]
@@ -93,7 +93,7 @@ class Cluster:
 
     def lifecycle(self) -> Lifecycle:
         """The container lifecycle (needs a `container` block)."""
-        from .lifecycle import Lifecycle
+        from orchestrator.containers.lifecycle import Lifecycle
 
         if self.config.container is None:
             raise UsageError(

@@ -1,24 +1,52 @@
-"""Errors the CLI maps to exit codes (DESIGN.md)."""
+"""One error model: the exit codes and the expected failures that carry them.
+
+Every expected failure is a `CvsError` subclass with its `ExitCode`; the CLI
+turns any of them into one line on stderr and that code (`cli.main`). The
+README's exit-code table is tested against `ExitCode` (tests/test_layout.py).
+"""
 
 from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """What the process exit status of `cvs` means, worst first when combined."""
+
+    OK = 0
+    FAILED = 1  # a command failed on some host
+    USAGE = 2  # usage or config error (nothing contacted, nothing changed)
+    UNREACHABLE = 3  # some host could not be reached
+    REFUSED = 4  # refused by policy: partial persistent set, image skew, unreadable image
+    INTERRUPTED = 130  # Ctrl-C / SIGTERM
+
+
+EXIT_CODE_MEANINGS: dict[ExitCode, str] = {
+    ExitCode.OK: "ok",
+    ExitCode.FAILED: "a command failed on some host",
+    ExitCode.USAGE: "usage or config error",
+    ExitCode.UNREACHABLE: "some host unreachable",
+    ExitCode.REFUSED: "refused by policy",
+    ExitCode.INTERRUPTED: "interrupted",
+}
 
 
 class CvsError(Exception):
     """A failure with a one-line message for the user and the exit code it means."""
 
-    exit_code = 1
+    exit_code: ExitCode = ExitCode.FAILED
 
 
 class UsageError(CvsError):
     """Bad command-line or file input: exit 2."""
 
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
 
 class PolicyRefused(CvsError):
     """The lifetime policy or image identity forbids acting: exit 4, nothing changed."""
 
-    exit_code = 4
+    exit_code = ExitCode.REFUSED
 
     def __init__(self, reasons: list[str]) -> None:
         super().__init__("; ".join(reasons))

@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any, Literal, Protocol
 
-from .results import HostResult
+from orchestrator.results import HostResult
 
 Level = Literal["info", "warning", "error"]
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from .sync import SyncCluster
+from orchestrator.sync import SyncCluster
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -13,7 +13,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .events import (
+from orchestrator.events import (
     CommandFinished,
     CommandStarted,
     Connected,
@@ -24,7 +24,7 @@ from .events import (
     Message,
     OutputLine,
 )
-from .results import HostResult
+from orchestrator.results import HostResult
 
 _TRAILING_NUMBER = re.compile(r"^(.*?)(\d+)$")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from orchestrator.errors import ExitCode
+
 Status = Literal["ok", "failed", "timeout", "unreachable", "auth", "host_key"]
 
 # Statuses that mean "we never got to run anything on that host".
@@ -54,10 +56,10 @@ class HostResult:
         }
 
 
-def exit_code_for(results: list[HostResult]) -> int:
+def exit_code_for(results: list[HostResult]) -> ExitCode:
     """CLI exit code per DESIGN.md: 3 if any host unreachable, else 1 if any failed."""
     if any(not r.reached for r in results):
-        return 3
+        return ExitCode.UNREACHABLE
     if any(not r.ok for r in results):
-        return 1
-    return 0
+        return ExitCode.FAILED
+    return ExitCode.OK

@@ -13,10 +13,10 @@ from typing import Any
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from .api import Cluster
-from .config import ClusterConfig
-from .events import EventSink
-from .results import HostResult
+from orchestrator.api import Cluster
+from orchestrator.config import ClusterConfig
+from orchestrator.events import EventSink
+from orchestrator.results import HostResult
 
 
 class SyncCluster:

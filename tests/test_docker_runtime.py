@@ -19,7 +19,7 @@ import pytest
 from private_dockerd import TEST_IMAGE, PrivateDockerd
 
 from orchestrator.config import ContainerConfig, Registry
-from orchestrator.runtime.docker import (
+from orchestrator.containers.docker import (
     LABEL_CONFIG_HASH,
     LABEL_MANAGED,
     DockerOutputError,

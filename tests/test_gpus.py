@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from orchestrator.config import GPURequest
-from orchestrator.gpus import (
+from orchestrator.limits.gpus import (
     GPU,
     MARKER,
     GPUError,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.hostlist import MAX_HOSTS, HostlistError, expand_hostlist
+from orchestrator.config.hostlist import MAX_HOSTS, HostlistError, expand_hostlist
 
 EXPANSIONS = [
     ("gpu01", ["gpu01"]),

@@ -11,7 +11,7 @@ import asyncssh
 import pytest
 
 from orchestrator.config import ClusterConfig, HostSpec
-from orchestrator.keys import ClusterKeys, default_state_dir
+from orchestrator.ssh.keys import ClusterKeys, default_state_dir
 
 
 def _mode(path: Path) -> int:

@@ -31,8 +31,8 @@ import yaml
 
 from orchestrator.api import Cluster
 from orchestrator.cli import build_parser
+from orchestrator.containers.docker import LABEL_MANAGED
 from orchestrator.events import CollectingSink, CommandStarted
-from orchestrator.runtime.docker import LABEL_MANAGED
 from orchestrator.sandbox import BASE_TAG, NO_DOCKER_USER, SSHD_TAG, SUDO_USER, Sandbox
 
 CVS = [sys.executable, "-m", "orchestrator"]

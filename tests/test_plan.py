@@ -9,9 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.config import ContainerConfig
-from orchestrator.plan import REBUILD_COMMAND, check_tag_identity, decide_down, decide_plan
-from orchestrator.probe import HostState
-from orchestrator.runtime.docker import LABEL_CONFIG_HASH, managed_labels
+from orchestrator.containers.docker import LABEL_CONFIG_HASH, managed_labels
+from orchestrator.containers.plan import (
+    REBUILD_COMMAND,
+    check_tag_identity,
+    decide_down,
+    decide_plan,
+)
+from orchestrator.containers.probe import HostState
 
 IMG_A = "sha256:" + "a" * 64
 IMG_B = "sha256:" + "b" * 64

@@ -13,14 +13,14 @@ import pytest
 from private_dockerd import TEST_IMAGE, PrivateDockerd
 
 from orchestrator.config import ContainerConfig
-from orchestrator.probe import (
+from orchestrator.containers.docker import managed_labels, rm_argv, run_argv
+from orchestrator.containers.probe import (
     HostState,
     parse_probe_output,
     parse_sections,
     probe_command,
     probe_remote_command,
 )
-from orchestrator.runtime.docker import managed_labels, rm_argv, run_argv
 
 MARKER = "/etc/cvs/provisioned"
 SHA = "ab" * 32

@@ -24,10 +24,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator import mpi
 from orchestrator.config import ClusterConfig, ContainerConfig, HostSpec, load_cluster
-from orchestrator.keys import ClusterKeys
-from orchestrator.provision import (
+from orchestrator.containers import mpi
+from orchestrator.containers.provision import (
     EXIT_BAD_PAYLOAD,
     EXIT_CHECKSUM,
     EXIT_MISSING_TOOL,
@@ -48,7 +47,8 @@ from orchestrator.provision import (
 )
 from orchestrator.results import HostResult
 from orchestrator.sandbox import BASE_TAG, SSHD_TAG, Sandbox
-from orchestrator.transport import SSHPool
+from orchestrator.ssh.keys import ClusterKeys
+from orchestrator.ssh.transport import SSHPool
 
 # Not 2224: other test modules may run their own in-container sshd on the
 # same sandbox hosts in the same session.

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.provision import MARKER_PATH
+from orchestrator.containers.provision import MARKER_PATH
 from orchestrator.sandbox import Sandbox
 
 NAME = "cvs-t-prov-retry"

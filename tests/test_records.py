@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.events import Message
-from orchestrator.records import (
+from orchestrator.results import HostResult
+from orchestrator.suites.records import (
     RunOutcome,
     RunRecorder,
     StepHostOutcome,
@@ -23,7 +24,6 @@ from orchestrator.records import (
     junit_xml,
     results_document,
 )
-from orchestrator.results import HostResult
 
 SCHEMA_FILE = Path(__file__).parent.parent / "orchestrator" / "schemas" / "results.schema.json"
 SCHEMA = json.loads(SCHEMA_FILE.read_text())

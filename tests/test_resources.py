@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from orchestrator.config import ClusterConfig, ContainerConfig, HostSpec, Limits, Resources
-from orchestrator.resources import (
+from orchestrator.limits.resources import (
     DOCKER_DEFAULT_SHM_BYTES,
     EffectiveResources,
     ResourceError,

@@ -10,9 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.config import ConfigError, parse_cluster
-from orchestrator.records import StepHostOutcome
 from orchestrator.results import HostResult
-from orchestrator.suite import (
+from orchestrator.suites.model import (
     Step,
     find_suite,
     list_suites,
@@ -20,7 +19,8 @@ from orchestrator.suite import (
     looks_like_path,
     parse_suite,
 )
-from orchestrator.suite_runner import judge, mpi_env, resolve_step_hosts, step_hosts
+from orchestrator.suites.records import StepHostOutcome
+from orchestrator.suites.runner import judge, mpi_env, resolve_step_hosts, step_hosts
 
 CLUSTER = parse_cluster(
     "name: lab\nhosts: ['node[1-4]']\n"

@@ -27,7 +27,7 @@ from orchestrator.results import HostResult
 from orchestrator.sandbox import Sandbox
 from orchestrator.sandbox.network import NETNS_DIR
 from orchestrator.sandbox.procs import cmdline
-from orchestrator.transport import SSHPool
+from orchestrator.ssh.transport import SSHPool
 
 # -- helpers (also used by test_exec_cli.py) ---------------------------------
 

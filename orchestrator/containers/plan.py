@@ -25,8 +25,9 @@ from types import MappingProxyType
 from typing import Literal
 
 from orchestrator.config import ContainerConfig, Lifetime
-from orchestrator.probe import HostState
-from orchestrator.runtime.docker import LABEL_CONFIG_HASH, LABEL_MANAGED, is_ours
+from orchestrator.containers.docker import LABEL_CONFIG_HASH, LABEL_MANAGED, is_ours
+from orchestrator.containers.probe import HostState
+from orchestrator.errors import ExitCode
 
 ActionKind = Literal["attach", "cold_start", "restart", "replace", "verify", "remove", "none"]
 
@@ -62,8 +63,8 @@ class Plan:
     unknown_hosts: tuple[str, ...] = ()  # hosts whose state could not be determined
 
     @property
-    def exit_code(self) -> int:
-        return 4 if self.refused else 0
+    def exit_code(self) -> ExitCode:
+        return ExitCode.REFUSED if self.refused else ExitCode.OK
 
     def hosts(self, *kinds: ActionKind) -> list[str]:
         return [h for h, a in self.actions.items() if a.kind in kinds]

@@ -21,8 +21,10 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel
 
+from orchestrator.errors import UsageError
 
-class ConfigError(Exception):
+
+class ConfigError(UsageError):
     """A cluster (or suite) file is unusable. `str()` is one line for the user."""
 
 

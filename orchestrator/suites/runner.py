@@ -20,11 +20,13 @@ from typing import Any
 
 import anyio
 
-from .api import Cluster, HostSelectionError, select_hosts
-from .config import ClusterConfig, ConfigError
-from .errors import PolicyRefused
-from .events import EventSink, HostStep, Message
-from .records import (
+from orchestrator.api import Cluster, HostSelectionError, select_hosts
+from orchestrator.config import ClusterConfig, ConfigError
+from orchestrator.errors import PolicyRefused
+from orchestrator.events import EventSink, HostStep, Message
+from orchestrator.results import HostResult
+from orchestrator.suites.model import Step, Suite
+from orchestrator.suites.records import (
     TAIL_LINES,
     HostStatus,
     RunOutcome,
@@ -32,8 +34,6 @@ from .records import (
     StepHostOutcome,
     StepOutcome,
 )
-from .results import HostResult
-from .suite import Step, Suite
 
 # Removing per_run containers must finish even after Ctrl-C, but not hang forever.
 DOWN_TIMEOUT = 300.0

@@ -11,7 +11,7 @@ import secrets
 import shlex
 from collections.abc import Mapping, Sequence
 
-from .runtime.docker import validate_container_name
+from orchestrator.containers.docker import validate_container_name
 
 NOT_RUNNING_EXIT = 125
 

@@ -11,8 +11,8 @@ from typing import TypeVar
 
 import anyio
 
-from .results import HostResult
-from .transport import Command, SSHPool
+from orchestrator.results import HostResult
+from orchestrator.ssh.transport import Command, SSHPool
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""`cvs run SUITE` and `cvs run --list` (wired into cli.py's parser).
+"""`cvs run SUITE` and `cvs run --list` .
 
 Exit codes (DESIGN.md): 0 every step ok on every host, 1 a step failed, 2 bad
 suite or cluster file, 3 some host unreachable, 4 refused by the lifetime
@@ -13,51 +13,20 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import anyio
 
-from .errors import UsageError
-from .events import TeeSink
-from .records import RunOutcome, RunRecorder, default_run_dir, results_document
-from .render import compress_hosts
-from .suite import SHIPPED_PACKAGE, find_suite, list_suites, load_suite
-from .suite_runner import new_outcome, resolve_step_hosts, run_suite
+from orchestrator.cli.common import cluster_path, load, make_sink
+from orchestrator.errors import UsageError
+from orchestrator.events import TeeSink
+from orchestrator.render import compress_hosts
+from orchestrator.suites.model import SHIPPED_PACKAGE, find_suite, list_suites, load_suite
+from orchestrator.suites.records import RunOutcome, RunRecorder, default_run_dir, results_document
+from orchestrator.suites.runner import new_outcome, resolve_step_hosts, run_suite
 
 # Above this many hosts a step's row names hosts per status instead of one column per host.
 WIDE_TABLE_HOSTS = 8
-
-RUN_EPILOG = """\
-suites are found by name in ./suites, then each directory of $CVS_SUITES_PATH,
-then the examples shipped with cvs (install_demo, test_demo); or give a path.
-
-example (persistent containers: the install survives into the next run):
-  cvs -c cluster.yaml run install_demo
-  cvs -c cluster.yaml run test_demo
-"""
-
-
-def add_run_parser(sub: Any, common: argparse.ArgumentParser) -> None:
-    """Add `cvs run` to cli.py's subcommands (`sub`), sharing its `common` options."""
-    p = sub.add_parser(
-        "run",
-        parents=[common],
-        help="run a suite of steps across the cluster and record the results",
-        description="Bring containers up per the cluster's lifetime, run the suite's steps in "
-        "order (each on its hosts at once), bring them down per the lifetime (per_run: "
-        "removed, also on failure or Ctrl-C). Writes a run directory with events.jsonl, "
-        "per-host per-step logs, results.json and junit.xml.",
-        epilog=RUN_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("suite", nargs="?", metavar="SUITE", help="suite name or path to a suite file")
-    p.add_argument("--list", action="store_true", help="list the suites found, and where")
-    p.add_argument(
-        "--run-dir",
-        metavar="DIR",
-        help="where to write the run records (default runs/<UTC time>-<suite>/)",
-    )
-    p.set_defaults(func=cmd_run)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -65,19 +34,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _list(args)
     if not args.suite:
         raise UsageError("cvs run: name a suite (cvs run SUITE), or list them with cvs run --list")
-    from . import cli
-
     ref = find_suite(args.suite)
     suite = load_suite(ref.path)
-    cluster_path = Path(os.path.abspath(cli._cluster_path(args)))
-    cluster = cli.load(args)
+    cluster_file = Path(os.path.abspath(cluster_path(args)))
+    cluster = load(args)
     resolve_step_hosts(suite, cluster)  # a bad `hosts:` is exit 2 before anything starts
     if args.run_dir:
         recorder = RunRecorder.create(Path(args.run_dir))
     else:
         recorder = RunRecorder.create(default_run_dir(suite.name), unique=True)
-    outcome = new_outcome(suite, cluster, str(cluster_path))
-    screen = cli.make_sink(args)
+    outcome = new_outcome(suite, cluster, str(cluster_file))
+    screen = make_sink(args)
     sink = TeeSink(screen, recorder.events_sink())
 
     async def main() -> RunOutcome:
@@ -86,7 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             cluster,
             sink=sink,
             recorder=recorder,
-            cluster_file=str(cluster_path),
+            cluster_file=str(cluster_file),
             outcome=outcome,
         )
 

@@ -23,32 +23,8 @@ from typing import Any
 
 import anyio
 
-from .config import ClusterConfig, ContainerConfig, container_name
-from .errors import PolicyRefused
-from .events import EventSink, HostStep, Message
-from .fanout import fan_out
-from .gpus import (
-    GPU,
-    GPUError,
-    GPUSelection,
-    Unsatisfiable,
-    discovery_command,
-    parse_discovery,
-    select_gpus,
-)
-from .keys import ClusterKeys, default_state_dir
-from .plan import HostAction, Plan, check_tag_identity, decide_down, decide_plan
-from .probe import HostState, parse_probe_output, probe_command
-from .provision import MARKER_PATH, SetupScript, ensure_sshd, run_setup_script, sshd_wanted
-from .resources import (
-    EffectiveResources,
-    clamp_warnings,
-    cluster_effective_resources,
-    container_limits_drift,
-    effective_resources,
-)
-from .results import HostResult
-from .runtime.docker import (
+from orchestrator.config import ClusterConfig, ContainerConfig, container_name
+from orchestrator.containers.docker import (
     config_hash,
     docker_prefix,
     image_inspect_argv,
@@ -61,7 +37,43 @@ from .runtime.docker import (
     run_argv,
     start_argv,
 )
-from .transport import ConnectError, SSHPool
+from orchestrator.containers.plan import (
+    HostAction,
+    Plan,
+    check_tag_identity,
+    decide_down,
+    decide_plan,
+)
+from orchestrator.containers.probe import HostState, parse_probe_output, probe_command
+from orchestrator.containers.provision import (
+    MARKER_PATH,
+    SetupScript,
+    ensure_sshd,
+    run_setup_script,
+    sshd_wanted,
+)
+from orchestrator.errors import ExitCode, PolicyRefused
+from orchestrator.events import EventSink, HostStep, Message
+from orchestrator.limits.gpus import (
+    GPU,
+    GPUError,
+    GPUSelection,
+    Unsatisfiable,
+    discovery_command,
+    parse_discovery,
+    select_gpus,
+)
+from orchestrator.limits.resources import (
+    EffectiveResources,
+    clamp_warnings,
+    cluster_effective_resources,
+    container_limits_drift,
+    effective_resources,
+)
+from orchestrator.results import HostResult
+from orchestrator.ssh.fanout import fan_out
+from orchestrator.ssh.keys import ClusterKeys, default_state_dir
+from orchestrator.ssh.transport import ConnectError, SSHPool
 
 PROBE_DONE = "@@cvs:done"
 # A probe that has said nothing after this long is queued behind another lock holder.
@@ -106,10 +118,10 @@ class UpReport:
         return all(o.ok for o in self.outcomes.values())
 
     @property
-    def exit_code(self) -> int:
+    def exit_code(self) -> ExitCode:
         if any(o.unreachable for o in self.outcomes.values()):
-            return 3
-        return 0 if self.ok else 1
+            return ExitCode.UNREACHABLE
+        return ExitCode.OK if self.ok else ExitCode.FAILED
 
     def to_dict(self) -> dict[str, Any]:
         return {

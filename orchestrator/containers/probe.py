@@ -43,7 +43,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from orchestrator.config import ContainerConfig
-from orchestrator.runtime.docker import (
+from orchestrator.containers.docker import (
     ContainerLimits,
     DockerOutputError,
     classify_docker_error,

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from orchestrator.config import GPURequest
-from orchestrator.units import format_size, parse_size
+from orchestrator.config.units import format_size, parse_size
 
 Vendor = Literal["amd", "nvidia"]
 VENDORS: tuple[str, ...] = get_args(Vendor)

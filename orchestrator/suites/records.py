@@ -20,8 +20,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from .events import JsonLinesSink
-from .results import CONNECTION_STATUSES, HostResult
+from orchestrator.errors import ExitCode
+from orchestrator.events import JsonLinesSink
+from orchestrator.results import CONNECTION_STATUSES, HostResult
 
 RESULTS_SCHEMA_VERSION = 1
 TAIL_LINES = 20
@@ -93,20 +94,20 @@ class RunOutcome:
     warnings: list[str] = field(default_factory=list)
 
     @property
-    def exit_code(self) -> int:
+    def exit_code(self) -> ExitCode:
         """DESIGN.md: 130 interrupted, 4 refused, 3 unreachable, 1 a step failed, 0 ok."""
         if self.interrupted:
-            return 130
+            return ExitCode.INTERRUPTED
         if self.refused:
-            return 4
+            return ExitCode.REFUSED
         outcomes = [r for s in self.steps for r in s.results.values()]
         if any(not r.reached for r in outcomes):
-            return 3
+            return ExitCode.UNREACHABLE
         if self.up_exit_code:
-            return self.up_exit_code
+            return ExitCode(self.up_exit_code)
         if self.error is not None or any(s.status == "failed" for s in self.steps):
-            return 1
-        return 0
+            return ExitCode.FAILED
+        return ExitCode.OK
 
     @property
     def ok(self) -> bool:

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config import ConfigError, Limits, Resources
-from orchestrator.units import format_size, parse_size
+from orchestrator.config.units import format_size, parse_size
 
 if TYPE_CHECKING:
     from orchestrator.config import ClusterConfig
-    from orchestrator.runtime.docker import ContainerLimits
+    from orchestrator.containers.docker import ContainerLimits
 
 NANO = 10**9
 # What docker reports for ShmSize when --shm-size was not given.

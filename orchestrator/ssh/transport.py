@@ -30,8 +30,8 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from .config import ClusterConfig, HostSpec
-from .events import (
+from orchestrator.config import ClusterConfig, HostSpec
+from orchestrator.events import (
     CommandFinished,
     CommandStarted,
     Connected,
@@ -41,7 +41,7 @@ from .events import (
     NullSink,
     OutputLine,
 )
-from .results import HostResult, Status
+from orchestrator.results import HostResult, Status
 
 PREFERRED_CIPHERS = [
     "aes128-gcm@openssh.com",

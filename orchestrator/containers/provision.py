@@ -33,11 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator import mpi
 from orchestrator.config import ClusterConfig, ContainerConfig
-from orchestrator.keys import ClusterKeys
+from orchestrator.containers import mpi
+from orchestrator.containers.docker import exec_argv
 from orchestrator.results import HostResult
-from orchestrator.runtime.docker import exec_argv
+from orchestrator.ssh.keys import ClusterKeys
 
 # Inside the container: the sha256 of the script that provisioned it.
 MARKER_PATH = "/var/lib/cvs/provisioned"

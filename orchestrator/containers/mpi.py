@@ -9,7 +9,7 @@ sshd port, with strict host-key checking.
 from __future__ import annotations
 
 from orchestrator.config import ClusterConfig, HostSpec
-from orchestrator.keys import ClusterKeys
+from orchestrator.ssh.keys import ClusterKeys
 
 # Where things go inside a container (root's home comes from the container).
 SSHD_CONFIG_PATH = "/etc/ssh/cvs_sshd_config"

@@ -29,8 +29,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from .config import ENV_NAME_RE, Model
-from .documents import (
+from orchestrator.config import ENV_NAME_RE, Model
+from orchestrator.config.documents import (
     ConfigError,
     Located,
     MarkingLoader,

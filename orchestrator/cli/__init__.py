@@ -1,0 +1,37 @@
+"""`cvs`: the command line. Thin: parse, load, call the API, render.
+
+One module per command group (cluster, run, sandbox), shared helpers in
+`common`, the parser in `parser`; no command module imports another. Errors
+become messages and exit codes in one place: `main` (codes: errors.ExitCode).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+from orchestrator.cli.parser import build_parser
+
+__all__ = ["build_parser", "main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run `cvs` with `argv` (default: sys.argv[1:]); returns the exit code."""
+    args = build_parser().parse_args(argv)
+    from orchestrator.errors import CvsError, ExitCode, PolicyRefused
+
+    module_name, _, func_name = args.func.partition(":")
+    try:
+        handler = getattr(importlib.import_module(f"orchestrator.cli.{module_name}"), func_name)
+        return int(handler(args))
+    except KeyboardInterrupt:
+        sys.stderr.write("cvs: interrupted\n")
+        return ExitCode.INTERRUPTED
+    except PolicyRefused as exc:
+        from orchestrator.cli.common import print_refusal
+
+        return print_refusal(args, exc)
+    except CvsError as exc:
+        sys.stderr.write(f"cvs: {exc}\n")
+        return exc.exit_code

@@ -1,0 +1,168 @@
+"""Commands that act on a cluster: validate, exec, plan, up, status, down."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import anyio
+
+from orchestrator.cli.common import (
+    cluster_path,
+    load,
+    make_sink,
+    print_json_summary,
+    print_refusal,
+    run_with_cluster,
+)
+from orchestrator.errors import ExitCode, PolicyRefused, UsageError
+from orchestrator.events import wants_plain
+from orchestrator.results import HostResult, exit_code_for
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from orchestrator.config import cluster_warnings, normalized_cluster
+    from orchestrator.limits.resources import cluster_effective_resources
+
+    cluster = load(args, check_files=not args.no_check_files)
+    # A value that loads but that docker would refuse (cpus 0.001, memory 1Ki)
+    # raises ResourceError, a ConfigError: exit 2 naming the key.
+    cluster_effective_resources(cluster)
+    doc = normalized_cluster(cluster)
+    warnings = cluster_warnings(cluster)
+    if args.json:
+        sys.stdout.write(json.dumps({"ok": True, "cluster": doc, "warnings": warnings}) + "\n")
+    else:
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump(doc, sort_keys=False))
+        for w in warnings:
+            sys.stderr.write(f"warning: {w}\n")
+        sys.stderr.write(f"{cluster_path(args)}: ok, {len(cluster.hosts)} hosts\n")
+    return ExitCode.OK
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    from orchestrator.api import Cluster, select_hosts
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("cvs exec: no command given (usage: cvs exec [options] -- CMD ...)")
+    cluster_cfg = load(args)
+    hosts = select_hosts(cluster_cfg, args.hosts)
+    # One argument is taken as shell text (`cvs exec -- 'a | b'`), several as argv.
+    remote: str | list[str] = command[0] if len(command) == 1 else command
+    sink = make_sink(args, output=not args.group)
+
+    async def main() -> dict[str, HostResult]:
+        async with Cluster.open(cluster_cfg, sink=sink) as cluster:
+            return await cluster.exec(
+                remote, hosts=hosts, timeout=args.timeout, host_os=args.host_os
+            )
+
+    try:
+        results = anyio.run(main)
+    finally:
+        sink.close()
+    code = exit_code_for(list(results.values()))
+    if args.json:
+        print_json_summary(results, code)
+        return code
+    from orchestrator.render import print_grouped, summary_line
+
+    if args.group:
+        print_grouped(results)
+    for r in results.values():
+        if not r.ok and not args.group:
+            sys.stderr.write(f"{r.host}: {r.status}: {r.error}\n")
+    sys.stderr.write(summary_line(results) + "\n")
+    return code
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    plan = run_with_cluster(args, lambda c: c.plan(force=args.force, reprovision=args.reprovision))
+    if args.json:
+        doc = {
+            "ok": not plan.refused,
+            "exit_code": plan.exit_code,
+            "lifetime": plan.lifetime,
+            "refused": plan.reasons,
+            "warnings": plan.warnings,
+            "hosts": {h: {"action": a.kind, "reason": a.reason} for h, a in plan.actions.items()},
+        }
+        sys.stdout.write(json.dumps(doc) + "\n")
+        return plan.exit_code
+    width = max((len(h) for h in plan.actions), default=4)
+    sys.stdout.write(f"lifetime: {plan.lifetime}\n")
+    for host, action in plan.actions.items():
+        extras = [
+            x for x, on in (("provision", action.provision), ("sshd", action.start_sshd)) if on
+        ]
+        more = f" (+{', '.join(extras)})" if extras else ""
+        sys.stdout.write(f"{host:<{width}}  {action.kind:<10} {action.reason}{more}\n")
+    for w in plan.warnings:
+        sys.stderr.write(f"warning: {w}\n")
+    if plan.refused:
+        sys.stderr.write("refused:\n")
+        for r in plan.reasons:
+            sys.stderr.write(f"  - {r}\n")
+    return plan.exit_code
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    try:
+        report = run_with_cluster(
+            args, lambda c: c.up(force=args.force, reprovision=args.reprovision)
+        )
+    except PolicyRefused as exc:
+        return print_refusal(args, exc)
+    if args.json:
+        sys.stdout.write(json.dumps(report.to_dict()) + "\n")
+        return report.exit_code
+    for host, outcome in report.outcomes.items():
+        if outcome.ok:
+            steps = ", ".join(name for name, _ in outcome.steps) or "nothing to do"
+            sys.stderr.write(f"{host}: {outcome.action.kind} ok ({steps})\n")
+        else:
+            sys.stderr.write(f"{host}: {outcome.action.kind} FAILED at {outcome.error}\n")
+    ok = sum(o.ok for o in report.outcomes.values())
+    sys.stderr.write(f"up: {ok}/{len(report.outcomes)} hosts ready\n")
+    return report.exit_code
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    plan, results = run_with_cluster(args, lambda c: c.down(force=args.force))
+    code = exit_code_for(list(results.values())) if results else 0
+    if plan.unknown_hosts:
+        code = max(code, ExitCode.UNREACHABLE)
+    if args.json:
+        doc = {
+            "ok": code == 0,
+            "exit_code": code,
+            "warnings": plan.warnings,
+            "hosts": {h: {"action": a.kind, "reason": a.reason} for h, a in plan.actions.items()},
+        }
+        sys.stdout.write(json.dumps(doc) + "\n")
+        return code
+    for w in plan.warnings:
+        sys.stderr.write(f"warning: {w}\n")
+    for host, action in plan.actions.items():
+        r = results.get(host)
+        done = "" if r is None else (" ok" if r.ok else f" FAILED: {r.error}")
+        sys.stderr.write(f"{host}: {action.reason}{done}\n")
+    return code
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    rows = run_with_cluster(args, lambda c: c.status())
+    code = ExitCode.UNREACHABLE if any(not r["reachable"] for r in rows) else ExitCode.OK
+    if args.json:
+        sys.stdout.write(json.dumps({"ok": code == 0, "exit_code": code, "hosts": rows}) + "\n")
+        return code
+    from orchestrator.render import print_status
+
+    print_status(rows, plain=wants_plain(sys.stdout))
+    return code

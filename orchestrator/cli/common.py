@@ -1,0 +1,91 @@
+"""Helpers every command module shares: the cluster path, loading, sinks, JSON, refusals."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import ExitCode, PolicyRefused, UsageError
+from orchestrator.events import EventSink, JsonLinesSink, PlainSink, wants_plain
+from orchestrator.results import HostResult
+
+DEFAULT_SANDBOX_DIR = "/tmp/cvs-sandbox"
+
+
+def cluster_path(args: argparse.Namespace) -> Path:
+    if args.cluster:
+        return Path(args.cluster)
+    env = os.environ.get("CVS_CLUSTER")
+    if env:
+        return Path(env)
+    default = Path("cluster.yaml")
+    if not default.exists():
+        raise UsageError(
+            "no cluster file: pass -c FILE, set CVS_CLUSTER, or create ./cluster.yaml "
+            "(`cvs sandbox up` writes one for a local sandbox)"
+        )
+    return default
+
+
+def load(args: argparse.Namespace, **kwargs: Any) -> Any:
+    from orchestrator.config import load_cluster
+
+    return load_cluster(cluster_path(args), **kwargs)
+
+
+def make_sink(args: argparse.Namespace, *, output: bool = True) -> EventSink:
+    if args.json:
+        return JsonLinesSink(sys.stdout, output=output)
+    if wants_plain(sys.stderr):
+        return PlainSink(verbose=args.verbose, output=output)
+    from orchestrator.render import RichSink
+
+    return RichSink(verbose=args.verbose, output=output)
+
+
+def print_json_summary(results: dict[str, HostResult], code: int, **extra: Any) -> None:
+    summary = {
+        "ok": code == 0,
+        "exit_code": code,
+        **extra,
+        "hosts": {h: r.to_dict() for h, r in results.items()},
+    }
+    sys.stdout.write(json.dumps(summary) + "\n")
+    sys.stdout.flush()
+
+
+def run_with_cluster(
+    args: argparse.Namespace, work: Callable[[Any], Any], *, output: bool = False
+) -> Any:
+    """Open the cluster, run `work(cluster)`, close; events go to the chosen sink."""
+    from orchestrator.api import Cluster
+
+    cluster_cfg = load(args)
+    sink = make_sink(args, output=output)
+
+    async def main() -> Any:
+        async with Cluster.open(cluster_cfg, sink=sink) as cluster:
+            return await work(cluster)
+
+    try:
+        import anyio
+
+        return anyio.run(main)
+    finally:
+        sink.close()
+
+
+def print_refusal(args: argparse.Namespace, exc: PolicyRefused) -> int:
+    if args.json:
+        doc = {"ok": False, "exit_code": int(ExitCode.REFUSED), "refused": exc.reasons}
+        sys.stdout.write(json.dumps(doc) + "\n")
+    else:
+        sys.stderr.write("cvs: refused, nothing was changed:\n")
+        for reason in exc.reasons:
+            sys.stderr.write(f"  - {reason}\n")
+    return ExitCode.REFUSED

@@ -1,0 +1,210 @@
+"""The argument parser of `cvs`: every subcommand, its options and its example.
+
+Kept free of heavy imports (asyncssh, pydantic, rich): `cvs --help` and
+`cvs CMD --help` build only this. Each subcommand names its handler as
+"module:function" under orchestrator.cli, imported when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+DEFAULT_SANDBOX_DIR = "/tmp/cvs-sandbox"
+
+
+def _version() -> str:
+    from orchestrator import __version__
+
+    return __version__
+
+
+RUN_EPILOG = """\
+suites are found by name in ./suites, then each directory of $CVS_SUITES_PATH,
+then the examples shipped with cvs (install_demo, test_demo); or give a path.
+
+example (persistent containers: the install survives into the next run):
+  cvs -c cluster.yaml run install_demo
+  cvs -c cluster.yaml run test_demo
+"""
+
+
+def add_run_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    """Add `cvs run` to cli.py's subcommands (`sub`), sharing its `common` options."""
+    p = sub.add_parser(
+        "run",
+        parents=[common],
+        help="run a suite of steps across the cluster and record the results",
+        description="Bring containers up per the cluster's lifetime, run the suite's steps in "
+        "order (each on its hosts at once), bring them down per the lifetime (per_run: "
+        "removed, also on failure or Ctrl-C). Writes a run directory with events.jsonl, "
+        "per-host per-step logs, results.json and junit.xml.",
+        epilog=RUN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("suite", nargs="?", metavar="SUITE", help="suite name or path to a suite file")
+    p.add_argument("--list", action="store_true", help="list the suites found, and where")
+    p.add_argument(
+        "--run-dir",
+        metavar="DIR",
+        help="where to write the run records (default runs/<UTC time>-<suite>/)",
+    )
+    p.set_defaults(func="run:cmd_run")
+
+
+EPILOG = """\
+exit codes: 0 ok · 1 a command failed on some host · 2 usage or config error ·
+3 some host unreachable · 4 refused by policy · 130 interrupted
+
+Start here:  cvs sandbox up --hosts 4      # a local 4-host cluster, prints its cluster.yaml
+             cvs -c /tmp/cvs-sandbox/cluster.yaml exec -- hostname
+"""
+
+
+def _common_options(*, subcommand: bool) -> argparse.ArgumentParser:
+    """-c/--json/-v, accepted before and after the subcommand.
+
+    A subparser writes its defaults over what the main parser parsed, so in
+    subcommands they default to SUPPRESS: otherwise `cvs -c FILE up` would
+    silently drop FILE. (Separate parsers: `parents` shares Action objects.)
+    """
+    common = argparse.ArgumentParser(add_help=False)
+    unset: dict[str, Any] = {"default": argparse.SUPPRESS} if subcommand else {}
+    common.add_argument(
+        "-c",
+        "--cluster",
+        metavar="FILE",
+        help="cluster file (default: $CVS_CLUSTER, then ./cluster.yaml)",
+        **unset,
+    )
+    common.add_argument("--json", action="store_true", help="JSON lines on stdout", **unset)
+    common.add_argument(
+        "-v", "--verbose", action="store_true", help="more progress detail", **unset
+    )
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common_options(subcommand=True)
+
+    parser = argparse.ArgumentParser(
+        prog="cvs",
+        description="Keep one named test container per GPU host in the state a run needs.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[_common_options(subcommand=False)],
+    )
+    parser.add_argument("--version", action="version", version=f"cvs {_version()}")
+    sub = parser.add_subparsers(dest="command_name", metavar="COMMAND", required=True)
+
+    p = sub.add_parser(
+        "validate",
+        parents=[common],
+        help="check a cluster file and print it normalized",
+        description="Load the cluster file, expand hostlists, fill defaults, print the result. "
+        "Exit 2 with one line naming the file and key on any problem.",
+    )
+    p.add_argument(
+        "--no-check-files",
+        action="store_true",
+        help="do not require identity files and setup scripts to exist here",
+    )
+    p.set_defaults(func="cluster:cmd_validate")
+
+    p = sub.add_parser(
+        "exec",
+        parents=[common],
+        help="run a command on every host (in the container when there is one)",
+        description="Run CMD on the selected hosts at once, over one SSH connection per host. "
+        "With a container block and a running container, CMD runs inside it; "
+        "--host-os runs it on the host itself. One argument is shell text; several are argv.",
+        epilog="example: cvs exec --hosts 'node[1-2]' --timeout 30 -- nvidia-smi -L",
+    )
+    p.add_argument("--hosts", metavar="PATTERN", help="names, globs or hostlists, comma-separated")
+    p.add_argument("--timeout", type=float, metavar="S", help="per-host timeout in seconds")
+    p.add_argument("--group", action="store_true", help="fold identical output (like dshbak -c)")
+    p.add_argument("--host-os", action="store_true", help="run on the host, not in the container")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    p.set_defaults(func="cluster:cmd_exec")
+
+    lifecycle_epilog = (
+        "lifetimes: no_launch (use running containers, never start any), per_run (fresh each "
+        "run, removed by down), persistent (kept between runs; a partial set is refused)"
+    )
+    p = sub.add_parser(
+        "plan",
+        parents=[common],
+        help="show what `up` would do on each host (dry run)",
+        description="Probe every host (one round trip each) and print the action `up` would take "
+        "and why. Changes nothing. Exit 4 when `up` would be refused.",
+        epilog=lifecycle_epilog,
+    )
+    p.add_argument("--force", action="store_true", help="plan as `up --force` would")
+    p.add_argument("--reprovision", action="store_true", help="plan as `up --reprovision` would")
+    p.set_defaults(func="cluster:cmd_plan")
+
+    p = sub.add_parser(
+        "up",
+        parents=[common],
+        help="bring the containers up per the lifetime policy",
+        description="Lock and probe every host, decide per the lifetime policy, then on each host "
+        "independently: pull/load, run, provision (setup script), start the in-container sshd. "
+        "Exit 4 (nothing changed) when refused: partial persistent set, image skew, unreadable "
+        "image, unknown host state.",
+        epilog=lifecycle_epilog,
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace containers instead of refusing (removes persistent or foreign ones)",
+    )
+    p.add_argument(
+        "--reprovision", action="store_true", help="run the setup script again on kept containers"
+    )
+    p.set_defaults(func="cluster:cmd_up")
+
+    p = sub.add_parser(
+        "status",
+        parents=[common],
+        help="table of hosts: container, image, sshd, provisioning, drift",
+        description="Probe every host and show reachability, docker access, container state, "
+        "image and tag IDs (stale?), sshd, provisioning marker, effective limits and drift.",
+    )
+    p.set_defaults(func="cluster:cmd_status")
+
+    p = sub.add_parser(
+        "down",
+        parents=[common],
+        help="remove containers per the lifetime (persistent: only with --force)",
+        description="per_run: remove our containers. persistent: keep them (--force removes). "
+        "no_launch: nothing. A same-named container cvs did not create is kept unless --force.",
+    )
+    p.add_argument("--force", action="store_true", help="also remove persistent/foreign ones")
+    p.set_defaults(func="cluster:cmd_down")
+
+    add_run_parser(sub, common)
+
+    p = sub.add_parser(
+        "sandbox",
+        parents=[common],
+        help="a local multi-host cluster on this machine (root)",
+        description="Build or remove a sandbox cluster: N network namespaces on a private bridge, "
+        "each with its own sshd and dockerd, and a cluster.yaml to drive them.",
+    )
+    sandbox_sub = p.add_subparsers(dest="sandbox_command", metavar="up|down", required=True)
+    up = sandbox_sub.add_parser("up", parents=[common], help="build the sandbox")
+    up.add_argument("--hosts", type=int, default=4, help="number of hosts (default 4)")
+    up.add_argument("--dir", help=f"where it lives (default {DEFAULT_SANDBOX_DIR})")
+    up.add_argument(
+        "--lifetime",
+        choices=["per_run", "persistent", "no_launch"],
+        default="per_run",
+        help="container lifetime written into the cluster file (default per_run)",
+    )
+    up.add_argument(
+        "--egress", action="store_true", help="add a host whose containers reach Debian mirrors"
+    )
+    down = sandbox_sub.add_parser("down", parents=[common], help="remove everything it made")
+    down.add_argument("--dir", help=f"where it lives (default {DEFAULT_SANDBOX_DIR})")
+    p.set_defaults(func="sandbox:cmd_sandbox")
+    return parser

@@ -1,0 +1,50 @@
+"""`cvs sandbox up|down`: a local multi-host cluster on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from orchestrator.cli.common import DEFAULT_SANDBOX_DIR
+from orchestrator.errors import ExitCode, UsageError
+
+
+def cmd_sandbox(args: argparse.Namespace) -> int:
+    from orchestrator.sandbox import SandboxError, sandbox_down, sandbox_up
+
+    directory = Path(args.dir or os.environ.get("CVS_SANDBOX_DIR") or DEFAULT_SANDBOX_DIR)
+
+    def progress(text: str) -> None:
+        if not args.json:
+            sys.stderr.write(f"sandbox: {text}\n")
+            sys.stderr.flush()
+
+    try:
+        if args.sandbox_command == "up":
+            if args.hosts < 1:
+                raise UsageError("cvs sandbox up: --hosts must be at least 1")
+            box = sandbox_up(directory, args.hosts, egress_host=args.egress, progress=progress)
+            if args.lifetime != "per_run":
+                _set_sandbox_lifetime(box.cluster_file, args.lifetime)
+            if args.json:
+                sys.stdout.write(json.dumps({"ok": True, "cluster": str(box.cluster_file)}) + "\n")
+            else:
+                sys.stdout.write(f"{box.cluster_file}\n")
+        else:
+            sandbox_down(directory, progress=progress)
+    except SandboxError as exc:
+        sys.stderr.write(f"cvs sandbox: {exc}\n")
+        return ExitCode.USAGE
+    return ExitCode.OK
+
+
+def _set_sandbox_lifetime(path: Path, lifetime: str) -> None:
+    import yaml
+
+    doc = yaml.safe_load(path.read_text())
+    doc["container"]["lifetime"] = lifetime
+    header = "".join(line + "\n" for line in path.read_text().splitlines() if line.startswith("#"))
+    path.write_text(header + yaml.safe_dump(doc, sort_keys=False))

@@ -1,0 +1,57 @@
+"""The cluster file: typed model, loader, CVS-JSON import, positioned YAML/JSON, hostlists."""
+
+from orchestrator.config.documents import ConfigError
+from orchestrator.config.loader import cluster_from_data, load_cluster, parse_cluster
+from orchestrator.config.model import (
+    CONTAINER_NAME_RE,
+    ENV_NAME_RE,
+    HOST_NAME_RE,
+    IMAGE_REF_RE,
+    ClusterConfig,
+    Concurrency,
+    ContainerConfig,
+    GPURequest,
+    HostEntry,
+    HostKeyPolicy,
+    HostSpec,
+    Lifetime,
+    Limits,
+    Model,
+    MPIConfig,
+    PullPolicy,
+    Registry,
+    Resources,
+    SSHConfig,
+    SSHDConfig,
+)
+from orchestrator.config.views import cluster_warnings, container_name, normalized_cluster
+
+__all__ = [
+    "CONTAINER_NAME_RE",
+    "ENV_NAME_RE",
+    "HOST_NAME_RE",
+    "IMAGE_REF_RE",
+    "ClusterConfig",
+    "Concurrency",
+    "ConfigError",
+    "ContainerConfig",
+    "GPURequest",
+    "HostEntry",
+    "HostKeyPolicy",
+    "HostSpec",
+    "Lifetime",
+    "Limits",
+    "MPIConfig",
+    "Model",
+    "PullPolicy",
+    "Registry",
+    "Resources",
+    "SSHConfig",
+    "SSHDConfig",
+    "cluster_from_data",
+    "cluster_warnings",
+    "container_name",
+    "load_cluster",
+    "normalized_cluster",
+    "parse_cluster",
+]

@@ -1,0 +1,222 @@
+"""Cluster file -> ClusterConfig: parse with positions, expand hosts, validate, resolve paths."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from orchestrator.config.cvs_json import _from_cvs, is_cvs_cluster
+from orchestrator.config.documents import (
+    ConfigError,
+    Located,
+    describe_value,
+    first_problem,
+    one_line,
+    parse_document,
+    read_document_text,
+    validation_lines,
+)
+from orchestrator.config.hostlist import HostlistError, expand_hostlist
+from orchestrator.config.model import ClusterConfig, HostSpec
+
+# ---- hosts -----------------------------------------------------------------
+
+_HOST_OVERRIDES = tuple(f for f in HostSpec.model_fields if f != "name")
+
+
+def _expand_hosts(raw_hosts: Any, located: Located) -> tuple[list[Any], list[int]]:
+    """Expanded host entries, and for each the index of the entry it came from."""
+    if isinstance(raw_hosts, str):
+        raw_hosts = [raw_hosts]
+        single = True
+    else:
+        single = False
+    if raw_hosts is None or (isinstance(raw_hosts, list) and not raw_hosts):
+        raise ConfigError(located.error(["hosts"], "the host list is empty"))
+    if not isinstance(raw_hosts, list):
+        raise ConfigError(
+            located.error(["hosts"], f"expected a list of hosts, got {describe_value(raw_hosts)}")
+        )
+    entries: list[Any] = []
+    origins: list[int] = []
+    for index, item in enumerate(raw_hosts):
+        path: list[Any] = ["hosts"] if single else ["hosts", index]
+        if isinstance(item, str):
+            expr, overrides = item, {}
+        elif isinstance(item, dict):
+            if "name" not in item:
+                raise ConfigError(located.error(path, "a host mapping needs a 'name'"))
+            expr = item["name"]
+            if not isinstance(expr, str):
+                raise ConfigError(
+                    located.error(
+                        [*path, "name"], f"expected a host name, got {describe_value(expr)}"
+                    )
+                )
+            overrides = {k: v for k, v in item.items() if k != "name"}
+        else:
+            raise ConfigError(
+                located.error(
+                    path,
+                    f"expected a host name, address, hostlist or a mapping with 'name', "
+                    f"got {describe_value(item)}",
+                )
+            )
+        try:
+            names = expand_hostlist(expr)
+        except HostlistError as exc:
+            name_path = [*path, "name"] if isinstance(item, dict) else path
+            raise ConfigError(located.error(name_path, f"bad hostlist: {exc}")) from None
+        for name in names:
+            entries.append({"name": name, **overrides})
+            origins.append(index)
+    seen: dict[str, int] = {}
+    for index, entry in zip(origins, entries, strict=True):
+        name = entry["name"]
+        if name in seen:
+            first = seen[name]
+            path = ["hosts"] if single else ["hosts", index]
+            also = "" if first == index else f" (also in hosts[{first}])"
+            raise ConfigError(located.error(path, f"duplicate host {name!r}{also}"))
+        seen[name] = index
+    return entries, origins
+
+
+# ---- paths -----------------------------------------------------------------
+
+
+def _resolve(path: str, base_dir: Path) -> str:
+    p = Path(os.path.expanduser(path))
+    if not p.is_absolute():
+        p = base_dir / p
+    return os.path.normpath(str(p))
+
+
+def _resolve_paths(
+    cluster: ClusterConfig, base_dir: Path, located: Located, check_files: bool
+) -> ClusterConfig:
+    identity: list[str] = []
+    for index, path in enumerate(cluster.ssh.identity_files):
+        key = ["ssh", "identity_files", index]
+        if not path.strip():
+            raise ConfigError(located.error(key, "empty path"))
+        resolved = _resolve(path, base_dir)
+        if check_files and not os.path.isfile(resolved):
+            raise ConfigError(located.error(key, f"identity file not found: {resolved}"))
+        identity.append(resolved)
+    ssh_update: dict[str, Any] = {"identity_files": identity}
+    if cluster.ssh.known_hosts:
+        ssh_update["known_hosts"] = _resolve(cluster.ssh.known_hosts, base_dir)
+    update: dict[str, Any] = {"ssh": cluster.ssh.model_copy(update=ssh_update)}
+    if cluster.state_dir:
+        update["state_dir"] = _resolve(cluster.state_dir, base_dir)
+    container = cluster.container
+    if container is not None:
+        script = container.setup_script
+        if script is not None and not script.strip():
+            script = None  # empty means the packaged default
+        elif script is not None:
+            script = _resolve(script, base_dir)
+            if check_files and not os.path.isfile(script):
+                raise ConfigError(
+                    located.error(
+                        ["container", "setup_script"], f"setup script not found: {script}"
+                    )
+                )
+        update["container"] = container.model_copy(update={"setup_script": script})
+    return cluster.model_copy(update=update)
+
+
+# ---- entry points ----------------------------------------------------------
+
+
+def cluster_from_data(
+    data: Any, source: str, base_dir: Path, *, check_files: bool = True
+) -> ClusterConfig:
+    """Validate already-parsed cluster data (a YAML/JSON document)."""
+    located = Located(source, data)
+    if data is None:
+        raise ConfigError(f"{source}: the file is empty (expected a mapping with 'hosts')")
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{source}: the top level must be a mapping of keys (hosts, ssh, container, ...), "
+            f"got {describe_value(data)}"
+        )
+    for key in data:
+        if not isinstance(key, str):
+            raise ConfigError(
+                located.error([key], f"keys must be strings, got {describe_value(key)}")
+            )
+    if is_cvs_cluster(data):
+        data = _from_cvs(data, located)
+        located = Located(source, None)
+    else:
+        # `x-...` top-level keys are free for YAML anchors to hang on (the
+        # docker compose convention): `x-caps: &caps {max_cpus: 8}`.
+        data = {k: v for k, v in data.items() if not k.startswith("x-")}
+    if "source" in data:
+        raise ConfigError(
+            located.error(["source"], "is set by the loader (the file's directory); remove it")
+        )
+    if "hosts" not in data:
+        raise ConfigError(f"{source}: hosts: required key is missing")
+    entries, origins = _expand_hosts(data["hosts"], located)
+    raw_single = isinstance(data["hosts"], str)
+    document = {**data, "hosts": entries}
+    head = data.get("head")
+    if head is None:
+        first = entries[0].get("name")
+        document["head"] = first
+    elif isinstance(head, str) and head not in {e["name"] for e in entries}:
+        raise ConfigError(located.error(["head"], f"{head!r} is not one of the hosts"))
+    document["source"] = str(base_dir)
+
+    def user_path(path: list[Any]) -> list[Any]:
+        # hosts[k] of the expanded list -> hosts[i] as written in the file.
+        if (
+            len(path) >= 2
+            and path[0] == "hosts"
+            and isinstance(path[1], int)
+            and 0 <= path[1] < len(origins)
+        ):
+            raw_index = origins[path[1]]
+            return ["hosts"] if raw_single else ["hosts", raw_index, *path[2:]]
+        return path
+
+    try:
+        cluster = ClusterConfig.model_validate(document)
+    except ValidationError as exc:
+        lines = validation_lines(exc.errors(include_url=False), located, user_path, ClusterConfig)
+        raise first_problem(lines) from None
+    return _resolve_paths(cluster, base_dir, located, check_files)
+
+
+def parse_cluster(
+    text: str, source: str, base_dir: Path, *, check_files: bool = True
+) -> ClusterConfig:
+    """Parse cluster-file text. `source` names the file in messages; relative
+    paths in it resolve against `base_dir`. Raises ConfigError only."""
+    try:
+        data = parse_document(text, source)
+        return cluster_from_data(data, source, Path(base_dir), check_files=check_files)
+    except ConfigError:
+        raise
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply") from None
+    except Exception as exc:  # any parser/validator surprise is still a config problem
+        raise ConfigError(f"{source}: {one_line(f'{type(exc).__name__}: {exc}')}") from None
+
+
+def load_cluster(path: str | Path, *, check_files: bool = True) -> ClusterConfig:
+    """Load and validate a cluster file (YAML, JSON, or CVS cluster JSON).
+
+    `check_files=False` skips existence checks of identity files and the
+    setup script (`cvs validate --no-check-files`, samples on another box).
+    """
+    source = str(path)
+    text = read_document_text(source, "cluster file")
+    base_dir = Path(os.path.expanduser(source)).resolve().parent
+    return parse_cluster(text, source, base_dir, check_files=check_files)

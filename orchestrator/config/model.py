@@ -1,0 +1,287 @@
+"""The cluster file's typed model (pydantic): every key, its type, its checks.
+
+The cluster file is YAML (JSON is accepted, being YAML). Every model forbids
+unknown keys so a typo is an error, never a silently ignored setting.
+
+Loading (`load_cluster`) turns every problem into a `ConfigError` whose
+message is one line naming the file and the key path or line:column; the CLI
+prints it and exits 2.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from orchestrator.config.units import parse_size
+
+Lifetime = Literal["no_launch", "per_run", "persistent"]
+HostKeyPolicy = Literal["strict", "accept-new", "off"]
+PullPolicy = Literal["missing", "always", "never"]
+
+# Container and image names reach remote command lines (quoted, but still):
+# restrict them to what docker itself accepts so nothing odd gets that far.
+CONTAINER_NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$")
+IMAGE_REF_RE = re.compile(
+    r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+)
+HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_env(env: dict[str, str]) -> dict[str, str]:
+    for key in env:
+        if not ENV_NAME_RE.match(key):
+            raise ValueError(f"invalid environment variable name {key!r}")
+    return env
+
+
+def _size_as_text(v: Any) -> Any:
+    # A bare YAML number is a byte count; keep the field a string so every
+    # consumer parses sizes the same way (parse_size).
+    if isinstance(v, int) and not isinstance(v, bool):
+        return str(v)
+    return v
+
+
+def _check_size(v: str | None) -> str | None:
+    if v is not None:
+        parse_size(v)  # ValueError names the bad value and the expected form
+    return v
+
+
+class Limits(Model):
+    """Operator caps on what a container may take on a host."""
+
+    max_cpus: float | None = Field(default=None, gt=0)
+    max_memory: str | None = None
+    max_pids: int | None = Field(default=None, ge=1)
+
+    _size_in = field_validator("max_memory", mode="before")(_size_as_text)
+    _size_ok = field_validator("max_memory")(_check_size)
+
+
+class HostSpec(Model):
+    """One host after hostlist expansion, with its per-host overrides."""
+
+    name: str
+    address: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    user: str | None = None
+    vpc_address: str | None = None
+    limits: Limits | None = None
+    # Sandbox/testing only: where the probe looks for /dev/kfd, /dev/dri, ...
+    gpu_device_root: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not HOST_NAME_RE.match(v):
+            raise ValueError(f"invalid host name {v!r}")
+        return v
+
+
+class SSHConfig(Model):
+    user: str | None = None
+    port: int = Field(default=22, ge=1, le=65535)
+    identity_files: list[str] = Field(default_factory=list)
+    host_key_policy: HostKeyPolicy = "strict"
+    known_hosts: str | None = None
+    connect_timeout: float = Field(default=10.0, gt=0)
+    keepalive: float = Field(default=30.0, ge=0)
+    proxy_jump: str | None = None
+    use_ssh_config: bool = True
+    # Default timeout for one remote command, seconds.
+    command_timeout: float = Field(default=600.0, gt=0)
+    # Channels open at once on one connection; sshd's MaxSessions defaults to 10.
+    max_channels: int = Field(default=8, ge=1, le=64)
+    connect_retries: int = Field(default=6, ge=0, le=50)
+
+    @field_validator("identity_files", mode="before")
+    @classmethod
+    def _one_identity(cls, v: Any) -> Any:
+        # `identity_files: ~/.ssh/id_ed25519` is the common case; accept it.
+        return [v] if isinstance(v, str) else v
+
+
+class Concurrency(Model):
+    # Handshakes in flight at once (sshd's MaxStartups defaults to 10:30:100).
+    handshakes: int = Field(default=10, ge=1)
+    # Hosts worked on at once.
+    hosts: int = Field(default=256, ge=1)
+
+
+class Registry(Model):
+    username: str
+    # A path on each host; the password goes to `docker login --password-stdin`.
+    password_file: str
+    server: str | None = None
+
+
+class Resources(Model):
+    """What the container asks for (clamped by the operator's `limits`)."""
+
+    cpus: float | None = Field(default=None, gt=0)
+    memory: str | None = None
+    pids: int | None = Field(default=None, ge=1)
+    shm_size: str | None = None
+    memory_reservation: str | None = None
+    cpu_shares: int | None = Field(default=None, ge=2)
+
+    _size_in = field_validator("memory", "shm_size", "memory_reservation", mode="before")(
+        _size_as_text
+    )
+    _size_ok = field_validator("memory", "shm_size", "memory_reservation")(_check_size)
+
+
+class GPURequest(Model):
+    count: int | None = Field(default=None, ge=1)
+    type: str | None = None
+    min_memory: str | None = None
+
+    _size_in = field_validator("min_memory", mode="before")(_size_as_text)
+    _size_ok = field_validator("min_memory")(_check_size)
+
+
+class SSHDConfig(Model):
+    """The sshd inside each container, for MPI ranks to reach each other."""
+
+    port: int = Field(default=2224, ge=1, le=65535)
+    # auto: start it when the cluster has more than one host.
+    enabled: Literal["auto", True, False] = "auto"
+
+
+class MPIConfig(Model):
+    slots: int = Field(default=1, ge=1)
+    hostfile: str = "/etc/cvs/hostfile"
+
+
+class ContainerConfig(Model):
+    image: str
+    name: str | None = None
+    lifetime: Lifetime = "per_run"
+    pull: PullPolicy = "missing"
+    image_tar: str | None = None
+    registry: Registry | None = None
+    start_timeout: float = Field(default=900.0, gt=0)
+    network: str = "host"
+    ipc: str | None = "host"
+    privileged: bool = False
+    devices: list[str] = Field(default_factory=list)
+    cap_add: list[str] = Field(default_factory=list)
+    security_opt: list[str] = Field(default_factory=list)
+    group_add: list[str] = Field(default_factory=list)
+    ulimits: dict[str, str | int] = Field(default_factory=dict)
+    volumes: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    shm_size: str | None = None
+    extra_args: list[str] = Field(default_factory=list)
+    setup_script: str | None = None
+    sshd: SSHDConfig = Field(default_factory=SSHDConfig)
+    mpi: MPIConfig = Field(default_factory=MPIConfig)
+    resources: Resources = Field(default_factory=Resources)
+    gpus: Literal["all"] | GPURequest | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in ("enabled", "launch"):
+                if key in data:
+                    raise ValueError(
+                        f"legacy key 'container.{key}' is no longer supported: remove it and set "
+                        "'container.lifetime' to no_launch (use running containers only), "
+                        "per_run (start fresh each run, remove after) or persistent "
+                        "(keep containers between runs)"
+                    )
+        return data
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        if not IMAGE_REF_RE.match(v):
+            raise ValueError(f"invalid image reference {v!r}")
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _cname(cls, v: str | None) -> str | None:
+        if v is not None and not CONTAINER_NAME_RE.match(v):
+            raise ValueError(
+                f"invalid container name {v!r} (letters, digits, '_', '.', '-'; "
+                "must start with a letter or digit)"
+            )
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        return _check_env(v)
+
+    _size_in = field_validator("shm_size", mode="before")(_size_as_text)
+    _size_ok = field_validator("shm_size")(_check_size)
+
+
+HostEntry = Annotated[str | HostSpec, Field(union_mode="left_to_right")]
+
+
+class ClusterConfig(Model):
+    """The whole cluster file, hosts already expanded from hostlists."""
+
+    name: str = "cvs"
+    hosts: list[HostSpec]
+    head: str | None = None
+    ssh: SSHConfig = Field(default_factory=SSHConfig)
+    concurrency: Concurrency = Field(default_factory=Concurrency)
+    env: dict[str, str] = Field(default_factory=dict)
+    limits: Limits | None = None
+    container: ContainerConfig | None = None
+    # Where local state lives (per-cluster MPI key pair, locks): relative to the
+    # cluster file unless absolute. Default: ~/.local/state/cvs/<name>.
+    state_dir: str | None = None
+    # The directory of the file this was loaded from (set by the loader).
+    source: str | None = None
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        return _check_env(v)
+
+    @model_validator(mode="after")
+    def _hosts_consistent(self) -> ClusterConfig:
+        # The loader reports these with file positions first; this keeps a
+        # ClusterConfig built in code (tests, the sandbox) just as consistent.
+        if not self.hosts:
+            raise ValueError("the host list is empty")
+        seen: set[str] = set()
+        for h in self.hosts:
+            if h.name in seen:
+                raise ValueError(f"duplicate host {h.name!r}")
+            seen.add(h.name)
+        if self.head is not None and self.head not in seen:
+            raise ValueError(f"head {self.head!r} is not one of the hosts")
+        return self
+
+    @property
+    def head_host(self) -> HostSpec:
+        name = self.head or self.hosts[0].name
+        return next(h for h in self.hosts if h.name == name)
+
+    def host(self, name: str) -> HostSpec:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(name)

@@ -1,0 +1,103 @@
+"""Derived views of a loaded cluster: the container name, warnings, the normalized dump."""
+
+from __future__ import annotations
+
+import getpass
+import re
+from typing import Any
+
+from orchestrator.config.documents import ConfigError
+from orchestrator.config.model import CONTAINER_NAME_RE, ClusterConfig, Limits
+
+# ---- derived views -----------------------------------------------------------
+
+
+def _image_basename(image: str) -> str:
+    ref = image.split("@", 1)[0]
+    last = ref.rsplit("/", 1)[-1]
+    return last.split(":", 1)[0]
+
+
+def container_name(cluster: ClusterConfig) -> str:
+    """The container's name on every host: explicit, or `cvs-<user>-<image>`.
+
+    The user is the SSH login user when the file sets one (the same on every
+    operator's machine), else the local user.
+    """
+    if cluster.container is None:
+        raise ConfigError("the cluster file has no container block")
+    if cluster.container.name:
+        return cluster.container.name
+    user = cluster.ssh.user or getpass.getuser()
+    raw = f"cvs-{user}-{_image_basename(cluster.container.image)}"
+    name = re.sub(r"[^a-zA-Z0-9_.-]+", "-", raw)[:128]
+    if not CONTAINER_NAME_RE.match(name):  # cannot happen: starts with "cvs"
+        raise ConfigError(f"cannot derive a container name from {raw!r}; set container.name")
+    return name
+
+
+def _caps_hosts(cluster: ClusterConfig) -> list[str]:
+    """Hosts on which nothing caps the container (no hard request, no limit)."""
+    container = cluster.container
+    if container is None:
+        return []
+    r = container.resources
+    if r.cpus is not None or r.memory is not None or r.pids is not None:
+        return []
+
+    def capped(limits: Limits | None) -> bool:
+        return limits is not None and any(
+            v is not None for v in (limits.max_cpus, limits.max_memory, limits.max_pids)
+        )
+
+    if capped(cluster.limits):
+        return []
+    return [h.name for h in cluster.hosts if not capped(h.limits)]
+
+
+def cluster_warnings(cluster: ClusterConfig) -> list[str]:
+    """Things that load fine but are probably not what the operator wants."""
+    out: list[str] = []
+    container = cluster.container
+    if container is not None and container.lifetime == "persistent" and not container.name:
+        out.append(
+            "container.lifetime is persistent but container.name is not set: the name is "
+            f"derived from the image ({container_name(cluster)}), so a tag bump would "
+            "silently orphan the old container; set container.name"
+        )
+    uncapped = _caps_hosts(cluster)
+    if uncapped and len(uncapped) == len(cluster.hosts):
+        out.append("no resource caps: containers may take the whole host")
+    elif uncapped:
+        shown = ", ".join(uncapped[:5]) + (" ..." if len(uncapped) > 5 else "")
+        out.append(
+            f"no resource caps on {len(uncapped)} host(s) ({shown}): "
+            "containers there may take the whole host"
+        )
+    if cluster.ssh.host_key_policy == "off":
+        out.append("ssh.host_key_policy is off: host keys are not checked at all")
+    return out
+
+
+def normalized_cluster(cluster: ClusterConfig) -> dict[str, Any]:
+    """A plain dict for `cvs validate`: hosts expanded, defaults filled in.
+
+    Per-host address, port and user show the effective values (the host's
+    override, else the ssh block's, else the name), so the output answers
+    "what will be contacted" without reading the rules.
+    """
+    out = cluster.model_dump(mode="json", exclude={"source"})
+    hosts = []
+    for h in cluster.hosts:
+        entry = h.model_dump(mode="json", exclude_none=True)
+        entry["address"] = h.address or h.name
+        entry["port"] = h.port or cluster.ssh.port
+        user = h.user or cluster.ssh.user
+        if user:
+            entry["user"] = user
+        hosts.append(entry)
+    out["hosts"] = hosts
+    out["head"] = cluster.head_host.name
+    if cluster.container is not None:
+        out["container"]["name"] = container_name(cluster)
+    return out

@@ -1,0 +1,1 @@
+"""Containers: probe, pure plan, lifecycle, provisioning, docker argv, exec, MPI hostfile."""

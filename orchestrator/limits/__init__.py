@@ -1,0 +1,1 @@
+"""Resource limits: CPU, memory and pids caps, GPU selection and vendor flags (pure)."""

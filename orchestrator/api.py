@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config import ClusterConfig, container_name, load_cluster
-from orchestrator.containers.docker import LABEL_CONFIG_HASH
+from orchestrator.containers.docker import LABEL_CONFIG_HASH, container_limits_drift
 from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command
 from orchestrator.containers.provision import sshd_wanted
 from orchestrator.errors import UsageError
 from orchestrator.events import EventSink, NullSink
-from orchestrator.limits.resources import container_limits_drift
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.transport import SSHPool

@@ -56,14 +56,14 @@ def read_document_text(path: str | _Readable, what: str) -> str:
     return text.removeprefix("\ufeff")
 
 
-class _MarkedDict(dict):
+class _MarkedDict(dict[Any, Any]):
     """A YAML mapping that remembers where each key was written."""
 
     mark: yaml.Mark | None = None
     key_marks: dict[Any, yaml.Mark]
 
 
-class _MarkedList(list):
+class _MarkedList(list[Any]):
     """A YAML sequence that remembers where each item was written."""
 
     mark: yaml.Mark | None = None
@@ -106,7 +106,7 @@ def _construct_mapping(loader: MarkingLoader, node: yaml.MappingNode) -> _Marked
         mark = key_node.start_mark
         if index < first_explicit:
             # Merged from elsewhere: a later explicit key may override it.
-            mark = yaml.Mark(mark.name, mark.index, -1 - mark.line, mark.column, None, None)
+            mark = yaml.Mark(mark.name, mark.index, -1 - mark.line, mark.column, None, 0)
         out.key_marks[key] = mark
     return out
 

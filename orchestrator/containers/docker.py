@@ -22,6 +22,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from orchestrator.config import CONTAINER_NAME_RE, IMAGE_REF_RE, ContainerConfig, Registry
+from orchestrator.limits.resources import EffectiveResources, limits_drift
 
 DockerAccess = Literal["direct", "sudo"]
 ContainerStatus = Literal["running", "exited", "other"]
@@ -266,6 +267,25 @@ class ContainerLimits:
     pids_limit: int | None = None
     shm_size: int | None = None
     devices: tuple[DeviceMapping, ...] = ()
+
+
+def container_limits_drift(
+    effective: EffectiveResources, limits: ContainerLimits | None
+) -> list[str]:
+    """`limits_drift` against the limits a probe parsed from `docker inspect`."""
+    if limits is None:
+        return []
+    return limits_drift(
+        effective,
+        {
+            "NanoCpus": limits.nano_cpus,
+            "Memory": limits.memory,
+            "PidsLimit": limits.pids_limit,
+            "MemoryReservation": limits.memory_reservation,
+            "CpuShares": limits.cpu_shares,
+            "ShmSize": limits.shm_size,
+        },
+    )
 
 
 @dataclass(frozen=True)

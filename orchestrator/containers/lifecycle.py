@@ -26,6 +26,7 @@ import anyio
 from orchestrator.config import ClusterConfig, ContainerConfig, container_name
 from orchestrator.containers.docker import (
     config_hash,
+    container_limits_drift,
     docker_prefix,
     image_inspect_argv,
     load_argv,
@@ -67,7 +68,6 @@ from orchestrator.limits.resources import (
     EffectiveResources,
     clamp_warnings,
     cluster_effective_resources,
-    container_limits_drift,
     effective_resources,
 )
 from orchestrator.results import HostResult

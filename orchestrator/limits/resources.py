@@ -32,7 +32,6 @@ from orchestrator.config.units import format_size, parse_size
 
 if TYPE_CHECKING:
     from orchestrator.config import ClusterConfig
-    from orchestrator.containers.docker import ContainerLimits
 
 NANO = 10**9
 # What docker reports for ShmSize when --shm-size was not given.
@@ -183,25 +182,6 @@ def limits_drift(effective: EffectiveResources, host_config: Mapping[str, Any]) 
                 f"{render(want)}"
             )
     return messages
-
-
-def container_limits_drift(
-    effective: EffectiveResources, limits: ContainerLimits | None
-) -> list[str]:
-    """`limits_drift` against the limits a probe parsed from `docker inspect`."""
-    if limits is None:
-        return []
-    return limits_drift(
-        effective,
-        {
-            "NanoCpus": limits.nano_cpus,
-            "Memory": limits.memory,
-            "PidsLimit": limits.pids_limit,
-            "MemoryReservation": limits.memory_reservation,
-            "CpuShares": limits.cpu_shares,
-            "ShmSize": limits.shm_size,
-        },
-    )
 
 
 def clamp_warnings(per_host: Mapping[str, EffectiveResources]) -> list[str]:

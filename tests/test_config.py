@@ -356,8 +356,10 @@ def test_cvs_sample_loads_with_hosts_and_head() -> None:
         "cvs_container",
         "persistent",
     )
-    assert container.cap_add == ["SYS_PTRACE", "IPC_LOCK"]
-    assert container.ulimits == {"memlock": "-1"}
+    # CVS's defaults, with the file's list args appended.
+    assert container.cap_add == ["SYS_PTRACE", "IPC_LOCK", "SYS_ADMIN", "SYS_NICE"]
+    assert container.ulimits == {"memlock": "-1", "nofile": "1048576"}
+    assert container.privileged is True
     assert container.env == {"MULTINODE": "true"}
 
 
@@ -387,16 +389,22 @@ def test_cvs_missing_key_file_is_named(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("legacy", ["enabled", "launch"])
-def test_cvs_legacy_container_switches_are_refused(tmp_path: Path, legacy: str) -> None:
-    path = cvs_file(tmp_path, container={"image": "rocm/cvs:latest", legacy: True})
-    with pytest.raises(ConfigError, match=f"container.{legacy}"):
+def test_cvs_switch_next_to_lifetime_is_refused(tmp_path: Path, legacy: str) -> None:
+    container = {"image": "rocm/cvs:latest", "lifetime": "persistent", legacy: True}
+    path = cvs_file(tmp_path, orchestrator="container", container=container)
+    with pytest.raises(ConfigError, match=f"container.{legacy}: conflicts with container.lifetime"):
         load_cluster(path, check_files=False)
 
 
 def test_cvs_unknown_runtime_arg_is_named(tmp_path: Path) -> None:
-    container = {"image": "x", "runtime": {"name": "docker", "args": {"capabilitis": ["X"]}}}
+    container = {
+        "enabled": True,
+        "image": "x",
+        "runtime": {"name": "docker", "args": {"capabilitis": ["X"]}},
+    }
+    path = cvs_file(tmp_path, orchestrator="container", container=container)
     with pytest.raises(ConfigError, match=r"container\.runtime\.args\.capabilitis.*capabilities"):
-        load_cluster(cvs_file(tmp_path, container=container), check_files=False)
+        load_cluster(path, check_files=False)
 
 
 def test_cvs_head_not_a_node_is_refused(tmp_path: Path) -> None:

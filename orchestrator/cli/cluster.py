@@ -22,7 +22,7 @@ from orchestrator.results import HostResult, exit_code_for
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from orchestrator.config import cluster_warnings, normalized_cluster
+    from orchestrator.config import cluster_warnings, cvs_import_notes, normalized_cluster
     from orchestrator.limits.resources import cluster_effective_resources
 
     cluster = load(args, check_files=not args.no_check_files)
@@ -31,14 +31,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
     cluster_effective_resources(cluster)
     doc = normalized_cluster(cluster)
     warnings = cluster_warnings(cluster)
+    notes = cvs_import_notes(cluster)
     if args.json:
-        sys.stdout.write(json.dumps({"ok": True, "cluster": doc, "warnings": warnings}) + "\n")
+        sys.stdout.write(
+            json.dumps({"ok": True, "cluster": doc, "warnings": warnings, "notes": notes}) + "\n"
+        )
     else:
         import yaml
 
         sys.stdout.write(yaml.safe_dump(doc, sort_keys=False))
         for w in warnings:
             sys.stderr.write(f"warning: {w}\n")
+        for n in notes:
+            sys.stderr.write(f"note: {n}\n")
         sys.stderr.write(f"{cluster_path(args)}: ok, {len(cluster.hosts)} hosts\n")
     return ExitCode.OK
 

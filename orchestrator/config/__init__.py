@@ -24,7 +24,12 @@ from orchestrator.config.model import (
     SSHConfig,
     SSHDConfig,
 )
-from orchestrator.config.views import cluster_warnings, container_name, normalized_cluster
+from orchestrator.config.views import (
+    cluster_warnings,
+    container_name,
+    cvs_import_notes,
+    normalized_cluster,
+)
 
 __all__ = [
     "CONTAINER_NAME_RE",
@@ -51,6 +56,7 @@ __all__ = [
     "cluster_from_data",
     "cluster_warnings",
     "container_name",
+    "cvs_import_notes",
     "load_cluster",
     "normalized_cluster",
     "parse_cluster",

@@ -1,4 +1,21 @@
-"""CVS cluster JSON (node_dict, username, priv_key_file, container.runtime) -> our document."""
+"""CVS cluster JSON (node_dict, username, priv_key_file, container.runtime) -> our document.
+
+A CVS file means here what it means under CVS (its cluster-file reference,
+"Docker runtime.args reference"):
+
+- `orchestrator` defaults to `baremetal`: the `container` block is used only
+  with `orchestrator: container`, and only when `container.enabled` is true.
+  `container.launch` true means CVS starts the containers (and leaves them
+  running): `lifetime: persistent` here; false means they are managed
+  elsewhere and only verified: `lifetime: no_launch`. A file that sets our
+  `lifetime` instead says so directly.
+- `runtime.args` is merged with CVS's built-in defaults (an empty `args`
+  gives an RDMA-ready, privileged container): list arguments are appended to
+  the defaults, scalars override them.
+
+What came from CVS's defaults is recorded in `ClusterConfig.cvs_notes` so
+`cvs validate` can say so and show the native YAML that tightens it.
+"""
 
 from __future__ import annotations
 
@@ -17,34 +34,52 @@ _CVS_TOP_KEYS = {
     "head_node_dict",
     "env_vars",
     "container",
+    "orchestrator",
+    "port",
 }
-# CVS keys that mean nothing to this orchestrator (BMC access, rack maps, home
-# mount name for CVS's own scripts): accepted and ignored.
-_CVS_IGNORED_KEYS = {"home_mount_dir_name", "orchestrator", "racks"}
+# CVS keys that mean nothing to this orchestrator (BMC access, rack/switch
+# maps, home mount name for CVS's own scripts): accepted and ignored.
+_CVS_IGNORED_KEYS = {"home_mount_dir_name", "racks"}
 _CVS_NODE_KEYS = {"bmc_ip", "vpc_ip", "rack_id"}
-# CVS's container.runtime.args names -> ours. CVS applies its own defaults
-# (privileged, /dev/kfd, IPC_LOCK, memlock...) for args a file leaves out;
-# those are NOT applied here: what the file says is what runs.
+_CVS_ORCHESTRATORS = ("baremetal", "container")
+
+# CVS's DEFAULT_CONTAINER_ARGS, as its documentation states them. Keys are
+# ours (the model's); the list ones are appended to, the scalars overridden.
+CVS_DEFAULT_LISTS: dict[str, list[str]] = {
+    "devices": ["/dev/kfd", "/dev/dri", "/dev/infiniband"],
+    "cap_add": ["SYS_PTRACE", "IPC_LOCK", "SYS_ADMIN"],
+    "security_opt": ["seccomp=unconfined", "apparmor=unconfined"],
+    "group_add": ["video"],
+}
+CVS_DEFAULT_ULIMITS: dict[str, str] = {"memlock": "-1"}
+CVS_DEFAULT_SCALARS: dict[str, Any] = {"network": "host", "ipc": "host", "privileged": True}
+
+# CVS's container.runtime.args names -> ours. The documented names come
+# first; the others are the spellings of CVS's DEFAULT_CONTAINER_ARGS and
+# older CVS files, accepted as aliases.
 _CVS_RUNTIME_ARGS = {
+    "volumes": "volumes",
     "devices": "devices",
-    "capabilities": "cap_add",
     "cap_add": "cap_add",
-    "security_opts": "security_opt",
     "security_opt": "security_opt",
-    "groups": "group_add",
     "group_add": "group_add",
-    "ulimits": "ulimits",
-    "environment": "env",
-    "env": "env",
-    "network_mode": "network",
+    "ulimit": "ulimits",
     "network": "network",
-    "ipc_mode": "ipc",
     "ipc": "ipc",
     "privileged": "privileged",
-    "volumes": "volumes",
+    "env": "env",
+    "registry": "registry",
+    "capabilities": "cap_add",
+    "security_opts": "security_opt",
+    "groups": "group_add",
+    "ulimits": "ulimits",
+    "environment": "env",
+    "network_mode": "network",
+    "ipc_mode": "ipc",
     "shm_size": "shm_size",
     "extra_args": "extra_args",
 }
+_LIST_ARGS = {"volumes", "devices", "cap_add", "security_opt", "group_add"}
 _CVS_PLACEHOLDER_USER = "{user-id}"
 
 
@@ -74,13 +109,75 @@ def _unknown(located: Located, path: list[Any], key: Any, known: set[str]) -> Co
     return ConfigError(located.error([*path, key], f"unknown key in a CVS cluster file{hint}"))
 
 
-def _cvs_container(block: Any, located: Located) -> Any:
-    if not isinstance(block, dict):
-        return block  # the model reports the type
-    out = {k: v for k, v in block.items() if not _cvs_comment(k) and k != "runtime"}
+def _ulimits(value: Any, located: Located, key: str) -> Any:
+    """CVS writes ulimits as ["memlock=-1", ...]; ours is a mapping."""
+    if not isinstance(value, list):
+        return value  # a mapping (ours) passes; the model reports anything else
+    limits: dict[str, Any] = {}
+    for item in value:
+        if not isinstance(item, str) or "=" not in item:
+            raise ConfigError(
+                located.error(
+                    ["container", "runtime", "args", key],
+                    f"expected NAME=VALUE entries, got {describe_value(item)}",
+                )
+            )
+        limit, _, amount = item.partition("=")
+        limits[limit] = amount
+    return limits
+
+
+def _append(defaults: list[str], extra: Any) -> Any:
+    if not isinstance(extra, list):
+        return extra  # the model reports the type
+    out = list(defaults)
+    out += [v for v in extra if v not in out]
+    return out
+
+
+def _lifetime(block: dict[str, Any], located: Located, notes: list[str]) -> str | None:
+    """CVS's enabled/launch switches -> our lifetime; None when the block is off."""
+    enabled = block.get("enabled")
+    launch = block.get("launch")
+    if "lifetime" in block:
+        for key in ("enabled", "launch"):
+            if key in block:
+                raise ConfigError(
+                    located.error(
+                        ["container", key],
+                        "conflicts with container.lifetime: keep one (lifetime is "
+                        "no_launch, per_run or persistent)",
+                    )
+                )
+        return block["lifetime"]
+    for key, value in (("enabled", enabled), ("launch", launch)):
+        if value is not None and not isinstance(value, bool):
+            raise ConfigError(
+                located.error(["container", key], f"expected true or false, got {value!r}")
+            )
+    if not enabled:
+        notes.append(
+            "container.enabled is not true: the container block is ignored, as under CVS "
+            "(set \"enabled\": true to use it)"
+        )
+        return None
+    if launch:
+        notes.append(
+            "container.launch true: containers are started if absent and kept between runs "
+            "(lifetime: persistent)"
+        )
+        return "persistent"
+    notes.append(
+        "container.launch is not true: the containers must already run; nothing is started "
+        "(lifetime: no_launch)"
+    )
+    return "no_launch"
+
+
+def _runtime_args(block: dict[str, Any], located: Located) -> dict[str, Any]:
     runtime = block.get("runtime")
     if runtime is None:
-        return out
+        return {}
     if not isinstance(runtime, dict):
         raise ConfigError(
             located.error(
@@ -104,34 +201,68 @@ def _cvs_container(block: Any, located: Located) -> Any:
                 ["container", "runtime", "args"], f"expected a mapping, got {describe_value(args)}"
             )
         )
+    out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
     for key, value in args.items():
         if _cvs_comment(key):
             continue
         if key not in _CVS_RUNTIME_ARGS:
             raise _unknown(located, ["container", "runtime", "args"], key, set(_CVS_RUNTIME_ARGS))
         ours = _CVS_RUNTIME_ARGS[key]
-        if ours == "ulimits" and isinstance(value, list):
-            # CVS writes ulimits as ["memlock=-1", ...]; ours is a mapping.
-            limits: dict[str, Any] = {}
-            for item in value:
-                if not isinstance(item, str) or "=" not in item:
-                    raise ConfigError(
-                        located.error(
-                            ["container", "runtime", "args", "ulimits"],
-                            f"expected NAME=VALUE entries, got {describe_value(item)}",
-                        )
-                    )
-                limit, _, amount = item.partition("=")
-                limits[limit] = amount
-            value = limits
-        if ours in out and key != ours:
+        if ours in spelled:
             raise ConfigError(
                 located.error(
                     ["container", "runtime", "args", key],
+                    f"same setting as runtime.args.{spelled[ours]} (set it once)",
+                )
+            )
+        spelled[ours] = key
+        out[ours] = _ulimits(value, located, key) if ours == "ulimits" else value
+    return out
+
+
+def _cvs_container(block: Any, located: Located, notes: list[str]) -> Any:
+    if not isinstance(block, dict):
+        return block  # the model reports the type
+    lifetime = _lifetime(block, located, notes)
+    if lifetime is None:
+        return None
+    out = {
+        k: v
+        for k, v in block.items()
+        if not _cvs_comment(k) and k not in ("runtime", "enabled", "launch")
+    }
+    out["lifetime"] = lifetime
+    args = _runtime_args(block, located)
+    for ours, value in args.items():
+        if ours in out:
+            if ours == "env" and isinstance(value, dict) and isinstance(out["env"], dict):
+                out["env"] = {**value, **out["env"]}
+                continue
+            raise ConfigError(
+                located.error(
+                    ["container", "runtime", "args", ours],
                     f"conflicts with container.{ours} (set it in one place)",
                 )
             )
         out[ours] = value
+    # CVS's defaults, under what the file says: lists appended, scalars kept.
+    in_effect: list[str] = []
+    for key, defaults in CVS_DEFAULT_LISTS.items():
+        out[key] = _append(defaults, out.get(key, []))
+        in_effect.append(f"{key} {', '.join(defaults)}")
+    ulimits = out.get("ulimits", {})
+    if isinstance(ulimits, dict):
+        out["ulimits"] = {**CVS_DEFAULT_ULIMITS, **ulimits}
+        in_effect.append("ulimit memlock=-1")
+    for key, default in CVS_DEFAULT_SCALARS.items():
+        if key not in out:
+            out[key] = default
+            in_effect.append(f"{key} {str(default).lower()}")
+    notes.append(
+        "CVS runtime defaults in effect (lists appended to, scalars unless the file sets "
+        f"them): {'; '.join(in_effect)}"
+    )
     return out
 
 
@@ -178,6 +309,10 @@ def _from_cvs(data: dict[str, Any], located: Located) -> dict[str, Any]:
         ssh["user"] = data["username"]
     if data.get("priv_key_file") is not None:
         ssh["identity_files"] = [data["priv_key_file"]]
+    port = data.get("port")
+    if port is not None:
+        # CVS's sample writes the port as a string ("22").
+        ssh["port"] = int(port) if isinstance(port, str) and port.isdigit() else port
     if ssh:
         out["ssh"] = ssh
     head = data.get("head_node_dict")
@@ -191,8 +326,25 @@ def _from_cvs(data: dict[str, Any], located: Located) -> dict[str, Any]:
         )
     if data.get("env_vars") is not None:
         out["env"] = data["env_vars"]
+    notes: list[str] = []
     container = data.get("container")
-    orchestrator = data.get("orchestrator", "container")
-    if container is not None and orchestrator != "baremetal":
-        out["container"] = _cvs_container(container, located)
+    orchestrator = data.get("orchestrator", "baremetal")
+    if orchestrator not in _CVS_ORCHESTRATORS:
+        raise ConfigError(
+            located.error(
+                ["orchestrator"],
+                f"expected one of {', '.join(_CVS_ORCHESTRATORS)}, got {orchestrator!r}",
+            )
+        )
+    if container is not None and orchestrator == "baremetal":
+        if container:
+            notes.append(
+                "orchestrator is baremetal (CVS's default): the container block is ignored; "
+                'set "orchestrator": "container" to use it'
+            )
+    elif container is not None:
+        converted = _cvs_container(container, located, notes)
+        if converted is not None:
+            out["container"] = converted
+    out["cvs_notes"] = notes
     return out

@@ -254,6 +254,9 @@ class ClusterConfig(Model):
     state_dir: str | None = None
     # The directory of the file this was loaded from (set by the loader).
     source: str | None = None
+    # Set by the CVS-JSON import: what CVS's own rules put into effect (its
+    # runtime defaults, enabled/launch, orchestrator), for `cvs validate`.
+    cvs_notes: list[str] = Field(default_factory=list)
 
     @field_validator("env")
     @classmethod

@@ -86,7 +86,7 @@ def normalized_cluster(cluster: ClusterConfig) -> dict[str, Any]:
     override, else the ssh block's, else the name), so the output answers
     "what will be contacted" without reading the rules.
     """
-    out = cluster.model_dump(mode="json", exclude={"source"})
+    out = cluster.model_dump(mode="json", exclude={"source", "cvs_notes"})
     hosts = []
     for h in cluster.hosts:
         entry = h.model_dump(mode="json", exclude_none=True)
@@ -101,3 +101,52 @@ def normalized_cluster(cluster: ClusterConfig) -> dict[str, Any]:
     if cluster.container is not None:
         out["container"]["name"] = container_name(cluster)
     return out
+
+
+# CVS defaults that hand the container more than a GPU test usually needs.
+_WIDE_CAPS = ("SYS_ADMIN",)
+
+
+def cvs_import_notes(cluster: ClusterConfig) -> list[str]:
+    """For a CVS cluster JSON: which of CVS's rules are in effect, and the
+    native YAML container block that tightens them.
+
+    A CVS file can only add to CVS's list defaults, so dropping SYS_ADMIN or
+    a device needs the native format; `privileged` is a scalar, so
+    `"privileged": false` in runtime.args also works.
+    """
+    notes = list(cluster.cvs_notes)
+    container = cluster.container
+    if not notes or container is None:
+        return notes
+    wide = [c for c in container.cap_add if c in _WIDE_CAPS]
+    if not container.privileged and not wide:
+        return notes
+    import yaml
+
+    tightened = container.model_dump(
+        mode="json",
+        include={
+            "image",
+            "name",
+            "lifetime",
+            "network",
+            "ipc",
+            "devices",
+            "cap_add",
+            "security_opt",
+            "group_add",
+            "ulimits",
+        },
+    )
+    tightened["privileged"] = False
+    tightened["cap_add"] = [c for c in container.cap_add if c not in _WIDE_CAPS]
+    tightened["security_opt"] = []
+    text = yaml.safe_dump({"container": tightened}, sort_keys=False).rstrip()
+    what = ", ".join((["privileged"] if container.privileged else []) + wide)
+    notes.append(
+        f"CVS defaults give this container {what}; in the native format the container "
+        "block below drops them (lists in a CVS file can only add to CVS's defaults):\n"
+        + text
+    )
+    return notes

@@ -158,7 +158,7 @@ def _lifetime(block: dict[str, Any], located: Located, notes: list[str]) -> str 
     if not enabled:
         notes.append(
             "container.enabled is not true: the container block is ignored, as under CVS "
-            "(set \"enabled\": true to use it)"
+            '(set "enabled": true to use it)'
         )
         return None
     if launch:

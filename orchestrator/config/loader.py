@@ -162,9 +162,7 @@ def cluster_from_data(
             located.error(["source"], "is set by the loader (the file's directory); remove it")
         )
     if "cvs_notes" in data and located.raw is not None:
-        raise ConfigError(
-            located.error(["cvs_notes"], "is set by the CVS-JSON import; remove it")
-        )
+        raise ConfigError(located.error(["cvs_notes"], "is set by the CVS-JSON import; remove it"))
     if "hosts" not in data:
         raise ConfigError(f"{source}: hosts: required key is missing")
     entries, origins = _expand_hosts(data["hosts"], located)

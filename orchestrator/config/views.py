@@ -146,7 +146,6 @@ def cvs_import_notes(cluster: ClusterConfig) -> list[str]:
     what = ", ".join((["privileged"] if container.privileged else []) + wide)
     notes.append(
         f"CVS defaults give this container {what}; in the native format the container "
-        "block below drops them (lists in a CVS file can only add to CVS's defaults):\n"
-        + text
+        "block below drops them (lists in a CVS file can only add to CVS's defaults):\n" + text
     )
     return notes

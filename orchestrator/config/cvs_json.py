@@ -149,7 +149,8 @@ def _lifetime(block: dict[str, Any], located: Located, notes: list[str]) -> str 
                         "no_launch, per_run or persistent)",
                     )
                 )
-        return block["lifetime"]
+        lifetime: str | None = block["lifetime"]
+        return lifetime
     for key, value in (("enabled", enabled), ("launch", launch)):
         if value is not None and not isinstance(value, bool):
             raise ConfigError(

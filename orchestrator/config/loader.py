@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.resources
 import os
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,11 @@ from orchestrator.config.documents import (
     validation_lines,
 )
 from orchestrator.config.hostlist import HostlistError, expand_hostlist
-from orchestrator.config.model import ClusterConfig, HostSpec
+from orchestrator.config.model import ClusterConfig, ContainerConfig, HostSpec
 
 # ---- hosts -----------------------------------------------------------------
+
+DEFAULT_SETUP_SCRIPT = "default.sh"
 
 _HOST_OVERRIDES = tuple(f for f in HostSpec.model_fields if f != "name")
 
@@ -126,8 +129,43 @@ def _resolve_paths(
                         ["container", "setup_script"], f"setup script not found: {script}"
                     )
                 )
-        update["container"] = container.model_copy(update={"setup_script": script})
+        container = container.model_copy(update={"setup_script": script})
+        if check_files:
+            container = _read_setup_script(container, script, located)
+        update["container"] = container
     return cluster.model_copy(update=update)
+
+
+def read_default_setup_script() -> tuple[str, bytes]:
+    """The packaged default setup script: (where it is, its bytes). Raises OSError."""
+    resource = importlib.resources.files("orchestrator.setup_scripts") / DEFAULT_SETUP_SCRIPT
+    return str(resource), resource.read_bytes()
+
+
+def _read_setup_script(
+    container: ContainerConfig, script: str | None, located: Located
+) -> ContainerConfig:
+    """Read (and so hash) the setup script now, before any host is contacted."""
+    try:
+        if script is None:
+            path, content = read_default_setup_script()
+        else:
+            path = script
+            with open(script, "rb") as fh:
+                content = fh.read()
+    except (OSError, ModuleNotFoundError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        if script is None:
+            raise ConfigError(
+                f"{located.source}: the packaged default setup script cannot be read "
+                f"({reason}): reinstall cvs-orchestrator or set container.setup_script"
+            ) from None
+        raise ConfigError(
+            located.error(
+                ["container", "setup_script"], f"cannot read setup script {script}: {reason}"
+            )
+        ) from None
+    return container.with_setup_script(path, content)
 
 
 # ---- entry points ----------------------------------------------------------

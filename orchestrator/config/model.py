@@ -17,6 +17,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     field_validator,
     model_validator,
 )
@@ -194,6 +195,20 @@ class ContainerConfig(Model):
     mpi: MPIConfig = Field(default_factory=MPIConfig)
     resources: Resources = Field(default_factory=Resources)
     gpus: Literal["all"] | GPURequest | None = None
+    # The setup script as read when the cluster file loaded (path, bytes): a
+    # script removed or made unreadable later cannot fail a host midway.
+    _setup_script_loaded: tuple[str, bytes] | None = PrivateAttr(default=None)
+
+    @property
+    def loaded_setup_script(self) -> tuple[str, bytes] | None:
+        """(path, content) read at load time; None when built in code or not checked."""
+        return self._setup_script_loaded
+
+    def with_setup_script(self, path: str, content: bytes) -> ContainerConfig:
+        """A copy carrying the script read at load time."""
+        copy = self.model_copy()
+        copy._setup_script_loaded = (path, content)
+        return copy
 
     @model_validator(mode="before")
     @classmethod

@@ -154,6 +154,7 @@ class Lifecycle:
         self.sink = sink
         self.name = container_name(cluster)
         self.hash = config_hash(self.cfg)
+        self._script: SetupScript | None = None
 
     # -- probing --------------------------------------------------------
 
@@ -244,7 +245,9 @@ class Lifecycle:
     # -- deciding -------------------------------------------------------
 
     def script(self) -> SetupScript:
-        return SetupScript.for_config(self.cfg)
+        if self._script is None:
+            self._script = SetupScript.for_config(self.cfg)
+        return self._script
 
     def decide(
         self, states: Mapping[str, HostState], *, force: bool = False, reprovision: bool = False
@@ -361,6 +364,7 @@ class Lifecycle:
         # Before touching any host: a value docker would refuse raises
         # ResourceError (exit 2) here instead of failing `docker run` midway.
         resources = cluster_effective_resources(self.cluster)
+        self.script()  # an unreadable setup script: exit 2 before any host is contacted
         for w in clamp_warnings(resources):
             self.sink.emit(Message(level="warning", text=w))
         async with self.locked_states() as states:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.resources
 import re
 import shlex
 from collections.abc import Sequence
@@ -33,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import ClusterConfig, ContainerConfig
+from orchestrator.config import ClusterConfig, ConfigError, ContainerConfig
+from orchestrator.config.loader import read_default_setup_script
 from orchestrator.containers import mpi
 from orchestrator.containers.docker import exec_argv
 from orchestrator.results import HostResult
@@ -41,7 +41,6 @@ from orchestrator.ssh.keys import ClusterKeys
 
 # Inside the container: the sha256 of the script that provisioned it.
 MARKER_PATH = "/var/lib/cvs/provisioned"
-DEFAULT_SCRIPT = "default.sh"
 
 # Exit codes of the fixed in-container programs. A setup script's own exit
 # code is passed through; stderr always carries a `cvs:` line saying which.
@@ -84,17 +83,39 @@ class SetupScript:
 
     @classmethod
     def default(cls) -> SetupScript:
-        resource = importlib.resources.files("orchestrator.setup_scripts") / DEFAULT_SCRIPT
-        content = resource.read_bytes()
-        return cls(str(resource), content, hashlib.sha256(content).hexdigest(), is_default=True)
+        try:
+            path, content = read_default_setup_script()
+        except (OSError, ModuleNotFoundError) as exc:
+            raise ConfigError(
+                f"the packaged default setup script cannot be read ({exc}): "
+                "reinstall cvs-orchestrator or set container.setup_script"
+            ) from None
+        return cls(path, content, hashlib.sha256(content).hexdigest(), is_default=True)
 
     @classmethod
     def for_config(cls, cfg: ContainerConfig) -> SetupScript:
-        """The configured script (an absolute path after loading), else the packaged default."""
-        if not cfg.setup_script or not cfg.setup_script.strip():
+        """The script read when the cluster file loaded; else (a config built in
+        code) the configured file or the packaged default, read now.
+
+        An unreadable script is a ConfigError (exit 2, one line), raised before
+        any host is touched when it comes from the loader.
+        """
+        loaded = cfg.loaded_setup_script
+        custom = bool(cfg.setup_script and cfg.setup_script.strip())
+        if loaded is not None:
+            path, content = loaded
+            return cls(path, content, hashlib.sha256(content).hexdigest(), is_default=not custom)
+        if not custom:
             return cls.default()
-        path = Path(cfg.setup_script).expanduser()
-        return cls.from_bytes(path.read_bytes(), path=str(path))
+        path = Path(str(cfg.setup_script)).expanduser()
+        try:
+            content = path.read_bytes()
+        except OSError as exc:
+            raise ConfigError(
+                f"container.setup_script: cannot read setup script {path}: "
+                f"{exc.strerror or exc}"
+            ) from None
+        return cls.from_bytes(content, path=str(path))
 
 
 # POSIX sh, run as `sh -c SETUP_DECODER cvs-setup SHA256 MARKER`. Fixed text:

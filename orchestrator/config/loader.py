@@ -20,6 +20,7 @@ from orchestrator.config.documents import (
     read_document_text,
     validation_lines,
 )
+from orchestrator.config.gpu_devices import gpu_subset_problems
 from orchestrator.config.hostlist import HostlistError, expand_hostlist
 from orchestrator.config.model import ClusterConfig, ContainerConfig, HostSpec
 
@@ -231,6 +232,9 @@ def cluster_from_data(
     except ValidationError as exc:
         lines = validation_lines(exc.errors(include_url=False), located, user_path, ClusterConfig)
         raise first_problem(lines) from None
+    if cluster.container is not None:
+        for key, message in gpu_subset_problems(cluster.container):
+            raise ConfigError(located.error(key, message))
     return _resolve_paths(cluster, base_dir, located, check_files)
 
 

@@ -152,6 +152,9 @@ class GPURequest(Model):
     count: int | None = Field(default=None, ge=1)
     type: str | None = None
     min_memory: str | None = None
+    # Opt out of the check that `devices` / `privileged` do not hand the
+    # container GPUs beyond the selected subset (config/gpu_devices.py).
+    allow_all_devices: bool = False
 
     _size_in = field_validator("min_memory", mode="before")(_size_as_text)
     _size_ok = field_validator("min_memory")(_check_size)
@@ -264,8 +267,9 @@ class ClusterConfig(Model):
     env: dict[str, str] = Field(default_factory=dict)
     limits: Limits | None = None
     container: ContainerConfig | None = None
-    # Where local state lives (per-cluster MPI key pair, locks): relative to the
-    # cluster file unless absolute. Default: ~/.local/state/cvs/<name>.
+    # Where this machine's state for the cluster lives (MPI key pair, container
+    # host keys): relative to the cluster file unless absolute. Default:
+    # ~/.local/state/cvs/<name>. The per-host locks live on the hosts.
     state_dir: str | None = None
     # The directory of the file this was loaded from (set by the loader).
     source: str | None = None

@@ -112,8 +112,7 @@ class SetupScript:
             content = path.read_bytes()
         except OSError as exc:
             raise ConfigError(
-                f"container.setup_script: cannot read setup script {path}: "
-                f"{exc.strerror or exc}"
+                f"container.setup_script: cannot read setup script {path}: {exc.strerror or exc}"
             ) from None
         return cls.from_bytes(content, path=str(path))
 

@@ -428,7 +428,11 @@ def select_gpus(
 def describe_request(request: Literal["all"] | GPURequest) -> str:
     if request == "all":
         return "'all'"
-    parts = [f"{key}: {value}" for key, value in request.model_dump().items() if value is not None]
+    parts = [
+        f"{key}: {value}"
+        for key, value in request.model_dump(exclude={"allow_all_devices"}).items()
+        if value is not None
+    ]
     return "{" + ", ".join(parts) + "}"
 
 

@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 # name -> module that defines it
 _EXPORTS: dict[str, str] = {
     "Cluster": "orchestrator.api",
-    "HostStatus": "orchestrator.api",
+    "HostStatus": "orchestrator.containers.status",
     "HostSelectionError": "orchestrator.api",
     "select_hosts": "orchestrator.api",
     "SyncCluster": "orchestrator.sync",
@@ -72,10 +72,11 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from orchestrator.api import Cluster, HostSelectionError, HostStatus, select_hosts
+    from orchestrator.api import Cluster, HostSelectionError, select_hosts
     from orchestrator.config import ClusterConfig, ConfigError, load_cluster, parse_cluster
     from orchestrator.containers.lifecycle import UpReport
     from orchestrator.containers.plan import HostAction, Plan
+    from orchestrator.containers.status import HostStatus
     from orchestrator.errors import CvsError, ExitCode, PolicyRefused, UsageError
     from orchestrator.events import EventSink, JsonLinesSink, NullSink, PlainSink
     from orchestrator.results import HostResult, exit_code_for

@@ -14,14 +14,15 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from orchestrator.config import ClusterConfig, container_name, load_cluster
-from orchestrator.containers.docker import LABEL_CONFIG_HASH, container_limits_drift
+from orchestrator.config import ClusterConfig, container_name, load_cluster, sshd_wanted
+from orchestrator.config.hostlist import abbreviate_hosts, expand_hostlist
 from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command
-from orchestrator.containers.provision import sshd_wanted
+from orchestrator.containers.status import HostStatus, host_status
 from orchestrator.errors import UsageError
 from orchestrator.events import EventSink, NullSink
+from orchestrator.limits.resources import EffectiveResources
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.transport import SSHPool
@@ -52,16 +53,13 @@ def select_hosts(cluster: ClusterConfig, pattern: str | None) -> list[str]:
             matched = [n for n in names if n == part or fnmatch.fnmatchcase(n, part)]
             if not matched:
                 try:
-                    from orchestrator.config.hostlist import expand_hostlist
-
                     expanded = set(expand_hostlist(part))
                     matched = [n for n in names if n in expanded]
                 except Exception:
                     matched = []
         if not matched:
             raise HostSelectionError(
-                f"--hosts {pattern!r}: {part!r} matches no host (hosts: {', '.join(names[:8])}"
-                f"{', ...' if len(names) > 8 else ''})"
+                f"--hosts {pattern!r}: {part!r} matches no host (hosts: {abbreviate_hosts(names)})"
             )
         chosen.extend(n for n in matched if n not in chosen)
     return [n for n in names if n in chosen]
@@ -90,7 +88,7 @@ class Cluster:
     def hosts(self) -> list[str]:
         return [h.name for h in self.config.hosts]
 
-    def lifecycle(self) -> Lifecycle:
+    def _lifecycle(self) -> Lifecycle:
         """The container lifecycle (needs a `container` block)."""
         from orchestrator.containers.lifecycle import Lifecycle
 
@@ -103,7 +101,7 @@ class Cluster:
 
     async def plan(self, *, force: bool = False, reprovision: bool = False) -> Plan:
         """What `up` would do on each host (nothing is changed, nothing locked)."""
-        lc = self.lifecycle()
+        lc = self._lifecycle()
         return lc.decide(await lc.probe_all(), force=force, reprovision=reprovision)
 
     async def up(self, *, force: bool = False, reprovision: bool = False) -> UpReport:
@@ -112,49 +110,34 @@ class Cluster:
         Raises `PolicyRefused` (nothing changed on any host) when the policy
         or image identity forbids it.
         """
-        return await self.lifecycle().up(force=force, reprovision=reprovision)
+        return await self._lifecycle().up(force=force, reprovision=reprovision)
 
     async def down(self, *, force: bool = False) -> tuple[Plan, dict[str, HostResult]]:
         """Remove containers per the lifetime (`force` removes persistent ones too)."""
-        return await self.lifecycle().down(force=force)
+        return await self._lifecycle().down(force=force)
 
-    async def status(self) -> list[dict[str, Any]]:
-        """One row per host: reachability, docker access, container, image, sshd, drift."""
-        lc = self.lifecycle()
+    async def status(self) -> list[HostStatus]:
+        """One typed record per host: reachability, docker access, container state,
+        image and tag IDs, sshd, provisioning, effective limits and drift."""
+        lc = self._lifecycle()
         states = await lc.probe_all()
-        script = lc.script()
+        script_sha256 = lc.script().sha256
+        wanted = sshd_wanted(self.config.container, len(self.config.hosts))
         rows = []
-        for host, st in states.items():
-            drift: list[str] = []
-            limits: dict[str, str] = {}
+        for host, state in states.items():
+            resources: EffectiveResources | ValueError
             try:
-                eff = lc.resources(host)
-                limits = eff.describe()
-                drift += container_limits_drift(eff, st.host_config)
+                resources = lc.resources(host)
             except ValueError as exc:
-                drift.append(str(exc))
-            if st.labels.get(LABEL_CONFIG_HASH) not in (None, lc.hash):
-                drift.append("container block changed since start")
-            stale = (
-                st.container_image_id is not None
-                and st.tag_image_id is not None
-                and st.container_image_id != st.tag_image_id
-            )
+                resources = exc
             rows.append(
-                {
-                    "host": host,
-                    "reachable": st.reachable,
-                    "docker": st.docker_access or "?",
-                    "state": st.container or "unknown",
-                    "image": _short(st.container_image_id),
-                    "tag": _short(st.tag_image_id),
-                    "stale": stale,
-                    "sshd": _sshd_column(st.sshd_listening, wanted=sshd_wanted(self.config)),
-                    "provisioned": _provisioned(st.provision_marker, script.sha256),
-                    "limits": limits,
-                    "drift": drift,
-                    "error": st.error,
-                }
+                host_status(
+                    state,
+                    resources=resources,
+                    sshd_wanted=wanted,
+                    script_sha256=script_sha256,
+                    config_hash=lc.hash,
+                )
             )
         return rows
 
@@ -190,23 +173,3 @@ class Cluster:
             return result
 
         return await fan_out(selected, one, limit=self.config.concurrency.hosts)
-
-
-def _short(image_id: str | None) -> str:
-    if not image_id:
-        return "-"
-    return image_id.removeprefix("sha256:")[:12]
-
-
-def _sshd_column(listening: bool | None, *, wanted: bool) -> str:
-    if listening:
-        return "listening"
-    if not wanted:
-        return "off"
-    return "down" if listening is False else "-"
-
-
-def _provisioned(marker: str | None, wanted: str) -> str:
-    if marker is None:
-        return "no"
-    return "yes" if marker == wanted else f"other script ({marker[:12]})"

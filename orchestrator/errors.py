@@ -21,6 +21,7 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130  # Ctrl-C / SIGTERM
 
 
+# The short meanings `cvs --help` lists and the README table starts with (both tested).
 EXIT_CODE_MEANINGS: dict[ExitCode, str] = {
     ExitCode.OK: "ok",
     ExitCode.FAILED: "a command failed on some host",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 import sys
 import time
-from collections.abc import Iterable, Mapping
-from typing import IO
+from collections.abc import Iterable, Mapping, Sequence
+from typing import IO, TYPE_CHECKING
 
 from rich.console import Console
 from rich.live import Live
@@ -25,6 +25,9 @@ from orchestrator.events import (
     OutputLine,
 )
 from orchestrator.results import HostResult
+
+if TYPE_CHECKING:
+    from orchestrator.containers.status import HostStatus
 
 _TRAILING_NUMBER = re.compile(r"^(.*?)(\d+)$")
 
@@ -157,35 +160,47 @@ class RichSink:
         self.live.stop()
 
 
-STATUS_COLUMNS = ["host", "reachable", "docker", "state", "image", "tag", "stale", "sshd"]
+STATUS_HEADERS = [
+    "host",
+    "reachable",
+    "docker",
+    "state",
+    "image",
+    "tag",
+    "stale",
+    "sshd",
+    "provisioned",
+    "limits",
+    "drift",
+]
 
 
-def print_status(rows: list[dict[str, object]], *, plain: bool) -> None:
-    """The `cvs status` table; limits and drift follow as notes per host."""
-    headers = [*STATUS_COLUMNS, "provisioned", "limits", "drift"]
+def status_cells(status: HostStatus) -> list[str]:
+    """One `cvs status` table row: the `--json` row's values, limits and drift folded."""
+    row = status.to_dict()
+    hard_limits = {k: v for k, v in status.limits.items() if k in ("cpus", "memory", "pids")}
+    cells = {
+        **{k: "yes" if v is True else "no" if v is False else str(v) for k, v in row.items()},
+        "limits": " ".join(f"{k}={v}" for k, v in hard_limits.items()) or "-",
+        "drift": "; ".join(status.drift) or "-",
+    }
+    return [cells[h] for h in STATUS_HEADERS]
 
-    def cells(row: dict[str, object]) -> list[str]:
-        limits = row.get("limits") or {}
-        lim = " ".join(f"{k}={v}" for k, v in limits.items() if k in ("cpus", "memory", "pids"))  # type: ignore[union-attr]
-        drift = "; ".join(row.get("drift") or []) or "-"  # type: ignore[arg-type]
-        base = [
-            "yes" if v is True else "no" if v is False else str(v)
-            for v in (row[c] for c in STATUS_COLUMNS)
-        ]
-        return [*base, str(row.get("provisioned", "-")), lim or "-", drift]
 
+def print_status(rows: Sequence[HostStatus], *, plain: bool) -> None:
+    """The `cvs status` table; probe errors follow on stderr, one line per host."""
     if plain:
-        data = [headers] + [cells(r) for r in rows]
-        widths = [max(len(r[i]) for r in data) for i in range(len(headers))]
+        data = [STATUS_HEADERS] + [status_cells(r) for r in rows]
+        widths = [max(len(r[i]) for r in data) for i in range(len(STATUS_HEADERS))]
         for r in data:
             sys.stdout.write(
                 "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n"
             )
     else:
-        table = Table(*headers)
+        table = Table(*STATUS_HEADERS)
         for r in rows:
-            table.add_row(*cells(r))
+            table.add_row(*status_cells(r))
         Console().print(table)
     for r in rows:
-        if r.get("error"):
-            sys.stderr.write(f"{r['host']}: {r['error']}\n")
+        if r.error:
+            sys.stderr.write(f"{r.host}: {r.error}\n")

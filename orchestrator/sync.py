@@ -1,7 +1,9 @@
 """A blocking facade over the async `Cluster`, for pytest and plain scripts.
 
 The async `Cluster` lives on an event loop in a helper thread (an anyio
-blocking portal), so its connections stay open across calls.
+blocking portal), so its connections stay open across calls. Every public
+method of `Cluster` has a blocking twin here with the same signature
+(tests/test_layout.py compares them).
 """
 
 from __future__ import annotations
@@ -9,14 +11,19 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from orchestrator.api import Cluster
 from orchestrator.config import ClusterConfig
+from orchestrator.containers.status import HostStatus
 from orchestrator.events import EventSink
 from orchestrator.results import HostResult
+
+if TYPE_CHECKING:
+    from orchestrator.containers.lifecycle import UpReport
+    from orchestrator.containers.plan import Plan
 
 
 class SyncCluster:
@@ -31,6 +38,7 @@ class SyncCluster:
     def open(
         cls, path: str | Path | ClusterConfig, *, sink: EventSink | None = None
     ) -> Iterator[SyncCluster]:
+        """Load the cluster file (or take a loaded config); close every connection on exit."""
         with (
             start_blocking_portal() as portal,
             portal.wrap_async_context_manager(Cluster.open(path, sink=sink)) as cluster,
@@ -45,6 +53,22 @@ class SyncCluster:
     def hosts(self) -> list[str]:
         return self._cluster.hosts
 
+    def plan(self, *, force: bool = False, reprovision: bool = False) -> Plan:
+        """What `up` would do on each host (nothing is changed, nothing locked)."""
+        return self._portal.call(lambda: self._cluster.plan(force=force, reprovision=reprovision))
+
+    def up(self, *, force: bool = False, reprovision: bool = False) -> UpReport:
+        """Bring containers to the state the lifetime policy asks for (see `Cluster.up`)."""
+        return self._portal.call(lambda: self._cluster.up(force=force, reprovision=reprovision))
+
+    def down(self, *, force: bool = False) -> tuple[Plan, dict[str, HostResult]]:
+        """Remove containers per the lifetime (`force` removes persistent ones too)."""
+        return self._portal.call(lambda: self._cluster.down(force=force))
+
+    def status(self) -> list[HostStatus]:
+        """One typed record per host (see `Cluster.status`)."""
+        return self._portal.call(self._cluster.status)
+
     def exec(
         self,
         command: str | Sequence[str],
@@ -54,17 +78,9 @@ class SyncCluster:
         host_os: bool = False,
         env: dict[str, str] | None = None,
     ) -> dict[str, HostResult]:
+        """Run a command on every selected host (see `Cluster.exec`)."""
         return self._portal.call(
             lambda: self._cluster.exec(
                 command, hosts=hosts, timeout=timeout, host_os=host_os, env=env
             )
         )
-
-    def up(self, **kwargs: Any) -> Any:
-        return self._portal.call(lambda: self._cluster.up(**kwargs))
-
-    def down(self, **kwargs: Any) -> Any:
-        return self._portal.call(lambda: self._cluster.down(**kwargs))
-
-    def status(self) -> Any:
-        return self._portal.call(self._cluster.status)

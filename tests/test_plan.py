@@ -148,7 +148,7 @@ ROWS = [
         (host("h1", R, labels=managed_labels("other")),), None, mentions=("h1",)),
     Row("persistent skew -> refuse with host -> id", "persistent",
         (host("h1", R), host("h2", R, image=IMG_B)), None,
-        mentions=("skew", "sha256:aaaaaaaaaaaa on h1", "sha256:bbbbbbbbbbbb on h2")),
+        mentions=("skew", "aaaaaaaaaaaa on h1", "bbbbbbbbbbbb on h2")),
     Row("persistent skew with force -> replace", "persistent",
         (host("h1", R), host("h2", R, image=IMG_B)), {"h1": "replace", "h2": "replace"},
         force=True),
@@ -205,7 +205,7 @@ def test_stale_container_warns_with_rebuild_command_and_attaches() -> None:
     assert kinds(plan) == {"h1": "attach", "h2": "attach"}
     (warning,) = plan.warnings
     assert "stale" in warning and "h1, h2" in warning and REBUILD_COMMAND in warning
-    assert "sha256:bbbbbbbbbbbb" in warning
+    assert "bbbbbbbbbbbb" in warning
 
 
 def test_stale_under_no_launch_does_not_suggest_cvs_rebuild() -> None:
@@ -317,7 +317,7 @@ def test_tag_identity_different_ids_is_refused_with_host_to_id() -> None:
     hs = states(host("h1", A), host("h2", A, tag=IMG_B), host("h3", A))
     (reason,) = check_tag_identity(hs, image="img:1")
     assert "img:1" in reason
-    assert "sha256:aaaaaaaaaaaa on h1, h3" in reason and "sha256:bbbbbbbbbbbb on h2" in reason
+    assert "aaaaaaaaaaaa on h1, h3" in reason and "bbbbbbbbbbbb on h2" in reason
 
 
 def test_tag_identity_missing_image_is_refused() -> None:

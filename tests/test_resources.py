@@ -7,7 +7,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from orchestrator.config import ClusterConfig, ContainerConfig, HostSpec, Limits, Resources
+from orchestrator.config import (
+    ClusterConfig,
+    ContainerConfig,
+    HostSpec,
+    Limits,
+    Resources,
+    uncapped_hosts,
+)
 from orchestrator.limits.resources import (
     DOCKER_DEFAULT_SHM_BYTES,
     EffectiveResources,
@@ -15,7 +22,6 @@ from orchestrator.limits.resources import (
     cluster_effective_resources,
     effective_resources,
     limits_drift,
-    uncapped,
 )
 
 GI = 1024**3
@@ -284,24 +290,24 @@ def _cluster(**kw) -> ClusterConfig:
 
 
 def test_cluster_without_caps_or_requests_is_uncapped():
-    assert uncapped(_cluster())
+    assert uncapped_hosts(_cluster()) == ["a", "b"]
 
 
 def test_cluster_with_a_global_cap_is_not_uncapped():
-    assert not uncapped(_cluster(limits=Limits(max_memory="64g")))
+    assert not uncapped_hosts(_cluster(limits=Limits(max_memory="64g")))
 
 
 def test_cluster_with_one_host_left_unbounded_is_uncapped():
     hosts = [HostSpec(name="a", limits=Limits(max_pids=10)), HostSpec(name="b")]
-    assert uncapped(_cluster(hosts=hosts))
+    assert uncapped_hosts(_cluster(hosts=hosts)) == ["b"]
 
 
 def test_cluster_whose_request_bounds_everything_is_not_uncapped():
-    assert not uncapped(_cluster(resources=Resources(cpus=1)))
+    assert not uncapped_hosts(_cluster(resources=Resources(cpus=1)))
 
 
 def test_cluster_without_container_is_not_uncapped():
-    assert not uncapped(ClusterConfig(hosts=[HostSpec(name="a")]))
+    assert not uncapped_hosts(ClusterConfig(hosts=[HostSpec(name="a")]))
 
 
 def test_per_host_caps_give_per_host_effective_resources():

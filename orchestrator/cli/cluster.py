@@ -140,7 +140,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def cmd_down(args: argparse.Namespace) -> int:
     plan, results = run_with_cluster(args, lambda c: c.down(force=args.force))
-    code = exit_code_for(list(results.values())) if results else 0
+    code = exit_code_for(list(results.values())) if results else ExitCode.OK
     if plan.unknown_hosts:
         code = max(code, ExitCode.UNREACHABLE)
     if args.json:
@@ -163,9 +163,10 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     rows = run_with_cluster(args, lambda c: c.status())
-    code = ExitCode.UNREACHABLE if any(not r["reachable"] for r in rows) else ExitCode.OK
+    code = ExitCode.UNREACHABLE if any(not r.reachable for r in rows) else ExitCode.OK
     if args.json:
-        sys.stdout.write(json.dumps({"ok": code == 0, "exit_code": code, "hosts": rows}) + "\n")
+        doc = {"ok": code == 0, "exit_code": code, "hosts": [r.to_dict() for r in rows]}
+        sys.stdout.write(json.dumps(doc) + "\n")
         return code
     from orchestrator.render import print_status
 

@@ -18,7 +18,7 @@ from typing import IO
 import anyio
 
 from orchestrator.cli.common import cluster_path, load, make_sink
-from orchestrator.errors import UsageError
+from orchestrator.errors import ExitCode, UsageError
 from orchestrator.events import TeeSink
 from orchestrator.render import compress_hosts
 from orchestrator.suites.model import SHIPPED_PACKAGE, find_suite, list_suites, load_suite
@@ -141,9 +141,12 @@ def failure_report(outcome: RunOutcome, tail_lines: int = 10) -> str:
 def _verdict(outcome: RunOutcome) -> str:
     finished = outcome.finished or outcome.started
     seconds = (finished - outcome.started).total_seconds()
-    word = {0: "ok", 3: "host unreachable", 4: "refused", 130: "interrupted"}.get(
-        outcome.exit_code, "failed"
-    )
+    word = {
+        ExitCode.OK: "ok",
+        ExitCode.UNREACHABLE: "host unreachable",
+        ExitCode.REFUSED: "refused",
+        ExitCode.INTERRUPTED: "interrupted",
+    }.get(outcome.exit_code, "failed")
     text = f"{outcome.suite}: {word} (exit {outcome.exit_code}) in {seconds:.1f}s"
     return text + (f": {outcome.error}" if outcome.error and outcome.error != word else "")
 
@@ -202,16 +205,16 @@ def _list(args: argparse.Namespace) -> int:
         seen.add(ref.name)
     if args.json:
         sys.stdout.write(json.dumps({"ok": True, "suites": entries}) + "\n")
-        return 0
+        return ExitCode.OK
     if not entries:
         sys.stdout.write(
             f"no suites found (looked in ./suites, $CVS_SUITES_PATH, {SHIPPED_PACKAGE})\n"
         )
-        return 0
+        return ExitCode.OK
     rows = []
     for e in entries:
         note = " (shadowed)" if e["shadowed"] else ""
         note += f" (broken: {e['error']})" if e["error"] else ""
         rows.append([e["name"], e["description"] + note, f"{e['source']}: {e['path']}"])
     sys.stdout.write(plain_table(["name", "description", "source"], rows))
-    return 0
+    return ExitCode.OK

@@ -29,6 +29,8 @@ from orchestrator.config.views import (
     container_name,
     cvs_import_notes,
     normalized_cluster,
+    sshd_wanted,
+    uncapped_hosts,
 )
 
 __all__ = [
@@ -60,4 +62,6 @@ __all__ = [
     "load_cluster",
     "normalized_cluster",
     "parse_cluster",
+    "sshd_wanted",
+    "uncapped_hosts",
 ]

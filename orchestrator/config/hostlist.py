@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Iterable
 
 # An expression this large is almost certainly a typo (`gpu[1-100000]`), and
 # expanding it would only burn memory before the duplicate/host checks fail.
@@ -90,3 +91,16 @@ def expand_hostlist(expr: str) -> list[str]:
         if total > MAX_HOSTS:
             raise HostlistError(f"{expr!r} expands to more than {MAX_HOSTS} hosts")
     return ["".join(parts) for parts in itertools.product(*segments)]
+
+
+# How many host names a message spells out before "and N more".
+MAX_NAMED_HOSTS = 12
+
+
+def abbreviate_hosts(hosts: Iterable[str], limit: int = MAX_NAMED_HOSTS) -> str:
+    """`h1, h2, h3` or, past `limit` names, `h1, ..., h12 and 188 more`: host
+    names in messages, so a refusal on 500 hosts stays one readable line."""
+    names = list(hosts)
+    if len(names) <= limit:
+        return ", ".join(names)
+    return f"{', '.join(names[:limit])} and {len(names) - limit} more"

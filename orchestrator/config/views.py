@@ -7,7 +7,8 @@ import re
 from typing import Any
 
 from orchestrator.config.documents import ConfigError
-from orchestrator.config.model import CONTAINER_NAME_RE, ClusterConfig, Limits
+from orchestrator.config.hostlist import abbreviate_hosts
+from orchestrator.config.model import CONTAINER_NAME_RE, ClusterConfig, ContainerConfig, Limits
 
 # ---- derived views -----------------------------------------------------------
 
@@ -36,8 +37,18 @@ def container_name(cluster: ClusterConfig) -> str:
     return name
 
 
-def _caps_hosts(cluster: ClusterConfig) -> list[str]:
-    """Hosts on which nothing caps the container (no hard request, no limit)."""
+def sshd_wanted(container: ContainerConfig | None, n_hosts: int) -> bool:
+    """Whether containers run an sshd: `sshd.enabled` true/false as configured;
+    `auto` starts it only when there is a second host for MPI ranks to reach."""
+    enabled = container.sshd.enabled if container is not None else "auto"
+    if enabled == "auto":
+        return n_hosts > 1
+    return bool(enabled)
+
+
+def uncapped_hosts(cluster: ClusterConfig) -> list[str]:
+    """Hosts on which nothing bounds the container: no cpus, memory or pids from
+    the request or from a cap (global or per host). `cvs validate` warns."""
     container = cluster.container
     if container is None:
         return []
@@ -65,13 +76,12 @@ def cluster_warnings(cluster: ClusterConfig) -> list[str]:
             f"derived from the image ({container_name(cluster)}), so a tag bump would "
             "silently orphan the old container; set container.name"
         )
-    uncapped = _caps_hosts(cluster)
+    uncapped = uncapped_hosts(cluster)
     if uncapped and len(uncapped) == len(cluster.hosts):
         out.append("no resource caps: containers may take the whole host")
     elif uncapped:
-        shown = ", ".join(uncapped[:5]) + (" ..." if len(uncapped) > 5 else "")
         out.append(
-            f"no resource caps on {len(uncapped)} host(s) ({shown}): "
+            f"no resource caps on {len(uncapped)} host(s) ({abbreviate_hosts(uncapped)}): "
             "containers there may take the whole host"
         )
     if cluster.ssh.host_key_policy == "off":

@@ -41,6 +41,14 @@ class DockerOutputError(ValueError):
     """Docker printed something that is not the JSON we asked for."""
 
 
+def short_id(value: str | None) -> str:
+    """An image ID or a sha256 as people read it, the way `docker images` shows
+    IDs: the first 12 hex digits without the `sha256:` prefix; `?` when unknown."""
+    if not value:
+        return "?"
+    return value.partition(":")[2][:12] if ":" in value else value[:12]
+
+
 # --- validation ----------------------------------------------------------
 
 

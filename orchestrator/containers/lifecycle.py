@@ -23,7 +23,7 @@ from typing import Any
 
 import anyio
 
-from orchestrator.config import ClusterConfig, ContainerConfig, container_name
+from orchestrator.config import ClusterConfig, ContainerConfig, container_name, sshd_wanted
 from orchestrator.containers.docker import (
     config_hash,
     container_limits_drift,
@@ -51,7 +51,6 @@ from orchestrator.containers.provision import (
     SetupScript,
     ensure_sshd,
     run_setup_script,
-    sshd_wanted,
 )
 from orchestrator.errors import ExitCode, PolicyRefused
 from orchestrator.events import EventSink, HostStep, Message
@@ -401,7 +400,7 @@ class Lifecycle:
             return UpReport(plan, outcomes)
         selections = self._barrier(launching, prepared, states)
         keys = None
-        if sshd_wanted(self.cluster):
+        if sshd_wanted(self.cluster.container, len(self.cluster.hosts)):
             keys = ClusterKeys.load_or_create(default_state_dir(self.cluster), self._hosts())
 
         async def pipeline(host: str) -> None:

@@ -24,15 +24,17 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-from orchestrator.config import ContainerConfig, Lifetime
+from orchestrator.config import ContainerConfig, Lifetime, sshd_wanted
+from orchestrator.config.hostlist import MAX_NAMED_HOSTS as _MAX_NAMED_HOSTS
+from orchestrator.config.hostlist import abbreviate_hosts as _names
 from orchestrator.containers.docker import LABEL_CONFIG_HASH, LABEL_MANAGED, is_ours
+from orchestrator.containers.docker import short_id as _short
 from orchestrator.containers.probe import HostState
 from orchestrator.errors import ExitCode
 
 ActionKind = Literal["attach", "cold_start", "restart", "replace", "verify", "remove", "none"]
 
 REBUILD_COMMAND = "cvs down --force && cvs up"
-_MAX_NAMED_HOSTS = 12
 
 
 @dataclass(frozen=True)
@@ -73,21 +75,6 @@ class Plan:
 # --- helpers -------------------------------------------------------------
 
 
-def _names(hosts: Iterable[str]) -> str:
-    hosts = list(hosts)
-    if len(hosts) <= _MAX_NAMED_HOSTS:
-        return ", ".join(hosts)
-    shown = ", ".join(hosts[:_MAX_NAMED_HOSTS])
-    return f"{shown} and {len(hosts) - _MAX_NAMED_HOSTS} more"
-
-
-def _short(image_id: str | None) -> str:
-    if not image_id:
-        return "?"
-    algo, _, digest = image_id.partition(":")
-    return f"{algo}:{digest[:12]}" if digest else image_id[:12]
-
-
 def _group(pairs: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
     """value -> hosts, in first-seen order."""
     groups: dict[str, list[str]] = {}
@@ -112,12 +99,6 @@ def _describe(state: HostState, ours: bool) -> str:
     if state.container == "absent":
         return "absent"
     return f"{_state_word(state)} ({'ours' if ours else 'not created by cvs'})"
-
-
-def _sshd_wanted(cfg: ContainerConfig, n_hosts: int) -> bool:
-    if cfg.sshd.enabled == "auto":
-        return n_hosts > 1
-    return bool(cfg.sshd.enabled)
 
 
 def _label(cfg: ContainerConfig) -> str:
@@ -278,8 +259,8 @@ def _provisioning(
         else:
             decisions[host] = (False, "provisioned")
     warnings = [
-        f"{_label(cfg)} on {_names(hosts)} was provisioned with {marker[:12]}, config says "
-        f"{(script_sha256 or '?')[:12]} — run `cvs up --reprovision`"
+        f"{_label(cfg)} on {_names(hosts)} was provisioned with {_short(marker)}, config says "
+        f"{_short(script_sha256)} — run `cvs up --reprovision`"
         for marker, hosts in _group(mismatched).items()
     ]
     return decisions, warnings
@@ -338,7 +319,7 @@ def decide_plan(
         return _refusal(cfg, states, ours, [unknown], warnings)
     if cfg.lifetime == "no_launch":
         return _plan_no_launch(cfg, states, ours, warnings)
-    sshd = _sshd_wanted(cfg, len(states))
+    sshd = sshd_wanted(cfg, len(states))
     if cfg.lifetime == "per_run":
         return _plan_per_run(
             cfg, states, ours, warnings, force=force, sshd=sshd, cluster_name=cluster_name

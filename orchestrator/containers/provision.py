@@ -26,7 +26,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,17 +51,6 @@ EXIT_NO_SSHD = 94  # /usr/sbin/sshd missing
 EXIT_SSHD_START = 95  # sshd exited with an error on start
 EXIT_SSHD_NOT_LISTENING = 96  # sshd started but does not listen on the port
 EXIT_INSTALL = 97  # writing the sshd / ssh files failed
-
-EXIT_MEANINGS = {
-    EXIT_MISSING_TOOL: "the image lacks a tool needed to deliver the payload",
-    EXIT_BAD_PAYLOAD: "the payload could not be decoded",
-    EXIT_CHECKSUM: "checksum mismatch: the setup script was refused",
-    EXIT_MARKER: "the provisioning marker could not be written",
-    EXIT_NO_SSHD: "image has no sshd",
-    EXIT_SSHD_START: "sshd failed to start",
-    EXIT_SSHD_NOT_LISTENING: "sshd did not start listening",
-    EXIT_INSTALL: "could not install the sshd/ssh files",
-}
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -235,15 +223,6 @@ async def run_setup_script(
 
 
 # --- in-container sshd ---------------------------------------------------
-
-
-def sshd_wanted(cluster: ClusterConfig) -> bool:
-    """enabled: true/false as configured; auto starts it only for multi-host clusters."""
-    sshd = cluster.container.sshd if cluster.container else None
-    enabled = sshd.enabled if sshd else "auto"
-    if enabled == "auto":
-        return len(cluster.hosts) > 1
-    return bool(enabled)
 
 
 # The files ensure_sshd sends, by frame name (the installer knows where each goes).
@@ -457,16 +436,3 @@ def parse_sshd_report(stdout: str) -> SSHDReport:
         elif line.strip() == "sshd: started":
             started = True
     return SSHDReport(pid, started)
-
-
-def describe_failure(result: HostResult) -> str:
-    """One line for a failed provisioning step: what the exit code means, if ours."""
-    meaning = EXIT_MEANINGS.get(result.exit_code or -1)
-    if meaning:
-        return f"{meaning} (exit {result.exit_code})"
-    return result.error or f"exit {result.exit_code}"
-
-
-def setup_command_text(prefix: Sequence[str], container: str, sha256: str) -> str:
-    """The setup command as shell text (for logs and dry runs)."""
-    return shlex.join(setup_argv(prefix, container, sha256))

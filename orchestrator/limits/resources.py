@@ -7,7 +7,7 @@ min(request, tightest cap):
 - request above the cap: clamped to the cap, with a warning naming the key, the
   request and the cap;
 - no request but a cap: the cap (a cap is a promise the container stays inside);
-- neither: unbounded (None), and `uncapped()` tells `cvs validate` to warn.
+- neither: unbounded (None), and `cvs validate` warns (config.uncapped_hosts).
 
 Only cpus, memory and pids have caps (`max_cpus`, `max_memory`, `max_pids`);
 shm_size, memory_reservation and cpu_shares pass through. `memory` and `cpus` are
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config import ConfigError, Limits, Resources
+from orchestrator.config.hostlist import abbreviate_hosts
 from orchestrator.config.units import format_size, parse_size
 
 if TYPE_CHECKING:
@@ -196,8 +197,7 @@ def clamp_warnings(per_host: Mapping[str, EffectiveResources]) -> list[str]:
         if len(hosts) == len(per_host):
             out.append(text)
         else:
-            shown = ", ".join(hosts[:5]) + (" ..." if len(hosts) > 5 else "")
-            out.append(f"{text} (on {shown})")
+            out.append(f"{text} (on {abbreviate_hosts(hosts)})")
     return out
 
 
@@ -231,14 +231,6 @@ def cluster_effective_resources(cluster: ClusterConfig) -> dict[str, EffectiveRe
             raise ResourceError(f"hosts[{host.name}].{exc}") from None
         result[host.name] = effective_resources(request, cluster.limits, host.limits)
     return result
-
-
-def uncapped(cluster: ClusterConfig) -> bool:
-    """True when some host's container would run with nothing bounded at all:
-    no cpus, memory or pids limit from either the request or a cap. That is what
-    `cvs validate` warns about. A cluster without a container block runs nothing
-    to cap."""
-    return any(len(eff.unbounded) == 3 for eff in cluster_effective_resources(cluster).values())
 
 
 def _clamp(

@@ -89,7 +89,7 @@ class RunOutcome:
     interrupted: bool = False
     refused: bool = False
     # `up` left hosts not ready: 3 (unreachable) or 1.
-    up_exit_code: int | None = None
+    up_exit_code: ExitCode | None = None
     # Stale images, failed removals, ...: recorded, but they do not fail the run.
     warnings: list[str] = field(default_factory=list)
 
@@ -122,10 +122,6 @@ def default_run_dir(suite: str, now: datetime | None = None, base: Path = Path("
     """`runs/<UTC time YYYYmmddTHHMMSSZ>-<suite>`."""
     moment = (now or datetime.now(UTC)).astimezone(UTC)
     return base / f"{moment.strftime('%Y%m%dT%H%M%SZ')}-{suite}"
-
-
-def tail_of(result: HostResult, lines: int = TAIL_LINES) -> str:
-    return result.tail(lines)
 
 
 # ---- results.json ---------------------------------------------------------------

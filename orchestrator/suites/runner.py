@@ -22,7 +22,7 @@ import anyio
 
 from orchestrator.api import Cluster, HostSelectionError, select_hosts
 from orchestrator.config import ClusterConfig, ConfigError
-from orchestrator.errors import PolicyRefused
+from orchestrator.errors import ExitCode, PolicyRefused
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.results import HostResult
 from orchestrator.suites.model import Step, Suite
@@ -137,7 +137,7 @@ def plan_rows(report: Any) -> dict[str, dict[str, str]]:
     return {h: {"action": str(a.kind), "reason": str(a.reason)} for h, a in actions.items()}
 
 
-def up_failure(report: Any) -> tuple[int, str] | None:
+def up_failure(report: Any) -> tuple[ExitCode, str] | None:
     """(exit code, one line) when `up` left some host not ready, else None."""
     if getattr(report, "ok", True):
         return None
@@ -146,7 +146,7 @@ def up_failure(report: Any) -> tuple[int, str] | None:
     detail = (first.error or "failed").splitlines()[0]
     more = f" (and {len(failed) - 1} more host(s))" if len(failed) > 1 else ""
     text = f"up failed on {', '.join(failed)}: {first_host}: {detail}{more}"
-    return int(report.exit_code) or 1, text
+    return ExitCode(report.exit_code) or ExitCode.FAILED, text
 
 
 def _is_interrupt(exc: BaseException) -> bool:

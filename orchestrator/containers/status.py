@@ -1,0 +1,120 @@
+"""PURE: what `cvs status` reports per host, as typed records built from a probe.
+
+`Cluster.status()` returns one `HostStatus` per host; the CLI renders them as a
+table (render.print_status) or, with `--json`, as `HostStatus.to_dict()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+from orchestrator.containers.docker import LABEL_CONFIG_HASH, container_limits_drift, short_id
+from orchestrator.containers.probe import HostState
+from orchestrator.limits.resources import EffectiveResources
+
+SshdState = Literal["listening", "down", "off", "unknown"]
+Provisioned = Literal["yes", "no", "other"]
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    """One host's container as probed, next to what the config asks for."""
+
+    host: str
+    reachable: bool
+    docker: str | None  # how cvs reaches docker there: "direct", "sudo"; None: could not tell
+    state: str  # the container: running, exited, paused, absent, ...; "unknown" when not probed
+    image_id: str | None  # the image the container runs
+    tag_image_id: str | None  # what the configured tag resolves to on the host now
+    sshd: SshdState  # the in-container sshd; "off" when the config does not want one
+    provisioned: Provisioned  # "other": by a different setup script than the config names
+    provision_marker: str | None  # sha256 of the setup script that provisioned it
+    limits: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    drift: tuple[str, ...] = ()  # where the container differs from the config now
+    error: str | None = None  # why the probe could not tell
+
+    @property
+    def stale(self) -> bool:
+        """The container runs an image its tag no longer resolves to."""
+        return (
+            self.image_id is not None
+            and self.tag_image_id is not None
+            and self.image_id != self.tag_image_id
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        """The `cvs status --json` row."""
+        return {
+            "host": self.host,
+            "reachable": self.reachable,
+            "docker": self.docker or "?",
+            "state": self.state,
+            "image": _short_or_dash(self.image_id),
+            "tag": _short_or_dash(self.tag_image_id),
+            "stale": self.stale,
+            "sshd": "-" if self.sshd == "unknown" else self.sshd,
+            "provisioned": (
+                f"other script ({short_id(self.provision_marker)})"
+                if self.provisioned == "other"
+                else self.provisioned
+            ),
+            "limits": dict(self.limits),
+            "drift": list(self.drift),
+            "error": self.error,
+        }
+
+
+def host_status(
+    state: HostState,
+    *,
+    resources: EffectiveResources | ValueError,
+    sshd_wanted: bool,
+    script_sha256: str,
+    config_hash: str,
+) -> HostStatus:
+    """`state` as a status row. `resources` is what the config gives the container
+    on this host, or the error computing it raised (shown as drift)."""
+    drift: list[str] = []
+    limits: dict[str, str] = {}
+    if isinstance(resources, ValueError):
+        drift.append(str(resources))
+    else:
+        limits = resources.describe()
+        drift += container_limits_drift(resources, state.host_config)
+    if state.labels.get(LABEL_CONFIG_HASH) not in (None, config_hash):
+        drift.append("container block changed since start")
+    return HostStatus(
+        host=state.host,
+        reachable=state.reachable,
+        docker=state.docker_access,
+        state=state.container or "unknown",
+        image_id=state.container_image_id,
+        tag_image_id=state.tag_image_id,
+        sshd=_sshd(state.sshd_listening, wanted=sshd_wanted),
+        provisioned=_provisioned(state.provision_marker, script_sha256),
+        provision_marker=state.provision_marker,
+        limits=MappingProxyType(limits),
+        drift=tuple(drift),
+        error=state.error,
+    )
+
+
+def _short_or_dash(image_id: str | None) -> str:
+    return short_id(image_id) if image_id else "-"
+
+
+def _sshd(listening: bool | None, *, wanted: bool) -> SshdState:
+    if listening:
+        return "listening"
+    if not wanted:
+        return "off"
+    return "down" if listening is False else "unknown"
+
+
+def _provisioned(marker: str | None, wanted: str) -> Provisioned:
+    if marker is None:
+        return "no"
+    return "yes" if marker == wanted else "other"

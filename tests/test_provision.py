@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.config import ClusterConfig, ContainerConfig, HostSpec, load_cluster
+from orchestrator.config import ClusterConfig, ContainerConfig, HostSpec, load_cluster, sshd_wanted
 from orchestrator.containers import mpi
 from orchestrator.containers.provision import (
     EXIT_BAD_PAYLOAD,
@@ -43,7 +43,6 @@ from orchestrator.containers.provision import (
     setup_argv,
     setup_payload,
     sshd_files,
-    sshd_wanted,
 )
 from orchestrator.results import HostResult
 from orchestrator.sandbox import BASE_TAG, SSHD_TAG, Sandbox
@@ -83,13 +82,13 @@ def test_sshd_wanted_follows_enabled_and_host_count(
 ) -> None:
     hosts = [HostSpec(name=f"n{i}") for i in range(n_hosts)]
     cluster = _cluster(hosts, sshd={"enabled": enabled})
-    assert sshd_wanted(cluster) is wanted
+    assert sshd_wanted(cluster.container, len(cluster.hosts)) is wanted
 
 
 def test_sshd_wanted_without_container_block_is_auto() -> None:
     one = ClusterConfig(hosts=[HostSpec(name="a")])
     two = ClusterConfig(hosts=[HostSpec(name="a"), HostSpec(name="b")])
-    assert (sshd_wanted(one), sshd_wanted(two)) == (False, True)
+    assert (sshd_wanted(one.container, 1), sshd_wanted(two.container, 2)) == (False, True)
 
 
 def test_hostfile_has_one_line_per_host_with_slots_in_cluster_order() -> None:

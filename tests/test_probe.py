@@ -4,6 +4,7 @@ private dockerd (DOCKER_HOST), and the parser on hand-made output."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ from orchestrator.config import ContainerConfig
 from orchestrator.containers.docker import managed_labels, rm_argv, run_argv
 from orchestrator.containers.probe import (
     HostState,
+    inspect_image_arg,
     parse_probe_output,
     parse_sections,
     probe_command,
@@ -65,7 +67,7 @@ def fake_bin(tmp_path: Path, scripts: dict[str, str], links: tuple[str, ...] = (
     return str(d)
 
 
-BASICS = ("mktemp", "rm", "base64", "od", "cat")
+BASICS = ("mktemp", "rm", "base64", "od", "cat", "grep")
 
 # --- real dockerd ----------------------------------------------------------
 
@@ -213,7 +215,7 @@ def test_docker_not_installed_is_named(cfg: ContainerConfig, tmp_path: Path) -> 
 def test_hosts_without_base64_fall_back_to_hex(
     dockerd: PrivateDockerd, image_id: str, cfg: ContainerConfig, container: str, tmp_path: Path
 ) -> None:
-    env = {**dockerd.env, "PATH": fake_bin(tmp_path, {}, ("mktemp", "rm", "od", "docker"))}
+    env = {**dockerd.env, "PATH": fake_bin(tmp_path, {}, ("mktemp", "rm", "od", "docker", "grep"))}
     state = run_probe(env, cfg)
     assert state.container == "running"
     assert state.tag_image_id == image_id
@@ -242,8 +244,8 @@ def test_probe_command_rejects_unsafe_container_names(name: str) -> None:
 
 def test_probe_command_without_config_skips_the_image() -> None:
     script = probe_command(None, "c", sshd_port=PORT, marker_path=MARKER)
-    assert "image inspect" not in script
-    assert "inspect --type container c" in script
+    assert "image" not in script.split("section args", 1)[1].split("\n", 1)[0]
+    assert "inspect c\n" in script
 
 
 def frame(name: str, rc: int, out: bytes = b"", err: bytes = b"") -> str:
@@ -254,7 +256,16 @@ def frame(name: str, rc: int, out: bytes = b"", err: bytes = b"") -> str:
     )
 
 
-DIRECT_OK = frame("access.direct", 0, b"20.10.24\n")
+ARGS = frame("args", 0, b"c\nimg:1\n")
+
+
+def inspected(rc: int, out: bytes = b"", err: bytes = b"", via: str = "direct") -> str:
+    """The probe's answer: the args, then one `docker inspect NAME IMAGE` section."""
+    return ARGS + frame(f"inspect.{via}", rc, out, err)
+
+
+RUNNING = {"Status": "running", "Running": True}
+NO_SUCH = b"Error: No such object: c\nError: No such object: img:1\n"
 
 
 def test_unreachable_host_is_not_known() -> None:
@@ -264,13 +275,13 @@ def test_unreachable_host_is_not_known() -> None:
 
 
 def test_truncated_output_is_unknown_not_absent() -> None:
-    text = "@@cvs:probe 1\n" + DIRECT_OK + frame("container", 1, err=b"Error: No such object: c")
+    text = "@@cvs:probe 1\n" + inspected(1, b"[]", NO_SUCH)
     state = parse_probe_output("h1", 0, text, "")
     assert state.container is None and state.error_kind == "garbled"
 
 
 def test_killed_probe_is_unknown_even_with_sections() -> None:
-    text = DIRECT_OK + frame("container", 1, err=b"No such container: c") + "@@cvs:done\n"
+    text = inspected(1, b"[]", NO_SUCH) + "@@cvs:done\n"
     assert parse_probe_output("h1", 255, text, "killed").container is None
 
 
@@ -280,37 +291,64 @@ def test_garbage_is_unknown() -> None:
 
 
 def test_banner_before_the_frames_is_ignored() -> None:
-    text = (
-        "Welcome to gpu01\n"
-        + DIRECT_OK
-        + frame("container", 1, err=b"Error: No such container: c")
-        + "@@cvs:done\n"
-    )
+    text = "Welcome to gpu01\n" + inspected(1, b"[]", NO_SUCH) + "@@cvs:done\n"
     assert parse_probe_output("h1", 0, text, "").container == "absent"
 
 
 def test_inspect_failing_for_another_reason_is_unknown() -> None:
     err = b"Cannot connect to the Docker daemon at unix:///x. Is the docker daemon running?"
-    text = DIRECT_OK + frame("container", 1, err=err) + "@@cvs:done\n"
+    text = inspected(1, err=err) + inspected(1, err=err, via="sudo")[len(ARGS) :] + "@@cvs:done\n"
     state = parse_probe_output("h1", 0, text, "")
     assert state.container is None and state.error_kind == "daemon_down"
-    assert state.docker_access == "direct"
 
 
 def test_container_without_image_id_is_unreadable() -> None:
-    doc = b'[{"Id": "c1", "Image": "", "State": {"Status": "running", "Running": true}}]'
+    doc = json.dumps([{"Id": "c1", "Name": "/c", "Image": "", "State": RUNNING}]).encode()
     listen = b"listen no\nmarker absent\n"
-    text = DIRECT_OK + frame("container", 0, doc) + frame("exec", 0, listen) + "@@cvs:done\n"
+    err = b"Error: No such object: img:1\n"
+    text = inspected(1, doc, err) + frame("exec", 0, listen) + "@@cvs:done\n"
     state = parse_probe_output("h1", 0, text, "")
     assert state.container == "running" and not state.container_image_readable
 
 
 def test_marker_in_sha256sum_format_yields_the_digest() -> None:
-    doc = b'[{"Id": "c1", "Image": "sha256:aa", "State": {"Status": "running", "Running": true}}]'
+    doc = json.dumps([{"Id": "c1", "Name": "/c", "Image": "sha256:aa", "State": RUNNING}]).encode()
     body = f"listen yes\nmarker present\n{SHA}  /tmp/setup.sh\n".encode()
-    text = DIRECT_OK + frame("container", 0, doc) + frame("exec", 0, body) + "@@cvs:done\n"
+    err = b"Error: No such object: img:1\n"
+    text = inspected(1, doc, err) + frame("exec", 0, body) + "@@cvs:done\n"
     state = parse_probe_output("h1", 0, text, "")
     assert state.provision_marker == SHA and state.sshd_listening is True
+
+
+def test_container_and_image_come_from_one_inspect_paired_by_argument() -> None:
+    container = {"Id": "c1", "Name": "/c", "Image": "sha256:aa", "State": {"Status": "exited"}}
+    image = {"Id": "sha256:bb", "RootFS": {}, "RepoDigests": ["img@sha256:cc"]}
+    both = inspected(0, json.dumps([container, image]).encode()) + "@@cvs:done\n"
+    state = parse_probe_output("h1", 0, both, "")
+    assert (state.container, state.container_id, state.tag_image_id) == (
+        "exited",
+        "c1",
+        "sha256:bb",
+    )
+    only_image = inspected(1, json.dumps([image]).encode(), b"Error: No such object: c\n")
+    state = parse_probe_output("h1", 0, only_image + "@@cvs:done\n", "")
+    assert (state.container, state.tag_image_id) == ("absent", "sha256:bb")
+
+
+def test_a_name_resolving_to_another_object_is_no_such_container() -> None:
+    # `docker inspect c` without --type also finds an image named c, or a
+    # container whose ID starts with c: neither is the container named c.
+    other = {"Id": "c0ffee", "Name": "/someone-else", "Image": "sha256:aa", "State": {}}
+    text = inspected(1, json.dumps([other]).encode(), b"Error: No such object: img:1\n")
+    state = parse_probe_output("h1", 0, text + "@@cvs:done\n", "")
+    assert state.known and state.container == "absent" and state.tag_image_id is None
+
+
+def test_probe_names_the_image_with_a_tag_so_it_never_matches_a_container() -> None:
+    assert inspect_image_arg("busybox") == "busybox:latest"
+    assert inspect_image_arg("reg:5000/a/b") == "reg:5000/a/b:latest"
+    assert inspect_image_arg("a/b:7") == "a/b:7"
+    assert inspect_image_arg("a@sha256:" + "0" * 64) == "a@sha256:" + "0" * 64
 
 
 def test_section_bodies_cannot_forge_frames() -> None:

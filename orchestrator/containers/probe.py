@@ -34,13 +34,14 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import json
 import re
 import shlex
 import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
 from orchestrator.config import ContainerConfig
 from orchestrator.containers.docker import (
@@ -48,7 +49,6 @@ from orchestrator.containers.docker import (
     DockerOutputError,
     classify_docker_error,
     image_inspect_argv,
-    inspect_argv,
     parse_container_inspect,
     parse_image_inspect,
     validate_container_name,
@@ -119,7 +119,7 @@ emit() {
 }
 section() {
   _name=$1; shift
-  "$@" >"$tmp/out" 2>"$tmp/err" </dev/null
+  "$@" >"$tmp/out" 2>"$tmp/err" </dev/null 9<&-
   _rc=$?
   emit "$_name" "$_rc"
   return "$_rc"
@@ -155,37 +155,72 @@ def _in_container_script(sshd_port: int, marker_path: str) -> str:
     )
 
 
+def inspect_image_arg(image: str) -> str:
+    """The image as the probe's `docker inspect` names it: with a tag or digest.
+
+    `docker inspect` without `--type` resolves each argument as a container
+    first; a container name cannot hold ':' or '@', so a tagged reference is
+    never mistaken for a container.
+    """
+    if image.startswith("sha256:"):
+        return image
+    last = image.rsplit("/", 1)[-1]
+    return image if (":" in last or "@" in image) else f"{image}:latest"
+
+
+# Which docker to try first: the socket's permissions say whether plain
+# `docker` can work, without spending a docker process to find out.
+_ACCESS_ORDER = r"""
+order="direct sudo"
+case ${DOCKER_HOST:-unix:///var/run/docker.sock} in
+  unix://*) sock=${DOCKER_HOST:-unix:///var/run/docker.sock}; sock=${sock#unix://}
+    if [ -S "$sock" ] && [ ! -w "$sock" ]; then order="sudo direct"; fi ;;
+esac
+""".strip()
+
+
 def probe_command(
     cfg: ContainerConfig | None, name: str, *, sshd_port: int, marker_path: str
 ) -> str:
     """The probe script (POSIX sh); run it on the host as `sh -c SCRIPT`.
 
     `cfg` None probes docker access and the container only (no image tag).
+    On the attach path it spawns two docker processes: one `docker inspect`
+    of the container and the image together (which also tells the access
+    mode), and one `docker exec` for sshd liveness and the provisioning marker.
     """
     validate_container_name(name)
     if not 1 <= sshd_port <= 65535:
         raise ValueError(f"invalid sshd port {sshd_port}")
     if not marker_path.startswith("/"):
         raise ValueError(f"marker path must be absolute, got {marker_path!r}")
+    targets = [name]
+    if cfg is not None:
+        targets.append(inspect_image_arg(image_inspect_argv([], cfg.image)[-1]))
+    inspect = shlex.join(["inspect", *targets])
     # The docker prefix lives in "$@" (set below), so each docker call is
     # `"$@" <quoted argv…>` and nothing user-supplied is ever unquoted.
-    version = ["version", "--format", "{{.Server.Version}}"]
-    lines = [
-        _PRELUDE,
-        f"if section access.direct docker {shlex.join(version)}; then set -- docker",
-        f"elif section access.sudo sudo -n docker {shlex.join(version)}; then"
-        " set -- sudo -n docker",
-        "else printf '@@cvs:done\\n'; exit 0",
-        "fi",
-    ]
-    if cfg is not None:
-        lines.append(f'section image "$@" {shlex.join(image_inspect_argv([], cfg.image))}')
     exec_argv = ["exec", name, "sh", "-c", _in_container_script(sshd_port, marker_path)]
     cp_argv = ["cp", f"{name}:{marker_path}", "-"]
-    lines += [
-        f'if section container "$@" {shlex.join(inspect_argv([], name))}; then',
+    lines = [
+        _PRELUDE,
+        _ACCESS_ORDER,
+        f"section args printf '%s\\n' {shlex.join(targets)}",
+        "via=",
+        "for m in $order; do",
+        '  if [ "$m" = direct ]; then set -- docker; else set -- sudo -n docker; fi',
+        f'  section "inspect.$m" "$@" {inspect}',
+        # Answered: it ran, and whatever it could not find is merely absent.
+        "  if ! grep -v -e '^Error: No such object: ' -e '^$' \"$tmp/err\" >/dev/null; then",
+        "    via=$m; break",
+        "  fi",
+        "done",
+        "[ -n \"$via\" ] || { printf '@@cvs:done\\n'; exit 0; }",
+        'if grep -q \'"Running": true\' "$tmp/out"; then',
         f'  section exec "$@" {shlex.join(exec_argv)} ||',
         f'    section marker_tar "$@" {shlex.join(cp_argv)}',
+        'elif grep -q \'"State"\' "$tmp/out"; then',
+        f'  section marker_tar "$@" {shlex.join(cp_argv)}',
         "fi",
         "printf '@@cvs:done\\n'",
     ]
@@ -347,45 +382,39 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
         why = "probe did not finish" if not done else f"probe exited {exit_status}"
         return _garbled(host, why, exit_status, stderr)
 
-    direct, sudo = sections.get("access.direct"), sections.get("access.sudo")
-    if direct is not None and direct.rc == 0:
-        access: DockerAccessMode = "direct"
-    elif sudo is not None and sudo.rc == 0:
-        access = "sudo"
-    else:
-        if direct is None:
-            return _garbled(host, "no docker access section", exit_status, stderr)
-        return _access_failure(host, direct, sudo)
-
+    tried = {n.split(".", 1)[1]: sec for n, sec in sections.items() if n.startswith("inspect.")}
+    if not tried:
+        return _garbled(host, "no docker inspect section", exit_status, stderr)
+    answered = [m for m, sec in tried.items() if _answered(sec)]
+    if not answered:
+        return _access_failure(host, tried.get("direct"), tried.get("sudo"))
+    access: DockerAccessMode = "direct" if answered[0] == "direct" else "sudo"
+    inspect = tried[answered[0]]
     values: dict[str, object] = {"host": host, "docker_access": access}
-
-    image = sections.get("image")
-    if image is not None:
-        if image.rc == 0:
-            try:
-                info = parse_image_inspect(image.stdout)
-                values["tag_image_id"] = info.id
-                values["tag_repo_digests"] = info.repo_digests
-            except DockerOutputError as exc:
-                values["tag_error"] = str(exc)
-        elif classify_docker_error(image.stderr, image.rc) != "not_found":
-            values["tag_error"] = _first_line(image.stderr) or f"exit {image.rc}"
-
-    container = sections.get("container")
-    if container is None:
-        return _garbled(host, "no container section", exit_status, stderr)
-    if container.rc != 0:
-        kind = classify_docker_error(container.stderr, container.rc)
-        if kind == "not_found":
-            return HostState(**values, container="absent")  # type: ignore[arg-type]
-        reason = _first_line(container.stderr) or f"exit {container.rc}"
-        return HostState(
-            **values,  # type: ignore[arg-type]
-            error=f"docker inspect failed: {reason}",
-            error_kind="daemon_down" if kind == "daemon_down" else "docker",
-        )
     try:
-        cinfo = parse_container_inspect(container.stdout)
+        objects = _inspect_objects(inspect.stdout)
+    except DockerOutputError as exc:
+        return HostState(**values, error=str(exc), error_kind="garbled")  # type: ignore[arg-type]
+    missing = set(_NO_SUCH_RE.findall(inspect.stderr))
+    # `docker inspect A B` prints the objects it found in argument order and
+    # names the missing ones on stderr: pair them up positionally.
+    args = sections["args"].stdout.split() if "args" in sections else []
+    if not args:
+        return _garbled(host, "no args section", exit_status, stderr)
+    name = args[0]
+    found: dict[str, dict[str, Any] | None] = {}
+    queue = list(objects)
+    for arg in args:
+        found[arg] = None if arg in missing or not queue else queue.pop(0)
+    if len(args) > 1:
+        values.update(_image_facts(args[1], found.get(args[1]), inspect.stderr))
+    cobj = found.get(name)
+    if cobj is None or not _is_container(cobj, name):
+        # Not found, or NAME resolved to something else (an image of that
+        # name, a container whose ID merely starts with it): no such container.
+        return HostState(**values, container="absent")  # type: ignore[arg-type]
+    try:
+        cinfo = parse_container_inspect(json.dumps(cobj))
     except DockerOutputError as exc:
         return HostState(**values, error=str(exc), error_kind="garbled")  # type: ignore[arg-type]
 
@@ -402,6 +431,47 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
     )
     values.update(_in_container_facts(sections, running=cinfo.state == "running"))
     return HostState(**values)  # type: ignore[arg-type]
+
+
+_NO_SUCH_RE = re.compile(r"^Error: No such object: (\S+)\s*$", re.MULTILINE)
+
+
+def _answered(section: Section) -> bool:
+    """docker ran and answered: whatever it could not find is merely absent."""
+    if section.rc == 0:
+        return True
+    rest = [ln for ln in section.stderr.splitlines() if ln.strip()]
+    return bool(rest) and all(_NO_SUCH_RE.fullmatch(ln.strip()) for ln in rest)
+
+
+def _inspect_objects(text: str) -> list[dict[str, Any]]:
+    if not text.strip():
+        return []
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DockerOutputError(f"docker inspect: not JSON ({exc.msg} at char {exc.pos})") from None
+    if not isinstance(data, list) or not all(isinstance(o, dict) for o in data):
+        raise DockerOutputError("docker inspect: expected a JSON list of objects")
+    return data
+
+
+def _is_container(obj: Mapping[str, Any], name: str) -> bool:
+    return isinstance(obj.get("State"), dict) and str(obj.get("Name", "")).lstrip("/") == name
+
+
+def _image_facts(arg: str, obj: Mapping[str, Any] | None, stderr: str) -> dict[str, object]:
+    if obj is None:
+        if arg in _NO_SUCH_RE.findall(stderr):
+            return {}  # not on the host: tag_image_id None
+        return {"tag_error": f"docker inspect gave no answer for {arg}"}
+    if "State" in obj or "RootFS" not in obj:
+        return {"tag_error": f"{arg} does not name an image here"}
+    try:
+        info = parse_image_inspect(json.dumps(obj))
+    except DockerOutputError as exc:
+        return {"tag_error": str(exc)}
+    return {"tag_image_id": info.id, "tag_repo_digests": info.repo_digests}
 
 
 def _in_container_facts(sections: Mapping[str, Section], *, running: bool) -> dict[str, object]:

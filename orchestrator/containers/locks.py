@@ -1,0 +1,399 @@
+"""Per-host locks by intent, held by a remote process tied to the SSH channel.
+
+Who takes what (DESIGN.md, "Sharing a cluster"):
+
+- a run, `exec`, and an `up` that only attaches hold the host's lock SHARED,
+  so any number of them use the same containers at once;
+- whatever starts, replaces or removes a container (an `up` that changes
+  something, `down`) holds it EXCLUSIVELY.
+
+The lock is `flock(2)` on a directory `/tmp/cvs-<container>-<host>.lock`,
+taken by a shell on the host that then probes (one round trip: lock + probe)
+and waits on its stdin. Closing the channel (or our process dying, which
+closes the connection) ends that shell, which releases the lock: a lock can
+never outlive its invocation, and it never waits on our own output.
+
+A directory, not a file: flock(1) opens a directory read-only, which works
+whoever created it, where an existing file in sticky /tmp cannot be opened
+with O_CREAT by another user (fs.protected_regular).
+
+The directory is removed by the last one out, without a race: a holder
+removes it only while holding it exclusively AND after checking that the path
+still names the inode it locked; whoever locks a directory that was removed
+meanwhile (the check fails) drops it and locks the new one. So a removed lock
+is never mistaken for a held one, and nothing accumulates under /tmp.
+
+Each holder leaves one line in the directory (`h.<pid>`: user@machine, pid,
+what it does), so an invocation that has to wait says on whom.
+
+Acquisition, in the uncontended case one round trip for all hosts at once:
+every host's lock is tried without waiting. Only when some host's lock is
+busy is everything taken released again, then the locks are taken in a fixed
+order, waiting: the head host first, then the others (every invocation on
+the cluster passes the head first, so two of them cannot each hold a host the
+other waits for).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import os
+import re
+import shlex
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+
+from orchestrator.containers.probe import HostState, parse_probe_output
+from orchestrator.errors import PolicyRefused
+from orchestrator.events import EventSink, Message
+from orchestrator.ssh.fanout import fan_out
+from orchestrator.ssh.transport import ConnectError, SSHPool
+
+Mode = Literal["shared", "exclusive"]
+LOCK_ROOT = "/tmp"
+FRAME = "@@cvs:"
+READY = "@@cvs:ready"
+_HOST_PART_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+_DESCRIPTION_UNSAFE = re.compile(r"[^A-Za-z0-9@._:/ ()+=,-]")
+
+# The lock program (POSIX sh). Arguments: $1 lock dir, $2 s|x, $3 seconds to
+# wait or "no", $4 the holder description. `PROBE` is replaced by the probe
+# script run in a subshell (its traps are its own), or by nothing.
+_LOCK_PROGRAM = r"""
+lock=$1 mode=$2 wait=$3 desc=$4
+if ! command -v flock >/dev/null 2>&1; then
+  echo '@@cvs:lock noflock'; exit 0
+fi
+holders() {
+  for f in "$lock"/h.*; do
+    [ -f "$f" ] || continue
+    while IFS= read -r l; do printf '@@cvs:holder %s\n' "$l"; done < "$f"
+  done
+}
+check=yes
+[ -e "/proc/$$/fd/0" ] || check=no
+take() {
+  tries=0
+  while :; do
+    mkdir -m 777 "$lock" 2>/dev/null
+    if command exec 9<"$lock" 2>/dev/null; then
+      flock "-$mode" "$@" 9 || return 1
+      # The path must still name what we locked: the last holder may have
+      # removed it meanwhile (then lock the new one instead).
+      if [ "$check" = no ] || [ "$lock" -ef "/proc/$$/fd/9" ]; then return 0; fi
+      exec 9<&-
+    fi
+    tries=$((tries + 1))
+    if [ "$tries" -gt 20 ]; then
+      echo "@@cvs:lock error cannot open $lock"; exit 0
+    fi
+  done
+}
+release() {
+  rm -f "$info"
+  flock -u 9
+  # The last one out removes the directory, holding it exclusively and only
+  # while the path still names it.
+  if [ "$check" = yes ] && flock -xn 9 && [ "$lock" -ef "/proc/$$/fd/9" ]; then
+    rm -f "$lock"/h.*
+    rmdir "$lock" 2>/dev/null
+  fi
+}
+if take -n; then
+  :
+elif [ "$wait" = no ]; then
+  holders; echo '@@cvs:lock busy'; exit 0
+else
+  holders; echo '@@cvs:lock waiting'
+  if ! take -w "$wait"; then holders; echo '@@cvs:lock timeout'; exit 0; fi
+fi
+info="$lock/h.$$"
+trap release EXIT
+trap 'exit 129' HUP
+trap 'exit 130' INT
+trap 'exit 143' TERM
+rm -f "$info" 2>/dev/null
+printf '%s\n' "$desc" > "$info" 2>/dev/null
+echo "@@cvs:lock held $mode"
+PROBE
+echo '@@cvs:ready'
+while read -r cmd; do
+  case $cmd in
+    shared) flock -s 9 && echo '@@cvs:lock held s' ;;
+  esac
+done
+exit 0
+""".lstrip()
+
+
+def lock_path(container: str, host: str) -> str:
+    """The host's lock directory for this container name.
+
+    The host's name is in the path as well as the container's: hosts that
+    share a filesystem (the sandbox's namespaces do) must not share a lock.
+    """
+    for part in (container, host):
+        if not _HOST_PART_RE.fullmatch(part):
+            raise ValueError(f"cannot build a lock path from {part!r}")
+    return f"{LOCK_ROOT}/cvs-{container}-{host}.lock"
+
+
+def holder_description(purpose: str) -> str:
+    """`user@machine pid N: purpose`, in characters safe for one line anywhere."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    text = f"{user}@{socket.gethostname()} pid {os.getpid()}: {purpose}"
+    return _DESCRIPTION_UNSAFE.sub("?", text)[:200]
+
+
+def lock_command(
+    path: str, mode: Mode, *, wait: float | None, description: str, probe: str | None = None
+) -> str:
+    """The remote command: lock `path` (waiting up to `wait` s, None = not at all),
+    run `probe` (sh text) while holding it, then hold until stdin closes."""
+    program = _LOCK_PROGRAM.replace("PROBE", f"(\n{probe}\n)" if probe else ":")
+    seconds = "no" if wait is None else str(max(0, int(wait)))
+    flag = "s" if mode == "shared" else "x"
+    return shlex.join(["sh", "-c", program, "cvs-lock", path, flag, seconds, description])
+
+
+# --- reading the holder's answer ---------------------------------------------
+
+LockStatus = Literal["held", "busy", "timeout", "noflock", "error", "unreachable"]
+
+
+@dataclass
+class LockAnswer:
+    """What one host's lock attempt came to."""
+
+    host: str
+    status: LockStatus
+    holders: list[str] = field(default_factory=list)
+    state: HostState | None = None  # the probe, when one ran under the lock
+    error: str | None = None
+
+
+def split_lock_frames(text: str) -> tuple[str | None, list[str], str]:
+    """(last lock status word and detail, holder lines, the rest of the output)."""
+    status: str | None = None
+    holders: list[str] = []
+    rest: list[str] = []
+    for line in text.splitlines(keepends=True):
+        if line.startswith(FRAME + "lock "):
+            status = line[len(FRAME + "lock ") :].strip()
+        elif line.startswith(FRAME + "holder "):
+            holders.append(line[len(FRAME + "holder ") :].strip())
+        elif line.strip() == READY:
+            continue
+        else:
+            rest.append(line)
+    return status, holders, "".join(rest)
+
+
+def describe_holders(holders: Sequence[str]) -> str:
+    if not holders:
+        return "another cvs invocation"
+    shown = ", ".join(dict.fromkeys(holders))
+    return shown if len(shown) <= 300 else shown[:297] + "..."
+
+
+# --- holding locks on a set of hosts ---------------------------------------------
+
+
+class HostLocks:
+    """The locks one invocation holds on a cluster's hosts, one remote holder each."""
+
+    def __init__(
+        self,
+        pool: SSHPool,
+        sink: EventSink,
+        container: str,
+        *,
+        head: str,
+        wait_seconds: float,
+        purpose: str,
+    ) -> None:
+        self.pool = pool
+        self.sink = sink
+        self.container = container
+        self.head = head
+        self.wait_seconds = wait_seconds
+        self.description = holder_description(purpose)
+        self.mode: Mode | None = None
+        self._held: dict[str, tuple[contextlib.AsyncExitStack, Any]] = {}
+
+    @property
+    def hosts(self) -> list[str]:
+        return list(self._held)
+
+    def holds(self, hosts: Sequence[str]) -> bool:
+        return bool(hosts) and all(h in self._held for h in hosts)
+
+    async def acquire(
+        self,
+        hosts: Sequence[str],
+        mode: Mode,
+        *,
+        wait: bool = True,
+        probe: Callable[[], str] | None = None,
+    ) -> dict[str, LockAnswer]:
+        """Lock every host in `mode` (probing under the lock when `probe` is given).
+
+        Raises PolicyRefused, with nothing held, when a host has no `flock`,
+        a lock stays busy (`wait` False) or the wait times out. Unreachable
+        hosts come back as answers with an unreachable state.
+        """
+        await self.release()
+        self.mode = mode
+        script = probe() if probe is not None else None
+        answers = await fan_out(list(hosts), lambda h: self._take(h, mode, None, script))
+        busy = [h for h, a in answers.items() if a.status == "busy"]
+        if busy:
+            await self.release()
+            if not wait:
+                raise PolicyRefused(self._busy_reasons(answers, busy, waited=False))
+            answers = {}
+            others = [h for h in hosts if h != self.head]
+            if self.head in hosts:
+                head = await self._take(self.head, mode, self.wait_seconds, script)
+                answers[self.head] = head
+                if head.status not in ("held", "unreachable"):
+                    others = []  # refused below; do not queue on the rest
+            answers.update(
+                await fan_out(others, lambda h: self._take(h, mode, self.wait_seconds, script))
+            )
+            answers = {h: answers[h] for h in hosts if h in answers}
+        problems = self._problems(answers)
+        if problems:
+            await self.release()
+            raise PolicyRefused(problems)
+        return answers
+
+    def _problems(self, answers: Mapping[str, LockAnswer]) -> list[str]:
+        """Why the acquisition must be refused (empty: it may go on)."""
+        reasons: list[str] = []
+        no_flock = [h for h, a in answers.items() if a.status == "noflock"]
+        if no_flock:
+            reasons.append(
+                f"{', '.join(no_flock)}: no `flock` on the host (util-linux); cvs does not "
+                "touch containers it cannot lock against other invocations: install "
+                "util-linux there, or remove those hosts from the cluster file"
+            )
+        timed_out = [h for h, a in answers.items() if a.status == "timeout"]
+        reasons += self._busy_reasons(answers, timed_out, waited=True)
+        reasons += [
+            f"{h}: cannot take the lock: {a.error}"
+            for h, a in answers.items()
+            if a.status == "error"
+        ]
+        return reasons
+
+    def _busy_reasons(
+        self, answers: Mapping[str, LockAnswer], hosts: list[str], *, waited: bool
+    ) -> list[str]:
+        how = (
+            f"still held after waiting {self.wait_seconds:g}s"
+            if waited
+            else "held (--no-wait: not waiting)"
+        )
+        return [
+            f"{h}: the lock on container {self.container} is {how} by "
+            f"{describe_holders(answers[h].holders)}; nothing was changed: retry later"
+            + ("" if waited else ", or drop --no-wait to wait for it")
+            for h in hosts
+        ]
+
+    async def _take(
+        self, host: str, mode: Mode, wait: float | None, probe: str | None
+    ) -> LockAnswer:
+        path = lock_path(self.container, host)
+        command = lock_command(path, mode, wait=wait, description=self.description, probe=probe)
+        stack = contextlib.AsyncExitStack()
+        try:
+            process = await stack.enter_async_context(self.pool.held_process(host, command))
+        except ConnectError as exc:
+            await stack.aclose()
+            return LockAnswer(host, "unreachable", state=HostState.unreachable(host, exc.message))
+        answer = await self._read(host, process, path, probe is not None)
+        if answer.status == "held":
+            self._held[host] = (stack, process)
+        else:
+            await stack.aclose()
+        return answer
+
+    async def _read(self, host: str, process: Any, path: str, probing: bool) -> LockAnswer:
+        lines: list[str] = []
+        holders: list[str] = []
+        with anyio.move_on_after(self.wait_seconds + 60):
+            while line := await process.stdout.readline():
+                lines.append(line)
+                word = line.strip()
+                if word.startswith(FRAME + "holder "):
+                    holders.append(word[len(FRAME + "holder ") :])
+                elif word == FRAME + "lock waiting":
+                    self._say_waiting(host, path, holders)
+                    holders = []
+                elif word == READY or word.startswith(
+                    tuple(FRAME + "lock " + w for w in ("busy", "timeout", "noflock", "error"))
+                ):
+                    break
+        status, _, rest = split_lock_frames("".join(lines))
+        kind, _, detail = (status or "").partition(" ")
+        if kind == "held":
+            state = None
+            if probing:
+                done = lines[-1].strip() == READY
+                state = parse_probe_output(host, 0 if done else 1, rest, "" if done else "lost")
+            return LockAnswer(host, "held", holders, state)
+        if kind in ("busy", "timeout", "noflock"):
+            return LockAnswer(host, kind, holders)  # type: ignore[arg-type]
+        if kind == "error":
+            return LockAnswer(host, "error", holders, error=detail)
+        err = await _drain(process.stderr)
+        tail = (err or rest).strip().splitlines()[-1:] or ["no answer from the lock program"]
+        return LockAnswer(host, "error", holders, error=f"{path}: {tail[0]}")
+
+    def _say_waiting(self, host: str, path: str, holders: list[str]) -> None:
+        self.sink.emit(
+            Message(
+                level="info",
+                host=host,
+                text=f"waiting for the lock on container {self.container} held by "
+                f"{describe_holders(holders)} ({path}, up to {self.wait_seconds:g}s)",
+            )
+        )
+
+    async def downgrade(self) -> None:
+        """Exclusive -> shared, on every held host (never blocks: we hold it)."""
+        if self.mode != "exclusive":
+            return
+        for _, process in self._held.values():
+            with contextlib.suppress(Exception):
+                process.stdin.write("shared\n")
+        self.mode = "shared"
+
+    async def release(self, hosts: Sequence[str] | None = None) -> None:
+        """Close the holders (all, or those of `hosts`): the remote shells release."""
+        chosen = [h for h in (hosts if hosts is not None else list(self._held)) if h in self._held]
+        stacks = [self._held.pop(h)[0] for h in chosen]
+        if not stacks:
+            return
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as tg:
+                for stack in stacks:
+                    tg.start_soon(stack.aclose)
+        if not self._held:
+            self.mode = None
+
+
+async def _drain(stream: Any) -> str:
+    with anyio.move_on_after(1), contextlib.suppress(Exception):
+        return str(await stream.read())
+    return ""

@@ -209,9 +209,9 @@ def probe_command(
         "via=",
         "for m in $order; do",
         '  if [ "$m" = direct ]; then set -- docker; else set -- sudo -n docker; fi',
-        f'  section "inspect.$m" "$@" {inspect}',
-        # Answered: it ran, and whatever it could not find is merely absent.
-        "  if ! grep -v -e '^Error: No such object: ' -e '^$' \"$tmp/err\" >/dev/null; then",
+        f'  if section "inspect.$m" "$@" {inspect} ||',
+        # Answered: docker reached the daemon; what it did not find is absent.
+        "    grep -q '^Error: No such object: ' \"$tmp/err\"; then",
         "    via=$m; break",
         "  fi",
         "done",
@@ -437,11 +437,11 @@ _NO_SUCH_RE = re.compile(r"^Error: No such object: (\S+)\s*$", re.MULTILINE)
 
 
 def _answered(section: Section) -> bool:
-    """docker ran and answered: whatever it could not find is merely absent."""
-    if section.rc == 0:
-        return True
-    rest = [ln for ln in section.stderr.splitlines() if ln.strip()]
-    return bool(rest) and all(_NO_SUCH_RE.fullmatch(ln.strip()) for ln in rest)
+    """docker reached the daemon and answered: what it did not find is absent.
+
+    (Other stderr lines, like sudo's "unable to resolve host", are noise.)
+    """
+    return section.rc == 0 or bool(_NO_SUCH_RE.search(section.stderr))
 
 
 def _inspect_objects(text: str) -> list[dict[str, Any]]:

@@ -1,0 +1,1 @@
+"""The default setup script(s), shipped inside the package as orchestrator.setup_scripts."""

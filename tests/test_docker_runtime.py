@@ -43,6 +43,7 @@ from orchestrator.containers.docker import (
     stop_argv,
     validate_container_name,
 )
+from orchestrator.limits.resources import EffectiveResources
 
 # --- pure builders ---------------------------------------------------------
 
@@ -79,7 +80,7 @@ def test_run_argv_puts_every_option_before_image_and_sleep_infinity() -> None:
         shm_size="16g",
         extra_args=["--init"],
     )
-    argv = run_argv(["docker"], cfg, "c1", {"k": "v"}, extra_run_args=["--cpus", "2"])
+    argv = run_argv(["docker"], cfg, "c1", {"k": "v"}, resources=EffectiveResources(cpus=2))
     assert argv == [
         "docker", "run", "-d", "--name", "c1",
         "--label", "k=v",
@@ -285,10 +286,15 @@ def test_run_argv_settings_come_back_from_docker_inspect(
         env={"HOSTILE": HOSTILE},
         shm_size="32m",
     )
-    limits = ["--cpus", "0.5", "--memory", "64m", "--memory-reservation", "32m"]
-    limits += ["--cpu-shares", "512", "--pids-limit", "50"]
+    limits = EffectiveResources(
+        cpus=0.5,
+        memory_bytes=64 * 1024**2,
+        memory_reservation_bytes=32 * 1024**2,
+        cpu_shares=512,
+        pids=50,
+    )
     labels = managed_labels("alpha", "h1")
-    dockerd.run_argv(run_argv(["docker"], cfg, "settings", labels, extra_run_args=limits))
+    dockerd.run_argv(run_argv(["docker"], cfg, "settings", labels, resources=limits))
     try:
         info = parse_container_inspect(
             dockerd.run_argv(inspect_argv(["docker"], "settings")).stdout

@@ -1,1 +1,1 @@
-"""Containers: probe, pure plan, lifecycle, provisioning, docker argv, exec, MPI hostfile."""
+"""Containers: probe, pure plan and status, lifecycle, provisioning, docker argv, exec, MPI."""

@@ -22,6 +22,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from orchestrator.config import CONTAINER_NAME_RE, IMAGE_REF_RE, ContainerConfig, Registry
+from orchestrator.limits.gpus import GPUSelection
 from orchestrator.limits.resources import EffectiveResources, limits_drift
 
 DockerAccess = Literal["direct", "sudo"]
@@ -119,14 +120,16 @@ def run_argv(
     name: str,
     labels: Mapping[str, str],
     *,
-    extra_run_args: Sequence[str] = (),
+    resources: EffectiveResources | None = None,
+    gpus: GPUSelection | None = None,
 ) -> list[str]:
     """`docker run -d …` for a long-lived container that idles on `sleep infinity`.
 
-    `cfg.devices` is used as given: the caller filters it per host (only the
-    devices present there). `extra_run_args` carries flags computed elsewhere
-    (resource caps, GPU devices and env); `cfg.extra_args` (the operator's
-    escape hatch) follows them so it can override.
+    The one place a container's run argv is assembled. `cfg.devices` is used
+    as given: the caller filters it per host (only the devices present there).
+    `resources` are the host's effective caps and `gpus` the host's GPU
+    selection (its devices and visible-devices env); `cfg.extra_args` (the
+    operator's escape hatch) follows them so it can override.
     """
     validate_container_name(name)
     validate_image_ref(cfg.image)
@@ -155,7 +158,12 @@ def run_argv(
         argv += ["-e", f"{key}={value}"]
     if cfg.shm_size:
         argv += ["--shm-size", str(cfg.shm_size)]
-    argv += list(extra_run_args)
+    if resources is not None:
+        argv += resources.docker_args()
+    if gpus is not None:
+        argv += gpus.docker_args()
+        for key, value in gpus.env().items():
+            argv += ["-e", f"{key}={value}"]
     argv += list(cfg.extra_args)
     argv += [cfg.image, "sleep", "infinity"]
     return argv

@@ -404,13 +404,14 @@ class Lifecycle:
             keys = ClusterKeys.load_or_create(default_state_dir(self.cluster), self._hosts())
 
         async def pipeline(host: str) -> None:
-            extra = resources[host].docker_args()
-            if host in selections:
-                extra += selections[host].docker_args()
-                for k, v in selections[host].env().items():
-                    extra += ["-e", f"{k}={v}"]
             await self._host_pipeline(
-                host, states[host], outcomes[host], prepared.get(host, Prepared()), keys, extra
+                host,
+                states[host],
+                outcomes[host],
+                prepared.get(host, Prepared()),
+                keys,
+                resources[host],
+                selections.get(host),
             )
 
         try:
@@ -473,7 +474,8 @@ class Lifecycle:
         outcome: HostOutcome,
         prepared: Prepared,
         keys: ClusterKeys | None,
-        extra_run_args: list[str],
+        resources: EffectiveResources,
+        gpus: GPUSelection | None,
     ) -> None:
         action = outcome.action
         if action.kind in ("verify", "none"):
@@ -491,7 +493,8 @@ class Lifecycle:
                 cfg,
                 self.name,
                 managed_labels(self.cluster.name, self.hash),
-                extra_run_args=extra_run_args,
+                resources=resources,
+                gpus=gpus,
             )
             if await self._cmd(outcome, "run", argv, timeout=self.cfg.start_timeout) is None:
                 return

@@ -1,0 +1,1 @@
+"""Example tests a suite driver writes with the pytest plugin (shipped as documentation)."""

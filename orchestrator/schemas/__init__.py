@@ -1,0 +1,1 @@
+"""JSON Schemas of what cvs writes (results.json), shipped as package data."""

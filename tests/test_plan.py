@@ -84,7 +84,7 @@ class Row:
     mentions: tuple[str, ...] = ()  # words the refusal reasons must contain
 
 
-R, E, A = "running", "exited", "absent"
+R, E, A, P = "running", "exited", "absent", "other"
 ROWS = [
     # no_launch: verify running everywhere; never starts anything.
     Row("no_launch all running -> verify", "no_launch",
@@ -128,13 +128,41 @@ ROWS = [
     Row("persistent partial (running + absent) -> refuse", "persistent",
         (host("h1", R), host("h2", R), host("h3", A)), None,
         mentions=("running: h1, h2", "absent: h3", REBUILD_COMMAND, "docker start")),
-    Row("persistent mix (running + exited) -> refuse", "persistent",
-        (host("h1", R), host("h2", E)), None, mentions=("running: h1", "exited: h2")),
+    # A node reboot (or dockerd restart) heals: resume the stopped ones, attach the rest.
+    Row("persistent mix (running + exited) -> restart the exited, attach the rest", "persistent",
+        (host("h1", R), host("h2", E), host("h3", R)),
+        {"h1": "attach", "h2": "restart", "h3": "attach"}),
+    Row("persistent mix (running + created) -> restart the created", "persistent",
+        (host("h1", R), host("h2", E, status="created")), {"h1": "attach", "h2": "restart"}),
+    Row("persistent mix (running + paused) -> restart (unpause) the paused", "persistent",
+        (host("h1", R), host("h2", P, status="paused")), {"h1": "attach", "h2": "restart"}),
+    Row("persistent mix (exited + paused) -> restart both", "persistent",
+        (host("h1", E), host("h2", P, status="paused")), {"h1": "restart", "h2": "restart"}),
+    Row("persistent mix (running + exited + absent) -> refuse", "persistent",
+        (host("h1", R), host("h2", E), host("h3", A)), None,
+        mentions=("running: h1", "exited: h2", "absent: h3")),
+    Row("persistent mix (running + restarting) -> refuse", "persistent",
+        (host("h1", R), host("h2", P, status="restarting")), None,
+        mentions=("restarting: h2",)),
+    Row("persistent mix (running + dead) -> refuse", "persistent",
+        (host("h1", R), host("h2", P, status="dead")), None, mentions=("dead: h2",)),
+    Row("persistent mix (running + exited), skew -> refuse", "persistent",
+        (host("h1", R), host("h2", E, image=IMG_B)), None, mentions=("skew", "h1", "h2")),
+    Row("persistent mix (running + exited), unreadable image -> refuse", "persistent",
+        (host("h1", R), host("h2", E, image=None, readable=False)), None,
+        mentions=("cannot read the image", "h2")),
+    Row("persistent mix (running + exited) + unknown -> refuse", "persistent",
+        (host("h1", R), host("h2", E), host("h3", None)), None, mentions=("h3",)),
+    Row("persistent mix (running + foreign exited) -> refuse", "persistent",
+        (host("h1", R), host("h2", E, ours=False)), None, mentions=("h2", "not created by cvs")),
     Row("persistent partial with force -> replace everywhere", "persistent",
         (host("h1", R), host("h2", E), host("h3", A)),
         {"h1": "replace", "h2": "replace", "h3": "cold_start"}, force=True),
-    Row("persistent paused everywhere -> refuse", "persistent",
-        (host("h1", "other", status="paused"),), None, mentions=("paused: h1",)),
+    Row("persistent paused everywhere -> restart (unpause)", "persistent",
+        (host("h1", P, status="paused"), host("h2", P, status="paused")),
+        {"h1": "restart", "h2": "restart"}),
+    Row("persistent restarting everywhere -> refuse", "persistent",
+        (host("h1", P, status="restarting"),), None, mentions=("restarting: h1",)),
     Row("persistent daemon down on one -> refuse", "persistent",
         (host("h1", R), host("h2", None)), None, mentions=("h2", "daemon")),
     Row("persistent daemon down, force -> still refuse", "persistent",
@@ -240,6 +268,32 @@ def test_attach_restarts_sshd_only_where_it_does_not_listen() -> None:
     plan = decide_plan(cfg("persistent"), states(host("h1", R), host("h2", R, sshd=False)))
     assert not plan.actions["h1"].start_sshd
     assert plan.actions["h2"].start_sshd
+
+
+def test_healing_says_where_it_resumes_and_keeps_the_others_attached() -> None:
+    hs = states(host("h1", R), host("h2", E), host("h3", P, status="paused"))
+    plan = decide_plan(cfg("persistent"), hs)
+    assert kinds(plan) == {"h1": "attach", "h2": "restart", "h3": "restart"}
+    assert not plan.actions["h2"].unpause and "`docker start`" in plan.actions["h2"].reason
+    assert plan.actions["h3"].unpause and "`docker unpause`" in plan.actions["h3"].reason
+    assert not plan.actions["h1"].start_sshd  # its sshd listens: left alone
+    assert plan.actions["h2"].start_sshd and plan.actions["h3"].start_sshd
+    (healing,) = [w for w in plan.warnings if w.startswith("healing")]
+    assert "exited on h2" in healing and "paused on h3" in healing
+
+
+def test_healing_provisions_only_where_the_marker_is_missing() -> None:
+    hs = states(host("h1", R), host("h2", E), host("h3", E, marker=None))
+    plan = decide_plan(cfg("persistent"), hs, script_sha256=SHA)
+    assert [h for h, a in plan.actions.items() if a.provision] == ["h3"]
+
+
+def test_no_launch_reports_which_hosts_are_exited_and_starts_nothing() -> None:
+    hs = states(host("h1", R), host("h2", E), host("h3", E), host("h4", P, status="paused"))
+    plan = decide_plan(cfg("no_launch"), hs)
+    assert plan.refused and all(a.kind == "none" for a in plan.actions.values())
+    (reason,) = plan.reasons
+    assert "exited on h2, h3" in reason and "paused on h4" in reason and "h1" not in reason
 
 
 def test_restart_always_starts_sshd() -> None:
@@ -439,7 +493,35 @@ def test_plan_invariants(hs: dict[str, HostState], lifetime: str, force: bool) -
         if action.kind == "attach":
             assert state.container == "running"
         if action.kind == "restart":
-            assert state.container == "exited"
+            assert state.container == "exited" or state.container_status == "paused"
+            assert action.unpause == (state.container_status == "paused")
+
+
+@settings(max_examples=400, deadline=None)
+@given(hs=host_states())
+def test_persistent_heals_exactly_when_every_container_is_ours_present_and_resumable(
+    hs: dict[str, HostState],
+) -> None:
+    """Reference: resume (restart) every stopped/paused container and attach the
+    running ones iff all hosts are known, every container is present, ours and
+    running/exited/created/paused, and images are readable and agree."""
+    plan = decide_plan(cfg("persistent"), hs)
+    words = {
+        h: s.container if s.container != "other" else s.container_status for h, s in hs.items()
+    }
+    healable = (
+        all(s.known for s in hs.values())
+        and set(words.values()) <= {"running", "exited", "paused"}
+        and all(s.labels.get("io.cvs.managed") == CLUSTER for s in hs.values())
+        and all(s.container_image_readable for s in hs.values())
+        and len({s.container_image_id for s in hs.values()}) == 1
+    )
+    if healable:
+        assert not plan.refused, plan.reasons
+        expect = {h: "attach" if w == "running" else "restart" for h, w in words.items()}
+        assert kinds(plan) == expect
+    elif not all(s.known and s.container == "absent" for s in hs.values()):
+        assert plan.refused
 
 
 @settings(max_examples=200, deadline=None)

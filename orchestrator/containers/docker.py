@@ -182,6 +182,10 @@ def start_argv(prefix: Sequence[str], name: str) -> list[str]:
     return [*prefix, "start", validate_container_name(name)]
 
 
+def unpause_argv(prefix: Sequence[str], name: str) -> list[str]:
+    return [*prefix, "unpause", validate_container_name(name)]
+
+
 def stop_argv(prefix: Sequence[str], name: str, *, timeout: int | None = None) -> list[str]:
     argv = [*prefix, "stop"]
     if timeout is not None:

@@ -37,6 +37,7 @@ from orchestrator.containers.docker import (
     rm_argv,
     run_argv,
     start_argv,
+    unpause_argv,
 )
 from orchestrator.containers.plan import (
     HostAction,
@@ -498,11 +499,11 @@ class Lifecycle:
             )
             if await self._cmd(outcome, "run", argv, timeout=self.cfg.start_timeout) is None:
                 return
-        elif (
-            action.kind == "restart"
-            and await self._cmd(outcome, "restart", start_argv(prefix, self.name)) is None
-        ):
-            return
+        elif action.kind == "restart":
+            # Resume in place (a stopped or paused container keeps its overlay).
+            resume = unpause_argv if action.unpause else start_argv
+            if await self._cmd(outcome, "restart", resume(prefix, self.name)) is None:
+                return
         if action.provision:
             self._step(host, "provision", "started")
             r = await run_setup_script(

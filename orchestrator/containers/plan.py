@@ -8,8 +8,11 @@ table in DESIGN.md:
 - no_launch: verify running everywhere; never start or remove anything.
 - per_run: start fresh everywhere; replace a same-named container only if it
   carries our label (`--force` replaces a foreign one too).
-- persistent: all running -> attach; none present -> cold start; all stopped
-  -> restart (keeps the overlay); any partial set or mix -> refuse, naming
+- persistent: all running -> attach; none present -> cold start; present
+  everywhere, stopped (exited, created) or paused on some or all hosts ->
+  restart those (`docker start` / `docker unpause`: keeps the overlay, so a
+  node reboot heals by itself) and attach the rest; missing on some hosts, a
+  state nothing safely resumes (restarting, dead, removing) -> refuse, naming
   the hosts in each state and both ways out. `--force` replaces instead of
   refusing; it is the only way a plan removes a persistent container.
 
@@ -32,6 +35,10 @@ from orchestrator.containers.docker import short_id as _short
 from orchestrator.containers.probe import HostState
 from orchestrator.errors import ExitCode
 
+# What `docker start` / `docker unpause` brings back with its overlay intact
+# (`_state_word`: created counts as exited).
+RESUMABLE = frozenset({"running", "exited", "paused"})
+
 ActionKind = Literal["attach", "cold_start", "restart", "replace", "verify", "remove", "none"]
 
 REBUILD_COMMAND = "cvs down --force && cvs up"
@@ -44,6 +51,7 @@ class HostAction:
     remove_first: bool = False  # `docker rm -f` the same-named container before `docker run`
     provision: bool = False  # run the setup script after this action
     start_sshd: bool = False  # (re)start the in-container sshd after this action
+    unpause: bool = False  # restart = `docker unpause` (paused) instead of `docker start`
 
     @property
     def launches(self) -> bool:
@@ -436,21 +444,24 @@ def _plan_persistent(
     label = _label(cfg)
     by_state = _group((h, _state_word(s)) for h, s in states.items())
     common = next(iter(by_state)) if len(by_state) == 1 else None
+    # Present everywhere and each one running or resumable: a reboot (or a
+    # dockerd restart) left some stopped; starting them keeps their overlays.
+    resumable = common != "absent" and set(by_state) <= RESUMABLE
     foreign = [h for h, s in states.items() if s.container != "absent" and not ours[h]]
     # `force` turns these refusals into "replace everywhere"; nothing else.
     replaceable: list[str] = []
     if foreign:
         replaceable.append(_foreign_reason(cfg, foreign, cluster_name))
-    if common not in ("running", "exited", "absent"):
+    if common != "absent" and not resumable:
         replaceable.append(
-            f"lifetime persistent: {label} is not in the same state on every host "
+            f"lifetime persistent: {label} is not present and resumable on every host "
             f"({'; '.join(f'{w}: {_names(hs)}' for w, hs in by_state.items())}); nothing was "
             f"changed. Either remove it on all hosts and start fresh (`{REBUILD_COMMAND}`, or "
-            "`cvs up --force`), or bring the other hosts back to the same state (e.g. "
-            f"`docker start {cfg.name or 'NAME'}` where it is exited, restore it where it is "
-            "missing)"
+            "`cvs up --force`), or bring the other hosts back (restore it where it is "
+            f"missing; `docker rm`/`docker start {cfg.name or 'NAME'}` where docker cannot "
+            "resume it), then rerun `cvs up`"
         )
-    if not replaceable and common in ("running", "exited"):
+    if not replaceable and resumable:
         image_reasons, image_warnings = _image_problems(cfg, states, no_launch=False)
         replaceable += image_reasons
         warnings = warnings + image_warnings
@@ -488,22 +499,33 @@ def _plan_persistent(
         cfg, states, reprovision=reprovision, script_sha256=script_sha256
     )
     warnings = warnings + provision_warnings + _drift_warning(cfg, states, config_hash)
+    stopped = [h for h, s in states.items() if s.container != "running"]
+    if stopped and len(stopped) < len(states):
+        groups = _group((h, _state_word(states[h])) for h in stopped)
+        warnings.append(
+            f"healing: {label} is {_grouped_text(groups)} (e.g. after a reboot or a dockerd "
+            "restart) while the others run: resuming it there, overlay kept"
+        )
+    where = "everywhere" if common is not None else "here"
     actions = {}
     for host, state in states.items():
         provision, why = decisions[host]
         if state.container == "running":
             actions[host] = HostAction(
                 "attach",
-                f"persistent: running everywhere, attach; {why}",
+                f"persistent: running {where}, attach; {why}",
                 provision=provision,
                 start_sshd=sshd and state.sshd_listening is not True,
             )
         else:
+            paused = _state_word(state) == "paused"
+            how = "`docker unpause`" if paused else "`docker start`"
             actions[host] = HostAction(
                 "restart",
-                f"persistent: stopped everywhere, `docker start` (keeps the overlay); {why}",
+                f"persistent: {_state_word(state)} {where}, {how} (keeps the overlay); {why}",
                 provision=provision,
                 start_sshd=sshd,
+                unpause=paused,
             )
     return Plan(cfg.lifetime, _frozen(actions), warnings=warnings)
 

@@ -1,0 +1,172 @@
+"""Issue 10/14 acceptance against a real sandbox that the tests may break.
+
+One 3-host sandbox for the module (built once, ~30-60 s): each test breaks
+one daemon or key on purpose (a dockerd restart, an sshd stopped, a host key
+rotated) and restores it before it ends, also on failure. The session
+`sandbox` is never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import _built
+
+from orchestrator.sandbox import SSHD_TAG, Sandbox
+
+CVS = [sys.executable, "-m", "orchestrator"]
+THREE = ["node1", "node2", "node3"]
+
+
+@pytest.fixture(scope="module")
+def breakable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    with _built(tmp_path_factory.mktemp("heal") / "sb", hosts=3) as sb:
+        yield sb
+
+
+def cvs(
+    cluster: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CVS, "-c", str(cluster), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CI": "1", **(env or {})},
+        timeout=240,
+        check=False,
+    )
+
+
+def summary(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    docs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    found = [d for d in docs if "exit_code" in d]
+    assert found, explain(proc)
+    return found[-1]
+
+
+def explain(proc: subprocess.CompletedProcess[str]) -> str:
+    return f"rc {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+
+
+def docker(sb: Sandbox, host: str, *args: str, check: bool = True) -> str:
+    proc = subprocess.run(
+        [*sb.docker_argv(host), *args], capture_output=True, text=True, timeout=60
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)} on {host}: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+def status_of(sb: Sandbox, host: str, name: str) -> tuple[str, str] | None:
+    """(container ID, docker's status word), or None where it is absent."""
+    proc = subprocess.run(
+        [*sb.docker_argv(host), "inspect", "--type", "container", name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if proc.returncode != 0:
+        return None
+    doc = json.loads(proc.stdout)[0]
+    return doc["Id"], doc["State"]["Status"]
+
+
+class Lab:
+    def __init__(self, sb: Sandbox, directory: Path) -> None:
+        self.sb = sb
+        self.directory = directory
+        self.name = f"cvs-heal-{uuid.uuid4().hex[:8]}"
+
+    def cluster(self, *, lifetime: str, sshd_port: int | None = None) -> Path:
+        doc = yaml.safe_load(self.sb.cluster_file.read_text())
+        doc["state_dir"] = str(self.directory / "state")
+        doc["container"] = {
+            "image": SSHD_TAG,
+            "name": self.name,
+            "lifetime": lifetime,
+            "sshd": {"enabled": False} if sshd_port is None else {"port": sshd_port},
+        }
+        path = self.directory / f"cluster-{lifetime}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
+
+    def clean(self) -> None:
+        for node in self.sb.nodes:
+            docker(self.sb, node.name, "rm", "-f", "-v", self.name, check=False)
+        for lock in Path("/tmp").glob(f"cvs-{self.name}-*.lock"):
+            lock.rmdir() if lock.is_dir() else lock.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def lab(breakable: Sandbox, tmp_path: Path) -> Iterator[Lab]:
+    lab = Lab(breakable, tmp_path)
+    try:
+        yield lab
+    finally:
+        for node in breakable.nodes:  # whatever a test stopped comes back
+            breakable.start_dockerd(node)
+            breakable.start_sshd(node)
+        lab.clean()
+
+
+# --- issue 10.1: a node reboot heals ------------------------------------------
+
+
+def test_persistent_up_heals_a_host_whose_dockerd_restarted_and_keeps_its_overlay(
+    lab: Lab, breakable: Sandbox
+) -> None:
+    path = lab.cluster(lifetime="persistent", sshd_port=2441)
+    first = cvs(path, "up")
+    assert first.returncode == 0, explain(first)
+    docker(breakable, "node2", "exec", lab.name, "sh", "-c", "echo kept > /root/keep")
+    before = {h: status_of(breakable, h, lab.name) for h in THREE}
+
+    # What a reboot does to the container: dockerd goes away and comes back.
+    breakable.stop_dockerd("node2")
+    breakable.start_dockerd("node2")
+    after_restart = status_of(breakable, "node2", lab.name)
+    assert after_restart is not None and after_restart[1] == "exited", after_restart
+
+    plan = cvs(path, "plan")
+    assert plan.returncode == 0, explain(plan)
+    assert "node2  restart" in plan.stdout and "node1  attach" in plan.stdout, plan.stdout
+
+    up = cvs(path, "--json", "up")
+
+    assert up.returncode == 0, explain(up)
+    report = summary(up)
+    actions = {h: v["action"] for h, v in report["hosts"].items()}
+    assert actions == {"node1": "attach", "node2": "restart", "node3": "attach"}
+    assert report["hosts"]["node2"]["steps"].get("restart") == "ok", report
+    assert report["hosts"]["node2"]["steps"].get("sshd") == "ok", report
+    assert "run" not in report["hosts"]["node2"]["steps"]
+    assert any("healing" in w and "node2" in w for w in report["warnings"]), report
+    # Same containers (same IDs), all running again, the overlay kept.
+    assert {h: status_of(breakable, h, lab.name) for h in THREE} == before
+    assert docker(breakable, "node2", "exec", lab.name, "cat", "/root/keep") == "kept"
+    # The in-container sshd came back: a peer reaches node2 over it.
+    hop = cvs(path, "exec", "--hosts", "node1", "--", "ssh node2 hostname")
+    assert hop.returncode == 0 and "node2" in hop.stdout + hop.stderr, explain(hop)
+
+
+def test_no_launch_names_the_exited_host_and_starts_nothing(lab: Lab, breakable: Sandbox) -> None:
+    persistent = lab.cluster(lifetime="persistent")
+    assert cvs(persistent, "up").returncode == 0
+    breakable.stop_dockerd("node3")
+    breakable.start_dockerd("node3")
+    no_launch = lab.cluster(lifetime="no_launch")
+
+    up = cvs(no_launch, "up")
+
+    assert up.returncode == 4, explain(up)
+    assert "exited on node3" in up.stderr, up.stderr
+    assert status_of(breakable, "node3", lab.name)[1] == "exited"  # type: ignore[index]

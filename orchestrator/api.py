@@ -9,7 +9,6 @@ One `Cluster` holds one SSH connection per host for its whole life.
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -17,7 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.config import ClusterConfig, container_name, load_cluster, sshd_wanted
-from orchestrator.config.hostlist import abbreviate_hosts, expand_hostlist
+from orchestrator.config.hostlist import SelectionError, abbreviate_hosts
+from orchestrator.config.hostlist import select_hosts as _select
 from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command
 from orchestrator.containers.status import HostStatus, host_status
 from orchestrator.errors import UsageError
@@ -37,32 +37,19 @@ class HostSelectionError(UsageError, ValueError):
 
 
 def select_hosts(cluster: ClusterConfig, pattern: str | None) -> list[str]:
-    """Hosts matching a comma-separated list of names or glob patterns (`node[12]`, `gpu*`).
+    """Hosts picked by a comma-separated list of names, hostlists (`node[1-3,7]`),
+    globs (only parts with `*` or `?`), `head` and `all`, in cluster order.
 
-    `head` names the head host. None or `all` selects every host.
+    Hostlists are expanded first and matched exactly (`config.hostlist.select_hosts`).
+    Raises HostSelectionError (exit 2) naming the part that does not fit.
     """
     names = [h.name for h in cluster.hosts]
-    if pattern is None or pattern in ("", "all"):
-        return names
-    chosen: list[str] = []
-    for part in pattern.split(","):
-        part = part.strip()
-        if part == "head":
-            matched = [cluster.head_host.name]
-        else:
-            matched = [n for n in names if n == part or fnmatch.fnmatchcase(n, part)]
-            if not matched:
-                try:
-                    expanded = set(expand_hostlist(part))
-                    matched = [n for n in names if n in expanded]
-                except Exception:
-                    matched = []
-        if not matched:
-            raise HostSelectionError(
-                f"--hosts {pattern!r}: {part!r} matches no host (hosts: {abbreviate_hosts(names)})"
-            )
-        chosen.extend(n for n in matched if n not in chosen)
-    return [n for n in names if n in chosen]
+    try:
+        return _select(names, pattern, head=cluster.head_host.name)
+    except SelectionError as exc:
+        raise HostSelectionError(
+            f"--hosts {pattern!r}: {exc} (hosts: {abbreviate_hosts(names)})"
+        ) from None
 
 
 class Cluster:

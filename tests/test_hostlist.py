@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.config.hostlist import MAX_HOSTS, HostlistError, expand_hostlist
+from orchestrator.config.hostlist import (
+    MAX_HOSTS,
+    HostlistError,
+    SelectionError,
+    expand_hostlist,
+    select_hosts,
+    split_patterns,
+)
 
 EXPANSIONS = [
     ("gpu01", ["gpu01"]),
@@ -102,3 +111,123 @@ def test_arbitrary_text_expands_or_raises_hostlist_error(text: str) -> None:
     except HostlistError:
         return
     assert 1 <= len(hosts) <= MAX_HOSTS
+
+
+# --- selecting hosts: hostlists first, matched exactly ------------------------
+
+TWELVE = [f"node{i}" for i in range(1, 13)]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "expected"),
+    [
+        ("node[10-12]", ["node10", "node11", "node12"]),
+        ("node[1-3,7]", ["node1", "node2", "node3", "node7"]),
+        ("node[1-3,7],node12", ["node1", "node2", "node3", "node7", "node12"]),
+        ("node1", ["node1"]),
+        ("node1*", ["node1", "node10", "node11", "node12"]),
+        ("node?", [f"node{i}" for i in range(1, 10)]),
+        ("node[1-2]*", ["node1", "node2", "node10", "node11", "node12"]),
+        ("head", ["node1"]),
+        ("head,node[11-12]", ["node1", "node11", "node12"]),
+        ("all", TWELVE),
+        (None, TWELVE),
+        ("node12, node2", ["node2", "node12"]),
+    ],
+)
+def test_selection_expands_hostlists_first_and_matches_exactly(
+    pattern: str | None, expected: list[str]
+) -> None:
+    assert select_hosts(TWELVE, pattern, head="node1") == expected
+
+
+@pytest.mark.parametrize(
+    ("pattern", "fragment"),
+    [
+        ("node13", "not a host of the cluster: node13"),
+        ("node[11-14]", "node13, node14"),
+        ("gpu*", "matches no host"),
+        ("node[1-3", "unclosed '['"),
+        ("node1,,node2", "empty item"),
+        ("node1;id", "bad character ';'"),
+        ("node[1-2]\n", "bad character"),
+    ],
+)
+def test_selection_that_does_not_fit_raises_one_line_error(pattern: str, fragment: str) -> None:
+    with pytest.raises(SelectionError) as info:
+        select_hosts(TWELVE, pattern, head="node1")
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_commas_inside_brackets_do_not_split() -> None:
+    assert split_patterns("a[1-3,7],b,c[1,2]") == ["a[1-3,7]", "b", "c[1,2]"]
+
+
+@st.composite
+def clusters_and_hostlists(draw: st.DrawFn) -> tuple[list[str], str, set[str]]:
+    """Host names from a few prefixes and padded numbers, and a selection
+    written as hostlist expressions, with the set it stands for computed
+    independently (format every number of every range)."""
+    prefixes = draw(
+        st.lists(st.sampled_from(["node", "gpu", "r1n", "n-"]), min_size=1, max_size=3, unique=True)
+    )
+    width = draw(st.integers(min_value=1, max_value=3))
+    top = draw(st.integers(min_value=1, max_value=40))
+    names = [f"{p}{str(n).zfill(width)}" for p in prefixes for n in range(1, top + 1)]
+    parts: list[str] = []
+    wanted: set[str] = set()
+    for prefix in draw(st.lists(st.sampled_from(prefixes), min_size=1, max_size=3)):
+        items: list[str] = []
+        for _ in range(draw(st.integers(min_value=1, max_value=3))):
+            lo = draw(st.integers(min_value=1, max_value=top))
+            hi = draw(st.integers(min_value=lo, max_value=top))
+            lo_text, hi_text = str(lo).zfill(width), str(hi).zfill(width)
+            items.append(lo_text if lo == hi else f"{lo_text}-{hi_text}")
+            wanted |= {f"{prefix}{str(n).zfill(width)}" for n in range(lo, hi + 1)}
+        parts.append(f"{prefix}[{','.join(items)}]")
+    return names, ",".join(parts), wanted
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=clusters_and_hostlists())
+def test_selection_equals_the_reference_set_in_cluster_order(
+    case: tuple[list[str], str, set[str]],
+) -> None:
+    names, pattern, wanted = case
+    assert select_hosts(names, pattern) == [n for n in names if n in wanted]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    case=clusters_and_hostlists(),
+    extra=st.integers(min_value=41, max_value=99),
+)
+def test_selection_naming_a_host_outside_the_cluster_is_refused(
+    case: tuple[list[str], str, set[str]], extra: int
+) -> None:
+    names, pattern, _ = case
+    with pytest.raises(SelectionError, match="not a host of the cluster"):
+        select_hosts(names, f"{pattern},node{extra}")
+
+
+def test_api_and_suite_hosts_use_the_exact_selection() -> None:
+    from orchestrator.api import HostSelectionError
+    from orchestrator.api import select_hosts as api_select
+    from orchestrator.config import parse_cluster
+    from orchestrator.suites.model import parse_suite
+    from orchestrator.suites.runner import resolve_step_hosts
+
+    cluster = parse_cluster("hosts: ['node[1-12]']\n", "c.yaml", Path("."))
+    assert api_select(cluster, "node[10-12]") == ["node10", "node11", "node12"]
+    assert api_select(cluster, "node[1-3,7]") == ["node1", "node2", "node3", "node7"]
+    with pytest.raises(HostSelectionError, match="node13"):
+        api_select(cluster, "node[12-13]")
+    suite = parse_suite(
+        "name: s\nsteps:\n  - {name: a, run: x, hosts: 'node[10-12]'}\n"
+        "  - {name: b, run: x, hosts: 'node[1-3,7]'}\n",
+        "s.yaml",
+    )
+    assert resolve_step_hosts(suite, cluster) == {
+        "a": ["node10", "node11", "node12"],
+        "b": ["node1", "node2", "node3", "node7"],
+    }

@@ -8,6 +8,7 @@ way Slurm does it: `[01-10]` gives 01..10, `[1-10]` gives 1..10.
 
 from __future__ import annotations
 
+import fnmatch
 import itertools
 import re
 from collections.abc import Iterable
@@ -17,7 +18,8 @@ from collections.abc import Iterable
 MAX_HOSTS = 65536
 
 _PLAIN_CHARS = re.compile(r"[A-Za-z0-9_.:-]")
-_ITEM_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
+_GLOB_CHARS = frozenset("*?")
+_ITEM_RE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 
 
 class HostlistError(ValueError):
@@ -29,7 +31,7 @@ def _expand_group(expr: str, body: str, start: int) -> list[str]:
         raise HostlistError(f"empty brackets at position {start} in {expr!r}")
     out: list[str] = []
     for item in body.split(","):
-        m = _ITEM_RE.match(item)
+        m = _ITEM_RE.fullmatch(item)
         if not m:
             what = "empty item" if not item else f"bad range {item!r}"
             raise HostlistError(
@@ -47,7 +49,7 @@ def _expand_group(expr: str, body: str, start: int) -> list[str]:
     return out
 
 
-def _segments(expr: str) -> list[list[str]]:
+def _segments(expr: str, extra: frozenset[str] = frozenset()) -> list[list[str]]:
     """Split `expr` into literal parts and bracket groups, each a list of choices."""
     segments: list[list[str]] = []
     literal: list[str] = []
@@ -69,7 +71,7 @@ def _segments(expr: str) -> list[list[str]]:
             continue
         if ch == "]":
             raise HostlistError(f"unmatched ']' at position {i} in {expr!r}")
-        if not _PLAIN_CHARS.match(ch):
+        if not _PLAIN_CHARS.fullmatch(ch) and ch not in extra:
             raise HostlistError(f"bad character {ch!r} at position {i} in {expr!r}")
         literal.append(ch)
         i += 1
@@ -104,3 +106,86 @@ def abbreviate_hosts(hosts: Iterable[str], limit: int = MAX_NAMED_HOSTS) -> str:
     if len(names) <= limit:
         return ", ".join(names)
     return f"{', '.join(names[:limit])} and {len(names) - limit} more"
+
+
+# ---- selecting hosts --------------------------------------------------------
+
+
+class SelectionError(ValueError):
+    """A host selection pattern is malformed or names hosts the cluster lacks."""
+
+
+def split_patterns(pattern: str) -> list[str]:
+    """Split on the commas outside brackets: `node[1-3,7],gpu*` -> [`node[1-3,7]`, `gpu*`]."""
+    parts: list[str] = []
+    depth = 0
+    current: list[str] = []
+    for ch in pattern:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth = max(depth - 1, 0)
+        if ch == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    parts.append("".join(current))
+    return [p.strip(" ") for p in parts]
+
+
+def _expand_glob_part(part: str) -> list[str]:
+    """A glob (`*`, `?`) whose brackets are hostlist ranges: `r[1-2]n*` -> [`r1n*`, `r2n*`].
+
+    The brackets are expanded as a hostlist first, so they never act as a
+    shell character class (`node[10-12]*` is node10*, node11*, node12*).
+    """
+    segments = _segments(part, extra=_GLOB_CHARS)
+    return ["".join(p) for p in itertools.product(*segments)]
+
+
+def select_hosts(names: list[str], pattern: str | None, *, head: str | None = None) -> list[str]:
+    """The hosts of `names` a selection pattern picks, in cluster order.
+
+    `pattern` is comma-separated (commas inside brackets do not split). Each
+    part is `head`, `all`, an exact name, a hostlist expression (expanded
+    first, then matched exactly: `node[10-12]` is node10, node11, node12 and
+    nothing else), or, only when it holds `*` or `?`, a shell glob (its
+    brackets still hostlist ranges). A name a hostlist or exact part gives
+    that is not in the cluster is an error: commands never run on hosts the
+    user did not mean. None, "" or `all` select every host.
+    """
+    if pattern is None or pattern.strip(" ") in ("", "all"):
+        return list(names)
+    known = set(names)
+    chosen: set[str] = set()
+    for part in split_patterns(pattern):
+        if not part:
+            raise SelectionError(f"{pattern!r}: empty item between commas")
+        if part == "all":
+            chosen.update(names)
+            continue
+        if part == "head":
+            if head is None:
+                raise SelectionError(f"{pattern!r}: 'head' but the cluster names no head")
+            chosen.add(head)
+            continue
+        try:
+            if _GLOB_CHARS & set(part):
+                globs = _expand_glob_part(part)
+                matched = {n for n in names for g in globs if fnmatch.fnmatchcase(n, g)}
+                if not matched:
+                    raise SelectionError(f"{part!r} matches no host")
+            else:
+                expanded = expand_hostlist(part)
+                missing = [n for n in expanded if n not in known]
+                if missing:
+                    shown = ", ".join(missing[:8]) + (", ..." if len(missing) > 8 else "")
+                    raise SelectionError(f"{part!r}: not a host of the cluster: {shown}")
+                matched = set(expanded)
+        except (HostlistError, ValueError) as exc:
+            if isinstance(exc, SelectionError):
+                raise
+            raise SelectionError(f"{part!r}: {exc}") from None
+        chosen.update(matched)
+    return [n for n in names if n in chosen]

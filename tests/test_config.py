@@ -145,7 +145,86 @@ MALFORMED = [
     ("source_is_reserved", "hosts: [a]\nsource: /x\n", ["source", "loader"]),
     ("python_tag_refused", "hosts: !!python/object:os.system [a]\n", [":1:8:", "constructor"]),
     ("host_key_policy", "hosts: [a]\nssh: {host_key_policy: yolo}\n", ["ssh.host_key_policy"]),
-]
+    # Issue 14.4: nothing reaches a shell, an ssh config or a docker argv unvalidated.
+    (
+        "newline_in_vpc_address",
+        'hosts:\n  - {name: a, vpc_address: "10.0.0.2\\nProxyCommand touch /tmp/x"}\n',
+        ["hosts[0].vpc_address", "invalid vpc_address"],
+    ),
+    (
+        "trailing_newline_in_address",
+        'hosts:\n  - {name: a, address: "10.0.0.2\\n"}\n',
+        ["hosts[0].address", "invalid address"],
+    ),
+    (
+        "trailing_newline_in_name",
+        'hosts:\n  - {name: "gpu1\\n"}\n',
+        ["hosts[0]", "bad character"],
+    ),
+    (
+        "space_in_address",
+        "hosts:\n  - {name: a, address: '10.0.0.2 -oProxyCommand=x'}\n",
+        ["hosts[0].address", "invalid address"],
+    ),
+    (
+        "host_port_as_name",
+        "hosts: ['127.0.0.1:2222']\n",
+        ["hosts[0]", "carries a port", "address: 127.0.0.1, port: 2222"],
+    ),
+    (
+        "vpc_address_with_port",
+        "hosts:\n  - {name: a, vpc_address: '10.0.0.2:22'}\n",
+        ["hosts[0].vpc_address", "carries a port"],
+    ),
+    (
+        "address_port_disagrees",
+        "hosts:\n  - {name: a, address: '10.0.0.2:2222', port: 22}\n",
+        ["hosts[0]", "port 2222", "give the port once"],
+    ),
+    ("bad_ssh_user", "hosts: [a]\nssh: {user: 'root\\nHost *'}\n", ["ssh.user", "invalid user"]),
+    (
+        "bad_proxy_jump",
+        "hosts: [a]\nssh: {proxy_jump: 'bastion -oProxyCommand=x'}\n",
+        ["ssh.proxy_jump", "invalid proxy_jump"],
+    ),
+    (
+        "network_option_injection",
+        "hosts: [a]\ncontainer: {image: x, network: '--privileged'}\n",
+        ["container.network", "leading '-'"],
+    ),
+    (
+        "volume_with_newline",
+        'hosts: [a]\ncontainer: {image: x, volumes: ["/a:/b\\n"]}\n',
+        ["container.volumes", "control characters"],
+    ),
+    (
+        "container_name_trailing_newline",
+        'hosts: [a]\ncontainer: {image: x, name: "c\\n"}\n',
+        ["container.name", "invalid container name"],
+    ),
+    (
+        "image_trailing_newline",
+        'hosts: [a]\ncontainer: {image: "x\\n"}\n',
+        ["container.image", "invalid image reference"],
+    ),
+    # Issue 14.8: NaN, infinite and negative numbers name the key.
+    ("start_timeout_inf", "hosts: [a]\ncontainer: {image: x, start_timeout: .inf}\n",
+     ["container.start_timeout", "finite"]),
+    ("start_timeout_nan", "hosts: [a]\ncontainer: {image: x, start_timeout: .nan}\n",
+     ["container.start_timeout", "finite"]),
+    ("max_cpus_inf", "hosts: [a]\nlimits: {max_cpus: .inf}\n", ["limits.max_cpus", "finite"]),
+    ("cpus_inf", "hosts: [a]\ncontainer: {image: x, resources: {cpus: .inf}}\n",
+     ["container.resources.cpus", "finite"]),
+    ("command_timeout_negative", "hosts: [a]\nssh: {command_timeout: -1}\n",
+     ["ssh.command_timeout", "greater than 0"]),
+    ("connect_timeout_inf", "hosts: [a]\nssh: {connect_timeout: .inf}\n",
+     ["ssh.connect_timeout", "finite"]),
+    (
+        "host_key_policy_off_unquoted",
+        "hosts: [a]\nssh: {host_key_policy: off}\n",
+        ["ssh.host_key_policy", "got a boolean (false)", 'quote the word, e.g. "off"'],
+    ),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(

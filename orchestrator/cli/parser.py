@@ -13,6 +13,30 @@ from typing import Any
 DEFAULT_SANDBOX_DIR = "/tmp/cvs-sandbox"
 
 
+def positive_seconds(text: str) -> float:
+    """argparse type for timeouts: a finite number of seconds above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (a number), got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")) or value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a finite number of seconds above 0, got {text!r}"
+        )
+    return value
+
+
+def host_count(text: str) -> int:
+    """argparse type for `--hosts N`: a whole number up to 250 (0 only with --egress)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of hosts, got {text!r}") from None
+    if not 0 <= value <= 250:
+        raise argparse.ArgumentTypeError(f"expected 1 to 250 hosts, got {value}")
+    return value
+
+
 def _version() -> str:
     from orchestrator import __version__
 
@@ -121,7 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: cvs exec --hosts 'node[1-2]' --timeout 30 -- nvidia-smi -L",
     )
     p.add_argument("--hosts", metavar="PATTERN", help="names, globs or hostlists, comma-separated")
-    p.add_argument("--timeout", type=float, metavar="S", help="per-host timeout in seconds")
+    p.add_argument(
+        "--timeout", type=positive_seconds, metavar="S", help="per-host timeout in seconds"
+    )
     p.add_argument("--group", action="store_true", help="fold identical output (like dshbak -c)")
     p.add_argument("--host-os", action="store_true", help="run on the host, not in the container")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
@@ -193,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sandbox_sub = p.add_subparsers(dest="sandbox_command", metavar="up|down", required=True)
     up = sandbox_sub.add_parser("up", parents=[common], help="build the sandbox")
-    up.add_argument("--hosts", type=int, default=4, help="number of hosts (default 4)")
+    up.add_argument("--hosts", type=host_count, default=4, help="number of hosts (default 4)")
     up.add_argument("--dir", help=f"where it lives (default {DEFAULT_SANDBOX_DIR})")
     up.add_argument(
         "--lifetime",

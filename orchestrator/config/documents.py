@@ -387,7 +387,12 @@ def _error_message(err: dict[str, Any], where: _ErrorPath) -> str:
         return str(error) if error is not None else err["msg"].removeprefix("Value error, ")
     if kind == "literal_error":
         expected = str(ctx.get("expected", "")).replace("True", "true").replace("False", "false")
-        return f"invalid value: expected {expected}, got {got}"
+        hint = ""
+        if isinstance(value, bool):
+            # `host_key_policy: off` unquoted: YAML 1.1 reads on/off/yes/no as booleans.
+            words = "on, yes, true" if value else "off, no, false"
+            hint = f' (YAML reads unquoted {words} as a boolean: quote the word, e.g. "off")'
+        return f"invalid value: expected {expected}, got {got}{hint}"
     if kind in ("int_parsing", "int_type"):
         return f"expected an integer, got {got}"
     if kind == "int_from_float":

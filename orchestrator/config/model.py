@@ -10,6 +10,7 @@ prints it and exits 2.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Annotated, Any, Literal
 
@@ -28,15 +29,88 @@ Lifetime = Literal["no_launch", "per_run", "persistent"]
 HostKeyPolicy = Literal["strict", "accept-new", "off"]
 PullPolicy = Literal["missing", "always", "never"]
 
-# Container and image names reach remote command lines (quoted, but still):
-# restrict them to what docker itself accepts so nothing odd gets that far.
-CONTAINER_NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$")
+# Everything below reaches a remote command line, an ssh config or a docker
+# argv: each is checked with `fullmatch` (a `$` anchor lets a trailing newline
+# through, and a newline in an ssh config starts a new directive).
+CONTAINER_NAME_RE = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}")
 IMAGE_REF_RE = re.compile(
-    r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+    r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?"
 )
-HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A DNS-style host name (what cvs also uses as the in-container ssh alias).
+DNS_NAME_RE = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})")
+# What may look like an IP literal; `ipaddress` then decides.
+_IP_CHARS_RE = re.compile(r"[0-9A-Fa-f:.]+")
+# Host names as the cluster file may write them: DNS names or IP literals.
+HOST_NAME_RE = re.compile(r"[A-Za-z0-9_:](?:[A-Za-z0-9_.:-]{0,252})")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+USER_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.@-]{0,63}\$?")  # `al.ice@corp` (AD) too
+_HOST_PORT_RE = re.compile(
+    r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+)):(?P<port>[0-9]{1,5})"
+)
+# docker option values: no control characters, never read as another option.
+DOCKER_VALUE_RE = re.compile(r"[^\x00-\x1f\x7f-][^\x00-\x1f\x7f]*")
+
+
+def is_ip_literal(text: str) -> bool:
+    if not _IP_CHARS_RE.fullmatch(text):
+        return False
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def is_host_or_ip(text: str) -> bool:
+    """A DNS-style host name or an IP literal (v4 or v6), nothing else."""
+    if not isinstance(text, str):
+        return False
+    return is_ip_literal(text) or (DNS_NAME_RE.fullmatch(text) is not None and ":" not in text)
+
+
+def split_host_port(text: str) -> tuple[str, int] | None:
+    """`host:port` or `[v6]:port` -> (host, port); None when `text` has no port."""
+    if not isinstance(text, str) or is_ip_literal(text):
+        return None  # `fe80::1` is an address, not `fe80:` + port
+    m = _HOST_PORT_RE.fullmatch(text)
+    if m is None:
+        return None
+    host = m.group("v6") or m.group("host")
+    return host, int(m.group("port"))
+
+
+def _host_or_ip(what: str, v: str | None) -> str | None:
+    if v is None:
+        return v
+    split = split_host_port(v)
+    if split is not None:
+        host, port = split
+        raise ValueError(
+            f"{what} {v!r} carries a port: write the address and the port apart "
+            f"({what}: {host}, port: {port})"
+        )
+    if not is_host_or_ip(v):
+        raise ValueError(
+            f"invalid {what} {v!r}: expected a host name (letters, digits, '.', '-', '_') "
+            "or an IP address"
+        )
+    return v
+
+
+def _check_user(v: str | None) -> str | None:
+    if v is not None and not USER_NAME_RE.fullmatch(v):
+        raise ValueError(f"invalid user name {v!r}")
+    return v
+
+
+def _docker_values(v: list[str]) -> list[str]:
+    for item in v:
+        if not isinstance(item, str) or not DOCKER_VALUE_RE.fullmatch(item):
+            raise ValueError(
+                f"invalid value {item!r}: no control characters (newline, tab) and no leading '-'"
+            )
+    return v
 
 
 class Model(BaseModel):
@@ -45,7 +119,7 @@ class Model(BaseModel):
 
 def _check_env(env: dict[str, str]) -> dict[str, str]:
     for key in env:
-        if not ENV_NAME_RE.match(key):
+        if not isinstance(key, str) or not ENV_NAME_RE.fullmatch(key):
             raise ValueError(f"invalid environment variable name {key!r}")
     return env
 
@@ -67,7 +141,7 @@ def _check_size(v: str | None) -> str | None:
 class Limits(Model):
     """Operator caps on what a container may take on a host."""
 
-    max_cpus: float | None = Field(default=None, gt=0)
+    max_cpus: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     max_memory: str | None = None
     max_pids: int | None = Field(default=None, ge=1)
 
@@ -87,12 +161,51 @@ class HostSpec(Model):
     # Sandbox/testing only: where the probe looks for /dev/kfd, /dev/dri, ...
     gpu_device_root: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _address_port(cls, data: Any) -> Any:
+        # `address: 10.0.0.5:2222` is parsed into address + port (never used
+        # silently with port 22); a port given both ways must agree.
+        if isinstance(data, dict) and isinstance(data.get("address"), str):
+            split = split_host_port(data["address"])
+            if split is not None:
+                host, port = split
+                if data.get("port") not in (None, port):
+                    raise ValueError(
+                        f"address {data['address']!r} says port {port} but port is "
+                        f"{data['port']!r}: give the port once"
+                    )
+                data = {**data, "address": host, "port": port}
+        return data
+
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not HOST_NAME_RE.match(v):
-            raise ValueError(f"invalid host name {v!r}")
+        split = split_host_port(v)
+        if split is not None:
+            host, port = split
+            raise ValueError(
+                f"host {v!r} carries a port: write it as a mapping "
+                f"{{name: NAME, address: {host}, port: {port}}}"
+            )
+        if not is_host_or_ip(v):
+            raise ValueError(
+                f"invalid host name {v!r}: expected a host name (letters, digits, '.', '-', "
+                "'_') or an IP address"
+            )
         return v
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        return _host_or_ip("address", v)
+
+    @field_validator("vpc_address")
+    @classmethod
+    def _vpc_address(cls, v: str | None) -> str | None:
+        return _host_or_ip("vpc_address", v)
+
+    _user_ok = field_validator("user")(_check_user)
 
 
 class SSHConfig(Model):
@@ -101,15 +214,35 @@ class SSHConfig(Model):
     identity_files: list[str] = Field(default_factory=list)
     host_key_policy: HostKeyPolicy = "strict"
     known_hosts: str | None = None
-    connect_timeout: float = Field(default=10.0, gt=0)
-    keepalive: float = Field(default=30.0, ge=0)
+    connect_timeout: float = Field(default=10.0, gt=0, allow_inf_nan=False)
+    keepalive: float = Field(default=30.0, ge=0, allow_inf_nan=False)
     proxy_jump: str | None = None
     use_ssh_config: bool = True
     # Default timeout for one remote command, seconds.
-    command_timeout: float = Field(default=600.0, gt=0)
+    command_timeout: float = Field(default=600.0, gt=0, allow_inf_nan=False)
     # Channels open at once on one connection; sshd's MaxSessions defaults to 10.
     max_channels: int = Field(default=8, ge=1, le=64)
     connect_retries: int = Field(default=6, ge=0, le=50)
+
+    _user_ok = field_validator("user")(_check_user)
+
+    @field_validator("proxy_jump")
+    @classmethod
+    def _proxy_jump(cls, v: str | None) -> str | None:
+        # [user@]host[:port], comma-separated: it reaches ssh's ProxyJump.
+        if v is None:
+            return v
+        for hop in v.split(","):
+            user, _, rest = hop.rpartition("@")
+            if user:
+                _check_user(user)
+            split = split_host_port(rest)
+            host = split[0] if split is not None else rest
+            if not is_host_or_ip(host):
+                raise ValueError(
+                    f"invalid proxy_jump hop {hop!r}: expected [user@]host[:port], comma-separated"
+                )
+        return v
 
     @field_validator("identity_files", mode="before")
     @classmethod
@@ -135,7 +268,7 @@ class Registry(Model):
 class Resources(Model):
     """What the container asks for (clamped by the operator's `limits`)."""
 
-    cpus: float | None = Field(default=None, gt=0)
+    cpus: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     memory: str | None = None
     pids: int | None = Field(default=None, ge=1)
     shm_size: str | None = None
@@ -180,7 +313,7 @@ class ContainerConfig(Model):
     pull: PullPolicy = "missing"
     image_tar: str | None = None
     registry: Registry | None = None
-    start_timeout: float = Field(default=900.0, gt=0)
+    start_timeout: float = Field(default=900.0, gt=0, allow_inf_nan=False)
     network: str = "host"
     ipc: str | None = "host"
     privileged: bool = False
@@ -230,14 +363,14 @@ class ContainerConfig(Model):
     @field_validator("image")
     @classmethod
     def _image(cls, v: str) -> str:
-        if not IMAGE_REF_RE.match(v):
+        if not IMAGE_REF_RE.fullmatch(v):
             raise ValueError(f"invalid image reference {v!r}")
         return v
 
     @field_validator("name")
     @classmethod
     def _cname(cls, v: str | None) -> str | None:
-        if v is not None and not CONTAINER_NAME_RE.match(v):
+        if v is not None and not CONTAINER_NAME_RE.fullmatch(v):
             raise ValueError(
                 f"invalid container name {v!r} (letters, digits, '_', '.', '-'; "
                 "must start with a letter or digit)"
@@ -248,6 +381,35 @@ class ContainerConfig(Model):
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
         return _check_env(v)
+
+    @field_validator("network", "ipc")
+    @classmethod
+    def _docker_value(cls, v: str | None) -> str | None:
+        if v is not None:
+            _docker_values([v])
+        return v
+
+    _lists_ok = field_validator("devices", "cap_add", "security_opt", "group_add", "volumes")(
+        _docker_values
+    )
+
+    @field_validator("ulimits")
+    @classmethod
+    def _ulimits(cls, v: dict[str, str | int]) -> dict[str, str | int]:
+        # `--ulimit KEY=VALUE` is one argv item: a value may start with '-' (-1).
+        for key, limit in v.items():
+            if not ENV_NAME_RE.fullmatch(key) or re.search(r"[\x00-\x1f\x7f]", str(limit)):
+                raise ValueError(f"invalid ulimit {key!r}: {limit!r}")
+        return v
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra_args(cls, v: list[str]) -> list[str]:
+        # The operator's escape hatch: options are expected, control characters are not.
+        for arg in v:
+            if re.search(r"[\x00-\x1f\x7f]", arg):
+                raise ValueError(f"invalid extra_args item {arg!r}: control characters")
+        return v
 
     _size_in = field_validator("shm_size", mode="before")(_size_as_text)
     _size_ok = field_validator("shm_size")(_check_size)

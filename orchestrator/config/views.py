@@ -32,7 +32,7 @@ def container_name(cluster: ClusterConfig) -> str:
     user = cluster.ssh.user or getpass.getuser()
     raw = f"cvs-{user}-{_image_basename(cluster.container.image)}"
     name = re.sub(r"[^a-zA-Z0-9_.-]+", "-", raw)[:128]
-    if not CONTAINER_NAME_RE.match(name):  # cannot happen: starts with "cvs"
+    if not CONTAINER_NAME_RE.fullmatch(name):  # cannot happen: starts with "cvs"
         raise ConfigError(f"cannot derive a container name from {raw!r}; set container.name")
     return name
 

@@ -55,7 +55,7 @@ def short_id(value: str | None) -> str:
 
 def validate_container_name(name: str) -> str:
     """`name` unchanged, or ValueError when docker would not accept it as a name."""
-    if not isinstance(name, str) or not CONTAINER_NAME_RE.match(name):
+    if not isinstance(name, str) or not CONTAINER_NAME_RE.fullmatch(name):
         raise ValueError(
             f"invalid container name {name!r} (letters, digits, '_', '.', '-'; "
             "must start with a letter or digit)"
@@ -65,7 +65,7 @@ def validate_container_name(name: str) -> str:
 
 def validate_image_ref(ref: str) -> str:
     """`ref` unchanged, or ValueError when it is not a plain image reference."""
-    if not isinstance(ref, str) or not IMAGE_REF_RE.match(ref):
+    if not isinstance(ref, str) or not IMAGE_REF_RE.fullmatch(ref):
         raise ValueError(f"invalid image reference {ref!r}")
     return ref
 

@@ -67,7 +67,7 @@ class ClusterKeys:
         user = _load_or_create_pair(keys_dir / USER_KEY_FILE, f"cvs-cluster@{state_dir.name}")
         host_keys: dict[str, KeyPair] = {}
         for host in hosts:
-            if not HOST_NAME_RE.match(host) or "/" in host:
+            if not HOST_NAME_RE.fullmatch(host) or "/" in host:
                 raise ValueError(f"invalid host name {host!r}")
             host_keys[host] = _load_or_create_pair(
                 hosts_dir / f"{host}_ed25519", f"cvs-host@{host}"

@@ -44,7 +44,8 @@ SUITE_SUFFIXES = (".yaml", ".yml")
 SUITES_PATH_ENV = "CVS_SUITES_PATH"
 SHIPPED_PACKAGE = "orchestrator.suites"
 # Step names become directory names under the run dir's logs/ and junit classnames.
-STEP_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+STEP_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+SUITE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 Origin = Literal["path", "./suites", "$CVS_SUITES_PATH", "shipped"]
 
@@ -81,7 +82,7 @@ class Step(Model):
     on: Literal["container", "host"] = "container"
     # `all`, `head`, or names / globs / hostlists, comma-separated (api.select_hosts).
     hosts: str = "all"
-    timeout: float | None = Field(default=None, gt=0)
+    timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     env: dict[str, str] = Field(default_factory=dict)
     expect: Expect = Field(default_factory=Expect)
     # The suite goes on after this step fails; the failure still fails the run.
@@ -92,7 +93,7 @@ class Step(Model):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not STEP_NAME_RE.match(v):
+        if not STEP_NAME_RE.fullmatch(v):
             raise ValueError(
                 f"invalid step name {v!r} (letters, digits, '_', '.', '-'; at most 64; "
                 "it names the step's log directory)"
@@ -110,7 +111,7 @@ class Step(Model):
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
         for key in v:
-            if not ENV_NAME_RE.match(key):
+            if not ENV_NAME_RE.fullmatch(key):
                 raise ValueError(f"invalid environment variable name {key!r}")
         return v
 
@@ -129,6 +130,17 @@ class Suite(Model):
     steps: list[Step] = Field(min_length=1)
     # The file this was loaded from (set by the loader, not written in the file).
     source: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _suite_name(cls, v: str) -> str:
+        # The name becomes a directory under runs/: one path component, never `..`.
+        if not SUITE_NAME_RE.fullmatch(v):
+            raise ValueError(
+                f"invalid suite name {v!r} (letters, digits, '_', '.', '-'; at most 128; "
+                "one path component: it names the run directory)"
+            )
+        return v
 
     @model_validator(mode="after")
     def _unique_steps(self) -> Suite:

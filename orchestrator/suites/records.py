@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from orchestrator.errors import ExitCode
+from orchestrator.errors import ExitCode, UsageError
 from orchestrator.events import JsonLinesSink
 from orchestrator.results import CONNECTION_STATUSES, HostResult
 
@@ -250,6 +250,10 @@ def junit_xml(outcome: RunOutcome) -> str:
 # ---- the run directory ------------------------------------------------------------
 
 
+class RunDirError(UsageError):
+    """The run directory cannot be created or written (exit 2, nothing started)."""
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
@@ -271,11 +275,32 @@ class RunRecorder:
         while True:
             try:
                 candidate.mkdir(parents=True, exist_ok=not unique)
+                if not candidate.is_dir():
+                    raise FileExistsError(candidate)
                 break
             except FileExistsError:
+                if not unique:
+                    # An existing file is never silently swapped for FILE-2.
+                    raise RunDirError(
+                        f"run directory {candidate}: exists and is not a directory; "
+                        "give a directory path to --run-dir"
+                    ) from None
                 n += 1
                 candidate = run_dir.with_name(f"{run_dir.name}-{n}")
-        (candidate / "logs").mkdir(exist_ok=True)
+            except NotADirectoryError:
+                raise RunDirError(
+                    f"run directory {candidate}: a parent of it is a file, not a directory"
+                ) from None
+            except OSError as exc:
+                raise RunDirError(
+                    f"run directory {candidate}: cannot create it: {exc.strerror or exc}"
+                ) from None
+        try:
+            (candidate / "logs").mkdir(exist_ok=True)
+        except OSError as exc:
+            raise RunDirError(
+                f"run directory {candidate}: cannot write in it: {exc.strerror or exc}"
+            ) from None
         return cls(candidate)
 
     @property

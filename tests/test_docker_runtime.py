@@ -43,6 +43,7 @@ from orchestrator.containers.docker import (
     stop_argv,
     validate_container_name,
 )
+from orchestrator.limits.gpus import GPU, GPUSelection
 from orchestrator.limits.resources import EffectiveResources
 
 # --- pure builders ---------------------------------------------------------
@@ -99,6 +100,22 @@ def test_run_argv_puts_every_option_before_image_and_sleep_infinity() -> None:
         "--cpus", "2",
         "--init",
         "registry.example:5000/team/img:1.2", "sleep", "infinity",
+    ]  # fmt: skip
+
+
+def test_run_argv_puts_caps_then_gpu_devices_and_env_before_the_operators_extra_args() -> None:
+    cfg = ContainerConfig(image="img:1", env={"A": "1"}, extra_args=["--init"])
+    gpus = GPUSelection(
+        vendor="amd", gpus=(GPU(vendor="amd", index=1, render_node="/dev/dri/renderD129"),)
+    )
+    argv = run_argv(["docker"], cfg, "c", {}, resources=EffectiveResources(pids=64), gpus=gpus)
+    tail = argv[argv.index("A=1") + 1 :]
+    assert tail == [
+        "--pids-limit", "64",
+        "--device", "/dev/kfd", "--device", "/dev/dri/renderD129",
+        "-e", "ROCR_VISIBLE_DEVICES=0",
+        "--init",
+        "img:1", "sleep", "infinity",
     ]  # fmt: skip
 
 

@@ -178,3 +178,16 @@ def test_status_json_row_keeps_its_keys() -> None:
         "drift": [],
         "error": None,
     }
+
+
+def test_at_most_twelve_modules_sit_directly_under_the_package() -> None:
+    modules = sorted(p.name for p in (ROOT / "orchestrator").glob("*.py"))
+    assert len(modules) <= 12, f"add new modules inside a layer folder: {modules}"
+
+
+def test_every_package_folder_says_its_job_in_its_init() -> None:
+    import ast
+
+    for init in sorted((ROOT / "orchestrator").glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc and doc.strip(), f"{init.relative_to(ROOT)} needs a one-line docstring"

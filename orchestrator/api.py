@@ -136,12 +136,24 @@ class Cluster:
         timeout: float | None = None,
         host_os: bool = False,
         env: dict[str, str] | None = None,
+        user: str | None = None,
+        workdir: str | None = None,
     ) -> dict[str, HostResult]:
         """Run a command on every selected host: inside the container when the
         cluster has a container block (and `host_os` is not set), else on the
-        host. A string is shell text; a list is argv."""
+        host. A string is shell text; a list is argv.
+
+        In the container it runs as `user` (default `container.user`, else the
+        image's USER) in `workdir` (default: the image's WORKDIR); on the host
+        both are refused (the login user runs it in its home)."""
         selected = list(hosts or self.hosts)
-        if host_os or self.config.container is None:
+        on_host = host_os or self.config.container is None
+        if on_host and (user is not None or workdir is not None):
+            raise UsageError(
+                "exec: user and workdir apply inside the container; on the host the "
+                "SSH login user runs the command (use `cd DIR && ...` in the command)"
+            )
+        if on_host:
             return await fan_out(
                 selected,
                 lambda h: self.pool.run(h, command, timeout=timeout, env=env, label="exec"),
@@ -149,9 +161,17 @@ class Cluster:
             )
         name = container_name(self.config)
         container_env = {**self.config.env, **(env or {})}
+        container = self.config.container
+        as_user = user if user is not None or container is None else container.user
+        try:
+            container_command(name, "true", user=as_user, workdir=workdir)
+        except ValueError as exc:
+            raise UsageError(f"exec: {exc}") from None
 
         async def one(host: str) -> HostResult:
-            script, kill = container_command(name, command, env=container_env)
+            script, kill = container_command(
+                name, command, env=container_env, user=as_user, workdir=workdir
+            )
             result = await self.pool.run(
                 host, script, timeout=timeout, label="exec", on_timeout=lambda: kill
             )

@@ -77,10 +77,18 @@ class SyncCluster:
         timeout: float | None = None,
         host_os: bool = False,
         env: dict[str, str] | None = None,
+        user: str | None = None,
+        workdir: str | None = None,
     ) -> dict[str, HostResult]:
         """Run a command on every selected host (see `Cluster.exec`)."""
         return self._portal.call(
             lambda: self._cluster.exec(
-                command, hosts=hosts, timeout=timeout, host_os=host_os, env=env
+                command,
+                hosts=hosts,
+                timeout=timeout,
+                host_os=host_os,
+                env=env,
+                user=user,
+                workdir=workdir,
             )
         )

@@ -134,7 +134,7 @@ def test_ssh_config_maps_names_and_addresses_to_the_inter_host_address() -> None
         "Host a 192.168.0.1 10.0.0.1",
         "    HostName 192.168.0.1",
     ]
-    assert "Host b 10.0.0.2\n    HostName 10.0.0.2\n    Port 2224\n    User root\n" in text
+    assert "Host b 10.0.0.2\n    HostName 10.0.0.2\n    Port 2224\n    IdentityFile " in text
     assert "Host c\n    HostName c\n" in text
     for needle in ("IdentityFile ~/.ssh/k", "StrictHostKeyChecking yes", "BatchMode yes"):
         assert text.count(needle) == 3
@@ -196,8 +196,8 @@ def test_frame_names_outside_the_fixed_alphabet_are_refused() -> None:
 def test_setup_argv_carries_only_the_fixed_decoder_and_the_digest() -> None:
     script = SetupScript.from_bytes(b"echo secret-payload\n")
     argv = setup_argv(DOCKER, "box", script.sha256)
-    assert argv[:4] == ["docker", "exec", "-i", "box"]
-    assert argv[4:] == ["sh", "-c", SETUP_DECODER, "cvs-setup", script.sha256, MARKER_PATH]
+    assert argv[:6] == ["docker", "exec", "-i", "-u", "0", "box"]
+    assert argv[6:] == ["sh", "-c", SETUP_DECODER, "cvs-setup", script.sha256, MARKER_PATH]
     assert "secret-payload" not in " ".join(argv)
 
 
@@ -215,7 +215,8 @@ def test_ensure_sshd_argv_refuses_bad_ports(port: int) -> None:
 
 def test_ensure_sshd_argv_passes_port_in_proc_net_hex() -> None:
     argv = ensure_sshd_argv(DOCKER, "box", 2224, "/etc/cvs/hostfile")
-    assert argv[-3:] == ["2224", "08B0", "/etc/cvs/hostfile"]
+    assert argv[-4:] == ["2224", "08B0", "/etc/cvs/hostfile", ""]
+    assert argv[3:5] == ["-u", "0"]
 
 
 @pytest.mark.parametrize(

@@ -56,6 +56,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise UsageError("cvs exec: no command given (usage: cvs exec [options] -- CMD ...)")
+    env = _env_args(args.env)
     cluster_cfg = load(args)
     hosts = select_hosts(cluster_cfg, args.hosts)
     # One argument is taken as shell text (`cvs exec -- 'a | b'`), several as argv.
@@ -65,7 +66,13 @@ def cmd_exec(args: argparse.Namespace) -> int:
     async def main() -> dict[str, HostResult]:
         async with Cluster.open(cluster_cfg, sink=sink) as cluster:
             return await cluster.exec(
-                remote, hosts=hosts, timeout=args.timeout, host_os=args.host_os
+                remote,
+                hosts=hosts,
+                timeout=args.timeout,
+                host_os=args.host_os,
+                env=env or None,
+                user=args.user,
+                workdir=args.workdir,
             )
 
     try:
@@ -85,6 +92,21 @@ def cmd_exec(args: argparse.Namespace) -> int:
             sys.stderr.write(f"{r.host}: {r.status}: {r.error}\n")
     sys.stderr.write(summary_line(results) + "\n")
     return code
+
+
+def _env_args(pairs: list[str]) -> dict[str, str]:
+    """`-e VAR=VAL` options -> a mapping; a malformed one is a usage error."""
+    from orchestrator.config import ENV_NAME_RE
+
+    env: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not ENV_NAME_RE.match(name):
+            raise UsageError(
+                f"cvs exec: -e {pair!r}: expected VAR=VALUE with a valid variable name"
+            )
+        env[name] = value
+    return env
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -150,6 +150,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--group", action="store_true", help="fold identical output (like dshbak -c)")
     p.add_argument("--host-os", action="store_true", help="run on the host, not in the container")
+    p.add_argument(
+        "-e",
+        "--env",
+        action="append",
+        default=[],
+        metavar="VAR=VAL",
+        help="set an environment variable for CMD (repeatable)",
+    )
+    p.add_argument("-w", "--workdir", metavar="DIR", help="working directory in the container")
+    p.add_argument(
+        "-u",
+        "--user",
+        metavar="USER",
+        help="user in the container (default: container.user, else the image's USER)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     p.set_defaults(func="cluster:cmd_exec")
 

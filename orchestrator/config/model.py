@@ -111,6 +111,12 @@ def _docker_values(v: list[str]) -> list[str]:
                 f"invalid value {item!r}: no control characters (newline, tab) and no leading '-'"
             )
     return v
+# `docker exec -w`: an absolute path without control characters.
+WORKDIR_RE = re.compile(r"/[^\x00-\x1f\x7f]*")
+# A `docker exec -u` value: NAME, UID, NAME:GROUP or UID:GID.
+CONTAINER_USER_RE = re.compile(
+    r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,31})?"
+)
 
 
 class Model(BaseModel):
@@ -327,6 +333,9 @@ class ContainerConfig(Model):
     shm_size: str | None = None
     extra_args: list[str] = Field(default_factory=list)
     setup_script: str | None = None
+    # Who commands and suite steps run as in the container (`docker exec -u`):
+    # unset, the image's USER. Provisioning always runs as root.
+    user: str | None = None
     sshd: SSHDConfig = Field(default_factory=SSHDConfig)
     mpi: MPIConfig = Field(default_factory=MPIConfig)
     resources: Resources = Field(default_factory=Resources)
@@ -409,6 +418,13 @@ class ContainerConfig(Model):
         for arg in v:
             if re.search(r"[\x00-\x1f\x7f]", arg):
                 raise ValueError(f"invalid extra_args item {arg!r}: control characters")
+        return v
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        if v is not None and not CONTAINER_USER_RE.fullmatch(v):
+            raise ValueError(f"invalid container user {v!r} (NAME, UID, NAME:GROUP or UID:GID)")
         return v
 
     _size_in = field_validator("shm_size", mode="before")(_size_as_text)

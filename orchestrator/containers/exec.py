@@ -11,6 +11,7 @@ import secrets
 import shlex
 from collections.abc import Mapping, Sequence
 
+from orchestrator.config.model import CONTAINER_USER_RE, WORKDIR_RE
 from orchestrator.containers.docker import validate_container_name
 
 NOT_RUNNING_EXIT = 125
@@ -48,16 +49,28 @@ def container_command(
     *,
     env: Mapping[str, str] | None = None,
     token: str | None = None,
+    user: str | None = None,
+    workdir: str | None = None,
 ) -> tuple[str, str]:
     """(host shell text running `command` in container `name`, the kill text for timeouts).
 
     The host side finds how to reach docker (plain, else `sudo -n`) and that
-    the container runs, in the same round trip as the command itself.
+    the container runs, in the same round trip as the command itself. The
+    command runs as `user` (`docker exec -u`; default: the image's USER) in
+    `workdir` (default: the image's WORKDIR).
     """
     validate_container_name(name)
     token = token or secrets.token_hex(6)
     argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
     exec_opts: list[str] = []
+    if user is not None:
+        if not CONTAINER_USER_RE.fullmatch(user):
+            raise ValueError(f"invalid container user {user!r} (NAME, UID, NAME:GROUP or UID:GID)")
+        exec_opts += ["-u", user]
+    if workdir is not None:
+        if not WORKDIR_RE.fullmatch(workdir):
+            raise ValueError(f"invalid working directory {workdir!r} (an absolute path)")
+        exec_opts += ["-w", workdir]
     for key, value in (env or {}).items():
         exec_opts += ["-e", f"{key}={value}"]
     inner = ["exec", *exec_opts, name, "sh", "-c", _RUN, "cvs", _pidfile(token), *argv]
@@ -70,6 +83,7 @@ def container_command(
         f"exit {NOT_RUNNING_EXIT}; fi; "
         f'exec "$@" {shlex.join(inner)}'
     )
-    kill_argv = ["exec", name, "sh", "-c", _KILL_TREE, "cvs", _pidfile(token)]
+    # As root: the command may run as any user (or -u root).
+    kill_argv = ["exec", "-u", "0", name, "sh", "-c", _KILL_TREE, "cvs", _pidfile(token)]
     kill = f"docker {shlex.join(kill_argv)} 2>/dev/null || sudo -n docker {shlex.join(kill_argv)}"
     return script, kill

@@ -59,7 +59,9 @@ def ssh_config_text(
     *,
     known_hosts_path: str = KNOWN_HOSTS_PATH,
 ) -> str:
-    """root's ~/.ssh/config: each peer (by name and address) -> its container's sshd."""
+    """~/.ssh/config in the container: each peer (by name and address) -> its
+    container's sshd. No `User`: ssh logs in as whoever runs it (root, or the
+    image's user), who exists in every container (same image everywhere)."""
     blocks = []
     for host in cluster.hosts:
         blocks.append(
@@ -68,7 +70,6 @@ def ssh_config_text(
                     f"Host {' '.join(peer_names(host))}",
                     f"    HostName {peer_address(host)}",
                     f"    Port {port}",
-                    "    User root",
                     f"    IdentityFile {key_path}",
                     "    IdentitiesOnly yes",
                     "    StrictHostKeyChecking yes",

@@ -33,10 +33,16 @@ from typing import Any
 
 from orchestrator.config import ClusterConfig, ConfigError, ContainerConfig
 from orchestrator.config.loader import read_default_setup_script
+from orchestrator.config.model import CONTAINER_USER_RE
 from orchestrator.containers import mpi
 from orchestrator.containers.docker import exec_argv
 from orchestrator.results import HostResult
 from orchestrator.ssh.keys import ClusterKeys
+
+# Provisioning (setup script, marker, sshd) writes /etc, /run, /var/lib and
+# runs package managers: it runs as root whatever the image's USER is.
+# Commands and steps run as the image's user (or container.user / -u).
+ROOT = "0"
 
 # Inside the container: the sha256 of the script that provisioned it.
 MARKER_PATH = "/var/lib/cvs/provisioned"
@@ -153,7 +159,8 @@ if [ "$rc" -ne 0 ]; then
   exit "$rc"
 fi
 tmpmark="$marker.tmp.$$"
-if mkdir -p "${{marker%/*}}" && printf '%s\\n' "$sha" > "$tmpmark" && chmod 644 "$tmpmark" \\
+# Readable by the image's user: the probe reads the marker as that user.
+if mkdir -p "${{marker%/*}}" && chmod 755 "${{marker%/*}}" && printf '%s\\n' "$sha" > "$tmpmark" && chmod 644 "$tmpmark" \\
     && mv -f "$tmpmark" "$marker"; then
   echo "cvs: provisioned, marker $sha"
   exit 0
@@ -193,6 +200,7 @@ def setup_argv(
         container,
         ["sh", "-c", SETUP_DECODER, "cvs-setup", sha256, marker_path],
         interactive=True,
+        user=ROOT,
     )
 
 
@@ -211,7 +219,7 @@ async def run_setup_script(
     `result.tail()` is what to show for a failing host.
     """
     argv = setup_argv(prefix, container, script.sha256)
-    kill = exec_argv(prefix, container, ["sh", "-c", _SETUP_KILL])
+    kill = exec_argv(prefix, container, ["sh", "-c", _SETUP_KILL], user=ROOT)
     return await pool.run(
         host,
         argv,
@@ -272,13 +280,11 @@ def frame_files(files: dict[str, str]) -> str:
     return "".join(parts)
 
 
-_USER_KEY = f"$home/.ssh/{mpi.USER_KEY_NAME}"
-_KNOWN_HOSTS = f"$home/.ssh/{mpi.KNOWN_HOSTS_NAME}"
-
-# POSIX sh, run as `sh -c SSHD_PROGRAM cvs-sshd PORT PORT_HEX HOSTFILE`; the
-# files arrive framed on stdin (see frame_files).
+# POSIX sh, run as root: `sh -c SSHD_PROGRAM cvs-sshd PORT PORT_HEX HOSTFILE
+# LOGIN` (LOGIN: the image's USER or container.user, may be empty); the files
+# arrive framed on stdin (see frame_files).
 SSHD_PROGRAM = f"""
-port=$1 port_hex=$2 hostfile=$3
+port=$1 port_hex=$2 hostfile=$3 login=${{4%%:*}}
 umask 077
 pidfile={mpi.SSHD_PID_FILE}
 config={mpi.SSHD_CONFIG_PATH}
@@ -308,28 +314,51 @@ done
 for f in {" ".join(SSHD_FILES)}; do
   [ -f "$dir/$f" ] || fail {EXIT_BAD_PAYLOAD} "sshd payload lacks $f"
 done
-home=${{HOME:-/root}}
-[ "$home" = / ] && home=/root
+# Who runs commands here: the image's USER (or container.user), root if unset.
+user=root uid=0 gid=0 home=/root
+if [ -n "$login" ] && [ "$login" != root ] && [ "$login" != 0 ]; then
+  found=
+  while IFS=: read -r n _pw u g _gecos h _shell; do
+    if [ "$n" = "$login" ] || [ "$u" = "$login" ]; then
+      found=1 user=$n uid=$u gid=$g home=$h; break
+    fi
+  done < /etc/passwd
+  [ -n "$found" ] || fail {EXIT_INSTALL} \\
+    "the container's user $login is not in /etc/passwd: cannot install its ssh files"
+fi
 put() {{
   mkdir -p "${{2%/*}}" && cp "$dir/$1" "$2.cvs-tmp" && chmod "$3" "$2.cvs-tmp" \\
-    && mv -f "$2.cvs-tmp" "$2" || fail {EXIT_INSTALL} "could not write $2"
+    && chown "$4" "$2.cvs-tmp" && mv -f "$2.cvs-tmp" "$2" \\
+    || fail {EXIT_INSTALL} "could not write $2"
 }}
-mkdir -p "$home/.ssh" && chmod 700 "$home/.ssh" || fail {EXIT_INSTALL} "could not create $home/.ssh"
-put host_key {mpi.HOST_KEY_PATH} 600
-put sshd_config "$config" 600
-put user_key "{_USER_KEY}" 600
-put user_key_pub "{_USER_KEY}.pub" 644
-put known_hosts "{_KNOWN_HOSTS}" 644
-put ssh_config "$home/.ssh/config" 600
-put hostfile "$hostfile" 644
-# Keep keys the image put there; replace only the orchestrator's own.
-{{ [ -f "$home/.ssh/authorized_keys" ] && grep -v ' cvs-cluster@' "$home/.ssh/authorized_keys"
-  cat "$dir/authorized_keys"; }} > "$dir/ak"
-put ak "$home/.ssh/authorized_keys" 600
+put host_key {mpi.HOST_KEY_PATH} 600 0:0
+put sshd_config "$config" 600 0:0
+put hostfile "$hostfile" 644 0:0
+# The cluster key, known hosts and ssh config for root and, when it is
+# someone else, for the image's user: `ssh peer` works as either.
+for who in "root 0 0 /root" "$user $uid $gid $home"; do
+  set -- $who
+  h=$4 owner=$2:$3
+  {{ [ "$h" = / ] || [ -z "$h" ]; }} && continue
+  mkdir -p "$h/.ssh" && chmod 700 "$h/.ssh" && chown "$owner" "$h/.ssh" \\
+    || fail {EXIT_INSTALL} "could not create $h/.ssh"
+  put user_key "$h/.ssh/{mpi.USER_KEY_NAME}" 600 "$owner"
+  put user_key_pub "$h/.ssh/{mpi.USER_KEY_NAME}.pub" 644 "$owner"
+  put known_hosts "$h/.ssh/{mpi.KNOWN_HOSTS_NAME}" 644 "$owner"
+  put ssh_config "$h/.ssh/config" 600 "$owner"
+  # Keep keys the image put there; replace only the orchestrator's own.
+  {{ [ -f "$h/.ssh/authorized_keys" ] && grep -v ' cvs-cluster@' "$h/.ssh/authorized_keys"
+    cat "$dir/authorized_keys"; }} > "$dir/ak"
+  put ak "$h/.ssh/authorized_keys" 600 "$owner"
+  [ "$1" = "$user" ] && break
+done
 # With UsePAM no, sshd refuses any login to a locked account ('!' password).
-if [ -w /etc/shadow ] && grep -q '^root:!' /etc/shadow; then
-  sed -i 's/^root:![^:]*:/root:*:/' /etc/shadow && echo "sshd: unlocked root for key-only login"
-fi
+for who in root "$user"; do
+  case "$who" in ''|*[!A-Za-z0-9_.-]*) continue ;; esac
+  if [ -w /etc/shadow ] && grep -q "^$who:!" /etc/shadow; then
+    sed -i "s/^$who:![^:]*:/$who:*:/" /etc/shadow && echo "sshd: unlocked $who for key-only login"
+  fi
+done
 
 listening() {{
   for f in /proc/net/tcp /proc/net/tcp6; do
@@ -383,18 +412,40 @@ fail {EXIT_SSHD_NOT_LISTENING} "sshd started but nothing listens on port $port a
 """.lstrip()
 
 
-def ensure_sshd_argv(prefix: Sequence[str], container: str, port: int, hostfile: str) -> list[str]:
-    """`docker exec -i CONTAINER sh -c SSHD_PROGRAM cvs-sshd PORT HEX HOSTFILE`."""
+def ensure_sshd_argv(
+    prefix: Sequence[str], container: str, port: int, hostfile: str, login: str = ""
+) -> list[str]:
+    """`docker exec -i -u 0 CONTAINER sh -c SSHD_PROGRAM cvs-sshd PORT HEX HOSTFILE LOGIN`."""
     if not 1 <= port <= 65535:
         raise ValueError(f"invalid sshd port {port}")
     if not hostfile.startswith("/") or "\n" in hostfile:
         raise ValueError(f"MPI hostfile path must be absolute, got {hostfile!r}")
+    if login and not CONTAINER_USER_RE.fullmatch(login):
+        raise ValueError(f"invalid container user {login!r}")
     # /proc/net/tcp shows ports as 4 upper-case hex digits.
     return exec_argv(
         prefix,
         container,
-        ["sh", "-c", SSHD_PROGRAM, "cvs-sshd", str(port), f"{port:04X}", hostfile],
+        ["sh", "-c", SSHD_PROGRAM, "cvs-sshd", str(port), f"{port:04X}", hostfile, login],
         interactive=True,
+        user=ROOT,
+    )
+
+
+def ensure_sshd_command(
+    prefix: Sequence[str], container: str, port: int, hostfile: str, login: str | None
+) -> str:
+    """Host shell text for ensure_sshd: the login user is `login` (container.user)
+    or, when unset, the image's USER read from the container on the host."""
+    if login is not None:
+        return shlex.join(ensure_sshd_argv(prefix, container, port, hostfile, login))
+    argv = ensure_sshd_argv(prefix, container, port, hostfile, "LOGIN")
+    user_of = [*prefix, "inspect", "--type", "container", "-f", "{{.Config.User}}", container]
+    # Docker's USER is free text: pass it on only if it is a plain user spec.
+    return (
+        f"u=$({shlex.join(user_of)} 2>/dev/null); "
+        'case "$u" in *[!A-Za-z0-9_.:-]*) u= ;; esac; '
+        f'exec {shlex.join(argv[:-1])} "$u"'
     )
 
 
@@ -408,15 +459,21 @@ async def ensure_sshd(
 ) -> HostResult:
     """Install keys/configs and make sure the container's sshd runs and listens.
 
+    Runs as root in the container; the cluster key and ssh config go to root
+    and to the user commands run as (container.user, else the image's USER).
     Idempotent: a live, listening sshd is left as it is (same pid).
     """
     if cluster.container is None:
         raise ValueError("the cluster has no container block")
-    argv = ensure_sshd_argv(
-        prefix, container, cluster.container.sshd.port, cluster.container.mpi.hostfile
+    command = ensure_sshd_command(
+        prefix,
+        container,
+        cluster.container.sshd.port,
+        cluster.container.mpi.hostfile,
+        cluster.container.user,
     )
     payload = frame_files(sshd_files(cluster, keys, host))
-    return await pool.run(host, argv, input=payload, label="sshd", timeout=60)
+    return await pool.run(host, command, input=payload, label="sshd", timeout=60)
 
 
 @dataclass(frozen=True)

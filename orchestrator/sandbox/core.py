@@ -314,6 +314,10 @@ class Sandbox:
     def image_id(self, host: str | SandboxHost, tag: str) -> str:
         return images.image_id(self.docker_argv(host), tag)
 
+    def load_image(self, host: str | SandboxHost, tar: Path) -> None:
+        """`docker load` a saved image tar on that host (same image ID everywhere)."""
+        procs.run([*self.docker_argv(host), "load", "-q", "-i", str(tar)])
+
 
 # -- building -------------------------------------------------------------
 

@@ -36,6 +36,11 @@ from .procs import run
 
 SSHD_TAG = "cvs-sandbox:sshd"
 BASE_TAG = "cvs-sandbox:base"
+# The sshd image with an unprivileged USER (most images outside the CUDA/ROCm
+# bases set one): provisioning must still run as root in it.
+USER_TAG = "cvs-sandbox:user"
+IMAGE_USER = "cvsuser"
+IMAGE_UID = 1000
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 
@@ -249,3 +254,52 @@ def seed_data_root(template: Path, dest: Path) -> None:
                 shutil.copy2(path, tmp)
                 os.chown(tmp, st.st_uid, st.st_gid)
                 tmp.replace(path)
+
+
+def user_image_tar() -> Path:
+    return cache_dir() / "image-user.tar"
+
+
+def ensure_user_image(progress: Progress) -> Path:
+    """A cached `docker save` of USER_TAG: the sshd image plus an unprivileged
+    account that is the image's USER (and WORKDIR its home).
+
+    Built once from the cached images (a throwaway dockerd runs `useradd` in a
+    network-less container and commits it); kept apart from the template so
+    sandboxes that do not need it pay nothing. `docker load` of the tar gives
+    the same image ID on every host.
+    """
+    ensure_images(progress)
+    with cache_lock() as cache:
+        key = _images_key()
+        stamp = cache / "image-user.json"
+        if _stamp_ok(stamp, key) and user_image_tar().exists():
+            return user_image_tar()
+        progress(f"building {USER_TAG} (once per rootfs build)")
+        work = Path(tempfile.mkdtemp(prefix="user-image-", dir=cache))
+        try:
+            with _build_dockerd(work / "root") as docker:
+                run([*docker, "load", "-q", "-i", str(images_tar())])
+                builder = f"cvs-user-build-{os.getpid()}"
+                run(
+                    [
+                        *docker, "run", "--name", builder, "--network", "none", SSHD_TAG,
+                        "useradd", "-m", "-u", str(IMAGE_UID), "-s", "/bin/bash", IMAGE_USER,
+                    ]
+                )  # fmt: skip
+                run(
+                    [
+                        *docker, "commit",
+                        "--change", f"USER {IMAGE_USER}",
+                        "--change", f"WORKDIR /home/{IMAGE_USER}",
+                        "--change", 'CMD ["/bin/bash"]',
+                        builder, USER_TAG,
+                    ]
+                )  # fmt: skip
+                tmp = work / "image-user.tar"
+                run([*docker, "save", "-o", str(tmp), USER_TAG])
+                tmp.rename(user_image_tar())
+            stamp.write_text(json.dumps({"key": key}))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return user_image_tar()

@@ -39,6 +39,7 @@ from orchestrator.config.documents import (
     validation_lines,
     yaml_error,
 )
+from orchestrator.config.model import CONTAINER_USER_RE, WORKDIR_RE
 
 SUITE_SUFFIXES = (".yaml", ".yml")
 SUITES_PATH_ENV = "CVS_SUITES_PATH"
@@ -84,6 +85,10 @@ class Step(Model):
     hosts: str = "all"
     timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     env: dict[str, str] = Field(default_factory=dict)
+    # In the container: working directory and user (default: the image's
+    # WORKDIR, and container.user else the image's USER).
+    workdir: str | None = None
+    user: str | None = None
     expect: Expect = Field(default_factory=Expect)
     # The suite goes on after this step fails; the failure still fails the run.
     continue_on_failure: bool = False
@@ -114,6 +119,26 @@ class Step(Model):
             if not ENV_NAME_RE.fullmatch(key):
                 raise ValueError(f"invalid environment variable name {key!r}")
         return v
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v: str | None) -> str | None:
+        if v is not None and not WORKDIR_RE.fullmatch(v):
+            raise ValueError(f"expected an absolute path, got {v!r}")
+        return v
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        if v is not None and not CONTAINER_USER_RE.fullmatch(v):
+            raise ValueError(f"invalid user {v!r} (NAME, UID, NAME:GROUP or UID:GID)")
+        return v
+
+    @model_validator(mode="after")
+    def _placement(self) -> Step:
+        if self.on == "host" and (self.workdir is not None or self.user is not None):
+            raise ValueError("workdir and user apply in the container; remove them or 'on: host'")
+        return self
 
     @model_validator(mode="after")
     def _mpi_placement(self) -> Step:

@@ -188,6 +188,8 @@ async def _run_step(
         timeout=step.timeout,
         host_os=step.on == "host",
         env=env or None,
+        user=step.user,
+        workdir=step.workdir,
     )
     outcome = StepOutcome(
         name=step.name,

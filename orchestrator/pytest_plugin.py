@@ -13,11 +13,30 @@ use it are skipped when no cluster file is given.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 
 import pytest
 
+from orchestrator.events import Event, Message
 from orchestrator.sync import SyncCluster
+
+
+class CvsWarning(UserWarning):
+    """A cvs warning (no resource caps, clamped request, drift...) seen by the fixture."""
+
+
+class _WarningsSink:
+    """Turns the cluster's warning events into Python warnings, which pytest
+    lists in its summary (the session has no terminal view of its own)."""
+
+    def emit(self, event: Event) -> None:
+        if isinstance(event, Message) and event.level == "warning":
+            where = f"{event.host}: " if event.host else ""
+            warnings.warn(f"cvs: {where}{event.text}", CvsWarning, stacklevel=2)
+
+    def close(self) -> None:
+        pass
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -37,7 +56,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[SyncCluster]:
     path = request.config.getoption("--cluster-file") or os.environ.get("CVS_CLUSTER")
     if not path:
         pytest.skip("no cluster: pass --cluster-file FILE or set CVS_CLUSTER")
-    with SyncCluster.open(path) as fleet:
+    with SyncCluster.open(path, sink=_WarningsSink()) as fleet:
         fleet.up()
         try:
             yield fleet

@@ -7,12 +7,18 @@ and removes what it made from every host, also on failure.
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 from test_lifecycle import Lab, cvs, docker, explain
 
+from orchestrator.api import Cluster
+from orchestrator.errors import PolicyRefused
+from orchestrator.events import CollectingSink, Message
 from orchestrator.sandbox import IMAGE_USER, USER_TAG, Sandbox, ensure_user_image
 
 TWO = ["node1", "node2"]
@@ -52,6 +58,7 @@ def test_non_root_image_is_provisioned_as_root_and_runs_commands_as_its_user(
     path = lab.cluster(lifetime="per_run", hosts=TWO, image=user_image, sshd_port=free_port())
     up = cvs(path, "up")
     assert up.returncode == 0, explain(up)
+    assert "no resource caps" in up.stderr
     # Commands run as the image's USER, in its WORKDIR...
     who = cvs(path, "exec", "--", "echo $(id -un) $(pwd)")
     assert who.returncode == 0, explain(who)
@@ -79,3 +86,30 @@ def test_non_root_image_is_provisioned_as_root_and_runs_commands_as_its_user(
     assert f"{IMAGE_USER}@" in hop.stdout
     down = cvs(path, "down")
     assert down.returncode == 0, explain(down)
+
+
+def test_no_caps_warning_is_an_api_event(lab: Lab) -> None:
+    path = lab.cluster(lifetime="no_launch", hosts=["node1"])
+    sink = CollectingSink()
+
+    async def main() -> None:
+        async with Cluster.open(path, sink=sink) as cluster:
+            with pytest.raises(PolicyRefused):
+                await cluster.up()  # nothing runs there: refused, after the warning
+
+    anyio.run(main)
+    texts = [e.text for e in sink.events if isinstance(e, Message) and e.level == "warning"]
+    assert "no resource caps: containers may take the whole host" in texts
+
+
+def test_pytest_fixture_reports_the_no_caps_warning(lab: Lab, tmp_path: Path) -> None:
+    path = lab.cluster(lifetime="per_run", hosts=["node1"])
+    test_file = tmp_path / "test_fleet.py"
+    test_file.write_text("def test_fleet(cluster):\n    assert cluster.exec('true')\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file),
+         "--cluster-file", str(path), "-W", "default::UserWarning"],
+        capture_output=True, text=True, timeout=180, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "CvsWarning: cvs: no resource caps" in proc.stdout

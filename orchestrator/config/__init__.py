@@ -25,6 +25,7 @@ from orchestrator.config.model import (
     SSHDConfig,
 )
 from orchestrator.config.views import (
+    caps_warnings,
     cluster_warnings,
     container_name,
     cvs_import_notes,
@@ -55,6 +56,7 @@ __all__ = [
     "Resources",
     "SSHConfig",
     "SSHDConfig",
+    "caps_warnings",
     "cluster_from_data",
     "cluster_warnings",
     "container_name",

@@ -66,6 +66,19 @@ def uncapped_hosts(cluster: ClusterConfig) -> list[str]:
     return [h.name for h in cluster.hosts if not capped(h.limits)]
 
 
+def caps_warnings(cluster: ClusterConfig) -> list[str]:
+    """The "no caps" warning: emitted by validate, up, run, the API and the pytest fixture."""
+    uncapped = uncapped_hosts(cluster)
+    if uncapped and len(uncapped) == len(cluster.hosts):
+        return ["no resource caps: containers may take the whole host"]
+    if uncapped:
+        return [
+            f"no resource caps on {len(uncapped)} host(s) ({abbreviate_hosts(uncapped)}): "
+            "containers there may take the whole host"
+        ]
+    return []
+
+
 def cluster_warnings(cluster: ClusterConfig) -> list[str]:
     """Things that load fine but are probably not what the operator wants."""
     out: list[str] = []
@@ -76,14 +89,7 @@ def cluster_warnings(cluster: ClusterConfig) -> list[str]:
             f"derived from the image ({container_name(cluster)}), so a tag bump would "
             "silently orphan the old container; set container.name"
         )
-    uncapped = uncapped_hosts(cluster)
-    if uncapped and len(uncapped) == len(cluster.hosts):
-        out.append("no resource caps: containers may take the whole host")
-    elif uncapped:
-        out.append(
-            f"no resource caps on {len(uncapped)} host(s) ({abbreviate_hosts(uncapped)}): "
-            "containers there may take the whole host"
-        )
+    out += caps_warnings(cluster)
     if cluster.ssh.host_key_policy == "off":
         out.append("ssh.host_key_policy is off: host keys are not checked at all")
     return out

@@ -23,7 +23,13 @@ from typing import Any
 
 import anyio
 
-from orchestrator.config import ClusterConfig, ContainerConfig, container_name, sshd_wanted
+from orchestrator.config import (
+    ClusterConfig,
+    ContainerConfig,
+    caps_warnings,
+    container_name,
+    sshd_wanted,
+)
 from orchestrator.containers.docker import (
     config_hash,
     container_limits_drift,
@@ -365,7 +371,7 @@ class Lifecycle:
         # ResourceError (exit 2) here instead of failing `docker run` midway.
         resources = cluster_effective_resources(self.cluster)
         self.script()  # an unreadable setup script: exit 2 before any host is contacted
-        for w in clamp_warnings(resources):
+        for w in [*caps_warnings(self.cluster), *clamp_warnings(resources)]:
             self.sink.emit(Message(level="warning", text=w))
         async with self.locked_states() as states:
             plan = self.decide(states, force=force, reprovision=reprovision)

@@ -160,7 +160,8 @@ if [ "$rc" -ne 0 ]; then
 fi
 tmpmark="$marker.tmp.$$"
 # Readable by the image's user: the probe reads the marker as that user.
-if mkdir -p "${{marker%/*}}" && chmod 755 "${{marker%/*}}" && printf '%s\\n' "$sha" > "$tmpmark" && chmod 644 "$tmpmark" \\
+if mkdir -p "${{marker%/*}}" && chmod 755 "${{marker%/*}}" \\
+    && printf '%s\\n' "$sha" > "$tmpmark" && chmod 644 "$tmpmark" \\
     && mv -f "$tmpmark" "$marker"; then
   echo "cvs: provisioned, marker $sha"
   exit 0

@@ -111,6 +111,8 @@ def _docker_values(v: list[str]) -> list[str]:
                 f"invalid value {item!r}: no control characters (newline, tab) and no leading '-'"
             )
     return v
+
+
 # `docker exec -w`: an absolute path without control characters.
 WORKDIR_RE = re.compile(r"/[^\x00-\x1f\x7f]*")
 # A `docker exec -u` value: NAME, UID, NAME:GROUP or UID:GID.

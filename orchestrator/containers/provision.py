@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path

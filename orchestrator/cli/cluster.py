@@ -13,10 +13,9 @@ from orchestrator.cli.common import (
     load,
     make_sink,
     print_json_summary,
-    print_refusal,
     run_with_cluster,
 )
-from orchestrator.errors import ExitCode, PolicyRefused, UsageError
+from orchestrator.errors import ExitCode, UsageError
 from orchestrator.events import wants_plain
 from orchestrator.results import HostResult, exit_code_for
 
@@ -140,12 +139,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    try:
-        report = run_with_cluster(
-            args, lambda c: c.up(force=args.force, reprovision=args.reprovision)
-        )
-    except PolicyRefused as exc:
-        return print_refusal(args, exc)
+    # A refusal (PolicyRefused) is reported by cli.main, like every CvsError.
+    report = run_with_cluster(args, lambda c: c.up(force=args.force, reprovision=args.reprovision))
     if args.json:
         sys.stdout.write(json.dumps(report.to_dict()) + "\n")
         return report.exit_code

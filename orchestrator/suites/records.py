@@ -27,7 +27,7 @@ from orchestrator.results import CONNECTION_STATUSES, HostResult
 RESULTS_SCHEMA_VERSION = 1
 TAIL_LINES = 20
 
-HostStatus = Literal[
+StepHostStatus = Literal[
     "ok", "failed", "timeout", "unreachable", "auth", "host_key", "skipped", "interrupted"
 ]
 StepStatus = Literal["ok", "failed", "skipped"]
@@ -38,7 +38,7 @@ class StepHostOutcome:
     """One step on one host, judged against the step's `expect`."""
 
     host: str
-    status: HostStatus
+    status: StepHostStatus
     exit_code: int | None = None
     duration: float = 0.0
     tail: str = ""

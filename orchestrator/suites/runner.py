@@ -28,10 +28,10 @@ from orchestrator.results import HostResult
 from orchestrator.suites.model import Step, Suite
 from orchestrator.suites.records import (
     TAIL_LINES,
-    HostStatus,
     RunOutcome,
     RunRecorder,
     StepHostOutcome,
+    StepHostStatus,
     StepOutcome,
 )
 
@@ -118,7 +118,7 @@ def judge(step: Step, result: HostResult, tail_lines: int = TAIL_LINES) -> StepH
 
 
 def skipped_step(
-    step: Step, hosts: list[str], reason: str, status: HostStatus = "skipped"
+    step: Step, hosts: list[str], reason: str, status: StepHostStatus = "skipped"
 ) -> StepOutcome:
     """A step that did not run (or did not finish) on its hosts, with why."""
     return StepOutcome(

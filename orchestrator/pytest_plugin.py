@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from orchestrator.compat import pytest_engine
 from orchestrator.events import Event, Message
 from orchestrator.sync import SyncCluster
 
@@ -48,6 +49,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="FILE",
         help="cvs cluster file for the `cluster` fixture (default: $CVS_CLUSTER)",
     )
+    pytest_engine.add_engine_option(group)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Opt-in only: CVS's factory returns our orchestrator (compat/pytest_engine.py).
+    pytest_engine.configure(config)
 
 
 @pytest.fixture(scope="session")

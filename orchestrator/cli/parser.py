@@ -50,6 +50,11 @@ then the examples shipped with cvs (install_demo, test_demo); or give a path.
 example (persistent containers: the install survives into the next run):
   cvs -c cluster.yaml run install_demo
   cvs -c cluster.yaml run test_demo
+
+CVS's own test suites (pytest modules, found in the installed cvs.tests package
+as CVS finds them, or a path), unchanged, on this engine:
+  cvs run install_rvs --cluster_file cluster.json --config_file rvs_config.json
+  cvs run rvs_cvs test_gst --cluster_file cluster.json --config_file rvs_config.json
 """
 
 
@@ -67,12 +72,22 @@ def add_run_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("suite", nargs="?", metavar="SUITE", help="suite name or path to a suite file")
+    p.add_argument(
+        "function", nargs="*", metavar="FUNCTION", help="CVS test: run only these test functions"
+    )
     p.add_argument("--list", action="store_true", help="list the suites found, and where")
     p.add_argument(
         "--run-dir",
         metavar="DIR",
         help="where to write the run records (default runs/<UTC time>-<suite>/)",
     )
+    cvs = p.add_argument_group(
+        "CVS test suites", "SUITE is a CVS test module (pytest), run with CVS's syntax"
+    )
+    cvs.add_argument("--cluster_file", metavar="C", help="CVS cluster JSON")
+    cvs.add_argument("--config_file", metavar="T", help="CVS test config JSON")
+    cvs.add_argument("--html", metavar="R", help="pytest-html report (needs pytest-html)")
+    cvs.add_argument("--log-file", metavar="L", help="pytest log file (default RUN_DIR/TEST.log)")
     p.set_defaults(func="run:cmd_run")
 
 

@@ -32,6 +32,24 @@ WIDE_TABLE_HOSTS = 8
 def cmd_run(args: argparse.Namespace) -> int:
     if args.list:
         return _list(args)
+    if args.cluster_file is not None or args.config_file is not None:
+        from orchestrator.compat.runner import run_cvs_test
+
+        return run_cvs_test(
+            args.suite or "",
+            args.function,
+            cluster_file=args.cluster_file,
+            config_file=args.config_file,
+            html=args.html,
+            log_file=args.log_file,
+            run_dir=args.run_dir,
+            json_output=args.json,
+        )
+    if args.function or args.html or args.log_file:
+        raise UsageError(
+            "cvs run: FUNCTION, --html and --log-file are for CVS tests "
+            "(with --cluster_file and --config_file)"
+        )
     if not args.suite:
         raise UsageError("cvs run: name a suite (cvs run SUITE), or list them with cvs run --list")
     ref = find_suite(args.suite)

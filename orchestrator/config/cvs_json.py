@@ -40,6 +40,10 @@ _CVS_TOP_KEYS = {
 # CVS keys that mean nothing to this orchestrator (BMC access, rack/switch
 # maps, home mount name for CVS's own scripts): accepted and ignored.
 _CVS_IGNORED_KEYS = {"home_mount_dir_name", "racks"}
+# Our own sections, allowed in a CVS cluster JSON next to CVS's keys: CVS's
+# OrchestratorConfig reads only its own keys, so one file serves both engines
+# (known_hosts, host-key policy, timeouts, caps, the state directory).
+CVS_NATIVE_KEYS = frozenset({"name", "ssh", "concurrency", "limits", "state_dir"})
 _CVS_NODE_KEYS = {"bmc_ip", "vpc_ip", "rack_id"}
 _CVS_ORCHESTRATORS = ("baremetal", "container")
 
@@ -271,9 +275,9 @@ def _from_cvs(data: dict[str, Any], located: Located) -> dict[str, Any]:
     data = _replace_user(data, getpass.getuser())
     located = Located(located.source, None)  # positions don't survive the rewrite
     for key in data:
-        if _cvs_comment(key) or key in _CVS_TOP_KEYS or key in _CVS_IGNORED_KEYS:
+        if _cvs_comment(key) or key in _CVS_TOP_KEYS | _CVS_IGNORED_KEYS | CVS_NATIVE_KEYS:
             continue
-        raise _unknown(located, [], key, _CVS_TOP_KEYS | _CVS_IGNORED_KEYS)
+        raise _unknown(located, [], key, _CVS_TOP_KEYS | _CVS_IGNORED_KEYS | CVS_NATIVE_KEYS)
     nodes = data["node_dict"]
     if not isinstance(nodes, dict):
         raise ConfigError(
@@ -305,15 +309,27 @@ def _from_cvs(data: dict[str, Any], located: Located) -> dict[str, Any]:
             entry["vpc_address"] = vpc  # the model reports the type
         hosts.append(entry)
     out: dict[str, Any] = {"hosts": hosts}
-    ssh: dict[str, Any] = {}
-    if data.get("username") is not None:
-        ssh["user"] = data["username"]
-    if data.get("priv_key_file") is not None:
-        ssh["identity_files"] = [data["priv_key_file"]]
+    out.update({k: v for k, v in data.items() if k in CVS_NATIVE_KEYS and k != "ssh"})
+    ssh = data.get("ssh") or {}
+    if not isinstance(ssh, dict):
+        raise ConfigError(located.error(["ssh"], f"expected a mapping, got {describe_value(ssh)}"))
+    ssh = dict(ssh)
     port = data.get("port")
     if port is not None:
         # CVS's sample writes the port as a string ("22").
-        ssh["port"] = int(port) if isinstance(port, str) and port.isdigit() else port
+        port = int(port) if isinstance(port, str) and port.isdigit() else port
+    for cvs_key, ours, value in (
+        ("username", "user", data.get("username")),
+        ("priv_key_file", "identity_files", [data.get("priv_key_file")]),
+        ("port", "port", port),
+    ):
+        if data.get(cvs_key) is None:
+            continue
+        if ours in ssh:
+            raise ConfigError(
+                located.error(["ssh", ours], f"conflicts with {cvs_key} (set it in one place)")
+            )
+        ssh[ours] = value
     if ssh:
         out["ssh"] = ssh
     head = data.get("head_node_dict")

@@ -1,0 +1,471 @@
+"""CvsOrchestrator: CVS's orchestrator surface, on our `Cluster`.
+
+CVS's suites get it from `OrchestratorFactory.create_orchestrator(log,
+config)` (our pytest engine swaps the factory; CVS could also load it by
+entry point: group `cvs.orchestrators`, name `cvs-orchestrator`) and call it
+synchronously. Underneath, one `Cluster` holds one SSH connection per host
+for the orchestrator's life, and set-up/tear-down are our lifecycle: the
+container block's `lifetime`, image identity, the setup script, the
+in-container sshd, per-host locks, ownership labels.
+
+What is deliberately not CVS's: no private keys are copied into containers
+(`setup_sshd` uses the per-cluster key pair our provisioning installs), a
+same-named container cvs did not start is refused, not `rm -f`'d, and
+`teardown_containers` follows the lifetime (`persistent` containers stay).
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from orchestrator.api import Cluster
+from orchestrator.config import CONTAINER_NAME_RE, ClusterConfig, container_name
+from orchestrator.errors import CvsError, PolicyRefused
+from orchestrator.events import EventSink, NullSink, TeeSink
+from orchestrator.results import HostResult
+
+from .config import (
+    cluster_from_cvs,
+    cvs_container_name,
+    keys_from_config,
+    native_sections,
+    sanitize_image,
+)
+from .loop import LoopThread
+from .records import CvsRunRecord
+from .shapes import (
+    MPI_HOSTFILE,
+    cvs_shape,
+    mpi_hostfile_text,
+    mpirun_command,
+    not_in_cluster,
+)
+
+# CVS's own time limits for these calls.
+MPI_TIMEOUT = 600.0
+SETUP_ENV_TIMEOUT = 60.0
+VERIFY_TIMEOUT = 30.0
+
+_default_log = logging.getLogger("cvs.compat")
+
+
+class HostHandle:
+    """CVS's `orch.all` / `orch.head`: commands on the hosts' own OS (not in containers)."""
+
+    def __init__(self, orch: CvsOrchestrator, hosts: list[str]) -> None:
+        self._orch = orch
+        self.host_list = hosts
+
+    def exec(
+        self,
+        cmd: str,
+        timeout: float | None = None,
+        detailed: bool = False,
+        print_console: bool = True,
+    ) -> dict[str, Any]:
+        return self._orch.exec_on_host(
+            cmd,
+            hosts=self.host_list,
+            timeout=timeout,
+            detailed=detailed,
+            print_console=print_console,
+        )
+
+    def exec_cmd_list(
+        self, cmd_list: Sequence[str], timeout: float | None = None, print_console: bool = True
+    ) -> dict[str, Any]:
+        return self._orch._cmd_list(cmd_list, self.host_list, timeout, print_console, host_os=True)
+
+
+class CvsOrchestrator:
+    """A drop-in for CVS's BaremetalOrchestrator / ContainerOrchestrator."""
+
+    def __init__(
+        self,
+        log: Any,
+        config: Any,
+        stop_on_errors: bool = False,
+        *,
+        cluster_file: str | None = None,
+        sink: EventSink | None = None,
+        record: CvsRunRecord | None = None,
+    ) -> None:
+        self.log = log or _default_log
+        self.config = config
+        self.stop_on_errors = stop_on_errors
+        keys = keys_from_config(config)
+        base_dir = Path(cluster_file).resolve().parent if cluster_file else None
+        self.cluster_config: ClusterConfig = cluster_from_cvs(
+            keys,
+            native_sections(cluster_file),
+            source=cluster_file or "CVS OrchestratorConfig",
+            base_dir=base_dir,
+        )
+        self.orchestrator_type = "container" if self.cluster_config.container else "baremetal"
+        self.ssh_port = (
+            self.cluster_config.container.sshd.port if self.cluster_config.container else 22
+        )
+        self.hosts: list[str] = [h.name for h in self.cluster_config.hosts]
+        self.head_node: str = self.hosts[0]
+        self.user: str | None = self.cluster_config.ssh.user
+        self.pkey: str | None = keys.get("priv_key_file")
+        self.password = None
+        self.container_config: dict[str, Any] = dict(keys.get("container") or {})
+        self.container_enabled = self.orchestrator_type == "container"
+        self.container_id: str | None = None
+        self.all = HostHandle(self, self.hosts)
+        self.head = HostHandle(self, [self.head_node])
+        self._record = record
+        sinks: list[EventSink] = [s for s in (sink, record.sink if record else None) if s]
+        self._sink: EventSink = TeeSink(*sinks) if sinks else NullSink()
+        self._loop: LoopThread | None = None
+        self._cluster: Cluster | None = None
+        self._exit: Any = None
+        self._up_ok: bool | None = None
+        if record is not None:
+            record.set_cluster(self.cluster_config)
+
+    # ---- connections: opened on first use, for the orchestrator's life ------------
+
+    def _fleet(self) -> tuple[LoopThread, Cluster]:
+        if self._loop is None or self._cluster is None:
+            loop = LoopThread()
+            try:
+                cluster, exit_handle = loop.enter(
+                    Cluster.open(self.cluster_config, sink=self._sink)
+                )
+            except BaseException:
+                loop.close()
+                raise
+            self._loop, self._cluster, self._exit = loop, cluster, exit_handle
+        return self._loop, self._cluster
+
+    def close(self) -> None:
+        """Close every connection and stop the loop (reopened if used again)."""
+        if self._loop is None:
+            return
+        try:
+            if self._exit is not None:
+                self._exit.__exit__(None, None, None)
+        finally:
+            self._loop.close()
+            self._loop, self._cluster, self._exit = None, None, None
+
+    # ---- running commands ------------------------------------------------------------
+
+    def _run(
+        self,
+        call: str,
+        plan: dict[str, str],
+        timeout: float | None,
+        *,
+        host_os: bool,
+    ) -> dict[str, HostResult]:
+        """Run plan[host] on each host at once; hosts outside the cluster get a result too."""
+        loop, cluster = self._fleet()
+        known = {h: c for h, c in plan.items() if h in self.hosts}
+
+        async def one(host: str, cmd: str, out: dict[str, HostResult]) -> None:
+            # bash, as CVS's `docker exec ... bash -c`; a login shell on the host OS.
+            argv: str | list[str] = cmd if host_os else ["bash", "-c", cmd]
+            got = await cluster.exec(argv, hosts=[host], timeout=timeout, host_os=host_os)
+            out[host] = got[host]
+
+        async def run_all() -> dict[str, HostResult]:
+            out: dict[str, HostResult] = {}
+            async with anyio.create_task_group() as tg:
+                for host, cmd in known.items():
+                    tg.start_soon(one, host, cmd, out)
+            return out
+
+        started = time.monotonic()
+        got = loop.call(run_all)
+        results = {h: got[h] if h in got else not_in_cluster(h) for h in plan}
+        if self._record is not None:
+            on = "host" if host_os or not self.container_enabled else "container"
+            self._record.add_call(call, results, on=on, duration=time.monotonic() - started)
+        return results
+
+    def _hosts_arg(self, hosts: Sequence[str] | str | None) -> list[str]:
+        if hosts is None:
+            return list(self.hosts)
+        return [hosts] if isinstance(hosts, str) else list(hosts)
+
+    def _shape(
+        self, results: dict[str, HostResult], detailed: bool, print_console: bool, cmd: str
+    ) -> dict[str, Any]:
+        shaped = cvs_shape(results, detailed=detailed)
+        if print_console:
+            for host, value in shaped.items():
+                text = value["output"] if detailed else value
+                print(f"#---- {host} ---- {cmd}\n{text}", end="" if text.endswith("\n") else "\n")
+        return shaped
+
+    def exec(
+        self,
+        cmd: str,
+        hosts: Sequence[str] | str | None = None,
+        timeout: float | None = None,
+        detailed: bool = False,
+        print_console: bool = True,
+    ) -> dict[str, Any]:
+        """`cmd` on every host (or `hosts`): in the containers for the container backend."""
+        selected = self._hosts_arg(hosts)
+        results = self._run("exec", dict.fromkeys(selected, cmd), timeout, host_os=False)
+        return self._shape(results, detailed, print_console, cmd)
+
+    def exec_on_head(
+        self,
+        cmd: str,
+        timeout: float | None = None,
+        detailed: bool = False,
+        print_console: bool = True,
+    ) -> dict[str, Any]:
+        results = self._run("exec_on_head", {self.head_node: cmd}, timeout, host_os=False)
+        return self._shape(results, detailed, print_console, cmd)
+
+    def exec_on_host(
+        self,
+        cmd: str,
+        hosts: Sequence[str] | str | None = None,
+        timeout: float | None = None,
+        detailed: bool = False,
+        print_console: bool = True,
+    ) -> dict[str, Any]:
+        """`cmd` on the hosts' own OS, also for the container backend."""
+        selected = self._hosts_arg(hosts)
+        results = self._run("exec_on_host", dict.fromkeys(selected, cmd), timeout, host_os=True)
+        return self._shape(results, detailed, print_console, cmd)
+
+    def exec_cmd_list(
+        self, cmd_list: Sequence[str], timeout: float | None = None, print_console: bool = True
+    ) -> dict[str, Any]:
+        """`cmd_list[i]` on `hosts[i]`, all at once."""
+        return self._cmd_list(cmd_list, self.hosts, timeout, print_console, host_os=False)
+
+    def _cmd_list(
+        self,
+        cmd_list: Sequence[str],
+        hosts: list[str],
+        timeout: float | None,
+        print_console: bool,
+        *,
+        host_os: bool,
+    ) -> dict[str, Any]:
+        if isinstance(cmd_list, str) or len(cmd_list) != len(hosts):
+            raise ValueError(
+                f"exec_cmd_list: one command per host: got {len(cmd_list)} command(s) "
+                f"for {len(hosts)} host(s)"
+            )
+        plan = dict(zip(hosts, cmd_list, strict=True))
+        results = self._run("exec_cmd_list", plan, timeout, host_os=host_os)
+        return self._shape(results, False, print_console, "<command list>")
+
+    @property
+    def host_all(self) -> HostHandle:
+        return self.all
+
+    @property
+    def host_head(self) -> HostHandle:
+        return self.head
+
+    # ---- the container lifecycle ---------------------------------------------------
+
+    @staticmethod
+    def get_container_name(container_config: dict[str, Any], image: str) -> str:
+        """CVS's rule (`name`, else `<user>_<image>`); it is also the name we run."""
+        return cvs_container_name(container_config, image)
+
+    @staticmethod
+    def sanitize_container_name(image_name: str) -> str:
+        return sanitize_image(image_name)
+
+    def _up(self) -> bool:
+        loop, cluster = self._fleet()
+        try:
+            report = loop.call(cluster.up)
+        except PolicyRefused as exc:
+            self.log.error(f"cvs-orchestrator refused to set up the containers: {exc}")
+            if self._record is not None:
+                self._record.add_refusal(str(exc))
+            self._up_ok = False
+            return False
+        except CvsError as exc:
+            self.log.error(f"cvs-orchestrator could not set up the containers: {exc}")
+            self._up_ok = False
+            return False
+        if self._record is not None:
+            self._record.add_up(report)
+        for warning in report.plan.warnings:
+            self.log.warning(warning)
+        for host, outcome in report.outcomes.items():
+            if not outcome.ok:
+                self.log.error(f"{host}: {outcome.action.kind} failed: {outcome.error}")
+        self._up_ok = report.ok
+        if report.ok:
+            self.container_id = container_name(self.cluster_config)
+        return report.ok
+
+    def setup_containers(self, **overrides: Any) -> bool:
+        """Bring the containers to what the lifetime asks (attach / cold start / restart /
+        refuse), provision them and start their sshd. False when any host is not ready."""
+        if not self.container_enabled:
+            return True
+        ignored = sorted(k for k, v in overrides.items() if v is not None)
+        if ignored:
+            self.log.warning(
+                "setup_containers: %s ignored: the cluster file's container block decides",
+                ", ".join(ignored),
+            )
+        return self._up()
+
+    def setup_sshd(self) -> bool:
+        """True when every container's sshd is up: `setup_containers` already started it
+        (with the per-cluster key pair: no private keys are copied in)."""
+        if not self.container_enabled:
+            return True
+        if self._up_ok is None:
+            return self._up()
+        return self._up_ok
+
+    def verify_containers_running(self, container_name: str) -> bool:
+        """Whether a container of that name runs on every host."""
+        if not CONTAINER_NAME_RE.fullmatch(container_name or ""):
+            self.log.error(f"verify_containers_running: invalid container name {container_name!r}")
+            return False
+        inspect = shlex.join(
+            ["inspect", "--type", "container", "-f", "{{.State.Running}}", container_name]
+        )
+        cmd = f"docker {inspect} 2>/dev/null || sudo -n docker {inspect}"
+        results = self._run(
+            "verify_containers_running",
+            dict.fromkeys(self.hosts, cmd),
+            VERIFY_TIMEOUT,
+            host_os=True,
+        )
+        bad = [h for h, r in results.items() if not (r.ok and r.stdout.strip() == "true")]
+        if bad:
+            self.log.error(f"container {container_name!r} is not running on: {', '.join(bad)}")
+            return False
+        self.container_id = container_name
+        return True
+
+    def teardown_containers(self) -> bool:
+        """Per the lifetime: per_run removes our containers, persistent and no_launch keep
+        them. Closes the connections (they reopen if the orchestrator is used again)."""
+        if not self.container_enabled:
+            self.close()
+            return True
+        ok = True
+        if self._up_ok is not None:
+            loop, cluster = self._fleet()
+            try:
+                _, removed = loop.call(cluster.down)
+            except CvsError as exc:
+                self.log.error(f"teardown_containers: {exc}")
+                ok = False
+            else:
+                for host, r in removed.items():
+                    if not r.ok:
+                        self.log.error(f"{host}: could not remove the container: {r.error}")
+                        ok = False
+        self._up_ok = None
+        self.container_id = None
+        self.close()
+        return ok
+
+    def prepare(self) -> bool:
+        return self.setup_containers() and self.setup_sshd()
+
+    def dispose(self) -> bool:
+        return self.teardown_containers()
+
+    # ---- the rest of CVS's surface -----------------------------------------------------
+
+    def setup_env(self, hosts: Sequence[str], env_script: str | None = None) -> bool:
+        """`bash ENV_SCRIPT` where the suite's commands run; True when it passed everywhere."""
+        if not env_script:
+            return True
+        cmd = f"bash {shlex.quote(env_script)}"
+        selected = self._hosts_arg(hosts)
+        results = self._run(
+            "setup_env", dict.fromkeys(selected, cmd), SETUP_ENV_TIMEOUT, host_os=False
+        )
+        failed = [h for h, r in results.items() if not r.ok]
+        if failed:
+            self.log.error(f"setup_env failed on: {', '.join(failed)}")
+        return not failed
+
+    def cleanup(self, hosts: Sequence[str]) -> bool:
+        """CVS's cleanup tears the containers down: here, per the lifetime."""
+        if self.container_enabled and self._up_ok is not None:
+            return self.teardown_containers()
+        return True
+
+    def sudo_prefix(self) -> str:
+        """What to put before a command that needs root where `exec` runs it."""
+        if self.container_enabled or self.user == "root":
+            return ""
+        return "sudo -n "
+
+    def privileged_prefix(self) -> str:
+        return self.sudo_prefix()
+
+    def build_mpi_cmd(
+        self,
+        rank_cmd: str,
+        mpi_hosts: Sequence[str],
+        ranks_per_host: int,
+        env_vars: dict[str, Any] | None,
+        mpi_install_dir: str,
+        mpi_extra_args: Sequence[str] | None = None,
+        no_of_global_ranks: int | None = None,
+    ) -> str:
+        """Write the hostfile on the head (in its container) and return the mpirun line."""
+        text = mpi_hostfile_text(list(mpi_hosts), ranks_per_host)
+        ranks = no_of_global_ranks or len(mpi_hosts) * ranks_per_host
+        write = f"printf %s {shlex.quote(text)} > {shlex.quote(MPI_HOSTFILE)}"
+        results = self._run("mpi_hostfile", {self.head_node: write}, VERIFY_TIMEOUT, host_os=False)
+        head = results[self.head_node]
+        if not head.ok:
+            raise RuntimeError(
+                f"could not write {MPI_HOSTFILE} on {self.head_node}: "
+                f"{head.error or head.stderr.strip()}"
+            )
+        return mpirun_command(
+            rank_cmd,
+            ranks=ranks,
+            env_vars=env_vars,
+            mpi_install_dir=mpi_install_dir,
+            mpi_extra_args=mpi_extra_args,
+        )
+
+    def distribute_using_mpi(
+        self,
+        rank_cmd: str,
+        mpi_hosts: Sequence[str],
+        ranks_per_host: int,
+        env_vars: dict[str, Any] | None,
+        mpi_install_dir: str,
+        mpi_extra_args: Sequence[str] | None = None,
+        no_of_global_ranks: int | None = None,
+    ) -> dict[str, Any]:
+        """One mpirun over `mpi_hosts`, `ranks_per_host` each, run on the head."""
+        full = self.build_mpi_cmd(
+            rank_cmd,
+            mpi_hosts,
+            ranks_per_host,
+            env_vars,
+            mpi_install_dir,
+            mpi_extra_args,
+            no_of_global_ranks,
+        )
+        self.log.info(f"MPI command: {full}")
+        return self.exec_on_head(full, timeout=MPI_TIMEOUT)

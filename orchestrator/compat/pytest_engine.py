@@ -1,0 +1,104 @@
+"""The pytest side: with `--engine cvs-orchestrator` (or `CVS_ENGINE=cvs-orchestrator`),
+CVS's `OrchestratorFactory.create_orchestrator` returns our `CvsOrchestrator`
+for the session, so CVS's own conftest.py and suites run as they are.
+
+Registered from `orchestrator.pytest_plugin`; `cvs run TEST` registers a
+`CvsEngine` itself (with a run record). Nothing changes unless asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from .cvs import CvsOrchestrator
+    from .records import CvsRunRecord
+
+ENGINE_NAME = "cvs-orchestrator"
+ENGINE_ENV = "CVS_ENGINE"
+FACTORY_MODULE = "cvs.core.orchestrators.factory"
+PLUGIN_NAME = "cvs-orchestrator-engine"
+
+
+def add_engine_option(group: Any) -> None:
+    group.addoption(
+        "--engine",
+        action="store",
+        default=None,
+        metavar="NAME",
+        help=f"'{ENGINE_NAME}': run CVS's suites on cvs-orchestrator "
+        f"(default: ${ENGINE_ENV}; unset: CVS's own orchestrators)",
+    )
+
+
+def engine_requested(config: pytest.Config) -> bool:
+    flag = config.getoption("engine", None)
+    if flag is not None:
+        if flag != ENGINE_NAME:
+            raise pytest.UsageError(f"--engine {flag!r}: the engine here is {ENGINE_NAME!r}")
+        return True
+    # Another value may name a backend for CVS's own entry-point lookup: not ours.
+    return os.environ.get(ENGINE_ENV) == ENGINE_NAME
+
+
+def configure(config: pytest.Config) -> None:
+    """Called from the plugin's pytest_configure: register the engine when opted in."""
+    if not engine_requested(config):
+        return
+    if any(isinstance(p, CvsEngine) for p in config.pluginmanager.get_plugins()):
+        return  # `cvs run` registered one already
+    config.pluginmanager.register(CvsEngine(), PLUGIN_NAME)
+
+
+class CvsEngine:
+    """Swaps CVS's factory for the session; closes what it made at the end."""
+
+    def __init__(self, record: CvsRunRecord | None = None) -> None:
+        self.record = record
+        self.cluster_file: str | None = None
+        self.created: list[CvsOrchestrator] = []
+        self._factory: Any = None
+        self._original: Any = None
+
+    def pytest_configure(self, config: pytest.Config) -> None:
+        try:
+            module = importlib.import_module(FACTORY_MODULE)
+        except ImportError as exc:
+            raise pytest.UsageError(
+                f"--engine {ENGINE_NAME}: cannot import {FACTORY_MODULE} ({exc}); "
+                "install CVS in this environment"
+            ) from None
+        self.cluster_file = config.getoption("cluster_file", None)
+        self._factory = module.OrchestratorFactory
+        self._original = self._factory.__dict__.get("create_orchestrator")
+        self._factory.create_orchestrator = staticmethod(self.create_orchestrator)
+
+    def create_orchestrator(
+        self, log: Any, config: Any, stop_on_errors: bool = False
+    ) -> CvsOrchestrator:
+        from .cvs import CvsOrchestrator
+
+        orch = CvsOrchestrator(
+            log, config, stop_on_errors, cluster_file=self.cluster_file, record=self.record
+        )
+        self.created.append(orch)
+        return orch
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        if self.record is not None:
+            self.record.current_test = item.name
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.record is not None and (report.when == "call" or report.outcome != "passed"):
+            self.record.add_test(report.nodeid, report.when, report.outcome)
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        for orch in self.created:
+            orch.close()
+        if self._factory is not None and self._original is not None:
+            self._factory.create_orchestrator = self._original

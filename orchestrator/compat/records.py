@@ -1,0 +1,129 @@
+"""The run directory of a CVS suite run, laid out as for `cvs run SUITE`.
+
+    runs/<UTC time>-<test>/
+      events.jsonl          every event (connections, up, each command, each test)
+      logs/NNNN-TEST-CALL/HOST.log   each orch call's output per host
+      results.json          our schema; one step per orch call (tolerated: the
+                            suite judges outputs), the verdict is pytest's
+      junit.xml             pytest's own, one testcase per test function
+
+Under CVS a non-zero exit code is data for the test to judge, so the calls
+are recorded with `continue_on_failure` and the run's `ok`/`exit_code` come
+from pytest, not from the calls.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config import ClusterConfig
+from orchestrator.events import EventSink, Message
+from orchestrator.results import HostResult
+from orchestrator.suites.records import (
+    TAIL_LINES,
+    RunOutcome,
+    RunRecorder,
+    StepHostOutcome,
+    StepOutcome,
+    results_document,
+)
+from orchestrator.suites.runner import plan_rows
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def step_name(seq: int, test: str | None, call: str) -> str:
+    """`0007-test_rvs_gst-exec`: ordered, one path component, readable."""
+    base = f"{seq:04d}-{test or 'setup'}-{call}"
+    return _UNSAFE.sub("_", base)[:120]
+
+
+class CvsRunRecord:
+    """Collects what the orchestrators of one pytest session did."""
+
+    def __init__(self, recorder: RunRecorder, *, test: str, test_file: str, cluster_file: str):
+        self.recorder = recorder
+        self.sink: EventSink = recorder.events_sink()
+        self.outcome = RunOutcome(
+            suite=test,
+            suite_file=test_file,
+            description="CVS test suite on cvs-orchestrator",
+            cluster="",
+            cluster_file=cluster_file,
+            lifetime=None,
+            started=datetime.now(UTC),
+        )
+        self.current_test: str | None = None
+        self.refused: str | None = None
+        self.unreachable = False
+        self._seq = 0
+        self._lock = threading.Lock()
+
+    def set_cluster(self, cluster: ClusterConfig) -> None:
+        self.outcome.cluster = cluster.name
+        self.outcome.lifetime = cluster.container.lifetime if cluster.container else None
+
+    def add_up(self, report: Any) -> None:
+        self.outcome.plan.update(plan_rows(report))
+        for warning in getattr(report.plan, "warnings", []):
+            if warning not in self.outcome.warnings:
+                self.outcome.warnings.append(warning)
+
+    def add_refusal(self, text: str) -> None:
+        self.refused = text
+        self.sink.emit(Message(level="error", text=f"refused: {text}"))
+
+    def add_call(
+        self, call: str, results: dict[str, HostResult], *, on: str, duration: float
+    ) -> None:
+        with self._lock:
+            self._seq += 1
+            name = step_name(self._seq, self.current_test, call)
+        step = StepOutcome(
+            name=name,
+            hosts=list(results),
+            on=on,
+            continue_on_failure=True,
+            duration=duration,
+        )
+        for host, r in results.items():
+            self.recorder.write_log(name, r)
+            step.results[host] = StepHostOutcome(
+                host=host,
+                status=r.status,
+                exit_code=r.exit_code,
+                duration=r.duration,
+                tail=r.tail(TAIL_LINES),
+                reason=None if r.ok else (r.error or f"exit {r.exit_code}"),
+            )
+            if not r.reached:
+                self.unreachable = True
+        self.outcome.steps.append(step)
+
+    def add_test(self, nodeid: str, when: str, outcome: str) -> None:
+        level = "info" if outcome in ("passed", "skipped") else "error"
+        self.sink.emit(Message(level=level, text=f"{nodeid} {when}: {outcome}"))
+
+    def finish(self, exit_code: int, error: str | None) -> Path:
+        """Write results.json with pytest's verdict; close events.jsonl."""
+        self.outcome.finished = datetime.now(UTC)
+        self.outcome.error = error
+        doc = results_document(self.outcome)
+        doc.update(
+            ok=exit_code == 0,
+            exit_code=exit_code,
+            error=error,
+            run_dir=str(self.recorder.run_dir),
+        )
+        path = self.recorder.results_path
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+        self.recorder.close()
+        return path

@@ -1,0 +1,1 @@
+"""Stand-in for CVS's top-level package (see tests/cvs_standin/README.md)."""

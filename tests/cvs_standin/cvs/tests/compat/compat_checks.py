@@ -1,0 +1,92 @@
+"""A test suite in the shape of CVS's, run after compat_install.py in a new `cvs run`."""
+
+import json
+import re
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def config_dict(pytestconfig):
+    with open(pytestconfig.getoption("config_file")) as f:
+        return json.load(f)["compat"]
+
+
+def test_install_survived(orch, config_dict):
+    out = orch.exec("cat /opt/compat/token; /opt/compat/bin/compat-tool")
+    for host, output in out.items():
+        assert output == f"{config_dict['token']}\ncompat-tool ok\n", host
+
+
+def test_exec_returns_stdout_and_stderr_as_one_string(orch):
+    out = orch.exec("echo to-out; echo to-err >&2", print_console=False)
+    assert list(out) == orch.hosts
+    assert all(o == "to-out\nto-err\n" for o in out.values())
+
+
+def test_detailed_gives_output_and_exit_code(orch):
+    out = orch.exec("echo failing; exit 3", detailed=True)
+    assert out == {h: {"output": "failing\n", "exit_code": 3} for h in orch.hosts}
+
+
+def test_exec_on_a_subset_of_hosts(orch):
+    out = orch.exec("echo subset", hosts=orch.hosts[1:])
+    assert out == {h: "subset\n" for h in orch.hosts[1:]}
+
+
+def test_exec_on_head_runs_on_the_first_host(orch):
+    assert orch.head_node == orch.hosts[0]
+    out = orch.exec_on_head("cat /opt/compat/whoami", detailed=True)
+    assert out == {orch.head_node: {"output": f"{orch.head_node}\n", "exit_code": 0}}
+
+
+def test_exec_cmd_list_runs_one_command_per_host(orch):
+    out = orch.exec_cmd_list([f"echo {i}; cat /opt/compat/whoami" for i in range(len(orch.hosts))])
+    assert out == {h: f"{i}\n{h}\n" for i, h in enumerate(orch.hosts)}
+
+
+def test_commands_run_in_the_container_and_host_handles_on_the_host(orch):
+    inside = orch.exec("test -f /opt/compat/token && echo container", detailed=True)
+    assert all(r == {"output": "container\n", "exit_code": 0} for r in inside.values())
+    outside = orch.exec_on_host("test -f /opt/compat/token || echo host")
+    assert outside == {h: "host\n" for h in orch.hosts}
+    assert orch.all.exec("test -f /opt/compat/token || echo host") == outside
+    assert orch.head.exec("echo head") == {orch.head_node: "head\n"}
+
+
+def test_container_surface(orch):
+    image = orch.container_config["image"]
+    name = orch.get_container_name(orch.container_config, image)
+    assert name == orch.container_config["name"]
+    assert orch.verify_containers_running(name) is True
+    assert orch.verify_containers_running("no-such-container") is False
+    assert orch.sudo_prefix() == ""
+    assert orch.user
+
+
+def test_setup_env_runs_the_script_everywhere(orch):
+    assert orch.setup_env(orch.hosts, "/opt/compat/env.sh") is True
+    assert orch.setup_env(orch.hosts, "/opt/compat/missing.sh") is False
+    assert orch.setup_env(orch.hosts) is True
+
+
+def test_distribute_using_mpi_over_the_provisioned_hostfile(orch):
+    # The hosts of the MPI hostfile cvs-orchestrator wrote into every container.
+    hostfile = orch.exec_on_head("cat /etc/cvs/hostfile")[orch.head_node]
+    mpi_hosts = [line.split()[0] for line in hostfile.splitlines() if line.strip()]
+    assert mpi_hosts == orch.hosts
+    out = orch.distribute_using_mpi(
+        "sh -c 'echo rank=$RANK host=$(cat /opt/compat/whoami) var=$COMPAT_VAR'",
+        mpi_hosts,
+        2,
+        {"COMPAT_VAR": "two words"},
+        "/opt/compat/mpi/bin",
+    )
+    lines = sorted(out[orch.head_node].splitlines())
+    ranks = sorted(
+        (int(m.group(1)), m.group(2))
+        for m in (re.fullmatch(r"rank=(\d+) host=(\S+) var=two words", line) for line in lines)
+        if m
+    )
+    expected = [(r, h) for r, h in enumerate(h for h in mpi_hosts for _ in range(2))]
+    assert ranks == expected, out

@@ -1,0 +1,580 @@
+"""CVS's suites on our engine: shapes, config, the factory swap, `cvs run TEST`.
+
+CVS is not on PyPI: tests/cvs_standin/ provides CVS's import paths (factory,
+conftest options, the module-scoped `orch` fixture) and test modules written
+the way CVS's suites are. The sandbox tests run them through `cvs run` and
+plain pytest against real sshd and dockerd.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import tomllib
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.cli import main as cvs_main
+from orchestrator.compat.config import (
+    UNBOUNDED_COMMAND_TIMEOUT,
+    cluster_from_cvs,
+    cluster_from_files,
+    cvs_container_name,
+    keys_from_files,
+)
+from orchestrator.compat.cvs import CvsOrchestrator
+from orchestrator.compat.pytest_engine import CvsEngine
+from orchestrator.compat.runner import find_cvs_test, pytest_exit_to_ours
+from orchestrator.compat.shapes import (
+    UNREACHABLE_MARK,
+    cvs_shape,
+    mpi_hostfile_text,
+    mpirun_command,
+)
+from orchestrator.config import HOST_NAME_RE, ConfigError
+from orchestrator.errors import UsageError
+from orchestrator.results import HostResult
+from orchestrator.sandbox import SSHD_TAG, Sandbox
+
+REPO = Path(__file__).resolve().parent.parent
+STANDIN = Path(__file__).resolve().parent / "cvs_standin"
+log = logging.getLogger("test-compat")
+
+
+@pytest.fixture
+def standin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The CVS stand-in importable as `cvs` for one test."""
+    monkeypatch.syspath_prepend(str(STANDIN))
+    yield
+    for name in [n for n in sys.modules if n == "cvs" or n.startswith("cvs.")]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def key_file(tmp_path: Path) -> Path:
+    path = tmp_path / "id_ed25519"
+    path.write_text("not a real key: only its existence is checked here\n")
+    return path
+
+
+def cvs_keys(key_file: Path, **overrides: Any) -> dict[str, Any]:
+    keys: dict[str, Any] = {
+        "orchestrator": "container",
+        "node_dict": {"10.0.0.1": {"vpc_ip": "192.168.0.1"}, "10.0.0.2": {}},
+        "username": "alice",
+        "priv_key_file": str(key_file),
+        "password": None,
+        "head_node_dict": {"mgmt_ip": "10.0.0.2"},
+        "container": {"image": "rocm/cvs:latest", "lifetime": "persistent"},
+    }
+    return {**keys, **overrides}
+
+
+# ---- result shapes (pure) ---------------------------------------------------------
+
+
+SHAPES = [
+    (HostResult("h", "ok", 0, "out\n", "err\n"), "out\nerr\n", 0),
+    (HostResult("h", "ok", 0, "no newline", ""), "no newline\n", 0),
+    (HostResult("h", "failed", 3, "", "boom\n", error="exit code 3"), "boom\n", 3),
+    (HostResult("h", "failed", 125, "", "container c is not running here\n"), None, 125),
+    (HostResult("h", "timeout", None, "partial\n", error="timed out after 5s"), None, 124),
+    (HostResult("h", "unreachable", error="connection refused"), None, 255),
+    (HostResult("h", "host_key", error="host key mismatch"), None, 255),
+    (HostResult("h", "auth", error="permission denied"), None, 255),
+    (HostResult("h", "failed", None, "x\n", error="killed by signal 9"), None, 255),
+]
+
+
+@pytest.mark.parametrize(("result", "output", "exit_code"), SHAPES)
+def test_results_map_to_cvs_shapes(result: HostResult, output: str | None, exit_code: int) -> None:
+    plain = cvs_shape({"h": result}, detailed=False)
+    detailed = cvs_shape({"h": result}, detailed=True)
+    assert detailed == {"h": {"output": plain["h"], "exit_code": exit_code}}
+    if output is not None:
+        assert plain["h"] == output
+    assert plain["h"].startswith(result.stdout + result.stderr)
+
+
+@pytest.mark.parametrize("status", ["unreachable", "auth", "host_key"])
+def test_a_host_not_reached_says_why_with_cvs_marker(status: str) -> None:
+    out = cvs_shape({"h": HostResult("h", status, error="why not")}, detailed=False)  # type: ignore[arg-type]
+    assert out["h"] == f"{UNREACHABLE_MARK}: {status}: why not\n"
+
+
+def test_timeout_says_so_in_the_output() -> None:
+    result = HostResult("h", "timeout", None, "partial\n", error="timed out after 5s")
+    assert "ABORT: Timeout Error in Host: h" in cvs_shape({"h": result}, detailed=False)["h"]
+
+
+# ---- the mpirun line (pure) -------------------------------------------------------
+
+
+def test_mpi_hostfile_lists_each_host_with_its_slots() -> None:
+    assert mpi_hostfile_text(["n1", "10.0.0.2"], 4) == "n1 slots=4\n10.0.0.2 slots=4\n"
+
+
+@pytest.mark.parametrize(
+    ("hosts", "ranks"), [([], 1), (["n1"], 0), (["n1"], True), (["n1; rm -rf /"], 1), (["a b"], 1)]
+)
+def test_mpi_hostfile_rejects_bad_input(hosts: list[str], ranks: int) -> None:
+    with pytest.raises(ValueError):
+        mpi_hostfile_text(hosts, ranks)
+
+
+@given(st.text(max_size=30))
+def test_mpi_hostfile_takes_only_host_names(host: str) -> None:
+    if HOST_NAME_RE.fullmatch(host):
+        assert mpi_hostfile_text([host], 1) == f"{host} slots=1\n"
+    else:
+        with pytest.raises(ValueError):
+            mpi_hostfile_text([host], 1)
+
+
+def test_mpirun_line_has_cvs_shape_without_disabling_host_keys() -> None:
+    line = mpirun_command(
+        "./rank --size 8",
+        ranks=16,
+        env_vars={"NCCL_DEBUG": "INFO"},
+        mpi_install_dir="/opt/ompi/bin/",
+        mpi_extra_args=["--mca", "btl ^openib"],
+    )
+    assert line == (
+        "/opt/ompi/bin/mpirun --np 16 --allow-run-as-root --hostfile /tmp/mpi_hosts.txt "
+        "--mca btl ^openib -x NCCL_DEBUG=INFO ./rank --size 8"
+    )
+    assert "StrictHostKeyChecking" not in line
+
+
+@given(st.text(alphabet=st.characters(blacklist_characters="\x00"), max_size=40))
+def test_mpirun_env_values_arrive_as_one_argument(value: str) -> None:
+    argv = shlex.split(mpirun_command("true", ranks=1, env_vars={"V": value}, mpi_install_dir="/m"))
+    assert argv[argv.index("-x") + 1] == f"V={value}"
+
+
+def test_mpirun_rejects_env_names_that_are_shell_text() -> None:
+    with pytest.raises(ValueError, match="environment variable name"):
+        mpirun_command("true", ranks=1, env_vars={"A;B": "x"}, mpi_install_dir="/m")
+
+
+# ---- CVS config -> ours ---------------------------------------------------------------
+
+
+def test_container_name_is_cvs_rule() -> None:
+    assert cvs_container_name({"name": "mine"}, "rocm/cvs:latest") == "mine"
+    user = os.environ.get("USER") or __import__("getpass").getuser()
+    assert cvs_container_name({}, "rocm/cvs:7.0") == f"{user}_rocm_cvs_7_0"
+    assert CvsOrchestrator.get_container_name({}, "a/b:c") == cvs_container_name({}, "a/b:c")
+
+
+def test_cvs_keys_become_our_cluster(key_file: Path) -> None:
+    cluster = cluster_from_cvs(cvs_keys(key_file))
+    assert [h.name for h in cluster.hosts] == ["10.0.0.1", "10.0.0.2"]
+    assert cluster.hosts[0].vpc_address == "192.168.0.1"
+    # CVS's head is the first node_dict key, whatever head_node_dict says.
+    assert cluster.head_host.name == "10.0.0.1"
+    assert cluster.ssh.user == "alice"
+    assert cluster.ssh.identity_files == [str(key_file)]
+    assert cluster.ssh.command_timeout == UNBOUNDED_COMMAND_TIMEOUT
+    assert cluster.container is not None
+    assert cluster.container.lifetime == "persistent"
+    assert cluster.container.name == cvs_container_name({}, "rocm/cvs:latest")
+
+
+def test_baremetal_backend_has_no_container(key_file: Path) -> None:
+    assert cluster_from_cvs(cvs_keys(key_file, orchestrator="baremetal")).container is None
+
+
+def test_node_dict_as_a_list_of_mgmt_ips(key_file: Path) -> None:
+    keys = cvs_keys(key_file, node_dict=[{"mgmt_ip": "n1"}, {"mgmt_ip": "n2", "vpc_ip": "v2"}])
+    cluster = cluster_from_cvs(keys)
+    assert [(h.name, h.vpc_address) for h in cluster.hosts] == [("n1", None), ("n2", "v2")]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"password": "hunter2"}, "password logins are not supported"),
+        ({"orchestrator": "slurm"}, "'slurm' is not a backend"),
+        ({"container": {}}, "container.image"),
+        ({"username": None}, "username: required"),
+        ({"container": {"image": "x:1", "launch": True}}, "lifetime"),
+    ],
+)
+def test_bad_cvs_config_is_one_line_naming_the_key(
+    key_file: Path, overrides: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message) as err:
+        cluster_from_cvs(cvs_keys(key_file, **overrides))
+    assert "\n" not in str(err.value)
+    assert "hunter2" not in str(err.value)
+
+
+def test_cvs_enabled_and_launch_are_left_to_cvs_when_lifetime_is_set(key_file: Path) -> None:
+    container = {"image": "x:1", "enabled": True, "launch": True, "lifetime": "no_launch"}
+    cluster = cluster_from_cvs(cvs_keys(key_file, container=container))
+    assert cluster.container is not None and cluster.container.lifetime == "no_launch"
+
+
+def test_test_config_overrides_cluster_keys_and_our_sections_come_along(
+    tmp_path: Path, key_file: Path
+) -> None:
+    cluster_file = tmp_path / "cluster.json"
+    cluster_file.write_text(
+        json.dumps(
+            {
+                **cvs_keys(key_file),
+                "ssh": {"known_hosts": "known", "connect_timeout": 3},
+                "name": "mi300",
+            }
+        )
+    )
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps({"container": {"image": "other:2"}, "rvs": {"path": "/x"}}))
+    assert keys_from_files(str(cluster_file), str(config_file))["container"] == {"image": "other:2"}
+    cluster = cluster_from_files(str(cluster_file), str(config_file))
+    assert cluster.name == "mi300"
+    assert cluster.ssh.connect_timeout == 3
+    assert cluster.ssh.known_hosts == str(tmp_path / "known")
+    assert cluster.container is not None and cluster.container.image == "other:2"
+
+
+# ---- the factory swap and finding tests (stand-in, in process) -----------------------
+
+
+class _Config:
+    def getoption(self, name: str, default: Any = None) -> Any:
+        return default
+
+
+def test_engine_makes_cvs_factory_return_ours_for_the_session(
+    standin: None, key_file: Path
+) -> None:
+    from cvs.core.orchestrators.factory import OrchestratorConfig, OrchestratorFactory
+
+    cfg = OrchestratorConfig(**cvs_keys(key_file))
+    engine = CvsEngine()
+    engine.pytest_configure(_Config())  # type: ignore[arg-type]
+    try:
+        orch = OrchestratorFactory.create_orchestrator(log, cfg)
+        assert isinstance(orch, CvsOrchestrator)
+        assert orch.hosts == ["10.0.0.1", "10.0.0.2"]
+        assert orch.head_node == "10.0.0.1"
+        assert orch.user == "alice"
+        assert orch.orchestrator_type == "container"
+        assert orch.container_config["image"] == "rocm/cvs:latest"
+        assert orch.sudo_prefix() == ""
+    finally:
+        engine.pytest_unconfigure(_Config())  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="stand-in CVS"):
+        OrchestratorFactory.create_orchestrator(log, cfg)
+
+
+def test_cvs_tests_are_found_in_the_cvs_tests_package(standin: None) -> None:
+    path = find_cvs_test("compat_checks")
+    assert path == STANDIN / "cvs" / "tests" / "compat" / "compat_checks.py"
+    for not_a_test in ("conftest", "__init__"):
+        with pytest.raises(UsageError, match="no CVS test module"):
+            find_cvs_test(not_a_test)
+
+
+def test_without_cvs_the_error_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "cvs", None)
+    with pytest.raises(UsageError, match="CVS is not importable here"):
+        find_cvs_test("rvs_cvs")
+
+
+def test_entry_point_for_cvs_factory_names_our_class() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    target = project["entry-points"]["cvs.orchestrators"]["cvs-orchestrator"]
+    module, _, name = target.partition(":")
+    cls = getattr(__import__(module, fromlist=[name]), name)
+    assert cls is CvsOrchestrator
+    # CVS's factory calls backends as cls(log, config, stop_on_errors).
+    params = list(inspect.signature(cls).parameters.values())[:3]
+    assert [p.name for p in params] == ["log", "config", "stop_on_errors"]
+    assert (
+        "orchestrator.compat"
+        in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("pytest_code", "refused", "unreachable", "ours"),
+    [
+        (0, None, False, 0),
+        (1, None, False, 1),
+        (1, None, True, 3),
+        (1, "skew", False, 4),
+        (2, None, False, 130),
+        (4, None, False, 2),
+        (5, None, False, 1),
+    ],
+)
+def test_pytest_exit_status_maps_to_ours(
+    pytest_code: int, refused: str | None, unreachable: bool, ours: int
+) -> None:
+    record = type("R", (), {"refused": refused, "unreachable": unreachable})()
+    assert pytest_exit_to_ours(pytest_code, record) == ours  # type: ignore[arg-type]
+
+
+# ---- `cvs run TEST` usage errors: exit 2, one line, nothing run ------------------------
+
+
+def _files(tmp_path: Path, key_file: Path, **overrides: Any) -> tuple[Path, Path]:
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(json.dumps(cvs_keys(key_file, **overrides)))
+    config = tmp_path / "config.json"
+    config.write_text("{}")
+    return cluster, config
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = cvs_main(["run", *argv])
+    return code, capsys.readouterr().err
+
+
+def test_cvs_run_needs_both_files(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, err = _run(capsys, "rvs_cvs", "--cluster_file", str(tmp_path / "c.json"))
+    assert code == 2
+    assert "needs both --cluster_file and --config_file" in err
+
+
+def test_cvs_run_bad_json_names_file_and_position(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    bad = tmp_path / "c.json"
+    bad.write_text('{"node_dict": {,}}')
+    code, err = _run(capsys, "rvs_cvs", "--cluster_file", str(bad), "--config_file", str(bad))
+    assert code == 2
+    assert err.count("\n") == 1 and f"{bad}:1:16: not valid JSON" in err
+
+
+def test_cvs_run_unknown_test_names_where_it_looked(
+    standin: None, capsys: pytest.CaptureFixture[str], tmp_path: Path, key_file: Path
+) -> None:
+    cluster, config = _files(tmp_path, key_file)
+    code, err = _run(capsys, "nope", "--cluster_file", str(cluster), "--config_file", str(config))
+    assert code == 2
+    assert "no CVS test module nope.py under" in err and str(STANDIN) in err
+
+
+def test_cvs_run_html_without_pytest_html_says_what_to_install(
+    standin: None, capsys: pytest.CaptureFixture[str], tmp_path: Path, key_file: Path
+) -> None:
+    if importlib.util.find_spec("pytest_html") is not None:
+        pytest.skip("pytest-html is installed here")
+    cluster, config = _files(tmp_path, key_file)
+    code, err = _run(
+        capsys,
+        "compat_checks",
+        "--cluster_file",
+        str(cluster),
+        "--config_file",
+        str(config),
+        "--html",
+        str(tmp_path / "r.html"),
+    )
+    assert code == 2 and "pip install pytest-html" in err
+
+
+def test_yaml_suite_run_refuses_cvs_only_options(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _run(capsys, "test_demo", "extra_function")
+    assert code == 2 and "are for CVS tests" in err
+
+
+# ---- on the sandbox: CVS-shaped suites, two `cvs run` invocations ---------------------
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("CVS_CLUSTER", "CVS_ENGINE")}
+    return {**env, "PYTHONPATH": f"{REPO}{os.pathsep}{STANDIN}", "CI": "1"}
+
+
+def _cvs(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def cvs_cluster_json(
+    sb: Sandbox, directory: Path, name: str, *, nodes: list[str], backend: str = "container"
+) -> Path:
+    """A CVS cluster JSON for sandbox nodes (addresses as node_dict keys, as CVS has them)."""
+    doc: dict[str, Any] = {
+        "_comment": "CVS cluster file; ssh/state_dir are cvs-orchestrator's own sections",
+        "orchestrator": backend,
+        "username": "cvs",
+        "priv_key_file": str(sb.key_file),
+        "node_dict": {n: {"bmc_ip": "NA", "vpc_ip": n} for n in nodes},
+        "name": f"compat-{name}",
+        "state_dir": str(directory / "state"),
+        "ssh": {"known_hosts": str(sb.known_hosts), "use_ssh_config": False},
+        "container": {
+            "image": SSHD_TAG,
+            "name": name,
+            "lifetime": "persistent",
+            # CVS's own engine would read these; ours follows `lifetime`.
+            "enabled": True,
+            "launch": True,
+            "runtime": {"name": "docker", "args": {"privileged": False}},
+        },
+    }
+    path = directory / f"{name}.json"
+    path.write_text(json.dumps(doc, indent=2))
+    return path
+
+
+class CvsRuns:
+    def __init__(self, directory: Path, cluster: Path, config: Path, token: str) -> None:
+        self.directory, self.cluster, self.config, self.token = directory, cluster, config, token
+        self.procs: dict[str, subprocess.CompletedProcess[str]] = {}
+
+    def run(self, key: str, test: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        proc = _cvs(
+            "run", test, *extra,
+            "--cluster_file", str(self.cluster),
+            "--config_file", str(self.config),
+            "--run-dir", str(self.directory / key),
+            cwd=self.directory,
+        )  # fmt: skip
+        self.procs[key] = proc
+        return proc
+
+    def results(self, key: str) -> dict[str, Any]:
+        return json.loads((self.directory / key / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def cvs_runs(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CvsRuns]:
+    """compat_install, then compat_checks in a second process, on persistent containers."""
+    directory = tmp_path_factory.mktemp("cvs-compat")
+    nodes = [h.address for h in sandbox.nodes[:3]]
+    cluster = cvs_cluster_json(sandbox, directory, "cvs-compat", nodes=nodes)
+    token = uuid.uuid4().hex
+    config = directory / "compat_config.json"
+    config.write_text(json.dumps({"compat": {"token": token}}))
+    runs = CvsRuns(directory, cluster, config, token)
+    try:
+        runs.run("install", "compat_install")
+        runs.run("checks", "compat_checks")
+        yield runs
+    finally:
+        _cvs("down", "-c", str(cluster), "--force", cwd=directory)
+
+
+def test_install_run_cold_starts_and_passes(cvs_runs: CvsRuns) -> None:
+    proc = cvs_runs.procs["install"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 passed" in proc.stdout
+    doc = cvs_runs.results("install")
+    assert {e["action"] for e in doc["plan"].values()} == {"cold_start"}
+    assert doc["ok"] is True and doc["exit_code"] == 0
+    assert doc["cluster"]["lifetime"] == "persistent"
+
+
+def test_second_run_attaches_and_finds_the_install(cvs_runs: CvsRuns) -> None:
+    proc = cvs_runs.procs["checks"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "10 passed" in proc.stdout
+    doc = cvs_runs.results("checks")
+    assert {e["action"] for e in doc["plan"].values()} == {"attach"}
+
+
+def test_run_dir_records_each_call_as_for_cvs_run(cvs_runs: CvsRuns) -> None:
+    run_dir = cvs_runs.directory / "checks"
+    doc = cvs_runs.results("checks")
+    names = [s["name"] for s in doc["steps"]]
+    assert "0003-test_detailed_gives_output_and_exit_code-exec" in names
+    step = doc["steps"][names.index("0003-test_detailed_gives_output_and_exit_code-exec")]
+    assert {h["exit_code"] for h in step["hosts"].values()} == {3}
+    assert step["continue_on_failure"] is True  # the suite judges, not the record
+    log_dir = run_dir / "logs" / "0003-test_detailed_gives_output_and_exit_code-exec"
+    assert sorted(p.name for p in log_dir.iterdir()) == sorted(
+        f"{n}.log" for n in json.loads(cvs_runs.cluster.read_text())["node_dict"]
+    )
+    junit = (run_dir / "junit.xml").read_text()
+    assert junit.count("<testcase") == 10
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    kinds = {e["event"] for e in events}
+    assert {"CommandStarted", "CommandFinished", "Message"} <= kinds
+    printed = cvs_runs.procs["checks"].stdout
+    assert f"results:  {run_dir / 'results.json'}" in printed
+
+
+def test_foreign_container_of_the_same_name_is_refused_not_replaced(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    nodes = sandbox.nodes[:2]
+    name = "cvs-compat-foreign"
+    cluster = cvs_cluster_json(sandbox, tmp_path, name, nodes=[h.address for h in nodes])
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"compat": {"token": "x"}}))
+    started = []
+    try:
+        for h in nodes:  # the way CVS starts its containers: no cvs labels
+            argv = [*sandbox.docker_argv(h.name), "run", "-d", "--name", name, "--network", "host"]
+            subprocess.run(
+                [*argv, SSHD_TAG, "sleep", "infinity"], check=True, timeout=60, capture_output=True
+            )
+            started.append(h)
+        runs = CvsRuns(tmp_path, cluster, config, "x")
+        proc = runs.run("refused", "compat_checks")
+        assert proc.returncode == 4, proc.stdout + proc.stderr
+        doc = runs.results("refused")
+        assert doc["exit_code"] == 4 and doc["error"].startswith("refused:")
+        for h in nodes:
+            ps = subprocess.run(
+                [*sandbox.docker_argv(h.name), "inspect", "-f", "{{.State.Running}}", name],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert ps.stdout.strip() == "true", f"{h.name}: the foreign container must survive"
+    finally:
+        for h in started:
+            subprocess.run(
+                [*sandbox.docker_argv(h.name), "rm", "-f", name], capture_output=True, timeout=60
+            )
+
+
+def test_plain_pytest_with_engine_flag_reports_an_unreachable_host(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    alive = [h.address for h in sandbox.nodes[:2]]
+    # An address on the sandbox's own bridge that no host has.
+    dead = alive[0].rsplit(".", 1)[0] + ".250"
+    cluster = cvs_cluster_json(
+        sandbox, tmp_path, "unused", nodes=[*alive, dead], backend="baremetal"
+    )
+    doc = json.loads(cluster.read_text())
+    doc["ssh"].update(connect_timeout=3, connect_retries=0)
+    cluster.write_text(json.dumps(doc))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"compat": {"unreachable": dead}}))
+    test = STANDIN / "cvs" / "tests" / "compat" / "compat_unreachable.py"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", str(test), "--engine", "cvs-orchestrator",
+         "--cluster_file", str(cluster), "--config_file", str(config),
+         f"--confcutdir={STANDIN}", "-p", "no:cacheprovider"],
+        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "3 passed" in proc.stdout

@@ -77,7 +77,7 @@ def cvs_keys(key_file: Path, **overrides: Any) -> dict[str, Any]:
         "priv_key_file": str(key_file),
         "password": None,
         "head_node_dict": {"mgmt_ip": "10.0.0.2"},
-        "container": {"image": "rocm/cvs:latest", "lifetime": "persistent"},
+        "container": {"image": "rocm/cvs:latest", "enabled": True, "launch": True},
     }
     return {**keys, **overrides}
 
@@ -210,7 +210,7 @@ def test_node_dict_as_a_list_of_mgmt_ips(key_file: Path) -> None:
         ({"orchestrator": "slurm"}, "'slurm' is not a backend"),
         ({"container": {}}, "container.image"),
         ({"username": None}, "username: required"),
-        ({"container": {"image": "x:1", "launch": True}}, "lifetime"),
+        ({"container": {"image": "x:1", "launch": True, "lifetime": "per_run"}}, "lifetime"),
     ],
 )
 def test_bad_cvs_config_is_one_line_naming_the_key(
@@ -222,10 +222,10 @@ def test_bad_cvs_config_is_one_line_naming_the_key(
     assert "hunter2" not in str(err.value)
 
 
-def test_cvs_enabled_and_launch_are_left_to_cvs_when_lifetime_is_set(key_file: Path) -> None:
-    container = {"image": "x:1", "enabled": True, "launch": True, "lifetime": "no_launch"}
+def test_cvs_enabled_and_launch_mean_what_they_mean_under_cvs(key_file: Path) -> None:
+    container = {"image": "x:1", "enabled": True, "launch": True}
     cluster = cluster_from_cvs(cvs_keys(key_file, container=container))
-    assert cluster.container is not None and cluster.container.lifetime == "no_launch"
+    assert cluster.container is not None and cluster.container.lifetime == "persistent"
 
 
 def test_test_config_overrides_cluster_keys_and_our_sections_come_along(
@@ -242,8 +242,13 @@ def test_test_config_overrides_cluster_keys_and_our_sections_come_along(
         )
     )
     config_file = tmp_path / "config.json"
-    config_file.write_text(json.dumps({"container": {"image": "other:2"}, "rvs": {"path": "/x"}}))
-    assert keys_from_files(str(cluster_file), str(config_file))["container"] == {"image": "other:2"}
+    config_file.write_text(
+        json.dumps({"container": {"image": "other:2", "enabled": True}, "rvs": {"path": "/x"}})
+    )
+    assert keys_from_files(str(cluster_file), str(config_file))["container"] == {
+        "image": "other:2",
+        "enabled": True,
+    }
     cluster = cluster_from_files(str(cluster_file), str(config_file))
     assert cluster.name == "mi300"
     assert cluster.ssh.connect_timeout == 3
@@ -430,11 +435,14 @@ def cvs_cluster_json(
         "container": {
             "image": SSHD_TAG,
             "name": name,
-            "lifetime": "persistent",
-            # CVS's own engine would read these; ours follows `lifetime`.
+            # CVS's switches: started if absent and kept between runs (persistent).
             "enabled": True,
             "launch": True,
-            "runtime": {"name": "docker", "args": {"privileged": False}},
+            # Over CVS's defaults: this machine refuses --privileged and memlock above 8 MiB.
+            "runtime": {
+                "name": "docker",
+                "args": {"privileged": False, "ulimit": ["memlock=8388608"]},
+            },
         },
     }
     path = directory / f"{name}.json"

@@ -131,6 +131,8 @@ class CvsOrchestrator:
         self._up_ok: bool | None = None
         if record is not None:
             record.set_cluster(self.cluster_config)
+        for note in self.cluster_config.cvs_notes:
+            self.log.info(f"cvs-orchestrator: {note}")
 
     # ---- connections: opened on first use, for the orchestrator's life ------------
 

@@ -24,6 +24,8 @@ _EXPORTS: dict[str, str] = {
     "Cluster": "orchestrator.api",
     "HostStatus": "orchestrator.containers.status",
     "HostSelectionError": "orchestrator.api",
+    "UpFailed": "orchestrator.api",
+    "ExecFailed": "orchestrator.api",
     "select_hosts": "orchestrator.api",
     "SyncCluster": "orchestrator.sync",
     "ExitCode": "orchestrator.errors",
@@ -51,6 +53,7 @@ __all__ = [
     "ConfigError",
     "CvsError",
     "EventSink",
+    "ExecFailed",
     "ExitCode",
     "HostAction",
     "HostResult",
@@ -62,6 +65,7 @@ __all__ = [
     "Plan",
     "PolicyRefused",
     "SyncCluster",
+    "UpFailed",
     "UpReport",
     "UsageError",
     "__version__",
@@ -72,7 +76,13 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from orchestrator.api import Cluster, HostSelectionError, select_hosts
+    from orchestrator.api import (
+        Cluster,
+        ExecFailed,
+        HostSelectionError,
+        UpFailed,
+        select_hosts,
+    )
     from orchestrator.config import ClusterConfig, ConfigError, load_cluster, parse_cluster
     from orchestrator.containers.lifecycle import UpReport
     from orchestrator.containers.plan import HostAction, Plan

@@ -20,10 +20,10 @@ from orchestrator.config.hostlist import SelectionError, abbreviate_hosts
 from orchestrator.config.hostlist import select_hosts as _select
 from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command
 from orchestrator.containers.status import HostStatus, host_status
-from orchestrator.errors import UsageError
+from orchestrator.errors import CvsError, UsageError
 from orchestrator.events import EventSink, NullSink
 from orchestrator.limits.resources import EffectiveResources
-from orchestrator.results import HostResult
+from orchestrator.results import HostResult, exit_code_for
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.transport import SSHPool
 
@@ -50,6 +50,47 @@ def select_hosts(cluster: ClusterConfig, pattern: str | None) -> list[str]:
         raise HostSelectionError(
             f"--hosts {pattern!r}: {exc} (hosts: {abbreviate_hosts(names)})"
         ) from None
+
+
+class UpFailed(CvsError):
+    """`up` finished but some host did not reach the ready state.
+
+    Carries the full `UpReport` (`.report`); the message names each failed
+    host and the step it failed at. Its exit code is the report's (1, or 3
+    when a host was unreachable).
+    """
+
+    def __init__(self, report: UpReport) -> None:
+        self.report = report
+        self.exit_code = report.exit_code
+        failed = {h: o for h, o in report.outcomes.items() if not o.ok}
+        reasons = "; ".join(
+            f"{h}: {(o.error or 'failed').splitlines()[0]}" for h, o in failed.items()
+        )
+        super().__init__(
+            f"up failed on {len(failed)} of {len(report.outcomes)} hosts ({reasons}); "
+            "the report is on this error's `.report`"
+        )
+
+
+class ExecFailed(CvsError):
+    """`exec(..., raise_on_failure=True)` and the command did not succeed on every host.
+
+    `.results` holds every host's `HostResult`; the exit code is what
+    `exit_code_for` says for them (1 failed, 3 unreachable).
+    """
+
+    def __init__(self, results: dict[str, HostResult]) -> None:
+        self.results = results
+        self.exit_code = exit_code_for(list(results.values()))
+        failed = {h: r for h, r in results.items() if not r.ok}
+        reasons = "; ".join(
+            f"{h}: {r.status}"
+            + (f" (exit {r.exit_code})" if r.exit_code not in (None, 0) else "")
+            + (f": {r.error.splitlines()[0]}" if r.error else "")
+            for h, r in failed.items()
+        )
+        super().__init__(f"command failed on {len(failed)} of {len(results)} hosts: {reasons}")
 
 
 class Cluster:
@@ -91,13 +132,20 @@ class Cluster:
         lc = self._lifecycle()
         return lc.decide(await lc.probe_all(), force=force, reprovision=reprovision)
 
-    async def up(self, *, force: bool = False, reprovision: bool = False) -> UpReport:
+    async def up(
+        self, *, force: bool = False, reprovision: bool = False, check: bool = True
+    ) -> UpReport:
         """Bring containers to the state the lifetime policy asks for.
 
         Raises `PolicyRefused` (nothing changed on any host) when the policy
-        or image identity forbids it.
+        or image identity forbids it, and `UpFailed` (carrying the report)
+        when some host did not end ready, unless `check=False`: then the
+        report comes back either way and the caller inspects `report.ok`.
         """
-        return await self._lifecycle().up(force=force, reprovision=reprovision)
+        report = await self._lifecycle().up(force=force, reprovision=reprovision)
+        if check and not report.ok:
+            raise UpFailed(report)
+        return report
 
     async def down(self, *, force: bool = False) -> tuple[Plan, dict[str, HostResult]]:
         """Remove containers per the lifetime (`force` removes persistent ones too)."""
@@ -138,6 +186,7 @@ class Cluster:
         env: dict[str, str] | None = None,
         user: str | None = None,
         workdir: str | None = None,
+        raise_on_failure: bool = False,
     ) -> dict[str, HostResult]:
         """Run a command on every selected host: inside the container when the
         cluster has a container block (and `host_os` is not set), else on the
@@ -145,7 +194,36 @@ class Cluster:
 
         In the container it runs as `user` (default `container.user`, else the
         image's USER) in `workdir` (default: the image's WORKDIR); on the host
-        both are refused (the login user runs it in its home)."""
+        both are refused (the login user runs it in its home).
+
+        Results are per host and never raise for a host's failure, unless
+        `raise_on_failure=True`: then `ExecFailed` (carrying every result)
+        is raised when any host did not succeed.
+        """
+        results = await self._exec(
+            command,
+            hosts=hosts,
+            timeout=timeout,
+            host_os=host_os,
+            env=env,
+            user=user,
+            workdir=workdir,
+        )
+        if raise_on_failure and not all(r.ok for r in results.values()):
+            raise ExecFailed(results)
+        return results
+
+    async def _exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        hosts: Sequence[str] | None,
+        timeout: float | None,
+        host_os: bool,
+        env: dict[str, str] | None,
+        user: str | None,
+        workdir: str | None,
+    ) -> dict[str, HostResult]:
         selected = list(hosts or self.hosts)
         on_host = host_os or self.config.container is None
         if on_host and (user is not None or workdir is not None):

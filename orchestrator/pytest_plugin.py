@@ -18,7 +18,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from orchestrator.api import UpFailed
 from orchestrator.compat import pytest_engine
+from orchestrator.errors import PolicyRefused
 from orchestrator.events import Event, Message
 from orchestrator.sync import SyncCluster
 
@@ -64,8 +66,23 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[SyncCluster]:
     if not path:
         pytest.skip("no cluster: pass --cluster-file FILE or set CVS_CLUSTER")
     with SyncCluster.open(path, sink=_WarningsSink()) as fleet:
-        fleet.up()
+        try:
+            fleet.up()
+        except (UpFailed, PolicyRefused) as exc:
+            # Every test that uses the fleet fails with the per-host reasons
+            # (pytest caches this for the session: `up` is tried once).
+            pytest.fail(_up_failure_text(exc), pytrace=False)
         try:
             yield fleet
         finally:
             fleet.down()
+
+
+def _up_failure_text(exc: UpFailed | PolicyRefused) -> str:
+    if isinstance(exc, PolicyRefused):
+        return "cvs: up refused, nothing changed:\n" + "\n".join(f"  {r}" for r in exc.reasons)
+    lines = [f"cvs: up failed (exit {int(exc.exit_code)}):"]
+    for host, outcome in exc.report.outcomes.items():
+        if not outcome.ok:
+            lines.append(f"  {host}: {outcome.action.kind} failed at {outcome.error}")
+    return "\n".join(lines)

@@ -57,9 +57,12 @@ class SyncCluster:
         """What `up` would do on each host (nothing is changed, nothing locked)."""
         return self._portal.call(lambda: self._cluster.plan(force=force, reprovision=reprovision))
 
-    def up(self, *, force: bool = False, reprovision: bool = False) -> UpReport:
-        """Bring containers to the state the lifetime policy asks for (see `Cluster.up`)."""
-        return self._portal.call(lambda: self._cluster.up(force=force, reprovision=reprovision))
+    def up(self, *, force: bool = False, reprovision: bool = False, check: bool = True) -> UpReport:
+        """Bring containers to the state the lifetime policy asks for (see `Cluster.up`:
+        raises `UpFailed` when a host did not end ready, unless `check=False`)."""
+        return self._portal.call(
+            lambda: self._cluster.up(force=force, reprovision=reprovision, check=check)
+        )
 
     def down(self, *, force: bool = False) -> tuple[Plan, dict[str, HostResult]]:
         """Remove containers per the lifetime (`force` removes persistent ones too)."""
@@ -79,8 +82,10 @@ class SyncCluster:
         env: dict[str, str] | None = None,
         user: str | None = None,
         workdir: str | None = None,
+        raise_on_failure: bool = False,
     ) -> dict[str, HostResult]:
-        """Run a command on every selected host (see `Cluster.exec`)."""
+        """Run a command on every selected host (see `Cluster.exec`; `raise_on_failure`
+        raises `ExecFailed` when any host did not succeed)."""
         return self._portal.call(
             lambda: self._cluster.exec(
                 command,
@@ -90,5 +95,6 @@ class SyncCluster:
                 env=env,
                 user=user,
                 workdir=workdir,
+                raise_on_failure=raise_on_failure,
             )
         )

@@ -8,6 +8,7 @@ rotated) and restores it before it ends, also on failure. The session
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -17,11 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 import yaml
 from conftest import _built
 
+from orchestrator.api import Cluster, ExecFailed, UpFailed
+from orchestrator.errors import CvsError
 from orchestrator.sandbox import SSHD_TAG, Sandbox
+from orchestrator.sync import SyncCluster
 
 CVS = [sys.executable, "-m", "orchestrator"]
 THREE = ["node1", "node2", "node3"]
@@ -170,3 +175,98 @@ def test_no_launch_names_the_exited_host_and_starts_nothing(lab: Lab, breakable:
     assert up.returncode == 4, explain(up)
     assert "exited on node3" in up.stderr, up.stderr
     assert status_of(breakable, "node3", lab.name)[1] == "exited"  # type: ignore[index]
+
+
+# --- issue 10.3: failure is loud in the API -------------------------------------
+
+LISTENER = """
+import socket, sys, time
+port = int(sys.argv[1])
+try:  # dual stack: holds the port for IPv4 and IPv6 alike
+    s = socket.socket(socket.AF_INET6)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    s.bind(("::", port))
+except OSError:
+    s = socket.socket()
+    s.bind(("0.0.0.0", port))
+s.listen()
+print("listening", flush=True)
+time.sleep(600)
+"""
+
+
+@contextlib.contextmanager
+def port_taken(sb: Sandbox, host: str, port: int) -> Iterator[None]:
+    """Something else listens on `port` in that host's network namespace."""
+    netns = sb.host(host).netns
+    proc = subprocess.Popen(
+        ["nsenter", f"--net=/var/run/netns/{netns}", sys.executable, "-c", LISTENER, str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "listening"
+        yield
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_up_raises_up_failed_with_per_host_reasons_when_sshd_cannot_bind(
+    lab: Lab, breakable: Sandbox, tmp_path: Path
+) -> None:
+    path = lab.cluster(lifetime="per_run", sshd_port=2442)
+
+    async def up(check: bool) -> Any:
+        async with Cluster.open(path) as cluster:
+            return await cluster.up(check=check)
+
+    with port_taken(breakable, "node2", 2442):
+        with pytest.raises(UpFailed) as info:
+            anyio.run(up, True)
+        report = anyio.run(up, False)  # check=False: the report comes back instead
+
+    error = info.value
+    assert error.exit_code == 1 and isinstance(error, CvsError)
+    assert not error.report.ok and error.report.outcomes["node2"].error.startswith("sshd")
+    assert "up failed on 1 of 3 hosts (node2: sshd" in str(error), str(error)
+    assert "\n" not in str(error)
+    assert not report.ok and not report.outcomes["node2"].ok
+    # per_run rolled the partial start back: nothing is left running.
+    assert all(status_of(breakable, h, lab.name) is None for h in THREE)
+
+    # The pytest plugin's `cluster` fixture fails the session with the reasons.
+    (tmp_path / "test_uses_cluster.py").write_text(
+        "def test_one(cluster):\n    pass\n\ndef test_two(cluster):\n    pass\n"
+    )
+    with port_taken(breakable, "node2", 2442):
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+             "--cluster-file", str(path), str(tmp_path / "test_uses_cluster.py")],
+            capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False,
+        )  # fmt: skip
+    assert proc.returncode == 1, explain(proc)
+    assert "cvs: up failed (exit 1):" in proc.stdout, explain(proc)
+    assert "node2: cold_start failed at sshd" in proc.stdout, explain(proc)
+    assert "2 errors" in proc.stdout, explain(proc)
+    assert "Traceback" not in proc.stdout
+
+
+def test_exec_raise_on_failure_raises_exec_failed_naming_hosts(
+    lab: Lab, breakable: Sandbox
+) -> None:
+    path = lab.cluster(lifetime="per_run")
+    assert cvs(path, "up").returncode == 0
+
+    def run() -> tuple[dict[str, Any], ExecFailed]:
+        with SyncCluster.open(path) as cluster:
+            results = cluster.exec('[ "$(hostname)" != node3 ]')
+            with pytest.raises(ExecFailed) as info:
+                cluster.exec('[ "$(hostname)" != node3 ]', raise_on_failure=True)
+            cluster.exec("true", raise_on_failure=True)  # all ok: no error
+            return results, info.value
+
+    results, error = run()
+    assert [h for h, r in results.items() if not r.ok] == ["node3"]  # default: per host
+    assert error.exit_code == 1 and set(error.results) == set(THREE)
+    assert "command failed on 1 of 3 hosts: node3: failed (exit 1)" in str(error)

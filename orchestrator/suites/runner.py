@@ -262,7 +262,7 @@ async def run_suite(
             try:
                 if managed:
                     up_entered = True
-                    report = await fleet.up(force=force)
+                    report = await fleet.up(force=force, check=False)
                     outcome.plan = plan_rows(report)
                     outcome.warnings.extend(getattr(report.plan, "warnings", []))
                     failure = up_failure(report)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import re
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING
 
 from rich.console import Console
@@ -13,6 +12,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.config.hostlist import compress_hostlist as compress_hosts
 from orchestrator.events import (
     CommandFinished,
     CommandStarted,
@@ -28,46 +28,6 @@ from orchestrator.results import HostResult
 
 if TYPE_CHECKING:
     from orchestrator.containers.status import HostStatus
-
-_TRAILING_NUMBER = re.compile(r"^(.*?)(\d+)$")
-
-
-def compress_hosts(hosts: Iterable[str]) -> str:
-    """`node1,node2,node3,gpu07` -> `node[1-3],gpu07` (the inverse of a hostlist)."""
-    groups: dict[tuple[str, int], list[int]] = {}
-    order: list[tuple[str, int] | str] = []
-    for h in hosts:
-        m = _TRAILING_NUMBER.match(h)
-        if not m:
-            order.append(h)
-            continue
-        key = (m.group(1), len(m.group(2)) if m.group(2).startswith("0") else 0)
-        if key not in groups:
-            groups[key] = []
-            order.append(key)
-        groups[key].append(int(m.group(2)))
-    parts: list[str] = []
-    for item in order:
-        if isinstance(item, str):
-            parts.append(item)
-            continue
-        prefix, width = item
-        nums = sorted(set(groups[item]))
-        if len(nums) == 1:
-            parts.append(f"{prefix}{str(nums[0]).zfill(width)}")
-            continue
-        ranges: list[str] = []
-        lo = prev = nums[0]
-        for n in [*nums[1:], None]:
-            if n is not None and n == prev + 1:
-                prev = n
-                continue
-            a, b = str(lo).zfill(width), str(prev).zfill(width)
-            ranges.append(a if lo == prev else f"{a}-{b}")
-            if n is not None:
-                lo = prev = n
-        parts.append(f"{prefix}[{','.join(ranges)}]")
-    return ",".join(parts)
 
 
 def group_results(results: Mapping[str, HostResult]) -> list[tuple[list[str], HostResult]]:

@@ -22,6 +22,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from browser import browser_skip_reason, open_page
 
 from orchestrator.sandbox import DOCKER_USER, Sandbox
 
@@ -169,6 +170,23 @@ def test_run_dir_has_events_logs_and_printed_paths(demo: DemoRuns) -> None:
         assert log.startswith("cvs-demo ok ")
     for name in ("events.jsonl", "results.json", "junit.xml"):
         assert str(run_dir / name) in demo.procs["after"].stdout
+
+
+@pytest.mark.skipif(browser_skip_reason() is not None, reason=str(browser_skip_reason()))
+def test_report_html_of_a_failed_run_shows_the_failing_cells_in_chromium(demo: DemoRuns) -> None:
+    report = demo.dir("before") / "report.html"
+    assert str(report) in demo.procs["before"].stdout
+    with open_page(report) as visit:
+        cells = visit.page.locator('td[data-step="installed"][data-status="failed"]')
+        assert cells.count() == len(NODES)
+        assert "failed" in cells.first.inner_text()
+        details = visit.page.locator("details#out-installed-node1")
+        assert details.get_attribute("open") is not None
+        assert "run 'cvs run install_demo' first" in details.inner_text()
+        image = visit.page.locator("dl.facts").inner_text()
+        assert "sha256:" in image
+    assert visit.console_errors == [] and visit.page_errors == []
+    assert visit.requests == [report.resolve().as_uri()]
 
 
 def test_step_timeout_is_recorded_and_stops_the_remote_command(

@@ -8,6 +8,7 @@ become messages and exit codes in one place: `main` (codes: errors.ExitCode).
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -19,6 +20,7 @@ __all__ = ["build_parser", "main"]
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `cvs` with `argv` (default: sys.argv[1:]); returns the exit code."""
     args = build_parser().parse_args(argv)
+    _apply_color(getattr(args, "color", None))
     from orchestrator.errors import CvsError, ExitCode, PolicyRefused
 
     module_name, _, func_name = args.func.partition(":")
@@ -35,3 +37,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CvsError as exc:
         sys.stderr.write(f"cvs: {exc}\n")
         return exc.exit_code
+
+
+def _apply_color(choice: str | None) -> None:
+    """--color never is NO_COLOR (https://no-color.org), which rich and our sinks honour;
+    --color always is rich's FORCE_COLOR. auto leaves the environment as it is."""
+    if choice == "never":
+        os.environ["NO_COLOR"] = "1"
+        os.environ.pop("FORCE_COLOR", None)
+    elif choice == "always":
+        os.environ.pop("NO_COLOR", None)
+        os.environ["FORCE_COLOR"] = "1"

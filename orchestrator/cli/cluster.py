@@ -9,6 +9,7 @@ import sys
 import anyio
 
 from orchestrator.cli.common import (
+    chosen_hosts,
     cluster_path,
     load,
     make_sink,
@@ -48,7 +49,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    from orchestrator.api import Cluster, select_hosts
+    from orchestrator.api import Cluster
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -57,7 +58,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
         raise UsageError("cvs exec: no command given (usage: cvs exec [options] -- CMD ...)")
     env = _env_args(args.env)
     cluster_cfg = load(args)
-    hosts = select_hosts(cluster_cfg, args.hosts)
+    hosts = chosen_hosts(cluster_cfg, args)
     # One argument is taken as shell text (`cvs exec -- 'a | b'`), several as argv.
     remote: str | list[str] = command[0] if len(command) == 1 else command
     sink = make_sink(args, output=not args.group)

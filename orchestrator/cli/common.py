@@ -33,9 +33,37 @@ def cluster_path(args: argparse.Namespace) -> Path:
 
 
 def load(args: argparse.Namespace, **kwargs: Any) -> Any:
+    """The cluster file, with the command line's --hosts-from and --forks/--limit applied."""
     from orchestrator.config import load_cluster
 
-    return load_cluster(cluster_path(args), **kwargs)
+    hosts_from = getattr(args, "hosts_from", None)
+    cluster = load_cluster(cluster_path(args), hosts_from=hosts_from, **kwargs)
+    forks = getattr(args, "forks", None)
+    if forks:
+        concurrency = cluster.concurrency.model_copy(update={"hosts": forks})
+        cluster = cluster.model_copy(update={"concurrency": concurrency})
+    return cluster
+
+
+def chosen_hosts(cluster: Any, args: argparse.Namespace) -> list[str]:
+    """--hosts minus -x/--exclude, in cluster order; UsageError when nothing is left."""
+    from orchestrator.api import select_hosts
+
+    hosts = select_hosts(cluster, getattr(args, "hosts", None))
+    exclude = getattr(args, "exclude", None)
+    if not exclude:
+        return hosts
+    # Like pdsh -x: a pattern that matches nothing excludes nothing.
+    dropped: set[str] = set()
+    for part in exclude.split(","):
+        try:
+            dropped.update(select_hosts(cluster, part))
+        except UsageError:
+            continue
+    left = [h for h in hosts if h not in dropped]
+    if not left:
+        raise UsageError(f"--exclude {exclude!r} leaves no host (selected: {len(hosts)})")
+    return left
 
 
 def make_sink(args: argparse.Namespace, *, output: bool = True) -> EventSink:

@@ -120,7 +120,50 @@ def _common_options(*, subcommand: bool) -> argparse.ArgumentParser:
     common.add_argument(
         "-v", "--verbose", action="store_true", help="more progress detail", **unset
     )
+    common.add_argument(
+        "--hosts-from",
+        choices=["slurm"],
+        metavar="SOURCE",
+        help="take the hosts from SOURCE instead of the file: slurm (SLURM_JOB_NODELIST)",
+        **unset,
+    )
+    common.add_argument(
+        "--forks",
+        "--limit",
+        dest="forks",
+        type=_positive_int,
+        metavar="N",
+        help="work on at most N hosts at once (the cluster's concurrency.hosts)",
+        **unset,
+    )
+    common.add_argument(
+        "--color",
+        choices=["auto", "always", "never"],
+        help="colours: auto (default: on a terminal, unless NO_COLOR is set), always, never",
+        **unset,
+    )
     return common
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_host_selection(p: argparse.ArgumentParser) -> None:
+    """--hosts and -x/--exclude, the same on every command that picks hosts."""
+    p.add_argument("--hosts", metavar="PATTERN", help="names, globs or hostlists, comma-separated")
+    p.add_argument(
+        "-x",
+        "--exclude",
+        metavar="PATTERN",
+        help="leave out these hosts (names, globs or hostlists, comma-separated)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -142,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="check a cluster file and print it normalized",
         description="Load the cluster file, expand hostlists, fill defaults, print the result. "
         "Exit 2 with one line naming the file and key on any problem.",
+        epilog="example: cvs validate -c cluster.yaml --no-check-files",
     )
     p.add_argument(
         "--no-check-files",
@@ -159,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--host-os runs it on the host itself. One argument is shell text; several are argv.",
         epilog="example: cvs exec --hosts 'node[1-2]' --timeout 30 -- nvidia-smi -L",
     )
-    p.add_argument("--hosts", metavar="PATTERN", help="names, globs or hostlists, comma-separated")
+    add_host_selection(p)
     p.add_argument(
         "--timeout", type=positive_seconds, metavar="S", help="per-host timeout in seconds"
     )
@@ -184,8 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func="cluster:cmd_exec")
 
     lifecycle_epilog = (
-        "lifetimes: no_launch (use running containers, never start any), per_run (fresh each "
-        "run, removed by down), persistent (kept between runs; a partial set is refused)"
+        "lifetimes: no_launch (use running containers, never start any),\n"
+        "           per_run (fresh each run, removed by down),\n"
+        "           persistent (kept between runs; a partial set is refused)"
     )
     p = sub.add_parser(
         "plan",
@@ -193,7 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="show what `up` would do on each host (dry run)",
         description="Probe every host (one round trip each) and print the action `up` would take "
         "and why. Changes nothing. Exit 4 when `up` would be refused.",
-        epilog=lifecycle_epilog,
+        epilog=f"{lifecycle_epilog}\n\nexample: cvs -c cluster.yaml plan --force",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--force", action="store_true", help="plan as `up --force` would")
     p.add_argument("--reprovision", action="store_true", help="plan as `up --reprovision` would")
@@ -207,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
         "independently: pull/load, run, provision (setup script), start the in-container sshd. "
         "Exit 4 (nothing changed) when refused: partial persistent set, image skew, unreadable "
         "image, unknown host state.",
-        epilog=lifecycle_epilog,
+        epilog=f"{lifecycle_epilog}\n\nexample: cvs -c cluster.yaml up --reprovision",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--force",
@@ -224,7 +271,18 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="table of hosts: container, image, sshd, provisioning, drift",
         description="Probe every host and show reachability, docker access, container state, "
-        "image and tag IDs (stale?), sshd, provisioning marker, effective limits and drift.",
+        "image and tag IDs (stale?), sshd, provisioning marker, effective limits and drift. "
+        "Exit 3 when a host is unreachable.",
+        epilog="example: cvs status -o wide          # also limits, provisioning and drift\n"
+        "         cvs status -o json | jq '.hosts[] | select(.state != \"running\")'",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=["table", "wide", "json", "yaml"],
+        default=None,
+        help="table (default), wide (every column), json or yaml",
     )
     p.set_defaults(func="cluster:cmd_status")
 
@@ -234,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="remove containers per the lifetime (persistent: only with --force)",
         description="per_run: remove our containers. persistent: keep them (--force removes). "
         "no_launch: nothing. A same-named container cvs did not create is kept unless --force.",
+        epilog="example: cvs -c cluster.yaml down --force   # also removes persistent containers",
     )
     p.add_argument("--force", action="store_true", help="also remove persistent/foreign ones")
     p.set_defaults(func="cluster:cmd_down")
@@ -246,9 +305,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="a local multi-host cluster on this machine (root)",
         description="Build or remove a sandbox cluster: N network namespaces on a private bridge, "
         "each with its own sshd and dockerd, and a cluster.yaml to drive them.",
+        epilog="example: cvs sandbox up --hosts 3 --dir /tmp/cvs-sandbox",
     )
     sandbox_sub = p.add_subparsers(dest="sandbox_command", metavar="up|down", required=True)
-    up = sandbox_sub.add_parser("up", parents=[common], help="build the sandbox")
+    up = sandbox_sub.add_parser(
+        "up",
+        parents=[common],
+        help="build the sandbox",
+        epilog="example: cvs sandbox up --hosts 3 --lifetime persistent",
+    )
     up.add_argument("--hosts", type=host_count, default=4, help="number of hosts (default 4)")
     up.add_argument("--dir", help=f"where it lives (default {DEFAULT_SANDBOX_DIR})")
     up.add_argument(
@@ -260,7 +325,97 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--egress", action="store_true", help="add a host whose containers reach Debian mirrors"
     )
-    down = sandbox_sub.add_parser("down", parents=[common], help="remove everything it made")
+    down = sandbox_sub.add_parser(
+        "down",
+        parents=[common],
+        help="remove everything it made",
+        epilog="example: cvs sandbox down --dir /tmp/cvs-sandbox",
+    )
     down.add_argument("--dir", help=f"where it lives (default {DEFAULT_SANDBOX_DIR})")
     p.set_defaults(func="sandbox:cmd_sandbox")
+
+    add_tools_parsers(sub, common)
     return parser
+
+
+# ---- cp, runs, shell, completion ------------------------------------------------
+
+
+def add_tools_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    """The everyday tools: files to every host, past runs, a shell, completion."""
+    raw = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser(
+        "cp",
+        parents=[common],
+        help="copy a file or directory to every host (or gather one from each)",
+        description="Copy SRC (a file or a directory) to DEST on every selected host, into the "
+        "container by default (--host-os: onto the host), streamed as tar over the open SSH "
+        "connection and checked by sha256. With --from-host, SRC is a path on each host and "
+        "DEST a local directory: each host's copy lands in DEST/<host>/.",
+        epilog="examples:\n"
+        "  cvs cp ./rccl-tests.tar.gz /opt/             # into every container\n"
+        "  cvs cp --host-os -x node3 ./fix.sh /tmp/fix.sh\n"
+        "  cvs cp --from-host /var/log/dmesg.txt ./collected   # ./collected/<host>/dmesg.txt",
+        formatter_class=raw,
+    )
+    add_host_selection(p)
+    p.add_argument("--host-os", action="store_true", help="copy onto the host, not the container")
+    p.add_argument(
+        "--from-host", action="store_true", help="gather SRC from every host into DEST/<host>/"
+    )
+    p.add_argument(
+        "--timeout", type=positive_seconds, metavar="S", help="per-host timeout in seconds"
+    )
+    p.add_argument("src", metavar="SRC")
+    p.add_argument("dest", metavar="DEST")
+    p.set_defaults(func="files:cmd_cp")
+
+    p = sub.add_parser(
+        "runs",
+        parents=[common],
+        help="list past suite runs (newest first), or show one",
+        description="Past runs under ./runs (or --dir): suite, start time, outcome, hosts ok / "
+        "failed, path. `cvs runs show RUN` prints one run's step x host table and failures.",
+        epilog="examples:\n"
+        "  cvs runs\n"
+        "  cvs runs show 20250101T120000Z-test_demo    # or: cvs runs show latest",
+        formatter_class=raw,
+    )
+    p.add_argument("--dir", default="runs", help="where the runs are (default ./runs)")
+    runs_sub = p.add_subparsers(dest="runs_command", metavar="show")
+    show = runs_sub.add_parser(
+        "show",
+        parents=[common],
+        help="print one run",
+        epilog="example: cvs runs show latest",
+    )
+    show.add_argument("run", metavar="RUN", help="run directory, its name under --dir, or latest")
+    show.add_argument(
+        "--dir", default=argparse.SUPPRESS, help="where the runs are (default ./runs)"
+    )
+    p.set_defaults(func="runs:cmd_runs")
+
+    p = sub.add_parser(
+        "shell",
+        parents=[common],
+        help="an interactive shell in one host's container",
+        description="Open an interactive shell (bash if the container has it, else sh) in HOST's "
+        "container over SSH, with the cluster's SSH settings and host-key policy. --host-os "
+        "opens it on the host instead.",
+        epilog="example: cvs -c cluster.yaml shell node1",
+    )
+    p.add_argument("host", metavar="HOST")
+    p.add_argument("--host-os", action="store_true", help="a shell on the host itself")
+    p.set_defaults(func="shell:cmd_shell")
+
+    p = sub.add_parser(
+        "completion",
+        help="print a shell completion script (bash or zsh)",
+        description="Print the completion script for SHELL on stdout.",
+        epilog="examples:\n"
+        "  source <(cvs completion bash)                    # this shell\n"
+        "  cvs completion zsh > ~/.zfunc/_cvs               # zsh: fpath+=(~/.zfunc)",
+        formatter_class=raw,
+    )
+    p.add_argument("shell", choices=["bash", "zsh"], metavar="SHELL", help="bash or zsh")
+    p.set_defaults(func="completion:cmd_completion")

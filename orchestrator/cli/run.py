@@ -20,13 +20,10 @@ import anyio
 from orchestrator.cli.common import cluster_path, load, make_sink
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.events import TeeSink
-from orchestrator.render import compress_hosts
 from orchestrator.suites.model import SHIPPED_PACKAGE, find_suite, list_suites, load_suite
 from orchestrator.suites.records import RunOutcome, RunRecorder, default_run_dir, results_document
+from orchestrator.suites.report import failure_report, plain_table, summary_rows, verdict
 from orchestrator.suites.runner import new_outcome, resolve_step_hosts, run_suite
-
-# Above this many hosts a step's row names hosts per status instead of one column per host.
-WIDE_TABLE_HOSTS = 8
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -99,74 +96,11 @@ def _paths(recorder: RunRecorder) -> dict[str, str]:
         "logs": str(recorder.run_dir / "logs"),
         "results": str(recorder.results_path),
         "junit": str(recorder.junit_path),
+        "report": str(recorder.report_path),
     }
 
 
 # ---- the report at the end ----------------------------------------------------------
-
-
-def _cell(outcome: RunOutcome, step_index: int, host: str) -> str:
-    r = outcome.steps[step_index].results.get(host)
-    if r is None:
-        return "-"
-    if r.status == "failed" and r.exit_code not in (None, 0):
-        return f"FAILED (exit {r.exit_code})"
-    return r.status.upper() if r.status in ("failed", "timeout", "interrupted") else r.status
-
-
-def summary_rows(outcome: RunOutcome) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the step x host table; folded per status for wide fleets."""
-    hosts: list[str] = []
-    for s in outcome.steps:
-        hosts.extend(h for h in s.results if h not in hosts)
-    if len(hosts) <= WIDE_TABLE_HOSTS:
-        rows = [
-            [s.name] + [_cell(outcome, i, h) for h in hosts] for i, s in enumerate(outcome.steps)
-        ]
-        return ["step", *hosts], rows
-    rows = []
-    for s in outcome.steps:
-        by_status: dict[str, list[str]] = {}
-        for h, r in s.results.items():
-            by_status.setdefault(r.status, []).append(h)
-        text = "  ".join(f"{st}: {compress_hosts(hs)}" for st, hs in by_status.items())
-        rows.append([s.name, s.status, text])
-    return ["step", "status", "hosts"], rows
-
-
-def plain_table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-        for r in [header, *rows]
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def failure_report(outcome: RunOutcome, tail_lines: int = 10) -> str:
-    """Per failing host: the step, the status and reason, and the last lines of output."""
-    out: list[str] = []
-    for s in outcome.steps:
-        for h, r in s.results.items():
-            if r.ok or r.status in ("skipped", "interrupted"):
-                continue
-            out.append(f"{s.name} on {h}: {r.status}: {r.reason or r.status}")
-            tail = r.tail.splitlines()[-tail_lines:]
-            out.extend(f"    {line}" for line in tail)
-    return "\n".join(out) + ("\n" if out else "")
-
-
-def _verdict(outcome: RunOutcome) -> str:
-    finished = outcome.finished or outcome.started
-    seconds = (finished - outcome.started).total_seconds()
-    word = {
-        ExitCode.OK: "ok",
-        ExitCode.UNREACHABLE: "host unreachable",
-        ExitCode.REFUSED: "refused",
-        ExitCode.INTERRUPTED: "interrupted",
-    }.get(outcome.exit_code, "failed")
-    text = f"{outcome.suite}: {word} (exit {outcome.exit_code}) in {seconds:.1f}s"
-    return text + (f": {outcome.error}" if outcome.error and outcome.error != word else "")
 
 
 def print_report(outcome: RunOutcome, recorder: RunRecorder, out: IO[str]) -> None:
@@ -194,7 +128,7 @@ def print_report(outcome: RunOutcome, recorder: RunRecorder, out: IO[str]) -> No
         out.write(failures)
     for w in outcome.warnings:
         out.write(f"warning: {w}\n")
-    out.write(_verdict(outcome) + "\n")
+    out.write(verdict(outcome) + "\n")
     for label, path in _paths(recorder).items():
         out.write(f"{label + ':':9} {path}\n")
     out.flush()

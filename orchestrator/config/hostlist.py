@@ -189,3 +189,63 @@ def select_hosts(names: list[str], pattern: str | None, *, head: str | None = No
             raise SelectionError(f"{part!r}: {exc}") from None
         chosen.update(matched)
     return [n for n in names if n in chosen]
+
+
+# ---- the inverse: names -> a compact hostlist ----------------------------------
+
+_TRAILING_NUMBER = re.compile(r"^(.*?)(\d+)$")
+
+
+def compress_hostlist(hosts: Iterable[str]) -> str:
+    """`node1,node2,node3,gpu07` -> `node[1-3],gpu07`: the inverse of `expand_hostlist`.
+
+    Names are grouped by prefix and by the zero-padded width of their number
+    (`node01`..`node12` and `node14` -> `node[01-12,14]`), as clush and dshbak do.
+    """
+    groups: dict[tuple[str, int], list[int]] = {}
+    order: list[tuple[str, int] | str] = []
+    for h in hosts:
+        m = _TRAILING_NUMBER.match(h)
+        if not m:
+            order.append(h)
+            continue
+        digits = m.group(2)
+        # width 0: written without padding; padded numbers keep their width.
+        key = (m.group(1), len(digits) if digits.startswith("0") and len(digits) > 1 else 0)
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(int(digits))
+    # An unpadded number as wide as a padded group belongs to it: node09 + node10.
+    for prefix, _ in [k for k in groups if k[1] == 0]:
+        natural = groups[(prefix, 0)]
+        for n in list(natural):
+            padded = (prefix, len(str(n)))
+            if padded in groups:
+                groups[padded].append(n)
+                natural.remove(n)
+        if not natural:
+            del groups[(prefix, 0)]
+            order.remove((prefix, 0))
+    parts: list[str] = []
+    for item in order:
+        if isinstance(item, str):
+            parts.append(item)
+            continue
+        prefix, width = item
+        nums = sorted(set(groups[item]))
+        if len(nums) == 1:
+            parts.append(f"{prefix}{str(nums[0]).zfill(width)}")
+            continue
+        ranges: list[str] = []
+        lo = prev = nums[0]
+        for n in [*nums[1:], None]:
+            if n is not None and n == prev + 1:
+                prev = n
+                continue
+            a, b = str(lo).zfill(width), str(prev).zfill(width)
+            ranges.append(a if lo == prev else f"{a}-{b}")
+            if n is not None:
+                lo = prev = n
+        parts.append(f"{prefix}[{','.join(ranges)}]")
+    return ",".join(parts)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.resources
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from orchestrator.config.documents import (
 from orchestrator.config.gpu_devices import gpu_subset_problems
 from orchestrator.config.hostlist import HostlistError, expand_hostlist
 from orchestrator.config.model import ClusterConfig, ContainerConfig, HostSpec
+from orchestrator.config.slurm import HOST_SOURCES, slurm_hosts
 
 # ---- hosts -----------------------------------------------------------------
 
@@ -87,6 +89,32 @@ def _expand_hosts(raw_hosts: Any, located: Located) -> tuple[list[Any], list[int
             raise ConfigError(located.error(path, f"duplicate host {name!r}{also}"))
         seen[name] = index
     return entries, origins
+
+
+def _hosts_from_source(
+    data: dict[str, Any], located: Located, hosts_from: str | None, env: Mapping[str, str]
+) -> dict[str, Any]:
+    """`hosts: {from: slurm}` (or `--hosts-from slurm`): the host names of the allocation."""
+    raw = data.get("hosts")
+    if hosts_from is not None:
+        where = f"--hosts-from {hosts_from}"
+    elif isinstance(raw, dict) and "name" not in raw:
+        extra = sorted(str(k) for k in raw if k != "from")
+        if extra:
+            message = "takes only 'from' (hosts: {from: slurm})"
+            raise ConfigError(located.error(["hosts", extra[0]], message))
+        hosts_from = raw.get("from")
+        if hosts_from not in HOST_SOURCES:
+            message = f"unknown host source {hosts_from!r} (known: {', '.join(HOST_SOURCES)})"
+            raise ConfigError(located.error(["hosts", "from"], message))
+        where = located.error(["hosts", "from"], "slurm").rsplit(": ", 1)[0]
+    else:
+        return data
+    if hosts_from not in HOST_SOURCES:
+        raise ConfigError(
+            f"--hosts-from {hosts_from!r}: unknown host source (known: {', '.join(HOST_SOURCES)})"
+        )
+    return {**data, "hosts": slurm_hosts(env, where=where)}
 
 
 # ---- paths -----------------------------------------------------------------
@@ -173,9 +201,18 @@ def _read_setup_script(
 
 
 def cluster_from_data(
-    data: Any, source: str, base_dir: Path, *, check_files: bool = True
+    data: Any,
+    source: str,
+    base_dir: Path,
+    *,
+    check_files: bool = True,
+    hosts_from: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> ClusterConfig:
-    """Validate already-parsed cluster data (a YAML/JSON document)."""
+    """Validate already-parsed cluster data (a YAML/JSON document).
+
+    `hosts_from="slurm"` replaces the file's hosts with the Slurm allocation's
+    (`env`, default os.environ), as `hosts: {from: slurm}` in the file does."""
     located = Located(source, data)
     if data is None:
         raise ConfigError(f"{source}: the file is empty (expected a mapping with 'hosts')")
@@ -202,6 +239,7 @@ def cluster_from_data(
         )
     if "cvs_notes" in data and located.raw is not None:
         raise ConfigError(located.error(["cvs_notes"], "is set by the CVS-JSON import; remove it"))
+    data = _hosts_from_source(data, located, hosts_from, os.environ if env is None else env)
     if "hosts" not in data:
         raise ConfigError(f"{source}: hosts: required key is missing")
     entries, origins = _expand_hosts(data["hosts"], located)
@@ -239,13 +277,21 @@ def cluster_from_data(
 
 
 def parse_cluster(
-    text: str, source: str, base_dir: Path, *, check_files: bool = True
+    text: str,
+    source: str,
+    base_dir: Path,
+    *,
+    check_files: bool = True,
+    hosts_from: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> ClusterConfig:
     """Parse cluster-file text. `source` names the file in messages; relative
     paths in it resolve against `base_dir`. Raises ConfigError only."""
     try:
         data = parse_document(text, source)
-        return cluster_from_data(data, source, Path(base_dir), check_files=check_files)
+        return cluster_from_data(
+            data, source, Path(base_dir), check_files=check_files, hosts_from=hosts_from, env=env
+        )
     except ConfigError:
         raise
     except RecursionError:
@@ -254,7 +300,13 @@ def parse_cluster(
         raise ConfigError(f"{source}: {one_line(f'{type(exc).__name__}: {exc}')}") from None
 
 
-def load_cluster(path: str | Path, *, check_files: bool = True) -> ClusterConfig:
+def load_cluster(
+    path: str | Path,
+    *,
+    check_files: bool = True,
+    hosts_from: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> ClusterConfig:
     """Load and validate a cluster file (YAML, JSON, or CVS cluster JSON).
 
     `check_files=False` skips existence checks of identity files and the
@@ -263,4 +315,6 @@ def load_cluster(path: str | Path, *, check_files: bool = True) -> ClusterConfig
     source = str(path)
     text = read_document_text(source, "cluster file")
     base_dir = Path(os.path.expanduser(source)).resolve().parent
-    return parse_cluster(text, source, base_dir, check_files=check_files)
+    return parse_cluster(
+        text, source, base_dir, check_files=check_files, hosts_from=hosts_from, env=env
+    )

@@ -368,10 +368,13 @@ class SSHPool:
         )
 
     @contextlib.asynccontextmanager
-    async def held_process(self, host: str, command: Command) -> AsyncIterator[Any]:
+    async def held_process(
+        self, host: str, command: Command, *, encoding: str | None = "utf-8"
+    ) -> AsyncIterator[Any]:
         """A remote process kept running while the block runs (e.g. one holding a lock).
 
-        Yields the asyncssh process (read its stdout for what it reports).
+        Yields the asyncssh process (read its stdout for what it reports;
+        `encoding=None` for bytes, as a file copy streams them).
         On exit its stdin is closed, which ends a process waiting on it, and
         the channel is closed. Raises ConnectError when the host is not reached.
         """
@@ -379,7 +382,7 @@ class SSHPool:
         link = await self.link(host)
         async with link.channels:
             self.sink.emit(CommandStarted(host=host, command=text, label="held"))
-            process = await link.conn.create_process(text, encoding="utf-8", errors="replace")
+            process = await link.conn.create_process(text, encoding=encoding, errors="replace")
             try:
                 yield process
             finally:

@@ -77,9 +77,25 @@ class Expect(Model):
         return re.compile(self.not_stdout, re.MULTILINE) if self.not_stdout is not None else None
 
 
+class CopySpec(Model):
+    """A `copy:` step: SRC (relative to the suite file) to DEST on each of the step's hosts."""
+
+    src: str
+    dest: str
+
+    @field_validator("src", "dest")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not v.strip() or "\n" in v or "\0" in v:
+            raise ValueError("must be a path (non-empty, one line)")
+        return v
+
+
 class Step(Model):
     name: str
-    run: str
+    # Exactly one of `run` (a command) and `copy` (files to the hosts, like `cvs cp`).
+    run: str | None = None
+    copy_: CopySpec | None = Field(default=None, alias="copy")
     on: Literal["container", "host"] = "container"
     # `all`, `head`, or names / globs / hostlists, comma-separated (api.select_hosts).
     hosts: str = "all"
@@ -107,8 +123,8 @@ class Step(Model):
 
     @field_validator("run")
     @classmethod
-    def _run(cls, v: str) -> str:
-        if not v.strip():
+    def _run(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
             raise ValueError("is empty")
         return v
 
@@ -138,6 +154,14 @@ class Step(Model):
     def _placement(self) -> Step:
         if self.on == "host" and (self.workdir is not None or self.user is not None):
             raise ValueError("workdir and user apply in the container; remove them or 'on: host'")
+        return self
+
+    @model_validator(mode="after")
+    def _run_or_copy(self) -> Step:
+        if (self.run is None) == (self.copy_ is None):
+            raise ValueError("a step has either 'run' (a command) or 'copy' ({src, dest})")
+        if self.copy_ is not None and self.mpi:
+            raise ValueError("a copy step cannot be an mpi step; remove 'mpi'")
         return self
 
     @model_validator(mode="after")

@@ -5,6 +5,7 @@
       logs/STEP/HOST.log      that host's stdout and stderr for that step
       results.json            the outcome (schema: orchestrator/schemas/results.schema.json)
       junit.xml               one testcase per step x host, for CI systems
+      report.html             the same for a person: step x host matrix, timeline, tails
 
 The outcome types here are plain data; `results_document` and `junit_xml`
 are pure functions of them, so they are tested without a cluster.
@@ -63,6 +64,8 @@ class StepOutcome:
     continue_on_failure: bool = False
     results: dict[str, StepHostOutcome] = field(default_factory=dict)
     duration: float = 0.0
+    # Seconds from the run's start to this step's (None: it did not run). The timeline.
+    started: float | None = None
 
     @property
     def status(self) -> StepStatus:
@@ -92,6 +95,9 @@ class RunOutcome:
     up_exit_code: ExitCode | None = None
     # Stale images, failed removals, ...: recorded, but they do not fail the run.
     warnings: list[str] = field(default_factory=list)
+    # container.image as asked for, and host -> image ID its container ran (read after up).
+    image: str | None = None
+    image_ids: dict[str, str] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> ExitCode:
@@ -152,6 +158,8 @@ def results_document(outcome: RunOutcome) -> dict[str, Any]:
             "name": outcome.cluster,
             "file": outcome.cluster_file,
             "lifetime": outcome.lifetime,
+            "image": outcome.image,
+            "image_ids": dict(outcome.image_ids),
         },
         "started": utc_stamp(outcome.started),
         "finished": utc_stamp(finished),
@@ -165,6 +173,7 @@ def results_document(outcome: RunOutcome) -> dict[str, Any]:
                 "continue_on_failure": s.continue_on_failure,
                 "status": s.status,
                 "duration": round(s.duration, 3),
+                "started": None if s.started is None else round(s.started, 3),
                 "hosts": {h: _host_doc(r) for h, r in s.results.items()},
             }
             for s in outcome.steps
@@ -175,6 +184,60 @@ def results_document(outcome: RunOutcome) -> dict[str, Any]:
         "error": outcome.error,
         "warnings": list(outcome.warnings),
     }
+
+
+def _parse_stamp(text: str) -> datetime:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+
+
+def outcome_from_document(doc: dict[str, Any]) -> RunOutcome:
+    """The inverse of `results_document`: a RunOutcome back from results.json.
+
+    KeyError / ValueError / TypeError when the document is not one we wrote.
+    """
+    steps = [
+        StepOutcome(
+            name=s["name"],
+            hosts=list(s["hosts"]),
+            on=s["on"],
+            mpi=s["mpi"],
+            continue_on_failure=s["continue_on_failure"],
+            duration=float(s["duration"]),
+            started=s.get("started"),
+            results={
+                h: StepHostOutcome(
+                    host=h,
+                    status=r["status"],
+                    exit_code=r["exit_code"],
+                    duration=float(r["duration"]),
+                    tail=r["tail"],
+                    reason=r["reason"],
+                )
+                for h, r in s["hosts"].items()
+            },
+        )
+        for s in doc["steps"]
+    ]
+    code = int(doc["exit_code"])
+    return RunOutcome(
+        suite=doc["suite"]["name"],
+        suite_file=doc["suite"]["file"],
+        description=doc["suite"]["description"],
+        cluster=doc["cluster"]["name"],
+        cluster_file=doc["cluster"]["file"],
+        lifetime=doc["cluster"]["lifetime"],
+        started=_parse_stamp(doc["started"]),
+        finished=_parse_stamp(doc["finished"]),
+        plan={h: dict(e) for h, e in doc["plan"].items()},
+        steps=steps,
+        error=doc["error"],
+        interrupted=bool(doc["interrupted"]),
+        refused=code == ExitCode.REFUSED,
+        up_exit_code=code if code in (ExitCode.FAILED, ExitCode.UNREACHABLE) else None,
+        warnings=list(doc["warnings"]),
+        image=doc["cluster"].get("image"),
+        image_ids=dict(doc["cluster"].get("image_ids") or {}),
+    )
 
 
 # ---- junit.xml ------------------------------------------------------------------
@@ -315,6 +378,10 @@ class RunRecorder:
     def junit_path(self) -> Path:
         return self.run_dir / "junit.xml"
 
+    @property
+    def report_path(self) -> Path:
+        return self.run_dir / "report.html"
+
     def log_path(self, step: str, host: str) -> Path:
         return self.run_dir / "logs" / step / f"{host}.log"
 
@@ -337,6 +404,13 @@ class RunRecorder:
 
     def finish(self, outcome: RunOutcome) -> None:
         """Write results.json and junit.xml (atomically: a reader never sees half a file)."""
+        # The report first: if it cannot be written, results.json says so.
+        from orchestrator.suites.report import write_report
+
+        try:
+            write_report(self.run_dir, outcome)
+        except Exception as exc:
+            outcome.warnings.append(f"report.html not written: {type(exc).__name__}: {exc}")
         doc = results_document(outcome)
         doc["run_dir"] = str(self.run_dir)
         _write_atomic(self.results_path, json.dumps(doc, indent=2) + "\n")

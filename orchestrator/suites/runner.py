@@ -13,18 +13,24 @@ cluster; `run_suite` is the IO around them.
 
 from __future__ import annotations
 
+import os
+import re
+import shlex
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import anyio
 
 from orchestrator.api import Cluster, HostSelectionError, select_hosts
-from orchestrator.config import ClusterConfig, ConfigError
+from orchestrator.config import ClusterConfig, ConfigError, container_name
+from orchestrator.containers.copy import CopyError, Payload, copy_to_hosts
 from orchestrator.errors import ExitCode, PolicyRefused
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.results import HostResult
+from orchestrator.ssh.fanout import fan_out
 from orchestrator.suites.model import Step, Suite
 from orchestrator.suites.records import (
     TAIL_LINES,
@@ -34,6 +40,8 @@ from orchestrator.suites.records import (
     StepHostStatus,
     StepOutcome,
 )
+
+IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
 
 # Removing per_run containers must finish even after Ctrl-C, but not hang forever.
 DOWN_TIMEOUT = 300.0
@@ -50,7 +58,8 @@ def step_hosts(step: Step, cluster: ClusterConfig) -> list[str]:
 
 
 def resolve_step_hosts(suite: Suite, cluster: ClusterConfig) -> dict[str, list[str]]:
-    """Every step's hosts, checked before anything starts (a typo is exit 2, not a half run)."""
+    """Every step's hosts (and a copy step's source), checked before anything starts:
+    a typo is exit 2, not a half run."""
     out: dict[str, list[str]] = {}
     for index, step in enumerate(suite.steps):
         try:
@@ -61,6 +70,14 @@ def resolve_step_hosts(suite: Suite, cluster: ClusterConfig) -> dict[str, list[s
                 f"{where}: steps[{index}].hosts: {step.hosts!r} matches no host of cluster "
                 f"{cluster.name!r} (step {step.name!r}): {exc}"
             ) from None
+        if step.copy_ is not None:
+            base_dir = Path(suite.source).parent if suite.source else Path.cwd()
+            src = copy_source(step, base_dir)
+            if not src.exists():
+                where = suite.source or suite.name
+                raise ConfigError(
+                    f"{where}: steps[{index}].copy.src: {src} does not exist (step {step.name!r})"
+                )
     return out
 
 
@@ -166,7 +183,35 @@ def new_outcome(suite: Suite, cluster: ClusterConfig, cluster_file: str) -> RunO
         cluster_file=cluster_file,
         lifetime=lifetime,
         started=datetime.now(UTC),
+        image=cluster.container.image if cluster.container is not None else None,
     )
+
+
+def copy_source(step: Step, base_dir: Path) -> Path:
+    """A copy step's local source: `~` expanded, relative to the suite file's directory."""
+    src = Path(os.path.expanduser(step.copy_.src))  # type: ignore[union-attr]
+    return src if src.is_absolute() else base_dir / src
+
+
+async def _copy(
+    cluster: Cluster, step: Step, hosts: list[str], base_dir: Path
+) -> dict[str, HostResult]:
+    try:
+        payload = Payload.from_path(copy_source(step, base_dir))
+    except CopyError as exc:
+        return {h: HostResult(h, "failed", error=f"copy: {exc}", stderr=str(exc)) for h in hosts}
+    try:
+        return await copy_to_hosts(
+            cluster.pool,
+            cluster.config,
+            payload,
+            step.copy_.dest,  # type: ignore[union-attr]
+            hosts=hosts,
+            host_os=step.on == "host",
+            timeout=step.timeout,
+        )
+    finally:
+        payload.close()
 
 
 async def _run_step(
@@ -175,6 +220,7 @@ async def _run_step(
     hosts: list[str],
     recorder: RunRecorder | None,
     sink: EventSink,
+    base_dir: Path = Path("."),
 ) -> StepOutcome:
     env = dict(step.env)
     if step.mpi:
@@ -182,15 +228,18 @@ async def _run_step(
     for h in hosts:
         sink.emit(HostStep(host=h, step=step.name, status="started"))
     started = time.monotonic()
-    results = await cluster.exec(
-        step.run,
-        hosts=hosts,
-        timeout=step.timeout,
-        host_os=step.on == "host",
-        env=env or None,
-        user=step.user,
-        workdir=step.workdir,
-    )
+    if step.copy_ is not None:
+        results = await _copy(cluster, step, hosts, base_dir)
+    else:
+        results = await cluster.exec(
+            step.run,  # type: ignore[arg-type]  # a step has run or copy
+            hosts=hosts,
+            timeout=step.timeout,
+            host_os=step.on == "host",
+            env=env or None,
+            user=step.user,
+            workdir=step.workdir,
+        )
     outcome = StepOutcome(
         name=step.name,
         hosts=hosts,
@@ -224,8 +273,11 @@ async def _steps(
         if stop_reason is not None:
             outcome.steps[index] = skipped_step(step, hosts[step.name], stop_reason)
             continue
+        offset = (datetime.now(UTC) - outcome.started).total_seconds()
         try:
-            done = await _run_step(cluster, step, hosts[step.name], recorder, sink)
+            base_dir = Path(suite.source).parent if suite.source else Path.cwd()
+            done = await _run_step(cluster, step, hosts[step.name], recorder, sink, base_dir)
+            done.started = offset
         except BaseException as exc:
             if _is_interrupt(exc):
                 stopped = skipped_step(step, hosts[step.name], "interrupted", "interrupted")
@@ -273,6 +325,7 @@ async def run_suite(
                             skipped_step(s, hosts[s.name], reason) for s in suite.steps
                         ]
                         return outcome
+                    outcome.image_ids = await image_ids(fleet)
                 await _steps(fleet, suite, hosts, outcome, recorder, sink)
             except PolicyRefused as exc:
                 up_entered = False  # refused: nothing was changed, nothing to undo
@@ -294,6 +347,23 @@ async def run_suite(
         if recorder is not None:
             recorder.finish(outcome)
     return outcome
+
+
+async def image_ids(fleet: Cluster) -> dict[str, str]:
+    """host -> the image ID its container runs (for the report); hosts not read are left out."""
+    name = container_name(fleet.config)
+    inspect = ["inspect", "--type", "container", "-f", "{{.Image}}", name]
+    script = f"docker {shlex.join(inspect)} 2>/dev/null || sudo -n docker {shlex.join(inspect)}"
+
+    async def one(host: str) -> HostResult:
+        return await fleet.pool.run(host, script, timeout=30, stream_output=False, label="image")
+
+    results = await fan_out(fleet.hosts, one, limit=fleet.config.concurrency.hosts)
+    return {
+        h: r.stdout.strip()
+        for h, r in results.items()
+        if r.ok and IMAGE_ID_RE.fullmatch(r.stdout.strip())
+    }
 
 
 async def _down(fleet: Cluster, outcome: RunOutcome, sink: EventSink) -> None:

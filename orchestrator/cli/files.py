@@ -1,0 +1,122 @@
+"""`cvs cp`: a file or directory to every host, or one file back from each."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import anyio
+
+from orchestrator.cli.common import chosen_hosts, load, make_sink, print_json_summary
+from orchestrator.errors import UsageError
+from orchestrator.events import wants_plain
+from orchestrator.results import HostResult, exit_code_for
+
+
+@contextmanager
+def progress_bar(
+    label: str, total: int | None, *, show: bool
+) -> Iterator[Callable[[str, int], None]]:
+    """A rich progress bar on stderr (bytes over all hosts); a no-op when not shown."""
+    if not show:
+        yield lambda host, n: None
+        return
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(binary_units=True),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    ]
+    with Progress(*columns, transient=True, console=_stderr_console()) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda host, n: bar.advance(task, n)
+
+
+def _stderr_console():  # type: ignore[no-untyped-def]
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def cmd_cp(args: argparse.Namespace) -> int:
+    from orchestrator.api import Cluster
+    from orchestrator.containers.copy import (
+        CopyError,
+        Payload,
+        copy_to_hosts,
+        gather_from_hosts,
+    )
+
+    cluster_cfg = load(args)
+    hosts = chosen_hosts(cluster_cfg, args)
+    show = not args.json and not wants_plain(sys.stderr)
+    sink = make_sink(args, output=False)
+    payload = None
+    try:
+        if not args.from_host:
+            payload = Payload.from_path(Path(args.src))
+        dest_dir = Path(args.dest)
+        if args.from_host and dest_dir.exists() and not dest_dir.is_dir():
+            raise UsageError(f"cvs cp --from-host: {dest_dir} exists and is not a directory")
+
+        async def main() -> dict[str, HostResult]:
+            async with Cluster.open(cluster_cfg, sink=sink) as cluster:
+                if payload is None:
+                    with progress_bar(f"{args.src} <- {len(hosts)} hosts", None, show=show) as bar:
+                        return await gather_from_hosts(
+                            cluster.pool,
+                            cluster_cfg,
+                            args.src,
+                            dest_dir,
+                            hosts=hosts,
+                            host_os=args.host_os,
+                            timeout=args.timeout,
+                            progress=bar,
+                        )
+                total = payload.size * len(hosts)
+                label = f"{payload.source.name} -> {len(hosts)} hosts"
+                with progress_bar(label, total, show=show) as bar:
+                    return await copy_to_hosts(
+                        cluster.pool,
+                        cluster_cfg,
+                        payload,
+                        args.dest,
+                        hosts=hosts,
+                        host_os=args.host_os,
+                        timeout=args.timeout,
+                        progress=bar,
+                    )
+
+        results = anyio.run(main)
+    except CopyError as exc:
+        raise UsageError(f"cvs cp: {exc}") from None
+    finally:
+        sink.close()
+        if payload is not None:
+            payload.close()
+    code = exit_code_for(list(results.values()))
+    if args.json:
+        print_json_summary(results, code)
+        return code
+    width = max(len(h) for h in results)
+    for host, r in results.items():
+        text = r.stdout if r.ok else f"{r.status}: {r.error}"
+        stream = sys.stdout if r.ok else sys.stderr
+        stream.write(f"{host:<{width}}  {text}\n")
+    from orchestrator.render import summary_line
+
+    sys.stderr.write(summary_line(results) + "\n")
+    return code

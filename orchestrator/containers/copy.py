@@ -1,0 +1,370 @@
+"""Files to every host (and back), over the connections already open.
+
+    payload = Payload.from_path(Path("rccl-tests.tar.gz"))
+    results = await copy_to_hosts(pool, cluster, payload, "/opt/", hosts=[...])
+
+A file is streamed as is; a directory as one tar stream built once. Each
+host's copy goes over a new channel of that host's SSH connection into
+`docker exec -i CONTAINER sh -c ...` (or a shell on the host with
+`host_os`), lands under DEST the way `cp -r` would put it (inside DEST when
+DEST is a directory or ends with `/`, else as DEST), and is then checked:
+the remote side prints the sha256 of every file it wrote, compared with the
+local ones. A file that differs fails that host.
+
+`gather_from_hosts` does the reverse for one file per host, into
+`DIR/<host>/<name>`, checked the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import stat
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import anyio
+import asyncssh
+
+from orchestrator.config import ClusterConfig, container_name
+from orchestrator.containers.docker import validate_container_name
+from orchestrator.containers.exec import NOT_RUNNING_EXIT
+from orchestrator.results import HostResult
+from orchestrator.ssh.fanout import fan_out
+from orchestrator.ssh.transport import ConnectError, SSHPool
+
+CHUNK = 256 * 1024
+# The line the remote side prints before its checksums: where the copy went.
+FINAL_MARK = "@@cvs-final:"
+
+Progress = Callable[[str, int], None]  # (host, bytes just sent or received)
+
+
+class CopyError(ValueError):
+    """A local source cannot be copied (missing, unreadable, an odd name). One line."""
+
+
+# The receiving side. $1 DEST, $2 the source's name, $3 file|dir, $4 mode (files).
+# `cp -r` placement: inside DEST when it is a directory (or ends with /), else as DEST.
+_RECEIVE = r"""
+set -e
+dest=$1 name=$2 kind=$3 mode=$4
+case $dest in */) mkdir -p -- "$dest" ;; esac
+if [ -d "$dest" ]; then final=${dest%/}/$name; else final=$dest; fi
+parent=$(dirname -- "$final")
+mkdir -p -- "$parent"
+if [ "$kind" = dir ]; then
+  mkdir -p -- "$final"
+  tar -x -o -f - -C "$final"
+  echo "@@cvs-final:$final"
+  cd -- "$final"
+  find . -type f -exec sha256sum {} +
+else
+  tmp="$parent/.cvs-cp.$$"
+  trap 'rm -f -- "$tmp"' EXIT
+  cat > "$tmp"
+  chmod "$mode" "$tmp"
+  mv -f -- "$tmp" "$final"
+  echo "@@cvs-final:$final"
+  sha256sum < "$final"
+fi
+"""
+
+# The sending side of a gather: checksum on stderr, the bytes on stdout.
+_SEND = r"""
+[ -f "$1" ] || { echo "$1: not a regular file" >&2; exit 66; }
+sha256sum < "$1" >&2
+exec cat -- "$1"
+"""
+
+
+def in_container(name: str, argv: Sequence[str]) -> str:
+    """Host shell text running `argv` in container `name` with stdin attached.
+
+    Like `containers.exec.container_command`, it finds how to reach docker
+    (plain, else `sudo -n`) and that the container runs, in the same round trip.
+    """
+    validate_container_name(name)
+    running = ["inspect", "--type", "container", "-f", "{{.State.Running}}", name]
+    inner = ["exec", "-i", name, *argv]
+    return (
+        f'if [ "$(docker {shlex.join(running)} 2>/dev/null)" = true ]; then set -- docker; '
+        f'elif [ "$(sudo -n docker {shlex.join(running)} 2>/dev/null)" = true ]; then '
+        "set -- sudo -n docker; "
+        f"else echo {shlex.quote(f'container {name} is not running here (run `cvs up`)')} >&2; "
+        f"exit {NOT_RUNNING_EXIT}; fi; "
+        f'exec "$@" {shlex.join(inner)}'
+    )
+
+
+def _check_name(path: Path, root: Path) -> None:
+    # sha256sum escapes names with a newline or backslash; such names would never match.
+    text = str(path)
+    if "\n" in text or "\\" in text:
+        raise CopyError(f"{root}: cannot copy {text!r}: newline or backslash in the name")
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass
+class Payload:
+    """What is sent: the bytes (a file, or a tar of a directory) and the expected checksums."""
+
+    source: Path
+    kind: str  # "file" | "dir"
+    stream: IO[bytes]
+    size: int
+    mode: str
+    # Relative path ("./a/b" for directories, "-" for a file) -> sha256.
+    checksums: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_path(cls, source: Path) -> Payload:
+        try:
+            st = source.stat()
+        except OSError as exc:
+            raise CopyError(f"{source}: {exc.strerror or exc}") from None
+        if stat.S_ISREG(st.st_mode):
+            try:
+                stream: IO[bytes] = source.open("rb")
+            except OSError as exc:
+                raise CopyError(f"{source}: {exc.strerror or exc}") from None
+            mode = format(stat.S_IMODE(st.st_mode), "o")
+            return cls(source, "file", stream, st.st_size, mode, {"-": _sha256_file(source)})
+        if stat.S_ISDIR(st.st_mode):
+            return cls._from_directory(source)
+        raise CopyError(f"{source}: not a regular file or directory")
+
+    @classmethod
+    def _from_directory(cls, source: Path) -> Payload:
+        checksums: dict[str, str] = {}
+        spool = tempfile.TemporaryFile()  # noqa: SIM115 - closed by Payload.close
+        try:
+            with tarfile.open(fileobj=spool, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                for dirpath, dirnames, filenames in os.walk(source):
+                    dirnames.sort()
+                    here = Path(dirpath)
+                    for name in [*dirnames, *sorted(filenames)]:
+                        path = here / name
+                        rel = path.relative_to(source)
+                        _check_name(rel, source)
+                        tar.add(path, arcname=f"./{rel}", recursive=False)
+                        if path.is_file() and not path.is_symlink():
+                            checksums[f"./{rel}"] = _sha256_file(path)
+        except OSError as exc:
+            spool.close()
+            raise CopyError(f"{source}: {exc.strerror or exc}") from None
+        size = spool.tell()
+        spool.seek(0)
+        return cls(source, "dir", spool, size, "755", checksums)
+
+    def chunks(self) -> list[tuple[int, int]]:
+        """(offset, length) of each chunk; every host reads the same spool by offset."""
+        return [(o, min(CHUNK, self.size - o)) for o in range(0, self.size, CHUNK)]
+
+    def read(self, offset: int, length: int) -> bytes:
+        # One spool, read by many hosts at once: pread does not move a shared position.
+        return os.pread(self.stream.fileno(), length, offset)
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+def compare(expected: dict[str, str], remote_lines: list[str], kind: str) -> str | None:
+    """None when every expected file's remote sha256 matches, else one line saying which not."""
+    got: dict[str, str] = {}
+    for line in remote_lines:
+        digest, _, name = line.partition("  ")
+        if len(digest) == 64:
+            got[name.strip() if kind == "dir" else "-"] = digest
+    missing = [p for p in expected if p not in got]
+    differs = [p for p in expected if p in got and got[p] != expected[p]]
+    if not missing and not differs:
+        return None
+    parts = []
+    if differs:
+        parts.append(f"sha256 differs for {', '.join(differs[:3])}")
+    if missing:
+        parts.append(f"not found after the copy: {', '.join(missing[:3])}")
+    more = len(missing) + len(differs) - min(3, len(differs)) - min(3, len(missing))
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+
+
+def _wrap(cluster: ClusterConfig, argv: list[str], host_os: bool) -> str:
+    if host_os or cluster.container is None:
+        return shlex.join(argv)
+    return in_container(container_name(cluster), argv)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _not_done(host: str, start: float, exc: BaseException, timeout: float) -> HostResult:
+    """The result of a copy that did not finish: never connected, timed out, or cut off."""
+    seconds = time.monotonic() - start
+    if isinstance(exc, ConnectError):
+        return HostResult(host, exc.status, duration=seconds, error=exc.message)
+    if isinstance(exc, TimeoutError):
+        return HostResult(host, "timeout", duration=seconds, error=f"timed out after {timeout:g}s")
+    return HostResult(host, "unreachable", duration=seconds, error=f"connection lost: {exc}")
+
+
+async def _copy_one(
+    pool: SSHPool,
+    host: str,
+    script: str,
+    payload: Payload,
+    timeout: float,
+    progress: Progress | None,
+) -> HostResult:
+    start = time.monotonic()
+    try:
+        async with pool.held_process(host, script, encoding=None) as process:
+            with anyio.fail_after(timeout):
+                for offset, length in payload.chunks():
+                    process.stdin.write(payload.read(offset, length))
+                    await process.stdin.drain()
+                    if progress is not None:
+                        progress(host, length)
+                process.stdin.write_eof()
+                stdout = await process.stdout.read()
+                stderr = await process.stderr.read()
+                done = await process.wait()
+    except (ConnectError, TimeoutError, OSError, asyncssh.Error) as exc:
+        return _not_done(host, start, exc, timeout)
+    out = stdout.decode("utf-8", "replace")
+    err = stderr.decode("utf-8", "replace").strip()
+    seconds = time.monotonic() - start
+    if done.exit_status != 0:
+        return HostResult(
+            host,
+            "failed",
+            exit_code=done.exit_status,
+            stderr=err,
+            duration=seconds,
+            error=(err.splitlines() or [f"exit code {done.exit_status}"])[-1],
+        )
+    lines = out.splitlines()
+    final = next((x[len(FINAL_MARK) :] for x in lines if x.startswith(FINAL_MARK)), "?")
+    problem = compare(payload.checksums, lines, payload.kind)
+    if problem is not None:
+        return HostResult(
+            host, "failed", exit_code=0, stdout=out, duration=seconds, error=f"{final}: {problem}"
+        )
+    files = len(payload.checksums)
+    summary = f"{final}: {files} file{'s' if files != 1 else ''}, {_human(payload.size)}, sha256 ok"
+    return HostResult(host, "ok", exit_code=0, stdout=summary, duration=seconds)
+
+
+async def copy_to_hosts(
+    pool: SSHPool,
+    cluster: ClusterConfig,
+    payload: Payload,
+    dest: str,
+    *,
+    hosts: Sequence[str],
+    host_os: bool = False,
+    timeout: float | None = None,
+    progress: Progress | None = None,
+) -> dict[str, HostResult]:
+    """Copy `payload` to `dest` on every host at once (into the container unless `host_os`)."""
+    if not dest or "\n" in dest or "\0" in dest:
+        raise CopyError(f"bad destination {dest!r}")
+    argv = ["sh", "-c", _RECEIVE, "cvs-cp", dest, payload.source.name, payload.kind, payload.mode]
+    script = _wrap(cluster, argv, host_os)
+    limit = timeout if timeout is not None else cluster.ssh.command_timeout
+
+    async def one(host: str) -> HostResult:
+        return await _copy_one(pool, host, script, payload, limit, progress)
+
+    return await fan_out(list(hosts), one, limit=cluster.concurrency.hosts)
+
+
+async def _gather_one(
+    pool: SSHPool,
+    host: str,
+    script: str,
+    target: Path,
+    timeout: float,
+    progress: Progress | None,
+) -> HostResult:
+    start = time.monotonic()
+    digest = hashlib.sha256()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.part")
+    try:
+        async with pool.held_process(host, script, encoding=None) as process:
+            process.stdin.write_eof()
+            with anyio.fail_after(timeout), partial.open("wb") as out:
+                while chunk := await process.stdout.read(CHUNK):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    if progress is not None:
+                        progress(host, len(chunk))
+                stderr = (await process.stderr.read()).decode("utf-8", "replace")
+                done = await process.wait()
+    except (ConnectError, TimeoutError, OSError, asyncssh.Error) as exc:
+        partial.unlink(missing_ok=True)
+        return _not_done(host, start, exc, timeout)
+    seconds = time.monotonic() - start
+    if done.exit_status != 0:
+        partial.unlink(missing_ok=True)
+        err = stderr.strip()
+        return HostResult(
+            host,
+            "failed",
+            exit_code=done.exit_status,
+            stderr=err,
+            duration=seconds,
+            error=(err.splitlines() or [f"exit code {done.exit_status}"])[-1],
+        )
+    remote = stderr.split()[0] if stderr.split() else ""
+    if remote != digest.hexdigest():
+        partial.unlink(missing_ok=True)
+        return HostResult(host, "failed", exit_code=0, duration=seconds, error="sha256 differs")
+    os.replace(partial, target)
+    size = target.stat().st_size
+    return HostResult(
+        host, "ok", exit_code=0, stdout=f"{target}: {_human(size)}, sha256 ok", duration=seconds
+    )
+
+
+async def gather_from_hosts(
+    pool: SSHPool,
+    cluster: ClusterConfig,
+    src: str,
+    dest_dir: Path,
+    *,
+    hosts: Sequence[str],
+    host_os: bool = False,
+    timeout: float | None = None,
+    progress: Progress | None = None,
+) -> dict[str, HostResult]:
+    """Fetch the file `src` from every host into `dest_dir/<host>/<name of src>`."""
+    name = os.path.basename(src.rstrip("/"))
+    if not name or name in (".", "..") or "\n" in src or "\0" in src:
+        raise CopyError(f"--from-host: {src!r} does not name a file")
+    script = _wrap(cluster, ["sh", "-c", _SEND, "cvs-cp", src], host_os)
+    limit = timeout if timeout is not None else cluster.ssh.command_timeout
+
+    async def one(host: str) -> HostResult:
+        return await _gather_one(pool, host, script, dest_dir / host / name, limit, progress)
+
+    return await fan_out(list(hosts), one, limit=cluster.concurrency.hosts)

@@ -1,0 +1,194 @@
+"""`cvs cp` and `copy:` suite steps against the real sandbox (sshd + dockerd per host)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from test_exec_cli import NODES, containers_up, cvs, yaml_container
+from test_transport import cluster_variant
+
+from orchestrator.containers.copy import compare
+from orchestrator.sandbox import Sandbox
+
+PAYLOAD = bytes(range(256)) * 4096 + b"tail\n"  # 1 MiB + 5 bytes, every byte value
+
+
+@pytest.fixture(scope="module")
+def cp_cluster(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    directory = tmp_path_factory.mktemp("cp")
+    container = {**yaml_container(sandbox, name="cvs-t-cp"), "sshd": {"enabled": False}}
+    cluster = cluster_variant(sandbox, directory, container=container)
+    with containers_up(cluster):
+        yield cluster
+
+
+def in_container(sandbox: Sandbox, host: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*sandbox.docker_argv(host), "exec", "cvs-t-cp", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_file_lands_in_every_container_with_its_checksum(
+    cp_cluster: Path, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    src = tmp_path / "blob.bin"
+    src.write_bytes(PAYLOAD)
+    src.chmod(0o750)
+    proc = cvs("cp", "-c", str(cp_cluster), str(src), "/opt/drop/")
+    assert proc.returncode == 0, proc.stderr
+    for host in NODES:
+        assert "/opt/drop/blob.bin: 1 file, 1.0 MiB, sha256 ok" in proc.stdout
+        got = in_container(sandbox, host, "sha256sum", "/opt/drop/blob.bin").stdout.split()[0]
+        assert got == hashlib.sha256(PAYLOAD).hexdigest()
+        mode = in_container(sandbox, host, "stat", "-c", "%a", "/opt/drop/blob.bin").stdout
+        assert mode.strip() == "750"
+    assert "4 hosts: 4 ok" in proc.stderr
+
+
+def test_directory_to_selected_hosts_minus_excluded(
+    cp_cluster: Path, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "a.txt").write_text("alpha\n")
+    (tree / "sub" / "b.txt").write_text("beta\n")
+    proc = cvs(
+        "cp", "-c", str(cp_cluster), "--hosts", "node[1-3]", "-x", "node3", str(tree), "/srv/t1"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "/srv/t1: 2 files" in proc.stdout
+    for host in ("node1", "node2"):
+        cat = in_container(sandbox, host, "cat", "/srv/t1/a.txt", "/srv/t1/sub/b.txt")
+        assert cat.stdout == "alpha\nbeta\n"
+    for host in ("node3", "node4"):
+        assert in_container(sandbox, host, "test", "-e", "/srv/t1").returncode == 1
+
+
+def test_into_an_existing_directory_keeps_the_source_name(
+    cp_cluster: Path, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    tree = tmp_path / "pkg"
+    tree.mkdir()
+    (tree / "x").write_text("x\n")
+    proc = cvs("cp", "-c", str(cp_cluster), "--hosts", "node1", str(tree), "/tmp")
+    assert proc.returncode == 0, proc.stderr
+    assert in_container(sandbox, "node1", "cat", "/tmp/pkg/x").stdout == "x\n"
+
+
+def test_from_host_gathers_one_file_per_host(
+    cp_cluster: Path, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    for host in NODES:
+        in_container(sandbox, host, "sh", "-c", f"echo from-{host} > /tmp/who.txt")
+    out = tmp_path / "collected"
+    proc = cvs("cp", "-c", str(cp_cluster), "--from-host", "/tmp/who.txt", str(out), "--json")
+    assert proc.returncode == 0, proc.stdout
+    summary = json.loads(proc.stdout.splitlines()[-1])
+    assert {h: r["status"] for h, r in summary["hosts"].items()} == dict.fromkeys(NODES, "ok")
+    for host in NODES:
+        assert (out / host / "who.txt").read_text() == f"from-{host}\n"
+
+
+def test_from_host_missing_file_fails_that_host_with_the_reason(
+    cp_cluster: Path, tmp_path: Path
+) -> None:
+    proc = cvs(
+        "cp", "-c", str(cp_cluster), "--hosts", "node2", "--from-host", "/nope", str(tmp_path)
+    )
+    assert proc.returncode == 1
+    assert "node2  failed: /nope: not a regular file" in proc.stderr
+    assert not (tmp_path / "node2" / "nope").exists()
+
+
+def test_host_os_copies_onto_the_host(cp_cluster: Path, sandbox: Sandbox, tmp_path: Path) -> None:
+    src = tmp_path / "h.txt"
+    src.write_text("on the host\n")
+    target = Path(f"/tmp/cvs-t-cp-host-{os.getpid()}")
+    try:
+        proc = cvs(
+            "cp", "-c", str(cp_cluster), "--host-os", "--hosts", "node1", str(src), f"{target}/"
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert (target / "h.txt").read_text() == "on the host\n"  # the sandbox hosts share this fs
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
+
+
+def test_missing_source_is_exit_2_with_one_line(cp_cluster: Path, tmp_path: Path) -> None:
+    proc = cvs("cp", "-c", str(cp_cluster), str(tmp_path / "missing"), "/opt/")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"cvs: cvs cp: {tmp_path / 'missing'}: No such file or directory"
+    ]
+
+
+def test_copy_step_ships_a_tarball_then_a_run_step_uses_it(
+    cp_cluster: Path, tmp_path: Path
+) -> None:
+    tool = tmp_path / "tool"
+    tool.mkdir()
+    (tool / "hello").write_text("#!/bin/sh\necho hello from the shipped tool\n")
+    (tool / "hello").chmod(0o755)
+    subprocess.run(
+        ["tar", "-czf", str(tmp_path / "tool.tgz"), "-C", str(tmp_path), "tool"], check=True
+    )
+    suite = tmp_path / "install_x.yaml"
+    suite.write_text(
+        yaml.safe_dump(
+            {
+                "name": "install_x",
+                "steps": [
+                    {"name": "ship", "copy": {"src": "tool.tgz", "dest": "/opt/x/"}},
+                    {
+                        "name": "unpack",
+                        "run": "tar -xzf /opt/x/tool.tgz -C /opt/x && /opt/x/tool/hello",
+                        "expect": {"stdout": "^hello from the shipped tool$"},
+                    },
+                ],
+            }
+        )
+    )
+    proc = cvs("run", "-c", str(cp_cluster), str(suite), "--run-dir", str(tmp_path / "run"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert [s["status"] for s in doc["steps"]] == ["ok", "ok"]
+    log = (tmp_path / "run" / "logs" / "ship" / "node1.log").read_text()
+    assert "/opt/x/tool.tgz: 1 file" in log and "sha256 ok" in log
+
+
+def test_copy_step_with_a_missing_source_is_exit_2_before_anything_runs(
+    cp_cluster: Path, tmp_path: Path
+) -> None:
+    suite = tmp_path / "bad.yaml"
+    suite.write_text(
+        yaml.safe_dump(
+            {"name": "bad", "steps": [{"name": "s", "copy": {"src": "no.tgz", "dest": "/x"}}]}
+        )
+    )
+    proc = cvs("run", "-c", str(cp_cluster), str(suite), "--run-dir", str(tmp_path / "run"))
+    assert proc.returncode == 2
+    assert "steps[0].copy.src:" in proc.stderr and "does not exist" in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("lines", "problem"),
+    [
+        (["@@cvs-final:/x", "a" * 64 + "  ./f"], None),
+        (["b" * 64 + "  ./f"], "sha256 differs for ./f"),
+        ([], "not found after the copy: ./f"),
+    ],
+)
+def test_compare_names_the_files_that_differ(lines: list[str], problem: str | None) -> None:
+    assert compare({"./f": "a" * 64}, lines, "dir") == problem

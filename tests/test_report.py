@@ -1,0 +1,134 @@
+"""report.html: rendered from a run's outcome (pure), and opened in a real headless browser."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import markupsafe
+import pytest
+from browser import browser_skip_reason, open_page
+
+from orchestrator.suites.records import RunOutcome, RunRecorder, StepHostOutcome, StepOutcome
+from orchestrator.suites.report import render_report, timeline
+
+T0 = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
+HOSTILE = '<script>alert("x")</script> & <img src=http://example.invalid/x.png>'
+
+
+def host(name: str, status: str, *, code: int | None = 0, tail: str = "") -> StepHostOutcome:
+    reason = None if status == "ok" else f"exit {code}, expected 0"
+    return StepHostOutcome(
+        host=name, status=status, exit_code=code, duration=0.4, tail=tail, reason=reason
+    )  # type: ignore[arg-type]
+
+
+def failing_outcome(**kw: Any) -> RunOutcome:
+    steps = [
+        StepOutcome(
+            name="install",
+            hosts=["node1", "node2"],
+            started=2.0,
+            duration=1.5,
+            results={"node1": host("node1", "ok", tail="ok"), "node2": host("node2", "ok")},
+        ),
+        StepOutcome(
+            name="check",
+            hosts=["node1", "node2"],
+            started=3.6,
+            duration=0.9,
+            results={
+                "node1": host("node1", "ok", tail="fine"),
+                "node2": host("node2", "failed", code=3, tail=f"line a\n{HOSTILE}\nboom"),
+            },
+        ),
+        StepOutcome(
+            name="after",
+            hosts=["node1", "node2"],
+            results={
+                h: StepHostOutcome(host=h, status="skipped", reason="step 'check' failed")
+                for h in ("node1", "node2")
+            },
+        ),
+    ]
+    base: dict[str, Any] = {
+        "suite": "test_x",
+        "suite_file": "/s/test_x.yaml",
+        "description": "checks x",
+        "cluster": "lab",
+        "cluster_file": "/c/cluster.yaml",
+        "lifetime": "per_run",
+        "started": T0,
+        "finished": T0 + timedelta(seconds=6),
+        "steps": steps,
+        "image": "rocm/cvs:7.0",
+        "image_ids": {"node1": "sha256:" + "a" * 64, "node2": "sha256:" + "a" * 64},
+    }
+    return RunOutcome(**{**base, **kw})
+
+
+def test_host_output_is_escaped_never_markup() -> None:
+    page = render_report(failing_outcome())
+    assert "<script>" not in page and "<img src=http" not in page
+    assert str(markupsafe.escape(HOSTILE)) in page
+
+
+def test_page_has_no_external_references() -> None:
+    page = render_report(failing_outcome())
+    assert "http://" not in page.replace("http://example.invalid", "")
+    assert "https://" not in page
+    assert "default-src 'none'" in page
+
+
+def test_failing_cell_links_to_its_output_and_full_log() -> None:
+    page = render_report(failing_outcome())
+    assert 'data-step="check" data-host="node2" data-status="failed"' in page
+    assert 'href="#out-check-node2"' in page
+    assert 'href="logs/check/node2.log"' in page
+
+
+def test_identity_names_the_image_and_one_id_for_all_hosts() -> None:
+    page = render_report(failing_outcome())
+    assert "rocm/cvs:7.0" in page
+    assert page.count("sha256:" + "a" * 64) == 1
+    assert "node[1-2]" in page
+
+
+def test_timeline_is_up_then_each_step_that_ran_then_down() -> None:
+    bars = timeline(failing_outcome())
+    assert [b.label for b in bars] == ["up", "install", "check", "down"]
+    assert bars[0].seconds == pytest.approx(2.0)
+    assert bars[-1].start == pytest.approx(4.5)
+    assert all(0 <= b.left <= 100 and b.left + b.width <= 100.5 for b in bars)
+
+
+def test_every_run_dir_gets_a_report(tmp_path: Path) -> None:
+    recorder = RunRecorder.create(tmp_path / "run")
+    recorder.finish(failing_outcome())
+    assert recorder.report_path.is_file()
+    assert "test_x" in recorder.report_path.read_text()
+
+
+browser = pytest.mark.skipif(browser_skip_reason() is not None, reason=str(browser_skip_reason()))
+
+
+@browser
+def test_report_opens_in_chromium_and_shows_the_failing_cell(tmp_path: Path) -> None:
+    recorder = RunRecorder.create(tmp_path / "run")
+    recorder.finish(failing_outcome())
+    with open_page(recorder.report_path) as visit:
+        page = visit.page
+        cell = page.locator('td[data-step="check"][data-host="node2"]')
+        assert cell.is_visible()
+        assert "failed" in cell.inner_text()
+        color = cell.evaluate("e => getComputedStyle(e).backgroundColor")
+        assert color == "rgb(255, 235, 233)"  # the failure colour
+        # The failing host's output is expanded, the hostile line shown as text.
+        details = page.locator("details#out-check-node2")
+        assert details.get_attribute("open") is not None
+        assert HOSTILE in details.inner_text()
+        assert page.locator("#verdict").inner_text().startswith("failed")
+        page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+    assert visit.console_errors == [] and visit.page_errors == []
+    assert visit.requests == [recorder.report_path.resolve().as_uri()]

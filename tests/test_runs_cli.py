@@ -1,0 +1,67 @@
+"""`cvs runs` and `cvs runs show`: past runs read back from their results.json."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from test_report import T0, failing_outcome
+
+from orchestrator.cli import main
+from orchestrator.suites.records import RunRecorder, results_document
+
+
+def make_runs(base: Path) -> None:
+    RunRecorder.create(base / "20250304T050607Z-test_x").finish(failing_outcome())
+    ok = failing_outcome(suite="install_x", started=T0 + timedelta(hours=1))
+    ok.finished = ok.started + timedelta(seconds=2)
+    ok.steps = ok.steps[:1]
+    RunRecorder.create(base / "20250304T060607Z-install_x").finish(ok)
+    (base / "20250304T070000Z-killed" / "logs").mkdir(parents=True)
+
+
+def test_runs_lists_newest_first_with_outcome_and_host_counts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_runs(tmp_path)
+    assert main(["runs", "--dir", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["suite", "started", "outcome", "ok", "failed", "path"]
+    assert "killed" in lines[1] and "no results.json" in lines[1]
+    assert lines[2].split()[:5] == ["install_x", "2025-03-04T06:06:07Z", "ok", "(0)", "2"]
+    assert lines[3].split()[:6] == ["test_x", "2025-03-04T05:06:07Z", "failed", "(1)", "1", "1"]
+
+
+def test_runs_json_lists_every_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    make_runs(tmp_path)
+    assert main(["runs", "--dir", str(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["suite"] for r in doc["runs"]] == [None, "install_x", "test_x"]
+
+
+def test_runs_show_latest_prints_the_table_failures_and_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_runs(tmp_path)
+    assert main(["runs", "show", "20250304T050607Z-test_x", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "check on node2: failed: exit 3, expected 0" in out
+    assert "test_x: failed (exit 1)" in out
+    assert f"report:   {tmp_path / '20250304T050607Z-test_x' / 'report.html'}" in out
+
+
+def test_results_json_round_trips_through_runs_show(tmp_path: Path) -> None:
+    outcome = failing_outcome()
+    RunRecorder.create(tmp_path / "r").finish(outcome)
+    from orchestrator.suites.records import outcome_from_document
+
+    doc = json.loads((tmp_path / "r" / "results.json").read_text())
+    again = results_document(outcome_from_document(doc))
+    assert again == {k: v for k, v in doc.items() if k != "run_dir"}
+
+
+def test_runs_show_unknown_run_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["runs", "--dir", str(tmp_path), "show", "nope"]) == 2
+    assert "no run 'nope'" in capsys.readouterr().err

@@ -164,3 +164,77 @@ def print_status(rows: Sequence[HostStatus], *, plain: bool) -> None:
     for r in rows:
         if r.error:
             sys.stderr.write(f"{r.host}: {r.error}\n")
+
+
+# ---- cvs status -o table|wide: a colour-coded table -------------------------------------
+
+# The default table; `-o wide` shows every STATUS_HEADERS column.
+STATUS_NARROW = ["host", "reachable", "state", "image", "stale", "sshd", "provisioned", "drift"]
+# Cell text -> style, per column: green is what a run wants, red what stops it.
+STATUS_STYLES: dict[str, dict[str, str]] = {
+    "reachable": {"yes": "green", "no": "bold red"},
+    "state": {
+        "running": "green",
+        "exited": "yellow",
+        "paused": "yellow",
+        "created": "yellow",
+        "restarting": "yellow",
+        "absent": "dim",
+        "unknown": "bold red",
+        "dead": "bold red",
+    },
+    "stale": {"yes": "yellow", "no": "dim"},
+    "sshd": {"listening": "green", "down": "red", "off": "dim"},
+    "provisioned": {"yes": "green", "no": "yellow"},
+    "docker": {"?": "red"},
+}
+
+
+def status_columns(*, wide: bool) -> list[str]:
+    return list(STATUS_HEADERS) if wide else list(STATUS_NARROW)
+
+
+def status_table(rows: Sequence[HostStatus], *, wide: bool = False) -> Table:
+    """`cvs status` as a rich table, state and health colour-coded per cell."""
+    columns = status_columns(wide=wide)
+    table = Table(*columns, header_style="bold")
+    for row in rows:
+        cells = dict(zip(STATUS_HEADERS, status_cells(row), strict=True))
+        if not wide and cells["drift"] != "-":
+            cells["drift"] = f"{len(row.drift)} (-o wide)"
+        rendered = []
+        for column in columns:
+            text = cells[column]
+            style = STATUS_STYLES.get(column, {}).get(text, "")
+            if column == "drift" and text != "-":
+                style = "yellow"
+            if column == "provisioned" and text.startswith("other"):
+                style = "yellow"
+            rendered.append(Text(text, style=style))
+        table.add_row(*rendered)
+    return table
+
+
+def print_status_table(
+    rows: Sequence[HostStatus],
+    *,
+    wide: bool,
+    plain: bool,
+    out: IO[str] | None = None,
+) -> None:
+    """The `cvs status` table on stdout: rich and coloured on a terminal, aligned text
+    otherwise (pipes, CI, NO_COLOR); probe errors follow on stderr."""
+    out = out or sys.stdout
+    if plain:
+        columns = status_columns(wide=wide)
+        index = [STATUS_HEADERS.index(c) for c in columns]
+        data = [columns] + [[status_cells(r)[i] for i in index] for r in rows]
+        widths = [max(len(r[i]) for r in data) for i in range(len(columns))]
+        for line in data:
+            cells = (c.ljust(w) for c, w in zip(line, widths, strict=True))
+            out.write("  ".join(cells).rstrip() + "\n")
+    else:
+        Console(file=out).print(status_table(rows, wide=wide))
+    for r in rows:
+        if r.error:
+            sys.stderr.write(f"{r.host}: {r.error}\n")

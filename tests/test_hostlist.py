@@ -12,6 +12,7 @@ from orchestrator.config.hostlist import (
     MAX_HOSTS,
     HostlistError,
     SelectionError,
+    compress_hostlist,
     expand_hostlist,
     select_hosts,
     split_patterns,
@@ -231,3 +232,36 @@ def test_api_and_suite_hosts_use_the_exact_selection() -> None:
         "a": ["node10", "node11", "node12"],
         "b": ["node1", "node2", "node3", "node7"],
     }
+
+
+# ---- compress_hostlist: the inverse, for group headers and reports -------------------
+
+
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [
+        ([f"node{i:02d}" for i in [*range(1, 13), 14]], "node[01-12,14]"),
+        (["node1", "node2", "node3", "gpu07"], "node[1-3],gpu07"),
+        (["n9", "n10"], "n[9-10]"),
+        (["login"], "login"),
+        (["a1"], "a1"),
+        (["node3", "node1", "node2"], "node[1-3]"),
+    ],
+)
+def test_compress_hostlist_writes_ranges_like_clush(names: list[str], expected: str) -> None:
+    assert compress_hostlist(names) == expected
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["node", "gpu", "r1n"]), st.integers(0, 120), st.booleans()),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_compress_then_expand_gives_the_same_hosts(spec: list[tuple[str, int, bool]]) -> None:
+    names = list(dict.fromkeys(f"{p}{n:03d}" if pad else f"{p}{n}" for p, n, pad in spec))
+    expanded: list[str] = []
+    for part in split_patterns(compress_hostlist(names)):
+        expanded.extend(expand_hostlist(part))
+    assert sorted(expanded) == sorted(names)

@@ -245,7 +245,7 @@ def test_probe_command_rejects_unsafe_container_names(name: str) -> None:
 def test_probe_command_without_config_skips_the_image() -> None:
     script = probe_command(None, "c", sshd_port=PORT, marker_path=MARKER)
     assert "image" not in script.split("section args", 1)[1].split("\n", 1)[0]
-    assert "\"$@\" inspect c ||" in script
+    assert '"$@" inspect c ||' in script
 
 
 def frame(name: str, rc: int, out: bytes = b"", err: bytes = b"") -> str:

@@ -183,13 +183,19 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    output = getattr(args, "output", None) or ("json" if args.json else "table")
     rows = run_with_cluster(args, lambda c: c.status())
     code = ExitCode.UNREACHABLE if any(not r.reachable for r in rows) else ExitCode.OK
-    if args.json:
-        doc = {"ok": code == 0, "exit_code": code, "hosts": [r.to_dict() for r in rows]}
-        sys.stdout.write(json.dumps(doc) + "\n")
-        return code
-    from orchestrator.render import print_status
+    if output in ("json", "yaml"):
+        doc = {"ok": code == 0, "exit_code": int(code), "hosts": [r.to_dict() for r in rows]}
+        if output == "json":
+            sys.stdout.write(json.dumps(doc) + "\n")
+        else:
+            import yaml
 
-    print_status(rows, plain=wants_plain(sys.stdout))
+            sys.stdout.write(yaml.safe_dump(doc, sort_keys=False))
+        return code
+    from orchestrator.render import print_status_table
+
+    print_status_table(rows, wide=output == "wide", plain=wants_plain(sys.stdout))
     return code

@@ -196,6 +196,17 @@ def select_hosts(names: list[str], pattern: str | None, *, head: str | None = No
 _TRAILING_NUMBER = re.compile(r"^(.*?)(\d+)$")
 
 
+def _runs(nums: list[int]) -> list[tuple[int, int]]:
+    """Sorted distinct numbers as (first, last) runs of consecutive ones."""
+    runs: list[tuple[int, int]] = []
+    for n in nums:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], n)
+        else:
+            runs.append((n, n))
+    return runs
+
+
 def compress_hostlist(hosts: Iterable[str]) -> str:
     """`node1,node2,node3,gpu07` -> `node[1-3],gpu07`: the inverse of `expand_hostlist`.
 
@@ -238,14 +249,8 @@ def compress_hostlist(hosts: Iterable[str]) -> str:
             parts.append(f"{prefix}{str(nums[0]).zfill(width)}")
             continue
         ranges: list[str] = []
-        lo = prev = nums[0]
-        for n in [*nums[1:], None]:
-            if n is not None and n == prev + 1:
-                prev = n
-                continue
-            a, b = str(lo).zfill(width), str(prev).zfill(width)
-            ranges.append(a if lo == prev else f"{a}-{b}")
-            if n is not None:
-                lo = prev = n
+        for lo, hi in _runs(nums):
+            a, b = str(lo).zfill(width), str(hi).zfill(width)
+            ranges.append(a if lo == hi else f"{a}-{b}")
         parts.append(f"{prefix}[{','.join(ranges)}]")
     return ",".join(parts)

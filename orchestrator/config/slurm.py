@@ -65,5 +65,4 @@ def slurm_hosts(env: Mapping[str, str], *, where: str) -> list[str]:
             names.extend(expand_hostlist(part))
     except HostlistError as exc:
         raise ConfigError(f"{where}: {variable}={value!r} is not a hostlist: {exc}") from None
-    seen: set[str] = set()
-    return [n for n in names if not (n in seen or seen.add(n))]
+    return list(dict.fromkeys(names))  # a node named twice is one host

@@ -84,15 +84,16 @@ exec cat -- "$1"
 """
 
 
-def in_container(name: str, argv: Sequence[str]) -> str:
-    """Host shell text running `argv` in container `name` with stdin attached.
+def in_container(name: str, argv: Sequence[str], *, tty: bool = False) -> str:
+    """Host shell text running `argv` in container `name` with stdin attached
+    (and a terminal with `tty`, for `cvs shell`).
 
     Like `containers.exec.container_command`, it finds how to reach docker
     (plain, else `sudo -n`) and that the container runs, in the same round trip.
     """
     validate_container_name(name)
     running = ["inspect", "--type", "container", "-f", "{{.State.Running}}", name]
-    inner = ["exec", "-i", name, *argv]
+    inner = ["exec", "-i", *(["-t"] if tty else []), name, *argv]
     return (
         f'if [ "$(docker {shlex.join(running)} 2>/dev/null)" = true ]; then set -- docker; '
         f'elif [ "$(sudo -n docker {shlex.join(running)} 2>/dev/null)" = true ]; then '

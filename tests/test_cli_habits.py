@@ -1,0 +1,276 @@
+"""What users of pdsh/clush, Ansible and kubectl expect of a CLI: help with examples,
+--version, -x/--exclude, --forks/--limit, --color/NO_COLOR, completion, status -o."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from orchestrator import __version__
+from orchestrator.cli import _apply_color, build_parser
+from orchestrator.cli.common import chosen_hosts
+from orchestrator.config import load_cluster
+from orchestrator.containers.status import HostStatus
+from orchestrator.errors import UsageError
+from orchestrator.render import print_grouped, print_status_table
+from orchestrator.results import HostResult
+
+REPO = Path(__file__).resolve().parent.parent
+CLUSTER = "name: lab\nhosts: ['node[01-12]', node14, login]\n"
+
+
+def cvs(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _subcommand_paths(parser: argparse.ArgumentParser, prefix: list[str]) -> list[list[str]]:
+    paths = [prefix]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                paths.extend(_subcommand_paths(sub, [*prefix, name]))
+    return paths
+
+
+SUBCOMMANDS = _subcommand_paths(build_parser(), [])
+
+
+@pytest.mark.parametrize("path", SUBCOMMANDS, ids=lambda p: " ".join(p) or "cvs")
+def test_every_help_has_an_example(path: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args([*path, "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    assert re.search(r"(?im)^(examples?\b|start here:)", text), f"no example in cvs {path} --help"
+    assert "cvs " in text.split("xample")[-1] or "Start here" in text
+
+
+def test_help_imports_no_heavy_dependency() -> None:
+    code = (
+        "import sys\nfrom orchestrator.cli import main\n"
+        "for argv in (['--help'], ['cp', '--help'], ['status', '--help']):\n"
+        "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+        "heavy = ('asyncssh', 'pydantic', 'rich', 'anyio', 'jinja2', 'shtab')\n"
+        "print(sorted(m for m in heavy if m in sys.modules), file=sys.stderr)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stderr.strip() == "[]"
+
+
+def test_version_prints_the_package_version() -> None:
+    proc = cvs("--version")
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == f"cvs {__version__}"
+
+
+# ---- host selection: --hosts and -x/--exclude --------------------------------------------
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Any:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(CLUSTER)
+    return load_cluster(path)
+
+
+@pytest.mark.parametrize(
+    ("hosts", "exclude", "expected"),
+    [
+        (None, "node[02-12]", ["node01", "node14", "login"]),
+        (
+            "node*",
+            "node1*",
+            [
+                "node01",
+                "node02",
+                "node03",
+                "node04",
+                "node05",
+                "node06",
+                "node07",
+                "node08",
+                "node09",
+            ],
+        ),
+        (None, "login,node[01-11]", ["node12", "node14"]),
+        ("login", "nosuchhost", ["login"]),  # like pdsh -x: a pattern matching nothing
+    ],
+)
+def test_exclude_removes_hosts_after_selection(
+    lab: Any, hosts: str | None, exclude: str, expected: list[str]
+) -> None:
+    args = argparse.Namespace(hosts=hosts, exclude=exclude)
+    assert chosen_hosts(lab, args) == expected
+
+
+def test_excluding_every_host_is_a_usage_error(lab: Any) -> None:
+    with pytest.raises(UsageError, match="leaves no host"):
+        chosen_hosts(lab, argparse.Namespace(hosts="login", exclude="log*"))
+
+
+def test_forks_and_limit_set_the_host_concurrency(tmp_path: Path) -> None:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(CLUSTER)
+    for flag in ("--forks", "--limit"):
+        proc = cvs("validate", "-c", str(path), flag, "3", "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["cluster"]["concurrency"]["hosts"] == 3
+    proc = cvs("validate", "-c", str(path), "--forks", "0")
+    assert proc.returncode == 2 and "must be at least 1" in proc.stderr
+
+
+# ---- colours ------------------------------------------------------------------------------
+
+
+def test_color_never_sets_no_color_and_always_forces(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    _apply_color("never")
+    assert os.environ["NO_COLOR"] == "1"
+    _apply_color("always")
+    assert "NO_COLOR" not in os.environ and os.environ["FORCE_COLOR"] == "1"
+    _apply_color("auto")
+    assert os.environ["FORCE_COLOR"] == "1"  # auto leaves the environment alone
+
+
+def _statuses() -> list[HostStatus]:
+    def one(host: str, state: str, reachable: bool = True) -> HostStatus:
+        return HostStatus(
+            host=host,
+            reachable=reachable,
+            docker="direct" if reachable else None,
+            state=state,
+            image_id="sha256:" + "ab" * 32 if state == "running" else None,
+            tag_image_id="sha256:" + "ab" * 32,
+            sshd="listening" if state == "running" else "unknown",
+            provisioned="yes" if state == "running" else "no",
+            provision_marker=None,
+            drift=("cpus 4 != 8",) if host == "node2" else (),
+            error=None if reachable else "connection refused",
+        )
+
+    return [one("node1", "running"), one("node2", "exited"), one("node3", "unknown", False)]
+
+
+def test_status_table_on_a_terminal_colours_the_state(capsys: pytest.CaptureFixture[str]) -> None:
+    out = io.StringIO()
+    os.environ.pop("NO_COLOR", None)
+    from rich.console import Console
+
+    Console(file=out, force_terminal=True, width=160).print(
+        __import__("orchestrator.render", fromlist=["status_table"]).status_table(_statuses())
+    )
+    text = out.getvalue()
+    assert "\x1b[32mrunning" in text  # green
+    assert "\x1b[33mexited" in text  # yellow
+    assert "\x1b[1;31munknown" in text  # bold red
+    assert "1 (-o wide)" in text  # drift is counted in the narrow table
+
+
+def test_status_plain_wide_has_every_column(capsys: pytest.CaptureFixture[str]) -> None:
+    out = io.StringIO()
+    print_status_table(_statuses(), wide=True, plain=True, out=out)
+    header = out.getvalue().splitlines()[0].split()
+    assert header == [
+        "host",
+        "reachable",
+        "docker",
+        "state",
+        "image",
+        "tag",
+        "stale",
+        "sshd",
+        "provisioned",
+        "limits",
+        "drift",
+    ]
+    assert "\x1b[" not in out.getvalue()
+    assert capsys.readouterr().err == "node3: connection refused\n"
+
+
+def test_exec_group_header_has_count_and_compressed_hostlist() -> None:
+    hosts = [f"node{i:02d}" for i in [*range(1, 13), 14]]
+    results = {h: HostResult(h, "ok", exit_code=0, stdout="same") for h in hosts}
+    results["login"] = HostResult("login", "failed", exit_code=2, stdout="other")
+    out = io.StringIO()
+    print_grouped(results, out=out)
+    lines = out.getvalue().splitlines()
+    assert "node[01-12,14] (13) ok" in lines
+    assert "login (1) failed exit 2" in lines
+
+
+# ---- completion ---------------------------------------------------------------------------
+
+
+def test_bash_completion_is_valid_bash_and_knows_the_commands() -> None:
+    proc = cvs("completion", "bash")
+    assert proc.returncode == 0, proc.stderr
+    check = subprocess.run(["bash", "-n"], input=proc.stdout, text=True, capture_output=True)
+    assert check.returncode == 0, check.stderr
+    for word in ("status", "cp", "runs", "shell", "--exclude", "--hosts-from"):
+        assert word in proc.stdout
+    loaded = subprocess.run(
+        ["bash", "-c", "source /dev/stdin; complete -p cvs"],
+        input=proc.stdout,
+        text=True,
+        capture_output=True,
+    )
+    assert loaded.returncode == 0 and "cvs" in loaded.stdout
+
+
+def test_zsh_completion_is_a_compdef_for_cvs() -> None:
+    proc = cvs("completion", "zsh")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("#compdef cvs")
+    if shutil.which("zsh"):
+        check = subprocess.run(["zsh", "-n"], input=proc.stdout, text=True, capture_output=True)
+        assert check.returncode == 0, check.stderr
+
+
+def test_status_output_yaml_on_the_sandbox(sandbox: Any) -> None:
+    proc = cvs("status", "-c", str(sandbox.cluster_file), "-o", "yaml")
+    assert proc.returncode == 0, proc.stderr
+    doc = yaml.safe_load(proc.stdout)
+    assert [h["host"] for h in doc["hosts"]] == ["node1", "node2", "node3", "node4"]
+    assert all(h["reachable"] for h in doc["hosts"])
+
+
+def test_status_output_wide_when_piped_is_aligned_text(sandbox: Any) -> None:
+    proc = cvs("status", "-c", str(sandbox.cluster_file), "-o", "wide")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0].split()[-2:] == ["limits", "drift"]
+    assert "\x1b[" not in proc.stdout
+
+
+def test_exec_exclude_on_the_sandbox(sandbox: Any) -> None:
+    proc = cvs(
+        "exec",
+        "-c",
+        str(sandbox.cluster_file),
+        "--host-os",
+        "--group",
+        "-x",
+        "node3",
+        "--",
+        "echo",
+        "hi",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "node[1-2,4] (3) ok" in proc.stdout.splitlines()

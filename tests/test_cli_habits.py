@@ -110,7 +110,6 @@ def lab(tmp_path: Path) -> Any:
             ],
         ),
         (None, "login,node[01-11]", ["node12", "node14"]),
-        ("login", "nosuchhost", ["login"]),  # like pdsh -x: a pattern matching nothing
     ],
 )
 def test_exclude_removes_hosts_after_selection(
@@ -118,6 +117,12 @@ def test_exclude_removes_hosts_after_selection(
 ) -> None:
     args = argparse.Namespace(hosts=hosts, exclude=exclude)
     assert chosen_hosts(lab, args) == expected
+
+
+def test_exclude_naming_no_host_is_a_usage_error_not_ignored(lab: Any) -> None:
+    # A typo must not run the command on the host meant to be spared.
+    with pytest.raises(UsageError, match=r"--exclude 'nosuchhost'"):
+        chosen_hosts(lab, argparse.Namespace(hosts=None, exclude="nosuchhost"))
 
 
 def test_excluding_every_host_is_a_usage_error(lab: Any) -> None:

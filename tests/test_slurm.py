@@ -10,23 +10,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import ConfigError, load_cluster
-from orchestrator.config.slurm import slurm_hosts, split_hostlist
+from orchestrator.config.slurm import slurm_hosts
 
 SLURM_FILE = "name: alloc\nhosts: {from: slurm}\nssh: {user: cvsuser}\n"
 LISTED_FILE = "name: listed\nhosts: [a1, a2]\n"
-
-
-@pytest.mark.parametrize(
-    ("expr", "parts"),
-    [
-        ("gpu01", ["gpu01"]),
-        ("gpu[01-04,07],login2", ["gpu[01-04,07]", "login2"]),
-        ("a[1-2],b[3,5],c", ["a[1-2]", "b[3,5]", "c"]),
-        ("r[1-2]n[01-02]", ["r[1-2]n[01-02]"]),
-    ],
-)
-def test_split_hostlist_splits_only_at_top_level_commas(expr: str, parts: list[str]) -> None:
-    assert split_hostlist(expr) == parts
 
 
 def test_slurm_nodelist_expands_in_slurm_order() -> None:

@@ -53,13 +53,16 @@ def chosen_hosts(cluster: Any, args: argparse.Namespace) -> list[str]:
     exclude = getattr(args, "exclude", None)
     if not exclude:
         return hosts
-    # Like pdsh -x: a pattern that matches nothing excludes nothing.
+    # Unlike pdsh -x, a part that matches no host is an error: a typo in an
+    # exclusion would otherwise run the command on the host meant to be spared.
+    from orchestrator.config.hostlist import split_patterns
+
     dropped: set[str] = set()
-    for part in exclude.split(","):
+    for part in split_patterns(exclude):
         try:
             dropped.update(select_hosts(cluster, part))
-        except UsageError:
-            continue
+        except UsageError as exc:
+            raise UsageError(str(exc).replace("--hosts", "--exclude", 1)) from None
     left = [h for h in hosts if h not in dropped]
     if not left:
         raise UsageError(f"--exclude {exclude!r} leaves no host (selected: {len(hosts)})")

@@ -11,30 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from orchestrator.config.documents import ConfigError
-from orchestrator.config.hostlist import HostlistError, expand_hostlist
+from orchestrator.config.hostlist import HostlistError, expand_hostlist, split_patterns
 
 # SLURM_NODELIST is the older name; both are set inside allocations today.
 NODELIST_VARIABLES = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
 HOST_SOURCES = ("slurm",)
-
-
-def split_hostlist(expr: str) -> list[str]:
-    """`a[1-2,5],b3` -> [`a[1-2,5]`, `b3`]: split at commas outside brackets."""
-    parts: list[str] = []
-    depth = 0
-    current: list[str] = []
-    for ch in expr:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(current))
-            current = []
-            continue
-        current.append(ch)
-    parts.append("".join(current))
-    return [p.strip() for p in parts]
 
 
 def slurm_nodelist(env: Mapping[str, str]) -> tuple[str, str] | None:
@@ -61,7 +42,7 @@ def slurm_hosts(env: Mapping[str, str], *, where: str) -> list[str]:
     variable, value = found
     names: list[str] = []
     try:
-        for part in split_hostlist(value):
+        for part in split_patterns(value):
             names.extend(expand_hostlist(part))
     except HostlistError as exc:
         raise ConfigError(f"{where}: {variable}={value!r} is not a hostlist: {exc}") from None

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import anyio
 import pytest
-from test_lifecycle import Lab, cvs, docker, explain
+from test_lifecycle import Lab, cvs, docker, explain, inspect
 
 from orchestrator.api import Cluster
-from orchestrator.errors import PolicyRefused
-from orchestrator.events import CollectingSink, Message
-from orchestrator.sandbox import IMAGE_USER, USER_TAG, Sandbox, ensure_user_image
+from orchestrator.containers.lifecycle import UpReport
+from orchestrator.errors import CvsError, PolicyRefused
+from orchestrator.events import CollectingSink, Event, HostStep, Message, TeeSink
+from orchestrator.sandbox import IMAGE_USER, SSHD_TAG, USER_TAG, Sandbox, ensure_user_image
 
 TWO = ["node1", "node2"]
 
@@ -113,3 +114,70 @@ def test_pytest_fixture_reports_the_no_caps_warning(lab: Lab, tmp_path: Path) ->
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "CvsWarning: cvs: no resource caps" in proc.stdout
+
+
+# --- rollback ----------------------------------------------------------------
+
+THREE = ["node1", "node2", "node3"]
+
+
+class Squatter:
+    """A foreign `docker run` on one host takes the container's name between
+    the locked probe and our `docker run` there: exactly when node2's run step
+    starts (emit runs synchronously, before that step's command is sent)."""
+
+    def __init__(self, sandbox: Sandbox, host: str, name: str) -> None:
+        self.sandbox, self.host, self.name = sandbox, host, name
+        self.foreign_id: str | None = None
+
+    def emit(self, event: Event) -> None:
+        if (
+            isinstance(event, HostStep)
+            and (event.host, event.step, event.status) == (self.host, "run", "started")
+            and self.foreign_id is None
+        ):
+            self.foreign_id = docker(
+                self.sandbox,
+                self.host,
+                "run",
+                "-d",
+                "--name",
+                self.name,
+                SSHD_TAG,
+                "sleep",
+                "infinity",
+            )
+
+    def close(self) -> None:
+        pass
+
+
+def test_failed_docker_run_on_one_host_rolls_back_only_this_attempts_containers(
+    lab: Lab,
+) -> None:
+    path = lab.cluster(lifetime="persistent", hosts=THREE)
+    squatter = Squatter(lab.sandbox, "node2", lab.name)
+    seen = CollectingSink()
+
+    async def main() -> UpReport:
+        async with Cluster.open(path, sink=TeeSink(seen, squatter)) as cluster:
+            try:
+                return await cluster.up()
+            except CvsError as exc:  # an API that raises on failure carries the report
+                return exc.report  # type: ignore[attr-defined,no-any-return]
+
+    report = anyio.run(main)
+    assert not report.ok
+    made = {h: report.outcomes[h].container_id for h in ("node1", "node3")}
+    assert all(made.values()), made  # the run succeeded there...
+    for host in ("node1", "node3"):  # ...and what it made is gone
+        assert inspect(lab.sandbox, host, lab.name) is None, host
+    # The foreign container that held the name on node2 survives, untouched.
+    foreign = inspect(lab.sandbox, "node2", lab.name)
+    assert foreign is not None and foreign["Id"] == squatter.foreign_id
+    assert foreign["State"]["Running"] and not foreign["Config"]["Labels"]
+    # The message names the host and the cause.
+    error = report.outcomes["node2"].error or ""
+    assert error.startswith("run:") and "already in use" in error, error
+    warnings = [e.text for e in seen.events if isinstance(e, Message) and e.level == "warning"]
+    assert any("cold start failed on node2" in w for w in warnings), warnings

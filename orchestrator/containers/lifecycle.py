@@ -39,7 +39,9 @@ from orchestrator.containers.docker import (
     login_command,
     managed_labels,
     parse_image_inspect,
+    parse_run_id,
     pull_argv,
+    remove_if_made_command,
     rm_argv,
     run_argv,
     start_argv,
@@ -96,6 +98,8 @@ class HostOutcome:
     ok: bool = True
     error: str | None = None
     unreachable: bool = False
+    # What `docker run -d` printed: the container this attempt made here.
+    container_id: str | None = None
 
     def fail(self, step: str, result: HostResult | None, message: str) -> None:
         self.ok = False
@@ -432,11 +436,12 @@ class Lifecycle:
                 await self._roll_back(launching, states, "interrupted")
             raise
         started = [h for h in launching if any(s == "run" for s, _ in outcomes[h].steps)]
+        failed = ", ".join(h for h in launching if not outcomes[h].ok)
         if self.cfg.lifetime == "per_run" and any(not o.ok for o in outcomes.values()):
-            await self._roll_back(started, states, "a per_run start failed on some host")
+            await self._roll_back(started, states, f"a per_run start failed on {failed}", outcomes)
         elif any(not outcomes[h].ok and _run_failed(outcomes[h]) for h in launching):
             # A partial cold start would leave a partial persistent set.
-            await self._roll_back(started, states, "the cold start failed on some host")
+            await self._roll_back(started, states, f"the cold start failed on {failed}", outcomes)
         return UpReport(plan, outcomes)
 
     def _barrier(
@@ -503,8 +508,10 @@ class Lifecycle:
                 resources=resources,
                 gpus=gpus,
             )
-            if await self._cmd(outcome, "run", argv, timeout=self.cfg.start_timeout) is None:
+            run = await self._cmd(outcome, "run", argv, timeout=self.cfg.start_timeout)
+            if run is None:
                 return
+            outcome.container_id = parse_run_id(run.stdout)
         elif action.kind == "restart":
             # Resume in place (a stopped or paused container keeps its overlay).
             resume = unpause_argv if action.unpause else start_argv
@@ -544,21 +551,30 @@ class Lifecycle:
             if r is not None and r.stdout.strip() != "true":
                 outcome.fail("verify", r, "the container is not running after start")
 
-    async def _roll_back(self, hosts: list[str], states: Mapping[str, HostState], why: str) -> None:
+    async def _roll_back(
+        self,
+        hosts: list[str],
+        states: Mapping[str, HostState],
+        why: str,
+        outcomes: Mapping[str, HostOutcome] | None = None,
+    ) -> None:
+        """Remove what this attempt made on `hosts`: by the ID `docker run`
+        printed, else (run cut short) only a container with our label; a
+        foreign container holding the name is never touched."""
         if not hosts:
             return
         self.sink.emit(
             Message(
                 level="warning",
-                text=f"{why}: removing the containers started on {', '.join(hosts)}",
+                text=f"{why}: removing the containers this attempt made on {', '.join(hosts)}",
             )
         )
 
         async def remove(host: str) -> None:
             prefix = docker_prefix(states[host].docker_access)  # type: ignore[arg-type]
-            await self.pool.run(
-                host, rm_argv(prefix, self.name), stream_output=False, label="rollback"
-            )
+            made = outcomes[host].container_id if outcomes is not None else None
+            command = remove_if_made_command(prefix, self.name, self.cluster.name, made)
+            await self.pool.run(host, command, stream_output=False, label="rollback")
 
         with anyio.CancelScope(shield=True):
             await fan_out(hosts, remove)

@@ -6,6 +6,7 @@ and removes what it made from every host, also on failure.
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -181,3 +182,24 @@ def test_failed_docker_run_on_one_host_rolls_back_only_this_attempts_containers(
     assert error.startswith("run:") and "already in use" in error, error
     warnings = [e.text for e in seen.events if isinstance(e, Message) and e.level == "warning"]
     assert any("cold start failed on node2" in w for w in warnings), warnings
+
+
+# --- capacity ----------------------------------------------------------------
+
+
+def test_memory_beyond_the_host_is_refused_before_anything_starts(lab: Lab) -> None:
+    path = lab.cluster(lifetime="per_run", hosts=["node1"], resources={"memory": "64Ti"})
+    up = cvs(path, "up")
+    assert up.returncode == 4, explain(up)
+    assert "node1: memory 64Ti is more than the host has" in up.stderr
+    assert inspect(lab.sandbox, "node1", lab.name) is None
+
+
+def test_cpus_beyond_the_host_are_clamped_with_a_warning(lab: Lab) -> None:
+    cpus = os.cpu_count() or 1
+    path = lab.cluster(lifetime="per_run", hosts=["node1"], resources={"cpus": cpus + 62})
+    up = cvs(path, "up")
+    assert up.returncode == 0, explain(up)
+    assert f"clamped to {cpus}" in up.stderr
+    doc = inspect(lab.sandbox, "node1", lab.name)
+    assert doc is not None and doc["HostConfig"]["NanoCpus"] == cpus * 10**9

@@ -63,6 +63,7 @@ from orchestrator.containers.provision import (
 )
 from orchestrator.errors import ExitCode, PolicyRefused
 from orchestrator.events import EventSink, HostStep, Message
+from orchestrator.limits.capacity import fit_to_host
 from orchestrator.limits.gpus import (
     GPU,
     GPUError,
@@ -381,6 +382,7 @@ class Lifecycle:
             plan = self.decide(states, force=force, reprovision=reprovision)
             for w in plan.warnings:
                 self.sink.emit(Message(level="warning", text=w))
+            resources, beyond = self._fit_to_hosts(plan, states, resources)
             for host in plan.hosts("attach", "restart"):
                 # Keeping a container keeps its limits; say where they are not
                 # what the config now asks for instead of accepting them silently.
@@ -388,9 +390,32 @@ class Lifecycle:
                     self.sink.emit(
                         Message(level="warning", host=host, text=f"limits drift: {drift}")
                     )
-            if plan.refused:
-                raise PolicyRefused(plan.reasons)
+            if plan.refused or beyond:
+                raise PolicyRefused([*plan.reasons, *beyond])
             return await self._execute(plan, states, resources)
+
+    def _fit_to_hosts(
+        self,
+        plan: Plan,
+        states: Mapping[str, HostState],
+        resources: dict[str, EffectiveResources],
+    ) -> tuple[dict[str, EffectiveResources], list[str]]:
+        """Capacity (issue 15): cpus clamped to each host's CPU count (with a
+        warning); memory beyond a launching host's RAM refused, naming it."""
+        fitted = dict(resources)
+        refusals: list[str] = []
+        for host, eff in resources.items():
+            state = states.get(host)
+            if state is None:
+                continue
+            fit = fit_to_host(host, eff, state.cpu_count, state.memory_total)
+            fitted[host] = fit.resources
+            if fit.warning:
+                self.sink.emit(Message(level="warning", host=host, text=fit.warning))
+            action = plan.actions.get(host)
+            if fit.refusal and action is not None and action.launches:
+                refusals.append(fit.refusal)
+        return fitted, refusals
 
     async def _execute(
         self,

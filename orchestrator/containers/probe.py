@@ -80,6 +80,9 @@ class HostState:
     tag_image_id: str | None = None  # what cfg.image resolves to on this host now (None: absent)
     tag_repo_digests: tuple[str, ...] = ()
     tag_error: str | None = None  # image inspect failed for a reason other than "no such image"
+    # --- capacity (issue 15): what the host has, for requests beyond it ---
+    cpu_count: int | None = None  # None: not reported
+    memory_total: int | None = None  # bytes (MemTotal)
     sshd_listening: bool | None = None  # None: not checked (not running, no /proc/net, exec failed)
     provision_marker: str | None = None  # sha256 of the script that provisioned the container
     exec_error: str | None = None  # why the in-container check could not run
@@ -155,6 +158,33 @@ def _in_container_script(sshd_port: int, marker_path: str) -> str:
     )
 
 
+# --- capacity (issue 15) ----------------------------------------------------
+_CAPACITY = (
+    'n=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null); echo "cpus $n"; '
+    "grep '^MemTotal:' /proc/meminfo"
+)
+
+
+def _capacity_facts(sections: Mapping[str, Section]) -> dict[str, object]:
+    """cpu_count and memory_total from the capacity section; missing: nothing."""
+    section = sections.get("capacity")
+    if section is None:
+        return {}
+    out: dict[str, object] = {}
+    for line in section.stdout.splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0] == "cpus" and words[1].isdigit() and int(words[1]) > 0:
+            out["cpu_count"] = int(words[1])
+        elif (
+            len(words) == 3 and words[0] == "MemTotal:" and words[1].isdigit() and words[2] == "kB"
+        ):
+            out["memory_total"] = int(words[1]) * 1024
+    return out
+
+
+# --- end capacity ------------------------------------------------------------
+
+
 def inspect_image_arg(image: str) -> str:
     """The image as the probe's `docker inspect` names it: with a tag or digest.
 
@@ -206,6 +236,8 @@ def probe_command(
         _PRELUDE,
         _ACCESS_ORDER,
         f"section args printf '%s\\n' {shlex.join(targets)}",
+        # capacity (issue 15): the host's CPU count and MemTotal, no docker needed
+        f"section capacity sh -c {shlex.quote(_CAPACITY)}",
         "via=",
         "for m in $order; do",
         '  if [ "$m" = direct ]; then set -- docker; else set -- sudo -n docker; fi',
@@ -391,6 +423,7 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
     access: DockerAccessMode = "direct" if answered[0] == "direct" else "sudo"
     inspect = tried[answered[0]]
     values: dict[str, object] = {"host": host, "docker_access": access}
+    values.update(_capacity_facts(sections))  # capacity (issue 15)
     try:
         objects = _inspect_objects(inspect.stdout)
     except DockerOutputError as exc:

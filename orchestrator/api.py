@@ -127,13 +127,20 @@ class Cluster:
             )
         return Lifecycle(self.config, self.pool, self.sink)
 
-    async def plan(self, *, force: bool = False, reprovision: bool = False) -> Plan:
+    async def plan(
+        self, *, force: bool = False, reprovision: bool = False, adopt: bool = False
+    ) -> Plan:
         """What `up` would do on each host (nothing is changed, nothing locked)."""
         lc = self._lifecycle()
-        return lc.decide(await lc.probe_all(), force=force, reprovision=reprovision)
+        return lc.decide(await lc.probe_all(), force=force, reprovision=reprovision, adopt=adopt)
 
     async def up(
-        self, *, force: bool = False, reprovision: bool = False, check: bool = True
+        self,
+        *,
+        force: bool = False,
+        reprovision: bool = False,
+        check: bool = True,
+        adopt: bool = False,
     ) -> UpReport:
         """Bring containers to the state the lifetime policy asks for.
 
@@ -141,8 +148,10 @@ class Cluster:
         or image identity forbids it, and `UpFailed` (carrying the report)
         when some host did not end ready, unless `check=False`: then the
         report comes back either way and the caller inspects `report.ok`.
+        `adopt` (persistent): take over running same-named containers cvs did
+        not start instead of refusing them.
         """
-        report = await self._lifecycle().up(force=force, reprovision=reprovision)
+        report = await self._lifecycle().up(force=force, reprovision=reprovision, adopt=adopt)
         if check and not report.ok:
             raise UpFailed(report)
         return report

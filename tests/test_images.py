@@ -7,6 +7,7 @@ and removes what it made from every host, also on failure.
 from __future__ import annotations
 
 import os
+import pwd
 import random
 import subprocess
 import sys
@@ -18,10 +19,18 @@ import pytest
 from test_lifecycle import Lab, cvs, docker, explain, inspect
 
 from orchestrator.api import Cluster
+from orchestrator.config import load_cluster
 from orchestrator.containers.lifecycle import UpReport
 from orchestrator.errors import CvsError, PolicyRefused
 from orchestrator.events import CollectingSink, Event, HostStep, Message, TeeSink
-from orchestrator.sandbox import IMAGE_USER, SSHD_TAG, USER_TAG, Sandbox, ensure_user_image
+from orchestrator.sandbox import (
+    DOCKER_USER,
+    IMAGE_USER,
+    SSHD_TAG,
+    USER_TAG,
+    Sandbox,
+    ensure_user_image,
+)
 
 TWO = ["node1", "node2"]
 
@@ -203,3 +212,44 @@ def test_cpus_beyond_the_host_are_clamped_with_a_warning(lab: Lab) -> None:
     assert f"clamped to {cpus}" in up.stderr
     doc = inspect(lab.sandbox, "node1", lab.name)
     assert doc is not None and doc["HostConfig"]["NanoCpus"] == cpus * 10**9
+
+
+# --- adopt -------------------------------------------------------------------
+
+
+def test_adopt_takes_over_containers_started_the_way_cvs_starts_them(lab: Lab) -> None:
+    home = Path(pwd.getpwnam(DOCKER_USER).pw_dir)
+    made: dict[str, str] = {}
+    for host in THREE:  # CVS's own `docker run`: same name, no cvs labels
+        made[host] = docker(
+            lab.sandbox, host, "run", "-d", "--name", lab.name, "--network", "host",
+            "--ipc", "host", SSHD_TAG, "sleep", "infinity",
+        )  # fmt: skip
+    records = [home / ".local/state/cvs/adopted" / cid for cid in made.values()]
+    try:
+        path = lab.cluster(lifetime="persistent", hosts=THREE, sshd_port=free_port())
+        refused = cvs(path, "up")
+        assert refused.returncode == 4, explain(refused)
+        assert "--adopt" in refused.stderr
+        adopted = cvs(path, "up", "--adopt")
+        assert adopted.returncode == 0, explain(adopted)
+        for host in THREE:
+            doc = inspect(lab.sandbox, host, lab.name)
+            assert doc is not None and doc["Id"] == made[host]  # kept, not replaced
+            marker = docker(lab.sandbox, host, "exec", lab.name, "cat", "/var/lib/cvs/provisioned")
+            assert len(marker) == 64
+        cluster_name = load_cluster(path).name
+        assert [r.read_text().strip() for r in records] == [cluster_name] * 3
+        # The next invocation attaches without --adopt: the record makes them ours.
+        again = cvs(path, "--json", "up")
+        assert again.returncode == 0, explain(again)
+        assert '"action": "attach"' in again.stdout and '"run"' not in again.stdout
+        hop = cvs(path, "exec", "--hosts", "node1", "--", "ssh node3 true && echo hop-ok")
+        assert "hop-ok" in hop.stdout, explain(hop)
+        # Owned now: `down --force` removes them (by ID), as for containers cvs started.
+        down = cvs(path, "down", "--force")
+        assert down.returncode == 0, explain(down)
+        assert all(inspect(lab.sandbox, h, lab.name) is None for h in THREE)
+    finally:
+        for record in records:
+            record.unlink(missing_ok=True)

@@ -110,7 +110,10 @@ def _env_args(pairs: list[str]) -> dict[str, str]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    plan = run_with_cluster(args, lambda c: c.plan(force=args.force, reprovision=args.reprovision))
+    plan = run_with_cluster(
+        args,
+        lambda c: c.plan(force=args.force, reprovision=args.reprovision, adopt=args.adopt),
+    )
     if args.json:
         doc = {
             "ok": not plan.refused,
@@ -126,7 +129,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     sys.stdout.write(f"lifetime: {plan.lifetime}\n")
     for host, action in plan.actions.items():
         extras = [
-            x for x, on in (("provision", action.provision), ("sshd", action.start_sshd)) if on
+            x
+            for x, on in (
+                ("adopt", action.adopt),
+                ("provision", action.provision),
+                ("sshd", action.start_sshd),
+            )
+            if on
         ]
         more = f" (+{', '.join(extras)})" if extras else ""
         sys.stdout.write(f"{host:<{width}}  {action.kind:<10} {action.reason}{more}\n")
@@ -143,7 +152,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     # A refusal (PolicyRefused) is reported by cli.main, like every CvsError;
     # a host that did not end ready is in the report (check=False), rendered below.
     report = run_with_cluster(
-        args, lambda c: c.up(force=args.force, reprovision=args.reprovision, check=False)
+        args,
+        lambda c: c.up(
+            force=args.force, reprovision=args.reprovision, check=False, adopt=args.adopt
+        ),
     )
     if args.json:
         sys.stdout.write(json.dumps(report.to_dict()) + "\n")

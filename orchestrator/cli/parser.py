@@ -243,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--force", action="store_true", help="plan as `up --force` would")
     p.add_argument("--reprovision", action="store_true", help="plan as `up --reprovision` would")
+    p.add_argument("--adopt", action="store_true", help="plan as `up --adopt` would")
     p.set_defaults(func="cluster:cmd_plan")
 
     p = sub.add_parser(
@@ -263,6 +264,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--reprovision", action="store_true", help="run the setup script again on kept containers"
+    )
+    p.add_argument(
+        "--adopt",
+        action="store_true",
+        help="persistent: take over running same-named containers cvs did not start (e.g. "
+        "CVS's), after the image check, instead of refusing; ownership is recorded per host",
     )
     p.set_defaults(func="cluster:cmd_up")
 

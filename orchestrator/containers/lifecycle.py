@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import re
 import shlex
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -54,14 +55,19 @@ from orchestrator.containers.plan import (
     decide_down,
     decide_plan,
 )
-from orchestrator.containers.probe import HostState, parse_probe_output, probe_command
+from orchestrator.containers.probe import (
+    ADOPTED_DIR,
+    HostState,
+    parse_probe_output,
+    probe_command,
+)
 from orchestrator.containers.provision import (
     MARKER_PATH,
     SetupScript,
     ensure_sshd,
     run_setup_script,
 )
-from orchestrator.errors import ExitCode, PolicyRefused
+from orchestrator.errors import ExitCode, PolicyRefused, UsageError
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.limits.capacity import fit_to_host
 from orchestrator.limits.gpus import (
@@ -261,8 +267,18 @@ class Lifecycle:
         return self._script
 
     def decide(
-        self, states: Mapping[str, HostState], *, force: bool = False, reprovision: bool = False
+        self,
+        states: Mapping[str, HostState],
+        *,
+        force: bool = False,
+        reprovision: bool = False,
+        adopt: bool = False,
     ) -> Plan:
+        if adopt and self.cfg.lifetime != "persistent":
+            raise UsageError(
+                f"--adopt takes over running containers for lifetime persistent; this cluster's "
+                f"lifetime is {self.cfg.lifetime}"
+            )
         return decide_plan(
             self.cfg,
             states,
@@ -271,6 +287,7 @@ class Lifecycle:
             cluster_name=self.cluster.name,
             script_sha256=self.script().sha256,
             config_hash=self.hash,
+            adopt=adopt,
         )
 
     # -- acting ---------------------------------------------------------
@@ -371,7 +388,9 @@ class Lifecycle:
             self.cfg.resources, self.cluster.limits, self.cluster.host(host).limits
         )
 
-    async def up(self, *, force: bool = False, reprovision: bool = False) -> UpReport:
+    async def up(
+        self, *, force: bool = False, reprovision: bool = False, adopt: bool = False
+    ) -> UpReport:
         # Before touching any host: a value docker would refuse raises
         # ResourceError (exit 2) here instead of failing `docker run` midway.
         resources = cluster_effective_resources(self.cluster)
@@ -379,7 +398,7 @@ class Lifecycle:
         for w in [*caps_warnings(self.cluster), *clamp_warnings(resources)]:
             self.sink.emit(Message(level="warning", text=w))
         async with self.locked_states() as states:
-            plan = self.decide(states, force=force, reprovision=reprovision)
+            plan = self.decide(states, force=force, reprovision=reprovision, adopt=adopt)
             for w in plan.warnings:
                 self.sink.emit(Message(level="warning", text=w))
             resources, beyond = self._fit_to_hosts(plan, states, resources)
@@ -542,6 +561,10 @@ class Lifecycle:
             resume = unpause_argv if action.unpause else start_argv
             if await self._cmd(outcome, "restart", resume(prefix, self.name)) is None:
                 return
+        if action.adopt:
+            record = adoption_record_command(self.name, state.container_id, self.cluster.name)
+            if await self._cmd(outcome, "adopt", record) is None:
+                return
         if action.provision:
             self._step(host, "provision", "started")
             r = await run_setup_script(
@@ -622,6 +645,19 @@ class Lifecycle:
 
             with anyio.CancelScope(shield=True):
                 return plan, await fan_out(removing, remove)
+
+
+def adoption_record_command(name: str, container_id: str | None, cluster_name: str) -> str:
+    """Host shell text recording that `cluster_name` owns the container
+    `container_id` (adopted; docker cannot relabel it): read back by the probe."""
+    if container_id is None or not re.fullmatch(r"[0-9a-f]{64}", container_id):
+        raise ValueError(f"cannot adopt {name}: no container ID ({container_id!r})")
+    record = f"{ADOPTED_DIR}/{container_id}"
+    return (
+        f'd={ADOPTED_DIR}; mkdir -p "$d" && '
+        f'printf "%s\\n" {shlex.quote(cluster_name)} > "{record}.tmp" && '
+        f'mv -f "{record}.tmp" "{record}" && echo "adopted {container_id[:12]} ({name})"'
+    )
 
 
 def _run_failed(outcome: HostOutcome) -> bool:

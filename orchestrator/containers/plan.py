@@ -52,6 +52,7 @@ class HostAction:
     provision: bool = False  # run the setup script after this action
     start_sshd: bool = False  # (re)start the in-container sshd after this action
     unpause: bool = False  # restart = `docker unpause` (paused) instead of `docker start`
+    adopt: bool = False  # attach to a container cvs did not start, recording ownership first
 
     @property
     def launches(self) -> bool:
@@ -303,8 +304,13 @@ def decide_plan(
     cluster_name: str = "cvs",
     script_sha256: str | None = None,
     config_hash: str | None = None,
+    adopt: bool = False,
 ) -> Plan:
     """What `cvs up` does on each host, or a refusal (exit 4) with reasons.
+
+    `adopt` (persistent only): running same-named containers cvs did not
+    start are taken over (after the image-ID check across hosts) instead of
+    refused; ownership is then recorded on each host.
 
     `script_sha256` is the sha256 of the setup script the config asks for
     (compared with each kept container's marker); `config_hash` the value of
@@ -343,6 +349,7 @@ def decide_plan(
         reprovision=reprovision,
         script_sha256=script_sha256,
         config_hash=config_hash,
+        adopt=adopt,
     )
 
 
@@ -375,8 +382,9 @@ def _foreign_reason(cfg: ContainerConfig, foreign: list[str], cluster_name: str)
     return (
         f"{_label(cfg)} on {_names(foreign)} was not created by cvs for cluster "
         f"{cluster_name!r} (no matching {LABEL_MANAGED} label) and is never removed without "
-        "--force: remove or rename it there, choose another `container.name`, or rerun with "
-        "--force to replace it"
+        "--force: remove or rename it there, choose another `container.name`, rerun with "
+        "--force to replace it, or (lifetime persistent, running containers) with --adopt "
+        "to take it over as it is"
     )
 
 
@@ -440,6 +448,7 @@ def _plan_persistent(
     reprovision: bool,
     script_sha256: str | None,
     config_hash: str | None,
+    adopt: bool = False,
 ) -> Plan:
     label = _label(cfg)
     by_state = _group((h, _state_word(s)) for h, s in states.items())
@@ -448,6 +457,11 @@ def _plan_persistent(
     # dockerd restart) left some stopped; starting them keeps their overlays.
     resumable = common != "absent" and set(by_state) <= RESUMABLE
     foreign = [h for h, s in states.items() if s.container != "absent" and not ours[h]]
+    adopting: list[str] = []
+    if adopt and not force:
+        # Only running ones: a stopped foreign container is not known to work.
+        adopting = [h for h in foreign if states[h].container == "running"]
+        foreign = [h for h in foreign if h not in adopting]
     # `force` turns these refusals into "replace everywhere"; nothing else.
     replaceable: list[str] = []
     if foreign:
@@ -507,10 +521,23 @@ def _plan_persistent(
             "restart) while the others run: resuming it there, overlay kept"
         )
     where = "everywhere" if common is not None else "here"
+    if adopting:
+        warnings.append(
+            f"--adopt: taking over {label} on {_names(adopting)} (not started by cvs); "
+            "ownership is recorded on each host, the container is kept as it is"
+        )
     actions = {}
     for host, state in states.items():
         provision, why = decisions[host]
-        if state.container == "running":
+        if host in adopting:
+            actions[host] = HostAction(
+                "attach",
+                f"persistent: running, not started by cvs: adopt, attach; {why}",
+                provision=provision,
+                start_sshd=sshd,
+                adopt=True,
+            )
+        elif state.container == "running":
             actions[host] = HostAction(
                 "attach",
                 f"persistent: running {where}, attach; {why}",

@@ -45,6 +45,7 @@ from typing import Any, Literal
 
 from orchestrator.config import ContainerConfig
 from orchestrator.containers.docker import (
+    LABEL_MANAGED,
     ContainerLimits,
     DockerOutputError,
     classify_docker_error,
@@ -182,7 +183,33 @@ def _capacity_facts(sections: Mapping[str, Section]) -> dict[str, object]:
     return out
 
 
-# --- end capacity ------------------------------------------------------------
+# --- adoption records (issue 15) ---------------------------------------------
+# Docker cannot relabel a running container, so `cvs up --adopt` records
+# ownership on the host: one file per adopted container ID holding the
+# cluster's name. A record whose ID is not the container's now is ignored.
+ADOPTED_DIR = "${XDG_STATE_HOME:-$HOME/.local/state}/cvs/adopted"
+_ADOPTED = (
+    f'd={ADOPTED_DIR}; [ -d "$d" ] || exit 0; cd "$d" || exit 0; '
+    "for f in $(ls -t 2>/dev/null | head -n 200); do "
+    'case "$f" in *[!0-9a-f]*) continue ;; esac; '
+    'printf \'%s \' "$f"; head -n 1 "$f"; done'
+)
+
+
+def _adopted_records(sections: Mapping[str, Section]) -> dict[str, str]:
+    """container ID -> cluster name, from the adopted section."""
+    section = sections.get("adopted")
+    if section is None:
+        return {}
+    out: dict[str, str] = {}
+    for line in section.stdout.splitlines():
+        cid, _, cluster = line.partition(" ")
+        if re.fullmatch(r"[0-9a-f]{64}", cid) and cluster.strip():
+            out[cid] = cluster.strip()
+    return out
+
+
+# --- end capacity and adoption -----------------------------------------------
 
 
 def inspect_image_arg(image: str) -> str:
@@ -238,6 +265,8 @@ def probe_command(
         f"section args printf '%s\\n' {shlex.join(targets)}",
         # capacity (issue 15): the host's CPU count and MemTotal, no docker needed
         f"section capacity sh -c {shlex.quote(_CAPACITY)}",
+        # adoption records (issue 15): containers `cvs up --adopt` took over here
+        f"section adopted sh -c {shlex.quote(_ADOPTED)}",
         "via=",
         "for m in $order; do",
         '  if [ "$m" = direct ]; then set -- docker; else set -- sudo -n docker; fi',
@@ -451,6 +480,11 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
     except DockerOutputError as exc:
         return HostState(**values, error=str(exc), error_kind="garbled")  # type: ignore[arg-type]
 
+    labels = cinfo.labels
+    adopted_by = _adopted_records(sections).get(cinfo.id or "")
+    if adopted_by is not None and LABEL_MANAGED not in labels:
+        # Adopted (issue 15): owned as if cvs had labelled it at start.
+        labels = MappingProxyType({**labels, LABEL_MANAGED: adopted_by})
     values.update(
         container=cinfo.state,
         container_status=cinfo.status,
@@ -458,7 +492,7 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
         container_image_id=cinfo.image_id,
         container_image_readable=cinfo.image_id is not None
         and cinfo.image_id.startswith("sha256:"),
-        labels=cinfo.labels,
+        labels=labels,
         started_at=cinfo.started_at,
         host_config=cinfo.limits,
     )

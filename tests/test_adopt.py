@@ -1,0 +1,74 @@
+"""`cvs up --adopt`: running containers cvs did not start are taken over, not refused."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+from test_plan import IMG_B, cfg, host, kinds, states
+
+from orchestrator.containers.docker import LABEL_MANAGED
+from orchestrator.containers.lifecycle import adoption_record_command
+from orchestrator.containers.plan import decide_plan
+from orchestrator.containers.probe import _adopted_records, parse_sections
+
+ID = "c" * 64
+
+
+def cvs_started(name: str, **kw: object) -> object:
+    """What CVS leaves: a same-named running container, no cvs labels, no marker."""
+    return host(name, "running", ours=False, marker=None, **kw)  # type: ignore[arg-type]
+
+
+def test_adopt_takes_over_running_foreign_containers_and_provisions_them() -> None:
+    plan = decide_plan(cfg("persistent"), states(cvs_started("a"), cvs_started("b")), adopt=True)
+    assert not plan.refused, plan.reasons
+    assert kinds(plan) == {"a": "attach", "b": "attach"}
+    assert all(a.adopt and a.provision and a.start_sshd for a in plan.actions.values())
+    assert any("--adopt: taking over" in w for w in plan.warnings)
+
+
+def test_adopt_next_to_our_own_containers_adopts_only_the_foreign_ones() -> None:
+    plan = decide_plan(
+        cfg("persistent"), states(host("a", "running"), cvs_started("b")), adopt=True
+    )
+    assert not plan.refused, plan.reasons
+    assert (plan.actions["a"].adopt, plan.actions["b"].adopt) == (False, True)
+
+
+def test_without_adopt_the_refusal_names_it() -> None:
+    plan = decide_plan(cfg("persistent"), states(cvs_started("a"), cvs_started("b")))
+    assert plan.refused
+    assert any("--adopt" in r for r in plan.reasons)
+
+
+def test_adopt_still_refuses_image_skew() -> None:
+    plan = decide_plan(
+        cfg("persistent"), states(cvs_started("a"), cvs_started("b", image=IMG_B)), adopt=True
+    )
+    assert plan.refused
+    assert any("image" in r for r in plan.reasons)
+
+
+def test_adopt_does_not_take_a_stopped_foreign_container() -> None:
+    stopped = host("b", "exited", ours=False, marker=None)
+    plan = decide_plan(cfg("persistent"), states(cvs_started("a"), stopped), adopt=True)
+    assert plan.refused
+
+
+def test_probe_reads_adoption_records() -> None:
+    body = base64.b64encode(f"{ID} my-cluster\nnot-an-id x\n".encode()).decode()
+    text = f"@@cvs:section adopted 0 b64\n{body}\n@@cvs:stderr\n\n@@cvs:end adopted\n@@cvs:done\n"
+    sections, _ = parse_sections(text)
+    assert _adopted_records(sections) == {ID: "my-cluster"}
+
+
+@pytest.mark.parametrize("bad", [None, "abc", "C" * 64, ID + ";x"])
+def test_adoption_record_needs_a_container_id(bad: str | None) -> None:
+    with pytest.raises(ValueError):
+        adoption_record_command("ctr", bad, "c")
+
+
+def test_adoption_record_quotes_the_cluster_name() -> None:
+    text = adoption_record_command("ctr", ID, "a b'c")
+    assert "'a b'\"'\"'c'" in text and LABEL_MANAGED not in text

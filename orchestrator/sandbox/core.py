@@ -31,9 +31,9 @@ from typing import Any
 
 import yaml
 
-from . import daemons, images, network, procs
+from . import daemons, images, network, prereqs, procs
 from .errors import SandboxError
-from .users import DOCKER_USER, ensure_users
+from .users import DOCKER_USER, SUDOERS_FILE, ensure_users
 
 Progress = Callable[[str], None]
 STATE_FILE = "sandbox.json"
@@ -465,9 +465,13 @@ def sandbox_up(
 
     On any failure (also Ctrl-C) everything created so far is torn down again.
     """
-    _require_root()
-    say = progress or _quiet
     directory = Path(directory).absolute()
+    # Before anything changes: root, every command, every place written.
+    prereqs.require(
+        directory,
+        [network.RUN_ROOT, network.NETNS_DIR, images.cache_dir(), SUDOERS_FILE.parent],
+    )
+    say = progress or _quiet
     if hosts < (0 if egress_host else 1) or hosts > 250:
         raise SandboxError(f"--hosts must be between 1 and 250, got {hosts}")
     if (directory / STATE_FILE).exists():

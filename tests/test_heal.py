@@ -270,3 +270,45 @@ def test_exec_raise_on_failure_raises_exec_failed_naming_hosts(
     assert [h for h, r in results.items() if not r.ok] == ["node3"]  # default: per host
     assert error.exit_code == 1 and set(error.results) == set(THREE)
     assert "command failed on 1 of 3 hosts: node3: failed (exit 1)" in str(error)
+
+
+# --- issue 14.3: strict host keys, whatever ~/.ssh/config says -------------------
+
+
+def test_strict_refuses_a_changed_host_key_even_when_ssh_config_turns_checking_off(
+    breakable: Sandbox, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "known_hosts").write_text(breakable.known_hosts.read_text())
+    (home / ".ssh" / "config").write_text(
+        "Host *\n  UserKnownHostsFile none\n  StrictHostKeyChecking no\n"
+    )
+    doc = yaml.safe_load(breakable.cluster_file.read_text())
+    doc["ssh"].pop("known_hosts")  # the default: ~/.ssh/known_hosts of this HOME
+    doc["ssh"]["use_ssh_config"] = True
+    doc["ssh"]["connect_retries"] = 0
+    doc.pop("container")  # commands run on the hosts themselves
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    env = {"HOME": str(home)}
+
+    before = cvs(path, "exec", "--", "echo RAN-$(hostname)", env=env)
+    assert before.returncode == 0, explain(before)
+    assert "UserKnownHostsFile none" in before.stderr, before.stderr  # reported ...
+    assert "StrictHostKeyChecking" in before.stderr, before.stderr
+
+    node2 = breakable.host("node2")
+    saved = {p: p.read_bytes() for p in (node2.host_key, node2.host_key.with_suffix(".pub"))}
+    try:
+        breakable.rotate_host_key("node2")
+        after = cvs(path, "exec", "--", "echo RAN-$(hostname)", env=env)
+    finally:
+        for p, data in saved.items():
+            p.write_bytes(data)
+        breakable.restart_sshd("node2")
+
+    assert after.returncode == 3, explain(after)  # ... and not obeyed
+    assert "RAN-node1" in after.stdout + after.stderr and "RAN-node3" in after.stdout + after.stderr
+    assert "RAN-node2" not in after.stdout + after.stderr, explain(after)
+    assert "host key" in after.stdout + after.stderr, explain(after)

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 import asyncssh
 
@@ -138,3 +140,112 @@ def _publish(path: Path, data: str | bytes) -> None:
 def _replace(path: Path, data: str) -> None:
     tmp = _write_temp(path, data)
     os.replace(tmp, path)
+
+
+# --- host-key checking under `host_key_policy: strict` -------------------------
+
+# An empty known_hosts: every host key is unknown, so every host is refused.
+TRUST_NOTHING: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
+_DISABLING_PATHS = frozenset({"/dev/null"})
+_STRICT_OFF_RE = re.compile(
+    r"\s*StrictHostKeyChecking(?:\s*=\s*|\s+)(no|off|accept-new)\s*(?:#.*)?", re.IGNORECASE
+)
+
+
+@dataclass(frozen=True)
+class StrictKnownHosts:
+    """What asyncssh gets as `known_hosts` under `strict`, and the ssh config
+    settings that asked for less (reported as conflicts, never obeyed)."""
+
+    known_hosts: str | list[str] | tuple[list[Any], list[Any], list[Any]]
+    conflicts: tuple[str, ...] = ()
+
+
+def strict_known_hosts(
+    *,
+    configured: str | None,
+    use_ssh_config: bool,
+    host: str,
+    port: int,
+    username: str | None = None,
+    home: Path | None = None,
+) -> StrictKnownHosts:
+    """Always a real known_hosts under `strict`, whatever ~/.ssh/config says.
+
+    The cluster file's `ssh.known_hosts` wins. Otherwise the user's ssh config
+    may name known_hosts files (`UserKnownHostsFile`) and those are used, but
+    `none` and `/dev/null` (which turn checking off, or make every key
+    "unknown" and invite `StrictHostKeyChecking no`) are conflicts: reported,
+    not obeyed, and ~/.ssh/known_hosts is used instead. `StrictHostKeyChecking
+    no|off|accept-new` in the ssh config is reported the same way; cvs never
+    obeys it (only the cluster file's `host_key_policy` relaxes checking).
+    """
+    home = home or Path(os.path.expanduser("~"))
+    default = home / ".ssh" / "known_hosts"
+    conflicts: list[str] = []
+    if configured is not None:
+        path = Path(configured).expanduser()
+        return StrictKnownHosts(str(path) if path.is_file() else TRUST_NOTHING)
+    candidates: list[str] = []
+    if use_ssh_config:
+        config_path = home / ".ssh" / "config"
+        from_config = _ssh_config_known_hosts(host, port, username, config_path)
+        if from_config is None:
+            conflicts.append(
+                f"{config_path}: UserKnownHostsFile none would turn host-key "
+                f"checking off; host_key_policy strict checks {default} instead (set "
+                "ssh.known_hosts in the cluster file, or host_key_policy accept-new/off "
+                "there if that is what you mean)"
+            )
+        else:
+            for entry in from_config:
+                expanded = os.path.expanduser(entry)
+                if expanded in _DISABLING_PATHS:
+                    conflicts.append(
+                        f"{config_path}: UserKnownHostsFile {entry} would make "
+                        f"every host key unknown; host_key_policy strict checks {default} "
+                        "instead"
+                    )
+                elif os.path.isfile(expanded):
+                    candidates.append(expanded)
+        if _strict_checking_disabled(config_path):
+            conflicts.append(
+                f"{config_path}: StrictHostKeyChecking is relaxed there; cvs does not obey "
+                "it: host_key_policy strict refuses unknown and changed host keys (use "
+                "host_key_policy accept-new or off in the cluster file to relax it)"
+            )
+    if not candidates and default.is_file():
+        candidates.append(str(default))
+    return StrictKnownHosts(candidates or TRUST_NOTHING, tuple(conflicts))
+
+
+def _ssh_config_known_hosts(
+    host: str, port: int, username: str | None, config_path: Path
+) -> list[str] | None:
+    """The UserKnownHostsFile entries ssh config gives `host` ([] when unset),
+    None when it says `none`."""
+    if not config_path.is_file():
+        return []
+    try:
+        options = asyncssh.SSHClientConnectionOptions(
+            host=host, port=port, username=username or (), config=[str(config_path)]
+        )
+    except (OSError, ValueError, asyncssh.Error):
+        return []  # an unreadable config is asyncssh's to report at connect time
+    known = options.known_hosts
+    if known is None:
+        return None
+    if isinstance(known, str):
+        return [known]
+    if isinstance(known, list | tuple):
+        return [str(k) for k in known if isinstance(k, str)]
+    return []
+
+
+def _strict_checking_disabled(config_path: Path) -> bool:
+    # asyncssh ignores StrictHostKeyChecking; a textual scan is enough to report it.
+    try:
+        text = config_path.read_text(errors="replace")
+    except OSError:
+        return False
+    return any(_STRICT_OFF_RE.fullmatch(line) for line in text.splitlines())

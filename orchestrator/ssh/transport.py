@@ -38,10 +38,12 @@ from orchestrator.events import (
     ConnectFailed,
     Connecting,
     EventSink,
+    Message,
     NullSink,
     OutputLine,
 )
 from orchestrator.results import HostResult, Status
+from orchestrator.ssh.keys import strict_known_hosts
 
 PREFERRED_CIPHERS = [
     "aes128-gcm@openssh.com",
@@ -139,6 +141,7 @@ class SSHPool:
         self._failures: dict[str, ConnectError] = {}
         self._handshakes = anyio.CapacityLimiter(cluster.concurrency.handshakes)
         self.connects = 0  # handshakes performed (for the benchmark / tests)
+        self._warned: set[str] = set()
 
     async def __aenter__(self) -> SSHPool:
         return self
@@ -187,14 +190,28 @@ class SSHPool:
         if ssh.host_key_policy == "off":
             opts["known_hosts"] = None
         elif ssh.host_key_policy == "strict":
-            if known is not None:
-                opts["known_hosts"] = str(known)
+            # Always an explicit known_hosts: ~/.ssh/config must not turn checking off.
+            strict = strict_known_hosts(
+                configured=str(known) if known is not None else None,
+                use_ssh_config=ssh.use_ssh_config,
+                host=address,
+                port=port,
+                username=user,
+            )
+            opts["known_hosts"] = strict.known_hosts
+            for conflict in strict.conflicts:
+                self._warn_once(conflict)
         else:
             path = known or Path("~/.ssh/known_hosts").expanduser()
             patterns = [address if port == 22 else f"[{address}]:{port}"]
             opts["client_factory"] = lambda: _AcceptNewClient(path, patterns)
             opts["known_hosts"] = str(path) if path.exists() else ([], [], [])
         return opts
+
+    def _warn_once(self, text: str) -> None:
+        if text not in self._warned:
+            self._warned.add(text)
+            self.sink.emit(Message(level="warning", text=text))
 
     async def _open(self, spec: HostSpec) -> _HostLink:
         opts = self._connect_options(spec)

@@ -586,3 +586,38 @@ def test_plain_pytest_with_engine_flag_reports_an_unreachable_host(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "3 passed" in proc.stdout
+
+
+class _EngineConfig:
+    def __init__(self, engine: str | None) -> None:
+        self.engine = engine
+
+    def getoption(self, name: str, default: Any = None) -> Any:
+        return self.engine if name == "engine" else default
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "wanted"),
+    [
+        (None, None, False),
+        ("cvs-orchestrator", None, True),
+        (None, "cvs-orchestrator", True),
+        (None, "some-other-backend", False),  # CVS's own entry-point lookup, not ours
+    ],
+)
+def test_engine_is_opt_in_by_flag_or_environment(
+    monkeypatch: pytest.MonkeyPatch, flag: str | None, env: str | None, wanted: bool
+) -> None:
+    from orchestrator.compat.pytest_engine import engine_requested
+
+    monkeypatch.delenv("CVS_ENGINE", raising=False)
+    if env is not None:
+        monkeypatch.setenv("CVS_ENGINE", env)
+    assert engine_requested(_EngineConfig(flag)) is wanted  # type: ignore[arg-type]
+
+
+def test_engine_flag_with_another_name_is_a_usage_error() -> None:
+    from orchestrator.compat.pytest_engine import engine_requested
+
+    with pytest.raises(pytest.UsageError, match="the engine here is 'cvs-orchestrator'"):
+        engine_requested(_EngineConfig("paramiko"))  # type: ignore[arg-type]

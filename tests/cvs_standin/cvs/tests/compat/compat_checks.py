@@ -2,6 +2,7 @@
 
 import json
 import re
+import time
 
 import pytest
 
@@ -27,6 +28,19 @@ def test_exec_returns_stdout_and_stderr_as_one_string(orch):
 def test_detailed_gives_output_and_exit_code(orch):
     out = orch.exec("echo failing; exit 3", detailed=True)
     assert out == {h: {"output": "failing\n", "exit_code": 3} for h in orch.hosts}
+
+
+def test_timeout_is_a_wall_clock_cap_that_stops_the_command(orch):
+    start = time.monotonic()
+    out = orch.exec("sleep 30; echo never", timeout=2, detailed=True)
+    assert time.monotonic() - start < 15
+    for result in out.values():
+        assert result["exit_code"] == 124
+        assert "ABORT: Timeout Error in Host" in result["output"]
+        assert "never" not in result["output"]
+    procs = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done"
+    left = orch.exec(f"{procs} | grep -c '[s]leep 30' || true")
+    assert all(o.strip() == "0" for o in left.values()), left
 
 
 def test_exec_on_a_subset_of_hosts(orch):

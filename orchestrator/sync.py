@@ -53,15 +53,24 @@ class SyncCluster:
     def hosts(self) -> list[str]:
         return self._cluster.hosts
 
-    def plan(self, *, force: bool = False, reprovision: bool = False) -> Plan:
+    def plan(self, *, force: bool = False, reprovision: bool = False, adopt: bool = False) -> Plan:
         """What `up` would do on each host (nothing is changed, nothing locked)."""
-        return self._portal.call(lambda: self._cluster.plan(force=force, reprovision=reprovision))
+        return self._portal.call(
+            lambda: self._cluster.plan(force=force, reprovision=reprovision, adopt=adopt)
+        )
 
-    def up(self, *, force: bool = False, reprovision: bool = False, check: bool = True) -> UpReport:
+    def up(
+        self,
+        *,
+        force: bool = False,
+        reprovision: bool = False,
+        check: bool = True,
+        adopt: bool = False,
+    ) -> UpReport:
         """Bring containers to the state the lifetime policy asks for (see `Cluster.up`:
         raises `UpFailed` when a host did not end ready, unless `check=False`)."""
         return self._portal.call(
-            lambda: self._cluster.up(force=force, reprovision=reprovision, check=check)
+            lambda: self._cluster.up(force=force, reprovision=reprovision, check=check, adopt=adopt)
         )
 
     def down(self, *, force: bool = False) -> tuple[Plan, dict[str, HostResult]]:

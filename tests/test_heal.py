@@ -312,3 +312,48 @@ def test_strict_refuses_a_changed_host_key_even_when_ssh_config_turns_checking_o
     assert "RAN-node1" in after.stdout + after.stderr and "RAN-node3" in after.stdout + after.stderr
     assert "RAN-node2" not in after.stdout + after.stderr, explain(after)
     assert "host key" in after.stdout + after.stderr, explain(after)
+
+
+# --- issue 10.2: expected conditions on live hosts, no traceback -------------------
+
+
+def test_ssh_agent_absent_and_no_identity_files_is_an_auth_error_per_host(
+    breakable: Sandbox, tmp_path: Path
+) -> None:
+    doc = yaml.safe_load(breakable.cluster_file.read_text())
+    doc["ssh"]["identity_files"] = []  # the agent is the only way in, and it is gone
+    doc["ssh"]["connect_retries"] = 0
+    doc.pop("container")
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    home = tmp_path / "home"  # no ~/.ssh/id_* keys to fall back on
+    home.mkdir()
+
+    proc = cvs(
+        path,
+        "exec",
+        "--",
+        "true",
+        env={"SSH_AUTH_SOCK": str(tmp_path / "gone.sock"), "HOME": str(home)},
+    )
+
+    assert proc.returncode == 3, explain(proc)
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.count("authentication failed") >= 3, explain(proc)
+
+
+def test_dockerd_socket_gone_is_reported_per_host_without_traceback(
+    lab: Lab, breakable: Sandbox
+) -> None:
+    path = lab.cluster(lifetime="persistent")
+    breakable.stop_dockerd("node3")  # the lab fixture starts it again
+
+    status = cvs(path, "status")
+    up = cvs(path, "up")
+    run_in = cvs(path, "exec", "--", "true")
+
+    for proc in (status, up, run_in):
+        assert "Traceback" not in proc.stdout + proc.stderr, explain(proc)
+    assert "node3: docker daemon not reachable" in status.stderr, explain(status)
+    assert up.returncode == 4 and "node3" in up.stderr, explain(up)  # unknown: never absent
+    assert run_in.returncode == 1 and "node3" in run_in.stdout + run_in.stderr, explain(run_in)

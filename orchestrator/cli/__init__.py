@@ -7,6 +7,7 @@ become messages and exit codes in one place: `main` (codes: errors.ExitCode).
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import sys
@@ -37,6 +38,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CvsError as exc:
         sys.stderr.write(f"cvs: {exc}\n")
         return exc.exit_code
+    except BaseExceptionGroup as group:
+        # A task group (per-host fan-out) wraps what a host's task raised: an
+        # expected error inside is reported like any other, without a traceback.
+        leaf = _first_expected(group)
+        if leaf is None:
+            raise
+        return _report(leaf)
+    except OSError as exc:
+        return _report(exc)
+
+
+def _first_expected(group: BaseExceptionGroup) -> BaseException | None:
+    from orchestrator.errors import CvsError
+
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            found = _first_expected(exc)
+            if found is not None:
+                return found
+        elif isinstance(exc, CvsError | OSError | KeyboardInterrupt):
+            return exc
+    return None
+
+
+# A path the user named is missing or not usable: fix the input (exit 2). Anything
+# else from the OS (disk full, I/O error) is a failure of the run (exit 1).
+_USAGE_ERRNOS = frozenset(
+    {errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.EROFS}
+)
+
+
+def _report(exc: BaseException) -> int:
+    from orchestrator.errors import CvsError, ExitCode
+
+    if isinstance(exc, KeyboardInterrupt):
+        sys.stderr.write("cvs: interrupted\n")
+        return ExitCode.INTERRUPTED
+    if isinstance(exc, CvsError):
+        sys.stderr.write(f"cvs: {exc}\n")
+        return exc.exit_code
+    assert isinstance(exc, OSError)
+    where = f": {exc.filename}" if exc.filename else ""
+    sys.stderr.write(f"cvs: {exc.strerror or exc}{where}\n")
+    return ExitCode.USAGE if exc.errno in _USAGE_ERRNOS else ExitCode.FAILED
 
 
 def _apply_color(choice: str | None) -> None:

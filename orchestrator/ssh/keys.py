@@ -34,6 +34,7 @@ from typing import Any
 import asyncssh
 
 from orchestrator.config import HOST_NAME_RE, ClusterConfig
+from orchestrator.errors import UsageError
 
 KEY_TYPE = "ssh-ed25519"
 USER_KEY_FILE = "cluster_ed25519"
@@ -249,3 +250,32 @@ def _strict_checking_disabled(config_path: Path) -> bool:
     except OSError:
         return False
     return any(_STRICT_OFF_RE.fullmatch(line) for line in text.splitlines())
+
+
+# --- the user's identity files ---------------------------------------------------
+
+
+class IdentityError(UsageError):
+    """An identity file from the cluster file cannot be used (exit 2)."""
+
+
+def load_identities(paths: Iterable[str]) -> list[asyncssh.SSHKeyPair]:
+    """Key pairs from `ssh.identity_files` (with their `.pub`/`-cert.pub` when present)."""
+    out: list[asyncssh.SSHKeyPair] = []
+    for path in paths:
+        try:
+            out += asyncssh.load_keypairs([path])
+        except asyncssh.KeyEncryptionError:
+            raise IdentityError(
+                f"ssh.identity_files: {path} is passphrase-protected: add it to ssh-agent "
+                "and leave identity_files empty, or use a key without a passphrase"
+            ) from None
+        except (asyncssh.KeyImportError, ValueError) as exc:
+            raise IdentityError(
+                f"ssh.identity_files: {path} is not a private key cvs can read ({exc})"
+            ) from None
+        except OSError as exc:
+            raise IdentityError(
+                f"ssh.identity_files: cannot read {path}: {exc.strerror or exc}"
+            ) from None
+    return out

@@ -43,7 +43,7 @@ from orchestrator.events import (
     OutputLine,
 )
 from orchestrator.results import HostResult, Status
-from orchestrator.ssh.keys import strict_known_hosts
+from orchestrator.ssh.keys import load_identities, strict_known_hosts
 
 PREFERRED_CIPHERS = [
     "aes128-gcm@openssh.com",
@@ -142,8 +142,11 @@ class SSHPool:
         self._handshakes = anyio.CapacityLimiter(cluster.concurrency.handshakes)
         self.connects = 0  # handshakes performed (for the benchmark / tests)
         self._warned: set[str] = set()
+        self._keys: list[asyncssh.SSHKeyPair] | None = None
 
     async def __aenter__(self) -> SSHPool:
+        if self.cluster.ssh.identity_files:
+            self._client_keys()  # a bad identity file: one error now, before any host
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -180,7 +183,7 @@ class SSHPool:
         if user:
             opts["username"] = user
         if ssh.identity_files:
-            opts["client_keys"] = list(ssh.identity_files)
+            opts["client_keys"] = self._client_keys()
             opts["agent_path"] = None
         if ssh.proxy_jump:
             opts["tunnel"] = ssh.proxy_jump
@@ -207,6 +210,13 @@ class SSHPool:
             opts["client_factory"] = lambda: _AcceptNewClient(path, patterns)
             opts["known_hosts"] = str(path) if path.exists() else ([], [], [])
         return opts
+
+    def _client_keys(self) -> list[asyncssh.SSHKeyPair]:
+        """The identity files, read once per pool (not per host) and checked here so a
+        bad key is one clear line (exit 2), not a traceback out of every connect."""
+        if self._keys is None:
+            self._keys = load_identities(self.cluster.ssh.identity_files)
+        return self._keys
 
     def _warn_once(self, text: str) -> None:
         if text not in self._warned:

@@ -1,0 +1,95 @@
+"""Expected conditions reach the user as one line and the right exit code, never a
+traceback (issue 10.2): bad or unreadable identity files, a missing cluster file,
+OS errors and errors wrapped in a task group's ExceptionGroup.
+
+The cases that need a live host (SSH agent absent, dockerd socket gone) are in
+tests/test_heal.py against the sandbox.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import _first_expected, _report
+from orchestrator.errors import ExitCode, UsageError
+
+CVS = [sys.executable, "-m", "orchestrator"]
+
+
+def cvs(tmp_path: Path, cluster: str | None, *args: str) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "cluster.yaml"
+    if cluster is not None:
+        path.write_text(cluster)
+    return subprocess.run(
+        [*CVS, "-c", str(path), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CI": "1"},
+        timeout=60,
+        check=False,
+    )
+
+
+def one_line(proc: subprocess.CompletedProcess[str], code: int, *fragments: str) -> None:
+    assert proc.returncode == code, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], proc.stderr
+
+
+def test_identity_file_that_is_not_a_key_exits_2_before_any_host(tmp_path: Path) -> None:
+    (tmp_path / "key").write_text("not a key\n")
+    cluster = "hosts: [{name: a, address: 192.0.2.1}]\nssh: {identity_files: [key]}\n"
+    proc = cvs(tmp_path, cluster, "exec", "--", "true")
+    one_line(proc, 2, "ssh.identity_files", "key", "not a private key")
+
+
+def test_unreadable_identity_file_exits_2(tmp_path: Path) -> None:
+    cluster = "hosts: [{name: a, address: 192.0.2.1}]\nssh: {identity_files: [/proc/1/mem]}\n"
+    proc = cvs(tmp_path, cluster, "exec", "--", "true")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "/proc/1/mem" in proc.stderr
+
+
+def test_missing_cluster_file_exits_2(tmp_path: Path) -> None:
+    one_line(cvs(tmp_path, None, "status"), 2, "cluster.yaml")
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (OSError(errno.ENOSPC, "No space left on device", "/runs/x/events.jsonl"), 1),
+        (OSError(errno.EIO, "Input/output error"), 1),
+        (FileNotFoundError(errno.ENOENT, "No such file or directory", "/x"), 2),
+        (PermissionError(errno.EACCES, "Permission denied", "/state"), 2),
+        (UsageError("bad input"), 2),
+    ],
+)
+def test_os_and_cvs_errors_become_one_line_and_their_code(
+    error: BaseException, code: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _report(error) == code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("cvs: ")
+    if isinstance(error, OSError) and error.filename:
+        assert error.filename in err
+
+
+def test_an_expected_error_inside_a_task_group_is_found() -> None:
+    inner = PermissionError(errno.EACCES, "Permission denied", "/state")
+    group = BaseExceptionGroup("tasks", [ExceptionGroup("inner", [inner])])
+    assert _first_expected(group) is inner
+    assert _first_expected(BaseExceptionGroup("tasks", [RuntimeError("bug")])) is None
+
+
+def test_interrupted_inside_a_task_group_is_exit_130(capsys: pytest.CaptureFixture[str]) -> None:
+    leaf = _first_expected(BaseExceptionGroup("tasks", [KeyboardInterrupt()]))
+    assert leaf is not None and _report(leaf) == ExitCode.INTERRUPTED

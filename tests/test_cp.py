@@ -192,3 +192,33 @@ def test_copy_step_with_a_missing_source_is_exit_2_before_anything_runs(
 )
 def test_compare_names_the_files_that_differ(lines: list[str], problem: str | None) -> None:
     assert compare({"./f": "a" * 64}, lines, "dir") == problem
+
+
+def test_progress_reports_every_byte_sent_to_every_host(cp_cluster: Path, tmp_path: Path) -> None:
+    import anyio
+
+    from orchestrator.api import Cluster
+    from orchestrator.config import load_cluster
+    from orchestrator.containers.copy import Payload, copy_to_hosts
+
+    src = tmp_path / "p.bin"
+    src.write_bytes(PAYLOAD)
+    seen: dict[str, int] = {}
+
+    def progress(host: str, n: int) -> None:
+        seen[host] = seen.get(host, 0) + n
+
+    async def main() -> dict[str, object]:
+        config = load_cluster(cp_cluster)
+        payload = Payload.from_path(src)
+        try:
+            async with Cluster.open(config) as cluster:
+                return await copy_to_hosts(  # type: ignore[return-value]
+                    cluster.pool, config, payload, "/tmp/p.bin", hosts=NODES, progress=progress
+                )
+        finally:
+            payload.close()
+
+    results = anyio.run(main)
+    assert all(r.ok for r in results.values())  # type: ignore[attr-defined]
+    assert seen == dict.fromkeys(NODES, len(PAYLOAD))

@@ -12,7 +12,7 @@ import anyio
 
 from orchestrator.cli.common import chosen_hosts, load, make_sink, print_json_summary
 from orchestrator.errors import UsageError
-from orchestrator.events import wants_plain
+from orchestrator.events import PlainSink, wants_plain
 from orchestrator.results import HostResult, exit_code_for
 
 
@@ -63,7 +63,9 @@ def cmd_cp(args: argparse.Namespace) -> int:
     cluster_cfg = load(args)
     hosts = chosen_hosts(cluster_cfg, args)
     show = not args.json and not wants_plain(sys.stderr)
-    sink = make_sink(args, output=False)
+    # The progress bar is the live view: a second live display (the rich sink's
+    # host rows) would fight it for the terminal, so only lines go beside it.
+    sink = PlainSink(output=False) if show else make_sink(args, output=False)
     payload = None
     try:
         if not args.from_host:

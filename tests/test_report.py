@@ -132,3 +132,23 @@ def test_report_opens_in_chromium_and_shows_the_failing_cell(tmp_path: Path) -> 
         page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
     assert visit.console_errors == [] and visit.page_errors == []
     assert visit.requests == [recorder.report_path.resolve().as_uri()]
+
+
+def test_a_wide_fleet_gets_one_row_per_host(tmp_path: Path) -> None:
+    hosts = [f"gpu{i:03d}" for i in range(1, 41)]
+    step = StepOutcome(
+        name="rccl",
+        hosts=hosts,
+        started=1.0,
+        duration=2.0,
+        results={
+            h: host(h, "failed" if h == "gpu017" else "ok", code=1 if h == "gpu017" else 0)
+            for h in hosts
+        },
+    )
+    page = render_report(failing_outcome(steps=[step], image_ids={}))
+    assert "Hosts \N{MULTIPLICATION SIGN} steps" in page
+    assert "rccl: failed on gpu017" in page
+    assert page.count('<tr><th class="mono">gpu') == 40
+    assert 'data-step="rccl" data-host="gpu017" data-status="failed"' in page
+    assert "gpu[001-040] (40)" in page

@@ -19,6 +19,8 @@ from orchestrator.suites.records import RunOutcome, StepOutcome, utc_stamp
 # Above this many hosts a step's text row names hosts per status instead of one column per host.
 WIDE_TABLE_HOSTS = 8
 REPORT_TAIL_LINES = 40
+# Past this many hosts the matrix turns: one row per host, one column per step.
+HOSTS_AS_COLUMNS_MAX = 12
 TEMPLATE = "report.html.j2"
 
 VERDICTS = {0: "ok", 3: "host unreachable", 4: "refused", 130: "interrupted"}
@@ -154,6 +156,18 @@ def image_summary(outcome: RunOutcome) -> list[tuple[str, str]]:
     return [(i, compress_hostlist(hosts)) for i, hosts in by_id.items()]
 
 
+def problems(outcome: RunOutcome) -> list[str]:
+    """`rccl: failed on gpu[017,033]` per step and status that is not ok (nor skipped)."""
+    lines = []
+    for s in outcome.steps:
+        by_status: dict[str, list[str]] = {}
+        for h, r in s.results.items():
+            if r.status not in ("ok", "skipped"):
+                by_status.setdefault(r.status, []).append(h)
+        lines.extend(f"{s.name}: {st} on {compress_hostlist(hs)}" for st, hs in by_status.items())
+    return lines
+
+
 def report_context(outcome: RunOutcome, run_dir: Path | None = None) -> dict[str, Any]:
     hosts = run_hosts(outcome)
     counts: dict[str, int] = {}
@@ -170,8 +184,10 @@ def report_context(outcome: RunOutcome, run_dir: Path | None = None) -> dict[str
         "seconds": run_seconds(outcome),
         "hosts": hosts,
         "hostlist": compress_hostlist(hosts),
+        "hosts_as_rows": len(hosts) > HOSTS_AS_COLUMNS_MAX,
         "counts": counts,
         "timeline": timeline(outcome),
+        "problems": problems(outcome),
         "images": image_summary(outcome),
         "tail_lines": REPORT_TAIL_LINES,
     }

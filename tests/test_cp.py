@@ -133,8 +133,15 @@ def test_missing_source_is_exit_2_with_one_line(cp_cluster: Path, tmp_path: Path
     ]
 
 
+def run_cluster(sandbox: Sandbox, directory: Path) -> Path:
+    """A per_run variant of its own: `cvs run` starts and removes its containers, and
+    must not take cp_cluster's away from the other tests."""
+    container = {**yaml_container(sandbox, name="cvs-t-cp-run"), "sshd": {"enabled": False}}
+    return cluster_variant(sandbox, directory / "run-cluster", container=container)
+
+
 def test_copy_step_ships_a_tarball_then_a_run_step_uses_it(
-    cp_cluster: Path, tmp_path: Path
+    sandbox: Sandbox, tmp_path: Path
 ) -> None:
     tool = tmp_path / "tool"
     tool.mkdir()
@@ -159,7 +166,8 @@ def test_copy_step_ships_a_tarball_then_a_run_step_uses_it(
             }
         )
     )
-    proc = cvs("run", "-c", str(cp_cluster), str(suite), "--run-dir", str(tmp_path / "run"))
+    cluster = run_cluster(sandbox, tmp_path)
+    proc = cvs("run", "-c", str(cluster), str(suite), "--run-dir", str(tmp_path / "run"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads((tmp_path / "run" / "results.json").read_text())
     assert [s["status"] for s in doc["steps"]] == ["ok", "ok"]
@@ -168,7 +176,7 @@ def test_copy_step_ships_a_tarball_then_a_run_step_uses_it(
 
 
 def test_copy_step_with_a_missing_source_is_exit_2_before_anything_runs(
-    cp_cluster: Path, tmp_path: Path
+    sandbox: Sandbox, tmp_path: Path
 ) -> None:
     suite = tmp_path / "bad.yaml"
     suite.write_text(
@@ -176,7 +184,8 @@ def test_copy_step_with_a_missing_source_is_exit_2_before_anything_runs(
             {"name": "bad", "steps": [{"name": "s", "copy": {"src": "no.tgz", "dest": "/x"}}]}
         )
     )
-    proc = cvs("run", "-c", str(cp_cluster), str(suite), "--run-dir", str(tmp_path / "run"))
+    cluster = run_cluster(sandbox, tmp_path)
+    proc = cvs("run", "-c", str(cluster), str(suite), "--run-dir", str(tmp_path / "run"))
     assert proc.returncode == 2
     assert "steps[0].copy.src:" in proc.stderr and "does not exist" in proc.stderr
     assert not (tmp_path / "run").exists()
@@ -220,5 +229,5 @@ def test_progress_reports_every_byte_sent_to_every_host(cp_cluster: Path, tmp_pa
             payload.close()
 
     results = anyio.run(main)
-    assert all(r.ok for r in results.values())  # type: ignore[attr-defined]
+    assert all(r.ok for r in results.values()), results  # type: ignore[attr-defined]
     assert seen == dict.fromkeys(NODES, len(PAYLOAD))

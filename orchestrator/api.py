@@ -15,13 +15,20 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.config import ClusterConfig, container_name, load_cluster, sshd_wanted
+from orchestrator.config import (
+    ClusterConfig,
+    GPURequest,
+    container_name,
+    load_cluster,
+    sshd_wanted,
+)
 from orchestrator.config.hostlist import SelectionError, abbreviate_hosts
 from orchestrator.config.hostlist import select_hosts as _select
 from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command
 from orchestrator.containers.status import HostStatus, host_status
 from orchestrator.errors import CvsError, UsageError
-from orchestrator.events import EventSink, NullSink
+from orchestrator.events import EventSink, Message, NullSink
+from orchestrator.limits.gpus import guard_visible_devices
 from orchestrator.limits.resources import EffectiveResources
 from orchestrator.results import HostResult, exit_code_for
 from orchestrator.ssh.fanout import fan_out
@@ -151,7 +158,9 @@ class Cluster:
         `adopt` (persistent): take over running same-named containers cvs did
         not start instead of refusing them.
         """
-        report = await self._lifecycle().up(force=force, reprovision=reprovision, adopt=adopt)
+        lifecycle = self._lifecycle()
+        self._guard_gpu_env(dict(lifecycle.cfg.env))  # warns; run_argv drops them
+        report = await lifecycle.up(force=force, reprovision=reprovision, adopt=adopt)
         if check and not report.ok:
             raise UpFailed(report)
         return report
@@ -184,6 +193,19 @@ class Cluster:
                 )
             )
         return rows
+
+    def _guard_gpu_env(self, env: dict[str, str]) -> dict[str, str]:
+        """`env` minus visible-devices variables that could widen the GPU subset
+        cvs selected (`limits.gpus.guard_visible_devices`); a warning for each."""
+        container = self.config.container
+        if container is None:
+            return env
+        request = container.gpus
+        count = request.count if isinstance(request, GPURequest) else None
+        kept, warnings = guard_visible_devices(env, request, count=count)
+        for text in warnings:
+            self.sink.emit(Message(level="warning", text=text))
+        return kept
 
     async def exec(
         self,
@@ -247,7 +269,7 @@ class Cluster:
                 limit=self.config.concurrency.hosts,
             )
         name = container_name(self.config)
-        container_env = {**self.config.env, **(env or {})}
+        container_env = self._guard_gpu_env({**self.config.env, **(env or {})})
         container = self.config.container
         as_user = user if user is not None or container is None else container.user
         try:

@@ -408,3 +408,86 @@ def test_vendor_mismatch_in_docker_args_is_the_same_error():
 def test_selection_with_unknown_vendor_fails_in_env_too():
     with pytest.raises(GPUError, match=VENDOR_ERROR):
         GPUSelection("intel", (_nv(0),)).env()  # type: ignore[arg-type]
+
+
+# --- user env can never widen the selection (issue 10.4) ------------------------
+
+from orchestrator.config import GPURequest  # noqa: E402
+from orchestrator.limits.gpus import guard_visible_devices  # noqa: E402
+
+TWO = GPURequest(count=2)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "kept"),
+    [
+        ("HIP_VISIBLE_DEVICES", "0,1,2,3", False),  # wider than the two selected
+        ("CUDA_VISIBLE_DEVICES", "7", False),
+        ("ROCR_VISIBLE_DEVICES", "0,1,2", False),
+        ("GPU_DEVICE_ORDINAL", "2", False),
+        ("NVIDIA_VISIBLE_DEVICES", "all", False),  # the runtime would expose every GPU
+        ("NVIDIA_VISIBLE_DEVICES", "0", False),
+        ("CUDA_VISIBLE_DEVICES", "GPU-5d2c", False),  # a UUID: not an ordinal
+        ("HIP_VISIBLE_DEVICES", "1", True),  # narrows within 0..1
+        ("ROCR_VISIBLE_DEVICES", "0,1", True),
+        ("CUDA_VISIBLE_DEVICES", " 0 ", True),
+        ("HIP_VISIBLE_DEVICES", "0\n2", False),
+        ("NCCL_DEBUG", "WARN", True),  # not a visibility variable
+    ],
+)
+def test_visibility_env_is_kept_only_when_it_narrows(key: str, value: str, kept: bool) -> None:
+    env, warnings = guard_visible_devices({key: value, "A": "b"}, TWO, count=2)
+    assert (key in env) is kept
+    assert env["A"] == "b"
+    assert len(warnings) == (0 if kept else 1)
+    if warnings:
+        assert key in warnings[0] and "ignored" in warnings[0]
+
+
+def test_without_a_subset_request_env_is_untouched() -> None:
+    env = {"NVIDIA_VISIBLE_DEVICES": "all", "HIP_VISIBLE_DEVICES": "0,1,2,3"}
+    assert guard_visible_devices(env, None, count=None) == (env, [])
+    assert guard_visible_devices(env, "all", count=None) == (env, [])
+
+
+def test_unknown_count_removes_every_visibility_variable() -> None:
+    env, warnings = guard_visible_devices(
+        {"HIP_VISIBLE_DEVICES": "0"}, GPURequest(type="MI300X"), count=None
+    )
+    assert env == {} and len(warnings) == 1
+
+
+@given(
+    value=st.lists(st.integers(min_value=0, max_value=15), min_size=1, max_size=6).map(
+        lambda xs: ",".join(map(str, xs))
+    ),
+    count=st.integers(min_value=1, max_value=8),
+    key=st.sampled_from(["HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"]),
+)
+def test_a_kept_value_never_names_an_ordinal_outside_the_selection(
+    value: str, count: int, key: str
+) -> None:
+    env, _ = guard_visible_devices({key: value}, GPURequest(count=count), count=count)
+    if key in env:
+        assert all(int(i) < count for i in env[key].split(","))
+
+
+def test_run_argv_drops_container_env_that_would_widen_the_selection() -> None:
+    from orchestrator.config import ContainerConfig
+    from orchestrator.containers.docker import run_argv
+    from orchestrator.limits.gpus import GPU, GPUSelection
+
+    gpus = GPUSelection(
+        "amd",
+        tuple(
+            GPU(index=i, vendor="amd", render_node=f"/dev/dri/renderD{128 + i}") for i in range(2)
+        ),
+    )
+    cfg = ContainerConfig(
+        image="img:1",
+        gpus={"count": 2},
+        env={"HIP_VISIBLE_DEVICES": "0,1,2,3", "NVIDIA_VISIBLE_DEVICES": "all", "X": "1"},
+    )
+    argv = run_argv(["docker"], cfg, "c", {}, gpus=gpus)
+    env = [argv[i + 1] for i, a in enumerate(argv) if a == "-e"]
+    assert env == ["X=1", "ROCR_VISIBLE_DEVICES=0,1"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -357,3 +358,43 @@ def test_dockerd_socket_gone_is_reported_per_host_without_traceback(
     assert "node3: docker daemon not reachable" in status.stderr, explain(status)
     assert up.returncode == 4 and "node3" in up.stderr, explain(up)  # unknown: never absent
     assert run_in.returncode == 1 and "node3" in run_in.stdout + run_in.stderr, explain(run_in)
+
+
+# --- issue 10.4: user env never widens the GPU subset -------------------------------
+
+
+def test_user_visible_devices_env_never_widens_the_selected_gpus(
+    lab: Lab, breakable: Sandbox, tmp_path: Path
+) -> None:
+    from test_resources_sandbox import AMD, make_device_root
+
+    root = make_device_root({m: AMD for m in range(128, 132)})  # four stand-in GPUs
+    try:
+        doc = yaml.safe_load(lab.cluster(lifetime="per_run").read_text())
+        doc["hosts"] = [{**h, "gpu_device_root": str(root)} for h in doc["hosts"][:1]]
+        doc["env"] = {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "HIP_VISIBLE_DEVICES": "1"}
+        doc["container"]["gpus"] = {"count": 2}
+        doc["container"]["env"] = {"NVIDIA_VISIBLE_DEVICES": "all", "ROCR_VISIBLE_DEVICES": "3"}
+        path = tmp_path / "gpus.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+        up = cvs(path, "up")
+        assert up.returncode == 0, explain(up)
+        for key in ("NVIDIA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES='3'"):
+            assert f"env {key}" in up.stderr, up.stderr  # warned about ...
+        info = json.loads(docker(breakable, "node1", "inspect", lab.name))[0]
+        env = [e for e in info["Config"]["Env"] if "VISIBLE_DEVICES" in e]
+        assert env == ["ROCR_VISIBLE_DEVICES=0,1"]  # ... and overridden
+
+        ran = cvs(path, "exec", "-e", "ROCR_VISIBLE_DEVICES=0,1,2,3", "--", "env")
+        assert ran.returncode == 0, explain(ran)
+        seen = {
+            line.split("=", 1)[0].split()[-1]: line.split("=", 1)[1]
+            for line in ran.stdout.splitlines()
+            if "VISIBLE_DEVICES=" in line
+        }
+        assert seen == {"ROCR_VISIBLE_DEVICES": "0,1", "HIP_VISIBLE_DEVICES": "1"}, ran.stdout
+        assert "env CUDA_VISIBLE_DEVICES='0,1,2,3' ignored" in ran.stderr, ran.stderr
+        assert "env ROCR_VISIBLE_DEVICES='0,1,2,3' ignored" in ran.stderr, ran.stderr
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

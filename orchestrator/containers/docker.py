@@ -23,7 +23,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from orchestrator.config import CONTAINER_NAME_RE, IMAGE_REF_RE, ContainerConfig, Registry
-from orchestrator.limits.gpus import GPUSelection
+from orchestrator.limits.gpus import GPUSelection, guard_visible_devices
 from orchestrator.limits.resources import EffectiveResources, limits_drift
 
 DockerAccess = Literal["direct", "sudo"]
@@ -155,7 +155,12 @@ def run_argv(
         argv += ["--ulimit", f"{key}={limit}"]
     for volume in cfg.volumes:
         argv += ["-v", volume]
-    for key, value in cfg.env.items():
+    env = dict(cfg.env)
+    if gpus is not None and gpus.gpus:
+        # A visible-devices variable in container.env must not widen the subset
+        # (the API warns about it; here it is only dropped).
+        env, _ = guard_visible_devices(env, cfg.gpus, count=len(gpus.gpus))
+    for key, value in env.items():
         argv += ["-e", f"{key}={value}"]
     if cfg.shm_size:
         argv += ["--shm-size", str(cfg.shm_size)]

@@ -31,6 +31,7 @@ import posixpath
 import re
 import shlex
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -477,3 +478,57 @@ def _device_spec(root: str, inner: str) -> str:
     if ":" in root:
         raise GPUError(f"device root {root!r} contains ':', which docker --device cannot take")
     return f"{posixpath.join(root, inner.lstrip('/'))}:{inner}"
+
+
+# ------------------------------------------------- user env vs. the selection
+
+# Variables a user (cluster `env`, `container.env`, a step's env, `exec -e`)
+# could set to see GPUs other than the ones cvs selected.
+VISIBILITY_VARS = (
+    "CUDA_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "GPU_DEVICE_ORDINAL",
+    "NVIDIA_VISIBLE_DEVICES",
+)
+_ORDINALS_RE = re.compile(r"[0-9]+(?:,[0-9]+)*")
+
+
+def guard_visible_devices(
+    env: Mapping[str, str], request: GPURequestSpec, *, count: int | None
+) -> tuple[dict[str, str], list[str]]:
+    """`env` without any GPU-visibility variable that could widen cvs's subset,
+    and one warning per variable removed.
+
+    Only a subset request matters (`gpus: {count: 2, ...}`): with `all` or no
+    `gpus` block cvs selected nothing to protect. Inside the container the
+    selected GPUs are numbered 0..count-1 (cvs sets ROCR_/CUDA_VISIBLE_DEVICES
+    to that), so a value naming only those ordinals narrows and is kept;
+    anything else (`all`, UUIDs, an ordinal >= count, or any value when the
+    count is unknown) is removed and the selection's own value stays in
+    effect. NVIDIA_VISIBLE_DEVICES is always removed: the container runtime
+    reads it to expose devices, so even `all` there would widen the subset.
+    """
+    if not isinstance(request, GPURequest):
+        return dict(env), []
+    kept: dict[str, str] = {}
+    warnings: list[str] = []
+    for key, value in env.items():
+        if key not in VISIBILITY_VARS:
+            kept[key] = value
+            continue
+        narrowing = (
+            key != "NVIDIA_VISIBLE_DEVICES"
+            and count is not None
+            and _ORDINALS_RE.fullmatch(value.strip()) is not None
+            and all(int(i) < count for i in value.strip().split(","))
+        )
+        if narrowing:
+            kept[key] = value
+            continue
+        what = f"{count} selected GPU(s), numbered 0..{count - 1}" if count else "the selected GPUs"
+        warnings.append(
+            f"env {key}={value!r} ignored: it could expose GPUs beyond the {what} "
+            f"(gpus: {describe_request(request)}); cvs sets the visible devices itself"
+        )
+    return kept, warnings

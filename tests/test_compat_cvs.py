@@ -527,7 +527,7 @@ def test_run_dir_records_each_call_as_for_cvs_run(cvs_runs: CvsRuns) -> None:
     assert f"results:  {run_dir / 'results.json'}" in printed
 
 
-def test_foreign_container_of_the_same_name_is_refused_not_replaced(
+def test_container_cvs_started_is_refused_then_adopted_keeping_its_contents(
     sandbox: Sandbox, tmp_path: Path
 ) -> None:
     nodes = sandbox.nodes[:2]
@@ -536,31 +536,37 @@ def test_foreign_container_of_the_same_name_is_refused_not_replaced(
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"compat": {"token": "x"}}))
     started = []
+
+    def docker(h: Any, *argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*sandbox.docker_argv(h.name), *argv], capture_output=True, text=True, timeout=60
+        )
+
     try:
         for h in nodes:  # the way CVS starts its containers: no cvs labels
-            argv = [*sandbox.docker_argv(h.name), "run", "-d", "--name", name, "--network", "host"]
-            subprocess.run(
-                [*argv, SSHD_TAG, "sleep", "infinity"], check=True, timeout=60, capture_output=True
-            )
+            run = ["run", "-d", "--name", name, "--network", "host", SSHD_TAG, "sleep", "inf"]
+            assert docker(h, *run).returncode == 0
             started.append(h)
+            assert docker(h, "exec", name, "sh", "-c", "echo cvs-made > /kept").returncode == 0
         runs = CvsRuns(tmp_path, cluster, config, "x")
-        proc = runs.run("refused", "compat_checks")
+        proc = runs.run("refused", "compat_install")
         assert proc.returncode == 4, proc.stdout + proc.stderr
         doc = runs.results("refused")
         assert doc["exit_code"] == 4 and doc["error"].startswith("refused:")
         for h in nodes:
-            ps = subprocess.run(
-                [*sandbox.docker_argv(h.name), "inspect", "-f", "{{.State.Running}}", name],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            assert ps.stdout.strip() == "true", f"{h.name}: the foreign container must survive"
+            assert docker(h, "exec", name, "cat", "/kept").stdout == "cvs-made\n", h.name
+        # The migration: adopt once with our CLI (it reads the CVS file), then run as usual.
+        adopt = _cvs("up", "-c", str(cluster), "--adopt", cwd=tmp_path)
+        assert adopt.returncode == 0, adopt.stdout + adopt.stderr
+        proc = runs.run("adopted", "compat_install")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert {e["action"] for e in runs.results("adopted")["plan"].values()} == {"attach"}
+        for h in nodes:
+            assert docker(h, "exec", name, "cat", "/kept").stdout == "cvs-made\n", h.name
     finally:
+        _cvs("down", "-c", str(cluster), "--force", cwd=tmp_path)
         for h in started:
-            subprocess.run(
-                [*sandbox.docker_argv(h.name), "rm", "-f", name], capture_output=True, timeout=60
-            )
+            docker(h, "rm", "-f", name)
 
 
 def test_plain_pytest_with_engine_flag_reports_an_unreachable_host(

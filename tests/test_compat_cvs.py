@@ -420,7 +420,13 @@ def _cvs(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedPro
 
 
 def cvs_cluster_json(
-    sb: Sandbox, directory: Path, name: str, *, nodes: list[str], backend: str = "container"
+    sb: Sandbox,
+    directory: Path,
+    name: str,
+    *,
+    nodes: list[str],
+    backend: str = "container",
+    sshd_port: int = 2224,
 ) -> Path:
     """A CVS cluster JSON for sandbox nodes (addresses as node_dict keys, as CVS has them)."""
     doc: dict[str, Any] = {
@@ -438,6 +444,8 @@ def cvs_cluster_json(
             # CVS's switches: started if absent and kept between runs (persistent).
             "enabled": True,
             "launch": True,
+            # Ours (CVS ignores it): clusters sharing sandbox hosts need their own port.
+            "sshd": {"port": sshd_port},
             # Over CVS's defaults: this machine refuses --privileged and memlock above 8 MiB.
             "runtime": {
                 "name": "docker",
@@ -475,7 +483,8 @@ def cvs_runs(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iter
     """compat_install, then compat_checks in a second process, on persistent containers."""
     directory = tmp_path_factory.mktemp("cvs-compat")
     nodes = [h.address for h in sandbox.nodes[:3]]
-    cluster = cvs_cluster_json(sandbox, directory, "cvs-compat", nodes=nodes)
+    # Its own sshd port: other suites' containers may hold 2224 on the shared sandbox.
+    cluster = cvs_cluster_json(sandbox, directory, "cvs-compat", nodes=nodes, sshd_port=2225)
     token = uuid.uuid4().hex
     config = directory / "compat_config.json"
     config.write_text(json.dumps({"compat": {"token": token}}))
@@ -532,7 +541,9 @@ def test_container_cvs_started_is_refused_then_adopted_keeping_its_contents(
 ) -> None:
     nodes = sandbox.nodes[:2]
     name = "cvs-compat-foreign"
-    cluster = cvs_cluster_json(sandbox, tmp_path, name, nodes=[h.address for h in nodes])
+    cluster = cvs_cluster_json(
+        sandbox, tmp_path, name, nodes=[h.address for h in nodes], sshd_port=2226
+    )
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"compat": {"token": "x"}}))
     started = []

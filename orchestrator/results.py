@@ -57,7 +57,7 @@ class HostResult:
 
 
 def exit_code_for(results: list[HostResult]) -> ExitCode:
-    """CLI exit code per DESIGN.md: 3 if any host unreachable, else 1 if any failed."""
+    """CLI exit code per docs/design.md: 3 if any host unreachable, else 1 if any failed."""
     if any(not r.reached for r in results):
         return ExitCode.UNREACHABLE
     if any(not r.ok for r in results):

@@ -1,6 +1,6 @@
 """`cvs run SUITE` and `cvs run --list` .
 
-Exit codes (DESIGN.md): 0 every step ok on every host, 1 a step failed, 2 bad
+Exit codes (docs/design.md): 0 every step ok on every host, 1 a step failed, 2 bad
 suite or cluster file, 3 some host unreachable, 4 refused by the lifetime
 policy, 130 interrupted. The run directory is written in every case that got
 as far as starting the run.

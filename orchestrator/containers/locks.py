@@ -1,6 +1,6 @@
 """Per-host locks by intent, held by a remote process tied to the SSH channel.
 
-Who takes what (DESIGN.md, "Sharing a cluster"):
+Who takes what (docs/design.md, "Sharing a cluster"):
 
 - a run, `exec`, and an `up` that only attaches hold the host's lock SHARED,
   so any number of them use the same containers at once;

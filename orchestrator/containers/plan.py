@@ -3,7 +3,7 @@
 No IO here: every decision about attaching, cold-starting, restarting,
 replacing or refusing is a function of probed facts, so it is tested table-
 driven and with hypothesis (tests/test_plan.py). The lifetime rules are the
-table in DESIGN.md:
+table in docs/design.md:
 
 - no_launch: verify running everywhere; never start or remove anything.
 - per_run: start fresh everywhere; replace a same-named container only if it

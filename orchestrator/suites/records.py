@@ -101,7 +101,7 @@ class RunOutcome:
 
     @property
     def exit_code(self) -> ExitCode:
-        """DESIGN.md: 130 interrupted, 4 refused, 3 unreachable, 1 a step failed, 0 ok."""
+        """docs/design.md: 130 interrupted, 4 refused, 3 unreachable, 1 a step failed, 0 ok."""
         if self.interrupted:
             return ExitCode.INTERRUPTED
         if self.refused:

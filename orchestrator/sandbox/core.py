@@ -33,6 +33,7 @@ import yaml
 
 from . import daemons, images, network, prereqs, procs
 from .errors import SandboxError
+from .registry import SandboxRegistry, sandbox_registry
 from .users import DOCKER_USER, SUDOERS_FILE, ensure_users
 
 Progress = Callable[[str], None]
@@ -313,6 +314,11 @@ class Sandbox:
 
     def image_id(self, host: str | SandboxHost, tag: str) -> str:
         return images.image_id(self.docker_argv(host), tag)
+
+    def registry(self) -> contextlib.AbstractContextManager[SandboxRegistry]:
+        """A registry with htpasswd auth on this sandbox's bridge, for as long as
+        the block runs (`cvs sandbox down` also stops it)."""
+        return sandbox_registry(self.index, self.run_dir)
 
     def load_image(self, host: str | SandboxHost, tar: Path) -> None:
         """`docker load` a saved image tar on that host (same image ID everywhere)."""

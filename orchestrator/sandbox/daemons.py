@@ -7,6 +7,7 @@ import json
 import socket
 from pathlib import Path
 
+from . import network
 from .users import LOGIN_USERS
 
 SSHD = "/usr/sbin/sshd"
@@ -96,7 +97,9 @@ def dockerd_argv(
 
 
 def write_dockerd_config(path: Path) -> None:
-    path.write_text(json.dumps({}) + "\n")
+    # The sandbox registry (registry.py) serves plain HTTP on a bridge address.
+    config = {"insecure-registries": [f"{network.SUBNET_PREFIX}.0.0/16"]}
+    path.write_text(json.dumps(config) + "\n")
 
 
 def sshd_ready(address: str, port: int) -> bool:

@@ -260,13 +260,25 @@ def login_argv(prefix: Sequence[str], username: str, server: str | None = None) 
     return argv
 
 
-def login_command(prefix: Sequence[str], registry: Registry) -> str:
+def image_registry(image: str) -> str | None:
+    """The registry an image reference names (`reg.example:5000/team/img:1` ->
+    `reg.example:5000`), None for Docker Hub (`rocm/cvs:7.0`, `ubuntu`)."""
+    first, sep, _ = image.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return None
+
+
+def login_command(prefix: Sequence[str], registry: Registry, image: str | None = None) -> str:
     """Shell text for a host: `docker login` reading the password file on that host.
 
     The password stays on the host: it goes from `registry.password_file`
-    into docker's stdin and never crosses SSH, argv or logs.
+    into docker's stdin and never crosses SSH, argv or logs. Without
+    `registry.server`, the login goes to the registry `image` names (what a
+    user means), not to Docker Hub.
     """
-    argv = login_argv(prefix, registry.username, registry.server)
+    server = registry.server or (image_registry(image) if image else None)
+    argv = login_argv(prefix, registry.username, server)
     return f"{shlex.join(argv)} < {shlex.quote(registry.password_file)}"
 
 

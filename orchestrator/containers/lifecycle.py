@@ -311,8 +311,15 @@ class Lifecycle:
         )
         outcome.steps.append((step, result))
         if not result.ok:
-            outcome.fail(step, result, result.error or result.status)
-            self._step(outcome.host, step, "failed", result.tail(5) or result.error or "")
+            message = result.error or result.status
+            if result.status == "timeout" and timeout == self.cfg.start_timeout:
+                # Say which setting to raise: pull and load are bounded by it.
+                message = (
+                    f"{step} did not finish within container.start_timeout "
+                    f"({self.cfg.start_timeout:g}s): stopped, nothing started on this host"
+                )
+            outcome.fail(step, result, message)
+            self._step(outcome.host, step, "failed", result.tail(5) or message)
             return None
         self._step(outcome.host, step, "ok")
         return result
@@ -326,7 +333,9 @@ class Lifecycle:
         need_image = tag_id is None or cfg.pull == "always"
         if need_image:
             if cfg.registry is not None and cfg.image_tar is None:
-                r = await self._cmd(outcome, "login", login_command(prefix, cfg.registry))
+                r = await self._cmd(
+                    outcome, "login", login_command(prefix, cfg.registry, cfg.image)
+                )
                 if r is None:
                     return Prepared()
             if cfg.image_tar is not None and tag_id is None:
@@ -402,6 +411,7 @@ class Lifecycle:
             for w in plan.warnings:
                 self.sink.emit(Message(level="warning", text=w))
             resources, beyond = self._fit_to_hosts(plan, states, resources)
+            beyond += self._missing_image_refusals(plan, states)
             for host in plan.hosts("attach", "restart"):
                 # Keeping a container keeps its limits; say where they are not
                 # what the config now asks for instead of accepting them silently.
@@ -412,6 +422,23 @@ class Lifecycle:
             if plan.refused or beyond:
                 raise PolicyRefused([*plan.reasons, *beyond])
             return await self._execute(plan, states, resources)
+
+    def _missing_image_refusals(self, plan: Plan, states: Mapping[str, HostState]) -> list[str]:
+        """`pull: never` and no image_tar: a launching host without the image
+        refuses the whole `up` (exit 4) before anything starts, naming it."""
+        if self.cfg.pull != "never" or self.cfg.image_tar is not None:
+            return []
+        missing = [
+            h
+            for h, a in plan.actions.items()
+            if a.launches and states[h].tag_image_id is None and states[h].tag_error is None
+        ]
+        if not missing:
+            return []
+        return [
+            f"image {self.cfg.image} is not on {', '.join(missing)} and container.pull is "
+            "'never': load it there (docker load), set container.image_tar, or allow pulling"
+        ]
 
     def _fit_to_hosts(
         self,

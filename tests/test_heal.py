@@ -398,3 +398,34 @@ def test_user_visible_devices_env_never_widens_the_selected_gpus(
         assert "env ROCR_VISIBLE_DEVICES='0,1,2,3' ignored" in ran.stderr, ran.stderr
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+# --- issue 10.4: down --force with an unreachable host ------------------------------
+
+
+def test_down_force_with_an_unreachable_host_says_what_is_left_and_the_next_one_finishes(
+    lab: Lab, breakable: Sandbox, tmp_path: Path
+) -> None:
+    doc = yaml.safe_load(lab.cluster(lifetime="persistent").read_text())
+    doc["ssh"]["connect_retries"] = 0
+    path = tmp_path / "persistent.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert cvs(path, "up").returncode == 0
+    breakable.stop_sshd("node2")  # the lab fixture starts it again
+
+    first = cvs(path, "down", "--force")
+
+    assert first.returncode == 3, explain(first)
+    assert "down: removed on 2 host(s); left on 1:" in first.stderr, first.stderr
+    (line,) = [x for x in first.stderr.splitlines() if x.startswith("  node2: ")]
+    assert f"container {lab.name} may still be there" in line, line
+    assert "connection refused" in line, line  # why: the host could not be reached
+    assert "rerun `cvs down --force` once the host is reachable" in line, line
+    assert [status_of(breakable, h, lab.name) is None for h in THREE] == [True, False, True]
+
+    breakable.start_sshd("node2")
+    second = cvs(path, "--json", "down", "--force")
+
+    assert second.returncode == 0, explain(second)
+    assert summary(second)["left"] == {}
+    assert all(status_of(breakable, h, lab.name) is None for h in THREE)

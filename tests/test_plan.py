@@ -537,3 +537,36 @@ def test_down_never_removes_foreign_or_unknown_without_force(
             assert force or (
                 lifetime == "per_run" and hs[name].labels.get("io.cvs.managed") == CLUSTER
             )
+
+
+# --- what `cvs down` leaves behind --------------------------------------------
+
+
+def test_down_leftovers_name_unknown_and_failed_hosts_and_how_to_finish() -> None:
+    from orchestrator.containers.plan import down_leftovers
+
+    hs = states(host("h1", R), HostState.unreachable("h2", "connection refused"), host("h3", R))
+    plan = decide_down(cfg("persistent"), hs, force=True)
+    left = down_leftovers(
+        cfg("persistent"), plan, {"h1": (True, None), "h3": (False, "dockerd gone")}, force=True
+    )
+    assert set(left) == {"h2", "h3"}
+    assert "may still be there" in left["h2"] and "connection refused" in left["h2"]
+    assert "rerun `cvs down --force`" in left["h2"]
+    assert "removing it failed (dockerd gone)" in left["h3"]
+
+
+def test_down_leftovers_empty_when_everything_is_gone() -> None:
+    from orchestrator.containers.plan import down_leftovers
+
+    hs = states(host("h1", R), host("h2", A))
+    plan = decide_down(cfg("per_run"), hs)
+    assert down_leftovers(cfg("per_run"), plan, {"h1": (True, None)}, force=False) == {}
+
+
+def test_down_leftovers_list_kept_containers_with_the_reason() -> None:
+    from orchestrator.containers.plan import down_leftovers
+
+    plan = decide_down(cfg("persistent"), states(host("h1", R)))
+    (text,) = down_leftovers(cfg("persistent"), plan, {}, force=False).values()
+    assert "kept" in text and "--force" in text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -19,6 +20,9 @@ from orchestrator.cli.common import (
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.events import wants_plain
 from orchestrator.results import HostResult, exit_code_for
+
+if TYPE_CHECKING:
+    from orchestrator.containers.plan import Plan
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -172,16 +176,29 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    plan, results = run_with_cluster(args, lambda c: c.down(force=args.force))
+    from orchestrator.containers.plan import down_leftovers
+
+    async def down(cluster: Any) -> tuple[Any, Plan, dict[str, HostResult]]:
+        plan, results = await cluster.down(force=args.force)
+        return cluster.config.container, plan, results
+
+    container, plan, results = run_with_cluster(args, down)
     code = exit_code_for(list(results.values())) if results else ExitCode.OK
     if plan.unknown_hosts:
         code = max(code, ExitCode.UNREACHABLE)
+    left = down_leftovers(
+        container,
+        plan,
+        {h: (r.ok, r.error or r.status) for h, r in results.items()},
+        force=args.force,
+    )
     if args.json:
         doc = {
             "ok": code == 0,
             "exit_code": code,
             "warnings": plan.warnings,
             "hosts": {h: {"action": a.kind, "reason": a.reason} for h, a in plan.actions.items()},
+            "left": left,
         }
         sys.stdout.write(json.dumps(doc) + "\n")
         return code
@@ -191,6 +208,13 @@ def cmd_down(args: argparse.Namespace) -> int:
         r = results.get(host)
         done = "" if r is None else (" ok" if r.ok else f" FAILED: {r.error}")
         sys.stderr.write(f"{host}: {action.reason}{done}\n")
+    removed = [h for h, r in results.items() if r.ok]
+    sys.stderr.write(
+        f"down: removed on {len(removed)} host(s); "
+        + (f"left on {len(left)}:\n" if left else "nothing left anywhere\n")
+    )
+    for host, text in left.items():
+        sys.stderr.write(f"  {host}: {text}\n")
     return code
 
 

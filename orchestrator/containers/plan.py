@@ -610,3 +610,41 @@ def decide_down(
             f"{cluster_name!r}: kept; `cvs down --force` removes it"
         )
     return Plan(cfg.lifetime, _frozen(actions), warnings=warnings, unknown_hosts=tuple(unknown))
+
+
+def down_leftovers(
+    cfg: ContainerConfig,
+    plan: Plan,
+    removed: Mapping[str, tuple[bool, str | None]],
+    *,
+    force: bool,
+) -> dict[str, str]:
+    """After `cvs down`: host -> what is left there and how to finish, for every
+    host where a container may remain. `removed` is host -> (ok, error) for the
+    hosts a removal ran on. Empty when nothing is left anywhere.
+
+    A host whose state could not be told (unreachable, dockerd down) may still
+    hold the container: it is named with the reason, and rerunning the same
+    `cvs down` (nothing else changes in between) finishes the job there.
+    """
+    label = _label(cfg)
+    again = "cvs down --force" if force else "cvs down"
+    left: dict[str, str] = {}
+    unknown = set(plan.unknown_hosts)
+    for host, action in plan.actions.items():
+        if host in unknown:
+            why = action.reason.removeprefix("state unknown: ")
+            left[host] = (
+                f"{label} may still be there (state unknown: {why}); nothing was done there: "
+                f"rerun `{again}` once the host is reachable"
+            )
+        elif action.kind == "remove":
+            ok, error = removed.get(host, (False, "not attempted"))
+            if not ok:
+                left[host] = (
+                    f"{label} is still there: removing it failed ({error or 'failed'}); "
+                    f"rerun `{again}`"
+                )
+        elif action.kind == "none" and action.reason != "absent":
+            left[host] = f"{label} kept: {action.reason}"
+    return left

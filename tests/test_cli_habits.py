@@ -145,8 +145,10 @@ def test_forks_and_limit_set_the_host_concurrency(tmp_path: Path) -> None:
 
 
 def test_color_never_sets_no_color_and_always_forces(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("NO_COLOR", raising=False)
-    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    # setenv first: monkeypatch then restores both, whatever _apply_color does.
+    for name in ("NO_COLOR", "FORCE_COLOR"):
+        monkeypatch.setenv(name, "x")
+        monkeypatch.delenv(name)
     _apply_color("never")
     assert os.environ["NO_COLOR"] == "1"
     _apply_color("always")
@@ -174,9 +176,9 @@ def _statuses() -> list[HostStatus]:
     return [one("node1", "running"), one("node2", "exited"), one("node3", "unknown", False)]
 
 
-def test_status_table_on_a_terminal_colours_the_state(capsys: pytest.CaptureFixture[str]) -> None:
+def test_status_table_on_a_terminal_colours_the_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
     out = io.StringIO()
-    os.environ.pop("NO_COLOR", None)
     from rich.console import Console
 
     Console(file=out, force_terminal=True, width=160).print(
@@ -279,3 +281,9 @@ def test_exec_exclude_on_the_sandbox(sandbox: Any) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "node[1-2,4] (3) ok" in proc.stdout.splitlines()
+
+
+def test_color_always_keeps_the_coloured_status_table_through_a_pipe(sandbox: Any) -> None:
+    proc = cvs("--color", "always", "status", "-c", str(sandbox.cluster_file), env={"CI": ""})
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b[" in proc.stdout and "┏━" in proc.stdout

@@ -1,4 +1,5 @@
-"""`cvs shell HOST` in a real terminal (tmux) against the sandbox."""
+"""In a real terminal (tmux) against the sandbox: `cvs shell HOST`, and what
+`cvs status` shows there (colours, and none with --color never / NO_COLOR)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from terminal import Tmux
 from test_exec_cli import containers_up, cvs, yaml_container
 from test_transport import cluster_variant
 
@@ -31,34 +32,11 @@ def shell_cluster(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) ->
         yield cluster
 
 
-class Tmux:
-    """A private tmux server (its own socket): nothing else's sessions are touched."""
-
-    def __init__(self, name: str) -> None:
-        self.socket = name
-
-    def __call__(self, *args: str) -> str:
-        proc = subprocess.run(
-            ["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=30
-        )
-        return proc.stdout
-
-    def wait_for(self, text: str, timeout: float = 30) -> str:
-        deadline = time.monotonic() + timeout
-        screen = ""
-        while time.monotonic() < deadline:
-            screen = self("capture-pane", "-p", "-t", "t")
-            if text in screen:
-                return screen
-            time.sleep(0.2)
-        raise AssertionError(f"{text!r} not on screen:\n{screen}")
-
-
 @pytest.fixture
 def tmux() -> Iterator[Tmux]:
     if shutil.which("tmux") is None:
         pytest.skip("needs tmux")
-    t = Tmux(f"cvs-test-shell-{os.getpid()}")
+    t = Tmux(f"cvs-test-{os.getpid()}")
     try:
         yield t
     finally:
@@ -99,3 +77,19 @@ def test_shell_uses_the_clusters_host_key_policy_and_identity(shell_cluster: Pat
     proc = subprocess.run([*argv[:-1], "echo reached"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "reached"
+
+
+def test_status_in_a_terminal_is_a_coloured_table_unless_color_never(
+    shell_cluster: Path, tmux: Tmux
+) -> None:
+    base = f"PYTHONPATH={REPO} {sys.executable} -m orchestrator -c {shell_cluster} status"
+    command = (
+        f"env -u CI -u NO_COLOR {base}; echo DONE-1; {base} --color never; echo DONE-2; sleep 60"
+    )
+    tmux("new-session", "-d", "-s", "t", "-x", "160", "-y", "60", command)
+    tmux.wait_for("DONE-2")
+    screen = tmux("capture-pane", "-p", "-e", "-t", "t")
+    coloured, plain = screen.split("DONE-1")
+    assert "\x1b[32mrunning" in coloured  # the state column, green
+    assert "┏━" in coloured and "host" in coloured  # a rich table
+    assert "running" in plain and "\x1b[32m" not in plain and "┃" not in plain

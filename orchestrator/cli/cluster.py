@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -233,5 +234,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         return code
     from orchestrator.render import print_status_table
 
-    print_status_table(rows, wide=output == "wide", plain=wants_plain(sys.stdout))
+    # --color always (FORCE_COLOR) keeps the coloured table through a pipe: `| less -R`.
+    forced = bool(os.environ.get("FORCE_COLOR")) and not os.environ.get("NO_COLOR")
+    plain = wants_plain(sys.stdout) and not forced
+    print_status_table(rows, wide=output == "wide", plain=plain)
     return code

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+import yaml
 from test_lifecycle import Lab, cvs, docker, explain, inspect
 
 from orchestrator.api import Cluster
@@ -253,3 +254,35 @@ def test_adopt_takes_over_containers_started_the_way_cvs_starts_them(lab: Lab) -
     finally:
         for record in records:
             record.unlink(missing_ok=True)
+
+
+# --- suite steps: workdir and user; the no-caps warning on `run` --------------
+
+
+def test_run_steps_take_workdir_and_user_and_warn_about_missing_caps(
+    lab: Lab, tmp_path: Path
+) -> None:
+    path = lab.cluster(lifetime="per_run", hosts=["node1"])
+    suite = tmp_path / "where.yaml"
+    suite.write_text(
+        "name: where\n"
+        "steps:\n"
+        "  - name: where\n"
+        '    run: echo "$(id -un) $(pwd)"\n'
+        "    workdir: /var/tmp\n"
+        "    user: nobody\n"
+        "    expect: {stdout: '^nobody /var/tmp$'}\n"
+    )
+    run = cvs(path, "run", str(suite), "--run-dir", str(tmp_path / "run"))
+    assert run.returncode == 0, explain(run)
+    assert "no resource caps" in run.stdout + run.stderr
+
+
+def test_container_user_sets_who_commands_run_as_and_u_overrides_it(lab: Lab) -> None:
+    path = lab.cluster(lifetime="per_run", hosts=["node1"])
+    doc = yaml.safe_load(path.read_text())
+    doc["container"]["user"] = "nobody"
+    path.write_text(yaml.safe_dump(doc))
+    assert cvs(path, "up").returncode == 0
+    assert cvs(path, "exec", "--", "id -un").stdout.strip().endswith("nobody")
+    assert cvs(path, "exec", "-u", "root", "--", "id -un").stdout.strip().endswith("root")

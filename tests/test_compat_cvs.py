@@ -64,8 +64,11 @@ def standin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 @pytest.fixture
 def key_file(tmp_path: Path) -> Path:
+    import asyncssh
+
     path = tmp_path / "id_ed25519"
-    path.write_text("not a real key: only its existence is checked here\n")
+    asyncssh.generate_private_key("ssh-ed25519").write_private_key(str(path))
+    path.chmod(0o600)
     return path
 
 
@@ -638,3 +641,29 @@ def test_engine_flag_with_another_name_is_a_usage_error() -> None:
 
     with pytest.raises(pytest.UsageError, match="the engine here is 'cvs-orchestrator'"):
         engine_requested(_EngineConfig("paramiko"))  # type: ignore[arg-type]
+
+
+def test_a_host_outside_the_cluster_is_in_the_result_saying_why(key_file: Path) -> None:
+    from types import SimpleNamespace
+
+    orch = CvsOrchestrator(log, SimpleNamespace(**cvs_keys(key_file)))
+    try:
+        out = orch.exec("true", hosts=["10.9.9.9"], detailed=True, print_console=False)
+    finally:
+        orch.close()
+    assert out == {
+        "10.9.9.9": {
+            "output": f"{UNREACHABLE_MARK}: unreachable: '10.9.9.9' is not a host of the "
+            "cluster file (not in node_dict)\n",
+            "exit_code": 255,
+        }
+    }
+
+
+def test_exec_cmd_list_needs_one_command_per_host(key_file: Path) -> None:
+    from types import SimpleNamespace
+
+    orch = CvsOrchestrator(log, SimpleNamespace(**cvs_keys(key_file)))
+    with pytest.raises(ValueError, match="one command per host: got 1 command"):
+        orch.exec_cmd_list(["true"])
+    orch.close()

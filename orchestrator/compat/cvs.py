@@ -175,17 +175,31 @@ class CvsOrchestrator:
         loop, cluster = self._fleet()
         known = {h: c for h, c in plan.items() if h in self.hosts}
 
-        async def one(host: str, cmd: str, out: dict[str, HostResult]) -> None:
+        def argv(cmd: str) -> str | list[str]:
             # bash, as CVS's `docker exec ... bash -c`; a login shell on the host OS.
-            argv: str | list[str] = cmd if host_os else ["bash", "-c", cmd]
-            got = await cluster.exec(argv, hosts=[host], timeout=timeout, host_os=host_os)
-            out[host] = got[host]
+            return cmd if host_os else ["bash", "-c", cmd]
 
         async def run_all() -> dict[str, HostResult]:
+            if not known:
+                return {}
+            commands = set(known.values())
+            if len(commands) == 1:  # one fan-out, under the cluster's concurrency limit
+                return await cluster.exec(
+                    argv(commands.pop()), hosts=list(known), timeout=timeout, host_os=host_os
+                )
             out: dict[str, HostResult] = {}
+            limit = anyio.CapacityLimiter(self.cluster_config.concurrency.hosts)
+
+            async def one(host: str, cmd: str) -> None:
+                async with limit:
+                    got = await cluster.exec(
+                        argv(cmd), hosts=[host], timeout=timeout, host_os=host_os
+                    )
+                out[host] = got[host]
+
             async with anyio.create_task_group() as tg:
                 for host, cmd in known.items():
-                    tg.start_soon(one, host, cmd, out)
+                    tg.start_soon(one, host, cmd)
             return out
 
         started = time.monotonic()

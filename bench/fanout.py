@@ -1,124 +1,239 @@
 """Fan-out benchmark: ours against parallel-ssh's ParallelSSHClient, same run, same hosts.
 
-    python bench/fanout.py --hosts 240 --rounds 3
+    python bench/fanout.py --hosts 240,1000 --rounds 3
 
-Serves N loopback endpoints (127.0.1.x, 16 per sshd), then times `true` on
-all of them: with fresh connections (connect + run), and on the reused ones
-(the median of several more runs over the open connections). Prints both
-wall times and ours/theirs.
+Serves N loopback endpoints (127.0.x.y, 16 `ListenAddress` per sshd, see
+bench/loopback.py), then, for each client in its own process, times `true`
+on all of them: with fresh connections (connect + run), and on the reused
+ones (the median of several more runs over the open connections). Reported
+per fleet size:
+
+- fresh and reused wall time inside each client, and ours / theirs;
+- the whole process's wall time (interpreter start, imports, connect, run,
+  reused runs, exit), and ours / theirs: what a user waits for;
+- each process's peak resident memory (ru_maxrss from wait4), and per host.
+
 Timings on a shared 2-core machine are noisy: compare the ratios, which are
-taken within one run, and use the median of several rounds.
+taken within one run, and use the median of several rounds (who goes first
+alternates per round). `--smoke` runs a few hosts once (for tests).
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
-
-import anyio
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.loopback import loopback_farm
-from orchestrator.config import ClusterConfig
-from orchestrator.ssh.fanout import run_on_hosts
-from orchestrator.ssh.transport import SSHPool
+HERE = Path(__file__).resolve()
 
 
-def ours(cfg: ClusterConfig, reuse_rounds: int) -> tuple[float, float, int]:
-    """(fresh: connect + run, reused: median of `reuse_rounds` runs, handshakes)."""
+# ---- the two clients, each run as `fanout.py --worker ours|theirs` ------------------
+
+
+def worker_ours(cluster_file: Path, reuse_rounds: int) -> dict[str, Any]:
+    """Our transport: SSHPool + run_on_hosts, as `cvs exec --host-os` uses them."""
+    import anyio
+    import yaml
+
+    from orchestrator.config import ClusterConfig
+    from orchestrator.ssh.fanout import run_on_hosts
+    from orchestrator.ssh.transport import SSHPool
+
+    cfg = ClusterConfig.model_validate(yaml.safe_load(cluster_file.read_text()))
     hosts = [h.name for h in cfg.hosts]
 
-    async def run() -> tuple[float, float, int]:
+    async def run() -> dict[str, Any]:
         async with SSHPool(cfg) as pool:
             t0 = time.perf_counter()
-            results = list((await run_on_hosts(pool, hosts, "true")).values())
+            first = await run_on_hosts(pool, hosts, "true")
             fresh = time.perf_counter() - t0
-            reused = []
+            reused, bad = [], [r for r in first.values() if not r.ok]
             for _ in range(reuse_rounds):
                 t1 = time.perf_counter()
                 again = await run_on_hosts(pool, hosts, "true")
                 reused.append(time.perf_counter() - t1)
-                results += again.values()
-            bad = [r for r in results if not r.ok]
-            if bad:
-                raise SystemExit(f"ours: {len(bad)} failures, e.g. {bad[0]}")
-            return fresh, statistics.median(reused), pool.connects
+                bad += [r for r in again.values() if not r.ok]
+            return {
+                "fresh": fresh,
+                "reused": statistics.median(reused) if reused else None,
+                "failed": len(bad),
+                "example": str(bad[0]) if bad else None,
+                "handshakes": pool.connects,
+            }
 
     return anyio.run(run)
 
 
-def theirs(
-    addresses: list[str], user: str, port: int, key: Path, reuse_rounds: int
-) -> tuple[float, float]:
-    """The same with parallel-ssh's ParallelSSHClient (ssh2-python, gevent)."""
+def worker_theirs(cluster_file: Path, reuse_rounds: int) -> dict[str, Any]:
+    """parallel-ssh's ParallelSSHClient (ssh2-python, gevent): the transport of the
+    tool cvs replaces."""
+    import yaml
     from pssh.clients import ParallelSSHClient
 
+    doc = yaml.safe_load(cluster_file.read_text())
+    addresses = [h["address"] for h in doc["hosts"]]
+    ssh = doc["ssh"]
     t0 = time.perf_counter()
     client = ParallelSSHClient(
-        addresses, user=user, port=port, pkey=str(key), pool_size=len(addresses), num_retries=3
+        addresses,
+        user=ssh["user"],
+        port=ssh["port"],
+        pkey=ssh["identity_files"][0],
+        pool_size=len(addresses),
+        num_retries=3,
     )
-    output = client.run_command("true")
+    output = client.run_command("true", stop_on_errors=False)
     client.join(output)
     fresh = time.perf_counter() - t0
     codes = [o.exit_code for o in output]
     reused = []
     for _ in range(reuse_rounds):
         t1 = time.perf_counter()
-        again = client.run_command("true")
+        again = client.run_command("true", stop_on_errors=False)
         client.join(again)
         reused.append(time.perf_counter() - t1)
         codes += [o.exit_code for o in again]
-    if any(c != 0 for c in codes):
-        raise SystemExit(f"parallel-ssh: non-zero exit codes {codes[:10]}")
-    # ParallelSSHClient has no close(): its sessions end when it is collected.
-    # Without this, its 240 idle connections would weigh on the next round.
-    del client, output, again
-    gc.collect()
-    return fresh, statistics.median(reused)
+    bad = [c for c in codes if c != 0]
+    return {
+        "fresh": fresh,
+        "reused": statistics.median(reused) if reused else None,
+        "failed": len(bad),
+        "example": str(bad[0]) if bad else None,
+    }
+
+
+# ---- the driver -------------------------------------------------------------------------
+
+
+def run_worker(which: str, cluster_file: Path, reuse_rounds: int) -> dict[str, Any]:
+    """One client as a whole process: its own figures (with its peak RSS, from
+    getrusage in the worker), plus the process's wall time seen from here."""
+    argv = [sys.executable, str(HERE), "--worker", which, "--cluster", str(cluster_file)]
+    argv += ["--reuse-rounds", str(reuse_rounds)]
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate()
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"{which}: exit {proc.returncode}: {err.strip()[-2000:]}")
+    doc = json.loads(out.strip().splitlines()[-1])
+    doc["wall"] = wall
+    return doc
+
+
+def measure(which: str, cluster_file: Path, reuse_rounds: int) -> dict[str, Any]:
+    doc = run_worker(which, cluster_file, reuse_rounds)
+    if doc["failed"]:
+        raise SystemExit(f"{which}: {doc['failed']} hosts not ok, e.g. {doc['example']}")
+    return doc
+
+
+def fleet(hosts: int, rounds: int, reuse_rounds: int) -> dict[str, Any]:
+    from bench.loopback import loopback_farm
+
+    with loopback_farm(hosts) as farm:
+        cluster_file = farm.cluster_yaml()
+        rows: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        for r in range(rounds):
+            # Alternate who goes first: the machine's state drifts during a run.
+            order = ("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")
+            got = {w: measure(w, cluster_file, reuse_rounds) for w in order}
+            rows.append((got["ours"], got["theirs"]))
+            o, t = got["ours"], got["theirs"]
+            print(
+                f"{hosts} hosts, round {r + 1}: "
+                f"fresh {o['fresh']:.2f}s vs {t['fresh']:.2f}s ({o['fresh'] / t['fresh']:.2f}) | "
+                f"reused {o['reused']:.3f}s vs {t['reused']:.3f}s "
+                f"({o['reused'] / t['reused']:.2f}) | "
+                f"process {o['wall']:.2f}s vs {t['wall']:.2f}s ({o['wall'] / t['wall']:.2f}) | "
+                f"peak RSS {o['maxrss_kib'] / 1024:.0f} vs {t['maxrss_kib'] / 1024:.0f} MiB",
+                flush=True,
+            )
+
+    def med(side: int, key: str) -> float:
+        return statistics.median(row[side][key] for row in rows)
+
+    summary = {"hosts": hosts, "rounds": rounds}
+    for key in ("fresh", "reused", "wall", "maxrss_kib"):
+        summary[key] = {"ours": med(0, key), "theirs": med(1, key)}
+        summary[key]["ratio"] = summary[key]["ours"] / summary[key]["theirs"]
+    for side in ("ours", "theirs"):
+        summary["maxrss_kib"][f"{side}_per_host"] = summary["maxrss_kib"][side] / hosts
+    return summary
+
+
+def report(s: dict[str, Any]) -> str:
+    m = s["maxrss_kib"]
+    return "\n".join(
+        [
+            f"| {s['hosts']} hosts, `true`, median of {s['rounds']} | ours | parallel-ssh "
+            "| ours / theirs |",
+            "|---|---|---|---|",
+            *(
+                f"| {label} | {s[k]['ours']:.{p}f} s | {s[k]['theirs']:.{p}f} s "
+                f"| **{s[k]['ratio']:.2f}** |"
+                for label, k, p in (
+                    ("fresh connections (connect + run)", "fresh", 2),
+                    ("reused connections (median of runs)", "reused", 3),
+                    ("whole process (start to exit)", "wall", 2),
+                )
+            ),
+            f"| peak RSS | {m['ours'] / 1024:.0f} MiB | {m['theirs'] / 1024:.0f} MiB "
+            f"| **{m['ratio']:.2f}** |",
+            f"| peak RSS per host | {m['ours_per_host']:.0f} KiB | {m['theirs_per_host']:.0f} KiB "
+            "| |",
+        ]
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hosts", type=int, default=240)
+    parser.add_argument("--hosts", default="240,1000", help="fleet sizes, comma-separated")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--reuse-rounds", type=int, default=5, help="runs on the open connections per round"
     )
+    parser.add_argument("--smoke", action="store_true", help="4 hosts, one round")
+    parser.add_argument("--json", action="store_true", help="print the summaries as JSON")
+    parser.add_argument("--worker", choices=["ours", "theirs"], help=argparse.SUPPRESS)
+    parser.add_argument("--cluster", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    with loopback_farm(args.hosts) as farm:
-        import yaml
+    if args.worker:
+        work = worker_ours if args.worker == "ours" else worker_theirs
+        doc = work(args.cluster, args.reuse_rounds)
+        import resource
 
-        cfg = ClusterConfig.model_validate(yaml.safe_load(farm.cluster_yaml().read_text()))
-        rows = []
-        for r in range(args.rounds):
-            # Alternate who goes first: the machine's state drifts during a run.
-            if r % 2 == 0:
-                o_fresh, o_reused, connects = ours(cfg, args.reuse_rounds)
-            t_fresh, t_reused = theirs(
-                farm.addresses, farm.user, farm.port, farm.key_file, args.reuse_rounds
-            )
-            if r % 2 == 1:
-                o_fresh, o_reused, connects = ours(cfg, args.reuse_rounds)
-            rows.append((o_fresh, t_fresh, o_reused, t_reused))
-            print(
-                f"round {r + 1}: fresh ours {o_fresh:.2f}s theirs {t_fresh:.2f}s "
-                f"ratio {o_fresh / t_fresh:.2f} | reused ours {o_reused:.3f}s "
-                f"theirs {t_reused:.3f}s ratio {o_reused / t_reused:.2f} "
-                f"| handshakes {connects} for {args.hosts} hosts",
-                flush=True,
-            )
-        med = [statistics.median(col) for col in zip(*rows, strict=True)]
-        print(
-            f"median over {args.rounds} rounds, {args.hosts} hosts: "
-            f"fresh ours {med[0]:.2f}s theirs {med[1]:.2f}s ratio {med[0] / med[1]:.2f}; "
-            f"reused ours {med[2]:.3f}s theirs {med[3]:.3f}s ratio {med[2] / med[3]:.2f}"
-        )
+        doc["maxrss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        print(json.dumps(doc))
+        return 0
+    sizes = [4] if args.smoke else [int(n) for n in args.hosts.split(",")]
+    rounds = 1 if args.smoke else args.rounds
+    reuse = 2 if args.smoke else args.reuse_rounds
+    summaries = [fleet(n, rounds, reuse) for n in sizes]
+    print(f"\nmachine: {os.cpu_count()} cores, {_os_name()}")
+    for s in summaries:
+        print("\n" + report(s))
+    if args.json:
+        print(json.dumps(summaries))
     return 0
+
+
+def _os_name() -> str:
+    try:
+        for line in Path("/etc/os-release").read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                return line.split("=", 1)[1].strip('"')
+    except OSError:
+        pass
+    return sys.platform
 
 
 if __name__ == "__main__":

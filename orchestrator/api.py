@@ -278,11 +278,11 @@ class Cluster:
             raise UsageError(f"exec: {exc}") from None
 
         async def one(host: str) -> HostResult:
-            script, kill = container_command(
+            script, kill, stdin = container_command(
                 name, command, env=container_env, user=as_user, workdir=workdir
             )
             result = await self.pool.run(
-                host, script, timeout=timeout, label="exec", on_timeout=lambda: kill
+                host, script, timeout=timeout, input=stdin, label="exec", on_timeout=lambda: kill
             )
             if result.exit_code == NOT_RUNNING_EXIT and result.stderr.startswith("container "):
                 return replace(result, error=result.stderr.strip())

@@ -70,9 +70,13 @@ class CommandStarted(Event):
 
 @dataclass(frozen=True)
 class OutputLine(Event):
+    """One line of a command's output, without its newline. A line longer
+    than 64 KiB comes in pieces: `continues` is true on all but the last."""
+
     host: str
     stream: Literal["stdout", "stderr"]
     line: str
+    continues: bool = False
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -64,60 +66,209 @@ def summary_line(results: Mapping[str, HostResult]) -> str:
     return f"{len(results)} host{'s' if len(results) != 1 else ''}: " + ", ".join(parts)
 
 
+# The live view redraws at most this often, whatever the output volume: output
+# lines are batched and printed above it once per tick.
+LIVE_HZ = 10
+# Above this many hosts the live view is a progress summary, not a row per host.
+ROWS_MAX = 20
+# Output waiting for the next tick beyond this is printed at once (bounded memory).
+PENDING_MAX = 1 << 20
+
+
+@dataclass
+class _HostView:
+    state: str = "[cyan]connecting"
+    last: str = ""
+    phase: str = "connecting"  # connecting | running | ok | failed
+    since: float = field(default_factory=time.monotonic)
+    error: str = ""
+
+
+class _Live:
+    """What Live renders: built at draw time from the sink's current state."""
+
+    def __init__(self, sink: RichSink) -> None:
+        self.sink = sink
+
+    def __rich__(self) -> RenderableType:
+        return self.sink.view()
+
+
 class RichSink:
-    """A live table on a terminal: one row per host with its latest state."""
+    """The live view on a terminal (stdout): a row per host, or for a large
+    fleet a progress summary (done / running / failed, slowest hosts, failures
+    grouped by identical error). Host output is printed above it.
+
+    Drawing happens on one background thread at most `LIVE_HZ` times a second;
+    `emit` only records state and queues output, so the cost of a chatty
+    command does not grow with redraws. cvs's own messages go to stderr, or
+    above the view when stderr is the same terminal.
+    """
 
     def __init__(
-        self, console: Console | None = None, *, verbose: bool = False, output: bool = True
+        self,
+        console: Console | None = None,
+        *,
+        err_console: Console | None = None,
+        verbose: bool = False,
+        output: bool = True,
     ) -> None:
-        self.console = console or Console(stderr=True)
+        self.console = console or Console()
+        self.err = err_console or Console(stderr=True)
         self.verbose = verbose
         self.output = output
-        self.rows: dict[str, tuple[str, str]] = {}
-        self.started = time.monotonic()
-        self.live = Live(self._table(), console=self.console, transient=True, auto_refresh=False)
+        self.hosts: dict[str, _HostView] = {}
+        self.redraws = 0
+        self._inline = self.err.is_terminal and self.console.is_terminal
+        self._lock = threading.RLock()
+        self._pending = Text()
+        self._pending_chars = 0
+        self._stop = threading.Event()
+        self.live = Live(_Live(self), console=self.console, transient=True, auto_refresh=False)
         self.live.start()
+        self._thread = threading.Thread(target=self._tick, name="cvs-live", daemon=True)
+        self._thread.start()
 
-    def _table(self) -> Table:
-        table = Table.grid(padding=(0, 2))
-        for host, (state, last) in list(self.rows.items())[-40:]:
-            table.add_row(Text(host, style="bold"), Text(state), Text(last[-100:], style="dim"))
-        return table
+    # -- state, from the event loop ------------------------------------------
 
-    def _set(self, host: str, state: str, last: str | None = None) -> None:
-        prev = self.rows.get(host, ("", ""))
-        self.rows[host] = (state, prev[1] if last is None else last)
-        self.live.update(self._table(), refresh=True)
+    def _host(self, host: str) -> _HostView:
+        view = self.hosts.get(host)
+        if view is None:
+            view = self.hosts[host] = _HostView()
+        return view
+
+    def _set(self, host: str, state: str, phase: str, last: str | None = None) -> None:
+        view = self._host(host)
+        if phase == "running" and view.phase != "running":
+            view.since = time.monotonic()
+        view.state, view.phase = state, phase
+        if last is not None:
+            view.last = last
+
+    def _queue(self, text: Text) -> None:
+        with self._lock:
+            self._pending.append_text(text)
+            self._pending.append("\n")
+            self._pending_chars += len(text)
+            if self._pending_chars > PENDING_MAX:
+                self._flush()
+
+    def _say(self, text: Text) -> None:
+        """One of cvs's own messages."""
+        if self._inline:
+            self._queue(text)
+        else:
+            with self._lock:
+                self.err.print(text)
 
     def emit(self, event: Event) -> None:
+        with self._lock:
+            self._emit(event)
+
+    def _emit(self, event: Event) -> None:
         match event:
             case Connecting(host=h):
-                self._set(h, "[cyan]connecting")
+                self._set(h, "[cyan]connecting", "connecting")
             case Connected(host=h):
-                self._set(h, "[cyan]connected")
+                self._set(h, "[cyan]connected", "connecting")
             case ConnectFailed(host=h, status=s, error=e):
-                self._set(h, f"[red]{s}", e)
-                self.console.print(f"[red]{h}[/] ! {s}: {e}")
+                self._set(h, f"[red]{s}", "failed", e)
+                self._host(h).error = f"{s}: {e}"
+                if len(self.hosts) <= ROWS_MAX:
+                    self._say(Text.from_markup(f"[red]{h}[/] ! ") + Text(f"{s}: {e}"))
             case CommandStarted(host=h):
-                self._set(h, "[yellow]running")
+                self._set(h, "[yellow]running", "running")
             case OutputLine(host=h, line=line) if self.output:
-                self.live.console.print(Text(f"{h} | ", style="bold") + Text(line))
-                self._set(h, self.rows.get(h, ("running", ""))[0], line)
+                self._queue(Text(f"{h} | ", style="bold") + Text(line))
+                self._host(h).last = line[-200:]
             case CommandFinished(host=h, result=r):
-                style = "green" if r.ok else "red"
-                self._set(h, f"[{style}]{r.status}")
+                if r.ok:
+                    self._set(h, f"[green]{r.status}", "ok")
+                else:
+                    self._set(h, f"[red]{r.status}", "failed")
+                    self._host(h).error = f"{r.status}: {r.error}" if r.error else r.status
             case HostStep(host=h, step=step, status=status, detail=detail):
                 style = {"ok": "green", "failed": "red", "skipped": "dim"}.get(status, "yellow")
-                self._set(h, f"[{style}]{step} {status}", detail or None)
+                phase = {"started": "running", "ok": "ok", "skipped": "ok"}.get(status, "failed")
+                self._set(h, f"[{style}]{step} {status}", phase, detail or None)
                 if status == "failed":
-                    self.console.print(f"[red]{h}[/] ! {step}: {detail}")
+                    self._host(h).error = f"{step}: {detail}"
+                    if len(self.hosts) <= ROWS_MAX:
+                        self._say(Text.from_markup(f"[red]{h}[/] ! ") + Text(f"{step}: {detail}"))
             case Message(level=level, text=text, host=host):
                 style = {"warning": "yellow", "error": "red"}.get(level, "")
                 prefix = f"{host}: " if host else ""
-                self.console.print(Text(f"{prefix}{text}", style=style))
+                self._say(Text(f"{prefix}{text}", style=style))
+
+    # -- drawing, on the live thread --------------------------------------------
+
+    def _flush(self) -> None:
+        """Print queued output above the view (one redraw), else just redraw."""
+        with self._lock:
+            pending, self._pending, self._pending_chars = self._pending, Text(), 0
+            if pending:
+                pending.rstrip()
+                self.live.console.print(pending, soft_wrap=True)
+            else:
+                self.live.refresh()
+            self.redraws += 1
+
+    def _tick(self) -> None:
+        while not self._stop.wait(1 / LIVE_HZ):
+            self._flush()
+
+    def view(self) -> RenderableType:
+        with self._lock:
+            if len(self.hosts) <= ROWS_MAX:
+                table = Table.grid(padding=(0, 2))
+                for host, v in self.hosts.items():
+                    table.add_row(
+                        Text(host, style="bold"),
+                        Text.from_markup(v.state),
+                        Text(v.last[-100:], style="dim"),
+                    )
+                return table
+            return Text("\n").join(progress_lines(self.hosts, now=time.monotonic()))
 
     def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._flush()
         self.live.stop()
+
+
+def progress_lines(hosts: Mapping[str, _HostView], *, now: float, top: int = 5) -> list[Text]:
+    """The summary a large fleet gets instead of a row per host."""
+    phases: dict[str, list[str]] = {}
+    for host, v in hosts.items():
+        phases.setdefault(v.phase, []).append(host)
+    done = len(phases.get("ok", [])) + len(phases.get("failed", []))
+    head = Text(f"{len(hosts)} hosts: ", style="bold")
+    head.append(f"{done} done ")
+    head.append(f"({len(phases.get('ok', []))} ok, ", style="green")
+    head.append(f"{len(phases.get('failed', []))} failed)", style="red")
+    head.append(f" · {len(phases.get('running', []))} running")
+    head.append(f" · {len(phases.get('connecting', []))} connecting")
+    lines = [head]
+    running = sorted(phases.get("running", []), key=lambda h: hosts[h].since)[:top]
+    if running:
+        slow = ", ".join(f"{h} {now - hosts[h].since:.1f}s" for h in running)
+        lines.append(Text(f"slowest: {slow}", style="yellow"))
+    for hosts_with, error in failure_groups({h: hosts[h].error for h in phases.get("failed", [])})[
+        :top
+    ]:
+        lines.append(
+            Text(f"{len(hosts_with)} failed: {error} ({compress_hosts(hosts_with)})", style="red")
+        )
+    return lines
+
+
+def failure_groups(errors: Mapping[str, str]) -> list[tuple[list[str], str]]:
+    """Hosts that failed with the identical error, largest group first."""
+    groups: dict[str, list[str]] = {}
+    for host, error in errors.items():
+        groups.setdefault(error, []).append(host)
+    return sorted(((hs, e) for e, hs in groups.items()), key=lambda g: -len(g[0]))
 
 
 STATUS_HEADERS = [

@@ -29,10 +29,33 @@ class HostResult:
     stderr: str = ""
     duration: float = 0.0
     error: str | None = None
+    # Output is kept as a bounded tail per stream (SSHPool's `output_tail`):
+    # how many characters were dropped from the front of each, and the file
+    # holding the whole of it when there is one (a run's per-host log).
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
+    output_file: str | None = None
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def truncated(self) -> bool:
+        """True when `stdout` or `stderr` is only the tail of what the command printed."""
+        return bool(self.stdout_dropped or self.stderr_dropped)
+
+    def truncation_note(self) -> str | None:
+        """One line saying what was dropped and where the whole output is, if truncated."""
+        if not self.truncated:
+            return None
+        parts = [
+            f"first {n} characters of {name} dropped"
+            for name, n in (("stdout", self.stdout_dropped), ("stderr", self.stderr_dropped))
+            if n
+        ]
+        where = f"whole output in {self.output_file}" if self.output_file else "not kept"
+        return f"{'; '.join(parts)} ({where})"
 
     @property
     def reached(self) -> bool:
@@ -53,6 +76,9 @@ class HostResult:
             "stderr": self.stderr,
             "duration": round(self.duration, 3),
             "error": self.error,
+            "truncated": self.truncated,
+            "dropped": {"stdout": self.stdout_dropped, "stderr": self.stderr_dropped},
+            "output_file": self.output_file,
         }
 
 

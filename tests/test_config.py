@@ -560,6 +560,19 @@ def test_normalized_cluster_expands_hosts_and_fills_defaults() -> None:
     json.dumps(out)  # plain data
 
 
+def test_normalized_cluster_masks_every_env_value() -> None:
+    cluster = cluster_of(
+        {
+            "hosts": ["n1"],
+            "env": {"API_TOKEN": "t0k3n"},
+            "container": {"image": "x", "env": {"HF_TOKEN": "hf"}},
+        }
+    )
+    out = normalized_cluster(cluster)
+    assert out["env"] == {"API_TOKEN": "***"} and out["container"]["env"] == {"HF_TOKEN": "***"}
+    assert "t0k3n" not in json.dumps(out) and '"hf"' not in json.dumps(out)
+
+
 # ---- robustness: nothing but ClusterConfig or ConfigError ------------------------
 
 scalars = st.one_of(

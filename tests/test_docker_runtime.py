@@ -39,6 +39,7 @@ from orchestrator.containers.docker import (
     pull_argv,
     rm_argv,
     run_argv,
+    run_env_file,
     start_argv,
     stop_argv,
     validate_container_name,
@@ -49,6 +50,8 @@ from orchestrator.limits.resources import EffectiveResources
 # --- pure builders ---------------------------------------------------------
 
 HOSTILE = "a; rm -rf / $(id) `id` 'q' \"d\" | & > <\n*"
+# Container env reaches `docker run` through an env file: one line per value.
+HOSTILE_LINE = HOSTILE.replace("\n", " ")
 
 
 def test_docker_prefix_direct_is_plain_docker() -> None:
@@ -95,7 +98,7 @@ def test_run_argv_puts_every_option_before_image_and_sleep_infinity() -> None:
         "--ulimit", "memlock=-1",
         "--ulimit", "stack=67108864",
         "-v", "/data:/data:ro",
-        "-e", "A=1",
+        "--env-file", "/dev/stdin",
         "--shm-size", "16g",
         "--cpus", "2",
         "--init",
@@ -109,7 +112,7 @@ def test_run_argv_puts_caps_then_gpu_devices_and_env_before_the_operators_extra_
         vendor="amd", gpus=(GPU(vendor="amd", index=1, render_node="/dev/dri/renderD129"),)
     )
     argv = run_argv(["docker"], cfg, "c", {}, resources=EffectiveResources(pids=64), gpus=gpus)
-    tail = argv[argv.index("A=1") + 1 :]
+    tail = argv[argv.index("/dev/stdin") + 1 :]
     assert tail == [
         "--pids-limit", "64",
         "--device", "/dev/kfd", "--device", "/dev/dri/renderD129",
@@ -307,7 +310,7 @@ def test_run_argv_settings_come_back_from_docker_inspect(
         group_add=["1234"],
         ulimits={"nofile": "1024:2048"},
         volumes=[f"{tmp_path / 'vol'}:/data:ro"],
-        env={"HOSTILE": HOSTILE},
+        env={"HOSTILE": HOSTILE_LINE},
         shm_size="32m",
     )
     limits = EffectiveResources(
@@ -318,7 +321,17 @@ def test_run_argv_settings_come_back_from_docker_inspect(
         pids=50,
     )
     labels = managed_labels("alpha", "h1")
-    dockerd.run_argv(run_argv(["docker"], cfg, "settings", labels, resources=limits))
+    argv = run_argv(["docker"], cfg, "settings", labels, resources=limits)
+    assert HOSTILE_LINE not in " ".join(argv)  # the value goes over stdin, not argv
+    subprocess.run(
+        ["sh", "-c", shlex.join(argv)],
+        input=run_env_file(cfg),
+        env=dockerd.env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     try:
         info = parse_container_inspect(
             dockerd.run_argv(inspect_argv(["docker"], "settings")).stdout
@@ -341,7 +354,7 @@ def test_run_argv_settings_come_back_from_docker_inspect(
         env = dockerd.run_argv(
             exec_argv(["docker"], "settings", ["sh", "-c", 'printf "%s\\n" "$HOSTILE"'])
         ).stdout
-        assert env == HOSTILE + "\n"
+        assert env == HOSTILE_LINE + "\n"
     finally:
         dockerd.run_argv(rm_argv(["docker"], "settings"))
 

@@ -392,7 +392,7 @@ def test_persistent_up_warns_about_stale_containers_with_rebuild_command_and_att
     assert up.stderr.count("attach ok") == 3, up.stderr
     assert identities(sandbox, THREE, lab.name) == before
     status = cvs_json(path, "status")[1]
-    assert [r["stale"] for r in status["hosts"]] == [True, True, True]
+    assert [r["stale"] for r in status["hosts"].values()] == [True, True, True]
 
 
 # --- 5. a host's dockerd down -------------------------------------------------
@@ -521,14 +521,14 @@ def test_two_concurrent_persistent_ups_cold_start_exactly_once(lab: Lab, sandbox
 
 def test_login_user_in_docker_group_uses_docker_without_sudo(lab: Lab) -> None:
     path = lab.cluster(lifetime="per_run")
-    assert [r["docker"] for r in cvs_json(path, "status")[1]["hosts"]] == ["direct"] * 3
+    assert [r["docker"] for r in cvs_json(path, "status")[1]["hosts"].values()] == ["direct"] * 3
 
 
 def test_login_user_with_only_passwordless_sudo_works_through_sudo(
     lab: Lab, sandbox: Sandbox
 ) -> None:
     path = lab.cluster(lifetime="per_run", user=SUDO_USER)
-    assert [r["docker"] for r in cvs_json(path, "status")[1]["hosts"]] == ["sudo"] * 3
+    assert [r["docker"] for r in cvs_json(path, "status")[1]["hosts"].values()] == ["sudo"] * 3
 
     rc, report = cvs_json(path, "up")
 

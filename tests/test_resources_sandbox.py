@@ -239,7 +239,7 @@ def test_status_shows_the_effective_limits_per_host(
     assert up.returncode == 0, up.stderr
     status = cvs("status", "--json", "-c", str(path))
     assert status.returncode == 0, status.stderr
-    rows = {row["host"]: row for row in last_json(status)["hosts"]}
+    rows = last_json(status)["hosts"]
     assert rows["node1"]["limits"] == {
         "cpus": "1",
         "memory": "256Mi",
@@ -325,7 +325,7 @@ def test_attaching_to_a_container_with_other_limits_warns_about_drift(
     # Attached, not replaced: the container still has the limit it started with.
     assert host_config(sandbox, "node3", container_name)["HostConfig"]["PidsLimit"] == 64
     status = last_json(cvs("status", "--json", "-c", str(cluster(128))))
-    rows = {row["host"]: row for row in status["hosts"]}
+    rows = status["hosts"]
     assert any("PidsLimit" in d for d in rows["node4"]["drift"]), rows["node4"]
 
 

@@ -20,7 +20,14 @@ __all__ = ["build_parser", "main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `cvs` with `argv` (default: sys.argv[1:]); returns the exit code."""
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:
+        # argparse has printed the usage error; --json callers get the result line too.
+        if exc.code == 2 and "--json" in argv:
+            _json_error(argv[0] if argv and not argv[0].startswith("-") else None, "usage error")
+        raise
     _apply_color(getattr(args, "color", None))
     from orchestrator.errors import CvsError, ExitCode, PolicyRefused
 
@@ -30,6 +37,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(handler(args))
     except KeyboardInterrupt:
         sys.stderr.write("cvs: interrupted\n")
+        if args.json:
+            from orchestrator.cli.common import write_json_result
+
+            write_json_result(args, ok=False, exit_code=ExitCode.INTERRUPTED, error="interrupted")
         return ExitCode.INTERRUPTED
     except PolicyRefused as exc:
         from orchestrator.cli.common import print_refusal
@@ -37,6 +48,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return print_refusal(args, exc)
     except CvsError as exc:
         sys.stderr.write(f"cvs: {exc}\n")
+        if args.json:
+            from orchestrator.cli.common import write_json_result
+
+            write_json_result(args, ok=False, exit_code=exc.exit_code, error=str(exc))
         return exc.exit_code
     except BaseExceptionGroup as group:
         # A task group (per-host fan-out) wraps what a host's task raised: an
@@ -93,3 +108,11 @@ def _apply_color(choice: str | None) -> None:
     elif choice == "always":
         os.environ.pop("NO_COLOR", None)
         os.environ["FORCE_COLOR"] = "1"
+
+
+def _json_error(command: str | None, error: str) -> None:
+    import json
+
+    doc = {"command": command, "ok": False, "exit_code": 2, "error": error}
+    sys.stdout.write(json.dumps(doc) + "\n")
+    sys.stdout.flush()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import TYPE_CHECKING, Any
@@ -13,10 +12,12 @@ import anyio
 from orchestrator.cli.common import (
     chosen_hosts,
     cluster_path,
+    failure_summary,
     load,
     make_sink,
     print_json_summary,
     run_with_cluster,
+    write_json_result,
 )
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.events import wants_plain
@@ -38,8 +39,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     warnings = cluster_warnings(cluster)
     notes = cvs_import_notes(cluster)
     if args.json:
-        sys.stdout.write(
-            json.dumps({"ok": True, "cluster": doc, "warnings": warnings, "notes": notes}) + "\n"
+        write_json_result(
+            args, ok=True, exit_code=ExitCode.OK, cluster=doc, warnings=warnings, notes=notes
         )
     else:
         import yaml
@@ -86,15 +87,26 @@ def cmd_exec(args: argparse.Namespace) -> int:
         sink.close()
     code = exit_code_for(list(results.values()))
     if args.json:
-        print_json_summary(results, code)
+        print_json_summary(args, results, code)
         return code
     from orchestrator.render import print_grouped, summary_line
 
     if args.group:
         print_grouped(results)
-    for r in results.values():
-        if not r.ok and not args.group:
-            sys.stderr.write(f"{r.host}: {r.status}: {r.error}\n")
+    if not args.group:
+        # Grouped by identical error: a thousand unreachable hosts are one line.
+        for line in failure_summary(results):
+            sys.stderr.write(line + "\n")
+    truncated = [r for r in results.values() if r.truncated]
+    if truncated:
+        from orchestrator.render import compress_hosts
+
+        dropped = sum(r.stdout_dropped + r.stderr_dropped for r in truncated)
+        sys.stderr.write(
+            f"{compress_hosts(r.host for r in truncated)}: results keep the last "
+            f"{cluster_cfg.output_tail} of each stream ({dropped} characters dropped from "
+            "them; all of it was streamed above)\n"
+        )
     sys.stderr.write(summary_line(results) + "\n")
     return code
 
@@ -120,15 +132,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         lambda c: c.plan(force=args.force, reprovision=args.reprovision, adopt=args.adopt),
     )
     if args.json:
-        doc = {
-            "ok": not plan.refused,
-            "exit_code": plan.exit_code,
-            "lifetime": plan.lifetime,
-            "refused": plan.reasons,
-            "warnings": plan.warnings,
-            "hosts": {h: {"action": a.kind, "reason": a.reason} for h, a in plan.actions.items()},
-        }
-        sys.stdout.write(json.dumps(doc) + "\n")
+        write_json_result(
+            args,
+            ok=not plan.refused,
+            exit_code=plan.exit_code,
+            error="refused: " + "; ".join(plan.reasons) if plan.refused else None,
+            lifetime=plan.lifetime,
+            refused=plan.reasons,
+            warnings=plan.warnings,
+            hosts={h: {"action": a.kind, "reason": a.reason} for h, a in plan.actions.items()},
+        )
         return plan.exit_code
     width = max((len(h) for h in plan.actions), default=4)
     sys.stdout.write(f"lifetime: {plan.lifetime}\n")
@@ -163,7 +176,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         ),
     )
     if args.json:
-        sys.stdout.write(json.dumps(report.to_dict()) + "\n")
+        write_json_result(args, **report.to_dict())
         return report.exit_code
     for host, outcome in report.outcomes.items():
         if outcome.ok:
@@ -194,14 +207,14 @@ def cmd_down(args: argparse.Namespace) -> int:
         force=args.force,
     )
     if args.json:
-        doc = {
-            "ok": code == 0,
-            "exit_code": code,
-            "warnings": plan.warnings,
-            "hosts": {h: {"action": a.kind, "reason": a.reason} for h, a in plan.actions.items()},
-            "left": left,
-        }
-        sys.stdout.write(json.dumps(doc) + "\n")
+        write_json_result(
+            args,
+            ok=code == 0,
+            exit_code=code,
+            warnings=plan.warnings,
+            hosts={h: {"action": a.kind, "reason": a.reason} for h, a in plan.actions.items()},
+            left=left,
+        )
         return code
     for w in plan.warnings:
         sys.stderr.write(f"warning: {w}\n")
@@ -224,13 +237,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     rows = run_with_cluster(args, lambda c: c.status())
     code = ExitCode.UNREACHABLE if any(not r.reachable for r in rows) else ExitCode.OK
     if output in ("json", "yaml"):
-        doc = {"ok": code == 0, "exit_code": int(code), "hosts": [r.to_dict() for r in rows]}
+        # Keyed by host, like every other subcommand's `hosts`.
+        hosts = {r.host: r.to_dict() for r in rows}
         if output == "json":
-            sys.stdout.write(json.dumps(doc) + "\n")
+            write_json_result(args, ok=code == 0, exit_code=code, hosts=hosts)
         else:
             import yaml
 
-            sys.stdout.write(yaml.safe_dump(doc, sort_keys=False))
+            doc = {"command": "status", "ok": code == 0, "exit_code": int(code), "error": None}
+            sys.stdout.write(yaml.safe_dump({**doc, "hosts": hosts}, sort_keys=False))
         return code
     from orchestrator.render import print_status_table
 

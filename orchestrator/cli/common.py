@@ -70,24 +70,66 @@ def chosen_hosts(cluster: Any, args: argparse.Namespace) -> list[str]:
 
 
 def make_sink(args: argparse.Namespace, *, output: bool = True) -> EventSink:
+    """JSON lines with --json; else the mode follows stdout, where host output goes:
+    the live view on a terminal, `host | line` text when piped (cvs's own
+    messages go to stderr either way)."""
     if args.json:
         return JsonLinesSink(sys.stdout, output=output)
-    if wants_plain(sys.stderr):
+    if wants_plain(sys.stdout):
         return PlainSink(verbose=args.verbose, output=output)
     from orchestrator.render import RichSink
 
     return RichSink(verbose=args.verbose, output=output)
 
 
-def print_json_summary(results: dict[str, HostResult], code: int, **extra: Any) -> None:
-    summary = {
-        "ok": code == 0,
-        "exit_code": code,
-        **extra,
-        "hosts": {h: r.to_dict() for h, r in results.items()},
+def command_name(args: argparse.Namespace) -> str | None:
+    """`exec`, `run`, `sandbox up`, ...: the `command` of the `--json` result line."""
+    name = getattr(args, "command_name", None)
+    sub = getattr(args, "sandbox_command", None)
+    return f"{name} {sub}" if name and sub else name
+
+
+def write_json_result(
+    args: argparse.Namespace,
+    *,
+    ok: bool,
+    exit_code: int,
+    error: str | None = None,
+    **fields: Any,
+) -> None:
+    """The last line of every `--json` invocation, errors included: one shape,
+    `orchestrator/schemas/cli.schema.json` (events come before it, one per line)."""
+    doc = {
+        "command": command_name(args),
+        "ok": bool(ok),
+        "exit_code": int(exit_code),
+        "error": error,
+        **fields,
     }
-    sys.stdout.write(json.dumps(summary) + "\n")
+    sys.stdout.write(json.dumps(doc, default=str) + "\n")
     sys.stdout.flush()
+
+
+def failure_summary(results: dict[str, HostResult]) -> list[str]:
+    """One line per distinct failure, hosts folded: `node[2-4] (3): failed: exit code 1`."""
+    from orchestrator.render import compress_hosts, failure_groups
+
+    errors = {h: f"{r.status}: {r.error}" if r.error else r.status for h, r in results.items()}
+    groups = failure_groups({h: e for h, e in errors.items() if not results[h].ok})
+    return [f"{compress_hosts(hosts)} ({len(hosts)}): {error}" for hosts, error in groups]
+
+
+def print_json_summary(
+    args: argparse.Namespace, results: dict[str, HostResult], code: int, **extra: Any
+) -> None:
+    write_json_result(
+        args,
+        ok=code == 0,
+        exit_code=code,
+        error="; ".join(failure_summary(results)) or None,
+        **extra,
+        hosts={h: r.to_dict() for h, r in results.items()},
+    )
 
 
 def run_with_cluster(
@@ -113,8 +155,13 @@ def run_with_cluster(
 
 def print_refusal(args: argparse.Namespace, exc: PolicyRefused) -> int:
     if args.json:
-        doc = {"ok": False, "exit_code": int(ExitCode.REFUSED), "refused": exc.reasons}
-        sys.stdout.write(json.dumps(doc) + "\n")
+        write_json_result(
+            args,
+            ok=False,
+            exit_code=ExitCode.REFUSED,
+            error=f"refused: {exc}",
+            refused=exc.reasons,
+        )
     else:
         sys.stderr.write("cvs: refused, nothing was changed:\n")
         for reason in exc.reasons:

@@ -111,7 +111,7 @@ def cmd_cp(args: argparse.Namespace) -> int:
             payload.close()
     code = exit_code_for(list(results.values()))
     if args.json:
-        print_json_summary(results, code)
+        print_json_summary(args, results, code)
         return code
     width = max(len(h) for h in results)
     for host, r in results.items():

@@ -9,7 +9,6 @@ as far as starting the run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import IO
 
 import anyio
 
-from orchestrator.cli.common import cluster_path, load, make_sink
+from orchestrator.cli.common import cluster_path, load, make_sink, write_json_result
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.events import TeeSink
 from orchestrator.suites.model import SHIPPED_PACKAGE, find_suite, list_suites, load_suite
@@ -82,10 +81,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         doc = {**results_document(outcome), "run_dir": str(recorder.run_dir)}
         doc["files"] = _paths(recorder)
-        sys.stdout.write(json.dumps(doc) + "\n")
-        sys.stdout.flush()
+        if recorder.failure is not None:
+            doc["error"] = str(recorder.failure)
+        write_json_result(args, **doc)
     else:
         print_report(outcome, recorder, sys.stdout)
+    if recorder.failure is not None:
+        sys.stderr.write(f"cvs: {recorder.failure}\n")
     return outcome.exit_code
 
 
@@ -156,7 +158,7 @@ def _list(args: argparse.Namespace) -> int:
         )
         seen.add(ref.name)
     if args.json:
-        sys.stdout.write(json.dumps({"ok": True, "suites": entries}) + "\n")
+        write_json_result(args, ok=True, exit_code=ExitCode.OK, suites=entries)
         return ExitCode.OK
     if not entries:
         sys.stdout.write(

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.cli.common import write_json_result
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.suites.records import RunOutcome, outcome_from_document
 from orchestrator.suites.report import (
@@ -90,7 +91,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     runs = find_runs(base)
     rows = [_row(r) for r in runs]
     if args.json:
-        sys.stdout.write(json.dumps({"ok": True, "runs": rows}) + "\n")
+        write_json_result(args, ok=True, exit_code=ExitCode.OK, runs=rows)
         return ExitCode.OK
     if not rows:
         sys.stderr.write(f"no runs under {base}/ (cvs run SUITE writes them there)\n")
@@ -133,7 +134,7 @@ def _show(args: argparse.Namespace, base: Path) -> int:
     o = run.outcome
     if args.json:
         doc = json.loads((path / "results.json").read_text("utf-8"))
-        sys.stdout.write(json.dumps(doc) + "\n")
+        write_json_result(args, **doc)
         return ExitCode.OK
     out = sys.stdout
     out.write(f"suite:    {o.suite} ({o.suite_file})\n")

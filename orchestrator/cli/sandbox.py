@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 
-from orchestrator.cli.common import DEFAULT_SANDBOX_DIR
+from orchestrator.cli.common import DEFAULT_SANDBOX_DIR, write_json_result
 from orchestrator.errors import ExitCode, UsageError
 
 
@@ -30,13 +29,19 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
             if args.lifetime != "per_run":
                 _set_sandbox_lifetime(box.cluster_file, args.lifetime)
             if args.json:
-                sys.stdout.write(json.dumps({"ok": True, "cluster": str(box.cluster_file)}) + "\n")
+                write_json_result(
+                    args, ok=True, exit_code=ExitCode.OK, cluster=str(box.cluster_file)
+                )
             else:
                 sys.stdout.write(f"{box.cluster_file}\n")
         else:
             sandbox_down(directory, progress=progress)
+            if args.json:
+                write_json_result(args, ok=True, exit_code=ExitCode.OK)
     except SandboxError as exc:
         sys.stderr.write(f"cvs sandbox: {exc}\n")
+        if args.json:
+            write_json_result(args, ok=False, exit_code=ExitCode.USAGE, error=str(exc))
         return ExitCode.USAGE
     return ExitCode.OK
 

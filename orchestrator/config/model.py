@@ -391,6 +391,14 @@ class ContainerConfig(Model):
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        # `docker run` gets these from an env file on its stdin (never argv),
+        # whose format is one `KEY=VALUE` per line.
+        for key, value in v.items():
+            if "\n" in value or "\r" in value:
+                raise ValueError(
+                    f"{key}: a container env value cannot contain a line break "
+                    "(docker reads it from an env file); use the cluster's `env` instead"
+                )
         return _check_env(v)
 
     @field_validator("network", "ipc")
@@ -445,6 +453,9 @@ class ClusterConfig(Model):
     ssh: SSHConfig = Field(default_factory=SSHConfig)
     concurrency: Concurrency = Field(default_factory=Concurrency)
     env: dict[str, str] = Field(default_factory=dict)
+    # Command output kept in memory per host and stream (the rest is streamed,
+    # and a run's per-host logs have all of it): the last this many bytes.
+    output_tail: str = "1Mi"
     limits: Limits | None = None
     container: ContainerConfig | None = None
     # Where this machine's state for the cluster lives (MPI key pair, container
@@ -461,6 +472,9 @@ class ClusterConfig(Model):
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
         return _check_env(v)
+
+    _tail_in = field_validator("output_tail", mode="before")(_size_as_text)
+    _tail_ok = field_validator("output_tail")(_check_size)
 
     @model_validator(mode="after")
     def _hosts_consistent(self) -> ClusterConfig:

@@ -114,9 +114,20 @@ def normalized_cluster(cluster: ClusterConfig) -> dict[str, Any]:
         hosts.append(entry)
     out["hosts"] = hosts
     out["head"] = cluster.head_host.name
+    # `env` values are often tokens: cvs never prints or records one.
+    out["env"] = masked_env(cluster.env)
     if cluster.container is not None:
         out["container"]["name"] = container_name(cluster)
+        out["container"]["env"] = masked_env(cluster.container.env)
     return out
+
+
+ENV_MASK = "***"
+
+
+def masked_env(env: dict[str, str]) -> dict[str, str]:
+    """Names kept, values hidden: what cvs shows of any `env` block."""
+    return dict.fromkeys(env, ENV_MASK)
 
 
 # CVS defaults that hand the container more than a GPU test usually needs.

@@ -155,13 +155,9 @@ def run_argv(
         argv += ["--ulimit", f"{key}={limit}"]
     for volume in cfg.volumes:
         argv += ["-v", volume]
-    env = dict(cfg.env)
-    if gpus is not None and gpus.gpus:
-        # A visible-devices variable in container.env must not widen the subset
-        # (the API warns about it; here it is only dropped).
-        env, _ = guard_visible_devices(env, cfg.gpus, count=len(gpus.gpus))
-    for key, value in env.items():
-        argv += ["-e", f"{key}={value}"]
+    if container_env(cfg, gpus):
+        # Values from `run_env_file` on stdin: never in an argv (`ps`).
+        argv += ["--env-file", "/dev/stdin"]
     if cfg.shm_size:
         argv += ["--shm-size", str(cfg.shm_size)]
     if resources is not None:
@@ -173,6 +169,29 @@ def run_argv(
     argv += list(cfg.extra_args)
     argv += [cfg.image, "sleep", "infinity"]
     return argv
+
+
+def container_env(cfg: ContainerConfig, gpus: GPUSelection | None = None) -> dict[str, str]:
+    """`container.env` as the container gets it."""
+    env = dict(cfg.env)
+    if gpus is not None and gpus.gpus:
+        # A visible-devices variable in container.env must not widen the subset
+        # (the API warns about it; here it is only dropped).
+        env, _ = guard_visible_devices(env, cfg.gpus, count=len(gpus.gpus))
+    return env
+
+
+def run_env_file(cfg: ContainerConfig, gpus: GPUSelection | None = None) -> str | None:
+    """What `run_argv`'s `--env-file /dev/stdin` reads: `KEY=VALUE` lines, or None."""
+    env = container_env(cfg, gpus)
+    if not env:
+        return None
+    lines = []
+    for key, value in env.items():
+        if "\n" in value or "\r" in value:
+            raise ValueError(f"container env {key}: a value cannot contain a line break")
+        lines.append(f"{key}={value}\n")
+    return "".join(lines)
 
 
 def inspect_argv(prefix: Sequence[str], name: str) -> list[str]:

@@ -3,6 +3,10 @@
 `docker exec` has no way to stop what it started: killing the client leaves
 the process running in the container. So the in-container side records its
 pid, and a timeout (or Ctrl-C) kills that process tree from a second exec.
+
+Environment values never appear in an argv (`docker exec -e K=V` would show
+them in `ps` on the host): they go over stdin (`ssh.envpass`), read by the
+in-container shell before it becomes the command.
 """
 
 from __future__ import annotations
@@ -10,9 +14,11 @@ from __future__ import annotations
 import secrets
 import shlex
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from orchestrator.config.model import CONTAINER_USER_RE, WORKDIR_RE
 from orchestrator.containers.docker import validate_container_name
+from orchestrator.ssh.envpass import env_block, env_reader, new_token
 
 NOT_RUNNING_EXIT = 125
 
@@ -43,6 +49,12 @@ def _pidfile(token: str) -> str:
     return f"/tmp/.cvs-exec-{token}.pid"
 
 
+class ContainerCommand(NamedTuple):
+    script: str  # host shell text: runs the command in the container
+    kill: str  # host shell text: kills what `script` started, for timeouts
+    stdin: str | None  # what to send on stdin (the env block), or None
+
+
 def container_command(
     name: str,
     command: str | Sequence[str],
@@ -51,8 +63,8 @@ def container_command(
     token: str | None = None,
     user: str | None = None,
     workdir: str | None = None,
-) -> tuple[str, str]:
-    """(host shell text running `command` in container `name`, the kill text for timeouts).
+) -> ContainerCommand:
+    """How to run `command` in container `name` (and stop it on timeout).
 
     The host side finds how to reach docker (plain, else `sudo -n`) and that
     the container runs, in the same round trip as the command itself. The
@@ -71,9 +83,13 @@ def container_command(
         if not WORKDIR_RE.fullmatch(workdir):
             raise ValueError(f"invalid working directory {workdir!r} (an absolute path)")
         exec_opts += ["-w", workdir]
-    for key, value in (env or {}).items():
-        exec_opts += ["-e", f"{key}={value}"]
-    inner = ["exec", *exec_opts, name, "sh", "-c", _RUN, "cvs", _pidfile(token), *argv]
+    run, stdin = _RUN, None
+    if env:
+        # Values over stdin, read in the container before the command starts.
+        env_token = new_token()
+        run = f'echo $$ > "$1"; shift; {env_reader(env_token)}exec "$@"'
+        exec_opts, stdin = ["-i", *exec_opts], env_block(env, env_token)
+    inner = ["exec", *exec_opts, name, "sh", "-c", run, "cvs", _pidfile(token), *argv]
     running = ["inspect", "--type", "container", "-f", "{{.State.Running}}", name]
     script = (
         f'if [ "$(docker {shlex.join(running)} 2>/dev/null)" = true ]; then set -- docker; '
@@ -86,4 +102,4 @@ def container_command(
     # As root: the command may run as any user (or -u root).
     kill_argv = ["exec", "-u", "0", name, "sh", "-c", _KILL_TREE, "cvs", _pidfile(token)]
     kill = f"docker {shlex.join(kill_argv)} 2>/dev/null || sudo -n docker {shlex.join(kill_argv)}"
-    return script, kill
+    return ContainerCommand(script, kill, stdin)

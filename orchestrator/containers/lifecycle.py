@@ -45,6 +45,7 @@ from orchestrator.containers.docker import (
     remove_if_made_command,
     rm_argv,
     run_argv,
+    run_env_file,
     start_argv,
     unpause_argv,
 )
@@ -579,7 +580,9 @@ class Lifecycle:
                 resources=resources,
                 gpus=gpus,
             )
-            run = await self._cmd(outcome, "run", argv, timeout=self.cfg.start_timeout)
+            run = await self._cmd(
+                outcome, "run", argv, timeout=self.cfg.start_timeout, input=run_env_file(cfg, gpus)
+            )
             if run is None:
                 return
             outcome.container_id = parse_run_id(run.stdout)

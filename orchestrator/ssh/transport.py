@@ -31,6 +31,7 @@ from tenacity import (
 )
 
 from orchestrator.config import ClusterConfig, HostSpec
+from orchestrator.config.units import parse_size
 from orchestrator.events import (
     CommandFinished,
     CommandStarted,
@@ -43,7 +44,9 @@ from orchestrator.events import (
     OutputLine,
 )
 from orchestrator.results import HostResult, Status
+from orchestrator.ssh.envpass import env_block, env_reader, new_token
 from orchestrator.ssh.keys import load_identities, strict_known_hosts
+from orchestrator.ssh.output import LineSplitter, StreamTail, as_result_text
 
 PREFERRED_CIPHERS = [
     "aes128-gcm@openssh.com",
@@ -133,9 +136,18 @@ class _HostLink:
 class SSHPool:
     """Connections to a cluster's hosts, opened lazily, one per host, reused."""
 
-    def __init__(self, cluster: ClusterConfig, sink: EventSink | None = None) -> None:
+    def __init__(
+        self,
+        cluster: ClusterConfig,
+        sink: EventSink | None = None,
+        *,
+        output_tail: int | None = None,
+    ) -> None:
         self.cluster = cluster
         self.sink: EventSink = sink or NullSink()
+        # Characters of each command's stdout and stderr kept per host (the
+        # rest is streamed to the sink and counted as dropped).
+        self.output_tail = parse_size(cluster.output_tail) if output_tail is None else output_tail
         self._links: dict[str, _HostLink] = {}
         self._locks: dict[str, anyio.Lock] = {}
         self._failures: dict[str, ConnectError] = {}
@@ -343,13 +355,18 @@ class SSHPool:
         start: float,
         on_timeout: Callable[[], Command] | None,
     ) -> HostResult:
+        # Environment values travel over stdin, ahead of `input`: never in argv.
         merged_env = {**self.cluster.env, **(env or {})}
-        exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in merged_env.items())
-        wrapped = f"{exports}{text}"
+        prefix = ""
+        if merged_env:
+            token = new_token()
+            text = env_reader(token) + text
+            prefix = env_block(merged_env, token)
         emit = self.sink.emit if stream_output else None
+        tail = self.output_tail
         try:
             chan, session = await link.conn.create_session(
-                lambda: _CommandSession(host, emit), wrapped, encoding="utf-8", errors="replace"
+                lambda: _CommandSession(host, emit, tail), text, encoding="utf-8", errors="replace"
             )
         except (asyncssh.Error, OSError) as exc:
             return HostResult(
@@ -362,6 +379,8 @@ class SSHPool:
         error: str | None = None
         try:
             with anyio.fail_after(timeout):
+                if prefix:
+                    chan.write(prefix)
                 if input is not None:
                     chan.write(input.decode() if isinstance(input, bytes) else input)
                 chan.write_eof()
@@ -384,14 +403,17 @@ class SSHPool:
                 status, error = "unreachable", f"connection lost: {session.lost}"
             elif exit_code != 0:
                 status, error = "failed", f"exit code {exit_code}"
+        out, err = session.tails["stdout"], session.tails["stderr"]
         return HostResult(
             host,
             status,
             exit_code=exit_code,
-            stdout="\n".join(session.lines["stdout"]),
-            stderr="\n".join(session.lines["stderr"]),
+            stdout=as_result_text(out),
+            stderr=as_result_text(err),
             duration=time.monotonic() - start,
             error=error,
+            stdout_dropped=out.dropped,
+            stderr_dropped=err.dropped,
         )
 
     @contextlib.asynccontextmanager
@@ -453,37 +475,40 @@ class SSHPool:
 
 
 class _CommandSession(asyncssh.SSHClientSession[str]):
-    """Collects one command's output line by line, straight from asyncssh's callbacks.
+    """One command's output, straight from asyncssh's callbacks: streamed as
+    `OutputLine` events and kept as a bounded tail per stream.
 
     Callbacks instead of reader tasks: a fan-out over hundreds of reused
     connections spends its time here, and tasks per channel doubled it.
     """
 
-    def __init__(self, host: str, emit: Callable[[OutputLine], None] | None) -> None:
+    def __init__(self, host: str, emit: Callable[[OutputLine], None] | None, tail: int) -> None:
         self.host = host
-        self.emit = emit
-        self.lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
-        self.partial: dict[str, str] = {"stdout": "", "stderr": ""}
+        self.tails = {"stdout": StreamTail(tail), "stderr": StreamTail(tail)}
+        self.splitters: dict[str, LineSplitter] = {}
+        if emit is not None:
+            for stream in ("stdout", "stderr"):
+                self.splitters[stream] = LineSplitter(self._emitter(emit, stream))
         self.exit_code: int | None = None
         self.lost: Exception | None = None
         self.closed = anyio.Event()
 
+    def _emitter(
+        self, emit: Callable[[OutputLine], None], stream: str
+    ) -> Callable[[str, bool], None]:
+        host = self.host
+
+        def line(text: str, continues: bool) -> None:
+            emit(OutputLine(host=host, stream=stream, line=text, continues=continues))  # type: ignore[arg-type]
+
+        return line
+
     def data_received(self, data: str, datatype: asyncssh.DataType) -> None:
         stream = "stderr" if datatype == asyncssh.EXTENDED_DATA_STDERR else "stdout"
-        *complete, self.partial[stream] = (self.partial[stream] + data).split("\n")
-        for line in complete:
-            self._line(stream, line)
-
-    def _line(self, stream: str, line: str) -> None:
-        self.lines[stream].append(line)
-        if self.emit is not None:
-            self.emit(OutputLine(host=self.host, stream=stream, line=line))  # type: ignore[arg-type]
-
-    def _flush(self) -> None:
-        for stream, rest in self.partial.items():
-            if rest:
-                self._line(stream, rest)
-            self.partial[stream] = ""
+        self.tails[stream].add(data)
+        splitter = self.splitters.get(stream)
+        if splitter is not None:
+            splitter.feed(data)
 
     def exit_status_received(self, status: int) -> None:
         self.exit_code = status
@@ -492,7 +517,8 @@ class _CommandSession(asyncssh.SSHClientSession[str]):
         self.exit_code = 128 + _signal_number(signal)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._flush()
+        for splitter in self.splitters.values():
+            splitter.flush()
         self.lost = exc
         self.closed.set()
 

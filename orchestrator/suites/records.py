@@ -1,28 +1,38 @@
 """Run records: what a suite run leaves behind in its run directory.
 
     runs/20250101T120000Z-test_demo/
-      events.jsonl            every event, one JSON object per line
-      logs/STEP/HOST.log      that host's stdout and stderr for that step
+      events.jsonl            every event but output lines, one JSON object per line
+      logs/STEP/HOST.log      that host's stdout and stderr for that step, as it came
       results.json            the outcome (schema: orchestrator/schemas/results.schema.json)
       junit.xml               one testcase per step x host, for CI systems
       report.html             the same for a person: step x host matrix, timeline, tails
 
 The outcome types here are plain data; `results_document` and `junit_xml`
 are pure functions of them, so they are tested without a cluster.
+
+The directory is private (0700, files 0600): logs hold whatever commands
+print. Output streams into the logs while a step runs; nothing holds it whole.
+
+A record that cannot be written (disk full, directory gone) never raises into
+the run: the recorder stops writing, remembers the first failure (`failure`,
+one line naming the path) and calls `on_failure`, which the runner uses to stop
+the run (remote commands killed, tear-down per the lifetime as usual).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from orchestrator.errors import ExitCode, UsageError
-from orchestrator.events import JsonLinesSink
+from orchestrator.errors import CvsError, ExitCode, UsageError
+from orchestrator.events import Event, OutputLine
 from orchestrator.results import CONNECTION_STATUSES, HostResult
 
 RESULTS_SCHEMA_VERSION = 1
@@ -312,6 +322,35 @@ def junit_xml(outcome: RunOutcome) -> str:
 
 # ---- the run directory ------------------------------------------------------------
 
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+class RecordError(CvsError):
+    """The run directory could not be written: the run was stopped, not its tear-down."""
+
+    def __init__(self, path: Path, exc: OSError) -> None:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        super().__init__(f"cannot write the run record {path}: {reason}; the run was stopped")
+        self.path = path
+
+
+def _open_private(path: Path, mode: str = "w") -> IO[str]:
+    """A text file only its owner can read (whatever the umask)."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "a" else os.O_TRUNC)
+    fd = os.open(path, flags, FILE_MODE)
+    try:
+        os.fchmod(fd, FILE_MODE)
+        return os.fdopen(fd, mode, encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _mkdir_private(path: Path, *, exist_ok: bool) -> None:
+    path.mkdir(mode=DIR_MODE, exist_ok=exist_ok)
+    os.chmod(path, DIR_MODE)
+
 
 class RunDirError(UsageError):
     """The run directory cannot be created or written (exit 2, nothing started)."""
@@ -319,8 +358,42 @@ class RunDirError(UsageError):
 
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        with _open_private(tmp) as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def _result_text(result: HostResult, *, note: bool) -> str:
+    """A result's output as log text (each part ending in a newline), with the
+    `[cvs] status: error` line when `note` and it failed."""
+    parts = [result.stdout]
+    if result.stderr:
+        parts.append(result.stderr)
+    if note and result.error and result.status != "ok":
+        parts.append(f"[cvs] {result.status}: {result.error}\n")
+    return "".join(p if p.endswith("\n") or not p else p + "\n" for p in parts)
+
+
+class _RecordSink:
+    """The run directory as an event sink: events to events.jsonl, output lines
+    to the log of the step running on that host."""
+
+    def __init__(self, recorder: RunRecorder) -> None:
+        self.recorder = recorder
+
+    def emit(self, event: Event) -> None:
+        if isinstance(event, OutputLine):
+            self.recorder._log_line(event)
+        else:
+            self.recorder._event(event)
+
+    def close(self) -> None:
+        self.recorder._flush_events()
 
 
 class RunRecorder:
@@ -329,17 +402,22 @@ class RunRecorder:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self._events: IO[str] | None = None
+        # host -> (step, open log) while a step runs there.
+        self._logs: dict[str, tuple[str, IO[str] | None]] = {}
+        self.failure: RecordError | None = None
+        self.on_failure: Callable[[], None] | None = None
 
     @classmethod
     def create(cls, run_dir: Path, *, unique: bool = False) -> RunRecorder:
-        """Make the run directory; with `unique`, `-2`, `-3`, ... when it already exists
-        (two runs of one suite in the same second)."""
+        """Make the run directory (0700); with `unique`, `-2`, `-3`, ... when it already
+        exists (two runs of one suite in the same second)."""
         candidate, n = run_dir, 1
         while True:
             try:
-                candidate.mkdir(parents=True, exist_ok=not unique)
+                candidate.mkdir(mode=DIR_MODE, parents=True, exist_ok=not unique)
                 if not candidate.is_dir():
                     raise FileExistsError(candidate)
+                os.chmod(candidate, DIR_MODE)
                 break
             except FileExistsError:
                 if not unique:
@@ -359,7 +437,7 @@ class RunRecorder:
                     f"run directory {candidate}: cannot create it: {exc.strerror or exc}"
                 ) from None
         try:
-            (candidate / "logs").mkdir(exist_ok=True)
+            _mkdir_private(candidate / "logs", exist_ok=True)
         except OSError as exc:
             raise RunDirError(
                 f"run directory {candidate}: cannot write in it: {exc.strerror or exc}"
@@ -385,38 +463,144 @@ class RunRecorder:
     def log_path(self, step: str, host: str) -> Path:
         return self.run_dir / "logs" / step / f"{host}.log"
 
-    def events_sink(self) -> JsonLinesSink:
-        if self._events is None:
-            self._events = self.events_path.open("w", encoding="utf-8")
-        return JsonLinesSink(self._events)
+    # -- failures ---------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _writing(self, path: Path) -> Iterator[None]:
+        """Turn an OSError into the recorder's failure (the first one wins)."""
+        try:
+            yield
+        except OSError as exc:
+            self._fail(path, exc)
+
+    def _fail(self, path: Path, exc: OSError) -> None:
+        if self.failure is not None:
+            return
+        self.failure = RecordError(path, exc)
+        for _, f in self._logs.values():
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
+        self._logs.clear()
+        if self._events is not None:
+            with contextlib.suppress(OSError):
+                self._events.close()
+            self._events = None
+        if self.on_failure is not None:
+            self.on_failure()
+
+    # -- events -----------------------------------------------------------------
+
+    def events_sink(self) -> _RecordSink:
+        return _RecordSink(self)
+
+    def _event(self, event: Event) -> None:
+        if self.failure is not None:
+            return
+        with self._writing(self.events_path):
+            if self._events is None:
+                self._events = _open_private(self.events_path)
+            self._events.write(json.dumps(event.to_dict(), default=str) + "\n")
+            self._events.flush()
+
+    def _flush_events(self) -> None:
+        if self._events is not None and self.failure is None:
+            with self._writing(self.events_path):
+                self._events.flush()
+
+    # -- per-host logs ------------------------------------------------------------
+
+    def begin_step(self, step: str, hosts: list[str]) -> None:
+        """Output lines from these hosts go to this step's logs until `end_log`."""
+        if self.failure is not None:
+            return
+        path = self.run_dir / "logs" / step
+        with self._writing(path):
+            _mkdir_private(path, exist_ok=True)
+            for host in hosts:
+                self._logs[host] = (step, None)
+
+    def _log_file(self, host: str) -> IO[str] | None:
+        entry = self._logs.get(host)
+        if entry is None:
+            return None
+        step, f = entry
+        if f is None:
+            f = _open_private(self.log_path(step, host))
+            self._logs[host] = (step, f)
+        return f
+
+    def _log_line(self, event: OutputLine) -> None:
+        if self.failure is not None or event.host not in self._logs:
+            return
+        with self._writing(self.log_path(self._logs[event.host][0], event.host)):
+            f = self._log_file(event.host)
+            if f is not None:
+                f.write(event.line if event.continues else event.line + "\n")
+
+    def end_log(self, step: str, result: HostResult) -> HostResult:
+        """Close the host's log for `step` (noting why it failed); the result says where it is."""
+        path = self.log_path(step, result.host)
+        if self.failure is not None:
+            return result
+        with self._writing(path):
+            entry = self._logs.get(result.host)
+            if entry is None or entry[0] != step:
+                entry = self._logs[result.host] = (step, None)
+            streamed = entry[1] is not None
+            f = self._log_file(result.host)
+            if f is not None:
+                if not streamed:
+                    # Work whose output did not stream through the sink (a copy step).
+                    f.write(_result_text(result, note=False))
+                if result.error and result.status != "ok":
+                    f.write(f"[cvs] {result.status}: {result.error}\n")
+                f.close()
+            del self._logs[result.host]
+            return replace(result, output_file=str(path))
+        return result
 
     def write_log(self, step: str, result: HostResult) -> Path:
+        """A host's log written whole from a result (output not streamed through the sink)."""
         path = self.log_path(step, result.host)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        parts = [result.stdout]
-        if result.stderr:
-            parts.append(result.stderr)
-        if result.error and result.status != "ok":
-            parts.append(f"[cvs] {result.status}: {result.error}\n")
-        text = "".join(p if p.endswith("\n") or not p else p + "\n" for p in parts)
-        path.write_text(text, encoding="utf-8")
+        text = _result_text(result, note=True)
+        with self._writing(path):
+            _mkdir_private(path.parent, exist_ok=True)
+            with _open_private(path) as f:
+                f.write(text)
         return path
 
     def finish(self, outcome: RunOutcome) -> None:
-        """Write results.json and junit.xml (atomically: a reader never sees half a file)."""
+        """Write report.html, results.json and junit.xml (atomically: a reader never
+        sees half a file).
+
+        After a write failure nothing more is attempted: the run already failed
+        for it, and the tear-down must not wait on a full disk.
+        """
+        if self.failure is not None:
+            return
         # The report first: if it cannot be written, results.json says so.
         from orchestrator.suites.report import write_report
 
         try:
-            write_report(self.run_dir, outcome)
+            os.chmod(write_report(self.run_dir, outcome), FILE_MODE)
         except Exception as exc:
             outcome.warnings.append(f"report.html not written: {type(exc).__name__}: {exc}")
         doc = results_document(outcome)
         doc["run_dir"] = str(self.run_dir)
-        _write_atomic(self.results_path, json.dumps(doc, indent=2) + "\n")
-        _write_atomic(self.junit_path, junit_xml(outcome))
+        with self._writing(self.results_path):
+            _write_atomic(self.results_path, json.dumps(doc, indent=2) + "\n")
+        if self.failure is None:
+            with self._writing(self.junit_path):
+                _write_atomic(self.junit_path, junit_xml(outcome))
 
     def close(self) -> None:
+        for _, f in self._logs.values():
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
+        self._logs.clear()
         if self._events is not None:
-            self._events.close()
+            with contextlib.suppress(OSError):
+                self._events.close()
             self._events = None

@@ -18,6 +18,7 @@ import re
 import shlex
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -225,6 +226,8 @@ async def _run_step(
     env = dict(step.env)
     if step.mpi:
         env = {**mpi_env(cluster.config), **env}
+    if recorder is not None:
+        recorder.begin_step(step.name, hosts)
     for h in hosts:
         sink.emit(HostStep(host=h, step=step.name, status="started"))
     started = time.monotonic()
@@ -251,7 +254,7 @@ async def _run_step(
     for h in hosts:
         result = results.get(h) or HostResult(host=h, status="failed", error="no result")
         if recorder is not None:
-            recorder.write_log(step.name, result)
+            result = recorder.end_log(step.name, result)
         judged = judge(step, result)
         outcome.results[h] = judged
         status = "ok" if judged.ok else "failed"
@@ -308,25 +311,34 @@ async def run_suite(
     outcome.steps = [skipped_step(s, hosts[s.name], "not run") for s in suite.steps]
     managed = cluster.container is not None
     per_run = managed and cluster.container.lifetime == "per_run"  # type: ignore[union-attr]
+    # A run record that cannot be written stops the run (remote commands are
+    # killed by the cancellation), never the tear-down below.
+    stop = anyio.CancelScope()
+    if recorder is not None:
+        recorder.on_failure = stop.cancel
     try:
         async with Cluster.open(cluster, sink=sink) as fleet:
             up_entered = False
             try:
-                if managed:
-                    up_entered = True
-                    report = await fleet.up(force=force, check=False)
-                    outcome.plan = plan_rows(report)
-                    outcome.warnings.extend(getattr(report.plan, "warnings", []))
-                    failure = up_failure(report)
-                    if failure is not None:
-                        outcome.up_exit_code, outcome.error = failure
-                        reason = "up failed"
-                        outcome.steps = [
-                            skipped_step(s, hosts[s.name], reason) for s in suite.steps
-                        ]
-                        return outcome
-                    outcome.image_ids = await image_ids(fleet)
-                await _steps(fleet, suite, hosts, outcome, recorder, sink)
+                with stop:
+                    if managed:
+                        up_entered = True
+                        report = await fleet.up(force=force, check=False)
+                        outcome.plan = plan_rows(report)
+                        outcome.warnings.extend(getattr(report.plan, "warnings", []))
+                        failure = up_failure(report)
+                        if failure is not None:
+                            outcome.up_exit_code, outcome.error = failure
+                            reason = "up failed"
+                            outcome.steps = [
+                                skipped_step(s, hosts[s.name], reason) for s in suite.steps
+                            ]
+                            return outcome
+                        outcome.image_ids = await image_ids(fleet)
+                    await _steps(fleet, suite, hosts, outcome, recorder, sink)
+                if recorder is not None and recorder.failure is not None:
+                    outcome.error = str(recorder.failure)
+                    _mark_stopped(outcome, "stopped: run record not writable")
             except PolicyRefused as exc:
                 up_entered = False  # refused: nothing was changed, nothing to undo
                 outcome.refused = True
@@ -345,6 +357,7 @@ async def run_suite(
     finally:
         outcome.finished = datetime.now(UTC)
         if recorder is not None:
+            recorder.on_failure = None
             recorder.finish(outcome)
     return outcome
 
@@ -364,6 +377,16 @@ async def image_ids(fleet: Cluster) -> dict[str, str]:
         for h, r in results.items()
         if r.ok and IMAGE_ID_RE.fullmatch(r.stdout.strip())
     }
+
+
+def _mark_stopped(outcome: RunOutcome, reason: str) -> None:
+    """Hosts cut short or never started by a stop that was not the user's Ctrl-C."""
+    for step in outcome.steps:
+        for host, r in step.results.items():
+            if r.status == "interrupted":
+                step.results[host] = replace(r, status="failed", reason=reason)
+            elif r.status == "skipped" and r.reason == "not run":
+                step.results[host] = replace(r, reason=reason)
 
 
 async def _down(fleet: Cluster, outcome: RunOutcome, sink: EventSink) -> None:

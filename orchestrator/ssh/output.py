@@ -1,0 +1,114 @@
+"""A remote command's output as it arrives: split into lines, kept as a bounded tail.
+
+Output is never held whole. Each chunk goes (1) to the line splitter, whose
+lines become `OutputLine` events (the live view, `--json`, a run's per-host
+logs), and (2) to a per-stream tail of at most `limit` characters that ends
+up in `HostResult.stdout` / `.stderr`, with the count of what was dropped.
+
+Both are linear in the bytes received: a chunk is scanned once, and a line
+that never ends is not re-joined per chunk but delivered in pieces of
+`MAX_LINE` characters (`continues=True` on all but the last).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+# The default tail kept per stream: the last 1 MiB (characters; bytes for ASCII).
+DEFAULT_TAIL = 1 << 20
+# A line longer than this is delivered in pieces of this size.
+MAX_LINE = 64 * 1024
+
+LineHandler = Callable[[str, bool], None]  # (text, continues)
+
+
+class StreamTail:
+    """The last `limit` characters of a stream, and how many came before them."""
+
+    def __init__(self, limit: int = DEFAULT_TAIL) -> None:
+        if limit < 0:
+            raise ValueError(f"tail limit must be >= 0, not {limit}")
+        self.limit = limit
+        self._chunks: deque[str] = deque()
+        self._size = 0
+        self._popped = 0
+
+    def add(self, text: str) -> None:
+        if not text:
+            return
+        self._chunks.append(text)
+        self._size += len(text)
+        # Drop whole chunks that lie entirely before the tail.
+        while self._chunks and self._size - len(self._chunks[0]) >= self.limit:
+            first = self._chunks.popleft()
+            self._size -= len(first)
+            self._popped += len(first)
+
+    @property
+    def dropped(self) -> int:
+        """Characters received but no longer kept."""
+        return self._popped + max(0, self._size - self.limit)
+
+    @property
+    def received(self) -> int:
+        return self._popped + self._size
+
+    def text(self) -> str:
+        joined = "".join(self._chunks)
+        extra = len(joined) - self.limit
+        return joined[extra:] if extra > 0 else joined
+
+
+class LineSplitter:
+    """Feeds complete lines (without the newline) to `on_line`, in linear time."""
+
+    def __init__(self, on_line: LineHandler, max_line: int = MAX_LINE) -> None:
+        self.on_line = on_line
+        self.max_line = max_line
+        self._pending: list[str] = []
+        self._pending_len = 0
+        self._open = False  # the last line delivered was a piece (continues)
+
+    def feed(self, data: str) -> None:
+        *complete, rest = data.split("\n")
+        if complete:
+            first = complete[0]
+            if self._pending:
+                self._pending.append(first)
+                first = "".join(self._pending)
+                self._pending.clear()
+                self._pending_len = 0
+            self._open = False
+            self.on_line(first, False)
+            for line in complete[1:]:
+                self.on_line(line, False)
+        if rest:
+            self._pending.append(rest)
+            self._pending_len += len(rest)
+            if self._pending_len >= self.max_line:
+                text = "".join(self._pending)
+                self._pending.clear()
+                self._pending_len = 0
+                for i in range(0, len(text) - self.max_line + 1, self.max_line):
+                    self.on_line(text[i : i + self.max_line], True)
+                self._open = True
+                left = text[len(text) - len(text) % self.max_line :]
+                if left:
+                    self._pending.append(left)
+                    self._pending_len = len(left)
+
+    def flush(self) -> None:
+        """Deliver an unterminated last line (ending a line delivered in pieces)."""
+        if self._pending or self._open:
+            text = "".join(self._pending)
+            self._pending.clear()
+            self._pending_len = 0
+            self._open = False
+            self.on_line(text, False)
+
+
+def as_result_text(tail: StreamTail) -> str:
+    """The tail as `HostResult` carries it: one trailing newline removed."""
+    text = tail.text()
+    return text[:-1] if text.endswith("\n") else text

@@ -1,0 +1,50 @@
+"""The live view: a bounded redraw rate whatever the output volume, and a
+progress summary (not a line per host) for a large fleet."""
+
+from __future__ import annotations
+
+import io
+import time
+
+from rich.console import Console
+
+from orchestrator.events import CommandFinished, CommandStarted, ConnectFailed, OutputLine
+from orchestrator.render import LIVE_HZ, RichSink, progress_lines
+from orchestrator.results import HostResult
+
+
+def terminal(buffer: io.StringIO) -> Console:
+    return Console(file=buffer, force_terminal=True, width=120)
+
+
+def test_thousands_of_output_lines_cost_a_bounded_number_of_redraws() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    sink = RichSink(terminal(out), err_console=terminal(err))
+    started = time.monotonic()
+    for n in range(20000):
+        sink.emit(OutputLine(host=f"node{n % 2 + 1}", stream="stdout", line=f"line {n}"))
+    time.sleep(0.3)
+    sink.close()
+    elapsed = time.monotonic() - started
+    assert sink.redraws <= elapsed * LIVE_HZ + 3
+    text = out.getvalue()
+    assert "node1 | line 0" in text and "node2 | line 19999" in text
+
+
+def test_a_thousand_hosts_get_a_summary_with_failures_grouped_by_error() -> None:
+    out = io.StringIO()
+    sink = RichSink(terminal(out), err_console=terminal(io.StringIO()))
+    for n in range(1000):
+        sink.emit(CommandStarted(host=f"lo{n + 1}", command="true"))
+    for n in range(900):
+        sink.emit(CommandFinished(host=f"lo{n + 1}", result=HostResult(f"lo{n + 1}", "ok")))
+    for n in range(900, 950):
+        sink.emit(
+            ConnectFailed(host=f"lo{n + 1}", status="unreachable", error="connection refused")
+        )
+    lines = [line.plain for line in progress_lines(sink.hosts, now=time.monotonic())]
+    sink.close()
+    assert lines[0] == "1000 hosts: 950 done (900 ok, 50 failed) · 50 running · 0 connecting"
+    assert lines[1].startswith("slowest: lo951 ")
+    assert lines[2] == "50 failed: unreachable: connection refused (lo[901-950])"
+    assert len(lines) == 3

@@ -1,0 +1,230 @@
+"""Output streams and their contracts, end to end against the real sandbox:
+bounded coordinator memory, host output on stdout, secrets kept out of argv
+and records, and a full run directory stopping the run but not its tear-down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import pty
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from test_suite_runs import cluster_variant, containers, cvs, write_suite
+from test_transport import sandbox_pids, wait_until
+
+from orchestrator.sandbox import Sandbox
+
+REPO = Path(__file__).resolve().parents[1]
+NODES = ["node1", "node2", "node3", "node4"]
+MiB = 1 << 20
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("CI", "NO_COLOR", "CVS_CLUSTER", "CVS_SUITES_PATH")
+    }
+    return {**env, "PYTHONPATH": str(REPO), **extra}
+
+
+# ---- bounded memory ------------------------------------------------------------------
+
+# Run the CLI from a helper process whose only child it is, so the helper's
+# RUSAGE_CHILDREN is exactly the CLI's peak resident set.
+MEASURE = """
+import json, resource, subprocess, sys
+with open(sys.argv[1], "w") as out:
+    code = subprocess.run(sys.argv[2:], stdout=out, stderr=subprocess.PIPE).returncode
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+print(json.dumps({"code": code, "maxrss_kib": peak}))
+"""
+
+
+def test_exec_of_80mb_per_host_on_3_hosts_keeps_the_coordinator_under_150mib(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    # 80 MB per host, in lines of 999 characters.
+    command = "head -c 80000000 /dev/zero | tr '\\0' x | fold -w 999"
+    argv = [
+        sys.executable, "-m", "orchestrator", "exec", "-c", str(sandbox.cluster_file), "--json",
+        "--host-os", "--hosts", "node1,node2,node3", "--", command,
+    ]  # fmt: skip
+    out = tmp_path / "out.jsonl"
+    helper = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(out), *argv],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    measured = json.loads(helper.stdout)
+    assert measured["code"] == 0, helper.stderr
+    assert measured["maxrss_kib"] < 150 * 1024, f"peak RSS {measured['maxrss_kib'] / 1024:.0f} MiB"
+    with out.open() as f:
+        last = None
+        for last in f:  # noqa: B007 - the summary is the last line
+            pass
+    summary = json.loads(last or "{}")
+    for host in ("node1", "node2", "node3"):
+        r = summary["hosts"][host]
+        assert r["status"] == "ok" and r["truncated"] is True
+        assert len(r["stdout"]) <= MiB and set(r["stdout"]) == {"x", "\n"}
+        printed = 80_000_000 + 80_000_000 // 999  # fold's newlines
+        assert r["dropped"]["stdout"] == printed - MiB
+
+
+# ---- stdout for host output, the mode follows stdout ---------------------------------
+
+
+def test_exec_piped_from_a_terminal_puts_host_output_on_stdout(sandbox: Sandbox) -> None:
+    # `cvs exec -- hostname | cat` in a terminal: stderr is the terminal, stdout a pipe.
+    primary, secondary = pty.openpty()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "orchestrator", "exec", "-c", str(sandbox.cluster_file),
+             "--host-os", "--", "hostname"],
+            env=cli_env(TERM="xterm"), stdout=subprocess.PIPE, stderr=secondary, text=True,
+            timeout=120,
+        )  # fmt: skip
+    finally:
+        os.close(secondary)
+        os.close(primary)
+    assert proc.returncode == 0
+    assert sorted(proc.stdout.splitlines()) == [f"{h} | {h}" for h in NODES]
+
+
+# ---- secrets ---------------------------------------------------------------------------
+
+SECRET = "s3cr3t-" + hashlib.sha256(b"cvs streams test").hexdigest()[:20]
+
+
+class ArgvWatcher:
+    """Scans every process's command line on this machine (the sandbox hosts and
+    their containers share its process table) for a string while it runs."""
+
+    def __init__(self, needle: str) -> None:
+        self.needle = needle.encode()
+        self.seen: list[str] = []
+        self.scans = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit():
+                    continue
+                with contextlib.suppress(OSError):
+                    cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+                    if self.needle in cmdline:
+                        self.seen.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+            self.scans += 1
+            time.sleep(0.02)
+
+    def __enter__(self) -> ArgvWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_env_secret_reaches_commands_but_no_argv_record_or_output(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    cluster = cluster_variant(sandbox, tmp_path, "cvs-t-secret", "per_run")
+    doc = yaml.safe_load(cluster.read_text())
+    doc["env"] = {"API_TOKEN": SECRET}  # every command, host or container
+    doc["container"]["env"] = {"HF_TOKEN": SECRET}  # docker run
+    cluster.write_text(yaml.safe_dump(doc))
+    digest = hashlib.sha256(SECRET.encode()).hexdigest()
+    both = hashlib.sha256(2 * SECRET.encode()).hexdigest()
+    check = 'sleep 1.5; printf %s "$API_TOKEN" | sha256sum'
+    check_both = 'sleep 1.5; printf %s "$API_TOKEN$HF_TOKEN" | sha256sum'
+    write_suite(
+        tmp_path,
+        "secret",
+        [
+            {"name": "in-container", "run": check_both, "expect": {"stdout": f"^{both}"}},
+            {"name": "on-host", "run": check, "on": "host", "expect": {"stdout": f"^{digest}"}},
+        ],
+    )
+    run_dir = tmp_path / "run"
+    with ArgvWatcher(SECRET) as watcher:
+        proc = cvs(
+            "run", "-c", str(cluster), str(tmp_path / "secret.yaml"), "--run-dir", str(run_dir),
+            "--json", cwd=tmp_path,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
+    assert watcher.scans > 20 and watcher.seen == []
+    assert SECRET not in proc.stdout and SECRET not in proc.stderr
+    files = [p for p in run_dir.rglob("*")]
+    assert {p.name for p in files} >= {"events.jsonl", "results.json", "junit.xml"}
+    for p in files:
+        mode = p.stat().st_mode & 0o777
+        assert mode == (0o700 if p.is_dir() else 0o600), f"{p}: {oct(mode)}"
+        if p.is_file():
+            assert SECRET.encode() not in p.read_bytes(), p
+    assert run_dir.stat().st_mode & 0o777 == 0o700
+    exec_proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "exec", "-c", str(cluster), "--json",
+         "--host-os", "--", 'test -n "$API_TOKEN"'],
+        env=cli_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert exec_proc.returncode == 0, exec_proc.stderr
+    assert SECRET not in exec_proc.stdout + exec_proc.stderr
+
+
+# ---- a full run directory ----------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def small_tmpfs(size: str) -> Iterator[Path]:
+    mount = Path(tempfile.mkdtemp(prefix="cvs-full-"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(mount)],
+                   check=True)  # fmt: skip
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+        mount.rmdir()
+
+
+def test_full_run_dir_stops_the_run_tears_down_and_says_so_in_one_line(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    name = "cvs-t-full-disk"
+    cluster = cluster_variant(sandbox, tmp_path, name, "per_run")
+    # 2.7 MB per host, then a marker sleep that must not be left running.
+    chatty = "head -c 2700000 /dev/zero | tr '\\0' y | fold -w 99; exec sleep 471"
+    write_suite(tmp_path, "chatty", [{"name": "chatty", "run": chatty, "timeout": 60}])
+    with small_tmpfs("256k") as mount:
+        started = time.monotonic()
+        proc = cvs(
+            "run", "-c", str(cluster), str(tmp_path / "chatty.yaml"),
+            "--run-dir", str(mount / "run"), cwd=tmp_path,
+        )  # fmt: skip
+        elapsed = time.monotonic() - started
+    assert proc.returncode not in (0, 2), proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    problems = [line for line in proc.stderr.splitlines() if "cannot write the run record" in line]
+    assert len(problems) == 1, proc.stderr
+    assert str(mount / "run") in problems[0] and "No space left on device" in problems[0]
+    assert elapsed < 45, f"took {elapsed:.0f}s: the step ran on to its timeout"
+    assert containers(sandbox, name) == {}, "per_run containers left behind"
+    assert wait_until(lambda: not sandbox_pids(sandbox, ["sleep", "471"]), timeout=5)

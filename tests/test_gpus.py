@@ -474,7 +474,7 @@ def test_a_kept_value_never_names_an_ordinal_outside_the_selection(
 
 def test_run_argv_drops_container_env_that_would_widen_the_selection() -> None:
     from orchestrator.config import ContainerConfig
-    from orchestrator.containers.docker import run_argv
+    from orchestrator.containers.docker import run_argv, run_env_file
     from orchestrator.limits.gpus import GPU, GPUSelection
 
     gpus = GPUSelection(
@@ -490,4 +490,5 @@ def test_run_argv_drops_container_env_that_would_widen_the_selection() -> None:
     )
     argv = run_argv(["docker"], cfg, "c", {}, gpus=gpus)
     env = [argv[i + 1] for i, a in enumerate(argv) if a == "-e"]
-    assert env == ["X=1", "ROCR_VISIBLE_DEVICES=0,1"]
+    assert env == ["ROCR_VISIBLE_DEVICES=0,1"]
+    assert run_env_file(cfg, gpus) == "X=1\n"  # container.env: over stdin, not argv

@@ -36,7 +36,8 @@ from orchestrator.compat.config import (
 )
 from orchestrator.compat.cvs import CvsOrchestrator
 from orchestrator.compat.pytest_engine import CvsEngine
-from orchestrator.compat.runner import find_cvs_test, pytest_exit_to_ours
+from orchestrator.compat.records import pytest_exit_to_ours
+from orchestrator.compat.runner import find_cvs_test
 from orchestrator.compat.shapes import (
     UNREACHABLE_MARK,
     cvs_shape,
@@ -606,6 +607,13 @@ def test_plain_pytest_with_engine_flag_reports_an_unreachable_host(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "3 passed" in proc.stdout
+    # Opted in from pytest, the engine writes its run records too.
+    (run_dir,) = (tmp_path / "runs").glob("*-compat_unreachable")
+    assert f"cvs-orchestrator run records: runs/{run_dir.name}" in proc.stdout
+    doc = json.loads((run_dir / "results.json").read_text())
+    assert doc["ok"] is True and doc["suite"]["name"] == "compat_unreachable"
+    dead_results = [s["hosts"][dead] for s in doc["steps"] if dead in s["hosts"]]
+    assert dead_results and all(r["status"] == "unreachable" for r in dead_results)
 
 
 class _EngineConfig:

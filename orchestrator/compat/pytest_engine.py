@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -51,14 +52,34 @@ def configure(config: pytest.Config) -> None:
         return
     if any(isinstance(p, CvsEngine) for p in config.pluginmanager.get_plugins()):
         return  # `cvs run` registered one already
-    config.pluginmanager.register(CvsEngine(), PLUGIN_NAME)
+    config.pluginmanager.register(CvsEngine(own_record=True), PLUGIN_NAME)
+
+
+def _session_record(config: pytest.Config, cluster_file: str | None) -> CvsRunRecord:
+    """`runs/<UTC time>-<test module>/` in the working directory, as `cvs run` writes."""
+    from orchestrator.suites.records import RunRecorder, default_run_dir
+
+    from .records import CvsRunRecord
+
+    files = [a.split("::")[0] for a in config.args if a.split("::")[0].endswith(".py")]
+    stem = Path(files[0]).stem if files else "pytest"
+    recorder = RunRecorder.create(default_run_dir(stem), unique=True)
+    return CvsRunRecord(
+        recorder,
+        test=stem,
+        test_file=os.path.abspath(files[0]) if files else "",
+        cluster_file=os.path.abspath(cluster_file) if cluster_file else "",
+    )
 
 
 class CvsEngine:
     """Swaps CVS's factory for the session; closes what it made at the end."""
 
-    def __init__(self, record: CvsRunRecord | None = None) -> None:
+    def __init__(self, record: CvsRunRecord | None = None, *, own_record: bool = False) -> None:
+        # `cvs run` passes its record (and finishes it); opted in from pytest, the
+        # engine makes and finishes its own.
         self.record = record
+        self._own_record = own_record and record is None
         self.cluster_file: str | None = None
         self.created: list[CvsOrchestrator] = []
         self._factory: Any = None
@@ -76,6 +97,8 @@ class CvsEngine:
         self._factory = module.OrchestratorFactory
         self._original = self._factory.__dict__.get("create_orchestrator")
         self._factory.create_orchestrator = staticmethod(self.create_orchestrator)
+        if self._own_record:
+            self.record = _session_record(config, self.cluster_file)
 
     def create_orchestrator(
         self, log: Any, config: Any, stop_on_errors: bool = False
@@ -96,6 +119,20 @@ class CvsEngine:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if self.record is not None and (report.when == "call" or report.outcome != "passed"):
             self.record.add_test(report.nodeid, report.when, report.outcome)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self._own_record and self.record is not None:
+            run_dir = self.record.recorder.run_dir
+            terminalreporter.write_line(f"cvs-orchestrator run records: {run_dir}")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self._own_record and self.record is not None:
+            from .records import finish_with_pytest_status
+
+            for orch in self.created:
+                orch.close()  # the last events are in before the record closes
+            finish_with_pytest_status(self.record, int(exitstatus))
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         for orch in self.created:

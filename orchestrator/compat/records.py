@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import ClusterConfig
+from orchestrator.errors import ExitCode
 from orchestrator.events import EventSink, Message
 from orchestrator.results import HostResult
 from orchestrator.suites.records import (
@@ -127,3 +128,31 @@ class CvsRunRecord:
         os.replace(tmp, path)
         self.recorder.close()
         return path
+
+
+def pytest_exit_to_ours(code: int, record: CvsRunRecord) -> ExitCode:
+    """pytest's exit status -> ours (refused 4, unreachable 3, interrupted 130, usage 2)."""
+    if record.refused is not None:
+        return ExitCode.REFUSED
+    if code == 0:
+        return ExitCode.OK
+    if code == 2:
+        return ExitCode.INTERRUPTED
+    if code == 4:
+        return ExitCode.USAGE
+    if code == 1 and record.unreachable:
+        return ExitCode.UNREACHABLE
+    return ExitCode.FAILED
+
+
+def finish_with_pytest_status(record: CvsRunRecord, pytest_status: int) -> ExitCode:
+    """Write the record with pytest's verdict in our terms; returns our exit code."""
+    ours = pytest_exit_to_ours(pytest_status, record)
+    error = None
+    if record.refused is not None:
+        error = f"refused: {record.refused}"
+    elif pytest_status not in (0, 1):
+        error = f"pytest exit status {pytest_status}"
+    # results.json knows 0/1/3/4/130; a pytest usage error is recorded as 1.
+    record.finish(1 if ours == ExitCode.USAGE else int(ours), error)
+    return ours

@@ -18,12 +18,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
-from orchestrator.errors import ExitCode, UsageError
+from orchestrator.errors import UsageError
 from orchestrator.suites.records import RunRecorder, default_run_dir
 
 from .config import cluster_from_files
 from .pytest_engine import CvsEngine
-from .records import CvsRunRecord
+from .records import CvsRunRecord, finish_with_pytest_status
 
 CVS_TESTS_PACKAGE = "cvs.tests"
 
@@ -72,21 +72,6 @@ def cvs_package_root() -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations))).resolve().parent
-
-
-def pytest_exit_to_ours(code: int, record: CvsRunRecord) -> ExitCode:
-    """pytest's exit status -> ours (refused 4, unreachable 3, interrupted 130, usage 2)."""
-    if record.refused is not None:
-        return ExitCode.REFUSED
-    if code == 0:
-        return ExitCode.OK
-    if code == 2:
-        return ExitCode.INTERRUPTED
-    if code == 4:
-        return ExitCode.USAGE
-    if code == 1 and record.unreachable:
-        return ExitCode.UNREACHABLE
-    return ExitCode.FAILED
 
 
 def pytest_args(
@@ -160,14 +145,8 @@ def run_cvs_test(
         log_file=log_file,
     )
     code = int(pytest.main(args, plugins=[CvsEngine(record)]))
-    ours = pytest_exit_to_ours(code, record)
-    error = None
-    if record.refused is not None:
-        error = f"refused: {record.refused}"
-    elif code not in (0, 1):
-        error = f"pytest exit status {code}"
-    # results.json knows 0/1/3/4/130; a pytest usage error is recorded as 1.
-    record.finish(1 if ours == ExitCode.USAGE else int(ours), error)
+    ours = finish_with_pytest_status(record, code)
+    error = record.outcome.error
     files = {
         "run_dir": str(recorder.run_dir),
         "events": str(recorder.events_path),

@@ -389,3 +389,28 @@ def print_status_table(
     for r in rows:
         if r.error:
             sys.stderr.write(f"{r.host}: {r.error}\n")
+
+
+# ---- cvs exec --group on a terminal: one coloured header per group -----------------------
+
+
+def group_header(hosts: Sequence[str], result: HostResult) -> Text:
+    """`node[01-12,14] (13) ok`: the hostlist, the count and the outcome, coloured by it."""
+    style = "bold green" if result.ok else "bold red"
+    header = Text(compress_hosts(hosts), style="bold cyan") + Text(f" ({len(hosts)}) ")
+    outcome = result.status + (
+        f" exit {result.exit_code}" if result.exit_code not in (None, 0) else ""
+    )
+    if result.error and result.status != "failed":
+        outcome += f": {result.error}"
+    return header + Text(outcome, style=style)
+
+
+def print_grouped_rich(results: Mapping[str, HostResult], console: Console | None = None) -> None:
+    """`print_grouped` for a terminal: a rule with the group header, then its output as is."""
+    console = console or Console()
+    for hosts, r in group_results(results):
+        console.rule(group_header(hosts, r), align="left", style="dim")
+        body = "\n".join(x for x in (r.stdout, r.stderr) if x)
+        if body:
+            console.print(Text(body), highlight=False)

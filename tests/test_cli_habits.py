@@ -223,6 +223,24 @@ def test_exec_group_header_has_count_and_compressed_hostlist() -> None:
     assert "login (1) failed exit 2" in lines
 
 
+def test_exec_group_on_a_terminal_colours_each_header(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.console import Console
+
+    from orchestrator.render import print_grouped_rich
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    results = {
+        f"node{i}": HostResult(f"node{i}", "ok", exit_code=0, stdout="[b]x[/b]") for i in (1, 2)
+    }
+    results["node3"] = HostResult("node3", "failed", exit_code=1, stdout="boom")
+    out = io.StringIO()
+    print_grouped_rich(results, Console(file=out, force_terminal=True, width=80))
+    text = out.getvalue()
+    assert "node[1-2]" in text and "(2)" in text and "\x1b[1;32mok" in text
+    assert "\x1b[1;31mfailed exit 1" in text
+    assert "[b]x[/b]" in text  # output is text, never markup
+
+
 # ---- completion ---------------------------------------------------------------------------
 
 

@@ -91,8 +91,12 @@ def cmd_exec(args: argparse.Namespace) -> int:
         return code
     from orchestrator.render import print_grouped, summary_line
 
-    if args.group:
+    if args.group and wants_plain(sys.stdout):
         print_grouped(results)
+    elif args.group:
+        from orchestrator.render import print_grouped_rich
+
+        print_grouped_rich(results)
     if not args.group:
         # Grouped by identical error: a thousand unreachable hosts are one line.
         for line in failure_summary(results):

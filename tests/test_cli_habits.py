@@ -273,8 +273,9 @@ def test_status_output_yaml_on_the_sandbox(sandbox: Any) -> None:
     proc = cvs("status", "-c", str(sandbox.cluster_file), "-o", "yaml")
     assert proc.returncode == 0, proc.stderr
     doc = yaml.safe_load(proc.stdout)
-    assert [h["host"] for h in doc["hosts"]] == ["node1", "node2", "node3", "node4"]
-    assert all(h["reachable"] for h in doc["hosts"])
+    assert list(doc["hosts"]) == ["node1", "node2", "node3", "node4"]
+    assert all(h["reachable"] for h in doc["hosts"].values())
+    assert doc["command"] == "status"  # the same document as -o json
 
 
 def test_status_output_wide_when_piped_is_aligned_text(sandbox: Any) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from orchestrator.config import ClusterConfig
 from orchestrator.errors import ExitCode
-from orchestrator.events import EventSink, Message
+from orchestrator.events import EventSink, Level, Message
 from orchestrator.results import HostResult
 from orchestrator.suites.records import (
     TAIL_LINES,
@@ -108,7 +108,7 @@ class CvsRunRecord:
         self.outcome.steps.append(step)
 
     def add_test(self, nodeid: str, when: str, outcome: str) -> None:
-        level = "info" if outcome in ("passed", "skipped") else "error"
+        level: Level = "info" if outcome in ("passed", "skipped") else "error"
         self.sink.emit(Message(level=level, text=f"{nodeid} {when}: {outcome}"))
 
     def finish(self, exit_code: int, error: str | None) -> Path:

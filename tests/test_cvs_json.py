@@ -208,3 +208,10 @@ def test_validate_notes_cvs_defaults_and_the_tightening_yaml(tmp_path: Path) -> 
     native.write_text("hosts: [node-1, node-2]\n" + "\n".join(block) + "\n")
     c = load_cluster(native, check_files=False).container
     assert c is not None and not c.privileged and "SYS_ADMIN" not in c.cap_add
+
+
+def test_gpu_subset_in_a_cvs_file_points_to_the_native_format(tmp_path: Path) -> None:
+    data = container_without_args()
+    data["container"]["gpus"] = {"count": 2}
+    with pytest.raises(ConfigError, match="use the native format"):
+        load_cluster(write(tmp_path, data), check_files=False)

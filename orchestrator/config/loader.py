@@ -272,6 +272,12 @@ def cluster_from_data(
         raise first_problem(lines) from None
     if cluster.container is not None:
         for key, message in gpu_subset_problems(cluster.container):
+            if cluster.cvs_notes:
+                # A CVS file cannot drop CVS's default devices (lists only append).
+                message += (
+                    " (CVS's runtime defaults include privileged and /dev/dri: use the native "
+                    "format, which `cvs validate` prints, to hold a GPU subset)"
+                )
             raise ConfigError(located.error(key, message))
     return _resolve_paths(cluster, base_dir, located, check_files)
 

@@ -675,3 +675,17 @@ def test_exec_cmd_list_needs_one_command_per_host(key_file: Path) -> None:
     with pytest.raises(ValueError, match="one command per host: got 1 command"):
         orch.exec_cmd_list(["true"])
     orch.close()
+
+
+def test_cvs_json_with_our_sections_loads_through_the_cli(
+    tmp_path: Path, key_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = tmp_path / "cluster.json"
+    doc = {**cvs_keys(key_file), "ssh": {"host_key_policy": "accept-new"}, "limits": {}}
+    cluster.write_text(json.dumps(doc))
+    assert cvs_main(["validate", "-c", str(cluster), "--no-check-files"]) == 0
+    assert "accept-new" in capsys.readouterr().out
+    doc["ssh"] = {"user": "bob"}
+    cluster.write_text(json.dumps(doc))
+    assert cvs_main(["validate", "-c", str(cluster), "--no-check-files"]) == 2
+    assert "ssh.user: conflicts with username" in capsys.readouterr().err

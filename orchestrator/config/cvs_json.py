@@ -274,6 +274,15 @@ def _cvs_container(block: Any, located: Located, notes: list[str]) -> Any:
 def _from_cvs(data: dict[str, Any], located: Located) -> dict[str, Any]:
     data = _replace_user(data, getpass.getuser())
     located = Located(located.source, None)  # positions don't survive the rewrite
+    if data.get("password") is not None:
+        raise ConfigError(
+            located.error(
+                ["password"],
+                "password logins are not supported (a password would sit in the file); "
+                "use priv_key_file with a key the hosts accept",
+            )
+        )
+    data = {k: v for k, v in data.items() if k != "password"}  # CVS's `null` default
     for key in data:
         if _cvs_comment(key) or key in _CVS_TOP_KEYS | _CVS_IGNORED_KEYS | CVS_NATIVE_KEYS:
             continue

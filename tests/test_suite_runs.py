@@ -183,6 +183,8 @@ def test_report_html_of_a_failed_run_shows_the_failing_cells_in_chromium(demo: D
         details = visit.page.locator("details#out-installed-node1")
         assert details.get_attribute("open") is not None
         assert "run 'cvs run install_demo' first" in details.inner_text()
+        href = details.locator("a", has_text="full log").get_attribute("href")
+        assert href is not None and (report.parent / href).is_file()
         image = visit.page.locator("dl.facts").inner_text()
         assert "sha256:" in image
     assert visit.console_errors == [] and visit.page_errors == []

@@ -30,11 +30,11 @@ def remote_command(cluster: ClusterConfig, *, host_os: bool, tty: bool) -> str:
     from orchestrator.config import container_name
     from orchestrator.containers.copy import in_container
 
+    # The cluster's `env` is not passed: its values are secrets, which never go in
+    # an argv, and an interactive shell's stdin is the terminal, not a channel for them.
     argv = ["sh", "-c", LOGIN_SHELL]
     if host_os or cluster.container is None:
         return shlex.join(argv)
-    if cluster.env:  # what every cvs exec sees, the shell sees too
-        argv = ["env", *(f"{k}={v}" for k, v in cluster.env.items()), *argv]
     return in_container(container_name(cluster), argv, tty=tty)
 
 

@@ -152,3 +152,20 @@ def test_a_wide_fleet_gets_one_row_per_host(tmp_path: Path) -> None:
     assert page.count('<tr><th class="mono">gpu') == 40
     assert 'data-step="rccl" data-host="gpu017" data-status="failed"' in page
     assert "gpu[001-040] (40)" in page
+
+
+def test_a_refused_run_reports_why_and_that_nothing_ran() -> None:
+    steps = [
+        StepOutcome(
+            name="check",
+            hosts=["node1"],
+            results={"node1": StepHostOutcome(host="node1", status="skipped", reason="refused")},
+        )
+    ]
+    outcome = failing_outcome(
+        steps=steps, refused=True, error="refused: node2 has no container", image_ids={}
+    )
+    page = render_report(outcome)
+    assert "refused (exit 4)" in page
+    assert "refused: node2 has no container" in page
+    assert [(b.label, b.status) for b in timeline(outcome)] == [("up", "failed")]

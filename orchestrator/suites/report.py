@@ -129,7 +129,9 @@ def timeline(outcome: RunOutcome) -> list[Bar]:
     bars: list[Bar] = []
     first = ran[0].started if ran else total
     if first and first > 0:
-        bars.append(bar("up", "setup", 0.0, first))  # type: ignore[arg-type]
+        # Nothing ran after it: up is where the run stopped (refused, failed).
+        up_status = "setup" if ran or outcome.ok else "failed"
+        bars.append(bar("up", up_status, 0.0, first))  # type: ignore[arg-type]
     bars.extend(bar(s.name, s.status, s.started, s.duration) for s in ran)  # type: ignore[arg-type]
     end = max((s.started + s.duration for s in ran), default=first)  # type: ignore[operator]
     if total - end > 0.05:

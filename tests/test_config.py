@@ -207,6 +207,11 @@ MALFORMED = [
         'hosts: [a]\ncontainer: {image: "x\\n"}\n',
         ["container.image", "invalid image reference"],
     ),
+    (
+        "cluster_name_escapes_state_dir",
+        "name: '../../etc'\nhosts: [a]\n",
+        ["name", "invalid cluster name"],
+    ),
     # Issue 14.8: NaN, infinite and negative numbers name the key.
     ("start_timeout_inf", "hosts: [a]\ncontainer: {image: x, start_timeout: .inf}\n",
      ["container.start_timeout", "finite"]),

@@ -33,6 +33,7 @@ PullPolicy = Literal["missing", "always", "never"]
 # argv: each is checked with `fullmatch` (a `$` anchor lets a trailing newline
 # through, and a newline in an ssh config starts a new directive).
 CONTAINER_NAME_RE = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}")
+CLUSTER_NAME_RE = CONTAINER_NAME_RE
 IMAGE_REF_RE = re.compile(
     r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?"
@@ -475,6 +476,18 @@ class ClusterConfig(Model):
 
     _tail_in = field_validator("output_tail", mode="before")(_size_as_text)
     _tail_ok = field_validator("output_tail")(_check_size)
+
+    @field_validator("name")
+    @classmethod
+    def _cluster_name(cls, v: str) -> str:
+        # It names the state directory (~/.local/state/cvs/<name>) and goes into
+        # container labels: one path component, no control characters.
+        if not CLUSTER_NAME_RE.fullmatch(v):
+            raise ValueError(
+                f"invalid cluster name {v!r} (letters, digits, '_', '.', '-'; at most 128; "
+                "must start with a letter or digit)"
+            )
+        return v
 
     @model_validator(mode="after")
     def _hosts_consistent(self) -> ClusterConfig:

@@ -429,3 +429,21 @@ def test_down_force_with_an_unreachable_host_says_what_is_left_and_the_next_one_
     assert second.returncode == 0, explain(second)
     assert summary(second)["left"] == {}
     assert all(status_of(breakable, h, lab.name) is None for h in THREE)
+
+
+def test_persistent_up_unpauses_a_paused_container_without_reprovisioning(
+    lab: Lab, breakable: Sandbox
+) -> None:
+    path = lab.cluster(lifetime="persistent")
+    assert cvs(path, "up").returncode == 0
+    before = {h: status_of(breakable, h, lab.name) for h in THREE}
+    docker(breakable, "node3", "pause", lab.name)
+
+    up = cvs(path, "--json", "up")
+
+    assert up.returncode == 0, explain(up)
+    report = summary(up)
+    assert report["hosts"]["node3"]["action"] == "restart", report
+    assert report["hosts"]["node3"]["steps"] == {"restart": "ok", "verify": "ok"}, report
+    assert "`docker unpause`" in report["hosts"]["node3"]["reason"]
+    assert {h: status_of(breakable, h, lab.name) for h in THREE} == before  # running again

@@ -212,6 +212,18 @@ MALFORMED = [
         "name: '../../etc'\nhosts: [a]\n",
         ["name", "invalid cluster name"],
     ),
+    (
+        "registry_server_option",
+        "hosts: [a]\ncontainer:\n  image: x\n"
+        "  registry: {username: u, password_file: /p, server: '--help'}\n",
+        ["container.registry.server", "invalid registry server"],
+    ),
+    (
+        "registry_user_newline",
+        "hosts: [a]\ncontainer:\n  image: x\n"
+        '  registry: {username: "u\\nx", password_file: /p}\n',
+        ["container.registry.username", "control characters"],
+    ),
     # Issue 14.8: NaN, infinite and negative numbers name the key.
     ("start_timeout_inf", "hosts: [a]\ncontainer: {image: x, start_timeout: .inf}\n",
      ["container.start_timeout", "finite"]),

@@ -49,6 +49,9 @@ USER_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.@-]{0,63}\$?")  # `al.ice@corp`
 _HOST_PORT_RE = re.compile(
     r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+)):(?P<port>[0-9]{1,5})"
 )
+REGISTRY_SERVER_RE = re.compile(
+    r"(?:https?://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(?::[0-9]{1,5})?(?:/[A-Za-z0-9._~/-]*)?"
+)
 # docker option values: no control characters, never read as another option.
 DOCKER_VALUE_RE = re.compile(r"[^\x00-\x1f\x7f-][^\x00-\x1f\x7f]*")
 
@@ -272,6 +275,22 @@ class Registry(Model):
     # A path on each host; the password goes to `docker login --password-stdin`.
     password_file: str
     server: str | None = None
+
+    # All three reach `docker login` on the hosts: never read as an option there.
+    _values_ok = field_validator("username", "password_file")(lambda v: _docker_values([v])[0])
+
+    @field_validator("server")
+    @classmethod
+    def _server(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        m = REGISTRY_SERVER_RE.fullmatch(v)
+        if m is None or not is_host_or_ip(m.group("host").strip("[]")):
+            raise ValueError(
+                f"invalid registry server {v!r}: expected host, host:port or "
+                "https://host[:port][/path]"
+            )
+        return v
 
 
 class Resources(Model):

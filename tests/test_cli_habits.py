@@ -260,6 +260,30 @@ def test_bash_completion_is_valid_bash_and_knows_the_commands() -> None:
     assert loaded.returncode == 0 and "cvs" in loaded.stdout
 
 
+def test_bash_completes_host_names_from_the_cluster_file(tmp_path: Path) -> None:
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(CLUSTER)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    wrapper = bindir / "cvs"  # the `cvs` the completion function calls: this tree's
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m orchestrator "$@"\n')
+    wrapper.chmod(0o755)
+    script = cvs("completion", "bash").stdout
+    probe = (
+        'source /dev/stdin; COMP_WORDS=(cvs -c "$CLUSTER" shell node1); COMP_CWORD=4; '
+        '_shtab_cvs; echo "${COMPREPLY[*]}"; '
+        'COMP_WORDS=(cvs exec -c "$CLUSTER" -x lo); COMP_CWORD=5; _shtab_cvs; '
+        'echo "${COMPREPLY[*]}"'
+    )
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "CLUSTER": str(cluster)}
+    proc = subprocess.run(
+        ["bash", "-c", probe], input=script, text=True, capture_output=True, env=env, timeout=60
+    )
+    shell_words, exclude_words = proc.stdout.splitlines()
+    assert shell_words.split() == ["node10", "node11", "node12", "node14"]
+    assert exclude_words == "login"
+
+
 def test_zsh_completion_is_a_compdef_for_cvs() -> None:
     proc = cvs("completion", "zsh")
     assert proc.returncode == 0, proc.stderr

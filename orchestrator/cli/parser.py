@@ -155,15 +155,23 @@ def _positive_int(text: str) -> int:
     return value
 
 
+# Completion of host names (cli/completion.py defines the shell function); a plain
+# attribute the completion generator reads, so this module still imports argparse only.
+HOST_COMPLETION = {"bash": "_cvs_hosts", "zsh": "_cvs_hosts"}
+
+
 def add_host_selection(p: argparse.ArgumentParser) -> None:
     """--hosts and -x/--exclude, the same on every command that picks hosts."""
-    p.add_argument("--hosts", metavar="PATTERN", help="names, globs or hostlists, comma-separated")
-    p.add_argument(
+    hosts = p.add_argument(
+        "--hosts", metavar="PATTERN", help="names, globs or hostlists, comma-separated"
+    )
+    exclude = p.add_argument(
         "-x",
         "--exclude",
         metavar="PATTERN",
         help="leave out these hosts (names, globs or hostlists, comma-separated)",
     )
+    hosts.complete = exclude.complete = HOST_COMPLETION  # type: ignore[attr-defined]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -411,7 +419,7 @@ def add_tools_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         "opens it on the host instead.",
         epilog="example: cvs -c cluster.yaml shell node1",
     )
-    p.add_argument("host", metavar="HOST")
+    p.add_argument("host", metavar="HOST").complete = HOST_COMPLETION  # type: ignore[attr-defined]
     p.add_argument("--host-os", action="store_true", help="a shell on the host itself")
     p.set_defaults(func="shell:cmd_shell")
 

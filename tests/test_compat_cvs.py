@@ -496,6 +496,7 @@ def cvs_runs(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iter
     try:
         runs.run("install", "compat_install")
         runs.run("checks", "compat_checks")
+        runs.run("one", "compat_checks", "test_exec_on_head_runs_on_the_first_host")
         yield runs
     finally:
         _cvs("down", "-c", str(cluster), "--force", cwd=directory)
@@ -517,6 +518,14 @@ def test_second_run_attaches_and_finds_the_install(cvs_runs: CvsRuns) -> None:
     assert "11 passed" in proc.stdout
     doc = cvs_runs.results("checks")
     assert {e["action"] for e in doc["plan"].values()} == {"attach"}
+
+
+def test_named_test_functions_run_alone(cvs_runs: CvsRuns) -> None:
+    proc = cvs_runs.procs["one"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 passed" in proc.stdout
+    names = [s["name"] for s in cvs_runs.results("one")["steps"]]
+    assert names == ["0001-test_exec_on_head_runs_on_the_first_host-exec_on_head"]
 
 
 def test_run_dir_records_each_call_as_for_cvs_run(cvs_runs: CvsRuns) -> None:

@@ -698,3 +698,29 @@ def test_cvs_json_with_our_sections_loads_through_the_cli(
     cluster.write_text(json.dumps(doc))
     assert cvs_main(["validate", "-c", str(cluster), "--no-check-files"]) == 2
     assert "ssh.user: conflicts with username" in capsys.readouterr().err
+
+
+def test_cvs_run_of_a_test_file_path_with_json_summary(tmp_path: Path, key_file: Path) -> None:
+    # A CVS-style test file given by path, with its own conftest for the two options;
+    # it does not touch the cluster, so no hosts are needed.
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "conftest.py").write_text((STANDIN / "cvs" / "conftest.py").read_text())
+    (suite / "offline_checks.py").write_text(
+        "def test_passes(pytestconfig):\n"
+        "    assert pytestconfig.getoption('config_file').endswith('config.json')\n"
+    )
+    cluster, config = _files(tmp_path, key_file)
+    proc = _cvs(
+        "--json", "run", str(suite / "offline_checks.py"),
+        "--cluster_file", str(cluster), "--config_file", str(config),
+        "--run-dir", str(tmp_path / "run"),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)  # stdout is the JSON line alone
+    assert doc["ok"] is True and doc["test"] == "offline_checks"
+    assert "1 passed" in proc.stderr
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["exit_code"] == 0 and results["steps"] == []
+    assert (tmp_path / "run" / "junit.xml").read_text().count("<testcase") == 1

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import sys
+from contextlib import nullcontext, redirect_stdout
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
@@ -144,7 +145,10 @@ def run_cvs_test(
         html=html,
         log_file=log_file,
     )
-    code = int(pytest.main(args, plugins=[CvsEngine(record)]))
+    # With --json, stdout carries only our JSON line: pytest's report goes to stderr.
+    report_to = redirect_stdout(sys.stderr) if json_output else nullcontext()
+    with report_to:
+        code = int(pytest.main(args, plugins=[CvsEngine(record)]))
     ours = finish_with_pytest_status(record, code)
     error = record.outcome.error
     files = {

@@ -23,7 +23,7 @@ from orchestrator.cli.common import chosen_hosts
 from orchestrator.config import load_cluster
 from orchestrator.containers.status import HostStatus
 from orchestrator.errors import UsageError
-from orchestrator.render import print_grouped, print_status_table
+from orchestrator.render import STATUS_HEADERS, print_grouped, print_status_table
 from orchestrator.results import HostResult
 
 REPO = Path(__file__).resolve().parent.parent
@@ -195,19 +195,7 @@ def test_status_plain_wide_has_every_column(capsys: pytest.CaptureFixture[str]) 
     out = io.StringIO()
     print_status_table(_statuses(), wide=True, plain=True, out=out)
     header = out.getvalue().splitlines()[0].split()
-    assert header == [
-        "host",
-        "reachable",
-        "docker",
-        "state",
-        "image",
-        "tag",
-        "stale",
-        "sshd",
-        "provisioned",
-        "limits",
-        "drift",
-    ]
+    assert header == STATUS_HEADERS
     assert "\x1b[" not in out.getvalue()
     assert capsys.readouterr().err == "node3: connection refused\n"
 

@@ -33,8 +33,7 @@ import anyio
 import asyncssh
 
 from orchestrator.config import ClusterConfig, container_name
-from orchestrator.containers.docker import validate_container_name
-from orchestrator.containers.exec import NOT_RUNNING_EXIT
+from orchestrator.containers.exec import in_running_container
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.transport import ConnectError, SSHPool
@@ -86,22 +85,8 @@ exec cat -- "$1"
 
 def in_container(name: str, argv: Sequence[str], *, tty: bool = False) -> str:
     """Host shell text running `argv` in container `name` with stdin attached
-    (and a terminal with `tty`, for `cvs shell`).
-
-    Like `containers.exec.container_command`, it finds how to reach docker
-    (plain, else `sudo -n`) and that the container runs, in the same round trip.
-    """
-    validate_container_name(name)
-    running = ["inspect", "--type", "container", "-f", "{{.State.Running}}", name]
-    inner = ["exec", "-i", *(["-t"] if tty else []), name, *argv]
-    return (
-        f'if [ "$(docker {shlex.join(running)} 2>/dev/null)" = true ]; then set -- docker; '
-        f'elif [ "$(sudo -n docker {shlex.join(running)} 2>/dev/null)" = true ]; then '
-        "set -- sudo -n docker; "
-        f"else echo {shlex.quote(f'container {name} is not running here (run `cvs up`)')} >&2; "
-        f"exit {NOT_RUNNING_EXIT}; fi; "
-        f'exec "$@" {shlex.join(inner)}'
-    )
+    (and a terminal with `tty`, for `cvs shell`)."""
+    return in_running_container(name, ["exec", "-i", *(["-t"] if tty else []), name, *argv])
 
 
 def _check_name(path: Path, root: Path) -> None:

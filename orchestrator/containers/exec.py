@@ -55,6 +55,22 @@ class ContainerCommand(NamedTuple):
     stdin: str | None  # what to send on stdin (the env block), or None
 
 
+def in_running_container(name: str, docker_args: Sequence[str]) -> str:
+    """Host shell text that runs `docker DOCKER_ARGS` (else `sudo -n docker ...`) once
+    container `name` is found running, in the same round trip; exit 125 with one line
+    saying so when it is not."""
+    validate_container_name(name)
+    running = ["inspect", "--type", "container", "-f", "{{.State.Running}}", name]
+    return (
+        f'if [ "$(docker {shlex.join(running)} 2>/dev/null)" = true ]; then set -- docker; '
+        f'elif [ "$(sudo -n docker {shlex.join(running)} 2>/dev/null)" = true ]; then '
+        "set -- sudo -n docker; "
+        f"else echo {shlex.quote(f'container {name} is not running here (run `cvs up`)')} >&2; "
+        f"exit {NOT_RUNNING_EXIT}; fi; "
+        f'exec "$@" {shlex.join(docker_args)}'
+    )
+
+
 def container_command(
     name: str,
     command: str | Sequence[str],
@@ -90,15 +106,7 @@ def container_command(
         run = f'echo $$ > "$1"; shift; {env_reader(env_token)}exec "$@"'
         exec_opts, stdin = ["-i", *exec_opts], env_block(env, env_token)
     inner = ["exec", *exec_opts, name, "sh", "-c", run, "cvs", _pidfile(token), *argv]
-    running = ["inspect", "--type", "container", "-f", "{{.State.Running}}", name]
-    script = (
-        f'if [ "$(docker {shlex.join(running)} 2>/dev/null)" = true ]; then set -- docker; '
-        f'elif [ "$(sudo -n docker {shlex.join(running)} 2>/dev/null)" = true ]; then '
-        "set -- sudo -n docker; "
-        f"else echo {shlex.quote(f'container {name} is not running here (run `cvs up`)')} >&2; "
-        f"exit {NOT_RUNNING_EXIT}; fi; "
-        f'exec "$@" {shlex.join(inner)}'
-    )
+    script = in_running_container(name, inner)
     # As root: the command may run as any user (or -u root).
     kill_argv = ["exec", "-u", "0", name, "sh", "-c", _KILL_TREE, "cvs", _pidfile(token)]
     kill = f"docker {shlex.join(kill_argv)} 2>/dev/null || sudo -n docker {shlex.join(kill_argv)}"

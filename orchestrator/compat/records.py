@@ -124,7 +124,10 @@ class CvsRunRecord:
         )
         path = self.recorder.results_path
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        # Owner-only, like the rest of a run directory: outputs may carry secrets.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(doc, indent=2) + "\n")
         os.replace(tmp, path)
         self.recorder.close()
         return path

@@ -93,3 +93,20 @@ def test_suite_named_to_escape_runs_is_refused_before_anything_is_written(tmp_pa
 def test_step_timeout_infinite_is_refused() -> None:
     with pytest.raises(ConfigError, match="finite"):
         parse_suite("name: s\nsteps:\n  - {name: a, run: x, timeout: .inf}\n", "s.yaml")
+
+
+def test_address_with_a_port_is_parsed_and_the_connection_uses_that_port(tmp_path: Path) -> None:
+    from orchestrator.config import parse_cluster
+    from orchestrator.ssh.transport import SSHPool
+
+    cluster = parse_cluster(
+        "hosts:\n  - {name: n1, address: '127.0.0.1:2222'}\n  - {name: n6, address: '[::1]:2200'}\n"
+        "ssh: {host_key_policy: 'off'}\n",
+        "c.yaml",
+        tmp_path,
+    )
+    n1, n6 = cluster.hosts
+    assert (n1.address, n1.port) == ("127.0.0.1", 2222)
+    assert (n6.address, n6.port) == ("::1", 2200)
+    opts = SSHPool(cluster)._connect_options(n1)
+    assert (opts["host"], opts["port"]) == ("127.0.0.1", 2222)

@@ -447,3 +447,28 @@ def test_persistent_up_unpauses_a_paused_container_without_reprovisioning(
     assert report["hosts"]["node3"]["steps"] == {"restart": "ok", "verify": "ok"}, report
     assert "`docker unpause`" in report["hosts"]["node3"]["reason"]
     assert {h: status_of(breakable, h, lab.name) for h in THREE} == before  # running again
+
+
+# --- issue 14.6: commands run on exactly the selected hosts --------------------------
+
+
+def test_exec_runs_on_exactly_the_hosts_a_hostlist_selects(
+    breakable: Sandbox, tmp_path: Path
+) -> None:
+    doc = yaml.safe_load(breakable.cluster_file.read_text())
+    doc.pop("container")
+    path = tmp_path / "hosts.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    def ran_on(pattern: str) -> set[str]:
+        proc = cvs(path, "--json", "exec", "--hosts", pattern, "--", "hostname")
+        assert proc.returncode == 0, explain(proc)
+        return set(summary(proc)["hosts"])
+
+    assert ran_on("node[1,3]") == {"node1", "node3"}  # commas inside brackets do not split
+    assert ran_on("node[2-3]") == {"node2", "node3"}
+    assert ran_on("node[1-2],node3") == set(THREE)
+    assert ran_on("node?") == set(THREE)
+    refused = cvs(path, "exec", "--hosts", "node[1-3,7]", "--", "hostname")
+    assert refused.returncode == 2 and "node7" in refused.stderr, explain(refused)
+    assert "Traceback" not in refused.stderr

@@ -265,3 +265,19 @@ def test_compress_then_expand_gives_the_same_hosts(spec: list[tuple[str, int, bo
     for part in split_patterns(compress_hostlist(names)):
         expanded.extend(expand_hostlist(part))
     assert sorted(expanded) == sorted(names)
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=clusters_and_hostlists(), prefix=st.sampled_from(["node", "gpu", "r1n", "n-", "no"]))
+def test_a_glob_part_selects_what_fnmatch_selects(
+    case: tuple[list[str], str, set[str]], prefix: str
+) -> None:
+    import fnmatch
+
+    names, _, _ = case
+    reference = [n for n in names if fnmatch.fnmatchcase(n, f"{prefix}*")]
+    if reference:
+        assert select_hosts(names, f"{prefix}*") == reference
+    else:
+        with pytest.raises(SelectionError, match="matches no host"):
+            select_hosts(names, f"{prefix}*")

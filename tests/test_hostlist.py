@@ -241,7 +241,8 @@ def test_api_and_suite_hosts_use_the_exact_selection() -> None:
     ("names", "expected"),
     [
         ([f"node{i:02d}" for i in [*range(1, 13), 14]], "node[01-12,14]"),
-        (["node1", "node2", "node3", "gpu07"], "node[1-3],gpu07"),
+        (["node1", "node2", "node3", "gpu07"], "gpu07,node[1-3]"),
+        (["r1n01", "r1n02", "r2n01", "r2n02"], "r[1-2]n[01-02]"),
         (["n9", "n10"], "n[9-10]"),
         (["login"], "login"),
         (["a1"], "a1"),

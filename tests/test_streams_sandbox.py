@@ -105,6 +105,46 @@ def test_exec_piped_from_a_terminal_puts_host_output_on_stdout(sandbox: Sandbox)
     assert sorted(proc.stdout.splitlines()) == [f"{h} | {h}" for h in NODES]
 
 
+def cpu_seconds_of(argv: list[str], *, terminal: bool) -> tuple[float, int, str]:
+    """(user + system CPU of the process, its exit status, what it printed), with
+    stdout and stderr on a terminal (a pty) or on pipes."""
+    if terminal:
+        primary, secondary = pty.openpty()
+        proc = subprocess.Popen(argv, env=cli_env(TERM="xterm"), stdout=secondary, stderr=secondary)
+        os.close(secondary)
+        chunks = []
+        while True:
+            try:
+                data = os.read(primary, 65536)
+            except OSError:  # EIO: the terminal's other side closed
+                break
+            if not data:
+                break
+            chunks.append(data)
+        os.close(primary)
+        text = b"".join(chunks).decode(errors="replace")
+    else:
+        proc = subprocess.Popen(argv, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = proc.communicate()
+        text = (out + err).decode(errors="replace")
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return usage.ru_utime + usage.ru_stime, proc.returncode, text
+
+
+def test_live_view_in_a_terminal_costs_about_what_piped_output_costs(sandbox: Sandbox) -> None:
+    # 2 hosts x `seq 6400`: redrawing per line cost 14 s of CPU in a terminal (0.6 s piped).
+    argv = [
+        sys.executable, "-m", "orchestrator", "exec", "-c", str(sandbox.cluster_file),
+        "--host-os", "--hosts", "node1,node2", "--", "seq 6400",
+    ]  # fmt: skip
+    piped, code, text = cpu_seconds_of(argv, terminal=False)
+    assert code == 0 and "node2 | 6400" in text
+    tty, code, text = cpu_seconds_of(argv, terminal=True)
+    assert code == 0 and "node2 | 6400" in text
+    assert tty < piped + 3.0, f"terminal {tty:.1f}s CPU against {piped:.1f}s piped"
+
+
 # ---- secrets ---------------------------------------------------------------------------
 
 SECRET = "s3cr3t-" + hashlib.sha256(b"cvs streams test").hexdigest()[:20]
@@ -228,3 +268,31 @@ def test_full_run_dir_stops_the_run_tears_down_and_says_so_in_one_line(
     assert elapsed < 45, f"took {elapsed:.0f}s: the step ran on to its timeout"
     assert containers(sandbox, name) == {}, "per_run containers left behind"
     assert wait_until(lambda: not sandbox_pids(sandbox, ["sleep", "471"]), timeout=5)
+
+
+def test_full_state_dir_fails_the_run_in_one_line_with_nothing_left_running(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    name = "cvs-t-full-state"
+    cluster = cluster_variant(sandbox, tmp_path, name, "per_run")
+    write_suite(tmp_path, "hello", [{"name": "hello", "run": "echo hello"}])
+    with small_tmpfs("64k") as mount:
+        with contextlib.suppress(OSError), (mount / "filler").open("wb") as f:
+            while True:  # fill it: the cluster's key pair cannot be written there
+                f.write(b"\0" * 4096)
+                f.flush()
+        doc = yaml.safe_load(cluster.read_text())
+        doc["state_dir"] = str(mount / "state")
+        doc["container"]["sshd"] = {"enabled": True}
+        cluster.write_text(yaml.safe_dump(doc))
+        proc = cvs(
+            "run", "-c", str(cluster), str(tmp_path / "hello.yaml"),
+            "--run-dir", str(tmp_path / "run"), cwd=tmp_path,
+        )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    problems = [line for line in proc.stderr.splitlines() if "No space left on device" in line]
+    assert len(problems) == 1 and str(mount) in problems[0], proc.stderr
+    assert containers(sandbox, name) == {}, "per_run containers left behind"

@@ -7,6 +7,7 @@ become messages and exit codes in one place: `main` (codes: errors.ExitCode).
 
 from __future__ import annotations
 
+import argparse
 import errno
 import importlib
 import os
@@ -59,9 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         leaf = _first_expected(group)
         if leaf is None:
             raise
-        return _report(leaf)
+        return _report(args, leaf)
     except OSError as exc:
-        return _report(exc)
+        return _report(args, exc)
 
 
 def _first_expected(group: BaseExceptionGroup) -> BaseException | None:
@@ -84,19 +85,25 @@ _USAGE_ERRNOS = frozenset(
 )
 
 
-def _report(exc: BaseException) -> int:
+def _report(args: argparse.Namespace, exc: BaseException) -> int:
+    """One line on stderr (and the result line under --json); the exit code."""
     from orchestrator.errors import CvsError, ExitCode
 
     if isinstance(exc, KeyboardInterrupt):
-        sys.stderr.write("cvs: interrupted\n")
-        return ExitCode.INTERRUPTED
-    if isinstance(exc, CvsError):
-        sys.stderr.write(f"cvs: {exc}\n")
-        return exc.exit_code
-    assert isinstance(exc, OSError)
-    where = f": {exc.filename}" if exc.filename else ""
-    sys.stderr.write(f"cvs: {exc.strerror or exc}{where}\n")
-    return ExitCode.USAGE if exc.errno in _USAGE_ERRNOS else ExitCode.FAILED
+        message, code = "interrupted", ExitCode.INTERRUPTED
+    elif isinstance(exc, CvsError):
+        message, code = str(exc), exc.exit_code
+    else:
+        assert isinstance(exc, OSError)
+        where = f": {exc.filename}" if exc.filename else ""
+        message = f"{exc.strerror or exc}{where}"
+        code = ExitCode.USAGE if exc.errno in _USAGE_ERRNOS else ExitCode.FAILED
+    sys.stderr.write(f"cvs: {message}\n")
+    if getattr(args, "json", False):
+        from orchestrator.cli.common import write_json_result
+
+        write_json_result(args, ok=False, exit_code=code, error=message)
+    return code
 
 
 def _apply_color(choice: str | None) -> None:

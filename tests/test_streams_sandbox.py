@@ -124,9 +124,12 @@ def cpu_seconds_of(argv: list[str], *, terminal: bool) -> tuple[float, int, str]
         os.close(primary)
         text = b"".join(chunks).decode(errors="replace")
     else:
-        proc = subprocess.Popen(argv, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        out, err = proc.communicate()
-        text = (out + err).decode(errors="replace")
+        proc = subprocess.Popen(
+            argv, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        assert proc.stdout is not None
+        text = proc.stdout.read().decode(errors="replace")  # not communicate(): it reaps
+        proc.stdout.close()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     return usage.ru_utime + usage.ru_stime, proc.returncode, text
@@ -294,5 +297,5 @@ def test_full_state_dir_fails_the_run_in_one_line_with_nothing_left_running(
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     problems = [line for line in proc.stderr.splitlines() if "No space left on device" in line]
-    assert len(problems) == 1 and str(mount) in problems[0], proc.stderr
+    assert len(problems) == 1 and f"state directory {mount / 'state'}" in problems[0], proc.stderr
     assert containers(sandbox, name) == {}, "per_run containers left behind"

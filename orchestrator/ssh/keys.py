@@ -22,6 +22,7 @@ Layout:
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import tempfile
@@ -34,7 +35,7 @@ from typing import Any
 import asyncssh
 
 from orchestrator.config import HOST_NAME_RE, ClusterConfig
-from orchestrator.errors import UsageError
+from orchestrator.errors import CvsError, ExitCode, UsageError
 
 KEY_TYPE = "ssh-ed25519"
 USER_KEY_FILE = "cluster_ed25519"
@@ -61,8 +62,19 @@ class ClusterKeys:
 
     @classmethod
     def load_or_create(cls, state_dir: Path, hosts: Iterable[str]) -> ClusterKeys:
-        """The cluster's keys, creating the missing ones (safe against a concurrent caller)."""
+        """The cluster's keys, creating the missing ones (safe against a concurrent caller).
+
+        Raises StateDirError (one line naming the directory) when it cannot be
+        written: a full disk, no permission.
+        """
         state_dir = Path(state_dir).expanduser()
+        try:
+            return cls._load_or_create(state_dir, hosts)
+        except OSError as exc:
+            raise StateDirError(state_dir, exc) from None
+
+    @classmethod
+    def _load_or_create(cls, state_dir: Path, hosts: Iterable[str]) -> ClusterKeys:
         keys_dir = state_dir / "keys"
         hosts_dir = keys_dir / "hosts"
         for d in (state_dir, keys_dir, hosts_dir):
@@ -82,6 +94,17 @@ class ClusterKeys:
             return self.host_keys[host]
         except KeyError:
             raise KeyError(f"no sshd host key for {host!r}; load keys for every host") from None
+
+
+class StateDirError(CvsError):
+    """cvs's state directory (the cluster's keys) cannot be written."""
+
+    def __init__(self, state_dir: Path, exc: OSError) -> None:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        where = exc.filename or state_dir
+        super().__init__(f"cannot write cvs's state directory {state_dir}: {where}: {reason}")
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR):
+            self.exit_code = ExitCode.USAGE
 
 
 def default_state_dir(cluster: ClusterConfig) -> Path:

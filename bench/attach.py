@@ -1,20 +1,26 @@
-"""Attach benchmark: SSH round trips per host of a persistent `up` with nothing to do.
+"""Attach benchmark: what a persistent `up` with nothing to do, then `exec hostname`, costs.
 
-    python bench/attach.py --cluster cluster.yaml       # an existing cluster
-    python bench/attach.py --sandbox-hosts 3             # builds a throwaway sandbox (root)
+    python bench/attach.py --sandbox-hosts 2 16          # throwaway sandbox(es) (root)
+    python bench/attach.py --cluster cluster.yaml         # an existing cluster
 
 Brings the persistent containers up first (cold start or attach, whatever the
-hosts need), then runs a second `up` over fresh connections, as a new `cvs`
-process would, and counts the SSH channels it opens per host. A channel
-carries one remote command, so it is one round trip; the locked probe is one
-(a held channel), and an attach with sshd already running and the container
-provisioned needs nothing else. Prints per-host counts and the wall time.
+hosts need), then, over fresh connections as a new `cvs` process would, runs
+`Cluster.open` + `up` + `exec hostname` in-process, several times, and reports:
+
+- wall time (median, and min..max) of open + `up` + `exec hostname`;
+- SSH round trips per host of the `up`: SSH channels opened (a channel carries
+  one remote command; the locked probe is one held channel) and of the exec;
+- docker CLI processes per host of the `up` and of the exec, counted for real
+  (sandbox only): every host's sshd puts a `docker` wrapper first on PATH
+  that logs each invocation before running the real docker CLI.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -31,6 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from orchestrator.api import Cluster
 from orchestrator.config import ClusterConfig, load_cluster
+
+RUNS = 5
+WRAPPER = """#!/bin/sh
+# cvs bench: log every docker CLI process, then run the real one.
+[ -n "$CVS_DOCKER_LOG" ] && printf '%s\\n' "$1" >> "$CVS_DOCKER_LOG"
+exec /usr/bin/docker "$@"
+"""
 
 
 @contextmanager
@@ -54,11 +67,33 @@ def counting_channels(cluster: ClusterConfig) -> Iterator[Counter[str]]:
         asyncssh.SSHClientConnection.create_session = original  # type: ignore[method-assign]
 
 
-def persistent(cluster: ClusterConfig) -> ClusterConfig:
+class DockerCalls:
+    """Per-host logs the sandbox hosts' docker wrapper appends to (None: not counting)."""
+
+    def __init__(self, logs: dict[str, Path] | None) -> None:
+        self.logs = logs
+
+    def lines(self) -> dict[str, list[str]] | None:
+        if self.logs is None:
+            return None
+        return {h: p.read_text().split() if p.exists() else [] for h, p in self.logs.items()}
+
+    def since(self, before: dict[str, list[str]] | None) -> dict[str, list[str]] | None:
+        now = self.lines()
+        if now is None or before is None:
+            return None
+        return {h: now[h][len(before[h]) :] for h in now}
+
+
+def persistent(cluster: ClusterConfig, hosts: int | None = None) -> ClusterConfig:
     if cluster.container is None:
         raise SystemExit("the cluster file has no container block")
     container = cluster.container.model_copy(update={"lifetime": "persistent"})
-    return cluster.model_copy(update={"container": container})
+    update: dict[str, Any] = {"container": container}
+    if hosts is not None:
+        chosen = cluster.hosts[:hosts]
+        update |= {"hosts": chosen, "head": chosen[0].name}
+    return cluster.model_copy(update=update)
 
 
 async def up_once(cluster: ClusterConfig) -> Any:
@@ -66,57 +101,116 @@ async def up_once(cluster: ClusterConfig) -> Any:
         return await c.up()
 
 
-def measure(cluster: ClusterConfig) -> dict[str, Any]:
+async def attach_and_exec(cluster: ClusterConfig, counts: Counter[str]) -> tuple[Any, Any, dict]:
+    async with Cluster.open(cluster) as c:
+        report = await c.up()
+        up_trips = dict(counts)
+        results = await c.exec("hostname")
+    return report, results, up_trips
+
+
+def measure(cluster: ClusterConfig, docker: DockerCalls, runs: int = RUNS) -> dict[str, Any]:
     warm = anyio.run(up_once, cluster)
     if not warm.ok:
         raise SystemExit(f"the first `up` failed: {warm.to_dict()}")
-    with counting_channels(cluster) as counts:
-        start = time.perf_counter()
-        report = anyio.run(up_once, cluster)
-        seconds = time.perf_counter() - start
     hosts = [h.name for h in cluster.hosts]
+    seconds: list[float] = []
+    for _ in range(runs):
+        before = docker.lines()
+        with counting_channels(cluster) as counts:
+            start = time.perf_counter()
+            report, results, up_trips = anyio.run(attach_and_exec, cluster, counts)
+            seconds.append(time.perf_counter() - start)
+        calls = docker.since(before)
+    ok = report.ok and all(r.ok for r in results.values())
+    up_calls = {h: [c for c in cs if c != "exec"] for h, cs in (calls or {}).items()}
     return {
         "hosts": len(hosts),
-        "round_trips": {h: counts.get(h, 0) for h in hosts},
+        "seconds": round(statistics.median(seconds), 3),
+        "seconds_min": round(min(seconds), 3),
+        "seconds_max": round(max(seconds), 3),
+        "runs": runs,
+        "round_trips": {h: up_trips.get(h, 0) for h in hosts},
+        "exec_round_trips": {h: counts.get(h, 0) - up_trips.get(h, 0) for h in hosts},
+        # The last run's docker CLI processes per host (subcommand names),
+        # the exec's `docker exec` included.
+        "docker_processes": None if calls is None else {h: len(cs) for h, cs in calls.items()},
+        "docker_up": None if calls is None else up_calls,
         "actions": {h: o.action.kind for h, o in report.outcomes.items()},
-        "seconds": round(seconds, 3),
-        "ok": report.ok,
+        "hostnames": {h: r.stdout.strip() for h, r in results.items()},
+        "ok": ok,
     }
+
+
+@contextmanager
+def counted_sandbox(hosts: int) -> Iterator[tuple[ClusterConfig, DockerCalls]]:
+    """A throwaway sandbox whose hosts log every docker CLI process they spawn."""
+    from orchestrator.sandbox import sandbox_down, sandbox_up
+
+    with tempfile.TemporaryDirectory(prefix="cvs-bench-attach-") as tmp:
+        directory = Path(tmp) / "sb"
+        # Outside the 0700 temp dir: the sandbox's login user runs the wrapper.
+        wrap = Path(tempfile.mkdtemp(prefix="cvs-bench-docker-", dir="/tmp"))
+        try:
+            wrap.chmod(0o755)
+            (wrap / "docker").write_text(WRAPPER)
+            (wrap / "docker").chmod(0o755)
+            box = sandbox_up(directory, hosts)
+            logs: dict[str, Path] = {}
+            for h in box.nodes:
+                log = wrap / f"{h.name}.log"
+                log.touch()
+                log.chmod(0o666)
+                logs[h.name] = log
+                env = f"DOCKER_HOST={h.docker_host} CVS_DOCKER_LOG={log} PATH={wrap}:/usr/bin:/bin"
+                box.set_sshd_option(h, "SetEnv", env)
+            yield load_cluster(box.cluster_file), DockerCalls(logs)
+        finally:
+            sandbox_down(directory)
+            shutil.rmtree(wrap, ignore_errors=True)
+
+
+def report_text(result: dict[str, Any]) -> str:
+    trips = list(result["round_trips"].values())
+    procs = result["docker_processes"]
+    docker = "not counted (not a sandbox)"
+    if procs is not None:
+        values = list(procs.values())
+        example = next(iter(result["docker_up"].values()))
+        docker = f"max {max(values)} per host (up {example} + exec)"
+    return (
+        f"{result['hosts']:>3} hosts: attach up + exec hostname {result['seconds']:.3f} s "
+        f"(median of {result['runs']}, {result['seconds_min']:.3f}..{result['seconds_max']:.3f}); "
+        f"up round trips per host max {max(trips)}; "
+        f"exec {max(result['exec_round_trips'].values())}; "
+        f"docker processes {docker}\n"
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--cluster", type=Path, help="cluster file (its lifetime is forced)")
-    where.add_argument("--sandbox-hosts", type=int, help="build a sandbox with N hosts")
-    parser.add_argument("--json", action="store_true", help="one JSON line on stdout")
+    where.add_argument(
+        "--sandbox-hosts", type=int, nargs="+", help="build one sandbox, measure these host counts"
+    )
+    parser.add_argument("--runs", type=int, default=RUNS, help=f"runs per size (default {RUNS})")
+    parser.add_argument("--json", action="store_true", help="one JSON line per size on stdout")
     args = parser.parse_args()
 
+    results: list[dict[str, Any]] = []
     if args.cluster is not None:
-        result = measure(persistent(load_cluster(args.cluster)))
-    else:
-        from orchestrator.sandbox import sandbox_down, sandbox_up
-
-        with tempfile.TemporaryDirectory(prefix="cvs-bench-attach-") as tmp:
-            directory = Path(tmp) / "sb"
-            try:
-                box = sandbox_up(directory, args.sandbox_hosts)
-                result = measure(persistent(load_cluster(box.cluster_file)))
-            finally:
-                sandbox_down(directory)
-
-    if args.json:
-        sys.stdout.write(json.dumps(result) + "\n")
-    else:
-        trips = result["round_trips"]
-        for host, n in trips.items():
-            sys.stdout.write(f"{host}  {result['actions'].get(host, '?'):<8} {n} round trip(s)\n")
-        values = list(trips.values())
-        sys.stdout.write(
-            f"attach up: {len(values)} hosts, round trips per host max {max(values)} "
-            f"mean {sum(values) / len(values):.2f}, {result['seconds']:.2f} s\n"
+        results.append(
+            measure(persistent(load_cluster(args.cluster)), DockerCalls(None), args.runs)
         )
-    return 0 if result["ok"] else 1
+    else:
+        with counted_sandbox(max(args.sandbox_hosts)) as (cluster, docker):
+            for n in args.sandbox_hosts:
+                results.append(measure(persistent(cluster, n), docker, args.runs))
+
+    for result in results:
+        sys.stdout.write(json.dumps(result) + "\n" if args.json else report_text(result))
+    return 0 if all(r["ok"] for r in results) else 1
 
 
 if __name__ == "__main__":

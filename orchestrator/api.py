@@ -36,6 +36,7 @@ from orchestrator.ssh.transport import SSHPool
 
 if TYPE_CHECKING:
     from orchestrator.containers.lifecycle import Lifecycle, UpReport
+    from orchestrator.containers.locks import HostLocks
     from orchestrator.containers.plan import Plan
 
 
@@ -107,6 +108,12 @@ class Cluster:
         self.config = config
         self.pool = pool
         self.sink = sink
+        # The per-host locks this Cluster holds: shared from a successful
+        # `up` until `down` or close (the containers are in use meanwhile).
+        self._locks: HostLocks | None = None
+        self._invocation: str | None = None
+        # What a waiting invocation is told this one is doing (e.g. "run SUITE").
+        self.purpose = "up"
 
     @classmethod
     @asynccontextmanager
@@ -117,7 +124,16 @@ class Cluster:
         config = path if isinstance(path, ClusterConfig) else load_cluster(path)
         sink = sink or NullSink()
         async with SSHPool(config, sink) as pool:
-            yield cls(config, pool, sink)
+            cluster = cls(config, pool, sink)
+            try:
+                yield cluster
+            finally:
+                await cluster.release_locks()
+
+    async def release_locks(self) -> None:
+        """Let go of the hosts' locks (closing the Cluster does it too)."""
+        if self._locks is not None:
+            await self._locks.release()
 
     @property
     def hosts(self) -> list[str]:
@@ -125,14 +141,21 @@ class Cluster:
 
     def _lifecycle(self) -> Lifecycle:
         """The container lifecycle (needs a `container` block)."""
-        from orchestrator.containers.lifecycle import Lifecycle
+        from orchestrator.containers.lifecycle import Lifecycle, host_locks, new_invocation_id
 
         if self.config.container is None:
             raise UsageError(
                 f"{self.config.source or 'the cluster file'}: no `container` block: "
                 "add one (image, lifetime) to manage containers"
             )
-        return Lifecycle(self.config, self.pool, self.sink)
+        if self._locks is None:
+            self._locks = host_locks(self.config, self.pool, self.sink)
+            self._invocation = new_invocation_id()
+        lifecycle = Lifecycle(
+            self.config, self.pool, self.sink, locks=self._locks, invocation=self._invocation
+        )
+        lifecycle.purpose = self.purpose
+        return lifecycle
 
     async def plan(
         self, *, force: bool = False, reprovision: bool = False, adopt: bool = False
@@ -148,26 +171,35 @@ class Cluster:
         reprovision: bool = False,
         check: bool = True,
         adopt: bool = False,
+        wait: bool = True,
     ) -> UpReport:
         """Bring containers to the state the lifetime policy asks for.
 
         Raises `PolicyRefused` (nothing changed on any host) when the policy
-        or image identity forbids it, and `UpFailed` (carrying the report)
+        or image identity forbids it, or when another invocation holds a
+        host's lock and `wait` is False; and `UpFailed` (carrying the report)
         when some host did not end ready, unless `check=False`: then the
         report comes back either way and the caller inspects `report.ok`.
         `adopt` (persistent): take over running same-named containers cvs did
         not start instead of refusing them.
+        Afterwards this Cluster holds every host's lock shared (other runs may
+        share the containers, nothing may replace them) until `down()` or close.
         """
         lifecycle = self._lifecycle()
         self._guard_gpu_env(dict(lifecycle.cfg.env))  # warns; run_argv drops them
-        report = await lifecycle.up(force=force, reprovision=reprovision, adopt=adopt)
+        report = await lifecycle.up(force=force, reprovision=reprovision, adopt=adopt, wait=wait)
         if check and not report.ok:
             raise UpFailed(report)
         return report
 
-    async def down(self, *, force: bool = False) -> tuple[Plan, dict[str, HostResult]]:
-        """Remove containers per the lifetime (`force` removes persistent ones too)."""
-        return await self._lifecycle().down(force=force)
+    async def down(
+        self, *, force: bool = False, wait: bool = True, own_only: bool = False
+    ) -> tuple[Plan, dict[str, HostResult]]:
+        """Remove containers per the lifetime (`force` removes persistent ones too).
+
+        `own_only` removes only containers this Cluster's `up` started.
+        """
+        return await self._lifecycle().down(force=force, wait=wait, own_only=own_only)
 
     async def status(self) -> list[HostStatus]:
         """One typed record per host: reachability, docker access, container state,
@@ -218,6 +250,7 @@ class Cluster:
         user: str | None = None,
         workdir: str | None = None,
         raise_on_failure: bool = False,
+        wait: bool = True,
     ) -> dict[str, HostResult]:
         """Run a command on every selected host: inside the container when the
         cluster has a container block (and `host_os` is not set), else on the
@@ -230,6 +263,9 @@ class Cluster:
         Results are per host and never raise for a host's failure, unless
         `raise_on_failure=True`: then `ExecFailed` (carrying every result)
         is raised when any host did not succeed.
+
+        In the containers it holds each host's lock shared for the duration
+        (the one `up` left, else its own), so nothing replaces them meanwhile.
         """
         results = await self._exec(
             command,
@@ -239,6 +275,7 @@ class Cluster:
             env=env,
             user=user,
             workdir=workdir,
+            wait=wait,
         )
         if raise_on_failure and not all(r.ok for r in results.values()):
             raise ExecFailed(results)
@@ -254,6 +291,7 @@ class Cluster:
         env: dict[str, str] | None,
         user: str | None,
         workdir: str | None,
+        wait: bool = True,
     ) -> dict[str, HostResult]:
         selected = list(hosts or self.hosts)
         on_host = host_os or self.config.container is None
@@ -276,6 +314,11 @@ class Cluster:
             container_command(name, "true", user=as_user, workdir=workdir)
         except ValueError as exc:
             raise UsageError(f"exec: {exc}") from None
+        lifecycle = self._lifecycle()
+        locks = lifecycle.locks
+        own_lock = not locks.holds(selected)
+        if own_lock:
+            await locks.acquire(selected, "shared", wait=wait, purpose="exec")
 
         async def one(host: str) -> HostResult:
             script, kill, stdin = container_command(
@@ -288,4 +331,8 @@ class Cluster:
                 return replace(result, error=result.stderr.strip())
             return result
 
-        return await fan_out(selected, one, limit=self.config.concurrency.hosts)
+        try:
+            return await fan_out(selected, one, limit=self.config.concurrency.hosts)
+        finally:
+            if own_lock:
+                await locks.release(selected)

@@ -66,16 +66,27 @@ class SyncCluster:
         reprovision: bool = False,
         check: bool = True,
         adopt: bool = False,
+        wait: bool = True,
     ) -> UpReport:
         """Bring containers to the state the lifetime policy asks for (see `Cluster.up`:
         raises `UpFailed` when a host did not end ready, unless `check=False`)."""
         return self._portal.call(
-            lambda: self._cluster.up(force=force, reprovision=reprovision, check=check, adopt=adopt)
+            lambda: self._cluster.up(
+                force=force, reprovision=reprovision, check=check, adopt=adopt, wait=wait
+            )
         )
 
-    def down(self, *, force: bool = False) -> tuple[Plan, dict[str, HostResult]]:
+    def down(
+        self, *, force: bool = False, wait: bool = True, own_only: bool = False
+    ) -> tuple[Plan, dict[str, HostResult]]:
         """Remove containers per the lifetime (`force` removes persistent ones too)."""
-        return self._portal.call(lambda: self._cluster.down(force=force))
+        return self._portal.call(
+            lambda: self._cluster.down(force=force, wait=wait, own_only=own_only)
+        )
+
+    def release_locks(self) -> None:
+        """Let go of the hosts' locks (closing the cluster does it too)."""
+        self._portal.call(self._cluster.release_locks)
 
     def status(self) -> list[HostStatus]:
         """One typed record per host (see `Cluster.status`)."""
@@ -92,6 +103,7 @@ class SyncCluster:
         user: str | None = None,
         workdir: str | None = None,
         raise_on_failure: bool = False,
+        wait: bool = True,
     ) -> dict[str, HostResult]:
         """Run a command on every selected host (see `Cluster.exec`; `raise_on_failure`
         raises `ExecFailed` when any host did not succeed)."""
@@ -105,5 +117,6 @@ class SyncCluster:
                 user=user,
                 workdir=workdir,
                 raise_on_failure=raise_on_failure,
+                wait=wait,
             )
         )

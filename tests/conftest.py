@@ -19,7 +19,6 @@ import itertools
 import os
 import shutil
 import signal
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -52,21 +51,9 @@ def _sigterm_as_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-_SESSION_START = time.time()
-
-
 def pytest_sessionstart(session: pytest.Session) -> None:
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    # `cvs up` leaves its per-host lock files in the hosts' /tmp, which the
-    # sandbox's hosts share with this machine: remove the ones this session made.
-    for lock in Path("/tmp").glob("cvs-*.lock"):
-        with contextlib.suppress(OSError):
-            if lock.stat().st_mtime >= _SESSION_START:
-                lock.rmdir() if lock.is_dir() else lock.unlink()
 
 
 def _down_quietly(directory: Path) -> None:

@@ -171,9 +171,6 @@ class Lab:
             docker(self.sandbox, node.name, "rm", "-f", "-v", self.name, check=False)
             for tag in set(self.tags):
                 docker(self.sandbox, node.name, "rmi", tag, check=False)
-        # The per-host lock files `up` leaves (the sandbox's hosts share /tmp).
-        for lock in Path("/tmp").glob(f"cvs-{self.name}-*.lock"):
-            lock.rmdir() if lock.is_dir() else lock.unlink(missing_ok=True)
 
 
 @pytest.fixture

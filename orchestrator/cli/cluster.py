@@ -79,6 +79,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
                 env=env or None,
                 user=args.user,
                 workdir=args.workdir,
+                wait=not args.no_wait,
             )
 
     try:
@@ -176,7 +177,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     report = run_with_cluster(
         args,
         lambda c: c.up(
-            force=args.force, reprovision=args.reprovision, check=False, adopt=args.adopt
+            force=args.force,
+            reprovision=args.reprovision,
+            check=False,
+            adopt=args.adopt,
+            wait=not args.no_wait,
         ),
     )
     if args.json:
@@ -197,7 +202,8 @@ def cmd_down(args: argparse.Namespace) -> int:
     from orchestrator.containers.plan import down_leftovers
 
     async def down(cluster: Any) -> tuple[Any, Plan, dict[str, HostResult]]:
-        plan, results = await cluster.down(force=args.force)
+        # A refusal (PolicyRefused: a busy lock under --no-wait) is reported by cli.main.
+        plan, results = await cluster.down(force=args.force, wait=not args.no_wait)
         return cluster.config.container, plan, results
 
     container, plan, results = run_with_cluster(args, down)

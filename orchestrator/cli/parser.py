@@ -11,6 +11,10 @@ import argparse
 from typing import Any
 
 DEFAULT_SANDBOX_DIR = "/tmp/cvs-sandbox"
+NO_WAIT_HELP = (
+    "when another cvs invocation holds a host's lock in a conflicting way, refuse "
+    "(exit 4, naming it) instead of waiting for it"
+)
 
 
 def positive_seconds(text: str) -> float:
@@ -81,6 +85,7 @@ def add_run_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="where to write the run records (default runs/<UTC time>-<suite>/)",
     )
+    p.add_argument("--no-wait", action="store_true", help=NO_WAIT_HELP)
     cvs = p.add_argument_group(
         "CVS test suites", "SUITE is a CVS test module (pytest), run with CVS's syntax"
     )
@@ -232,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="USER",
         help="user in the container (default: container.user, else the image's USER)",
     )
+    p.add_argument("--no-wait", action="store_true", help=NO_WAIT_HELP)
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     p.set_defaults(func="cluster:cmd_exec")
 
@@ -279,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="persistent: take over running same-named containers cvs did not start (e.g. "
         "CVS's), after the image check, instead of refusing; ownership is recorded per host",
     )
+    p.add_argument("--no-wait", action="store_true", help=NO_WAIT_HELP)
     p.set_defaults(func="cluster:cmd_up")
 
     p = sub.add_parser(
@@ -310,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: cvs -c cluster.yaml down --force   # also removes persistent containers",
     )
     p.add_argument("--force", action="store_true", help="also remove persistent/foreign ones")
+    p.add_argument("--no-wait", action="store_true", help=NO_WAIT_HELP)
     p.set_defaults(func="cluster:cmd_down")
 
     add_run_parser(sub, common)

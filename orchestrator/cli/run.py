@@ -69,6 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             recorder=recorder,
             cluster_file=str(cluster_file),
             outcome=outcome,
+            wait=not args.no_wait,
         )
 
     try:

@@ -26,6 +26,7 @@ from orchestrator.config.model import (
 )
 from orchestrator.config.views import (
     caps_warnings,
+    cluster_identity,
     cluster_warnings,
     container_name,
     cvs_import_notes,
@@ -58,6 +59,7 @@ __all__ = [
     "SSHDConfig",
     "caps_warnings",
     "cluster_from_data",
+    "cluster_identity",
     "cluster_warnings",
     "container_name",
     "cvs_import_notes",

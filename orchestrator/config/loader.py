@@ -233,10 +233,9 @@ def cluster_from_data(
         # `x-...` top-level keys are free for YAML anchors to hang on (the
         # docker compose convention): `x-caps: &caps {max_cpus: 8}`.
         data = {k: v for k, v in data.items() if not k.startswith("x-")}
-    if "source" in data:
-        raise ConfigError(
-            located.error(["source"], "is set by the loader (the file's directory); remove it")
-        )
+    for key in ("source", "source_file"):
+        if key in data:
+            raise ConfigError(located.error([key], "is set by the loader (the file); remove it"))
     if "cvs_notes" in data and located.raw is not None:
         raise ConfigError(located.error(["cvs_notes"], "is set by the CVS-JSON import; remove it"))
     data = _hosts_from_source(data, located, hosts_from, os.environ if env is None else env)
@@ -320,7 +319,8 @@ def load_cluster(
     """
     source = str(path)
     text = read_document_text(source, "cluster file")
-    base_dir = Path(os.path.expanduser(source)).resolve().parent
-    return parse_cluster(
-        text, source, base_dir, check_files=check_files, hosts_from=hosts_from, env=env
+    resolved = Path(os.path.expanduser(source)).resolve()
+    cluster = parse_cluster(
+        text, source, resolved.parent, check_files=check_files, hosts_from=hosts_from, env=env
     )
+    return cluster.model_copy(update={"source_file": str(resolved)})

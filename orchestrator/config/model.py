@@ -484,6 +484,9 @@ class ClusterConfig(Model):
     state_dir: str | None = None
     # The directory of the file this was loaded from (set by the loader).
     source: str | None = None
+    # The file itself, absolute (set by the loader): part of the cluster's
+    # identity in container labels when `name` is left at its default.
+    source_file: str | None = None
     # Set by the CVS-JSON import: what CVS's own rules put into effect (its
     # runtime defaults, enabled/launch, orchestrator), for `cvs validate`.
     cvs_notes: list[str] = Field(default_factory=list)

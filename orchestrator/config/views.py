@@ -19,6 +19,15 @@ def _image_basename(image: str) -> str:
     return last.split(":", 1)[0]
 
 
+def cluster_identity(cluster: ClusterConfig) -> str:
+    """Who owns a container, as its labels record it: the explicit `name`, or
+    the default name plus the cluster file's path, so two files that both
+    leave `name` unset do not own each other's containers."""
+    if "name" in cluster.model_fields_set or not cluster.source_file:
+        return cluster.name
+    return f"{cluster.name}@{cluster.source_file}"
+
+
 def container_name(cluster: ClusterConfig) -> str:
     """The container's name on every host: explicit, or `cvs-<user>-<image>`.
 
@@ -102,7 +111,7 @@ def normalized_cluster(cluster: ClusterConfig) -> dict[str, Any]:
     override, else the ssh block's, else the name), so the output answers
     "what will be contacted" without reading the rules.
     """
-    out = cluster.model_dump(mode="json", exclude={"source", "cvs_notes"})
+    out = cluster.model_dump(mode="json", exclude={"source", "source_file", "cvs_notes"})
     hosts = []
     for h in cluster.hosts:
         entry = h.model_dump(mode="json", exclude_none=True)

@@ -34,6 +34,16 @@ DockerErrorKind = Literal["not_found", "daemon_down", "permission_denied", "not_
 # "ours" when LABEL_MANAGED carries this cluster's name (see `is_ours`).
 LABEL_MANAGED = "io.cvs.managed"
 LABEL_CONFIG_HASH = "io.cvs.config-hash"
+# The lifetime the container was started under: a per_run cluster never
+# owns (so never removes) a container labelled persistent.
+LABEL_LIFETIME = "io.cvs.lifetime"
+# The invocation that started it: rollback and a run's tear-down remove only
+# what their own invocation started.
+LABEL_INVOCATION = "io.cvs.invocation"
+# The port its in-container sshd listens on: with network host another
+# cluster's probe names this container when that port is taken.
+LABEL_SSHD_PORT = "io.cvs.sshd-port"
+_CONTAINER_ID_RE = re.compile(r"[0-9a-f]{64}")
 
 # Docker's zero time: what StartedAt holds for a container never started.
 _ZERO_TIME = "0001-01-01T00:00:00Z"
@@ -99,20 +109,75 @@ def config_hash(cfg: ContainerConfig) -> str:
 
 
 def managed_labels(
-    cluster_name: str, cfg_hash: str | None = None, *, our_label: str = LABEL_MANAGED
+    cluster_name: str,
+    cfg_hash: str | None = None,
+    *,
+    our_label: str = LABEL_MANAGED,
+    lifetime: str | None = None,
+    invocation: str | None = None,
+    sshd_port: int | None = None,
 ) -> dict[str, str]:
-    """The labels `run_argv` should get so `is_ours` recognises the container."""
+    """The labels `run_argv` should get so `is_ours` recognises the container.
+
+    `cluster_name` is the cluster's identity (`cluster_identity`): its
+    explicit name, or the cluster file's path when the name is the default.
+    """
     labels = {our_label: cluster_name}
     if cfg_hash is not None:
         labels[LABEL_CONFIG_HASH] = cfg_hash
+    if lifetime is not None:
+        labels[LABEL_LIFETIME] = lifetime
+    if invocation is not None:
+        labels[LABEL_INVOCATION] = invocation
+    if sshd_port is not None:
+        labels[LABEL_SSHD_PORT] = str(int(sshd_port))
     return labels
 
 
 def is_ours(
-    labels: Mapping[str, str], cluster_name: str, *, our_label: str = LABEL_MANAGED
+    labels: Mapping[str, str],
+    cluster_name: str,
+    *,
+    our_label: str = LABEL_MANAGED,
+    lifetime: str | None = None,
 ) -> bool:
-    """Whether this cluster created the container (another cluster's is foreign)."""
-    return labels.get(our_label) == cluster_name
+    """Whether this cluster created the container (another cluster's is foreign).
+
+    With `lifetime`, a container labelled with another lifetime is not ours
+    either: the same file switched from persistent to per_run must not treat
+    the persistent set as disposable. (Containers from before the lifetime
+    label count by identity alone.)
+    """
+    if labels.get(our_label) != cluster_name:
+        return False
+    recorded = labels.get(LABEL_LIFETIME)
+    return lifetime is None or recorded is None or recorded == lifetime
+
+
+def rm_id_argv(prefix: Sequence[str], container_id: str) -> list[str]:
+    """`docker rm -f ID`: removal by the exact container ID probed or created."""
+    if not isinstance(container_id, str) or not _CONTAINER_ID_RE.fullmatch(container_id):
+        raise ValueError(f"invalid container ID {container_id!r} (64 hex digits)")
+    return [*prefix, "rm", "-f", container_id]
+
+
+def remove_started_by_command(prefix: Sequence[str], name: str, invocation: str) -> str:
+    """Shell text: remove the containers named `name` that `invocation` started.
+
+    For rollback after an interrupted `docker run`, whose container ID never
+    came back: the invocation label finds exactly what this invocation made.
+    """
+    validate_container_name(name)
+    if not re.fullmatch(r"[0-9a-f]{8,64}", invocation):
+        raise ValueError(f"invalid invocation id {invocation!r}")
+    docker = shlex.join(prefix)
+    filters = shlex.join(
+        ["--filter", f"label={LABEL_INVOCATION}={invocation}", "--filter", f"name=^/{name}$"]
+    )
+    return (
+        f"ids=$({docker} ps -aq --no-trunc {filters}) || exit 1; "
+        f'[ -z "$ids" ] || {docker} rm -f $ids'
+    )
 
 
 def run_argv(

@@ -14,11 +14,11 @@ no other step waits for the fleet.
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import re
 import shlex
-from collections.abc import AsyncIterator, Mapping, Sequence
+import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -28,10 +28,12 @@ from orchestrator.config import (
     ClusterConfig,
     ContainerConfig,
     caps_warnings,
+    cluster_identity,
     container_name,
     sshd_wanted,
 )
 from orchestrator.containers.docker import (
+    LABEL_INVOCATION,
     config_hash,
     container_limits_drift,
     docker_prefix,
@@ -42,13 +44,14 @@ from orchestrator.containers.docker import (
     parse_image_inspect,
     parse_run_id,
     pull_argv,
-    remove_if_made_command,
-    rm_argv,
+    remove_started_by_command,
+    rm_id_argv,
     run_argv,
     run_env_file,
     start_argv,
     unpause_argv,
 )
+from orchestrator.containers.locks import HostLocks, Mode
 from orchestrator.containers.plan import (
     HostAction,
     Plan,
@@ -89,11 +92,14 @@ from orchestrator.limits.resources import (
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.keys import ClusterKeys, default_state_dir
-from orchestrator.ssh.transport import ConnectError, SSHPool
+from orchestrator.ssh.transport import SSHPool
 
-PROBE_DONE = "@@cvs:done"
-# A probe that has said nothing after this long is queued behind another lock holder.
-LOCK_NOTICE_AFTER = 3.0
+_CONTAINER_ID_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def new_invocation_id() -> str:
+    """Labels what one invocation starts, so it removes exactly that and no more."""
+    return uuid.uuid4().hex[:16]
 
 
 @dataclass
@@ -163,7 +169,15 @@ class UpReport:
 class Lifecycle:
     """The container lifecycle of one cluster over an open `SSHPool`."""
 
-    def __init__(self, cluster: ClusterConfig, pool: SSHPool, sink: EventSink) -> None:
+    def __init__(
+        self,
+        cluster: ClusterConfig,
+        pool: SSHPool,
+        sink: EventSink,
+        *,
+        locks: HostLocks | None = None,
+        invocation: str | None = None,
+    ) -> None:
         if cluster.container is None:
             raise ValueError("the cluster file has no `container` block")
         self.cluster = cluster
@@ -171,15 +185,27 @@ class Lifecycle:
         self.pool = pool
         self.sink = sink
         self.name = container_name(cluster)
+        self.identity = cluster_identity(cluster)
         self.hash = config_hash(self.cfg)
         self._script: SetupScript | None = None
+        self.invocation = invocation or new_invocation_id()
+        self.purpose = "up"  # what other invocations waiting on our locks are told
+        self.locks = locks or host_locks(cluster, pool, sink)
 
     # -- probing --------------------------------------------------------
 
     def _probe_script(self) -> str:
         return probe_command(
-            self.cfg, self.name, sshd_port=self.cfg.sshd.port, marker_path=MARKER_PATH
+            self.cfg,
+            self.name,
+            sshd_port=self.cfg.sshd.port,
+            marker_path=MARKER_PATH,
+            port_check=self._sshd_on_host_network(),
         )
+
+    def _sshd_on_host_network(self) -> bool:
+        """The in-container sshd binds in the host's network namespace."""
+        return sshd_wanted(self.cfg, len(self.cluster.hosts)) and self.cfg.network == "host"
 
     async def probe(self, host: str) -> HostState:
         """One round trip: what is on the host now."""
@@ -196,69 +222,17 @@ class Lifecycle:
     def _hosts(self) -> list[str]:
         return [h.name for h in self.cluster.hosts]
 
-    @contextlib.asynccontextmanager
-    async def _locked_probe(self, host: str) -> AsyncIterator[HostState]:
-        """Lock the host and probe it in one round trip; the lock lasts the block.
-
-        `flock` holds the lock for as long as the probing shell runs, and the
-        shell waits on its stdin after the probe: closing our side releases it.
-        """
-        # The host's name is in the path as well as the container's: hosts that
-        # share a filesystem (the sandbox's namespaces do) must not share a lock.
-        # A directory, not a file: flock(1) opens a directory read-only, which
-        # works whoever created it, where an existing file in sticky /tmp
-        # cannot be opened with O_CREAT by another user (fs.protected_regular).
-        lock = shlex.quote(f"/tmp/cvs-{self.name}-{host}.lock")
-        wait = int(self.cfg.start_timeout)
-        inner = self._probe_script() + "cat >/dev/null\n"
-        command = (
-            f"if command -v flock >/dev/null 2>&1; then mkdir -m 755 {lock} 2>/dev/null; "
-            f"exec flock -w {wait} {lock} sh -c {shlex.quote(inner)}; "
-            f"else exec sh -c {shlex.quote(inner)}; fi"
+    async def lock_and_probe(
+        self, mode: Mode, *, wait: bool = True, purpose: str = "up"
+    ) -> dict[str, HostState]:
+        """Every host locked in `mode` and probed under the lock, in one round
+        trip when no other invocation holds a conflicting lock (locks.py)."""
+        answers = await self.locks.acquire(
+            self._hosts(), mode, wait=wait, probe=self._probe_script, purpose=purpose
         )
-        try:
-            async with self.pool.held_process(host, command) as process:
-                lines: list[str] = []
-                with anyio.move_on_after(LOCK_NOTICE_AFTER):
-                    lines.append(await process.stdout.readline())
-                if not lines:
-                    self.sink.emit(
-                        Message(
-                            level="info",
-                            host=host,
-                            text="waiting for another cvs invocation on this host to finish "
-                            f"(lock {lock}, up to {wait}s)",
-                        )
-                    )
-                with anyio.move_on_after(wait + 30):
-                    while line := await process.stdout.readline():
-                        lines.append(line)
-                        if line.strip() == PROBE_DONE:
-                            break
-                text = "".join(lines)
-                if PROBE_DONE not in text:
-                    err = await _drain(process.stderr)
-                    yield parse_probe_output(host, 1, text, err or "lock or probe failed")
-                else:
-                    yield parse_probe_output(host, 0, text, "")
-        except ConnectError as exc:
-            yield HostState.unreachable(host, exc.message)
-
-    @contextlib.asynccontextmanager
-    async def locked_states(self) -> AsyncIterator[dict[str, HostState]]:
-        """Every host locked and probed. The head first, so two invocations on
-        the same cluster queue on it instead of deadlocking on each other's hosts."""
-        hosts = self._hosts()
-        head = self.cluster.head_host.name
-        async with contextlib.AsyncExitStack() as stack:
-            states = {head: await stack.enter_async_context(self._locked_probe(head))}
-            others = [h for h in hosts if h != head]
-
-            async def take(host: str) -> HostState:
-                return await stack.enter_async_context(self._locked_probe(host))
-
-            states.update(await fan_out(others, take))
-            yield {h: states[h] for h in hosts}
+        return {
+            h: a.state or HostState.unreachable(h, a.error or a.status) for h, a in answers.items()
+        }
 
     # -- deciding -------------------------------------------------------
 
@@ -285,10 +259,10 @@ class Lifecycle:
             states,
             force=force,
             reprovision=reprovision,
-            cluster_name=self.cluster.name,
             script_sha256=self.script().sha256,
             config_hash=self.hash,
             adopt=adopt,
+            cluster_name=self.identity,
         )
 
     # -- acting ---------------------------------------------------------
@@ -399,16 +373,35 @@ class Lifecycle:
         )
 
     async def up(
-        self, *, force: bool = False, reprovision: bool = False, adopt: bool = False
+        self,
+        *,
+        force: bool = False,
+        reprovision: bool = False,
+        adopt: bool = False,
+        wait: bool = True,
     ) -> UpReport:
+        """Lock, probe, decide, act. On return the hosts stay locked SHARED (the
+        containers are in use until `self.locks` is released); on an exception
+        nothing stays locked.
+
+        The first round trip locks shared: an attach changes nothing, so it
+        never waits for other runs. Only a plan that starts, replaces, removes,
+        provisions or restarts something takes the locks exclusively (waiting
+        for the runs that use the containers, or refusing with `wait` False),
+        probes again under them and decides again.
+        """
         # Before touching any host: a value docker would refuse raises
         # ResourceError (exit 2) here instead of failing `docker run` midway.
         resources = cluster_effective_resources(self.cluster)
         self.script()  # an unreadable setup script: exit 2 before any host is contacted
         for w in [*caps_warnings(self.cluster), *clamp_warnings(resources)]:
             self.sink.emit(Message(level="warning", text=w))
-        async with self.locked_states() as states:
+        try:
+            states = await self.lock_and_probe("shared", wait=wait, purpose=self.purpose)
             plan = self.decide(states, force=force, reprovision=reprovision, adopt=adopt)
+            if plan.changes and not plan.refused:
+                states = await self.lock_and_probe("exclusive", wait=wait, purpose=self.purpose)
+                plan = self.decide(states, force=force, reprovision=reprovision, adopt=adopt)
             for w in plan.warnings:
                 self.sink.emit(Message(level="warning", text=w))
             resources, beyond = self._fit_to_hosts(plan, states, resources)
@@ -422,7 +415,12 @@ class Lifecycle:
                     )
             if plan.refused or beyond:
                 raise PolicyRefused([*plan.reasons, *beyond])
-            return await self._execute(plan, states, resources)
+            report = await self._execute(plan, states, resources)
+            await self.locks.downgrade()
+            return report
+        except BaseException:
+            await self.locks.release()
+            raise
 
     def _missing_image_refusals(self, plan: Plan, states: Mapping[str, HostState]) -> list[str]:
         """`pull: never` and no image_tar: a launching host without the image
@@ -565,21 +563,24 @@ class Lifecycle:
         if action.kind in ("verify", "none"):
             return
         prefix = docker_prefix(state.docker_access)  # type: ignore[arg-type]
-        if (
-            action.remove_first
-            and await self._cmd(outcome, "remove", rm_argv(prefix, self.name)) is None
-        ):
-            return
+        if action.remove_first:
+            # By the ID probed under the exclusive lock: never by name.
+            victim = state.container_id
+            if not victim or not _CONTAINER_ID_RE.fullmatch(victim):
+                outcome.fail("remove", None, f"no container ID to remove from the probe ({victim})")
+                return
+            if await self._cmd(outcome, "remove", rm_id_argv(prefix, victim)) is None:
+                return
         if action.launches:
             cfg = self.cfg.model_copy(update={"devices": prepared.devices})
-            argv = run_argv(
-                prefix,
-                cfg,
-                self.name,
-                managed_labels(self.cluster.name, self.hash),
-                resources=resources,
-                gpus=gpus,
+            labels = managed_labels(
+                self.identity,
+                self.hash,
+                lifetime=self.cfg.lifetime,
+                invocation=self.invocation,
+                sshd_port=self.cfg.sshd.port if sshd_wanted(self.cfg, len(self._hosts())) else None,
             )
+            argv = run_argv(prefix, cfg, self.name, labels, resources=resources, gpus=gpus)
             run = await self._cmd(
                 outcome, "run", argv, timeout=self.cfg.start_timeout, input=run_env_file(cfg, gpus)
             )
@@ -592,7 +593,7 @@ class Lifecycle:
             if await self._cmd(outcome, "restart", resume(prefix, self.name)) is None:
                 return
         if action.adopt:
-            record = adoption_record_command(self.name, state.container_id, self.cluster.name)
+            record = adoption_record_command(self.name, state.container_id, self.identity)
             if await self._cmd(outcome, "adopt", record) is None:
                 return
         if action.provision:
@@ -649,17 +650,28 @@ class Lifecycle:
         )
 
         async def remove(host: str) -> None:
+            # Only what this invocation started (its label), even when the
+            # `docker run` was cut short before it told us the container ID.
             prefix = docker_prefix(states[host].docker_access)  # type: ignore[arg-type]
-            made = outcomes[host].container_id if outcomes is not None else None
-            command = remove_if_made_command(prefix, self.name, self.cluster.name, made)
+            command = remove_started_by_command(prefix, self.name, self.invocation)
             await self.pool.run(host, command, stream_output=False, label="rollback")
 
         with anyio.CancelScope(shield=True):
             await fan_out(hosts, remove)
 
-    async def down(self, *, force: bool = False) -> tuple[Plan, dict[str, HostResult]]:
-        async with self.locked_states() as states:
-            plan = decide_down(self.cfg, states, force=force, cluster_name=self.cluster.name)
+    async def down(
+        self, *, force: bool = False, wait: bool = True, own_only: bool = False
+    ) -> tuple[Plan, dict[str, HostResult]]:
+        """Remove per the lifetime, holding every host's lock exclusively.
+
+        Removal is by the container ID probed under the lock. `own_only`
+        (a run's tear-down) removes only containers this invocation started.
+        """
+        try:
+            states = await self.lock_and_probe("exclusive", wait=wait, purpose="down")
+            plan = decide_down(self.cfg, states, force=force, cluster_name=self.identity)
+            if own_only:
+                plan = _only_started_by(plan, states, self.invocation)
             for w in plan.warnings:
                 self.sink.emit(Message(level="warning", text=w))
             removing = plan.hosts("remove")
@@ -668,13 +680,45 @@ class Lifecycle:
                 prefix = docker_prefix(states[host].docker_access)  # type: ignore[arg-type]
                 self._step(host, "remove", "started")
                 r = await self.pool.run(
-                    host, rm_argv(prefix, self.name), stream_output=False, label="remove"
+                    host,
+                    rm_id_argv(prefix, states[host].container_id or ""),
+                    stream_output=False,
+                    label="remove",
                 )
                 self._step(host, "remove", "ok" if r.ok else "failed", r.error or "")
                 return r
 
             with anyio.CancelScope(shield=True):
-                return plan, await fan_out(removing, remove)
+                removed = await fan_out(removing, remove)
+            return plan, removed
+        finally:
+            await self.locks.release()
+
+
+def host_locks(cluster: ClusterConfig, pool: SSHPool, sink: EventSink) -> HostLocks:
+    """The lock set for this cluster's container on its hosts."""
+    cfg = cluster.container
+    wait = float(cfg.start_timeout) if cfg is not None else 900.0
+    return HostLocks(
+        pool, sink, container_name(cluster), head=cluster.head_host.name, wait_seconds=wait
+    )
+
+
+def _only_started_by(plan: Plan, states: Mapping[str, HostState], invocation: str) -> Plan:
+    """`plan` with removals limited to containers labelled with `invocation`."""
+    actions = dict(plan.actions)
+    kept: list[str] = []
+    for host, action in plan.actions.items():
+        if action.kind == "remove" and states[host].labels.get(LABEL_INVOCATION) != invocation:
+            actions[host] = HostAction("none", "started by another invocation: left alone")
+            kept.append(host)
+    warnings = list(plan.warnings)
+    if kept:
+        warnings.append(
+            f"the container on {', '.join(kept)} was started by another cvs invocation "
+            "since this one started it: left alone"
+        )
+    return replace(plan, actions=actions, warnings=warnings)
 
 
 def adoption_record_command(name: str, container_id: str | None, cluster_name: str) -> str:
@@ -696,9 +740,3 @@ def _run_failed(outcome: HostOutcome) -> bool:
         for s, r in outcome.steps
         if not r.ok
     )
-
-
-async def _drain(stream: Any) -> str:
-    with anyio.move_on_after(1), contextlib.suppress(Exception):
-        return str(await stream.read())
-    return ""

@@ -218,14 +218,13 @@ class HostLocks:
         *,
         head: str,
         wait_seconds: float,
-        purpose: str,
     ) -> None:
         self.pool = pool
         self.sink = sink
         self.container = container
         self.head = head
         self.wait_seconds = wait_seconds
-        self.description = holder_description(purpose)
+        self.description = holder_description("cvs")
         self.mode: Mode | None = None
         self._held: dict[str, tuple[contextlib.AsyncExitStack, Any]] = {}
 
@@ -243,6 +242,7 @@ class HostLocks:
         *,
         wait: bool = True,
         probe: Callable[[], str] | None = None,
+        purpose: str = "cvs",
     ) -> dict[str, LockAnswer]:
         """Lock every host in `mode` (probing under the lock when `probe` is given).
 
@@ -252,6 +252,7 @@ class HostLocks:
         """
         await self.release()
         self.mode = mode
+        self.description = holder_description(purpose)
         script = probe() if probe is not None else None
         answers = await fan_out(list(hosts), lambda h: self._take(h, mode, None, script))
         busy = [h for h, a in answers.items() if a.status == "busy"]

@@ -30,7 +30,12 @@ from typing import Literal
 from orchestrator.config import ContainerConfig, Lifetime, sshd_wanted
 from orchestrator.config.hostlist import MAX_NAMED_HOSTS as _MAX_NAMED_HOSTS
 from orchestrator.config.hostlist import abbreviate_hosts as _names
-from orchestrator.containers.docker import LABEL_CONFIG_HASH, LABEL_MANAGED, is_ours
+from orchestrator.containers.docker import (
+    LABEL_CONFIG_HASH,
+    LABEL_LIFETIME,
+    LABEL_MANAGED,
+    is_ours,
+)
 from orchestrator.containers.docker import short_id as _short
 from orchestrator.containers.probe import HostState
 from orchestrator.errors import ExitCode
@@ -76,6 +81,15 @@ class Plan:
     @property
     def exit_code(self) -> ExitCode:
         return ExitCode.REFUSED if self.refused else ExitCode.OK
+
+    @property
+    def changes(self) -> bool:
+        """Whether acting on it starts, replaces, removes, restarts, adopts, provisions or
+        starts sshd anywhere: what needs the hosts' locks exclusively."""
+        return any(
+            a.kind not in ("attach", "verify", "none") or a.provision or a.start_sshd or a.adopt
+            for a in self.actions.values()
+        )
 
     def hosts(self, *kinds: ActionKind) -> list[str]:
         return [h for h, a in self.actions.items() if a.kind in kinds]
@@ -318,7 +332,7 @@ def decide_plan(
     """
     ours = {
         h: s.container not in (None, "absent")
-        and is_ours(s.labels, cluster_name, our_label=our_label)
+        and is_ours(s.labels, cluster_name, our_label=our_label, lifetime=cfg.lifetime)
         for h, s in states.items()
     }
     warnings: list[str] = []
@@ -335,22 +349,47 @@ def decide_plan(
         return _plan_no_launch(cfg, states, ours, warnings)
     sshd = sshd_wanted(cfg, len(states))
     if cfg.lifetime == "per_run":
-        return _plan_per_run(
+        plan = _plan_per_run(
             cfg, states, ours, warnings, force=force, sshd=sshd, cluster_name=cluster_name
         )
-    return _plan_persistent(
-        cfg,
-        states,
-        ours,
-        warnings,
-        force=force,
-        sshd=sshd,
-        cluster_name=cluster_name,
-        reprovision=reprovision,
-        script_sha256=script_sha256,
-        config_hash=config_hash,
-        adopt=adopt,
+    else:
+        plan = _plan_persistent(
+            cfg,
+            states,
+            ours,
+            warnings,
+            force=force,
+            sshd=sshd,
+            cluster_name=cluster_name,
+            reprovision=reprovision,
+            script_sha256=script_sha256,
+            config_hash=config_hash,
+            adopt=adopt,
+        )
+    conflicts = _sshd_port_conflicts(cfg, states, plan) if sshd and not plan.refused else []
+    if conflicts:
+        return _refusal(cfg, states, ours, conflicts, plan.warnings)
+    return plan
+
+
+def _sshd_port_conflicts(
+    cfg: ContainerConfig, states: Mapping[str, HostState], plan: Plan
+) -> list[str]:
+    """Hosts where the container would start its sshd on a port already taken
+    (network host: another cluster's sshd, say), found by the probe before
+    anything starts."""
+    starting = plan.hosts("cold_start", "replace", "restart")
+    taken = {h: states[h] for h in starting if states[h].sshd_port_busy}
+    by_holder = _group(
+        (h, ", ".join(s.sshd_port_holders) or "a process that is not a cvs container")
+        for h, s in taken.items()
     )
+    return [
+        f"sshd port {cfg.sshd.port} is already in use on {_names(hosts)} by {holder}: with "
+        "`network: host` two clusters on one host need different ports: set another "
+        "`container.sshd.port` in this cluster file, or bring the other one down first"
+        for holder, hosts in by_holder.items()
+    ]
 
 
 def _plan_no_launch(
@@ -385,6 +424,22 @@ def _foreign_reason(cfg: ContainerConfig, foreign: list[str], cluster_name: str)
         "--force: remove or rename it there, choose another `container.name`, rerun with "
         "--force to replace it, or (lifetime persistent, running containers) with --adopt "
         "to take it over as it is"
+    )
+
+
+def _persistent_labelled(states: Mapping[str, HostState]) -> list[str]:
+    return [
+        h
+        for h, s in states.items()
+        if s.container not in (None, "absent") and s.labels.get(LABEL_LIFETIME) == "persistent"
+    ]
+
+
+def _persistent_reason(cfg: ContainerConfig, hosts: list[str]) -> str:
+    return (
+        f"{_label(cfg)} on {_names(hosts)} is labelled {LABEL_LIFETIME}=persistent: a per_run "
+        "cluster never removes a persistent container, not even with --force; remove it "
+        "with the persistent cluster's `cvs down --force`, or choose another `container.name`"
     )
 
 
@@ -425,6 +480,9 @@ def _plan_per_run(
 ) -> Plan:
     foreign = [h for h, s in states.items() if s.container != "absent" and not ours[h]]
     reasons: list[str] = []
+    kept = _persistent_labelled(states)
+    if kept:
+        reasons.append(_persistent_reason(cfg, kept))
     if foreign and not force:
         reasons.append(_foreign_reason(cfg, foreign, cluster_name))
     reasons += _pre_pull_tag_check(cfg, states)
@@ -586,9 +644,10 @@ def decide_down(
     if cfg.lifetime == "no_launch" and force:
         warnings.append("--force has no effect under no_launch: cvs never removes those")
     kept_foreign: list[str] = []
+    kept_persistent: list[str] = []
     for host, state in states.items():
         ours = state.container not in (None, "absent") and is_ours(
-            state.labels, cluster_name, our_label=our_label
+            state.labels, cluster_name, our_label=our_label, lifetime=cfg.lifetime
         )
         if not state.known:
             actions[host] = HostAction("none", _describe(state, ours))
@@ -598,12 +657,17 @@ def decide_down(
             actions[host] = HostAction("none", "no_launch: cvs never removes containers")
         elif cfg.lifetime == "persistent" and not force:
             actions[host] = HostAction("none", "persistent: kept (`cvs down --force` removes)")
+        elif cfg.lifetime == "per_run" and state.labels.get(LABEL_LIFETIME) == "persistent":
+            actions[host] = HostAction("none", "labelled persistent: a per_run down keeps it")
+            kept_persistent.append(host)
         elif ours or force:
             whose = "our" if ours else "foreign (--force)"
             actions[host] = HostAction("remove", f"remove {whose} {_state_word(state)} container")
         else:
             actions[host] = HostAction("none", "not created by cvs: kept (--force removes)")
             kept_foreign.append(host)
+    if kept_persistent:
+        warnings.append(_persistent_reason(cfg, kept_persistent))
     if kept_foreign:
         warnings.append(
             f"{label} on {_names(kept_foreign)} was not created by cvs for cluster "

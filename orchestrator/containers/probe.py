@@ -46,6 +46,7 @@ from typing import Any, Literal
 from orchestrator.config import ContainerConfig
 from orchestrator.containers.docker import (
     LABEL_MANAGED,
+    LABEL_SSHD_PORT,
     ContainerLimits,
     DockerOutputError,
     classify_docker_error,
@@ -87,6 +88,11 @@ class HostState:
     sshd_listening: bool | None = None  # None: not checked (not running, no /proc/net, exec failed)
     provision_marker: str | None = None  # sha256 of the script that provisioned the container
     exec_error: str | None = None  # why the in-container check could not run
+    # network host + sshd wanted, our container not running: is the sshd port
+    # taken on the host already (None: not checked), and by which cvs containers
+    # ("NAME (cluster IDENTITY)"), so a start is refused before anything runs.
+    sshd_port_busy: bool | None = None
+    sshd_port_holders: tuple[str, ...] = ()
 
     @classmethod
     def unreachable(cls, host: str, reason: str) -> HostState:
@@ -132,23 +138,31 @@ printf '@@cvs:probe 1\n'
 """.lstrip()
 
 
-def _in_container_script(sshd_port: int, marker_path: str) -> str:
+def _listen_script(port: int) -> list[str]:
+    """sh lines printing `listen yes|no|unknown`: whether anything LISTENs on `port`
+    in this network namespace (from /proc/net/tcp{,6}: no ss/netstat needed)."""
     # The port as /proc/net/tcp prints it: ":%04X" ending local_address.
-    port_hex = f":{sshd_port:04X}"
+    port_hex = f":{port:04X}"
+    return [
+        "listen=unknown",
+        "for f in /proc/net/tcp /proc/net/tcp6; do",
+        '  [ -r "$f" ] || continue',
+        '  [ "$listen" = unknown ] && listen=no',
+        # Columns: sl local_address rem_address st ...; st 0A is LISTEN.
+        "  while read -r _sl local _rem st _rest; do",
+        f'    case "$local" in *{shlex.quote(port_hex)})',
+        '      [ "$st" = 0A ] && listen=yes ;;',
+        "    esac",
+        '  done < "$f"',
+        "done",
+        'echo "listen $listen"',
+    ]
+
+
+def _in_container_script(sshd_port: int, marker_path: str) -> str:
     return "\n".join(
         [
-            "listen=unknown",
-            "for f in /proc/net/tcp /proc/net/tcp6; do",
-            '  [ -r "$f" ] || continue',
-            '  [ "$listen" = unknown ] && listen=no',
-            # Columns: sl local_address rem_address st ...; st 0A is LISTEN.
-            "  while read -r _sl local _rem st _rest; do",
-            f'    case "$local" in *{shlex.quote(port_hex)})',
-            '      [ "$st" = 0A ] && listen=yes ;;',
-            "    esac",
-            '  done < "$f"',
-            "done",
-            'echo "listen $listen"',
+            *_listen_script(sshd_port),
             f"if [ -r {shlex.quote(marker_path)} ]; then",
             "  echo marker present",
             f"  cat {shlex.quote(marker_path)}",
@@ -236,8 +250,32 @@ esac
 """.strip()
 
 
+def _port_check(sshd_port: int) -> list[str]:
+    """When our container is not running: is the sshd port taken on the host
+    (network host: the container would share it), and by which cvs container.
+    `docker ps` runs only when the port is taken, so never on the attach path."""
+    holders = [
+        "ps",
+        "--filter",
+        f"label={LABEL_SSHD_PORT}={sshd_port}",
+        "--format",
+        "{{.Names}}\t{{.Label " + json.dumps(LABEL_MANAGED) + "}}",
+    ]
+    return [
+        f"  section port sh -c {shlex.quote(chr(10).join(_listen_script(sshd_port)))}",
+        "  if grep -q '^listen yes' \"$tmp/out\"; then",
+        f'    section port_holders "$@" {shlex.join(holders)}',
+        "  fi",
+    ]
+
+
 def probe_command(
-    cfg: ContainerConfig | None, name: str, *, sshd_port: int, marker_path: str
+    cfg: ContainerConfig | None,
+    name: str,
+    *,
+    sshd_port: int,
+    marker_path: str,
+    port_check: bool = False,
 ) -> str:
     """The probe script (POSIX sh); run it on the host as `sh -c SCRIPT`.
 
@@ -245,6 +283,8 @@ def probe_command(
     On the attach path it spawns two docker processes: one `docker inspect`
     of the container and the image together (which also tells the access
     mode), and one `docker exec` for sshd liveness and the provisioning marker.
+    `port_check` (sshd wanted, network host): when the container is not
+    running, whether its sshd port is taken on the host, and by whom.
     """
     validate_container_name(name)
     if not 1 <= sshd_port <= 65535:
@@ -280,8 +320,11 @@ def probe_command(
         'if grep -q \'"Running": true\' "$tmp/out"; then',
         f'  section exec "$@" {shlex.join(exec_argv)} ||',
         f'    section marker_tar "$@" {shlex.join(cp_argv)}',
-        'elif grep -q \'"State"\' "$tmp/out"; then',
-        f'  section marker_tar "$@" {shlex.join(cp_argv)}',
+        "else",
+        '  if grep -q \'"State"\' "$tmp/out"; then',
+        f'    section marker_tar "$@" {shlex.join(cp_argv)}',
+        "  fi",
+        *(_port_check(sshd_port) if port_check else []),
         "fi",
         "printf '@@cvs:done\\n'",
     ]
@@ -453,6 +496,7 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
     inspect = tried[answered[0]]
     values: dict[str, object] = {"host": host, "docker_access": access}
     values.update(_capacity_facts(sections))  # capacity (issue 15)
+    values.update(_port_facts(sections))  # sshd port taken on the host (network host)
     try:
         objects = _inspect_objects(inspect.stdout)
     except DockerOutputError as exc:
@@ -539,6 +583,22 @@ def _image_facts(arg: str, obj: Mapping[str, Any] | None, stderr: str) -> dict[s
     except DockerOutputError as exc:
         return {"tag_error": str(exc)}
     return {"tag_image_id": info.id, "tag_repo_digests": info.repo_digests}
+
+
+def _port_facts(sections: Mapping[str, Section]) -> dict[str, object]:
+    port = sections.get("port")
+    if port is None:
+        return {}
+    words = port.stdout.split()
+    busy = {"yes": True, "no": False}.get(words[1] if words[1:2] and words[0] == "listen" else "")
+    holders: list[str] = []
+    listing = sections.get("port_holders")
+    if listing is not None and listing.rc == 0:
+        for line in listing.stdout.splitlines():
+            cname, _, cluster = line.partition("\t")
+            if cname.strip():
+                holders.append(f"{cname.strip()} (cluster {cluster.strip() or '?'})")
+    return {"sshd_port_busy": busy, "sshd_port_holders": tuple(holders)}
 
 
 def _in_container_facts(sections: Mapping[str, Section], *, running: bool) -> dict[str, object]:

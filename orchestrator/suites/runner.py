@@ -303,6 +303,7 @@ async def run_suite(
     cluster_file: str = "",
     outcome: RunOutcome | None = None,
     force: bool = False,
+    wait: bool = True,
 ) -> RunOutcome:
     """Run `suite` on `cluster`; always returns (or re-raises cancellation) with the
     outcome recorded. Pass `outcome` to keep a handle on it if the run is interrupted."""
@@ -318,12 +319,15 @@ async def run_suite(
         recorder.on_failure = stop.cancel
     try:
         async with Cluster.open(cluster, sink=sink) as fleet:
+            fleet.purpose = f"run {suite.name}"
             up_entered = False
             try:
                 with stop:
                     if managed:
                         up_entered = True
-                        report = await fleet.up(force=force, check=False)
+                        # `up` leaves every host locked shared for the steps: other
+                        # runs share the containers, nothing replaces them meanwhile.
+                        report = await fleet.up(force=force, check=False, wait=wait)
                         outcome.plan = plan_rows(report)
                         outcome.warnings.extend(getattr(report.plan, "warnings", []))
                         failure = up_failure(report)
@@ -393,7 +397,9 @@ async def _down(fleet: Cluster, outcome: RunOutcome, sink: EventSink) -> None:
     # Shielded: on Ctrl-C the run is being cancelled, and this is the part that must happen.
     with anyio.move_on_after(DOWN_TIMEOUT, shield=True) as scope:
         try:
-            _, removed = await fleet.down()
+            # Only what this run started (a run that waited for ours may have
+            # replaced it by the time we get the exclusive lock).
+            _, removed = await fleet.down(own_only=True)
         except Exception as exc:
             text = f"down failed: {type(exc).__name__}: {exc}"
             outcome.warnings.append(text)

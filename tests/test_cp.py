@@ -231,3 +231,15 @@ def test_progress_reports_every_byte_sent_to_every_host(cp_cluster: Path, tmp_pa
     results = anyio.run(main)
     assert all(r.ok for r in results.values()), results  # type: ignore[attr-defined]
     assert seen == dict.fromkeys(NODES, len(PAYLOAD))
+
+
+def test_an_unwritable_destination_fails_that_host_with_the_remote_reason(
+    cp_cluster: Path, tmp_path: Path
+) -> None:
+    # Large enough that the remote side gives up while cvs is still sending.
+    src = tmp_path / "big.bin"
+    src.write_bytes(PAYLOAD * 16)
+    proc = cvs("cp", "-c", str(cp_cluster), "--hosts", "node2", str(src), "/proc/nope/")
+    assert proc.returncode == 1, proc.stderr
+    line = next(x for x in proc.stderr.splitlines() if x.startswith("node2"))
+    assert "failed:" in line and "/proc/nope" in line, line

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import anyio
 import asyncssh
@@ -212,6 +212,24 @@ def _not_done(host: str, start: float, exc: BaseException, timeout: float) -> Ho
     return HostResult(host, "unreachable", duration=seconds, error=f"connection lost: {exc}")
 
 
+async def _send(process: Any, host: str, payload: Payload, progress: Progress | None) -> None:
+    """Stream the payload into the remote side's stdin, then EOF.
+
+    The remote side may stop reading early (DEST cannot be created, disk full):
+    the channel's stdin then closes under us. That is not a lost connection:
+    stop sending and let the exit status and stderr say what happened.
+    """
+    try:
+        for offset, length in payload.chunks():
+            process.stdin.write(payload.read(offset, length))
+            await process.stdin.drain()
+            if progress is not None:
+                progress(host, length)
+        process.stdin.write_eof()
+    except (BrokenPipeError, ConnectionResetError, asyncssh.Error):
+        return
+
+
 async def _copy_one(
     pool: SSHPool,
     host: str,
@@ -224,12 +242,7 @@ async def _copy_one(
     try:
         async with pool.held_process(host, script, encoding=None) as process:
             with anyio.fail_after(timeout):
-                for offset, length in payload.chunks():
-                    process.stdin.write(payload.read(offset, length))
-                    await process.stdin.drain()
-                    if progress is not None:
-                        progress(host, length)
-                process.stdin.write_eof()
+                await _send(process, host, payload, progress)
                 stdout = await process.stdout.read()
                 stderr = await process.stderr.read()
                 done = await process.wait()

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -243,3 +244,37 @@ def test_an_unwritable_destination_fails_that_host_with_the_remote_reason(
     assert proc.returncode == 1, proc.stderr
     line = next(x for x in proc.stderr.splitlines() if x.startswith("node2"))
     assert "failed:" in line and "/proc/nope" in line, line
+
+
+def test_a_file_that_arrives_different_never_replaces_dest(
+    cp_cluster: Path, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """What an interrupted or corrupted transfer looks like to the receiving side."""
+    import anyio
+
+    from orchestrator.api import Cluster
+    from orchestrator.config import load_cluster
+    from orchestrator.containers.copy import Payload, copy_to_hosts
+
+    in_container(sandbox, "node3", "sh", "-c", "echo old > /tmp/keep.txt")
+    src = tmp_path / "keep.txt"
+    src.write_text("new\n")
+
+    async def main() -> Any:
+        config = load_cluster(cp_cluster)
+        payload = Payload.from_path(src)
+        payload.checksums["-"] = "0" * 64  # not what will arrive
+        try:
+            async with Cluster.open(config) as cluster:
+                return await copy_to_hosts(
+                    cluster.pool, config, payload, "/tmp/keep.txt", hosts=["node3"]
+                )
+        finally:
+            payload.close()
+
+    result = anyio.run(main)["node3"]
+    assert result.status == "failed"
+    assert "not replaced" in (result.error or "")
+    assert in_container(sandbox, "node3", "cat", "/tmp/keep.txt").stdout == "old\n"
+    leftovers = in_container(sandbox, "node3", "sh", "-c", "ls -a /tmp | grep cvs-cp || true")
+    assert leftovers.stdout == ""

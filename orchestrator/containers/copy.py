@@ -49,11 +49,13 @@ class CopyError(ValueError):
     """A local source cannot be copied (missing, unreadable, an odd name). One line."""
 
 
-# The receiving side. $1 DEST, $2 the source's name, $3 file|dir, $4 mode (files).
+# The receiving side. $1 DEST, $2 the source's name, $3 file|dir, $4 mode and $5 sha256
+# (files: checked before the file takes its name, so an interrupted or corrupted copy
+# never replaces DEST).
 # `cp -r` placement: inside DEST when it is a directory (or ends with /), else as DEST.
 _RECEIVE = r"""
 set -e
-dest=$1 name=$2 kind=$3 mode=$4
+dest=$1 name=$2 kind=$3 mode=$4 want=$5
 case $dest in */) mkdir -p -- "$dest" ;; esac
 if [ -d "$dest" ]; then final=${dest%/}/$name; else final=$dest; fi
 parent=$(dirname -- "$final")
@@ -68,6 +70,12 @@ else
   tmp="$parent/.cvs-cp.$$"
   trap 'rm -f -- "$tmp"' EXIT
   cat > "$tmp"
+  got=$(sha256sum < "$tmp")
+  got=${got%% *}
+  if [ "$got" != "$want" ]; then
+    echo "$final: not replaced: what arrived has sha256 $got (incomplete?)" >&2
+    exit 1
+  fi
   chmod "$mode" "$tmp"
   mv -f -- "$tmp" "$final"
   echo "@@cvs-final:$final"
@@ -286,7 +294,9 @@ async def copy_to_hosts(
     """Copy `payload` to `dest` on every host at once (into the container unless `host_os`)."""
     if not dest or "\n" in dest or "\0" in dest:
         raise CopyError(f"bad destination {dest!r}")
-    argv = ["sh", "-c", _RECEIVE, "cvs-cp", dest, payload.source.name, payload.kind, payload.mode]
+    want = payload.checksums.get("-", "")
+    argv = ["sh", "-c", _RECEIVE, "cvs-cp", dest, payload.source.name, payload.kind]
+    argv += [payload.mode, want]
     script = _wrap(cluster, argv, host_os)
     limit = timeout if timeout is not None else cluster.ssh.command_timeout
 

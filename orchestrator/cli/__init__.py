@@ -60,9 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         leaf = _first_expected(group)
         if leaf is None:
             raise
-        return _report(args, leaf)
+        return _report(leaf, args)
     except OSError as exc:
-        return _report(args, exc)
+        return _report(exc, args)
 
 
 def _first_expected(group: BaseExceptionGroup) -> BaseException | None:
@@ -85,7 +85,7 @@ _USAGE_ERRNOS = frozenset(
 )
 
 
-def _report(args: argparse.Namespace, exc: BaseException) -> int:
+def _report(exc: BaseException, args: argparse.Namespace | None = None) -> int:
     """One line on stderr (and the result line under --json); the exit code."""
     from orchestrator.errors import CvsError, ExitCode
 

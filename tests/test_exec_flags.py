@@ -14,10 +14,11 @@ from orchestrator.suites.model import Step
 
 
 def test_exec_options_reach_docker_exec_and_the_kill_runs_as_root() -> None:
-    script, kill = container_command(
+    script, kill, stdin = container_command(
         "box", "pwd", env={"A": "1"}, user="cvsuser", workdir="/work dir", token="t"
     )
-    assert "exec -u cvsuser -w '/work dir' -e A=1 box" in script
+    assert "exec -i -u cvsuser -w '/work dir' box" in script
+    assert "A=1" not in script and stdin is not None and "export A=1" in stdin  # env over stdin
     assert "exec -u 0 box" in kill
 
 

@@ -147,6 +147,9 @@ class CvsOrchestrator:
             except BaseException:
                 loop.close()
                 raise
+            # What another invocation waiting for these hosts' locks is told.
+            suite = self._record.outcome.suite if self._record is not None else None
+            cluster.purpose = f"CVS suite {suite}" if suite else "CVS suite"
             self._loop, self._cluster, self._exit = loop, cluster, exit_handle
         return self._loop, self._cluster
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import time
 
+import pytest
 from rich.console import Console
 
 from orchestrator.events import CommandFinished, CommandStarted, ConnectFailed, OutputLine
@@ -48,3 +49,17 @@ def test_a_thousand_hosts_get_a_summary_with_failures_grouped_by_error() -> None
     assert lines[1].startswith("slowest: lo951 ")
     assert lines[2] == "50 failed: unreachable: connection refused (lo[901-950])"
     assert len(lines) == 3
+
+
+def test_up_report_for_a_large_fleet_folds_hosts_with_the_same_outcome(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from orchestrator.cli.cluster import _write_host_lines
+
+    lines = {f"lo{n}": "attach ok (probe)" for n in range(1, 1000)}
+    lines["lo1000"] = "cold FAILED at run: exit code 125"
+    _write_host_lines(lines)
+    assert capsys.readouterr().err.splitlines() == [
+        "lo[1-999] (999): attach ok (probe)",
+        "lo1000 (1): cold FAILED at run: exit code 125",
+    ]

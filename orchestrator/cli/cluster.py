@@ -187,15 +187,33 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.json:
         write_json_result(args, **report.to_dict())
         return report.exit_code
+    lines: dict[str, str] = {}
     for host, outcome in report.outcomes.items():
         if outcome.ok:
             steps = ", ".join(name for name, _ in outcome.steps) or "nothing to do"
-            sys.stderr.write(f"{host}: {outcome.action.kind} ok ({steps})\n")
+            lines[host] = f"{outcome.action.kind} ok ({steps})"
         else:
-            sys.stderr.write(f"{host}: {outcome.action.kind} FAILED at {outcome.error}\n")
+            lines[host] = f"{outcome.action.kind} FAILED at {outcome.error}"
+    _write_host_lines(lines)
     ok = sum(o.ok for o in report.outcomes.values())
     sys.stderr.write(f"up: {ok}/{len(report.outcomes)} hosts ready\n")
     return report.exit_code
+
+
+# Above this many hosts, hosts with the identical line are folded into one
+# (`node[1-998] (998): attach ok (...)`), like failures and `--group`.
+FOLD_ABOVE = 20
+
+
+def _write_host_lines(lines: dict[str, str]) -> None:
+    if len(lines) <= FOLD_ABOVE:
+        for host, text in lines.items():
+            sys.stderr.write(f"{host}: {text}\n")
+        return
+    from orchestrator.render import compress_hosts, failure_groups
+
+    for hosts, text in failure_groups(lines):
+        sys.stderr.write(f"{compress_hosts(hosts)} ({len(hosts)}): {text}\n")
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -228,10 +246,12 @@ def cmd_down(args: argparse.Namespace) -> int:
         return code
     for w in plan.warnings:
         sys.stderr.write(f"warning: {w}\n")
+    lines: dict[str, str] = {}
     for host, action in plan.actions.items():
         r = results.get(host)
         done = "" if r is None else (" ok" if r.ok else f" FAILED: {r.error}")
-        sys.stderr.write(f"{host}: {action.reason}{done}\n")
+        lines[host] = f"{action.reason}{done}"
+    _write_host_lines(lines)
     removed = [h for h, r in results.items() if r.ok]
     sys.stderr.write(
         f"down: removed on {len(removed)} host(s); "

@@ -588,7 +588,7 @@ def test_status_shows_a_row_per_host_with_the_lifecycle_columns(lab: Lab, sandbo
     bring_up(path)
     image = sandbox.image_id("node1", SSHD_TAG).removeprefix("sha256:")[:12]
 
-    status = cvs(path, "status")
+    status = cvs(path, "status", "-o", "wide")
 
     assert status.returncode == 0, explain(status)
     header, *rows = status.stdout.splitlines()

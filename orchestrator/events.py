@@ -8,11 +8,13 @@ with `JsonLinesSink` as well (see `TeeSink`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any, Literal, Protocol
 
@@ -146,7 +148,40 @@ class TeeSink:
             sink.close()
 
 
-class JsonLinesSink:
+class _PipeWriter:
+    """Writes that survive the reader going away (`cvs exec ... | head -1`).
+
+    A closed pipe never raises into the core (an exception in an SSH callback
+    would tear the connection down, and with it the tear-down): the sink stops
+    writing, points the stream at /dev/null (so the interpreter's last flush is
+    quiet too) and calls `on_broken`, which the CLI uses to stop the remote
+    commands.
+    """
+
+    on_broken: Callable[[], None] | None = None
+    broken: bool = False
+
+    def _put(self, stream: IO[str], text: str) -> None:
+        if self.broken:
+            return
+        try:
+            stream.write(text)
+            stream.flush()
+        except BrokenPipeError:
+            self.broken = True
+            _to_devnull(stream)
+            if self.on_broken is not None:
+                self.on_broken()
+
+
+def _to_devnull(stream: IO[str]) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, stream.fileno())
+        os.close(fd)
+
+
+class JsonLinesSink(_PipeWriter):
     """One JSON object per event; used for `--json` and for run directories."""
 
     def __init__(self, stream: IO[str], *, output: bool = True) -> None:
@@ -158,14 +193,15 @@ class JsonLinesSink:
         if not self.output and isinstance(event, OutputLine):
             return
         with self._lock:
-            self.stream.write(json.dumps(event.to_dict(), default=str) + "\n")
-            self.stream.flush()
+            self._put(self.stream, json.dumps(event.to_dict(), default=str) + "\n")
 
     def close(self) -> None:
-        self.stream.flush()
+        if not self.broken:
+            with contextlib.suppress(BrokenPipeError):
+                self.stream.flush()
 
 
-class PlainSink:
+class PlainSink(_PipeWriter):
     """`host | line` text: for pipes, CI logs and `NO_COLOR`."""
 
     def __init__(
@@ -179,9 +215,11 @@ class PlainSink:
     def emit(self, event: Event) -> None:
         line = self.render(event)
         if line is not None:
-            target = self.stream if isinstance(event, OutputLine) else self.err
-            target.write(line + "\n")
-            target.flush()
+            if isinstance(event, OutputLine):
+                self._put(self.stream, line + "\n")
+            else:
+                self.err.write(line + "\n")
+                self.err.flush()
 
     def render(self, event: Event) -> str | None:
         match event:
@@ -205,7 +243,9 @@ class PlainSink:
         return None
 
     def close(self) -> None:
-        self.stream.flush()
+        if not self.broken:
+            with contextlib.suppress(BrokenPipeError):
+                self.stream.flush()
 
 
 def wants_plain(stream: IO[str]) -> bool:

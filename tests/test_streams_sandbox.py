@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import pty
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -103,6 +104,22 @@ def test_exec_piped_from_a_terminal_puts_host_output_on_stdout(sandbox: Sandbox)
         os.close(primary)
     assert proc.returncode == 0
     assert sorted(proc.stdout.splitlines()) == [f"{h} | {h}" for h in NODES]
+
+
+def test_exec_into_head_stops_the_remote_commands_and_exits_quietly(sandbox: Sandbox) -> None:
+    endless = ["seq", "1", "900000000"]
+    cvs_exec = shlex.join([
+        sys.executable, "-m", "orchestrator", "exec", "-c", str(sandbox.cluster_file),
+        "--host-os", "--", shlex.join(endless),
+    ])  # fmt: skip
+    proc = subprocess.run(
+        ["bash", "-c", f"{cvs_exec} | head -1; echo cvs-exit=${{PIPESTATUS[0]}} >&2"],
+        env=cli_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.stdout.endswith(" | 1\n") and proc.stdout.count("\n") == 1, proc.stdout
+    assert "cvs-exit=130" in proc.stderr and "stdout closed" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "unreachable" not in proc.stderr, proc.stderr
+    assert wait_until(lambda: not sandbox_pids(sandbox, endless), timeout=5)
 
 
 def cpu_seconds_of(argv: list[str], *, terminal: bool) -> tuple[float, int, str]:

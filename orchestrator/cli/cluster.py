@@ -69,23 +69,32 @@ def cmd_exec(args: argparse.Namespace) -> int:
     remote: str | list[str] = command[0] if len(command) == 1 else command
     sink = make_sink(args, output=not args.group)
 
-    async def main() -> dict[str, HostResult]:
+    async def main() -> dict[str, HostResult] | None:
         async with Cluster.open(cluster_cfg, sink=sink) as cluster:
-            return await cluster.exec(
-                remote,
-                hosts=hosts,
-                timeout=args.timeout,
-                host_os=args.host_os,
-                env=env or None,
-                user=args.user,
-                workdir=args.workdir,
-                wait=not args.no_wait,
-            )
+            # Whoever reads our stdout went away (`| head -1`): stop the remote
+            # commands (cancellation kills them) instead of running on unread.
+            with anyio.CancelScope() as reader_gone:
+                if hasattr(sink, "on_broken"):
+                    sink.on_broken = reader_gone.cancel
+                return await cluster.exec(
+                    remote,
+                    hosts=hosts,
+                    timeout=args.timeout,
+                    host_os=args.host_os,
+                    env=env or None,
+                    user=args.user,
+                    workdir=args.workdir,
+                    wait=not args.no_wait,
+                )
+            return None
 
     try:
         results = anyio.run(main)
     finally:
         sink.close()
+    if results is None:
+        sys.stderr.write("cvs: stdout closed by its reader: remote commands stopped\n")
+        return ExitCode.INTERRUPTED
     code = exit_code_for(list(results.values()))
     if args.json:
         print_json_summary(args, results, code)

@@ -380,7 +380,7 @@ def test_user_visible_devices_env_never_widens_the_selected_gpus(
 
         up = cvs(path, "up")
         assert up.returncode == 0, explain(up)
-        for key in ("NVIDIA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES='3'"):
+        for key in ("NVIDIA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES ignored"):
             assert f"env {key}" in up.stderr, up.stderr  # warned about ...
         info = json.loads(docker(breakable, "node1", "inspect", lab.name))[0]
         env = [e for e in info["Config"]["Env"] if "VISIBLE_DEVICES" in e]
@@ -394,8 +394,8 @@ def test_user_visible_devices_env_never_widens_the_selected_gpus(
             if "VISIBLE_DEVICES=" in line
         }
         assert seen == {"ROCR_VISIBLE_DEVICES": "0,1", "HIP_VISIBLE_DEVICES": "1"}, ran.stdout
-        assert "env CUDA_VISIBLE_DEVICES='0,1,2,3' ignored" in ran.stderr, ran.stderr
-        assert "env ROCR_VISIBLE_DEVICES='0,1,2,3' ignored" in ran.stderr, ran.stderr
+        assert "env CUDA_VISIBLE_DEVICES ignored" in ran.stderr, ran.stderr
+        assert "env ROCR_VISIBLE_DEVICES ignored" in ran.stderr, ran.stderr
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

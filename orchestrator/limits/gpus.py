@@ -528,7 +528,8 @@ def guard_visible_devices(
             continue
         what = f"{count} selected GPU(s), numbered 0..{count - 1}" if count else "the selected GPUs"
         warnings.append(
-            f"env {key}={value!r} ignored: it could expose GPUs beyond the {what} "
+            # The name only: cvs never prints an env value (they may be secrets).
+            f"env {key} ignored: it could expose GPUs beyond the {what} "
             f"(gpus: {describe_request(request)}); cvs sets the visible devices itself"
         )
     return kept, warnings

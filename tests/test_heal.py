@@ -8,7 +8,6 @@ rotated) and restores it before it ends, also on failure. The session
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -92,7 +91,9 @@ class Lab:
         self.directory = directory
         self.name = f"cvs-heal-{uuid.uuid4().hex[:8]}"
 
-    def cluster(self, *, lifetime: str, sshd_port: int | None = None) -> Path:
+    def cluster(
+        self, *, lifetime: str, sshd_port: int | None = None, setup_script: str | None = None
+    ) -> Path:
         doc = yaml.safe_load(self.sb.cluster_file.read_text())
         doc["state_dir"] = str(self.directory / "state")
         doc["container"] = {
@@ -101,6 +102,10 @@ class Lab:
             "lifetime": lifetime,
             "sshd": {"enabled": False} if sshd_port is None else {"port": sshd_port},
         }
+        if setup_script is not None:
+            script = self.directory / "setup.sh"
+            script.write_text(setup_script)
+            doc["container"]["setup_script"] = str(script)
         path = self.directory / f"cluster-{lifetime}.yaml"
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         return path
@@ -180,57 +185,31 @@ def test_no_launch_names_the_exited_host_and_starts_nothing(lab: Lab, breakable:
 
 # --- issue 10.3: failure is loud in the API -------------------------------------
 
-LISTENER = """
-import socket, sys, time
-port = int(sys.argv[1])
-try:  # dual stack: holds the port for IPv4 and IPv6 alike
-    s = socket.socket(socket.AF_INET6)
-    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-    s.bind(("::", port))
-except OSError:
-    s = socket.socket()
-    s.bind(("0.0.0.0", port))
-s.listen()
-print("listening", flush=True)
-time.sleep(600)
+# A port taken before `up` is now refused by the probe (exit 4, nothing
+# started); a setup script failing on one host is what leaves it not ready.
+FAILS_ON_NODE2 = """#!/bin/sh
+if [ "$(hostname)" = node2 ]; then echo "no GPU driver on this node" >&2; exit 7; fi
 """
 
 
-@contextlib.contextmanager
-def port_taken(sb: Sandbox, host: str, port: int) -> Iterator[None]:
-    """Something else listens on `port` in that host's network namespace."""
-    netns = sb.host(host).netns
-    proc = subprocess.Popen(
-        ["nsenter", f"--net=/var/run/netns/{netns}", sys.executable, "-c", LISTENER, str(port)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "listening"
-        yield
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
-
-
-def test_up_raises_up_failed_with_per_host_reasons_when_sshd_cannot_bind(
+def test_up_raises_up_failed_with_per_host_reasons_when_one_host_fails_setup(
     lab: Lab, breakable: Sandbox, tmp_path: Path
 ) -> None:
-    path = lab.cluster(lifetime="per_run", sshd_port=2442)
+    path = lab.cluster(lifetime="per_run", sshd_port=2442, setup_script=FAILS_ON_NODE2)
 
     async def up(check: bool) -> Any:
         async with Cluster.open(path) as cluster:
             return await cluster.up(check=check)
 
-    with port_taken(breakable, "node2", 2442):
-        with pytest.raises(UpFailed) as info:
-            anyio.run(up, True)
-        report = anyio.run(up, False)  # check=False: the report comes back instead
+    with pytest.raises(UpFailed) as info:
+        anyio.run(up, True)
+    report = anyio.run(up, False)  # check=False: the report comes back instead
 
     error = info.value
     assert error.exit_code == 1 and isinstance(error, CvsError)
-    assert not error.report.ok and error.report.outcomes["node2"].error.startswith("sshd")
-    assert "up failed on 1 of 3 hosts (node2: sshd" in str(error), str(error)
+    node2 = error.report.outcomes["node2"]
+    assert not error.report.ok and node2.error.startswith("provision: exit code 7")
+    assert "up failed on 1 of 3 hosts (node2: provision: exit code 7)" in str(error), str(error)
     assert "\n" not in str(error)
     assert not report.ok and not report.outcomes["node2"].ok
     # per_run rolled the partial start back: nothing is left running.
@@ -240,15 +219,14 @@ def test_up_raises_up_failed_with_per_host_reasons_when_sshd_cannot_bind(
     (tmp_path / "test_uses_cluster.py").write_text(
         "def test_one(cluster):\n    pass\n\ndef test_two(cluster):\n    pass\n"
     )
-    with port_taken(breakable, "node2", 2442):
-        proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-             "--cluster-file", str(path), str(tmp_path / "test_uses_cluster.py")],
-            capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False,
-        )  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "--cluster-file", str(path), str(tmp_path / "test_uses_cluster.py")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False,
+    )  # fmt: skip
     assert proc.returncode == 1, explain(proc)
     assert "cvs: up failed (exit 1):" in proc.stdout, explain(proc)
-    assert "node2: cold_start failed at sshd" in proc.stdout, explain(proc)
+    assert "node2: cold_start failed at provision" in proc.stdout, explain(proc)
     assert "2 errors" in proc.stdout, explain(proc)
     assert "Traceback" not in proc.stdout
 

@@ -477,15 +477,7 @@ class RunRecorder:
         if self.failure is not None:
             return
         self.failure = RecordError(path, exc)
-        for _, f in self._logs.values():
-            if f is not None:
-                with contextlib.suppress(OSError):
-                    f.close()
-        self._logs.clear()
-        if self._events is not None:
-            with contextlib.suppress(OSError):
-                self._events.close()
-            self._events = None
+        self.close()
         if self.on_failure is not None:
             self.on_failure()
 
@@ -595,6 +587,7 @@ class RunRecorder:
                 _write_atomic(self.junit_path, junit_xml(outcome))
 
     def close(self) -> None:
+        """Close every open log and the event stream; errors closing are moot by now."""
         for _, f in self._logs.values():
             if f is not None:
                 with contextlib.suppress(OSError):

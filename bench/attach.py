@@ -78,8 +78,10 @@ class DockerCalls:
             return None
         return {h: p.read_text().split() if p.exists() else [] for h, p in self.logs.items()}
 
-    def since(self, before: dict[str, list[str]] | None) -> dict[str, list[str]] | None:
-        now = self.lines()
+    def since(
+        self, before: dict[str, list[str]] | None, now: dict[str, list[str]] | None = None
+    ) -> dict[str, list[str]] | None:
+        now = now if now is not None else self.lines()
         if now is None or before is None:
             return None
         return {h: now[h][len(before[h]) :] for h in now}
@@ -101,12 +103,20 @@ async def up_once(cluster: ClusterConfig) -> Any:
         return await c.up()
 
 
-async def attach_and_exec(cluster: ClusterConfig, counts: Counter[str]) -> tuple[Any, Any, dict]:
+async def down_once(cluster: ClusterConfig) -> Any:
+    async with Cluster.open(cluster) as c:
+        return await c.down(force=True)
+
+
+async def attach_and_exec(
+    cluster: ClusterConfig, counts: Counter[str], docker: DockerCalls
+) -> tuple[Any, Any, dict[str, int], dict[str, list[str]] | None]:
     async with Cluster.open(cluster) as c:
         report = await c.up()
         up_trips = dict(counts)
+        after_up = docker.lines()
         results = await c.exec("hostname")
-    return report, results, up_trips
+    return report, results, up_trips, after_up
 
 
 def measure(cluster: ClusterConfig, docker: DockerCalls, runs: int = RUNS) -> dict[str, Any]:
@@ -119,11 +129,13 @@ def measure(cluster: ClusterConfig, docker: DockerCalls, runs: int = RUNS) -> di
         before = docker.lines()
         with counting_channels(cluster) as counts:
             start = time.perf_counter()
-            report, results, up_trips = anyio.run(attach_and_exec, cluster, counts)
+            report, results, up_trips, after_up = anyio.run(
+                attach_and_exec, cluster, counts, docker
+            )
             seconds.append(time.perf_counter() - start)
-        calls = docker.since(before)
+        up_calls = docker.since(before, after_up)
+        exec_calls = docker.since(after_up)
     ok = report.ok and all(r.ok for r in results.values())
-    up_calls = {h: [c for c in cs if c != "exec"] for h, cs in (calls or {}).items()}
     return {
         "hosts": len(hosts),
         "seconds": round(statistics.median(seconds), 3),
@@ -132,10 +144,9 @@ def measure(cluster: ClusterConfig, docker: DockerCalls, runs: int = RUNS) -> di
         "runs": runs,
         "round_trips": {h: up_trips.get(h, 0) for h in hosts},
         "exec_round_trips": {h: counts.get(h, 0) - up_trips.get(h, 0) for h in hosts},
-        # The last run's docker CLI processes per host (subcommand names),
-        # the exec's `docker exec` included.
-        "docker_processes": None if calls is None else {h: len(cs) for h, cs in calls.items()},
-        "docker_up": None if calls is None else up_calls,
+        # The last run's docker CLI processes per host, by subcommand.
+        "docker_up": None if up_calls is None else {h: up_calls[h] for h in hosts},
+        "docker_exec": None if exec_calls is None else {h: exec_calls[h] for h in hosts},
         "actions": {h: o.action.kind for h, o in report.outcomes.items()},
         "hostnames": {h: r.stdout.strip() for h, r in results.items()},
         "ok": ok,
@@ -172,12 +183,12 @@ def counted_sandbox(hosts: int) -> Iterator[tuple[ClusterConfig, DockerCalls]]:
 
 def report_text(result: dict[str, Any]) -> str:
     trips = list(result["round_trips"].values())
-    procs = result["docker_processes"]
     docker = "not counted (not a sandbox)"
-    if procs is not None:
-        values = list(procs.values())
+    if result["docker_up"] is not None:
+        up = max(len(v) for v in result["docker_up"].values())
+        ex = max(len(v) for v in result["docker_exec"].values())
         example = next(iter(result["docker_up"].values()))
-        docker = f"max {max(values)} per host (up {example} + exec)"
+        docker = f"per host max {up} in up ({' + '.join(example)}), {ex} in exec"
     return (
         f"{result['hosts']:>3} hosts: attach up + exec hostname {result['seconds']:.3f} s "
         f"(median of {result['runs']}, {result['seconds_min']:.3f}..{result['seconds_max']:.3f}); "
@@ -206,7 +217,11 @@ def main() -> int:
     else:
         with counted_sandbox(max(args.sandbox_hosts)) as (cluster, docker):
             for n in args.sandbox_hosts:
-                results.append(measure(persistent(cluster, n), docker, args.runs))
+                sized = persistent(cluster, n)
+                try:
+                    results.append(measure(sized, docker, args.runs))
+                finally:
+                    anyio.run(down_once, sized)  # the next size starts from nothing
 
     for result in results:
         sys.stdout.write(json.dumps(result) + "\n" if args.json else report_text(result))

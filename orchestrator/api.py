@@ -322,7 +322,14 @@ class Cluster:
 
         async def one(host: str) -> HostResult:
             script, kill, stdin = container_command(
-                name, command, env=container_env, user=as_user, workdir=workdir
+                name,
+                command,
+                env=container_env,
+                user=as_user,
+                workdir=workdir,
+                # Known running (this Cluster's `up`, under the lock it holds):
+                # no separate running check on the host.
+                ready_via=locks.ready.get(host),
             )
             result = await self.pool.run(
                 host, script, timeout=timeout, input=stdin, label="exec", on_timeout=lambda: kill

@@ -112,7 +112,10 @@ def test_runs_share_persistent_containers_and_a_replacement_waits_naming_them(
     assert all(inspect(sandbox, h, lab.name) is None for h in TWO)
 
 
-def test_two_per_run_runs_of_one_cluster_take_turns(lab: Lab, tmp_path: Path) -> None:
+@pytest.mark.parametrize("second_starts", ["during_the_first_up", "during_the_first_steps"])
+def test_two_per_run_runs_of_one_cluster_take_turns(
+    lab: Lab, tmp_path: Path, second_starts: str
+) -> None:
     path = lab.cluster(lifetime="per_run", hosts=TWO)
     # Each run marks its container and checks, after a while, that the mark is
     # still its own: a shared or replaced container fails the step (or kills it).
@@ -121,7 +124,13 @@ def test_two_per_run_runs_of_one_cluster_take_turns(lab: Lab, tmp_path: Path) ->
     second = suite(tmp_path, "second", f"sh -c '{check}' second")
 
     a = start(path, "run", str(first), "--run-dir", str(tmp_path / "a"))
-    wait_for_holders(lab.name, TWO)
+    wait_for_holders(lab.name, TWO)  # the first run's up holds the locks
+    if second_starts == "during_the_first_steps":
+        marked = [*lab.sandbox.docker_argv("node1"), "exec", lab.name, "test", "-f", "/tmp/owner"]
+        deadline = time.monotonic() + 90
+        while subprocess.run(marked, capture_output=True).returncode != 0:
+            assert time.monotonic() < deadline, "the first run's step never started"
+            time.sleep(0.3)
     b = start(path, "run", str(second), "--run-dir", str(tmp_path / "b"))
     rc_a, out_a, err_a = finish(a)
     rc_b, out_b, err_b = finish(b)

@@ -417,6 +417,11 @@ class Lifecycle:
                 raise PolicyRefused([*plan.reasons, *beyond])
             report = await self._execute(plan, states, resources)
             await self.locks.downgrade()
+            self.locks.ready = {
+                h: docker_prefix(states[h].docker_access)  # type: ignore[arg-type]
+                for h, o in report.outcomes.items()
+                if o.ok and states[h].docker_access in ("direct", "sudo")
+            }
             return report
         except BaseException:
             await self.locks.release()

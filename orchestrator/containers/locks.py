@@ -227,6 +227,9 @@ class HostLocks:
         self.description = holder_description("cvs")
         self.mode: Mode | None = None
         self._held: dict[str, tuple[contextlib.AsyncExitStack, Any]] = {}
+        # Host -> docker prefix, for hosts whose container an `up` under these
+        # locks left running: while they are held, nothing can replace it.
+        self.ready: dict[str, list[str]] = {}
 
     @property
     def hosts(self) -> list[str]:
@@ -384,6 +387,8 @@ class HostLocks:
         """Close the holders (all, or those of `hosts`): the remote shells release."""
         chosen = [h for h in (hosts if hosts is not None else list(self._held)) if h in self._held]
         stacks = [self._held.pop(h)[0] for h in chosen]
+        for h in chosen:
+            self.ready.pop(h, None)
         if not stacks:
             return
         with anyio.CancelScope(shield=True):

@@ -20,7 +20,38 @@ __all__ = ["build_parser", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run `cvs` with `argv` (default: sys.argv[1:]); returns the exit code."""
+    """Run `cvs` with `argv` (default: sys.argv[1:]); returns the exit code.
+
+    Output to a pipe or file goes through a writer thread: a reader that stops
+    reading blocks only that thread, never the work, so the hosts' locks are
+    released when the work is done, not when the reader catches up.
+    """
+    from orchestrator.cli.common import BackgroundWriter
+
+    saved = sys.stdout, sys.stderr
+    writers = []
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if not _is_tty(stream):
+            writer = BackgroundWriter(stream)
+            setattr(sys, name, writer)
+            writers.append(writer)
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout, sys.stderr = saved
+        for writer in writers:
+            writer.drain()
+
+
+def _is_tty(stream: object) -> bool:
+    try:
+        return bool(stream.isatty())  # type: ignore[attr-defined]
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)

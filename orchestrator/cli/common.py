@@ -167,3 +167,67 @@ def print_refusal(args: argparse.Namespace, exc: PolicyRefused) -> int:
         for reason in exc.reasons:
             sys.stderr.write(f"  - {reason}\n")
     return ExitCode.REFUSED
+
+
+class BackgroundWriter:
+    """A text stream written by a thread, so a full pipe blocks that thread and
+    never the event loop: a reader that stops reading our output must not keep
+    the hosts' locks held (the work goes on and releases them; the output waits).
+
+    Bounded: past `limit` characters queued, a write waits for the thread.
+    `drain()` (at exit, after the work) writes what is left.
+    """
+
+    def __init__(self, stream: Any, limit: int = 64 << 20) -> None:
+        import collections
+        import threading
+
+        self._stream = stream
+        self._limit = limit
+        self._queue: collections.deque[str] = collections.deque()
+        self._size = 0
+        self._closed = False
+        self._cv = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="cvs-output", daemon=True)
+        self._thread.start()
+
+    def write(self, text: str) -> int:
+        with self._cv:
+            while self._size > self._limit and not self._closed:
+                self._cv.wait()
+            self._queue.append(text)
+            self._size += len(text)
+            self._cv.notify_all()
+        return len(text)
+
+    def flush(self) -> None:
+        """Nothing to wait for: the thread flushes after every chunk it writes."""
+
+    def _run(self) -> None:
+        broken = False
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                chunk = "".join(self._queue)
+                self._queue.clear()
+                self._size = 0
+                self._cv.notify_all()
+            if broken:
+                continue
+            try:
+                self._stream.write(chunk)
+                self._stream.flush()
+            except (OSError, ValueError):
+                broken = True  # the reader went away: drop the rest
+
+    def drain(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self._thread.join()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)

@@ -187,11 +187,16 @@ class BackgroundWriter:
         self._queue: collections.deque[str] = collections.deque()
         self._size = 0
         self._closed = False
+        self._error: OSError | None = None  # the write that failed (reader gone)
         self._cv = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="cvs-output", daemon=True)
         self._thread.start()
 
     def write(self, text: str) -> int:
+        if self._error is not None:
+            # The reader went away: say so to the caller (the sinks stop the
+            # run on a BrokenPipeError), in the caller's thread.
+            raise type(self._error)(*self._error.args)
         with self._cv:
             while self._size > self._limit and not self._closed:
                 self._cv.wait()
@@ -220,8 +225,10 @@ class BackgroundWriter:
             try:
                 self._stream.write(chunk)
                 self._stream.flush()
-            except (OSError, ValueError):
-                broken = True  # the reader went away: drop the rest
+            except OSError as exc:
+                broken, self._error = True, exc  # the reader went away: drop the rest
+            except ValueError:
+                broken = True
 
     def drain(self) -> None:
         with self._cv:

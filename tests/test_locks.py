@@ -266,3 +266,24 @@ def test_a_second_cluster_wanting_a_taken_sshd_port_is_refused_before_starting(
         assert inspect(sandbox, "node1", other) is None
     finally:
         subprocess.run([*sandbox.docker_argv("node1"), "rm", "-f", other], capture_output=True)
+
+
+def test_a_reader_that_stops_reading_does_not_keep_the_locks(lab: Lab) -> None:
+    path = lab.cluster(lifetime="persistent", hosts=TWO)
+    assert cvs(path, "up").returncode == 0
+    # Far more output than a pipe holds, into a pipe nobody reads yet.
+    flood = start(path, "--json", "exec", "--", "seq 300000")
+    try:
+        wait_for_holders(lab.name, TWO)
+        deadline = time.monotonic() + 90
+        while any(Path(f"/tmp/cvs-{lab.name}-{h}.lock").exists() for h in TWO):
+            assert time.monotonic() < deadline, "the exec kept its locks while its reader slept"
+            time.sleep(0.2)
+        assert flood.poll() is None  # still there: its output waits for the reader
+
+        down = cvs(path, "down", "--force", "--no-wait")
+
+        assert down.returncode == 0, explain(down)
+    finally:
+        rc, out, _ = finish(flood)
+    assert rc == 0 and out.count("\n") > 300000

@@ -174,11 +174,12 @@ class BackgroundWriter:
     never the event loop: a reader that stops reading our output must not keep
     the hosts' locks held (the work goes on and releases them; the output waits).
 
-    Bounded: past `limit` characters queued, a write waits for the thread.
+    Memory stays bounded: past `limit` characters queued, what comes next is
+    spilled to an unlinked temporary file and written from there, in order.
     `drain()` (at exit, after the work) writes what is left.
     """
 
-    def __init__(self, stream: Any, limit: int = 64 << 20) -> None:
+    def __init__(self, stream: Any, limit: int = 16 << 20) -> None:
         import collections
         import threading
 
@@ -186,6 +187,9 @@ class BackgroundWriter:
         self._limit = limit
         self._queue: collections.deque[str] = collections.deque()
         self._size = 0
+        self._spill: Any = None  # temporary file once the queue is full
+        self._spill_read = 0
+        self._spill_write = 0
         self._closed = False
         self._error: OSError | None = None  # the write that failed (reader gone)
         self._cv = threading.Condition()
@@ -198,28 +202,51 @@ class BackgroundWriter:
             # run on a BrokenPipeError), in the caller's thread.
             raise type(self._error)(*self._error.args)
         with self._cv:
-            while self._size > self._limit and not self._closed:
-                self._cv.wait()
-            self._queue.append(text)
-            self._size += len(text)
+            if self._spill is not None or self._size + len(text) > self._limit:
+                self._to_spill(text)
+            else:
+                self._queue.append(text)
+                self._size += len(text)
             self._cv.notify_all()
         return len(text)
+
+    def _to_spill(self, text: str) -> None:
+        import tempfile
+
+        if self._spill is None:
+            self._spill = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")  # noqa: SIM115 (closed by the writer thread once drained)
+            self._spill_read = self._spill_write = self._spill.tell()
+        self._spill.seek(self._spill_write)
+        self._spill.write(text)
+        self._spill_write = self._spill.tell()
+
+    def _next_chunk(self) -> str | None:
+        """What to write next, in order (queue first, then the spill); None: done."""
+        with self._cv:
+            while not self._queue and self._spill is None and not self._closed:
+                self._cv.wait()
+            if self._queue:
+                chunk = "".join(self._queue)
+                self._queue.clear()
+                self._size = 0
+                return chunk
+            if self._spill is not None:
+                self._spill.flush()
+                self._spill.seek(self._spill_read)
+                chunk = self._spill.read(1 << 20)
+                self._spill_read = self._spill.tell()
+                if self._spill_read == self._spill_write:
+                    self._spill.close()
+                    self._spill = None
+                return chunk
+            return None
 
     def flush(self) -> None:
         """Nothing to wait for: the thread flushes after every chunk it writes."""
 
     def _run(self) -> None:
         broken = False
-        while True:
-            with self._cv:
-                while not self._queue and not self._closed:
-                    self._cv.wait()
-                if not self._queue:
-                    return
-                chunk = "".join(self._queue)
-                self._queue.clear()
-                self._size = 0
-                self._cv.notify_all()
+        while (chunk := self._next_chunk()) is not None:
             if broken:
                 continue
             try:

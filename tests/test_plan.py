@@ -431,15 +431,19 @@ def host_states(draw: st.DrawFn) -> dict[str, HostState]:
         if draw(st.booleans()) and draw(st.integers(0, 9)) == 0:
             out[name] = HostState.unreachable(name, "down")
             continue
+        container = draw(CONTAINER_STATES)
+        # docker's word, consistent with the coarse state as ContainerInfo.state maps it.
+        words = {"exited": ["exited", "created"], "other": ["paused", "restarting", "dead"]}
+        status = draw(st.sampled_from(words[container])) if container in words else None
         out[name] = host(
             name,
-            draw(CONTAINER_STATES),
+            container,
             ours=draw(st.booleans()),
             image=draw(st.sampled_from([IMG_A, IMG_B, None])),
             tag=draw(st.sampled_from([IMG_A, IMG_B, None])),
             marker=draw(st.sampled_from([SHA, OTHER_SHA, None])),
             sshd=draw(st.sampled_from([True, False, None])),
-            status=draw(st.sampled_from([None, "paused", "restarting", "dead"])),
+            status=status,
             readable=draw(st.booleans()),
         )
     return out

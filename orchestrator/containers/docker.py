@@ -293,31 +293,6 @@ def parse_run_id(stdout: str) -> str | None:
     return last if _CONTAINER_ID_RE.fullmatch(last) else None
 
 
-def remove_if_made_command(
-    prefix: Sequence[str], name: str, cluster_name: str, container_id: str | None
-) -> str:
-    """Host shell text removing the container `name` only if this attempt made it.
-
-    With the ID `docker run` printed, only that container goes. Without one
-    (the run failed after creating it, or was cut short), only a container
-    carrying this cluster's label goes: a foreign container that holds the
-    name is never touched. Prints what it did.
-    """
-    if container_id is not None and not _CONTAINER_ID_RE.fullmatch(container_id):
-        raise ValueError(f"not a container ID: {container_id!r}")
-    fmt = "{{.Id}} {{index .Config.Labels " + json.dumps(LABEL_MANAGED) + "}}"
-    inspect = [*prefix, "inspect", "--type", "container", "-f", fmt, validate_container_name(name)]
-    rm = shlex.join([*prefix, "rm", "-f"])
-    return (
-        f"out=$({shlex.join(inspect)} 2>/dev/null) || {{ echo 'nothing to remove'; exit 0; }}; "
-        "id=${out%% *}; label=${out#* }; "
-        f"want={shlex.quote(container_id or '')}; cluster={shlex.quote(cluster_name)}; "
-        'if [ "$id" = "$want" ] || { [ -z "$want" ] && [ "$label" = "$cluster" ]; }; then '
-        f'{rm} "$id" >/dev/null && echo "removed $id"; '
-        'else echo "left $id: not made by this attempt"; fi'
-    )
-
-
 def rm_argv(prefix: Sequence[str], name: str) -> list[str]:
     return [*prefix, "rm", "-f", validate_container_name(name)]
 

@@ -287,3 +287,37 @@ def test_a_reader_that_stops_reading_does_not_keep_the_locks(lab: Lab) -> None:
     finally:
         rc, out, _ = finish(flood)
     assert rc == 0 and out.count("\n") > 300000
+
+
+def test_ctrl_c_during_a_cold_start_removes_only_what_this_invocation_started(
+    lab: Lab, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    # Another cluster's persistent container lives on node1 under a name of its own.
+    bystander = lab.cluster(lifetime="persistent", hosts=["node1"])
+    doc = yaml.safe_load(bystander.read_text())
+    doc["name"], doc["container"]["name"] = "bystander", f"{lab.name}-keep"
+    bystander.write_text(yaml.safe_dump(doc))
+    slow = tmp_path / "slow-setup.sh"
+    slow.write_text("#!/bin/sh\nsleep 120\n")
+    path = lab.cluster(lifetime="per_run", hosts=TWO, setup_script=str(slow))
+    try:
+        assert cvs(bystander, "up").returncode == 0
+        proc = start(path, "up")
+        deadline = time.monotonic() + 90
+        while any(inspect(sandbox, h, lab.name) is None for h in TWO):
+            assert time.monotonic() < deadline and proc.poll() is None, finish(proc)
+            time.sleep(0.2)
+
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        code, _, err = finish(proc, timeout=120)
+
+        assert code == 130, err
+        assert "Traceback" not in err, err
+        assert all(inspect(sandbox, h, lab.name) is None for h in TWO), err
+        assert inspect(sandbox, "node1", f"{lab.name}-keep") is not None
+        assert lock_dirs(lab.name) == []
+    finally:
+        subprocess.run(
+            [*sandbox.docker_argv("node1"), "rm", "-f", f"{lab.name}-keep"],
+            capture_output=True, check=False,
+        )  # fmt: skip

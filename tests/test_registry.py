@@ -4,8 +4,10 @@ htpasswd auth), cold starts that log in and pull, `pull: never`, `image_tar`,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -112,18 +114,31 @@ def test_image_tar_is_loaded_on_hosts_lacking_it(lab: Lab, image_tar: tuple[str,
         assert inspect(lab.sandbox, host, lab.name) is not None
 
 
+@contextlib.contextmanager
+def stalling_registry(address: str) -> Iterator[str]:
+    """host:port of a registry endpoint that takes connections and never answers.
+
+    Listening without accepting is enough: the kernel completes the handshake,
+    the client sends its request and waits. A real pull of the small sandbox
+    image can finish within any short timeout on an idle machine; this cannot.
+    """
+    with socket.socket() as listener:
+        listener.bind((address, 0))
+        listener.listen(16)
+        yield f"{address}:{listener.getsockname()[1]}"
+
+
 def test_pull_beyond_start_timeout_fails_that_host_and_starts_nothing(
     lab: Lab, registry: tuple[SandboxRegistry, str]
 ) -> None:
-    reg, ref = registry
-    lab.tag("node1", SSHD_TAG, ref)  # node1 has it; node2 must pull
-    credentials = {"username": reg.username, "password_file": str(reg.password_file)}
-    path = lab.cluster(
-        lifetime="persistent", hosts=TWO, image=ref, registry=credentials, start_timeout=0.3
-    )
-    up = cvs(path, "up")
+    reg, _ = registry
+    with stalling_registry(reg.address.rsplit(":", 1)[0]) as stalled:
+        ref = f"{stalled}/cvs/sshd:1"
+        lab.tag("node1", SSHD_TAG, ref)  # node1 has it; node2 must pull, and the pull hangs
+        path = lab.cluster(lifetime="persistent", hosts=TWO, image=ref, start_timeout=2)
+        up = cvs(path, "up")
     assert up.returncode == 1, explain(up)
-    assert "node2" in up.stderr and "container.start_timeout (0.3s)" in up.stderr
+    assert "node2" in up.stderr and "container.start_timeout (2s)" in up.stderr, explain(up)
     # Nothing half-started: no container on either host.
     assert all(inspect(lab.sandbox, h, lab.name) is None for h in TWO)
 

@@ -272,13 +272,25 @@ def test_bash_completes_host_names_from_the_cluster_file(tmp_path: Path) -> None
     assert exclude_words == "login"
 
 
-def test_zsh_completion_is_a_compdef_for_cvs() -> None:
+def test_zsh_completion_is_a_compdef_for_cvs(tmp_path: Path) -> None:
     proc = cvs("completion", "zsh")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("#compdef cvs")
-    if shutil.which("zsh"):
-        check = subprocess.run(["zsh", "-n"], input=proc.stdout, text=True, capture_output=True)
-        assert check.returncode == 0, check.stderr
+    if not shutil.which("zsh"):  # .ci/bootstrap installs it
+        pytest.skip("zsh is not installed")
+    check = subprocess.run(["zsh", "-n"], input=proc.stdout, text=True, capture_output=True)
+    assert check.returncode == 0, check.stderr
+    # Installed as the README says (`_cvs` first in fpath), compinit binds ours to
+    # `cvs` rather than zsh's own _cvs (for the CVS version control system).
+    (tmp_path / "_cvs").write_text(proc.stdout)
+    script = (
+        f"fpath=({tmp_path} $fpath); autoload -U compinit; compinit -u -D; "
+        "print -- ${_comps[cvs]}; whence -v _cvs"
+    )
+    loaded = subprocess.run(["zsh", "-f", "-c", script], text=True, capture_output=True)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.split("\n")[0] == "_cvs"
+    assert f"from {tmp_path}/_cvs" in loaded.stdout
 
 
 def test_status_output_yaml_on_the_sandbox(sandbox: Any) -> None:

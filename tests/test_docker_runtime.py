@@ -37,7 +37,6 @@ from orchestrator.containers.docker import (
     parse_container_inspect,
     parse_image_inspect,
     pull_argv,
-    rm_argv,
     run_argv,
     run_env_file,
     start_argv,
@@ -138,7 +137,7 @@ def test_container_name_with_shell_metacharacters_is_rejected(name: str) -> None
     cfg = ContainerConfig(image="img:1")
     with pytest.raises(ValueError, match="invalid container name"):
         run_argv(["docker"], cfg, name, {})
-    for build in (inspect_argv, start_argv, rm_argv, stop_argv):
+    for build in (inspect_argv, start_argv, stop_argv):
         with pytest.raises(ValueError):
             build(["docker"], name)
     with pytest.raises(ValueError):
@@ -206,7 +205,6 @@ def test_exec_argv_places_options_before_name_and_command() -> None:
 def test_simple_lifecycle_argvs() -> None:
     assert start_argv(["docker"], "c") == ["docker", "start", "c"]
     assert stop_argv(["docker"], "c", timeout=5) == ["docker", "stop", "-t", "5", "c"]
-    assert rm_argv(["docker"], "c") == ["docker", "rm", "-f", "c"]
     assert pull_argv(["docker"], "img:1") == ["docker", "pull", "img:1"]
     assert load_argv(["docker"], "/x/img.tar") == ["docker", "load", "-i", "/x/img.tar"]
     assert inspect_argv(["docker"], "c") == ["docker", "inspect", "--type", "container", "c"]
@@ -356,7 +354,7 @@ def test_run_argv_settings_come_back_from_docker_inspect(
         ).stdout
         assert env == HOSTILE_LINE + "\n"
     finally:
-        dockerd.run_argv(rm_argv(["docker"], "settings"))
+        dockerd.run_argv(["docker", "rm", "-f", "settings"])
 
 
 @pytestmark_real
@@ -382,7 +380,7 @@ def test_exec_argv_passes_user_env_and_stdin(dockerd: PrivateDockerd, image_id: 
         ).stdout
         assert out == "4321 x;y from-stdin\n"
     finally:
-        dockerd.run_argv(rm_argv(["docker"], "execer"))
+        dockerd.run_argv(["docker", "rm", "-f", "execer"])
 
 
 @pytestmark_real
@@ -399,7 +397,7 @@ def test_stop_then_start_keeps_the_overlay_and_rm_makes_it_absent(
     again = parse_container_inspect(dockerd.run_argv(inspect_argv(["docker"], "keeper")).stdout)
     assert again.id == stopped.id and again.state == "running"
     assert dockerd.run_argv(exec_argv(["docker"], "keeper", ["cat", "/kept"])).stdout == "kept\n"
-    dockerd.run_argv(rm_argv(["docker"], "keeper"))
+    dockerd.run_argv(["docker", "rm", "-f", "keeper"])
     gone = dockerd.run_argv(inspect_argv(["docker"], "keeper"), check=False)
     assert gone.returncode != 0
     assert classify_docker_error(gone.stderr, gone.returncode) == "not_found"

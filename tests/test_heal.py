@@ -22,6 +22,7 @@ import anyio
 import pytest
 import yaml
 from conftest import _built
+from test_lifecycle import docker, explain
 
 from orchestrator.api import Cluster, ExecFailed, UpFailed
 from orchestrator.errors import CvsError
@@ -56,19 +57,6 @@ def summary(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     found = [d for d in docs if "exit_code" in d]
     assert found, explain(proc)
     return found[-1]
-
-
-def explain(proc: subprocess.CompletedProcess[str]) -> str:
-    return f"rc {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-
-
-def docker(sb: Sandbox, host: str, *args: str, check: bool = True) -> str:
-    proc = subprocess.run(
-        [*sb.docker_argv(host), *args], capture_output=True, text=True, timeout=60
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"docker {' '.join(args)} on {host}: {proc.stderr.strip()}")
-    return proc.stdout.strip()
 
 
 def status_of(sb: Sandbox, host: str, name: str) -> tuple[str, str] | None:

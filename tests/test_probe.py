@@ -14,7 +14,7 @@ import pytest
 from private_dockerd import TEST_IMAGE, PrivateDockerd
 
 from orchestrator.config import ContainerConfig
-from orchestrator.containers.docker import managed_labels, rm_argv, run_argv
+from orchestrator.containers.docker import managed_labels, run_argv
 from orchestrator.containers.probe import (
     HostState,
     inspect_image_arg,
@@ -50,7 +50,7 @@ def run_probe(
 def container(dockerd: PrivateDockerd, image_id: str, cfg: ContainerConfig):
     dockerd.run_argv(run_argv(["docker"], cfg, "probed", managed_labels("alpha", "cfg1")))
     yield "probed"
-    dockerd.run_argv(rm_argv(["docker"], "probed"), check=False)
+    dockerd.run_argv(["docker", "rm", "-f", "probed"], check=False)
 
 
 def fake_bin(tmp_path: Path, scripts: dict[str, str], links: tuple[str, ...] = ()) -> str:

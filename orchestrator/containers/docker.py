@@ -293,10 +293,6 @@ def parse_run_id(stdout: str) -> str | None:
     return last if _CONTAINER_ID_RE.fullmatch(last) else None
 
 
-def rm_argv(prefix: Sequence[str], name: str) -> list[str]:
-    return [*prefix, "rm", "-f", validate_container_name(name)]
-
-
 def pull_argv(prefix: Sequence[str], ref: str) -> list[str]:
     return [*prefix, "pull", validate_image_ref(ref)]
 

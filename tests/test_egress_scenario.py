@@ -49,8 +49,10 @@ def test_cold_start_without_sshd_installs_it_and_the_next_up_attaches(
         "name": name,
         "lifetime": "persistent",
         "start_timeout": 800,
-        # The egress host shares this machine's network namespace: a port of our own.
-        "sshd": {"enabled": True, "port": random.randint(30000, 39000)},
+        # The egress host shares this machine's network namespace: a port of our own,
+        # below the ephemeral range (32768-60999): an outgoing connection holding the
+        # port would let sshd bind only its IPv6 listener, and IPv4 peers are refused.
+        "sshd": {"enabled": True, "port": random.randint(21000, 29000)},
         "resources": {"cpus": 1, "memory": "1Gi"},
     }
     path = tmp_path / "cluster.yaml"

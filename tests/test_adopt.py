@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-
 import pytest
 from test_plan import IMG_B, cfg, host, kinds, states
 
@@ -57,10 +55,10 @@ def test_adopt_does_not_take_a_stopped_foreign_container() -> None:
 
 
 def test_probe_reads_adoption_records() -> None:
-    body = base64.b64encode(f"{ID} my-cluster\nnot-an-id x\n".encode()).decode()
-    text = f"@@cvs:section adopted 0 b64\n{body}\n@@cvs:stderr\n\n@@cvs:end adopted\n@@cvs:done\n"
-    sections, _ = parse_sections(text)
+    sections, _ = parse_sections(f"@@cvs:adopted {ID} my-cluster\n@@cvs:done\n")
     assert _adopted_records(sections) == {ID: "my-cluster"}
+    sections, _ = parse_sections("@@cvs:adopted not-an-id x\n@@cvs:done\n")
+    assert _adopted_records(sections) == {}
 
 
 @pytest.mark.parametrize("bad", [None, "abc", "C" * 64, ID + ";x"])

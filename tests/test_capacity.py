@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.containers.probe import _capacity_facts, parse_sections
+from orchestrator.containers.probe import _CAPACITY, _capacity_facts, parse_sections
 from orchestrator.limits.capacity import fit_to_host
 from orchestrator.limits.resources import EffectiveResources
 
@@ -47,21 +51,37 @@ def test_clamped_cpus_never_exceed_the_host(request: float, count: int) -> None:
     assert (fit.warning is not None) == (request > count)
 
 
-def test_probe_capacity_section_parses() -> None:
-    import base64
-
-    body = base64.b64encode(b"cpus 96\nMemTotal:       1584906520 kB\n").decode()
-    text = f"@@cvs:section capacity 0 b64\n{body}\n@@cvs:stderr\n\n@@cvs:end capacity\n@@cvs:done\n"
-    sections, done = parse_sections(text)
+def test_probe_capacity_frame_parses() -> None:
+    sections, done = parse_sections("@@cvs:capacity 96 1584906520\n@@cvs:done\n")
     assert done
     assert _capacity_facts(sections) == {"cpu_count": 96, "memory_total": 1584906520 * 1024}
 
 
-@pytest.mark.parametrize("garbage", ["cpus\nMemTotal: lots", "cpus 0\n", ""])
+@pytest.mark.parametrize("garbage", ["- -", "0 -", "", "96", "lots 12 kB"])
 def test_unreadable_capacity_is_unknown(garbage: str) -> None:
-    import base64
-
-    body = base64.b64encode(garbage.encode()).decode()
-    text = f"@@cvs:section capacity 0 b64\n{body}\n@@cvs:stderr\n\n@@cvs:end capacity\n@@cvs:done\n"
-    sections, _ = parse_sections(text)
+    sections, _ = parse_sections(f"@@cvs:capacity {garbage}\n@@cvs:done\n")
     assert _capacity_facts(sections) == {}
+
+
+@pytest.mark.parametrize(
+    ("online", "expected"),
+    [("0", 1), ("0-1", 2), ("0-3,8-11", 8), ("0,2,4", 3)],
+)
+def test_probe_counts_online_cpus_with_builtins(online: str, expected: int, tmp_path: Path) -> None:
+    (tmp_path / "online").write_text(online + "\n")
+    script = _CAPACITY.replace("/sys/devices/system/cpu/online", str(tmp_path / "online"))
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True)
+    sections, _ = parse_sections(out.stdout)
+    assert _capacity_facts(sections)["cpu_count"] == expected
+
+
+@pytest.mark.parametrize("online", ["1-2-3", "-", "08", "0-08", "a", "", "0-9999999", "$(id)"])
+def test_malformed_online_cpus_fall_back_to_nproc_and_never_end_the_probe(
+    online: str, tmp_path: Path
+) -> None:
+    (tmp_path / "online").write_text(online + "\n")
+    script = _CAPACITY.replace("/sys/devices/system/cpu/online", str(tmp_path / "online"))
+    out = subprocess.run(["sh", "-c", script + "\necho after"], capture_output=True, text=True)
+    assert out.stdout.endswith("after\n"), out
+    sections, _ = parse_sections(out.stdout)
+    assert _capacity_facts(sections)["cpu_count"] == len(os.sched_getaffinity(0))

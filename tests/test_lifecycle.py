@@ -233,6 +233,7 @@ def test_persistent_cold_start_then_attach_keeps_container_and_costs_one_round_t
         async with Cluster.open(path, sink=sink) as cluster:
             return await cluster.up()
 
+    since = docker(sandbox, "node1", "info", "--format", "{{json .SystemTime}}").strip('"')
     report = anyio.run(attach)
     assert report.ok and report.exit_code == 0
     assert {h: o.action.kind for h, o in report.outcomes.items()} == dict.fromkeys(THREE, "attach")
@@ -240,6 +241,25 @@ def test_persistent_cold_start_then_attach_keeps_container_and_costs_one_round_t
     # Probe + decide + act with nothing to do: the locked probe is the only
     # round trip per host.
     assert dict(counts) == dict.fromkeys(THREE, 1)
+    # ... and it never entered a container (no steps: provisioned and sshd
+    # listening were known): both came from the host, the provisioning record
+    # and the container's socket table.
+    until = docker(sandbox, "node1", "info", "--format", "{{json .SystemTime}}").strip('"')
+    for host in THREE:
+        execs = docker(
+            sandbox,
+            host,
+            "events",
+            "--since",
+            since,
+            "--until",
+            until,
+            "--filter",
+            "event=exec_create",
+            "--format",
+            "{{.Action}}",
+        )
+        assert execs == "", (host, execs)
     started = [e for e in sink.events if isinstance(e, CommandStarted)]
     assert sorted((e.host, e.label) for e in started) == [(h, "held") for h in THREE]
 

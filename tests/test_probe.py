@@ -17,11 +17,13 @@ from orchestrator.config import ContainerConfig
 from orchestrator.containers.docker import managed_labels, run_argv
 from orchestrator.containers.probe import (
     HostState,
+    forget_records_command,
     inspect_image_arg,
     parse_probe_output,
     parse_sections,
     probe_command,
     probe_remote_command,
+    provision_record_command,
 )
 
 MARKER = "/etc/cvs/provisioned"
@@ -40,10 +42,20 @@ def run_probe(
     env: dict[str, str], cfg: ContainerConfig | None, name: str = "probed", **kw: str
 ) -> HostState:
     script = probe_command(cfg, name, sshd_port=PORT, marker_path=kw.get("marker", MARKER))
+    # The host's records go to this test's state directory (state_home).
+    env = {**env, "XDG_STATE_HOME": os.environ["XDG_STATE_HOME"]}
     out = subprocess.run(
         ["/bin/sh", "-c", script], env=env, capture_output=True, text=True, timeout=60
     )
     return parse_probe_output("h1", out.returncode, out.stdout, out.stderr)
+
+
+@pytest.fixture(autouse=True)
+def state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the probe reads (and the fallback writes) the host's records."""
+    home = tmp_path / "state"
+    monkeypatch.setenv("XDG_STATE_HOME", str(home))
+    return home
 
 
 @pytest.fixture
@@ -233,6 +245,141 @@ def test_remote_command_form_runs_under_any_login_shell(
     assert parse_probe_output("h1", out.returncode, out.stdout, out.stderr).container == "absent"
 
 
+def counting_docker(tmp_path: Path, env: dict[str, str]) -> tuple[dict[str, str], Path]:
+    """env whose `docker` logs each call's subcommand to the returned file."""
+    log = tmp_path / "docker.log"
+    real = shutil.which("docker")
+    path = fake_bin(tmp_path, {"docker": f'echo "$1" >> {log}\nexec {real} "$@"\n'}, ())
+    return {**env, "PATH": f"{path}:{env.get('PATH', os.defpath)}"}, log
+
+
+def calls(log: Path) -> list[str]:
+    return log.read_text().split() if log.exists() else []
+
+
+def record(state_home: Path, cid: str, sha: str = SHA) -> None:
+    env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
+    subprocess.run(["sh", "-c", provision_record_command(cid, sha)], env=env, check=True)
+
+
+def container_id(dockerd: PrivateDockerd, name: str) -> str:
+    return dockerd.docker("inspect", "--format", "{{.Id}}", name).stdout.strip()
+
+
+@pytestmark_real
+def test_attach_probe_learns_marker_and_listener_from_the_host_with_one_docker_process(
+    dockerd: PrivateDockerd, cfg: ContainerConfig, container: str, tmp_path: Path, state_home: Path
+) -> None:
+    # Provisioned by cvs (the record), no marker inside: the record is what is read.
+    record(state_home, container_id(dockerd, container))
+    dockerd.docker("exec", "-d", container, "httpd", "-f", "-p", f"127.0.0.1:{PORT}")
+    env, log = counting_docker(tmp_path, dockerd.env)
+    for _ in range(50):  # httpd -d returns before the socket is bound
+        log.unlink(missing_ok=True)
+        state = run_probe(env, cfg)
+        if state.sshd_listening:
+            break
+    assert state.container == "running"
+    assert state.provision_marker == SHA
+    assert state.sshd_listening is True
+    assert calls(log) == ["inspect"]
+
+
+@pytestmark_real
+def test_a_record_for_another_container_vouches_for_nothing(
+    dockerd: PrivateDockerd, cfg: ContainerConfig, container: str, state_home: Path
+) -> None:
+    record(state_home, "f" * 64)
+    state = run_probe(dockerd.env, cfg)
+    assert state.container == "running"
+    assert state.provision_marker is None
+
+
+@pytestmark_real
+def test_marker_found_inside_is_recorded_so_the_next_probe_stays_outside(
+    dockerd: PrivateDockerd, cfg: ContainerConfig, container: str, tmp_path: Path, state_home: Path
+) -> None:
+    dockerd.docker("exec", container, "sh", "-c", f"mkdir -p /etc/cvs && echo {SHA} > {MARKER}")
+    env, log = counting_docker(tmp_path, dockerd.env)
+    first = run_probe(env, cfg)
+    assert first.provision_marker == SHA and calls(log) == ["inspect", "exec"]
+    cid = container_id(dockerd, container)
+    assert (state_home / "cvs" / "provisioned" / cid).read_text() == SHA + "\n"
+    assert (state_home / "cvs" / "provisioned").stat().st_mode & 0o077 == 0
+    log.unlink()
+    second = run_probe(env, cfg)
+    assert second.provision_marker == SHA and second.sshd_listening is False
+    assert calls(log) == ["inspect"]
+
+
+@pytestmark_real
+def test_stopped_container_with_a_record_needs_no_docker_cp(
+    dockerd: PrivateDockerd, cfg: ContainerConfig, container: str, tmp_path: Path, state_home: Path
+) -> None:
+    record(state_home, container_id(dockerd, container))
+    dockerd.docker("stop", "-t", "0", container)
+    env, log = counting_docker(tmp_path, dockerd.env)
+    state = run_probe(env, cfg)
+    assert state.container == "exited" and state.provision_marker == SHA
+    assert calls(log) == ["inspect"]
+
+
+@pytestmark_real
+def test_sshd_listening_on_ipv6_alone_is_not_listening(
+    dockerd: PrivateDockerd, image_id: str, cfg: ContainerConfig, state_home: Path
+) -> None:
+    # Peers dial IPv4: an sshd whose IPv4 port was taken and that bound only
+    # its IPv6 socket refuses them, so it must not count as listening.
+    v6 = [
+        "--sysctl",
+        "net.ipv6.conf.all.disable_ipv6=0",
+        "--sysctl",
+        "net.ipv6.conf.lo.disable_ipv6=0",
+    ]
+    dockerd.docker(
+        "run", "-d", "--name", "probed", "--network", "none", *v6, TEST_IMAGE, "sleep", "1d"
+    )
+    try:
+        record(state_home, container_id(dockerd, "probed"))
+        dockerd.docker("exec", "-d", "probed", "httpd", "-f", "-p", f"[::1]:{PORT}")
+        tcp6 = ""
+        for _ in range(50):
+            tcp6 = dockerd.docker("exec", "probed", "cat", "/proc/net/tcp6", check=False).stdout
+            if f":{PORT:04X} " in tcp6:
+                break
+        assert f":{PORT:04X} " in tcp6, "httpd did not bind [::1]"
+        state = run_probe(dockerd.env, cfg)
+        assert state.container == "running"
+        assert state.sshd_listening is False
+    finally:
+        dockerd.docker("rm", "-f", "probed", check=False)
+
+
+def test_records_are_written_private_pruned_when_stale_and_forgotten_on_removal(
+    tmp_path: Path,
+) -> None:
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path)}
+    cid, stale = "a" * 64, "b" * 64
+    d = tmp_path / "cvs" / "provisioned"
+    d.mkdir(parents=True)
+    (d / stale).write_text(SHA + "\n")
+    os.utime(d / stale, (0, 0))
+    subprocess.run(["sh", "-c", provision_record_command(cid, SHA)], env=env, check=True)
+    assert (d / cid).read_text() == SHA + "\n"
+    assert (d / cid).stat().st_mode & 0o077 == 0
+    assert not (d / stale).exists()
+    subprocess.run(["sh", "-c", forget_records_command(cid)], env=env, check=True)
+    assert not (d / cid).exists()
+
+
+@pytest.mark.parametrize("bad", ["", "g" * 64, "a" * 63, "a" * 64 + ";rm -rf /", "$(id)"])
+def test_record_commands_refuse_anything_but_a_container_id(bad: str) -> None:
+    with pytest.raises(ValueError):
+        provision_record_command(bad, SHA)
+    with pytest.raises(ValueError):
+        forget_records_command(bad)
+
+
 # --- pure: script building and parsing --------------------------------------
 
 
@@ -244,7 +391,7 @@ def test_probe_command_rejects_unsafe_container_names(name: str) -> None:
 
 def test_probe_command_without_config_skips_the_image() -> None:
     script = probe_command(None, "c", sshd_port=PORT, marker_path=MARKER)
-    assert "image" not in script.split("section args", 1)[1].split("\n", 1)[0]
+    assert "image" not in script.split("@@cvs:args", 1)[1].split("\n", 1)[0]
     assert '"$@" inspect c ||' in script
 
 

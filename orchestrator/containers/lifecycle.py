@@ -62,6 +62,7 @@ from orchestrator.containers.plan import (
 from orchestrator.containers.probe import (
     ADOPTED_DIR,
     HostState,
+    forget_records_command,
     parse_probe_output,
     probe_command,
 )
@@ -574,7 +575,7 @@ class Lifecycle:
             if not victim or not _CONTAINER_ID_RE.fullmatch(victim):
                 outcome.fail("remove", None, f"no container ID to remove from the probe ({victim})")
                 return
-            if await self._cmd(outcome, "remove", rm_id_argv(prefix, victim)) is None:
+            if await self._cmd(outcome, "remove", remove_command(prefix, victim)) is None:
                 return
         if action.launches:
             cfg = self.cfg.model_copy(update={"devices": prepared.devices})
@@ -604,7 +605,15 @@ class Lifecycle:
         if action.provision:
             self._step(host, "provision", "started")
             r = await run_setup_script(
-                self.pool, host, prefix, self.name, self.script(), timeout=self.cfg.start_timeout
+                self.pool,
+                host,
+                prefix,
+                self.name,
+                self.script(),
+                timeout=self.cfg.start_timeout,
+                container_id=_valid_id(
+                    outcome.container_id if action.launches else state.container_id
+                ),
             )
             outcome.steps.append(("provision", r))
             if not r.ok:
@@ -686,7 +695,7 @@ class Lifecycle:
                 self._step(host, "remove", "started")
                 r = await self.pool.run(
                     host,
-                    rm_id_argv(prefix, states[host].container_id or ""),
+                    remove_command(prefix, states[host].container_id or ""),
                     stream_output=False,
                     label="remove",
                 )
@@ -737,6 +746,16 @@ def adoption_record_command(name: str, container_id: str | None, cluster_name: s
         f'printf "%s\\n" {shlex.quote(cluster_name)} > "{record}.tmp" && '
         f'mv -f "{record}.tmp" "{record}" && echo "adopted {container_id[:12]} ({name})"'
     )
+
+
+def remove_command(prefix: Sequence[str], container_id: str) -> str:
+    """`docker rm -f ID`, then the host's records of that container go too."""
+    argv = rm_id_argv(prefix, container_id)
+    return f"{shlex.join(argv)} && {forget_records_command(container_id)}"
+
+
+def _valid_id(container_id: str | None) -> str | None:
+    return container_id if container_id and _CONTAINER_ID_RE.fullmatch(container_id) else None
 
 
 def _run_failed(outcome: HostOutcome) -> bool:

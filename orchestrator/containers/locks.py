@@ -96,12 +96,12 @@ take() {
 }
 release() {
   rm -f "$info"
+  # Unlock first: a waiter takes the lock over here, and the directory stays.
   flock -u 9
-  # The last one out removes the directory, holding it exclusively and only
-  # while the path still names it.
+  # The last one out removes the directory (and stale holder lines), holding
+  # it exclusively and only while the path still names it.
   if [ "$check" = yes ] && flock -xn 9 && [ "$lock" -ef "/proc/$$/fd/9" ]; then
-    rm -f "$lock"/h.*
-    rmdir "$lock" 2>/dev/null
+    rm -rf "$lock"
   fi
 }
 if take -n; then
@@ -117,7 +117,6 @@ trap release EXIT
 trap 'exit 129' HUP
 trap 'exit 130' INT
 trap 'exit 143' TERM
-rm -f "$info" 2>/dev/null
 printf '%s\n' "$desc" > "$info" 2>/dev/null
 echo "@@cvs:lock held $mode"
 PROBE

@@ -2,23 +2,40 @@
 
 `probe_command` builds one POSIX sh script. On the host it:
 
-1. decides docker access: `docker version` works -> direct; else
-   `sudo -n docker version` works -> sudo; else none (both errors reported);
-2. with that prefix: `docker inspect --type container NAME` and
-   `docker image inspect IMAGE`;
-3. when the container exists: one `docker exec NAME sh -c …` that reports
-   whether anything LISTENs on the sshd port (from /proc/net/tcp{,6}: no
-   ss/netstat needed, and nothing like `pgrep -f` that could match itself) and
-   prints the provisioning marker. If the exec fails (container not running),
-   the marker is read with `docker cp NAME:MARKER -` instead, which works on
-   a stopped container too, so a restart knows whether it was provisioned.
+1. decides docker access: `docker inspect` works -> direct; else with
+   `sudo -n docker` -> sudo; else none (both errors reported). The socket's
+   permissions say which to try first, so no `docker version` is spent;
+2. with that prefix: one `docker inspect NAME IMAGE` (container and image
+   together);
+3. when the container exists, learns the rest from the host, without
+   entering the container (docs/design.md, "What an attach costs"):
+   - sshd liveness from the container's own socket table,
+     `/proc/PID/net/tcp` (PID from the inspect: readable by any user, and
+     the container's network namespace whatever its network mode). An IPv4
+     listener counts: peers dial the cluster's IPv4 addresses, and an sshd
+     that bound only its IPv6 socket refuses them;
+   - the provisioning record: cvs writes it on the host, keyed by the full
+     container ID, when the setup script succeeds (`provision_record_command`).
+     A new container is a new ID, so a record can never vouch for a container
+     it was not written for;
+   - the adoption record (`cvs up --adopt`), keyed the same way.
+   Only when that is not possible (no record yet, say a container provisioned
+   by another login user, or an unreadable socket table) does it fall back to
+   one `docker exec NAME sh -c …` reading the marker and the listener inside
+   the container (or `docker cp NAME:MARKER -` on a stopped one), and then
+   writes the record so the next probe does not need it.
 
-Every command's stdout and stderr come back as framed sections:
+So on the attach path the probe spawns one docker process and a handful of
+small ones (mktemp, base64, sed, grep).
+
+Facts that are one short line (`args`, `capacity`, `facts`, `adopted`,
+`record`, `listen`) come back as line frames, `@@cvs:TAG WORDS…`, built only
+from validated words. Command output comes back as framed sections:
 
     @@cvs:section NAME RC ENC      ENC is b64 (base64) or hex (od, fallback)
     <encoded stdout>
     @@cvs:stderr
-    <encoded stderr>
+    <encoded stderr>                (empty stderr: nothing)
     @@cvs:end NAME
     ...
     @@cvs:done
@@ -124,7 +141,7 @@ emit() {
   printf '@@cvs:section %s %s %s\n' "$1" "$2" "$enc"
   encode "$tmp/out"
   printf '@@cvs:stderr\n'
-  encode "$tmp/err"
+  [ -s "$tmp/err" ] && encode "$tmp/err"
   printf '@@cvs:end %s\n' "$1"
 }
 section() {
@@ -134,29 +151,29 @@ section() {
   emit "$_name" "$_rc"
   return "$_rc"
 }
-printf '@@cvs:probe 1\n'
+printf '@@cvs:probe 2\n'
 """.lstrip()
 
 
 def _listen_script(port: int) -> list[str]:
-    """sh lines printing `listen yes|no|unknown`: whether anything LISTENs on `port`
-    in this network namespace (from /proc/net/tcp{,6}: no ss/netstat needed)."""
-    # The port as /proc/net/tcp prints it: ":%04X" ending local_address.
-    port_hex = f":{port:04X}"
+    """sh lines printing `listen yes|no|unknown`: whether anything LISTENs on
+    `port` over IPv4 in this network namespace (from /proc/net/tcp: no
+    ss/netstat needed). IPv4, because peers dial IPv4 addresses: an sshd that
+    bound only its IPv6 socket (the IPv4 port taken) refuses them."""
     return [
         "listen=unknown",
-        "for f in /proc/net/tcp /proc/net/tcp6; do",
-        '  [ -r "$f" ] || continue',
-        '  [ "$listen" = unknown ] && listen=no',
-        # Columns: sl local_address rem_address st ...; st 0A is LISTEN.
-        "  while read -r _sl local _rem st _rest; do",
-        f'    case "$local" in *{shlex.quote(port_hex)})',
-        '      [ "$st" = 0A ] && listen=yes ;;',
-        "    esac",
-        '  done < "$f"',
-        "done",
+        "if [ -r /proc/net/tcp ]; then",
+        "  listen=no",
+        f"  grep -q -E {shlex.quote(_listener_pattern(port))} /proc/net/tcp && listen=yes",
+        "fi",
         'echo "listen $listen"',
     ]
+
+
+def _listener_pattern(port: int) -> str:
+    """ERE for a LISTEN line of /proc/net/tcp on `port`: `sl local rem st …`,
+    the local address ending `:%04X` (the port in hex) and st 0A (LISTEN)."""
+    return f"^ *[0-9]+: [0-9A-F]+:{port:04X} [0-9A-F]+:[0-9A-F]+ 0A "
 
 
 def _in_container_script(sshd_port: int, marker_path: str) -> str:
@@ -173,57 +190,104 @@ def _in_container_script(sshd_port: int, marker_path: str) -> str:
     )
 
 
-# --- capacity (issue 15) ----------------------------------------------------
-_CAPACITY = (
-    'n=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null); echo "cpus $n"; '
-    "grep '^MemTotal:' /proc/meminfo"
-)
+# --- capacity (issue 15): the host's online CPUs and MemTotal, from builtins ---
+_CAPACITY = r"""
+cpus=0
+if IFS= read -r _online 2>/dev/null </sys/devices/system/cpu/online; then
+  # "0-15" or "0-3,8-11": count them with builtins, no process.
+  _ifs=$IFS; IFS=,
+  for _r in $_online; do
+    _a=${_r%-*} _b=${_r#*-}
+    # Plain decimal numbers only (no sign, no leading zero): nothing here
+    # can make the arithmetic fail, which would end the shell.
+    case $_a.$_b in
+      *[!0-9.]*|.*|*.|0[0-9]*|*.0[0-9]*) cpus= ; break ;;
+    esac
+    [ ${#_a} -le 6 ] && [ ${#_b} -le 6 ] || { cpus= ; break; }
+    cpus=$((cpus + _b - _a + 1))
+  done
+  IFS=$_ifs
+else
+  cpus=
+fi
+[ -n "$cpus" ] && [ "$cpus" != 0 ] || cpus=$(nproc 2>/dev/null) || cpus=
+mem= _k=
+read -r _k mem _u 2>/dev/null </proc/meminfo
+[ "$_k" = MemTotal: ] || mem=
+case $cpus in ''|*[!0-9]*) cpus=- ;; esac
+case $mem in ''|*[!0-9]*) mem=- ;; esac
+printf '@@cvs:capacity %s %s\n' "$cpus" "$mem"
+""".strip()
 
 
 def _capacity_facts(sections: Mapping[str, Section]) -> dict[str, object]:
-    """cpu_count and memory_total from the capacity section; missing: nothing."""
+    """cpu_count and memory_total from the capacity frame (`CPUS MEMTOTAL_KB`,
+    `-` for either when the host did not say); missing: nothing."""
     section = sections.get("capacity")
     if section is None:
         return {}
+    words = section.stdout.split()
+    if len(words) != 2:
+        return {}
     out: dict[str, object] = {}
-    for line in section.stdout.splitlines():
-        words = line.split()
-        if len(words) == 2 and words[0] == "cpus" and words[1].isdigit() and int(words[1]) > 0:
-            out["cpu_count"] = int(words[1])
-        elif (
-            len(words) == 3 and words[0] == "MemTotal:" and words[1].isdigit() and words[2] == "kB"
-        ):
-            out["memory_total"] = int(words[1]) * 1024
+    if words[0].isdigit() and int(words[0]) > 0:
+        out["cpu_count"] = int(words[0])
+    if words[1].isdigit():
+        out["memory_total"] = int(words[1]) * 1024
     return out
 
 
-# --- adoption records (issue 15) ---------------------------------------------
+# --- records on the host, keyed by container ID -------------------------------
 # Docker cannot relabel a running container, so `cvs up --adopt` records
 # ownership on the host: one file per adopted container ID holding the
-# cluster's name. A record whose ID is not the container's now is ignored.
-ADOPTED_DIR = "${XDG_STATE_HOME:-$HOME/.local/state}/cvs/adopted"
-_ADOPTED = (
-    f'd={ADOPTED_DIR}; [ -d "$d" ] || exit 0; cd "$d" || exit 0; '
-    "for f in $(ls -t 2>/dev/null | head -n 200); do "
-    'case "$f" in *[!0-9a-f]*) continue ;; esac; '
-    'printf \'%s \' "$f"; head -n 1 "$f"; done'
-)
+# cluster's name. The provisioning record is the same idea for the setup
+# script's sha256, so an attach learns "provisioned" without a `docker exec`.
+# Both live in the login user's state directory; a record whose ID is not the
+# container's now is never read (the probe looks up the inspected ID only).
+STATE_DIR = "${XDG_STATE_HOME:-$HOME/.local/state}/cvs"
+ADOPTED_DIR = f"{STATE_DIR}/adopted"
+PROVISIONED_DIR = f"{STATE_DIR}/provisioned"
+_CONTAINER_ID_RE = re.compile(r"[0-9a-f]{64}")
+# Records of containers removed behind cvs's back are pruned when a record is
+# written: a record not rewritten for this long is dropped (the probe falls
+# back to the in-container marker and writes it again).
+RECORD_MAX_AGE_DAYS = 60
+
+
+def provision_record_command(container_id: str, sha256: str) -> str:
+    """Host shell text: record that `container_id` was provisioned with the
+    script `sha256` (written when the setup script succeeded). Never fails
+    the command it follows: a record that cannot be written only costs the
+    next probe a `docker exec`."""
+    if not _CONTAINER_ID_RE.fullmatch(container_id):
+        raise ValueError(f"invalid container ID {container_id!r} (64 hex digits)")
+    if not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        raise ValueError(f"not a sha256 hex digest: {sha256!r}")
+    return (
+        f'{{ d={PROVISIONED_DIR}; (umask 077; mkdir -p "$d") && '
+        f'find "$d" -type f -mtime +{RECORD_MAX_AGE_DAYS} -exec rm -f {{}} + ; '
+        f'(umask 077; printf "%s\\n" {sha256} > "$d/{container_id}"); }} 2>/dev/null; true'
+    )
+
+
+def forget_records_command(container_id: str) -> str:
+    """Host shell text: drop the records of a container cvs removed."""
+    if not _CONTAINER_ID_RE.fullmatch(container_id):
+        raise ValueError(f"invalid container ID {container_id!r} (64 hex digits)")
+    return f'rm -f "{PROVISIONED_DIR}/{container_id}" "{ADOPTED_DIR}/{container_id}"'
 
 
 def _adopted_records(sections: Mapping[str, Section]) -> dict[str, str]:
-    """container ID -> cluster name, from the adopted section."""
+    """container ID -> cluster name, from the adopted frame (`ID CLUSTER`)."""
     section = sections.get("adopted")
     if section is None:
         return {}
     out: dict[str, str] = {}
     for line in section.stdout.splitlines():
         cid, _, cluster = line.partition(" ")
-        if re.fullmatch(r"[0-9a-f]{64}", cid) and cluster.strip():
+        if _CONTAINER_ID_RE.fullmatch(cid) and cluster.strip():
             out[cid] = cluster.strip()
     return out
-
-
-# --- end capacity and adoption -----------------------------------------------
 
 
 def inspect_image_arg(image: str) -> str:
@@ -247,6 +311,76 @@ case ${DOCKER_HOST:-unix:///var/run/docker.sock} in
   unix://*) sock=${DOCKER_HOST:-unix:///var/run/docker.sock}; sock=${sock#unix://}
     if [ -S "$sock" ] && [ ! -w "$sock" ]; then order="sudo direct"; fi ;;
 esac
+""".strip()
+
+# From the inspect's (indented) JSON, the container's ID, init PID and
+# whether it runs. Only a container object has a top-level `"Id"` of 64 bare
+# hex digits (an image's is `sha256:…`), a `"Pid"` number and a `"Running"`
+# boolean: label keys and values are JSON strings, so they cannot match.
+# Without sed, only "running" is learnt (grep), and the in-container check
+# below does the rest.
+_FACTS = r"""
+cid= pid= running=
+if sed -n -e 's/^ *"Id": "\([0-9a-f]*\)",$/id \1/p' -e 's/^ *"Pid": \([0-9]*\),$/pid \1/p' \
+    -e 's/^ *"Running": \([a-z]*\),$/running \1/p' "$tmp/out" >"$tmp/facts" 2>/dev/null; then
+  while read -r _k _v; do
+    case $_k in
+      id) [ -n "$cid" ] || cid=$_v ;;
+      pid) [ -n "$pid" ] || pid=$_v ;;
+      running) [ -n "$running" ] || running=$_v ;;
+    esac
+  done <"$tmp/facts"
+elif grep -q '"Running": true' "$tmp/out"; then
+  running=true
+fi
+case $cid in *[!0-9a-f]*) cid= ;; esac
+[ ${#cid} -eq 64 ] || cid=
+case $pid in ''|0|*[!0-9]*) pid= ;; esac
+[ "$running" = true ] || running=
+printf '@@cvs:facts %s %s %s\n' "${cid:--}" "${pid:--}" "${running:-no}"
+rec=
+if [ -n "$cid" ]; then
+  st=STATE_DIR
+  if [ -r "$st/adopted/$cid" ] && IFS= read -r _who <"$st/adopted/$cid"; then
+    [ -n "$_who" ] && printf '@@cvs:adopted %s %s\n' "$cid" "$_who"
+  fi
+  if [ -r "$st/provisioned/$cid" ]; then
+    read -r rec _rest <"$st/provisioned/$cid"
+    case $rec in *[!0-9a-f]*) rec= ;; esac
+    [ ${#rec} -eq 64 ] || rec=
+    [ -n "$rec" ] && printf '@@cvs:record %s %s\n' "$cid" "$rec"
+  fi
+fi
+""".strip().replace("STATE_DIR", STATE_DIR)
+
+
+def _host_listen_script(port: int) -> str:
+    """sh text: when the container runs and its socket table is readable,
+    `listen` says whether sshd listens (see _listen_script), from the host."""
+    return "\n".join(
+        [
+            "listen=",
+            'if [ -n "$running" ] && [ -n "$pid" ] && [ -r "/proc/$pid/net/tcp" ]; then',
+            "  listen=no",
+            f'  grep -q -E {shlex.quote(_listener_pattern(port))} "/proc/$pid/net/tcp" '
+            "&& listen=yes",
+            '  printf \'@@cvs:listen %s %s\\n\' "$cid" "$listen"',
+            "fi",
+        ]
+    )
+
+
+# After the in-container fallback found the marker, write the record so the
+# next probe needs no `docker exec` (the marker's first word, a sha256).
+_RECORD_FROM_EXEC = r"""
+if [ -n "$cid" ]; then
+  { read -r _l; read -r _m1 _m2; read -r _sha _rest; } <"$tmp/out"
+  case $_sha in *[!0-9a-f]*) _sha= ;; esac
+  if [ "$_m2" = present ] && [ ${#_sha} -eq 64 ]; then
+    ( umask 077; mkdir -p "$st/provisioned" &&
+      printf '%s\n' "$_sha" >"$st/provisioned/$cid" ) 2>/dev/null
+  fi
+fi
 """.strip()
 
 
@@ -280,9 +414,9 @@ def probe_command(
     """The probe script (POSIX sh); run it on the host as `sh -c SCRIPT`.
 
     `cfg` None probes docker access and the container only (no image tag).
-    On the attach path it spawns two docker processes: one `docker inspect`
-    of the container and the image together (which also tells the access
-    mode), and one `docker exec` for sshd liveness and the provisioning marker.
+    On the attach path it spawns one docker process, `docker inspect` of the
+    container and the image together (which also tells the access mode); the
+    sshd listener and the provisioning state come from the host (module doc).
     `port_check` (sshd wanted, network host): when the container is not
     running, whether its sshd port is taken on the host, and by whom.
     """
@@ -294,6 +428,8 @@ def probe_command(
     targets = [name]
     if cfg is not None:
         targets.append(inspect_image_arg(image_inspect_argv([], cfg.image)[-1]))
+    if any(not t or any(c.isspace() for c in t) for t in targets):
+        raise ValueError(f"cannot probe {targets!r}: a name holds white space")
     inspect = shlex.join(["inspect", *targets])
     # The docker prefix lives in "$@" (set below), so each docker call is
     # `"$@" <quoted argv…>` and nothing user-supplied is ever unquoted.
@@ -302,11 +438,8 @@ def probe_command(
     lines = [
         _PRELUDE,
         _ACCESS_ORDER,
-        f"section args printf '%s\\n' {shlex.join(targets)}",
-        # capacity (issue 15): the host's CPU count and MemTotal, no docker needed
-        f"section capacity sh -c {shlex.quote(_CAPACITY)}",
-        # adoption records (issue 15): containers `cvs up --adopt` took over here
-        f"section adopted sh -c {shlex.quote(_ADOPTED)}",
+        f"printf '@@cvs:args %s\\n' {shlex.quote(' '.join(targets))}",
+        _CAPACITY,
         "via=",
         "for m in $order; do",
         '  if [ "$m" = direct ]; then set -- docker; else set -- sudo -n docker; fi',
@@ -317,11 +450,18 @@ def probe_command(
         "  fi",
         "done",
         "[ -n \"$via\" ] || { printf '@@cvs:done\\n'; exit 0; }",
-        'if grep -q \'"Running": true\' "$tmp/out"; then',
-        f'  section exec "$@" {shlex.join(exec_argv)} ||',
-        f'    section marker_tar "$@" {shlex.join(cp_argv)}',
+        _FACTS,
+        'if [ -n "$running" ]; then',
+        _host_listen_script(sshd_port),
+        '  if [ -z "$rec" ] || [ -z "$listen" ]; then',
+        f'    if section exec "$@" {shlex.join(exec_argv)}; then',
+        _RECORD_FROM_EXEC,
+        "    else",
+        f'      section marker_tar "$@" {shlex.join(cp_argv)}',
+        "    fi",
+        "  fi",
         "else",
-        '  if grep -q \'"State"\' "$tmp/out"; then',
+        '  if [ -z "$rec" ] && { [ -n "$cid" ] || grep -q \'"State"\' "$tmp/out"; }; then',
         f'    section marker_tar "$@" {shlex.join(cp_argv)}',
         "  fi",
         *(_port_check(sshd_port) if port_check else []),
@@ -356,6 +496,10 @@ class Section:
     @property
     def stderr(self) -> str:
         return self.err.decode("utf-8", errors="replace")
+
+
+# One-line facts the script prints as `@@cvs:TAG WORDS…` (see the module doc).
+LINE_FRAMES = frozenset({"args", "capacity", "facts", "adopted", "record", "listen"})
 
 
 class ProbeOutputError(ValueError):
@@ -406,6 +550,9 @@ def parse_sections(stdout: str) -> tuple[dict[str, Section], bool]:
             current = None
         elif tag == "done" and current is None:
             done = True
+        elif tag in LINE_FRAMES and current is None:
+            rest = line[len(FRAME) + len(tag) :].strip()
+            sections[tag] = Section(tag, 0, rest.encode(), b"")
         elif tag == "probe" and current is None:
             pass
         else:
@@ -540,7 +687,9 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
         started_at=cinfo.started_at,
         host_config=cinfo.limits,
     )
-    values.update(_in_container_facts(sections, running=cinfo.state == "running"))
+    values.update(
+        _in_container_facts(sections, running=cinfo.state == "running", container_id=cinfo.id)
+    )
     return HostState(**values)  # type: ignore[arg-type]
 
 
@@ -601,24 +750,45 @@ def _port_facts(sections: Mapping[str, Section]) -> dict[str, object]:
     return {"sshd_port_busy": busy, "sshd_port_holders": tuple(holders)}
 
 
-def _in_container_facts(sections: Mapping[str, Section], *, running: bool) -> dict[str, object]:
+def _host_record(sections: Mapping[str, Section], tag: str, container_id: str | None) -> str | None:
+    """The value of line frame `tag` (`ID VALUE`) when it is about `container_id`."""
+    section = sections.get(tag)
+    if section is None or container_id is None:
+        return None
+    words = section.stdout.split()
+    return words[1] if len(words) == 2 and words[0] == container_id else None
+
+
+def _in_container_facts(
+    sections: Mapping[str, Section], *, running: bool, container_id: str | None
+) -> dict[str, object]:
+    """sshd liveness and the provisioning marker: from the host's records and
+    the container's socket table when the probe had them, else from the
+    in-container check (`exec`) or the marker copied out (`marker_tar`)."""
     facts: dict[str, object] = {}
+    listen = _host_record(sections, "listen", container_id) if running else None
+    record = _host_record(sections, "record", container_id)
+    if listen in ("yes", "no"):
+        facts["sshd_listening"] = listen == "yes"
+    if record is not None and _SHA256_RE.match(record):
+        facts["provision_marker"] = record
     ex = sections.get("exec")
     if ex is not None and ex.rc == 0 and running:
         lines = ex.stdout.splitlines()
-        listen = lines[0].split() if lines else []
+        words = lines[0].split() if lines else []
         marker = lines[1].split() if len(lines) > 1 else []
-        if listen[:1] != ["listen"] or marker[:1] != ["marker"]:
+        if words[:1] != ["listen"] or marker[:1] != ["marker"]:
             facts["exec_error"] = "unexpected output from the in-container check"
             return facts
-        facts["sshd_listening"] = {"yes": True, "no": False}.get(listen[1] if listen[1:] else "")
-        if marker[1:] == ["present"]:
+        if "sshd_listening" not in facts:
+            facts["sshd_listening"] = {"yes": True, "no": False}.get(words[1] if words[1:] else "")
+        if marker[1:] == ["present"] and "provision_marker" not in facts:
             facts["provision_marker"] = _marker_value("\n".join(lines[2:]))
         return facts
     if ex is not None and ex.rc != 0 and running:
         facts["exec_error"] = _first_line(ex.stderr) or f"docker exec exited {ex.rc}"
     tar = sections.get("marker_tar")
-    if tar is not None and tar.rc == 0:
+    if tar is not None and tar.rc == 0 and "provision_marker" not in facts:
         facts["provision_marker"] = _marker_from_tar(tar.out)
     return facts
 

@@ -15,8 +15,8 @@ next `cvs up` provisions again instead of attaching to a half-built
 container. `probe.py` reads the marker back from MARKER_PATH.
 
 sshd: the files are installed, then sshd is left alone if its pidfile names a
-live sshd AND something listens on the port (read from /proc/net/tcp{,6}; no
-`pgrep -f` that could match the check itself); otherwise it is (re)started
+live sshd AND something listens on the port over IPv4 (read from
+/proc/net/tcp; no `pgrep -f` that could match the check itself); otherwise it is (re)started
 and must be listening within a few seconds. The report has `sshd: started` or
 `sshd: already running`, and `sshd-pid N`.
 """
@@ -37,6 +37,7 @@ from orchestrator.config.loader import read_default_setup_script
 from orchestrator.config.model import CONTAINER_USER_RE
 from orchestrator.containers import mpi
 from orchestrator.containers.docker import exec_argv
+from orchestrator.containers.probe import provision_record_command
 from orchestrator.results import HostResult
 from orchestrator.ssh.keys import ClusterKeys
 
@@ -214,17 +215,26 @@ async def run_setup_script(
     script: SetupScript,
     *,
     timeout: float | None = None,
+    container_id: str | None = None,
 ) -> HostResult:
     """Deliver and run `script` in the container; the marker is written only on success.
+
+    With `container_id`, success also leaves the provisioning record on the
+    host (`probe.provision_record_command`), in the same round trip: the
+    next probe then knows without a `docker exec`.
 
     The result carries the script's output (stdout/stderr) for the run log;
     `result.tail()` is what to show for a failing host.
     """
     argv = setup_argv(prefix, container, script.sha256)
+    command: str | list[str] = argv
+    if container_id is not None:
+        record = provision_record_command(container_id, script.sha256)
+        command = f"{shlex.join(argv)} && {{ {record}; }}"
     kill = exec_argv(prefix, container, ["sh", "-c", _SETUP_KILL], user=ROOT)
     return await pool.run(
         host,
-        argv,
+        command,
         timeout=timeout,
         input=setup_payload(script.content),
         label="setup",
@@ -362,13 +372,15 @@ for who in root "$user"; do
   fi
 done
 
+# Over IPv4 (tcp6 only where there is no IPv4 table): peers dial IPv4
+# addresses, and an sshd whose IPv4 port was taken binds IPv6 alone.
 listening() {{
-  for f in /proc/net/tcp /proc/net/tcp6; do
-    [ -r "$f" ] || continue
-    while read -r _sl local _rem st _rest; do
-      case "$local" in *":$port_hex") [ "$st" = 0A ] && return 0 ;; esac
-    done < "$f"
-  done
+  f=/proc/net/tcp
+  [ -r "$f" ] || f=/proc/net/tcp6
+  [ -r "$f" ] || return 1
+  while read -r _sl local _rem st _rest; do
+    case "$local" in *":$port_hex") [ "$st" = 0A ] && return 0 ;; esac
+  done < "$f"
   return 1
 }}
 pid_alive() {{

@@ -325,6 +325,29 @@ def test_stopped_container_with_a_record_needs_no_docker_cp(
 
 
 @pytestmark_real
+def test_a_pid_that_is_not_the_containers_is_not_trusted_for_the_listener(
+    dockerd: PrivateDockerd, cfg: ContainerConfig, container: str, tmp_path: Path, state_home: Path
+) -> None:
+    # A login in another PID namespace than dockerd's sees some other process
+    # under docker's PID: here docker says PID 1, the host's init, whose socket
+    # table is not the container's. The check inside the container answers.
+    record(state_home, container_id(dockerd, container))
+    log = tmp_path / "docker.log"
+    real = shutil.which("docker")
+    lying = (
+        f'echo "$1" >> {log}\n'
+        f'if [ "$1" = inspect ]; then {real} "$@" | sed \'s/"Pid": [0-9]*,/"Pid": 1,/\'; exit; fi\n'
+        f'exec {real} "$@"\n'
+    )
+    path = fake_bin(tmp_path, {"docker": lying}, ())
+    env = {**dockerd.env, "PATH": f"{path}:{dockerd.env.get('PATH', os.defpath)}"}
+    state = run_probe(env, cfg)
+    assert state.container == "running" and state.provision_marker == SHA
+    assert state.sshd_listening is False
+    assert calls(log) == ["inspect", "exec"]
+
+
+@pytestmark_real
 def test_sshd_listening_on_ipv6_alone_is_not_listening(
     dockerd: PrivateDockerd, image_id: str, cfg: ContainerConfig, state_home: Path
 ) -> None:

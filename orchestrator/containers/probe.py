@@ -356,11 +356,19 @@ fi
 
 def _host_listen_script(port: int) -> str:
     """sh text: when the container runs and its socket table is readable,
-    `listen` says whether sshd listens (see _listen_script), from the host."""
+    `listen` says whether sshd listens (see _listen_script), from the host.
+
+    The PID is docker's, in dockerd's PID namespace: only when /proc/PID is
+    that container here (its cgroup path holds the container ID) is its
+    socket table read; otherwise (a login in another PID namespace, the PID
+    gone and reused) the in-container check answers instead."""
     return "\n".join(
         [
             "listen=",
-            'if [ -n "$running" ] && [ -n "$pid" ] && [ -r "/proc/$pid/net/tcp" ]; then',
+            'if [ -n "$running" ] && [ -n "$pid" ] && [ -n "$cid" ] &&',
+            '    IFS= read -r _cg 2>/dev/null <"/proc/$pid/cgroup" &&',
+            '    case $_cg in *"$cid"*) true ;; *) false ;; esac &&',
+            '    [ -r "/proc/$pid/net/tcp" ]; then',
             "  listen=no",
             f'  grep -q -E {shlex.quote(_listener_pattern(port))} "/proc/$pid/net/tcp" '
             "&& listen=yes",

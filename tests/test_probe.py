@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -245,11 +246,19 @@ def test_remote_command_form_runs_under_any_login_shell(
     assert parse_probe_output("h1", out.returncode, out.stdout, out.stderr).container == "absent"
 
 
-def counting_docker(tmp_path: Path, env: dict[str, str]) -> tuple[dict[str, str], Path]:
-    """env whose `docker` logs each call's subcommand to the returned file."""
+def counting_docker(
+    tmp_path: Path, env: dict[str, str], *, inspect_sed: str | None = None
+) -> tuple[dict[str, str], Path]:
+    """env whose `docker` logs each call's subcommand to the returned file
+    (and passes what `docker inspect` prints through `sed inspect_sed`)."""
     log = tmp_path / "docker.log"
     real = shutil.which("docker")
-    path = fake_bin(tmp_path, {"docker": f'echo "$1" >> {log}\nexec {real} "$@"\n'}, ())
+    body = f'echo "$1" >> {log}\n'
+    if inspect_sed is not None:
+        body += (
+            f'if [ "$1" = inspect ]; then {real} "$@" | sed {shlex.quote(inspect_sed)}; exit; fi\n'
+        )
+    path = fake_bin(tmp_path, {"docker": body + f'exec {real} "$@"\n'}, ())
     return {**env, "PATH": f"{path}:{env.get('PATH', os.defpath)}"}, log
 
 
@@ -332,15 +341,7 @@ def test_a_pid_that_is_not_the_containers_is_not_trusted_for_the_listener(
     # under docker's PID: here docker says PID 1, the host's init, whose socket
     # table is not the container's. The check inside the container answers.
     record(state_home, container_id(dockerd, container))
-    log = tmp_path / "docker.log"
-    real = shutil.which("docker")
-    lying = (
-        f'echo "$1" >> {log}\n'
-        f'if [ "$1" = inspect ]; then {real} "$@" | sed \'s/"Pid": [0-9]*,/"Pid": 1,/\'; exit; fi\n'
-        f'exec {real} "$@"\n'
-    )
-    path = fake_bin(tmp_path, {"docker": lying}, ())
-    env = {**dockerd.env, "PATH": f"{path}:{dockerd.env.get('PATH', os.defpath)}"}
+    env, log = counting_docker(tmp_path, dockerd.env, inspect_sed='s/"Pid": [0-9]*,/"Pid": 1,/')
     state = run_probe(env, cfg)
     assert state.container == "running" and state.provision_marker == SHA
     assert state.sshd_listening is False

@@ -326,6 +326,37 @@ def test_dockerd_socket_gone_is_reported_per_host_without_traceback(
     assert run_in.returncode == 1 and "node3" in run_in.stdout + run_in.stderr, explain(run_in)
 
 
+def test_status_exits_1_naming_the_host_whose_dockerd_is_down(lab: Lab, breakable: Sandbox) -> None:
+    path = lab.cluster(lifetime="persistent")  # no container anywhere: absent is no error
+    breakable.stop_dockerd("node3")
+    try:
+        status = cvs(path, "status")
+    finally:
+        breakable.start_dockerd("node3")
+
+    assert status.returncode == 1, explain(status)
+    named = [line.split(":")[0] for line in status.stderr.splitlines()]
+    assert named == ["node3"], explain(status)
+    assert "node3: docker daemon not reachable" in status.stderr
+    assert [line.split()[0] for line in status.stdout.splitlines()[1:]] == THREE  # every row
+
+
+def test_status_exits_3_when_a_host_is_unreachable_even_with_another_dockerd_down(
+    lab: Lab, breakable: Sandbox
+) -> None:
+    path = lab.cluster(lifetime="persistent")
+    breakable.stop_sshd("node1")
+    breakable.stop_dockerd("node3")
+    try:
+        status = cvs(path, "status")
+    finally:
+        breakable.start_sshd("node1")
+        breakable.start_dockerd("node3")
+
+    assert status.returncode == 3, explain(status)  # the worst wins
+    assert "node1: " in status.stderr and "node3: docker daemon not reachable" in status.stderr
+
+
 # --- issue 10.4: user env never widens the GPU subset -------------------------------
 
 

@@ -569,6 +569,18 @@ def test_login_user_without_docker_access_gets_a_per_host_error_naming_the_fix(
     assert identities(sandbox, THREE, lab.name) == dict.fromkeys(THREE)
 
 
+def test_status_exits_1_naming_every_host_when_the_login_user_has_no_docker_access(
+    lab: Lab,
+) -> None:
+    path = lab.cluster(lifetime="per_run", user=NO_DOCKER_USER)
+
+    status = cvs(path, "status")
+
+    assert status.returncode == 1, explain(status)
+    for host in THREE:
+        assert f"{host}: no docker access" in status.stderr, explain(status)
+
+
 # --- 10. legacy keys -------------------------------------------------------------
 
 
@@ -620,6 +632,19 @@ def test_status_shows_a_row_per_host_with_the_lifecycle_columns(lab: Lab, sandbo
         [h, "yes", "direct", "running", image, image, "no", "off"]
         for h in THREE
     ]
+
+
+def test_status_exits_0_when_containers_are_absent_or_stopped(lab: Lab, sandbox: Sandbox) -> None:
+    path = lab.cluster(lifetime="per_run")
+    bring_up(path)
+    docker(sandbox, "node1", "stop", "-t", "1", lab.name)
+    docker(sandbox, "node2", "rm", "-f", lab.name)
+
+    rc, status = cvs_json(path, "status")
+
+    assert rc == 0 and status["ok"] is True, status
+    states = {host: row["state"] for host, row in status["hosts"].items()}
+    assert states == {"node1": "exited", "node2": "absent", "node3": "running"}
 
 
 # --- the benchmark script ---------------------------------------------------------

@@ -272,9 +272,11 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from orchestrator.containers.status import status_exit_code
+
     output = getattr(args, "output", None) or ("json" if args.json else "table")
     rows = run_with_cluster(args, lambda c: c.status())
-    code = ExitCode.UNREACHABLE if any(not r.reachable for r in rows) else ExitCode.OK
+    code = status_exit_code(rows)
     if output in ("json", "yaml"):
         # Keyed by host, like every other subcommand's `hosts`.
         hosts = {r.host: r.to_dict() for r in rows}

@@ -293,9 +293,15 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="table of hosts: container, image, sshd, provisioning, drift",
         description="Probe every host and show reachability, docker access, container state, "
-        "image and tag IDs (stale?), sshd, provisioning marker, effective limits and drift. "
-        "Exit 3 when a host is unreachable.",
-        epilog="example: cvs status -o wide          # also limits, provisioning and drift\n"
+        "image and tag IDs (stale?), sshd, provisioning marker, effective limits and drift.",
+        epilog="exit codes (the worst that applies):\n"
+        "  0  every host probed; an absent or stopped container is a state, not an error\n"
+        "  1  a host was reached but its docker state is unknown: daemon down, no docker\n"
+        "     access, docker not installed, unreadable probe output (`HOST: reason` on\n"
+        "     stderr; the row's error with -o json/yaml)\n"
+        "  3  a host was not reachable over SSH\n"
+        "\n"
+        "example: cvs status -o wide          # also limits, provisioning and drift\n"
         "         cvs status -o json | jq '.hosts[] | select(.state != \"running\")'",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

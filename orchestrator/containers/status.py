@@ -6,13 +6,14 @@ table (render.print_status) or, with `--json`, as `HostStatus.to_dict()`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
 from orchestrator.containers.docker import LABEL_CONFIG_HASH, container_limits_drift, short_id
 from orchestrator.containers.probe import HostState
+from orchestrator.errors import ExitCode
 from orchestrator.limits.resources import EffectiveResources
 
 SshdState = Literal["listening", "down", "off", "unknown"]
@@ -100,6 +101,18 @@ def host_status(
         drift=tuple(drift),
         error=state.error,
     )
+
+
+def status_exit_code(rows: Sequence[HostStatus]) -> ExitCode:
+    """What `cvs status` exits with, the worst that applies: UNREACHABLE when a host
+    was not reached, FAILED when one was reached but the probe could not tell its
+    docker state (daemon down, no docker access, docker not installed, unreadable
+    output), else OK. A container that is absent or stopped is a state, not a failure."""
+    if any(not r.reachable for r in rows):
+        return ExitCode.UNREACHABLE
+    if any(r.error is not None for r in rows):
+        return ExitCode.FAILED
+    return ExitCode.OK
 
 
 def _short_or_dash(image_id: str | None) -> str:

@@ -1,0 +1,56 @@
+"""`cvs status`'s exit code from the probed hosts (pure): the worst that applies.
+
+The same cases against the real sandbox (a dockerd stopped, an sshd stopped, no
+docker access, containers absent or stopped) are in tests/test_heal.py and
+tests/test_lifecycle.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.containers.probe import HostState, parse_probe_output
+from orchestrator.containers.status import HostStatus, host_status, status_exit_code
+from orchestrator.errors import ExitCode
+from orchestrator.limits.resources import EffectiveResources
+
+
+def row(state: HostState) -> HostStatus:
+    return host_status(
+        state,
+        resources=EffectiveResources(),
+        sshd_wanted=False,
+        script_sha256="a" * 64,
+        config_hash="h",
+    )
+
+
+HEALTHY = HostState(host="node1", docker_access="direct", container="running")
+
+
+@pytest.mark.parametrize("container", ["running", "exited", "other", "absent"])
+def test_a_container_in_any_state_docker_reported_exits_0(container: str) -> None:
+    state = HostState(host="node2", docker_access="sudo", container=container)  # type: ignore[arg-type]
+    assert status_exit_code([row(HEALTHY), row(state)]) == ExitCode.OK
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        HostState(host="node2", error="docker daemon not reachable", error_kind="daemon_down"),
+        HostState(host="node2", docker_access="none", error="no docker", error_kind="no_docker"),
+        HostState(host="node2", docker_access="none", error="no access", error_kind="no_access"),
+        parse_probe_output("node2", 0, "@@cvs:probe 2\nnot a frame\n", ""),
+    ],
+    ids=["daemon_down", "no_docker", "no_access", "garbled"],
+)
+def test_a_reached_host_whose_docker_state_is_unknown_exits_1(state: HostState) -> None:
+    assert state.reachable and not state.known  # what the probe makes of it
+    assert status_exit_code([row(HEALTHY), row(state)]) == ExitCode.FAILED
+
+
+def test_an_unreachable_host_exits_3_even_next_to_a_dockerd_down() -> None:
+    unreachable = HostState.unreachable("node2", "connection refused")
+    down = HostState(host="node3", error="docker daemon not reachable", error_kind="daemon_down")
+    rows = [row(HEALTHY), row(unreachable), row(down)]
+    assert status_exit_code(rows) == ExitCode.UNREACHABLE

@@ -79,6 +79,22 @@ def containers_up(cluster_file: Path) -> Iterator[None]:
         assert down.returncode == 0, down.stderr
 
 
+def leftover_pidfiles(sandbox: Sandbox, name: str) -> list[str]:
+    """`HOST: FILE` for every exec pidfile in container `name`'s /tmp (listed with
+    plain `docker exec`: a `cvs exec` would leave its own there while it runs)."""
+    found: list[str] = []
+    for host in NODES:
+        listing = subprocess.run(
+            [*sandbox.docker_argv(host), "exec", name, "ls", "-A", "/tmp"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        found += [f"{host}: {f}" for f in listing.stdout.split() if f.startswith(".cvs-exec-")]
+    return found
+
+
 # -- exec on the host OS -----------------------------------------------------
 
 
@@ -167,6 +183,43 @@ def test_exec_in_container_timeout_kills_the_process_inside_the_container(
         assert wait_until(lambda: not sandbox_pids(sandbox, sleep), timeout=1.0), (
             f"left running in the containers: {sandbox_pids(sandbox, sleep)}"
         )
+
+
+def test_exec_in_container_timeout_kills_a_command_that_ignores_term(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    container = yaml_container(sandbox, name="cvs-t-exec-ignores-term")
+    cluster = cluster_variant(sandbox, tmp_path, container=container)
+    stubborn = ["sh", "-c", "trap '' TERM; sleep 29"]  # sleep inherits the ignored TERM
+    sleep = ["sleep", "29"]
+    with containers_up(cluster):
+        proc = cvs("exec", "-c", str(cluster), "--json", "--timeout", "2", "--", *stubborn)
+        assert proc.returncode == 1, proc.stderr
+        assert statuses(json_lines(proc.stdout)[1]) == dict.fromkeys(NODES, "timeout")
+        assert wait_until(
+            lambda: not sandbox_pids(sandbox, stubborn) and not sandbox_pids(sandbox, sleep),
+            timeout=1.0,
+        ), f"left running: {sandbox_pids(sandbox, stubborn) + sandbox_pids(sandbox, sleep)}"
+        assert leftover_pidfiles(sandbox, container["name"]) == []
+
+
+def test_exec_in_container_leaves_no_pidfile_behind(sandbox: Sandbox, tmp_path: Path) -> None:
+    container = yaml_container(sandbox, name="cvs-t-exec-pidfile")
+    cluster = cluster_variant(sandbox, tmp_path, container=container)
+    with containers_up(cluster):
+        plain = cvs("exec", "-c", str(cluster), "--", "true")
+        with_env = cvs(
+            "exec", "-c", str(cluster), "--json", "-e", "GREETING=hi", "--",
+            "sh", "-c", 'echo "$GREETING"; exit 7',
+        )  # fmt: skip
+
+        assert plain.returncode == 0, plain.stderr
+        assert with_env.returncode == 1, with_env.stderr
+        results = json_lines(with_env.stdout)[1]["hosts"].values()
+        assert [(r["exit_code"], r["stdout"], r["stderr"]) for r in results] == [
+            (7, "hi", "")
+        ] * len(NODES)
+        assert leftover_pidfiles(sandbox, container["name"]) == []
 
 
 def test_ctrl_c_exits_130_promptly_and_stops_remote_commands(sandbox: Sandbox) -> None:

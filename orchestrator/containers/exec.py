@@ -6,7 +6,7 @@ pid, and a timeout (or Ctrl-C) kills that process tree from a second exec.
 
 Environment values never appear in an argv (`docker exec -e K=V` would show
 them in `ps` on the host): they go over stdin (`ssh.envpass`), read by the
-in-container shell before it becomes the command.
+in-container shell before it starts the command.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from orchestrator.ssh.envpass import env_block, env_reader, new_token
 NOT_RUNNING_EXIT = 125
 
 # Descendants by walking /proc/*/status (no pgrep/ps: minimal images lack them).
+# KILL goes to the first walk's pids too: once TERM has ended the recording
+# shell, a command that ignored TERM is no longer its descendant.
 _KILL_TREE = r"""
 p=$(cat "$1" 2>/dev/null) || exit 0
 tree() {
@@ -36,13 +38,23 @@ tree() {
 pids=$(tree "$p")
 kill -TERM $pids 2>/dev/null
 sleep 0.3
-kill -KILL $(tree "$p") 2>/dev/null
+kill -KILL $pids $(tree "$p") 2>/dev/null
 rm -f "$1"
 true
 """
 
-# Records its pid, then becomes the command (exec keeps the pid).
-_RUN = 'echo $$ > "$1"; shift; exec "$@"'
+# `sh -c _RECORD…_RUN cvs PIDFILE CMD…`: the shell records its pid for _KILL_TREE
+# and stays the command's parent, so that it can remove the pidfile when the
+# command ends and exit with its status (a command that ends normally leaves no
+# file behind).
+# - The command is exec'd from a subshell: it is the program named, as before,
+#   never a builtin (`exit`, `exec`) that would skip the clean-up.
+# - The shell's own stderr is /dev/null while it waits, since shells report a
+#   child killed by a signal ("Killed") and the command's stderr used to be its
+#   own; the command gets the real stderr through fd 3.
+# - Only positional parameters: the env block may export any variable name.
+_RECORD = 'echo $$ > "$1"; '
+_RUN = '{ (shift; exec "$@" 2>&3 3>&-); set -- "$?" "$1"; rm -f "$2"; } 3>&2 2>/dev/null; exit "$1"'
 
 
 def _pidfile(token: str) -> str:
@@ -105,11 +117,11 @@ def container_command(
         if not WORKDIR_RE.fullmatch(workdir):
             raise ValueError(f"invalid working directory {workdir!r} (an absolute path)")
         exec_opts += ["-w", workdir]
-    run, stdin = _RUN, None
+    run, stdin = _RECORD + _RUN, None
     if env:
         # Values over stdin, read in the container before the command starts.
         env_token = new_token()
-        run = f'echo $$ > "$1"; shift; {env_reader(env_token)}exec "$@"'
+        run = _RECORD + env_reader(env_token) + _RUN
         exec_opts, stdin = ["-i", *exec_opts], env_block(env, env_token)
     inner = ["exec", *exec_opts, name, "sh", "-c", run, "cvs", _pidfile(token), *argv]
     if ready_via is not None:

@@ -7,12 +7,15 @@ Brings the persistent containers up first (cold start or attach, whatever the
 hosts need), then, over fresh connections as a new `cvs` process would, runs
 `Cluster.open` + `up` + `exec hostname` in-process, several times, and reports:
 
-- wall time (median, and min..max) of open + `up` + `exec hostname`;
+- wall time (median, and min..max) of open + `up` + `exec hostname`, timed
+  once the machine is quiet again after the set-up (how busy it was is shown);
 - SSH round trips per host of the `up`: SSH channels opened (a channel carries
   one remote command; the locked probe is one held channel) and of the exec;
 - docker CLI processes per host of the `up` and of the exec, counted for real
   (sandbox only): every host's sshd puts a `docker` wrapper first on PATH
-  that logs each invocation before running the real docker CLI.
+  that logs each invocation before running the real docker CLI; the wrapper
+  is in place for one more run, not timed (a shell script per docker call
+  would add its own cost to the timing).
 """
 
 from __future__ import annotations
@@ -42,8 +45,12 @@ RUNS = 5
 WRAPPER = """#!/bin/sh
 # cvs bench: log every docker CLI process, then run the real one.
 [ -n "$CVS_DOCKER_LOG" ] && printf '%s\\n' "$1" >> "$CVS_DOCKER_LOG"
-exec /usr/bin/docker "$@"
+exec @DOCKER@ "$@"
 """
+# The docker CLI the sandbox's login user runs without the wrapper: the first
+# on sshd's default PATH.
+LOGIN_PATH = "/usr/local/bin:/usr/bin:/bin"
+REAL_DOCKER = shutil.which("docker", path=LOGIN_PATH) or "/usr/bin/docker"
 
 
 @contextmanager
@@ -68,10 +75,39 @@ def counting_channels(cluster: ClusterConfig) -> Iterator[Counter[str]]:
 
 
 class DockerCalls:
-    """Per-host logs the sandbox hosts' docker wrapper appends to (None: not counting)."""
+    """Per-host logs the sandbox hosts' docker wrapper appends to (None: not counting).
 
-    def __init__(self, logs: dict[str, Path] | None) -> None:
+    The logging wrapper is a shell script, a process of its own per docker
+    call: timed runs go without it (`plain`: the same docker CLI, linked),
+    and one more run with it (`counting`) counts the processes.
+    """
+
+    def __init__(self, logs: dict[str, Path] | None, wrapper: Path | None = None) -> None:
         self.logs = logs
+        self.wrapper = wrapper
+
+    @contextmanager
+    def counting(self) -> Iterator[None]:
+        if self.wrapper is None:
+            yield
+            return
+        self.install(WRAPPER)
+        try:
+            yield
+        finally:
+            self.install(None)
+
+    def install(self, script: str | None) -> None:
+        """The wrapper (`script`), or a plain link to the docker CLI it runs."""
+        assert self.wrapper is not None
+        staged = self.wrapper.with_name(".docker.new")
+        staged.unlink(missing_ok=True)
+        if script is None:
+            staged.symlink_to(REAL_DOCKER)
+        else:
+            staged.write_text(script.replace("@DOCKER@", REAL_DOCKER))
+            staged.chmod(0o755)
+        staged.replace(self.wrapper)
 
     def lines(self) -> dict[str, list[str]] | None:
         if self.logs is None:
@@ -119,20 +155,48 @@ async def attach_and_exec(
     return report, results, up_trips, after_up
 
 
+def busy_fraction(seconds: float = 1.0) -> float:
+    """How busy this machine's CPUs were over `seconds` (0..1), from /proc/stat."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+        idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+        return sum(ticks), idle
+
+    total0, idle0 = sample()
+    time.sleep(seconds)
+    total1, idle1 = sample()
+    return 1 - (idle1 - idle0) / max(1, total1 - total0)
+
+
+def settle(limit: float = 0.15, timeout: float = 60.0) -> float:
+    """Wait until the machine is quiet (a fresh sandbox's dockerds keep
+    starting things for a while): what is timed is the attach, not that."""
+    deadline = time.monotonic() + timeout
+    busy = busy_fraction()
+    while busy > limit and time.monotonic() < deadline:
+        busy = busy_fraction()
+    return busy
+
+
 def measure(cluster: ClusterConfig, docker: DockerCalls, runs: int = RUNS) -> dict[str, Any]:
     warm = anyio.run(up_once, cluster)
     if not warm.ok:
         raise SystemExit(f"the first `up` failed: {warm.to_dict()}")
+    busy = settle()
     hosts = [h.name for h in cluster.hosts]
     seconds: list[float] = []
     for _ in range(runs):
-        before = docker.lines()
         with counting_channels(cluster) as counts:
             start = time.perf_counter()
-            report, results, up_trips, after_up = anyio.run(
-                attach_and_exec, cluster, counts, docker
-            )
+            report, results, up_trips, _ = anyio.run(attach_and_exec, cluster, counts, docker)
             seconds.append(time.perf_counter() - start)
+    # One more run, not timed, through the logging docker wrapper.
+    with docker.counting():
+        before = docker.lines()
+        with counting_channels(cluster) as counted:
+            report, results, _, after_up = anyio.run(attach_and_exec, cluster, counted, docker)
         up_calls = docker.since(before, after_up)
         exec_calls = docker.since(after_up)
     ok = report.ok and all(r.ok for r in results.values())
@@ -142,6 +206,7 @@ def measure(cluster: ClusterConfig, docker: DockerCalls, runs: int = RUNS) -> di
         "seconds_min": round(min(seconds), 3),
         "seconds_max": round(max(seconds), 3),
         "runs": runs,
+        "busy_before": round(busy, 2),
         "round_trips": {h: up_trips.get(h, 0) for h in hosts},
         "exec_round_trips": {h: counts.get(h, 0) - up_trips.get(h, 0) for h in hosts},
         # The last run's docker CLI processes per host, by subcommand.
@@ -164,8 +229,8 @@ def counted_sandbox(hosts: int) -> Iterator[tuple[ClusterConfig, DockerCalls]]:
         wrap = Path(tempfile.mkdtemp(prefix="cvs-bench-docker-", dir="/tmp"))
         try:
             wrap.chmod(0o755)
-            (wrap / "docker").write_text(WRAPPER)
-            (wrap / "docker").chmod(0o755)
+            calls = DockerCalls({}, wrap / "docker")
+            calls.install(None)  # timed runs: the plain CLI; counted runs swap the wrapper in
             box = sandbox_up(directory, hosts)
             logs: dict[str, Path] = {}
             for h in box.nodes:
@@ -173,9 +238,10 @@ def counted_sandbox(hosts: int) -> Iterator[tuple[ClusterConfig, DockerCalls]]:
                 log.touch()
                 log.chmod(0o666)
                 logs[h.name] = log
-                env = f"DOCKER_HOST={h.docker_host} CVS_DOCKER_LOG={log} PATH={wrap}:/usr/bin:/bin"
+                env = f"DOCKER_HOST={h.docker_host} CVS_DOCKER_LOG={log} PATH={wrap}:{LOGIN_PATH}"
                 box.set_sshd_option(h, "SetEnv", env)
-            yield load_cluster(box.cluster_file), DockerCalls(logs)
+            calls.logs = logs
+            yield load_cluster(box.cluster_file), calls
         finally:
             sandbox_down(directory)
             shutil.rmtree(wrap, ignore_errors=True)
@@ -191,7 +257,8 @@ def report_text(result: dict[str, Any]) -> str:
         docker = f"per host max {up} in up ({' + '.join(example)}), {ex} in exec"
     return (
         f"{result['hosts']:>3} hosts: attach up + exec hostname {result['seconds']:.3f} s "
-        f"(median of {result['runs']}, {result['seconds_min']:.3f}..{result['seconds_max']:.3f}); "
+        f"(median of {result['runs']}, {result['seconds_min']:.3f}..{result['seconds_max']:.3f}; "
+        f"CPUs {result['busy_before']:.0%} busy before); "
         f"up round trips per host max {max(trips)}; "
         f"exec {max(result['exec_round_trips'].values())}; "
         f"docker processes {docker}\n"

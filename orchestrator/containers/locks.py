@@ -95,13 +95,17 @@ take() {
   done
 }
 release() {
-  rm -f "$info"
-  # Unlock first: a waiter takes the lock over here, and the directory stays.
-  flock -u 9
-  # The last one out removes the directory (and stale holder lines), holding
-  # it exclusively and only while the path still names it.
-  if [ "$check" = yes ] && flock -xn 9 && [ "$lock" -ef "/proc/$$/fd/9" ]; then
+  # Unlock by closing the shell's descriptor, the last one open on the lock
+  # (flock(1) has exited, and commands got it closed or have ended).
+  exec 9<&-
+  # Then the last one out removes the directory, holder lines and all, taking
+  # it exclusively and only while the path still names it; a waiter that took
+  # the lock over meanwhile keeps it, and only our own holder line goes.
+  if [ "$check" = yes ] && command exec 9<"$lock" 2>/dev/null && flock -xn 9 &&
+      [ "$lock" -ef "/proc/$$/fd/9" ]; then
     rm -rf "$lock"
+  else
+    rm -f "$info"
   fi
 }
 if take -n; then

@@ -45,6 +45,11 @@ class PrivateDockerd:
     def env(self) -> dict[str, str]:
         return {**os.environ, "DOCKER_HOST": self.host}
 
+    def _tmpdir(self) -> Path:
+        path = self.root / "tmp"
+        path.mkdir(mode=0o700, exist_ok=True)
+        return path
+
     def start(self, timeout: float = 60.0) -> None:
         log = open(self.root / "dockerd.log", "wb")  # noqa: SIM115 - outlives this call
         self.proc = subprocess.Popen(
@@ -66,6 +71,8 @@ class PrivateDockerd:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # containerd's stack dumps land in TMPDIR: keep them with this daemon.
+            env={**os.environ, "TMPDIR": str(self._tmpdir())},
         )
         log.close()
         deadline = time.monotonic() + timeout

@@ -161,6 +161,30 @@ def test_load_sandbox_round_trips_the_state_file(sandbox: Sandbox) -> None:
     )
 
 
+def test_containerd_stack_dumps_stay_in_the_sandbox_not_the_machines_tmp(
+    sandbox: Sandbox,
+) -> None:
+    # dockerd signals containerd (SIGUSR1: dump stacks) when it restarts or
+    # stops it roughly; the dump goes to TMPDIR, which is the host's own.
+    h = sandbox.host("node1")
+    marker = str(h.exec_root)
+    containerd = [
+        pid
+        for pid in procs.pids_mentioning(marker)
+        if Path(f"/proc/{pid}/comm").read_text().strip() == "containerd"
+    ]
+    assert len(containerd) == 1, containerd
+    pid = containerd[0]
+    os.kill(pid, signal.SIGUSR1)
+    dump = h.host_dir / "tmp" / f"containerd.{pid}.stacks.log"
+    for _ in range(100):
+        if dump.exists() and dump.stat().st_size:
+            break
+        time.sleep(0.05)
+    assert dump.exists()
+    assert not Path(f"/tmp/containerd.{pid}.stacks.log").exists()
+
+
 # -- throwaway sandboxes (tests that break things) --------------------------
 
 

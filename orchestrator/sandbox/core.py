@@ -280,7 +280,7 @@ class Sandbox:
             hostname=h.name if h.netns else None,
         )
         log = h.host_dir / "dockerd.log"
-        h.dockerd_pid = procs.spawn(argv, log)
+        h.dockerd_pid = procs.spawn(argv, log, tmpdir=h.host_dir / "tmp")
         self.save()
         try:
             procs.wait_for(

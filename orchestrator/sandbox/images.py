@@ -209,7 +209,7 @@ def _build_dockerd(data_root: Path) -> Iterator[list[str]]:
         socket_path=sock,
         config_file=config,
     )
-    pid = procs.spawn(argv, data_root.parent / "build-dockerd.log")
+    pid = procs.spawn(argv, data_root.parent / "build-dockerd.log", tmpdir=exec_root / "tmp")
     marker = str(exec_root)
     try:
         procs.wait_for(

@@ -35,8 +35,18 @@ def run(argv: Sequence[str], *, check: bool = True, input: bytes | None = None) 
     return proc.stdout.decode(errors="replace")
 
 
-def spawn(argv: Sequence[str], log_file: Path) -> int:
-    """Start a long-running daemon in its own session, output to `log_file`."""
+def spawn(argv: Sequence[str], log_file: Path, *, tmpdir: Path | None = None) -> int:
+    """Start a long-running daemon in its own session, output to `log_file`.
+
+    `tmpdir` becomes the daemon's TMPDIR (created 0700): what it and its
+    children leave in their temp directory (containerd writes a stack dump,
+    `containerd.<pid>.stacks.log`, whenever dockerd restarts or stops it
+    roughly) stays in the sandbox and goes with it, not in the machine's /tmp.
+    """
+    env = None
+    if tmpdir is not None:
+        tmpdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        env = {**os.environ, "TMPDIR": str(tmpdir)}
     with open(log_file, "ab") as log:
         proc = subprocess.Popen(
             list(argv),
@@ -44,6 +54,7 @@ def spawn(argv: Sequence[str], log_file: Path) -> int:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env=env,
         )
     return proc.pid
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_suite_runs import cluster_variant, containers, cvs, write_suite
+from test_suite_runs import cluster_variant, containers, cvs, results, write_suite
 from test_transport import sandbox_pids, wait_until
 
 from orchestrator.sandbox import Sandbox
@@ -120,6 +120,60 @@ def test_exec_into_head_stops_the_remote_commands_and_exits_quietly(sandbox: San
     assert "cvs-exit=130" in proc.stderr and "stdout closed" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and "unreachable" not in proc.stderr, proc.stderr
     assert wait_until(lambda: not sandbox_pids(sandbox, endless), timeout=5)
+
+
+def test_run_into_head_stops_the_run_and_removes_its_per_run_containers(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    name = "cvs-t-run-head"
+    cluster = cluster_variant(sandbox, tmp_path, name, "per_run")
+    # Many lines, then a marker sleep: a run that carried on unread would sit in it.
+    chatty = ["seq", "1", "300000"]
+    marker = ["sleep", "472"]
+    step = {"name": "chatty", "run": f"{shlex.join(chatty)}; {shlex.join(marker)}", "timeout": 300}
+    suite = write_suite(tmp_path, "chatty", [step])
+    run_dir = tmp_path / "run"
+    argv = [
+        sys.executable, "-m", "orchestrator", "run", "-c", str(cluster), str(suite),
+        "--run-dir", str(run_dir),
+    ]  # fmt: skip
+    try:
+        with (tmp_path / "stderr").open("w") as stderr:
+            proc = subprocess.Popen(
+                argv, cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=stderr, text=True
+            )
+            try:
+                assert proc.stdout is not None
+                # `| grep -m 1 ' | 1$'`: the reader goes once the step prints (`up`
+                # prints the containers' setup output before it).
+                lines = iter(proc.stdout.readline, "")
+                first = next((line for line in lines if line.endswith(" | 1\n")), "")
+                proc.stdout.close()
+                closed = time.monotonic()
+                code = proc.wait(timeout=120)
+                took = time.monotonic() - closed
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        err = (tmp_path / "stderr").read_text()
+        assert first.endswith(" | 1\n"), (first, err)
+        assert code == 130, err
+        assert took < 10, f"took {took:.1f}s after its reader went away"
+        assert "Traceback" not in err
+        assert err.splitlines()[-1] == (
+            f"cvs: stdout closed by its reader: run stopped (record: {run_dir})"
+        ), err
+        doc = results(run_dir)
+        assert doc["interrupted"] and doc["exit_code"] == 130
+        assert {r["status"] for r in doc["steps"][0]["hosts"].values()} == {"interrupted"}
+        assert containers(sandbox, name) == {}, "per_run containers left behind"
+        assert wait_until(
+            lambda: not sandbox_pids(sandbox, chatty) and not sandbox_pids(sandbox, marker),
+            timeout=5,
+        ), "the step's commands were left running"
+    finally:
+        cvs("down", "-c", str(cluster), "--force", cwd=tmp_path)
 
 
 def cpu_seconds_of(argv: list[str], *, terminal: bool) -> tuple[float, int, str]:

@@ -2,8 +2,8 @@
 
 Exit codes (docs/design.md): 0 every step ok on every host, 1 a step failed, 2 bad
 suite or cluster file, 3 some host unreachable, 4 refused by the lifetime
-policy, 130 interrupted. The run directory is written in every case that got
-as far as starting the run.
+policy, 130 interrupted (Ctrl-C, or stdout's reader went away). The run
+directory is written in every case that got as far as starting the run.
 """
 
 from __future__ import annotations
@@ -61,24 +61,38 @@ def cmd_run(args: argparse.Namespace) -> int:
     screen = make_sink(args)
     sink = TeeSink(screen, recorder.events_sink())
 
-    async def main() -> RunOutcome:
-        return await run_suite(
-            suite,
-            cluster,
-            sink=sink,
-            recorder=recorder,
-            cluster_file=str(cluster_file),
-            outcome=outcome,
-            wait=not args.no_wait,
-        )
+    async def main() -> RunOutcome | None:
+        # Whoever reads our stdout went away (`| head -1`): stop the run as Ctrl-C
+        # would (steps killed, per_run containers removed, locks released, the
+        # record says interrupted) instead of running on unread.
+        with anyio.CancelScope() as reader_gone:
+            if hasattr(screen, "on_broken"):
+                screen.on_broken = reader_gone.cancel
+            return await run_suite(
+                suite,
+                cluster,
+                sink=sink,
+                recorder=recorder,
+                cluster_file=str(cluster_file),
+                outcome=outcome,
+                wait=not args.no_wait,
+            )
+        return None
 
     try:
-        anyio.run(main)
+        finished = anyio.run(main)
     except KeyboardInterrupt:
         outcome.interrupted = True
+        finished = outcome
     finally:
         sink.close()
         recorder.close()
+    if finished is None:
+        # Nothing more on stdout (nobody reads it), not even the --json result line.
+        sys.stderr.write(
+            f"cvs: stdout closed by its reader: run stopped (record: {recorder.run_dir})\n"
+        )
+        return ExitCode.INTERRUPTED
     if args.json:
         doc = {**results_document(outcome), "run_dir": str(recorder.run_dir)}
         doc["files"] = _paths(recorder)

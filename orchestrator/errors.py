@@ -7,11 +7,13 @@ README's exit-code table is tested against `ExitCode` (tests/test_layout.py).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """What the process exit status of `cvs` means, worst first when combined."""
+    """What the process exit status of `cvs` means. The higher, the worse: when
+    several apply, the worst wins (`worst`)."""
 
     OK = 0
     FAILED = 1  # a command failed on some host
@@ -19,6 +21,11 @@ class ExitCode(IntEnum):
     UNREACHABLE = 3  # some host could not be reached
     REFUSED = 4  # refused by policy: partial persistent set, image skew, unreadable image
     INTERRUPTED = 130  # Ctrl-C / SIGTERM
+
+
+def worst(codes: Iterable[int]) -> ExitCode:
+    """The exit code that wins when several apply (OK when none does)."""
+    return ExitCode(max(codes, default=ExitCode.OK))
 
 
 # The short meanings `cvs --help` lists and the README table starts with (both tested).

@@ -9,15 +9,18 @@ tests/test_heal.py against the sandbox.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
 
-from orchestrator.cli import _first_expected, _report
-from orchestrator.errors import ExitCode, UsageError
+from orchestrator.cli import _first_expected, _report, main
+from orchestrator.errors import CvsError, ExitCode, PolicyRefused, UsageError
+from orchestrator.ssh.fanout import fan_out
 
 CVS = [sys.executable, "-m", "orchestrator"]
 
@@ -93,3 +96,66 @@ def test_an_expected_error_inside_a_task_group_is_found() -> None:
 def test_interrupted_inside_a_task_group_is_exit_130(capsys: pytest.CaptureFixture[str]) -> None:
     leaf = _first_expected(BaseExceptionGroup("tasks", [KeyboardInterrupt()]))
     assert leaf is not None and _report(leaf) == ExitCode.INTERRUPTED
+
+
+def up_raising(monkeypatch: pytest.MonkeyPatch, errors: dict[str, CvsError]) -> None:
+    """`cvs up` becomes a per-host fan-out in which each host's task raises its error:
+    what reaches `cli.main` is the task group's genuine ExceptionGroup."""
+
+    async def host(name: str) -> None:
+        raise errors[name]
+
+    def cmd_up(args: object) -> int:
+        anyio.run(fan_out, list(errors), host)
+        return ExitCode.OK
+
+    monkeypatch.setattr("orchestrator.cli.cluster.cmd_up", cmd_up)
+
+
+def test_refusals_from_several_hosts_tasks_print_one_refusal_list_and_exit_4(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    up_raising(
+        monkeypatch,
+        {
+            "node1": PolicyRefused(["node1: lock busy"]),
+            "node2": PolicyRefused(["node2: lock busy", "node2: no flock"]),
+        },
+    )
+    assert main(["up"]) == ExitCode.REFUSED
+    assert capsys.readouterr().err.splitlines() == [
+        "cvs: refused, nothing was changed:",
+        "  - node1: lock busy",
+        "  - node2: lock busy",
+        "  - node2: no flock",
+    ]
+
+
+def test_refusals_from_several_hosts_tasks_are_one_json_result_with_every_reason(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    up_raising(
+        monkeypatch,
+        {"node1": PolicyRefused(["node1: lock busy"]), "node2": PolicyRefused(["node2: no flock"])},
+    )
+    assert main(["up", "--json"]) == ExitCode.REFUSED
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (result["ok"], result["exit_code"]) == (False, ExitCode.REFUSED)
+    assert result["refused"] == ["node1: lock busy", "node2: no flock"]
+
+
+def test_different_errors_from_several_hosts_tasks_are_each_reported_and_the_worst_wins(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    up_raising(
+        monkeypatch,
+        {
+            "node1": CvsError("node1: docker run failed"),
+            "node2": UsageError("node2: bad image reference"),
+        },
+    )
+    assert main(["up"]) == ExitCode.USAGE
+    assert capsys.readouterr().err.splitlines() == [
+        "cvs: node1: docker run failed",
+        "cvs: node2: bad image reference",
+    ]

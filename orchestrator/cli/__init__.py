@@ -13,8 +13,12 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from orchestrator.cli.parser import build_parser
+
+if TYPE_CHECKING:
+    from orchestrator.errors import CvsError
 
 __all__ = ["build_parser", "main"]
 
@@ -86,14 +90,48 @@ def _main(argv: Sequence[str] | None = None) -> int:
             write_json_result(args, ok=False, exit_code=exc.exit_code, error=str(exc))
         return exc.exit_code
     except BaseExceptionGroup as group:
-        # A task group (per-host fan-out) wraps what a host's task raised: an
-        # expected error inside is reported like any other, without a traceback.
+        # A task group (per-host fan-out) wraps what the hosts' tasks raised: the
+        # expected errors inside are reported as if raised alone, without a traceback.
+        leaves = _leaves(group)
+        errors = [exc for exc in leaves if isinstance(exc, CvsError)]
+        if len(errors) == len(leaves):
+            return _report_all(errors, args)
         leaf = _first_expected(group)
         if leaf is None:
             raise
         return _report(leaf, args)
     except OSError as exc:
         return _report(exc, args)
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    found: list[BaseException] = []
+    for exc in group.exceptions:
+        found += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+    return found
+
+
+def _report_all(errors: list[CvsError], args: argparse.Namespace) -> int:
+    """Several hosts' errors as one report: a line per distinct error, the
+    refusals' reasons in one refusal list; the worst exit code of them all."""
+    from orchestrator.cli.common import print_refusal, write_json_result
+    from orchestrator.errors import PolicyRefused, worst
+
+    reasons = [r for e in errors if isinstance(e, PolicyRefused) for r in e.reasons]
+    others = list(dict.fromkeys(str(e) for e in errors if not isinstance(e, PolicyRefused)))
+    code = worst(e.exit_code for e in errors)
+    refused = PolicyRefused(list(dict.fromkeys(reasons))) if reasons else None
+    if args.json:
+        if refused is not None:
+            others.append(f"refused: {refused}")
+        fields = {"refused": refused.reasons} if refused is not None else {}
+        write_json_result(args, ok=False, exit_code=code, error="; ".join(others), **fields)
+        return code
+    for message in others:
+        sys.stderr.write(f"cvs: {message}\n")
+    if refused is not None:
+        print_refusal(args, refused)
+    return code
 
 
 def _first_expected(group: BaseExceptionGroup) -> BaseException | None:

@@ -12,6 +12,7 @@ import importlib.util
 import inspect
 import json
 import logging
+import math
 import os
 import shlex
 import subprocess
@@ -37,7 +38,7 @@ from orchestrator.compat.config import (
 from orchestrator.compat.cvs import CvsOrchestrator
 from orchestrator.compat.pytest_engine import CvsEngine
 from orchestrator.compat.records import pytest_exit_to_ours
-from orchestrator.compat.runner import find_cvs_test
+from orchestrator.compat.runner import checked_pytest_args, find_cvs_test
 from orchestrator.compat.shapes import (
     UNREACHABLE_MARK,
     cvs_shape,
@@ -380,28 +381,239 @@ def test_cvs_run_unknown_test_names_where_it_looked(
     assert "no CVS test module nope.py under" in err and str(STANDIN) in err
 
 
-def test_cvs_run_html_without_pytest_html_says_what_to_install(
-    standin: None, capsys: pytest.CaptureFixture[str], tmp_path: Path, key_file: Path
-) -> None:
+def _no_pytest_html() -> None:
     if importlib.util.find_spec("pytest_html") is not None:
         pytest.skip("pytest-html is installed here")
+
+
+@pytest.mark.parametrize("html", [["--html", "r.html"], ["--self-contained-html"]])
+def test_cvs_run_html_without_pytest_html_says_what_to_install_and_runs_nothing(
+    standin: None,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    key_file: Path,
+    html: list[str],
+) -> None:
+    _no_pytest_html()
     cluster, config = _files(tmp_path, key_file)
     code, err = _run(
         capsys,
         "compat_checks",
-        "--cluster_file",
-        str(cluster),
-        "--config_file",
-        str(config),
-        "--html",
-        str(tmp_path / "r.html"),
-    )
-    assert code == 2 and "pip install pytest-html" in err
+        "--cluster_file", str(cluster), "--config_file", str(config),
+        "--run-dir", str(tmp_path / "run"),
+        *[str(tmp_path / a) if a.endswith(".html") else a for a in html],
+    )  # fmt: skip
+    assert code == 2
+    assert err.count("\n") == 1 and f"cvs run {html[0]}: pytest-html is not installed" in err
+    assert "pip install pytest-html" in err and "nothing was run" in err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "r.html").exists()
 
 
 def test_yaml_suite_run_refuses_cvs_only_options(capsys: pytest.CaptureFixture[str]) -> None:
     code, err = _run(capsys, "test_demo", "extra_function")
     assert code == 2 and "are for CVS tests" in err
+
+
+def test_yaml_suite_run_names_arguments_it_does_not_know(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, err = _run(capsys, "test_demo", "--no-wiat")
+    assert code == 2
+    assert "unrecognized arguments: --no-wiat" in err and "pytest arguments are for CVS" in err
+
+
+def test_other_commands_still_refuse_arguments_they_do_not_know(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cvs_main(["validate", "-k", "name"])
+    assert exc.value.code == 2
+    assert "unrecognized arguments: -k name" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--junitxml=elsewhere.xml"],
+        ["--junit-xml", "elsewhere.xml"],
+        ["--cluster_file=other.json"],
+        ["--confcutdir=/"],
+        ["--log-file=x.log"],
+    ],
+)
+def test_cvs_run_refuses_pytest_options_it_sets_itself(
+    standin: None,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    key_file: Path,
+    extra: list[str],
+) -> None:
+    cluster, config = _files(tmp_path, key_file)
+    code, err = _run(
+        capsys,
+        "compat_checks",
+        "--cluster_file", str(cluster), "--config_file", str(config),
+        "--run-dir", str(tmp_path / "run"),
+        "--", *extra,
+    )  # fmt: skip
+    assert code == 2 and err.count("\n") == 1
+    assert f"cvs run: {extra[0].split('=')[0]}:" in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("bad", ["-k name", ["-k", "a\0b"], ["-x", 3]])
+def test_pytest_arguments_are_argv_words(bad: Any) -> None:
+    with pytest.raises(UsageError, match="argv word"):
+        checked_pytest_args(bad)
+
+
+# ---- CVS extensions' test directories -------------------------------------------------
+
+
+@pytest.fixture
+def extension(standin: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A CVS extension package `cvs_ext_demo`, named in $CVS_EXTENSION_PKG_NAMES as CVS
+    reads it; its tests are in cvs_ext_demo/tests (the returned directory)."""
+    site = tmp_path / "site"
+    package = site / "cvs_ext_demo"
+    tests = package / "tests"
+    (tests / "health").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "extension.ini").write_text("[extensions]\ntests_dirs = cvs_ext_demo/tests\n")
+    (tests / "health" / "ext_check.py").write_text("def test_ext():\n    pass\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("CVS_EXTENSION_PKG_NAMES", "cvs_ext_demo")
+    yield tests
+
+
+def test_cvs_tests_are_found_in_extension_test_directories(extension: Path) -> None:
+    assert find_cvs_test("ext_check") == (extension / "health" / "ext_check.py").resolve()
+    # CVS's own tests are still found alongside.
+    assert find_cvs_test("compat_checks").parent.name == "compat"
+
+
+def test_cvs_run_by_name_runs_an_extension_test(
+    extension: Path, tmp_path: Path, key_file: Path
+) -> None:
+    (extension / "conftest.py").write_text((STANDIN / "cvs" / "conftest.py").read_text())
+    cluster, config = _files(tmp_path, key_file)
+    env = {
+        **_env(),
+        "CVS_EXTENSION_PKG_NAMES": "cvs_ext_demo",
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(STANDIN), str(tmp_path / "site")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "--json", "run", "ext_check",
+         "--cluster_file", str(cluster), "--config_file", str(config),
+         "--run-dir", str(tmp_path / "run")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["test"] == "ext_check"
+    assert "1 passed" in proc.stderr
+
+
+def test_a_test_both_in_cvs_and_in_an_extension_is_refused_naming_both(
+    extension: Path,
+) -> None:
+    (extension / "compat_checks.py").write_text("def test_shadow():\n    pass\n")
+    with pytest.raises(UsageError, match="more than one place") as exc:
+        find_cvs_test("compat_checks")
+    assert str(STANDIN / "cvs" / "tests" / "compat" / "compat_checks.py") in str(exc.value)
+    assert str((extension / "compat_checks.py").resolve()) in str(exc.value)
+    assert "give the test file's path" in str(exc.value)
+
+
+def test_unknown_test_lists_the_cvs_and_extension_directories_searched(
+    extension: Path,
+) -> None:
+    with pytest.raises(UsageError) as exc:
+        find_cvs_test("nope")
+    text = str(exc.value)
+    assert text.startswith("cvs run nope: no CVS test module nope.py under cvs.tests: ")
+    assert str(STANDIN / "cvs" / "tests") in text
+    assert f"cvs_ext_demo: {extension}" in text
+
+
+def test_an_extension_test_directory_that_is_missing_says_so(
+    extension: Path, tmp_path: Path
+) -> None:
+    ini = tmp_path / "site" / "cvs_ext_demo" / "extension.ini"
+    ini.write_text("[extensions]\ntests_dirs = cvs_ext_demo/tests, cvs_ext_demo/gone\n")
+    with pytest.raises(UsageError, match=r"cvs_ext_demo/gone \(missing\)"):
+        find_cvs_test("nope")
+
+
+def test_unknown_test_without_extensions_says_where_cvs_looks_for_them(
+    standin: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CVS_EXTENSION_PKG_NAMES", raising=False)
+    with pytest.raises(UsageError, match=r"no CVS extensions found \(entry points") as exc:
+        find_cvs_test("nope")
+    assert "CVS_EXTENSION_PKG_NAMES" in str(exc.value)
+
+
+def test_a_cvs_without_extension_support_has_its_own_tests_searched(
+    standin: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "cvs.extension", None)  # a CVS from before extensions
+    assert find_cvs_test("compat_checks").name == "compat_checks.py"
+
+
+def test_a_failing_extension_discovery_is_named_not_a_traceback(
+    standin: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cvs.extension
+
+    def broken(self: Any) -> None:
+        raise OSError("extension.ini: permission denied")
+
+    monkeypatch.setattr(cvs.extension.ExtensionConfig, "__init__", broken)
+    with pytest.raises(UsageError, match=r"extension discovery .* failed: OSError: ext"):
+        find_cvs_test("compat_checks")
+
+
+# ---- pytest arguments reach pytest (offline: no hosts needed) --------------------------
+
+_TWO_TESTS = """\
+def test_alpha():
+    pass
+
+
+def test_beta():
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["-k", "alpha", "-x", "--maxfail", "1"],  # as under CVS: options cvs run does not know
+        ["--", "-k", "alpha", "-v"],  # after --: -v is pytest's, not cvs's
+    ],
+    ids=["unknown-options", "after-double-dash"],
+)
+def test_cvs_run_k_selects_the_tests_pytest_runs(
+    tmp_path: Path, key_file: Path, extra: list[str]
+) -> None:
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "conftest.py").write_text((STANDIN / "cvs" / "conftest.py").read_text())
+    (suite / "two_checks.py").write_text(_TWO_TESTS)
+    cluster, config = _files(tmp_path, key_file)
+    proc = _cvs(
+        "run", str(suite / "two_checks.py"),
+        "--cluster_file", str(cluster), "--config_file", str(config),
+        "--run-dir", str(tmp_path / "run"),
+        *extra,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 passed, 1 deselected" in proc.stdout
+    junit = (tmp_path / "run" / "junit.xml").read_text()
+    assert 'name="test_alpha"' in junit and "test_beta" not in junit
+    if "-v" in extra:
+        assert "two_checks.py::test_alpha PASSED" in proc.stdout
 
 
 # ---- on the sandbox: CVS-shaped suites, two `cvs run` invocations ---------------------
@@ -593,6 +805,34 @@ def test_container_cvs_started_is_refused_then_adopted_keeping_its_contents(
             docker(h, "rm", "-f", name)
 
 
+def test_no_limit_at_the_transport_outlives_the_default_limit(sandbox: Sandbox) -> None:
+    # What timeout=None becomes (math.inf) against a 1s ssh.command_timeout; the
+    # default and an explicit limit still stop the same command.
+    import anyio
+
+    from orchestrator.config import load_cluster
+    from orchestrator.ssh.transport import SSHPool
+
+    base = load_cluster(sandbox.cluster_file)
+    config = base.model_copy(update={"ssh": base.ssh.model_copy(update={"command_timeout": 1.0})})
+    host = config.hosts[0].name
+
+    async def main() -> list[HostResult]:
+        async with SSHPool(config) as pool:
+            return [
+                await pool.run(host, ["sleep", "2"], timeout=math.inf),
+                await pool.run(host, ["sleep", "2"]),
+                await pool.run(host, ["sleep", "2"], timeout=0.5),
+            ]
+
+    unbounded, default, explicit = anyio.run(main)
+    assert unbounded.status == "ok" and unbounded.duration >= 2, unbounded
+    assert default.status == "timeout" and "after 1s" in (default.error or "")
+    assert explicit.status == "timeout" and "after 0.5s; remote process killed" in (
+        explicit.error or ""
+    )
+
+
 def test_plain_pytest_with_engine_flag_reports_an_unreachable_host(
     sandbox: Sandbox, tmp_path: Path
 ) -> None:
@@ -675,6 +915,68 @@ def test_a_host_outside_the_cluster_is_in_the_result_saying_why(key_file: Path) 
             "exit_code": 255,
         }
     }
+
+
+class _TimeoutProbe:
+    """In place of the loop and Cluster: records the time limit each command gets."""
+
+    def __init__(self) -> None:
+        self.limits: list[float | None] = []
+
+    def call(self, func: Any) -> Any:
+        import anyio
+
+        return anyio.run(func)
+
+    async def exec(
+        self, command: Any, *, hosts: list[str], timeout: float | None, host_os: bool
+    ) -> dict[str, HostResult]:
+        self.limits.append(timeout)
+        return {h: HostResult(h, "ok", 0, "", "") for h in hosts}
+
+
+def _probed(key_file: Path, tmp_path: Path, **native: Any) -> tuple[CvsOrchestrator, _TimeoutProbe]:
+    from types import SimpleNamespace
+
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(json.dumps({**cvs_keys(key_file), **native}))
+    orch = CvsOrchestrator(log, SimpleNamespace(**cvs_keys(key_file)), cluster_file=str(cluster))
+    probe = _TimeoutProbe()
+    orch._fleet = lambda: (probe, probe)  # type: ignore[method-assign,assignment,return-value]
+    return orch, probe
+
+
+def test_timeout_none_means_no_limit_as_under_cvs(key_file: Path, tmp_path: Path) -> None:
+    orch, probe = _probed(key_file, tmp_path)
+    orch.exec("true", print_console=False)
+    orch.exec_on_head("true", print_console=False)
+    orch.exec_on_host("true", print_console=False)
+    orch.all.exec("true", print_console=False)
+    orch.exec_cmd_list(["true", "false"], print_console=False)  # one command per host
+    assert probe.limits == [math.inf] * 6
+
+
+def test_an_explicit_timeout_is_the_limit(key_file: Path, tmp_path: Path) -> None:
+    orch, probe = _probed(key_file, tmp_path)
+    orch.exec("true", timeout=5, print_console=False)
+    orch.head.exec("true", timeout=0.5, print_console=False)
+    assert probe.limits == [5.0, 0.5]
+
+
+def test_timeout_none_keeps_the_cap_the_cluster_file_sets(key_file: Path, tmp_path: Path) -> None:
+    orch, probe = _probed(key_file, tmp_path, ssh={"command_timeout": 30})
+    orch.exec("true", print_console=False)
+    assert probe.limits == [30.0]
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), "10", True])
+def test_a_timeout_that_is_not_a_positive_number_runs_nothing(
+    key_file: Path, tmp_path: Path, bad: Any
+) -> None:
+    orch, probe = _probed(key_file, tmp_path)
+    with pytest.raises(ValueError, match="timeout: a positive number of seconds or None"):
+        orch.exec("true", timeout=bad, print_console=False)
+    assert probe.limits == []
 
 
 def test_exec_cmd_list_needs_one_command_per_host(key_file: Path) -> None:

@@ -58,7 +58,7 @@ def _is_tty(stream: object) -> bool:
 def _main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = _parse(argv)
     except SystemExit as exc:
         # argparse has printed the usage error; --json callers get the result line too.
         if exc.code == 2 and "--json" in argv:
@@ -132,6 +132,26 @@ def _report_all(errors: list[CvsError], args: argparse.Namespace) -> int:
     if refused is not None:
         print_refusal(args, refused)
     return code
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """parse_args, except that `cvs run` hands what it does not know to pytest, as CVS does.
+
+    Everything after `run`'s first `--` is pytest's too, taken apart from argparse:
+    argparse would otherwise give those words to FUNCTION.
+    """
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if getattr(args, "func", None) != "run:cmd_run":
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return args
+    if "--" in argv:
+        cut = argv.index("--")
+        args, unknown = parser.parse_known_args(argv[:cut])
+        unknown += argv[cut + 1 :]
+    args.pytest_args = unknown
+    return args
 
 
 def _first_expected(group: BaseExceptionGroup) -> BaseException | None:

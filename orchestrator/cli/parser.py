@@ -59,6 +59,10 @@ CVS's own test suites (pytest modules, found in the installed cvs.tests package
 as CVS finds them, or a path), unchanged, on this engine:
   cvs run install_rvs --cluster_file cluster.json --config_file rvs_config.json
   cvs run rvs_cvs test_gst --cluster_file cluster.json --config_file rvs_config.json
+options cvs run does not know go to pytest, as under CVS (-k EXPR, -x, --maxfail N);
+everything after -- goes to pytest too (for -v, or a value that looks like FUNCTION):
+  cvs run rvs_cvs --cluster_file cluster.json --config_file rvs_config.json -k gst -x
+  cvs run rvs_cvs --cluster_file cluster.json --config_file rvs_config.json -- -v
 """
 
 
@@ -93,7 +97,7 @@ def add_run_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     cvs.add_argument("--config_file", metavar="T", help="CVS test config JSON")
     cvs.add_argument("--html", metavar="R", help="pytest-html report (needs pytest-html)")
     cvs.add_argument("--log-file", metavar="L", help="pytest log file (default RUN_DIR/TEST.log)")
-    p.set_defaults(func="run:cmd_run")
+    p.set_defaults(func="run:cmd_run", pytest_args=[])
 
 
 EPILOG = """\

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import IO
@@ -40,6 +41,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             log_file=args.log_file,
             run_dir=args.run_dir,
             json_output=args.json,
+            extra_pytest_args=args.pytest_args,
+        )
+    if args.pytest_args:
+        raise UsageError(
+            f"cvs run: unrecognized arguments: {shlex.join(args.pytest_args)} (pytest "
+            "arguments are for CVS tests, with --cluster_file and --config_file)"
         )
     if args.function or args.html or args.log_file:
         raise UsageError(

@@ -32,8 +32,9 @@ CVS_CONFIG_KEYS = (
     "container",
 )
 BACKENDS = ("baremetal", "container")
-# CVS's timeout=None means "no limit"; ours always has one. A day stands in
-# for "no limit" unless the cluster file's `ssh.command_timeout` says otherwise.
+# The default limit for the commands our own lifecycle runs under a CVS cluster
+# file (CVS never bounds those). The suite's own calls with timeout=None run with
+# no limit at all (compat/cvs.py), unless the file's `ssh.command_timeout` is set.
 UNBOUNDED_COMMAND_TIMEOUT = 86400.0
 
 

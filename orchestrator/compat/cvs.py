@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import shlex
 import time
 from collections.abc import Sequence
@@ -103,12 +104,17 @@ class CvsOrchestrator:
         self.stop_on_errors = stop_on_errors
         keys = keys_from_config(config)
         base_dir = Path(cluster_file).resolve().parent if cluster_file else None
+        native = native_sections(cluster_file)
         self.cluster_config: ClusterConfig = cluster_from_cvs(
             keys,
-            native_sections(cluster_file),
+            native,
             source=cluster_file or "CVS OrchestratorConfig",
             base_dir=base_dir,
         )
+        # CVS's timeout=None is "no limit". A cluster file that sets its own
+        # ssh.command_timeout asked for a cap, and gets it.
+        capped = "command_timeout" in (native.get("ssh") or {})
+        self._none_timeout: float = self.cluster_config.ssh.command_timeout if capped else math.inf
         self.orchestrator_type = "container" if self.cluster_config.container else "baremetal"
         self.ssh_port = (
             self.cluster_config.container.sshd.port if self.cluster_config.container else 22
@@ -175,6 +181,7 @@ class CvsOrchestrator:
         host_os: bool,
     ) -> dict[str, HostResult]:
         """Run plan[host] on each host at once; hosts outside the cluster get a result too."""
+        limit = self._time_limit(timeout)
         loop, cluster = self._fleet()
         known = {h: c for h, c in plan.items() if h in self.hosts}
 
@@ -188,15 +195,15 @@ class CvsOrchestrator:
             commands = set(known.values())
             if len(commands) == 1:  # one fan-out, under the cluster's concurrency limit
                 return await cluster.exec(
-                    argv(commands.pop()), hosts=list(known), timeout=timeout, host_os=host_os
+                    argv(commands.pop()), hosts=list(known), timeout=limit, host_os=host_os
                 )
             out: dict[str, HostResult] = {}
-            limit = anyio.CapacityLimiter(self.cluster_config.concurrency.hosts)
+            slots = anyio.CapacityLimiter(self.cluster_config.concurrency.hosts)
 
             async def one(host: str, cmd: str) -> None:
-                async with limit:
+                async with slots:
                     got = await cluster.exec(
-                        argv(cmd), hosts=[host], timeout=timeout, host_os=host_os
+                        argv(cmd), hosts=[host], timeout=limit, host_os=host_os
                     )
                 out[host] = got[host]
 
@@ -212,6 +219,15 @@ class CvsOrchestrator:
             on = "host" if host_os or not self.container_enabled else "container"
             self._record.add_call(call, results, on=on, duration=time.monotonic() - started)
         return results
+
+    def _time_limit(self, timeout: float | None) -> float:
+        """Seconds the transport gives each command; `math.inf` is no deadline at all."""
+        if timeout is None:
+            return self._none_timeout
+        # bool is an int: timeout=True is a mistake, not one second.
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ValueError(f"timeout: a positive number of seconds or None, got {timeout!r}")
+        return float(timeout)
 
     def _hosts_arg(self, hosts: Sequence[str] | str | None) -> list[str]:
         if hosts is None:

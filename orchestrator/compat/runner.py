@@ -1,10 +1,12 @@
-"""`cvs run TEST [FUNCTION...] --cluster_file C --config_file T [--html R] [--log-file L]`.
+"""`cvs run TEST [FUNCTION...] --cluster_file C --config_file T [...] [PYTEST ARGS]`.
 
 TEST is found the way CVS finds it: a module `TEST.py` anywhere under the
-`cvs.tests` package (conftest.py and `_private` modules are not tests), or a
-path to a test file. It runs through pytest in this process, as CVS's own
-`cvs run` does, with our engine in place of CVS's orchestrators and a run
-directory written as for `cvs run SUITE`.
+`cvs.tests` package or under the test directories of the CVS extensions CVS's
+own discovery (`cvs.extension`) finds (conftest.py and `_private` modules are
+not tests), or a path to a test file. It runs through pytest in this process,
+as CVS's own `cvs run` does, with our engine in place of CVS's orchestrators
+and a run directory written as for `cvs run SUITE`. Arguments cvs run does
+not know are pytest's, as under CVS.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import importlib.util
 import json
 import os
 import sys
+from collections.abc import Sequence
 from contextlib import nullcontext, redirect_stdout
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,6 +30,27 @@ from .pytest_engine import CvsEngine
 from .records import CvsRunRecord, finish_with_pytest_status
 
 CVS_TESTS_PACKAGE = "cvs.tests"
+CVS_EXTENSION_MODULE = "cvs.extension"
+# Where CVS's extension discovery looks, for the message when a test is not found.
+CVS_EXTENSION_SOURCES = (
+    "entry points cvs.extensions, `cvs extension --plug`, $CVS_EXTENSION_PKG_NAMES, "
+    "an extension.ini in the cvs package"
+)
+
+# pytest-html's own options, CVS's `--self-contained-html` among them.
+HTML_OPTIONS = ("--self-contained-html", "--css")
+
+# Options cvs run passes itself: a second value would point CVS's conftest at other
+# files, or move pytest's report away from the run directory that records the run.
+OWN_PYTEST_OPTIONS = {
+    "--cluster_file": "give it once, as cvs run's own option",
+    "--config_file": "give it once, as cvs run's own option",
+    "--junitxml": "the run directory's junit.xml is pytest's (choose it with --run-dir)",
+    "--junit-xml": "the run directory's junit.xml is pytest's (choose it with --run-dir)",
+    "--html": "use cvs run's own --html",
+    "--log-file": "use cvs run's own --log-file",
+    "--confcutdir": "cvs run sets it so that CVS's conftest.py files load",
+}
 
 
 def _is_test_module(filename: str) -> bool:
@@ -50,21 +74,86 @@ def cvs_tests_dirs() -> list[Path]:
     return [Path(p) for p in getattr(package, "__path__", [])]
 
 
+def cvs_extension_tests_dirs() -> list[tuple[str, Path]]:
+    """(extension, directory) for each test directory of the CVS extensions that CVS's
+    own discovery finds; none with a CVS from before extensions."""
+    try:
+        module = importlib.import_module(CVS_EXTENSION_MODULE)
+    except ModuleNotFoundError as exc:
+        if exc.name in (CVS_EXTENSION_MODULE, "cvs"):
+            return []
+        raise
+    try:
+        entries = module.ExtensionConfig().get_tests_dirs()
+    except Exception as exc:  # CVS's code: its failure is named, not a traceback
+        raise UsageError(
+            f"cvs run: CVS's extension discovery ({CVS_EXTENSION_MODULE}) failed: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+    found = []
+    for entry in entries:
+        # CVS yields (module path, directory) before multi-extension support and
+        # (extension, module path, directory) since.
+        found.append((str(entry[0]), Path(entry[-1])))
+    return found
+
+
 def find_cvs_test(name: str) -> Path:
-    """The file of CVS test `name` (or `name` itself when it is a path to a .py file)."""
+    """The file of CVS test `name` (or `name` itself when it is a path to a .py file).
+
+    Searched: the `cvs.tests` package, then each CVS extension's test directories.
+    Found in more than one of them is an error naming each: running the wrong
+    module on a cluster is not a guess to make.
+    """
     if name.endswith(".py") or os.sep in name:
         path = Path(name)
         if not path.is_file():
             raise UsageError(f"cvs run {name}: no such test file")
         return path.resolve()
-    dirs = cvs_tests_dirs()
-    for base in dirs:
-        for root, subdirs, files in os.walk(base):
-            subdirs.sort()
-            if f"{name}.py" in files and _is_test_module(f"{name}.py"):
-                return (Path(root) / f"{name}.py").resolve()
-    where = ", ".join(str(d) for d in dirs) or CVS_TESTS_PACKAGE
-    raise UsageError(f"cvs run {name}: no CVS test module {name}.py under {where}")
+    filename = f"{name}.py"
+    places = [(CVS_TESTS_PACKAGE, d) for d in cvs_tests_dirs()] + cvs_extension_tests_dirs()
+    found: list[Path] = []
+    if _is_test_module(filename):
+        for _, base in places:
+            match = _first_in_tree(base, filename)
+            if match is not None and match not in found:
+                found.append(match)
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise UsageError(
+            f"cvs run {name}: {filename} is in more than one place "
+            f"({', '.join(str(p) for p in found)}): give the test file's path"
+        )
+    where = "; ".join(
+        f"{label}: {base}" + ("" if base.is_dir() else " (missing)") for label, base in places
+    )
+    if not any(label != CVS_TESTS_PACKAGE for label, _ in places):
+        where += f"; no CVS extensions found ({CVS_EXTENSION_SOURCES})"
+    raise UsageError(f"cvs run {name}: no CVS test module {filename} under {where}")
+
+
+def _first_in_tree(base: Path, filename: str) -> Path | None:
+    for root, subdirs, files in os.walk(base):
+        subdirs.sort()
+        if filename in files:
+            return (Path(root) / filename).resolve()
+    return None
+
+
+def checked_pytest_args(args: Sequence[str]) -> list[str]:
+    """Extra pytest arguments as argv words; UsageError for what cvs run sets itself."""
+    if isinstance(args, str):
+        raise UsageError("cvs run: pytest arguments are a list of argv words, not one string")
+    out = []
+    for arg in args:
+        if not isinstance(arg, str) or "\0" in arg:
+            raise UsageError(f"cvs run: pytest argument {arg!r}: not an argv word")
+        option = arg.split("=", 1)[0]
+        if option in OWN_PYTEST_OPTIONS:
+            raise UsageError(f"cvs run: {option}: {OWN_PYTEST_OPTIONS[option]}")
+        out.append(arg)
+    return out
 
 
 def cvs_package_root() -> Path | None:
@@ -84,6 +173,7 @@ def pytest_args(
     junit: Path,
     html: str | None,
     log_file: str | None,
+    extra: Sequence[str] = (),
 ) -> list[str]:
     args = [f"{test_file}::{f}" for f in functions] or [str(test_file)]
     args += [f"--cluster_file={cluster_file}", f"--config_file={config_file}"]
@@ -98,6 +188,8 @@ def pytest_args(
         args += [f"--html={html}", "--self-contained-html"]
     if log_file:
         args.append(f"--log-file={log_file}")
+    # Last, as CVS puts them: an option given twice is pytest's last one.
+    args += extra
     return args
 
 
@@ -112,6 +204,7 @@ def run_cvs_test(
     run_dir: str | None = None,
     json_output: bool = False,
     out: IO[str] | None = None,
+    extra_pytest_args: Sequence[str] = (),
 ) -> int:
     """Run CVS test module `test` through pytest on our engine; our exit code."""
     import pytest
@@ -123,9 +216,17 @@ def run_cvs_test(
         raise UsageError(f"cvs run {test}: a CVS test needs both --cluster_file and --config_file")
     cluster_file, config_file = os.path.abspath(cluster_file), os.path.abspath(config_file)
     cluster_from_files(cluster_file, config_file)  # a bad file is exit 2 before anything runs
+    extra = checked_pytest_args(extra_pytest_args)
     test_file = find_cvs_test(test)
-    if html and importlib.util.find_spec("pytest_html") is None:
-        raise UsageError("cvs run --html: needs the pytest-html plugin (pip install pytest-html)")
+    wants_html = html or next((a for a in extra if a.split("=", 1)[0] in HTML_OPTIONS), None)
+    if wants_html and importlib.util.find_spec("pytest_html") is None:
+        # Checked here, not left to pytest: its usage error would come after the run
+        # directory was made. Our report.html is no stand-in: it shows calls, not tests.
+        option = "--html" if html else str(wants_html).split("=", 1)[0]
+        raise UsageError(
+            f"cvs run {option}: pytest-html is not installed here (pip install pytest-html); "
+            "nothing was run"
+        )
     stem = test_file.stem
     if run_dir:
         recorder = RunRecorder.create(Path(run_dir))
@@ -144,6 +245,7 @@ def run_cvs_test(
         junit=recorder.junit_path,
         html=html,
         log_file=log_file,
+        extra=extra,
     )
     # With --json, stdout carries only our JSON line: pytest's report goes to stderr.
     report_to = redirect_stdout(sys.stderr) if json_output else nullcontext()

@@ -319,8 +319,10 @@ class SSHPool:
         `command` is an argv list (quoted here with `shlex.join`) or a shell
         string that the caller built from quoted pieces. `input` is fed to the
         command's standard input (secrets and payloads go this way, never in
-        argv). `on_timeout` gives an extra cleanup command for work the
-        process group does not own (e.g. the process inside `docker exec`).
+        argv). `timeout` defaults to `ssh.command_timeout`; `math.inf` is no
+        deadline (cancellation still kills the remote side). `on_timeout` gives
+        an extra cleanup command for work the process group does not own (e.g.
+        the process inside `docker exec`).
         Never raises for remote failures: the result's status says what
         happened.
         """

@@ -356,6 +356,20 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
+def _run_checks(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, key_file: Path, *extra: str
+) -> tuple[int, str]:
+    """`cvs run compat_checks` on this test's cluster and config files, plus `extra`."""
+    cluster, config = _files(tmp_path, key_file)
+    return _run(
+        capsys,
+        "compat_checks",
+        "--cluster_file", str(cluster), "--config_file", str(config),
+        "--run-dir", str(tmp_path / "run"),
+        *extra,
+    )  # fmt: skip
+
+
 def test_cvs_run_needs_both_files(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, err = _run(capsys, "rvs_cvs", "--cluster_file", str(tmp_path / "c.json"))
     assert code == 2
@@ -395,14 +409,8 @@ def test_cvs_run_html_without_pytest_html_says_what_to_install_and_runs_nothing(
     html: list[str],
 ) -> None:
     _no_pytest_html()
-    cluster, config = _files(tmp_path, key_file)
-    code, err = _run(
-        capsys,
-        "compat_checks",
-        "--cluster_file", str(cluster), "--config_file", str(config),
-        "--run-dir", str(tmp_path / "run"),
-        *[str(tmp_path / a) if a.endswith(".html") else a for a in html],
-    )  # fmt: skip
+    html = [str(tmp_path / a) if a.endswith(".html") else a for a in html]
+    code, err = _run_checks(capsys, tmp_path, key_file, *html)
     assert code == 2
     assert err.count("\n") == 1 and f"cvs run {html[0]}: pytest-html is not installed" in err
     assert "pip install pytest-html" in err and "nothing was run" in err
@@ -448,14 +456,7 @@ def test_cvs_run_refuses_pytest_options_it_sets_itself(
     key_file: Path,
     extra: list[str],
 ) -> None:
-    cluster, config = _files(tmp_path, key_file)
-    code, err = _run(
-        capsys,
-        "compat_checks",
-        "--cluster_file", str(cluster), "--config_file", str(config),
-        "--run-dir", str(tmp_path / "run"),
-        "--", *extra,
-    )  # fmt: skip
+    code, err = _run_checks(capsys, tmp_path, key_file, "--", *extra)
     assert code == 2 and err.count("\n") == 1
     assert f"cvs run: {extra[0].split('=')[0]}:" in err
     assert not (tmp_path / "run").exists()

@@ -249,3 +249,11 @@ def test_shared_holders_overlap_and_a_busy_lock_names_its_holders(tmp_path: Path
         for p in (first, second):
             p.communicate(timeout=30)  # closing stdin releases
     assert not lock.exists()
+
+
+def test_a_forged_holder_line_cannot_put_escapes_or_markup_on_the_terminal() -> None:
+    # Lock directories are world-writable: another local user can leave any line.
+    forged = "\x1b]0;pwned\x07[bold red]root@gpu01[/] pid 1: up" + "x" * 500
+    shown = describe_holders([forged, "cvs@ci pid 7: run"])
+    assert "\x1b" not in shown and "\x07" not in shown and "[" not in shown
+    assert "cvs@ci pid 7: run" in shown and len(shown) <= 300

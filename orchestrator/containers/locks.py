@@ -201,9 +201,12 @@ def split_lock_frames(text: str) -> tuple[str | None, list[str], str]:
 
 
 def describe_holders(holders: Sequence[str]) -> str:
+    """The holders for a message. The lines come from a directory any local
+    user can write to: only the characters cvs itself writes get through
+    (no terminal escapes, no markup), each line cut at 200."""
     if not holders:
         return "another cvs invocation"
-    shown = ", ".join(dict.fromkeys(holders))
+    shown = ", ".join(dict.fromkeys(_DESCRIPTION_UNSAFE.sub("?", h)[:200] for h in holders))
     return shown if len(shown) <= 300 else shown[:297] + "..."
 
 

@@ -15,9 +15,11 @@ from hypothesis import strategies as st
 from orchestrator.config import (
     ClusterConfig,
     ConfigError,
+    JumpHop,
     cluster_from_data,
     cluster_warnings,
     container_name,
+    jump_hops,
     load_cluster,
     normalized_cluster,
     parse_cluster,
@@ -186,6 +188,11 @@ MALFORMED = [
         "bad_proxy_jump",
         "hosts: [a]\nssh: {proxy_jump: 'bastion -oProxyCommand=x'}\n",
         ["ssh.proxy_jump", "invalid proxy_jump"],
+    ),
+    (
+        "proxy_jump_port_out_of_range",
+        "hosts: [a]\nssh: {proxy_jump: 'bastion:70000'}\n",
+        ["ssh.proxy_jump", "invalid proxy_jump hop 'bastion:70000'"],
     ),
     (
         "network_option_injection",
@@ -420,6 +427,14 @@ def test_json_with_tabs_loads(tmp_path: Path) -> None:
 def test_duplicate_json_key_is_refused(tmp_path: Path) -> None:
     path = write(tmp_path, '{"hosts": ["a"], "hosts": ["b"]}', "cluster.json")
     assert "duplicate key 'hosts'" in load_error(path)
+
+
+def test_proxy_jump_hops_keep_each_user_host_and_port_in_order() -> None:
+    assert jump_hops("ops@bastion:2222,[fd00::1]:22,gw") == [
+        JumpHop(host="bastion", user="ops", port=2222),
+        JumpHop(host="fd00::1", port=22),
+        JumpHop(host="gw"),
+    ]
 
 
 # ---- samples and CVS JSON --------------------------------------------------------

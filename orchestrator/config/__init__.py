@@ -14,6 +14,7 @@ from orchestrator.config.model import (
     HostEntry,
     HostKeyPolicy,
     HostSpec,
+    JumpHop,
     Lifetime,
     Limits,
     Model,
@@ -23,6 +24,7 @@ from orchestrator.config.model import (
     Resources,
     SSHConfig,
     SSHDConfig,
+    jump_hops,
 )
 from orchestrator.config.views import (
     caps_warnings,
@@ -48,6 +50,7 @@ __all__ = [
     "HostEntry",
     "HostKeyPolicy",
     "HostSpec",
+    "JumpHop",
     "Lifetime",
     "Limits",
     "MPIConfig",
@@ -63,6 +66,7 @@ __all__ = [
     "cluster_warnings",
     "container_name",
     "cvs_import_notes",
+    "jump_hops",
     "load_cluster",
     "normalized_cluster",
     "parse_cluster",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -123,6 +124,37 @@ WORKDIR_RE = re.compile(r"/[^\x00-\x1f\x7f]*")
 CONTAINER_USER_RE = re.compile(
     r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,31})?"
 )
+
+
+@dataclass(frozen=True)
+class JumpHop:
+    """One hop of `ssh.proxy_jump`; None is "not given" (ssh.user, port 22)."""
+
+    host: str
+    user: str | None = None
+    port: int | None = None
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host and self.port else self.host
+        user = f"{self.user}@" if self.user else ""
+        return user + host + (f":{self.port}" if self.port else "")
+
+
+def jump_hops(text: str) -> list[JumpHop]:
+    """`[user@]host[:port],...` -> hops, first to last; ValueError names a bad hop."""
+    hops = []
+    for hop in text.split(","):
+        user, _, rest = hop.rpartition("@")
+        if user:
+            _check_user(user)
+        split = split_host_port(rest)
+        host, port = split if split is not None else (rest, None)
+        if not is_host_or_ip(host) or (port is not None and not 1 <= port <= 65535):
+            raise ValueError(
+                f"invalid proxy_jump hop {hop!r}: expected [user@]host[:port], comma-separated"
+            )
+        hops.append(JumpHop(host=host, user=user or None, port=port))
+    return hops
 
 
 class Model(BaseModel):
@@ -242,18 +274,8 @@ class SSHConfig(Model):
     @classmethod
     def _proxy_jump(cls, v: str | None) -> str | None:
         # [user@]host[:port], comma-separated: it reaches ssh's ProxyJump.
-        if v is None:
-            return v
-        for hop in v.split(","):
-            user, _, rest = hop.rpartition("@")
-            if user:
-                _check_user(user)
-            split = split_host_port(rest)
-            host = split[0] if split is not None else rest
-            if not is_host_or_ip(host):
-                raise ValueError(
-                    f"invalid proxy_jump hop {hop!r}: expected [user@]host[:port], comma-separated"
-                )
+        if v is not None:
+            jump_hops(v)
         return v
 
     @field_validator("identity_files", mode="before")
@@ -264,7 +286,13 @@ class SSHConfig(Model):
 
 
 class Concurrency(Model):
-    # Handshakes in flight at once (sshd's MaxStartups defaults to 10:30:100).
+    # Handshakes in flight at once, fleet-wide. An sshd starts refusing
+    # unauthenticated connections beyond MaxStartups (10:30:100 by default).
+    # `ssh.proxy_jump` costs the bastion one handshake for the whole fleet and
+    # each host's sshd sees only its own, so a large fleet may raise this; 10
+    # stays the default for what cvs cannot see: a ProxyJump in ~/.ssh/config
+    # (asyncssh opens one bastion connection per host for it) or host entries
+    # that share one sshd (aliases, a port-forwarding gateway).
     handshakes: int = Field(default=10, ge=1)
     # Hosts worked on at once.
     hosts: int = Field(default=256, ge=1)

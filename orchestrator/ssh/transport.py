@@ -30,7 +30,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from orchestrator.config import ClusterConfig, HostSpec
+from orchestrator.config import ClusterConfig, HostSpec, JumpHop, jump_hops
 from orchestrator.config.units import parse_size
 from orchestrator.events import (
     CommandFinished,
@@ -103,6 +103,11 @@ def classify_connect_error(exc: BaseException) -> tuple[Status, str]:
     return "unreachable", str(exc) or type(exc).__name__
 
 
+def _close_chain(chain: list[asyncssh.SSHClientConnection]) -> None:
+    for conn in reversed(chain):
+        conn.close()
+
+
 class _AcceptNewClient(asyncssh.SSHClient):
     """`accept-new`: trust a host seen for the first time, never a changed key."""
 
@@ -155,6 +160,12 @@ class SSHPool:
         self.connects = 0  # handshakes performed (for the benchmark / tests)
         self._warned: set[str] = set()
         self._keys: list[asyncssh.SSHKeyPair] | None = None
+        proxy_jump = cluster.ssh.proxy_jump
+        self._jump_hops: list[JumpHop] = jump_hops(proxy_jump) if proxy_jump else []
+        self._jump_chain: list[asyncssh.SSHClientConnection] = []
+        self._jump_lock = anyio.Lock()
+        self._jump_failure: ConnectError | None = None
+        self.jump_connects = 0  # handshakes with jump hosts that succeeded (for the tests)
 
     async def __aenter__(self) -> SSHPool:
         if self.cluster.ssh.identity_files:
@@ -171,14 +182,20 @@ class SSHPool:
             for link in self._links.values():
                 with anyio.move_on_after(2), contextlib.suppress(Exception):
                     await link.conn.wait_closed()
-        self._links.clear()
+            self._links.clear()
+            # After the hosts: their connections are channels of the jump's.
+            await self._close_jump()
 
     # -- connecting ---------------------------------------------------------
 
     def _connect_options(self, spec: HostSpec) -> dict[str, Any]:
         ssh = self.cluster.ssh
-        address = spec.address or spec.name
-        port = spec.port or ssh.port
+        return self._endpoint_options(spec.address or spec.name, spec.port or ssh.port, spec.user)
+
+    def _endpoint_options(self, address: str, port: int, user: str | None) -> dict[str, Any]:
+        """asyncssh options for one endpoint, a target or a jump hop alike: the
+        cluster's checking, keys and ciphers apply to every hop of the path."""
+        ssh = self.cluster.ssh
         opts: dict[str, Any] = {
             "host": address,
             "port": port,
@@ -191,14 +208,12 @@ class SSHPool:
             "encryption_algs": PREFERRED_CIPHERS,
             "compression_algs": ["none"],
         }
-        user = spec.user or ssh.user
+        user = user or ssh.user
         if user:
             opts["username"] = user
         if ssh.identity_files:
             opts["client_keys"] = self._client_keys()
             opts["agent_path"] = None
-        if ssh.proxy_jump:
-            opts["tunnel"] = ssh.proxy_jump
         if not ssh.use_ssh_config:
             opts["config"] = None
         known = Path(ssh.known_hosts).expanduser() if ssh.known_hosts else None
@@ -235,21 +250,27 @@ class SSHPool:
             self._warned.add(text)
             self.sink.emit(Message(level="warning", text=text))
 
-    async def _open(self, spec: HostSpec) -> _HostLink:
-        opts = self._connect_options(spec)
-        attempts = 0
-        self.sink.emit(Connecting(host=spec.name, address=f"{opts['host']}:{opts['port']}"))
-        start = time.monotonic()
-        retrying = AsyncRetrying(
+    def _retrying(self) -> AsyncRetrying:
+        return AsyncRetrying(
             retry=retry_if_exception(_is_transient),
             stop=stop_after_attempt(self.cluster.ssh.connect_retries + 1),
             wait=wait_random_exponential(multiplier=0.2, max=3.0),
             reraise=False,
         )
+
+    async def _handshake(
+        self, opts: dict[str, Any], host: str, what: str = "", *, via_jump: bool = False
+    ) -> tuple[asyncssh.SSHClientConnection, int]:
+        """`asyncssh.connect` with retries on transient failures; the final failure
+        is a ConnectError for `host` whose message starts with `what`."""
+        attempts = 0
         try:
-            async for attempt in retrying:
+            async for attempt in self._retrying():
                 with attempt:
                     attempts += 1
+                    if via_jump:
+                        # Each attempt: a jump that dropped meanwhile is reopened.
+                        opts["tunnel"] = await self._jump_for(host)
                     async with self._handshakes:
                         self.connects += 1
                         conn = await asyncssh.connect(**opts)
@@ -257,11 +278,66 @@ class SSHPool:
             inner = exc.last_attempt.exception() or exc
             status, message = classify_connect_error(inner)
             raise ConnectError(
-                spec.name, status, f"{message} (after {attempts} attempts)", attempts
+                host, status, f"{what}{message} (after {attempts} attempts)", attempts
             ) from inner
         except (OSError, asyncssh.Error, TimeoutError) as exc:
             status, message = classify_connect_error(exc)
-            raise ConnectError(spec.name, status, message, attempts) from exc
+            raise ConnectError(host, status, what + message, attempts) from exc
+        return conn, attempts
+
+    async def _jump_for(self, host: str) -> asyncssh.SSHClientConnection:
+        """The shared jump connection; its failure reported as `host`'s."""
+        try:
+            return await self._jump()
+        except ConnectError as exc:
+            raise ConnectError(host, exc.status, exc.message, exc.attempts) from exc
+
+    async def _jump(self) -> asyncssh.SSHClientConnection:
+        """The last hop of `ssh.proxy_jump`, shared by every target host.
+
+        Opened once (under a lock) with the cluster's own settings: a string
+        `tunnel` would have asyncssh open a new connection per target, checked
+        against its defaults (~/.ssh/known_hosts, default keys) and costing the
+        bastion one handshake per target. Reopened when it was closed; a
+        failure is remembered, so a fleet does not retry a dead bastion per host.
+        """
+        async with self._jump_lock:
+            if self._jump_chain and not self._jump_chain[-1].is_closed():
+                return self._jump_chain[-1]
+            if self._jump_failure is not None:
+                raise self._jump_failure
+            await self._close_jump()
+            chain: list[asyncssh.SSHClientConnection] = []
+            try:
+                for hop in self._jump_hops:
+                    opts = self._endpoint_options(hop.host, hop.port or 22, hop.user)
+                    if chain:
+                        opts["tunnel"] = chain[-1]
+                    conn, _ = await self._handshake(opts, str(hop), f"via jump host {hop}: ")
+                    chain.append(conn)
+                    self.jump_connects += 1
+            except ConnectError as exc:
+                self._jump_failure = exc
+                _close_chain(chain)
+                raise
+            except BaseException:
+                _close_chain(chain)
+                raise
+            self._jump_chain = chain
+            return chain[-1]
+
+    async def _close_jump(self) -> None:
+        chain, self._jump_chain = self._jump_chain, []
+        _close_chain(chain)
+        for conn in reversed(chain):
+            with anyio.move_on_after(2), contextlib.suppress(Exception):
+                await conn.wait_closed()
+
+    async def _open(self, spec: HostSpec) -> _HostLink:
+        opts = self._connect_options(spec)
+        self.sink.emit(Connecting(host=spec.name, address=f"{opts['host']}:{opts['port']}"))
+        start = time.monotonic()
+        conn, attempts = await self._handshake(opts, spec.name, via_jump=bool(self._jump_hops))
         self.sink.emit(
             Connected(host=spec.name, seconds=time.monotonic() - start, attempts=attempts)
         )

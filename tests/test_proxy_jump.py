@@ -1,0 +1,173 @@
+"""`ssh.proxy_jump` against the real sandbox sshd: node1 is the bastion, the
+other nodes are the targets.
+
+The targets stay reachable from here too (one bridge), so every test that
+claims "through the bastion" checks where the target saw its client come
+from: `SSH_CONNECTION` names the bastion's address, not this machine's.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from test_exec_cli import cvs, json_lines, statuses
+from test_transport import cluster_variant, run_once, sshd_option
+
+from orchestrator.config import load_cluster
+from orchestrator.sandbox import Sandbox
+from orchestrator.sandbox.network import gateway_address
+from orchestrator.ssh.transport import SSHPool
+
+BASTION = "node1"
+TARGETS = ["node2", "node3", "node4"]
+# The address the target's sshd saw the connection come from.
+CLIENT_ADDRESS = 'echo "${SSH_CONNECTION%% *}"'
+
+
+def jump_cluster(sandbox: Sandbox, directory: Path, jump: str, **changes: Any) -> Path:
+    """The sandbox cluster with only `TARGETS` as hosts, reached via `jump`."""
+    targets = [{"name": n, "address": sandbox.host(n).address} for n in TARGETS]
+    ssh = {"proxy_jump": jump, **changes.pop("ssh", {})}
+    return cluster_variant(sandbox, directory, hosts=targets, ssh=ssh, **changes)
+
+
+def accepted_logins(log: Path, since: int) -> list[str]:
+    return [
+        line
+        for line in log.read_text(errors="replace")[since:].splitlines()
+        if "Accepted publickey" in line
+    ]
+
+
+def test_every_target_sees_the_bastion_as_its_ssh_client(sandbox: Sandbox, tmp_path: Path) -> None:
+    path = jump_cluster(sandbox, tmp_path, sandbox.host(BASTION).address)
+    proc = cvs("exec", "-c", str(path), "--json", "--host-os", "--", "sh", "-c", CLIENT_ADDRESS)
+    assert proc.returncode == 0, proc.stderr
+    _, summary = json_lines(proc.stdout)
+    assert statuses(summary) == dict.fromkeys(TARGETS, "ok")
+    seen = {host: r["stdout"].strip() for host, r in summary["hosts"].items()}
+    assert seen == dict.fromkeys(TARGETS, sandbox.host(BASTION).address)
+
+
+def test_bastion_gets_one_connection_for_the_whole_fan_out(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    path = jump_cluster(sandbox, tmp_path, sandbox.host(BASTION).address)
+    log = sandbox.host(BASTION).host_dir / "sshd.log"
+    with sshd_option(sandbox, BASTION, "LogLevel", "INFO"):
+        since = len(log.read_text(errors="replace"))
+        results, _ = run_once(load_cluster(path), "true")
+        logins = accepted_logins(log, since)
+    assert {h: r.status for h, r in results.items()} == dict.fromkeys(TARGETS, "ok")
+    assert len(logins) == 1, logins
+    assert f"from {gateway_address(sandbox.index)} " in logins[0]
+
+
+def test_hop_user_wins_over_ssh_user_on_the_bastion(sandbox: Sandbox, tmp_path: Path) -> None:
+    bastion = sandbox.host(BASTION).address
+    path = jump_cluster(sandbox, tmp_path, f"cvsnone@{bastion}")
+    log = sandbox.host(BASTION).host_dir / "sshd.log"
+    with sshd_option(sandbox, BASTION, "LogLevel", "INFO"):
+        since = len(log.read_text(errors="replace"))
+        results, _ = run_once(load_cluster(path), "true", hosts=["node2"])
+        logins = accepted_logins(log, since)
+    assert results["node2"].status == "ok", results["node2"].error
+    assert [line.split(" for ")[1].split()[0] for line in logins] == ["cvsnone"]
+
+
+def test_two_hop_chain_reaches_the_targets_from_its_last_hop(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    first, last = sandbox.host("node1").address, sandbox.host("node2").address
+    targets = [{"name": n, "address": sandbox.host(n).address} for n in ("node3", "node4")]
+    path = cluster_variant(sandbox, tmp_path, hosts=targets, ssh={"proxy_jump": f"{first},{last}"})
+
+    async def main() -> tuple[dict[str, str], int]:
+        async with SSHPool(load_cluster(path)) as pool:
+            seen = {}
+            for host in ("node3", "node4"):
+                result = await pool.run(host, CLIENT_ADDRESS)
+                assert result.ok, result.error
+                seen[host] = result.stdout.strip()
+            return seen, pool.jump_connects
+
+    seen, jump_connects = anyio.run(main)
+    assert seen == {"node3": last, "node4": last}
+    assert jump_connects == 2
+
+
+def test_jump_uses_the_clusters_identity_file_not_the_users_default_keys(
+    sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A home whose known_hosts trusts the bastion but which holds no key: a
+    # jump made with asyncssh's defaults gets past the host key and is then
+    # refused. Only the cluster's identity file gets in.
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    shutil.copy(sandbox.known_hosts, home / ".ssh" / "known_hosts")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    path = jump_cluster(sandbox, tmp_path / "cluster", sandbox.host(BASTION).address)
+    results, _ = run_once(load_cluster(path), CLIENT_ADDRESS, hosts=["node2"])
+    assert results["node2"].status == "ok", results["node2"].error
+    assert results["node2"].stdout.strip() == sandbox.host(BASTION).address
+
+
+def test_bastion_missing_from_known_hosts_fails_every_target_naming_it(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    bastion = sandbox.host(BASTION).address
+    known = tmp_path / "known_hosts"
+    lines = sandbox.known_hosts.read_text().splitlines()
+    known.write_text("".join(line + "\n" for line in lines if line.split()[0] != bastion))
+    path = jump_cluster(sandbox, tmp_path / "cluster", bastion, ssh={"known_hosts": str(known)})
+    started = time.monotonic()
+    results, _ = run_once(load_cluster(path), "true")
+    assert time.monotonic() - started < 10
+    assert {h: r.status for h, r in results.items()} == dict.fromkeys(TARGETS, "host_key")
+    for result in results.values():
+        assert (result.error or "").startswith(f"via jump host {bastion}: host key not verifiable")
+
+
+def test_unreachable_jump_host_fails_every_target_naming_it(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    closed_port = f"{sandbox.host(BASTION).address}:2"
+    path = jump_cluster(sandbox, tmp_path, closed_port, ssh={"connect_retries": 1})
+    results, _ = run_once(load_cluster(path), "true")
+    assert {h: r.status for h, r in results.items()} == dict.fromkeys(TARGETS, "unreachable")
+    for result in results.values():
+        assert (result.error or "").startswith(f"via jump host {closed_port}: connection refused")
+
+
+def test_a_closed_jump_connection_is_reopened_for_the_next_host(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    path = jump_cluster(sandbox, tmp_path, sandbox.host(BASTION).address)
+
+    async def main() -> tuple[bool, bool, int]:
+        async with SSHPool(load_cluster(path)) as pool:
+            first = await pool.run("node2", ["true"])
+            pool._jump_chain[-1].close()
+            await pool._jump_chain[-1].wait_closed()
+            second = await pool.run("node3", ["true"])
+            return first.ok, second.ok, pool.jump_connects
+
+    assert anyio.run(main) == (True, True, 2)
+
+
+def test_closing_the_pool_closes_the_jump_connection(sandbox: Sandbox, tmp_path: Path) -> None:
+    path = jump_cluster(sandbox, tmp_path, sandbox.host(BASTION).address)
+
+    async def main() -> bool:
+        async with SSHPool(load_cluster(path)) as pool:
+            assert (await pool.run("node2", ["true"])).ok
+            jump = pool._jump_chain[-1]
+        return jump.is_closed()
+
+    assert anyio.run(main)

@@ -17,6 +17,7 @@ import contextlib
 import functools
 import itertools
 import os
+import pwd
 import shutil
 import signal
 from collections.abc import Callable, Iterator
@@ -54,6 +55,26 @@ def _sigterm_as_interrupt(signum: int, frame: object) -> None:
 def pytest_sessionstart(session: pytest.Session) -> None:
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Once no sandbox is left, the records cvs kept in the sandbox login users'
+    homes (provisioning and adoption, by container ID) are leftovers of this
+    run: remove them, so runs do not pile them up there."""
+    if os.geteuid() != 0:
+        return
+    from orchestrator.sandbox import DOCKER_USER, NO_DOCKER_USER, SUDO_USER, network
+
+    root = network.RUN_ROOT
+    if root.is_dir() and any(p.name.isdigit() for p in root.iterdir()):
+        return  # a sandbox still runs (another run, or a user's own): its records stay
+    for user in (DOCKER_USER, SUDO_USER, NO_DOCKER_USER):
+        try:
+            home = Path(pwd.getpwnam(user).pw_dir)
+        except KeyError:
+            continue
+        for records in ("provisioned", "adopted"):
+            shutil.rmtree(home / ".local" / "state" / "cvs" / records, ignore_errors=True)
 
 
 def _down_quietly(directory: Path) -> None:

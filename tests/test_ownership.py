@@ -29,7 +29,11 @@ from orchestrator.containers.locks import (
     split_lock_frames,
 )
 from orchestrator.containers.plan import decide_down, decide_plan
-from orchestrator.containers.probe import HostState, parse_probe_output
+from orchestrator.containers.probe import (
+    HostState,
+    forget_removed_records_command,
+    parse_probe_output,
+)
 
 ID = "a" * 64
 NO_SUCH = b"Error: No such object: ctr\nError: No such object: img:1\n"
@@ -111,6 +115,27 @@ def test_rollback_filters_on_this_invocations_label_and_the_exact_name() -> None
     assert "name=^/ctr$" in text
     with pytest.raises(ValueError):
         remove_started_by_command(["docker"], "ctr", "x; rm -rf /")
+
+
+def test_rollback_also_drops_the_host_records_of_what_it_removed(tmp_path: Path) -> None:
+    # The rollback removes by label, so only the host knows the IDs it removed.
+    removed, kept = "a" * 64, "b" * 64
+    records = tmp_path / "state" / "cvs"
+    for kind in ("provisioned", "adopted"):
+        (records / kind).mkdir(parents=True)
+        for cid in (removed, kept):
+            (records / kind / cid).write_text("x\n")
+    fake = tmp_path / "docker"
+    fake.write_text(f'#!/bin/sh\ncase $1 in ps) echo {removed}; echo "bogus;id" ;; esac\n')
+    fake.chmod(0o755)
+    text = remove_started_by_command(
+        [str(fake)], "ctr", "0123456789abcdef", then=forget_removed_records_command()
+    )
+    env = {"PATH": "/usr/bin:/bin", "XDG_STATE_HOME": str(tmp_path / "state")}
+    assert subprocess.run(["sh", "-c", text], env=env).returncode == 0
+    for kind in ("provisioned", "adopted"):
+        assert not (records / kind / removed).exists()
+        assert (records / kind / kept).exists()
 
 
 # --- what needs the lock exclusively -------------------------------------------

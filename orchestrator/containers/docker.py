@@ -161,11 +161,14 @@ def rm_id_argv(prefix: Sequence[str], container_id: str) -> list[str]:
     return [*prefix, "rm", "-f", container_id]
 
 
-def remove_started_by_command(prefix: Sequence[str], name: str, invocation: str) -> str:
+def remove_started_by_command(
+    prefix: Sequence[str], name: str, invocation: str, *, then: str | None = None
+) -> str:
     """Shell text: remove the containers named `name` that `invocation` started.
 
     For rollback after an interrupted `docker run`, whose container ID never
     came back: the invocation label finds exactly what this invocation made.
+    `then` (shell text, `$ids` set to the removed IDs) runs after a removal.
     """
     validate_container_name(name)
     if not re.fullmatch(r"[0-9a-f]{8,64}", invocation):
@@ -176,7 +179,7 @@ def remove_started_by_command(prefix: Sequence[str], name: str, invocation: str)
     )
     return (
         f"ids=$({docker} ps -aq --no-trunc {filters}) || exit 1; "
-        f'[ -z "$ids" ] || {docker} rm -f $ids'
+        f'[ -z "$ids" ] || {docker} rm -f $ids' + (f" && {{ {then}; }}" if then else "")
     )
 
 

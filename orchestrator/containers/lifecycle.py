@@ -63,6 +63,7 @@ from orchestrator.containers.probe import (
     ADOPTED_DIR,
     HostState,
     forget_records_command,
+    forget_removed_records_command,
     parse_probe_output,
     probe_command,
 )
@@ -667,7 +668,9 @@ class Lifecycle:
             # Only what this invocation started (its label), even when the
             # `docker run` was cut short before it told us the container ID.
             prefix = docker_prefix(states[host].docker_access)  # type: ignore[arg-type]
-            command = remove_started_by_command(prefix, self.name, self.invocation)
+            command = remove_started_by_command(
+                prefix, self.name, self.invocation, then=forget_removed_records_command()
+            )
             await self.pool.run(host, command, stream_output=False, label="rollback")
 
         with anyio.CancelScope(shield=True):

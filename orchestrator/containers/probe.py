@@ -277,6 +277,18 @@ def forget_records_command(container_id: str) -> str:
     return f'rm -f "{PROVISIONED_DIR}/{container_id}" "{ADOPTED_DIR}/{container_id}"'
 
 
+def forget_removed_records_command(ids_var: str = "ids") -> str:
+    """Host shell text: drop the records of the containers whose IDs the shell
+    variable `ids_var` lists (a removal by label, whose IDs only the host knows).
+    Each word must be a full container ID; anything else is skipped."""
+    if not re.fullmatch(r"[a-z_]+", ids_var):
+        raise ValueError(f"invalid shell variable name {ids_var!r}")
+    return (
+        f"for i in ${ids_var}; do case $i in *[!0-9a-f]*) continue ;; esac; "
+        f'[ ${{#i}} -eq 64 ] && rm -f "{PROVISIONED_DIR}/$i" "{ADOPTED_DIR}/$i"; done; true'
+    )
+
+
 def _adopted_records(sections: Mapping[str, Section]) -> dict[str, str]:
     """container ID -> cluster name, from the adopted frame (`ID CLUSTER`)."""
     section = sections.get("adopted")

@@ -9,13 +9,15 @@ from: `SSH_CONNECTION` names the bastion's address, not this machine's.
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from test_exec_cli import cvs, json_lines, statuses
+from test_exec_cli import CLI_ENV, REPO, cvs, json_lines, statuses
 from test_transport import cluster_variant, run_once, sshd_option
 
 from orchestrator.config import load_cluster
@@ -171,3 +173,40 @@ def test_closing_the_pool_closes_the_jump_connection(sandbox: Sandbox, tmp_path:
         return jump.is_closed()
 
     assert anyio.run(main)
+
+
+@pytest.mark.parametrize("use_ssh_config", [False, True])
+def test_cvs_shell_jumps_with_the_clusters_identity_and_known_hosts(
+    sandbox: Sandbox, tmp_path: Path, use_ssh_config: bool
+) -> None:
+    # OpenSSH gives the jump's ssh only -F, not -i or -o: without the config
+    # file the bastion is checked against the user's own known_hosts (OpenSSH
+    # reads the passwd entry's ~/.ssh, not $HOME's), which cannot know this
+    # sandbox's fresh host keys, and offered the user's keys, which it does
+    # not accept. HOME only keeps the state dir in tmp_path. The cluster's
+    # files sit under a path with a space, which the config file quotes.
+    home = tmp_path / "home"
+    home.mkdir()
+    files = tmp_path / "cluster files"
+    files.mkdir()
+    key = shutil.copy2(sandbox.key_file, files / "id key")
+    known = shutil.copy(sandbox.known_hosts, files / "known hosts")
+    ssh = {"identity_files": [str(key)], "known_hosts": str(known)}
+    path = jump_cluster(
+        sandbox,
+        tmp_path / "cluster",
+        sandbox.host(BASTION).address,
+        ssh={**ssh, "use_ssh_config": use_ssh_config},
+    )
+    env = {k: v for k, v in CLI_ENV.items() if k != "SSH_AUTH_SOCK"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "shell", "-c", str(path), "--host-os", "node2"],
+        input=CLIENT_ADDRESS + "\nexit 7\n",
+        env={**env, "HOME": str(home), "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 7, proc.stderr
+    assert proc.stdout.strip() == sandbox.host(BASTION).address

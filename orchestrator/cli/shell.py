@@ -3,7 +3,9 @@
 It hands the terminal to OpenSSH's client (execvp), which does what an
 interactive session needs (raw mode, window resizes, escape sequences) and
 returns the shell's exit status; the options come from the cluster's SSH
-settings and host-key policy (ssh/openssh.py).
+settings and host-key policy (ssh/openssh.py), which with ssh.proxy_jump also
+writes them to a config file in the state dir for the jump: nothing is left
+running here to remove a temporary one.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ LABEL_INVOCATION = "io.cvs.invocation"
 # The port its in-container sshd listens on: with network host another
 # cluster's probe names this container when that port is taken.
 LABEL_SSHD_PORT = "io.cvs.sshd-port"
-_CONTAINER_ID_RE = re.compile(r"[0-9a-f]{64}")
+CONTAINER_ID_RE = re.compile(r"[0-9a-f]{64}")  # a full container ID, as docker prints it
 
 # Docker's zero time: what StartedAt holds for a container never started.
 _ZERO_TIME = "0001-01-01T00:00:00Z"
@@ -156,7 +156,7 @@ def is_ours(
 
 def rm_id_argv(prefix: Sequence[str], container_id: str) -> list[str]:
     """`docker rm -f ID`: removal by the exact container ID probed or created."""
-    if not isinstance(container_id, str) or not _CONTAINER_ID_RE.fullmatch(container_id):
+    if not isinstance(container_id, str) or not CONTAINER_ID_RE.fullmatch(container_id):
         raise ValueError(f"invalid container ID {container_id!r} (64 hex digits)")
     return [*prefix, "rm", "-f", container_id]
 
@@ -286,14 +286,11 @@ def stop_argv(prefix: Sequence[str], name: str, *, timeout: int | None = None) -
     return [*argv, validate_container_name(name)]
 
 
-_CONTAINER_ID_RE = re.compile(r"[0-9a-f]{64}")
-
-
 def parse_run_id(stdout: str) -> str | None:
     """The container ID `docker run -d` printed (its last line), if it is one."""
     lines = stdout.strip().splitlines()
     last = lines[-1].strip() if lines else ""
-    return last if _CONTAINER_ID_RE.fullmatch(last) else None
+    return last if CONTAINER_ID_RE.fullmatch(last) else None
 
 
 def pull_argv(prefix: Sequence[str], ref: str) -> list[str]:

@@ -15,7 +15,6 @@ no other step waits for the fleet.
 from __future__ import annotations
 
 import fnmatch
-import re
 import shlex
 import uuid
 from collections.abc import Mapping, Sequence
@@ -33,6 +32,7 @@ from orchestrator.config import (
     sshd_wanted,
 )
 from orchestrator.containers.docker import (
+    CONTAINER_ID_RE,
     LABEL_INVOCATION,
     config_hash,
     container_limits_drift,
@@ -95,8 +95,6 @@ from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.keys import ClusterKeys, default_state_dir
 from orchestrator.ssh.transport import SSHPool
-
-_CONTAINER_ID_RE = re.compile(r"[0-9a-f]{64}")
 
 
 def new_invocation_id() -> str:
@@ -573,7 +571,7 @@ class Lifecycle:
         if action.remove_first:
             # By the ID probed under the exclusive lock: never by name.
             victim = state.container_id
-            if not victim or not _CONTAINER_ID_RE.fullmatch(victim):
+            if not victim or not CONTAINER_ID_RE.fullmatch(victim):
                 outcome.fail("remove", None, f"no container ID to remove from the probe ({victim})")
                 return
             if await self._cmd(outcome, "remove", remove_command(prefix, victim)) is None:
@@ -741,7 +739,7 @@ def _only_started_by(plan: Plan, states: Mapping[str, HostState], invocation: st
 def adoption_record_command(name: str, container_id: str | None, cluster_name: str) -> str:
     """Host shell text recording that `cluster_name` owns the container
     `container_id` (adopted; docker cannot relabel it): read back by the probe."""
-    if container_id is None or not re.fullmatch(r"[0-9a-f]{64}", container_id):
+    if container_id is None or not CONTAINER_ID_RE.fullmatch(container_id):
         raise ValueError(f"cannot adopt {name}: no container ID ({container_id!r})")
     record = f"{ADOPTED_DIR}/{container_id}"
     return (
@@ -758,7 +756,7 @@ def remove_command(prefix: Sequence[str], container_id: str) -> str:
 
 
 def _valid_id(container_id: str | None) -> str | None:
-    return container_id if container_id and _CONTAINER_ID_RE.fullmatch(container_id) else None
+    return container_id if container_id and CONTAINER_ID_RE.fullmatch(container_id) else None
 
 
 def _run_failed(outcome: HostOutcome) -> bool:

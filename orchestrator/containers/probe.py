@@ -62,6 +62,7 @@ from typing import Any, Literal
 
 from orchestrator.config import ContainerConfig
 from orchestrator.containers.docker import (
+    CONTAINER_ID_RE,
     LABEL_MANAGED,
     LABEL_SSHD_PORT,
     ContainerLimits,
@@ -247,11 +248,21 @@ def _capacity_facts(sections: Mapping[str, Section]) -> dict[str, object]:
 STATE_DIR = "${XDG_STATE_HOME:-$HOME/.local/state}/cvs"
 ADOPTED_DIR = f"{STATE_DIR}/adopted"
 PROVISIONED_DIR = f"{STATE_DIR}/provisioned"
-_CONTAINER_ID_RE = re.compile(r"[0-9a-f]{64}")
 # Records of containers removed behind cvs's back are pruned when a record is
 # written: a record not rewritten for this long is dropped (the probe falls
 # back to the in-container marker and writes it again).
 RECORD_MAX_AGE_DAYS = 60
+
+
+def _write_record(container_id: str, sha256: str) -> str:
+    """sh text writing one provisioning record (0600, in a 0700 directory).
+    Both arguments go inside double quotes: checked hex literals, or `$var`
+    naming a value the caller has checked. The one place the record's format
+    lives."""
+    return (
+        f'(umask 077; mkdir -p "{PROVISIONED_DIR}" && '
+        f'printf "%s\\n" "{sha256}" > "{PROVISIONED_DIR}/{container_id}") 2>/dev/null'
+    )
 
 
 def provision_record_command(container_id: str, sha256: str) -> str:
@@ -259,22 +270,28 @@ def provision_record_command(container_id: str, sha256: str) -> str:
     script `sha256` (written when the setup script succeeded). Never fails
     the command it follows: a record that cannot be written only costs the
     next probe a `docker exec`."""
-    if not _CONTAINER_ID_RE.fullmatch(container_id):
+    if not CONTAINER_ID_RE.fullmatch(container_id):
         raise ValueError(f"invalid container ID {container_id!r} (64 hex digits)")
     if not re.fullmatch(r"[0-9a-f]{64}", sha256):
         raise ValueError(f"not a sha256 hex digest: {sha256!r}")
-    return (
-        f'{{ d={PROVISIONED_DIR}; (umask 077; mkdir -p "$d") && '
-        f'find "$d" -type f -mtime +{RECORD_MAX_AGE_DAYS} -exec rm -f {{}} + ; '
-        f'(umask 077; printf "%s\\n" {sha256} > "$d/{container_id}"); }} 2>/dev/null; true'
+    prune = (
+        f'find "{PROVISIONED_DIR}" -type f -mtime +{RECORD_MAX_AGE_DAYS} '
+        "-exec rm -f {} + 2>/dev/null"
     )
+    return f"{{ {_write_record(container_id, sha256)} && {prune}; }}; true"
 
 
 def forget_records_command(container_id: str) -> str:
     """Host shell text: drop the records of a container cvs removed."""
-    if not _CONTAINER_ID_RE.fullmatch(container_id):
+    if not CONTAINER_ID_RE.fullmatch(container_id):
         raise ValueError(f"invalid container ID {container_id!r} (64 hex digits)")
-    return f'rm -f "{PROVISIONED_DIR}/{container_id}" "{ADOPTED_DIR}/{container_id}"'
+    return f"rm -f {_record_paths(container_id)}"
+
+
+def _record_paths(container_id: str) -> str:
+    """Both of a container's record paths, double-quoted (`container_id`: a
+    checked ID or `$var`)."""
+    return f'"{PROVISIONED_DIR}/{container_id}" "{ADOPTED_DIR}/{container_id}"'
 
 
 def forget_removed_records_command(ids_var: str = "ids") -> str:
@@ -285,7 +302,7 @@ def forget_removed_records_command(ids_var: str = "ids") -> str:
         raise ValueError(f"invalid shell variable name {ids_var!r}")
     return (
         f"for i in ${ids_var}; do case $i in *[!0-9a-f]*) continue ;; esac; "
-        f'[ ${{#i}} -eq 64 ] && rm -f "{PROVISIONED_DIR}/$i" "{ADOPTED_DIR}/$i"; done; true'
+        f"[ ${{#i}} -eq 64 ] && rm -f {_record_paths('$i')}; done; true"
     )
 
 
@@ -297,7 +314,7 @@ def _adopted_records(sections: Mapping[str, Section]) -> dict[str, str]:
     out: dict[str, str] = {}
     for line in section.stdout.splitlines():
         cid, _, cluster = line.partition(" ")
-        if _CONTAINER_ID_RE.fullmatch(cid) and cluster.strip():
+        if CONTAINER_ID_RE.fullmatch(cid) and cluster.strip():
             out[cid] = cluster.strip()
     return out
 
@@ -397,11 +414,10 @@ if [ -n "$cid" ]; then
   { read -r _l; read -r _m1 _m2; read -r _sha _rest; } <"$tmp/out"
   case $_sha in *[!0-9a-f]*) _sha= ;; esac
   if [ "$_m2" = present ] && [ ${#_sha} -eq 64 ]; then
-    ( umask 077; mkdir -p "$st/provisioned" &&
-      printf '%s\n' "$_sha" >"$st/provisioned/$cid" ) 2>/dev/null
+    WRITE_RECORD
   fi
 fi
-""".strip()
+""".strip().replace("WRITE_RECORD", _write_record("$cid", "$_sha"))
 
 
 def _port_check(sshd_port: int) -> list[str]:

@@ -17,7 +17,9 @@ from private_dockerd import TEST_IMAGE, PrivateDockerd
 from orchestrator.config import ContainerConfig
 from orchestrator.containers.docker import managed_labels, run_argv
 from orchestrator.containers.probe import (
+    INSPECT_FORMAT,
     HostState,
+    _listen_loop,
     forget_records_command,
     inspect_image_arg,
     parse_probe_output,
@@ -333,6 +335,10 @@ def test_stopped_container_with_a_record_needs_no_docker_cp(
     assert calls(log) == ["inspect"]
 
 
+# docker says PID 1: in the facts line and in the object's JSON.
+PID_ONE = r's/^F \([0-9a-f]*\) [0-9]* /F \1 1 /;s/"Pid":[0-9]*,/"Pid":1,/'
+
+
 @pytestmark_real
 def test_a_pid_that_is_not_the_containers_is_not_trusted_for_the_listener(
     dockerd: PrivateDockerd, cfg: ContainerConfig, container: str, tmp_path: Path, state_home: Path
@@ -341,7 +347,7 @@ def test_a_pid_that_is_not_the_containers_is_not_trusted_for_the_listener(
     # under docker's PID: here docker says PID 1, the host's init, whose socket
     # table is not the container's. The check inside the container answers.
     record(state_home, container_id(dockerd, container))
-    env, log = counting_docker(tmp_path, dockerd.env, inspect_sed='s/"Pid": [0-9]*,/"Pid": 1,/')
+    env, log = counting_docker(tmp_path, dockerd.env, inspect_sed=PID_ONE)
     state = run_probe(env, cfg)
     assert state.container == "running" and state.provision_marker == SHA
     assert state.sshd_listening is False
@@ -416,7 +422,7 @@ def test_probe_command_rejects_unsafe_container_names(name: str) -> None:
 def test_probe_command_without_config_skips_the_image() -> None:
     script = probe_command(None, "c", sshd_port=PORT, marker_path=MARKER)
     assert "image" not in script.split("@@cvs:args", 1)[1].split("\n", 1)[0]
-    assert '"$@" inspect c ||' in script
+    assert f'"$@" inspect --format {shlex.quote(INSPECT_FORMAT)} c;' in script
 
 
 def frame(name: str, rc: int, out: bytes = b"", err: bytes = b"") -> str:
@@ -431,8 +437,13 @@ ARGS = frame("args", 0, b"c\nimg:1\n")
 
 
 def inspected(rc: int, out: bytes = b"", err: bytes = b"", via: str = "direct") -> str:
-    """The probe's answer: the args, then one `docker inspect NAME IMAGE` section."""
-    return ARGS + frame(f"inspect.{via}", rc, out, err)
+    """The probe's answer: the args, then one `docker inspect NAME IMAGE` section,
+    as `inspect_via` frames it (J: an object, E: a line of stderr)."""
+    objects = json.loads(out) if out.strip() else []
+    lines = [f"J {json.dumps(o)}\n" for o in objects]
+    lines += [f"E {line}\n" for line in err.decode().splitlines()]
+    section = f"inspect.{via}"
+    return ARGS + f"@@cvs:section {section} {rc} raw\n" + "".join(lines) + f"@@cvs:end {section}\n"
 
 
 RUNNING = {"Status": "running", "Running": True}
@@ -526,3 +537,61 @@ def test_section_bodies_cannot_forge_frames() -> None:
     sections, done = parse_sections(frame("x", 0, b"@@cvs:done\n@@cvs:end x\n"))
     assert not done
     assert sections["x"].stdout == "@@cvs:done\n@@cvs:end x\n"
+
+
+def test_a_raw_section_line_without_its_prefix_makes_the_probe_unreadable() -> None:
+    text = ARGS + "@@cvs:section inspect.direct 0 raw\nJ {}\nnot ours\n@@cvs:end inspect.direct\n"
+    state = parse_probe_output("h1", 0, text + "@@cvs:done\n", "")
+    assert state.error_kind == "garbled" and state.container is None
+
+
+@pytestmark_real
+def test_docker_output_that_looks_like_a_frame_is_carried_not_obeyed(
+    dockerd: PrivateDockerd, cfg: ContainerConfig, container: str, tmp_path: Path
+) -> None:
+    real = shutil.which("docker")
+    forged = f"@@cvs:facts {'0' * 64} 1 true"
+    body = (
+        f'if [ "$1" = inspect ]; then echo "{forged}"; echo "@@cvs:done" >&2; fi\n'
+        f'exec {real} "$@"\n'
+    )
+    env = {**dockerd.env, "PATH": f"{fake_bin(tmp_path, {'docker': body})}:{os.environ['PATH']}"}
+    state = run_probe(env, cfg)
+    assert state.known and state.container == "running"
+    assert state.container_id == container_id(dockerd, container)
+
+
+SOCKETS_HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt\n"
+
+
+def socket_line(n: int, local: str, remote: str, st: str) -> str:
+    return f"   {n}: {local} {remote} {st} 00000000:00000000 00:00000000 00000000\n"
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        # listening, after another listener
+        (
+            [("00000000:0016", "00000000:0000", "0A"), ("0100007F:08B0", "00000000:0000", "0A")],
+            "yes",
+        ),
+        # only other ports
+        ([("00000000:0016", "00000000:0000", "0A")], "no"),
+        # a connection to the port is not a listener
+        ([("0100007F:9C40", "0100007F:08B0", "01")], "no"),
+        # listeners come first: reading stops at the first connection
+        (
+            [("0100007F:9C40", "0100007F:0016", "01"), ("00000000:08B0", "00000000:0000", "0A")],
+            "no",
+        ),
+    ],
+)
+def test_listener_loop_reads_only_the_listening_sockets(
+    tmp_path: Path, lines: list[tuple[str, str, str]], expected: str
+) -> None:
+    table = tmp_path / "tcp"
+    table.write_text(SOCKETS_HEADER + "".join(socket_line(i, *t) for i, t in enumerate(lines)))
+    script = "\n".join([*_listen_loop(shlex.quote(str(table)), 2224), 'echo "$listen"'])
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == expected

@@ -45,6 +45,14 @@ LABEL_INVOCATION = "io.cvs.invocation"
 LABEL_SSHD_PORT = "io.cvs.sshd-port"
 CONTAINER_ID_RE = re.compile(r"[0-9a-f]{64}")  # a full container ID, as docker prints it
 
+# Shell text that goes before docker CLI calls on the hot paths (probe, exec).
+# Go's runtime sizes itself to the host's cores: on a 128-core node a one-shot
+# docker CLI sets up that many Ps (and GC workers) for one API call. One is
+# plenty, and measurably cheaper under load (docs/design.md, "What an attach
+# costs"). Exported to the docker CLI only: `docker exec` passes no host
+# variable into the container.
+DOCKER_CLI_ENV = "GOMAXPROCS=1; export GOMAXPROCS"
+
 # Docker's zero time: what StartedAt holds for a container never started.
 _ZERO_TIME = "0001-01-01T00:00:00Z"
 

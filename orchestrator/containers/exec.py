@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from orchestrator.config.model import CONTAINER_USER_RE, WORKDIR_RE
-from orchestrator.containers.docker import validate_container_name
+from orchestrator.containers.docker import DOCKER_CLI_ENV, validate_container_name
 from orchestrator.ssh.envpass import env_block, env_reader, new_token
 
 NOT_RUNNING_EXIT = 125
@@ -125,9 +125,9 @@ def container_command(
         exec_opts, stdin = ["-i", *exec_opts], env_block(env, env_token)
     inner = ["exec", *exec_opts, name, "sh", "-c", run, "cvs", _pidfile(token), *argv]
     if ready_via is not None:
-        script = f"exec {shlex.join([*ready_via, *inner])}"
+        script = f"{DOCKER_CLI_ENV}; exec {shlex.join([*ready_via, *inner])}"
     else:
-        script = in_running_container(name, inner)
+        script = f"{DOCKER_CLI_ENV}; {in_running_container(name, inner)}"
     # As root: the command may run as any user (or -u root).
     kill_argv = ["exec", "-u", "0", name, "sh", "-c", _KILL_TREE, "cvs", _pidfile(token)]
     kill = f"docker {shlex.join(kill_argv)} 2>/dev/null || sudo -n docker {shlex.join(kill_argv)}"

@@ -25,12 +25,21 @@
    the container (or `docker cp NAME:MARKER -` on a stopped one), and then
    writes the record so the next probe does not need it.
 
-So on the attach path the probe spawns one docker process and a handful of
-small ones (mktemp, base64, sed, grep).
+So on the attach path the probe spawns one docker process and no other:
+the inspect's output is captured and framed with shell builtins, and the
+socket table is read with `read` (see `_listen_loop` for why that matters).
 
 Facts that are one short line (`args`, `capacity`, `facts`, `adopted`,
 `record`, `listen`) come back as line frames, `@@cvs:TAG WORDS…`, built only
-from validated words. Command output comes back as framed sections:
+from validated words. The inspect comes back as a raw section whose every
+line is prefixed, `J` (one object's JSON) or `E` (a line of stderr):
+
+    @@cvs:section inspect.MODE RC raw
+    J {...}
+    E Error: No such object: ...
+    @@cvs:end inspect.MODE
+
+Other command output (the fallbacks) comes back as encoded sections:
 
     @@cvs:section NAME RC ENC      ENC is b64 (base64) or hex (od, fallback)
     <encoded stdout>
@@ -40,7 +49,7 @@ from validated words. Command output comes back as framed sections:
     ...
     @@cvs:done
 
-Encoding bodies means no output (labels, error text) can forge a frame, and
+Prefixing or encoding bodies means no output (labels, error text) can forge a frame, and
 the missing `@@cvs:done` tells a truncated probe from a finished one.
 `parse_probe_output` turns that into a `HostState`; anything it cannot read
 becomes `error` with the container state unknown (None), never "absent".
@@ -63,6 +72,7 @@ from typing import Any, Literal
 from orchestrator.config import ContainerConfig
 from orchestrator.containers.docker import (
     CONTAINER_ID_RE,
+    DOCKER_CLI_ENV,
     LABEL_MANAGED,
     LABEL_SSHD_PORT,
     ContainerLimits,
@@ -130,8 +140,11 @@ class HostState:
 
 _PRELUDE = r"""
 umask 077
-tmp=$(mktemp -d 2>/dev/null) || { tmp=/tmp/cvs-probe.$$; mkdir -m 700 "$tmp" || exit 90; }
-trap 'rm -rf "$tmp"' EXIT
+DOCKER_CLI_ENV
+# The temporary directory is made only when a section needs one: the attach
+# path does not (see inspect_via).
+tmp=
+trap '[ -z "$tmp" ] || rm -rf "$tmp"' EXIT
 trap 'exit 130' HUP INT TERM
 if command -v base64 >/dev/null 2>&1; then
   enc=b64; encode() { base64 < "$1"; }
@@ -146,6 +159,9 @@ emit() {
   printf '@@cvs:end %s\n' "$1"
 }
 section() {
+  if [ -z "$tmp" ]; then
+    tmp=$(mktemp -d 2>/dev/null) || { tmp=/tmp/cvs-probe.$$; mkdir -m 700 "$tmp" || exit 90; }
+  fi
   _name=$1; shift
   "$@" >"$tmp/out" 2>"$tmp/err" </dev/null 9<&-
   _rc=$?
@@ -153,7 +169,30 @@ section() {
   return "$_rc"
 }
 printf '@@cvs:probe 2\n'
-""".lstrip()
+""".lstrip().replace("DOCKER_CLI_ENV", DOCKER_CLI_ENV)
+
+
+def _listen_loop(path: str, port: int) -> list[str]:
+    """sh lines setting `listen=yes` when the socket table at `path` (shell
+    text) has an IPv4 LISTEN line on `port`, else `listen=no`.
+
+    Builtins only, and the table is read only as far as its listeners:
+    Linux prints listening sockets first (tcp_get_idx), and producing the
+    rest walks the kernel's whole established-connection hash table
+    (262144 buckets here, more on big hosts), which made one `grep` of the
+    file cost 5 ms of CPU. `read` takes a byte at a time, so the kernel
+    formats no line past the one that ends the loop.
+    """
+    return [
+        "listen=no",
+        "while read -r _sl _loc _rem _st _rest; do",
+        "  case $_st in",
+        f"    0A) case $_loc in *:{port:04X}) listen=yes; break ;; esac ;;",
+        "    st) ;;",
+        "    *) break ;;",
+        "  esac",
+        f"done <{path}",
+    ]
 
 
 def _listen_script(port: int) -> list[str]:
@@ -164,17 +203,10 @@ def _listen_script(port: int) -> list[str]:
     return [
         "listen=unknown",
         "if [ -r /proc/net/tcp ]; then",
-        "  listen=no",
-        f"  grep -q -E {shlex.quote(_listener_pattern(port))} /proc/net/tcp && listen=yes",
+        *("  " + line for line in _listen_loop("/proc/net/tcp", port)),
         "fi",
         'echo "listen $listen"',
     ]
-
-
-def _listener_pattern(port: int) -> str:
-    """ERE for a LISTEN line of /proc/net/tcp on `port`: `sl local rem st …`,
-    the local address ending `:%04X` (the port in hex) and st 0A (LISTEN)."""
-    return f"^ *[0-9]+: [0-9A-F]+:{port:04X} [0-9A-F]+:[0-9A-F]+ 0A "
 
 
 def _in_container_script(sshd_port: int, marker_path: str) -> str:
@@ -342,25 +374,52 @@ case ${DOCKER_HOST:-unix:///var/run/docker.sock} in
 esac
 """.strip()
 
-# From the inspect's (indented) JSON, the container's ID, init PID and
-# whether it runs. Only a container object has a top-level `"Id"` of 64 bare
-# hex digits (an image's is `sha256:…`), a `"Pid"` number and a `"Running"`
-# boolean: label keys and values are JSON strings, so they cannot match.
-# Without sed, only "running" is learnt (grep), and the in-container check
-# below does the rest.
+# One `docker inspect` gives the parser each object's JSON and the shell the
+# container's ID, init PID and whether it runs, with no process to pick them
+# out: a facts line (F) for an object that has a State, then the object on one
+# line (J). `index` because a template meets images too (no State there); on
+# the raw JSON docker falls back to, numbers print as written.
+INSPECT_FORMAT = (
+    '{{if index . "State"}}F {{index . "Id"}} {{.State.Pid}} {{.State.Running}}{{println}}{{end}}'
+    "J {{json .}}"
+)
+
+# inspect_via MODE DOCKER… TARGETS…: the raw section "inspect.MODE", built
+# with builtins from the captured output (no temporary file, no encoder).
+# Every line is prefixed, J (an object) or E (anything else: stderr), so no
+# output can forge a frame; the first F line is kept in $_f. Succeeds when
+# docker answered (what it did not find is absent).
+_INSPECT_VIA = r"""
+inspect_via() {
+  _m=$1; shift
+  _out=$("$@" 2>&1 </dev/null 9<&-)
+  _rc=$? _f= _nosuch=
+  printf '@@cvs:section inspect.%s %s raw\n' "$_m" "$_rc"
+  _ifs=$IFS; IFS='
+'
+  set -f
+  for _l in $_out; do
+    case $_l in
+      'J '*) printf '%s\n' "$_l" ;;
+      'F '*) [ -n "$_f" ] || _f=$_l ;;
+      *) printf 'E %s\n' "$_l"
+        case $_l in 'Error: No such object: '*) _nosuch=1 ;; esac ;;
+    esac
+  done
+  set +f; IFS=$_ifs
+  printf '@@cvs:end inspect.%s\n' "$_m"
+  [ "$_rc" -eq 0 ] || [ -n "$_nosuch" ]
+}
+""".strip()
+
+# The facts from the F line, each checked for its shape before any use.
 _FACTS = r"""
 cid= pid= running=
-if sed -n -e 's/^ *"Id": "\([0-9a-f]*\)",$/id \1/p' -e 's/^ *"Pid": \([0-9]*\),$/pid \1/p' \
-    -e 's/^ *"Running": \([a-z]*\),$/running \1/p' "$tmp/out" >"$tmp/facts" 2>/dev/null; then
-  while read -r _k _v; do
-    case $_k in
-      id) [ -n "$cid" ] || cid=$_v ;;
-      pid) [ -n "$pid" ] || pid=$_v ;;
-      running) [ -n "$running" ] || running=$_v ;;
-    esac
-  done <"$tmp/facts"
-elif grep -q '"Running": true' "$tmp/out"; then
-  running=true
+_facts() { cid=$2 pid=$3 running=$4; }
+if [ -n "$_f" ]; then
+  set -f; _ifs=$IFS; IFS=' '
+  _facts $_f
+  IFS=$_ifs; set +f
 fi
 case $cid in *[!0-9a-f]*) cid= ;; esac
 [ ${#cid} -eq 64 ] || cid=
@@ -398,9 +457,7 @@ def _host_listen_script(port: int) -> str:
             '    IFS= read -r _cg 2>/dev/null <"/proc/$pid/cgroup" &&',
             '    case $_cg in *"$cid"*) true ;; *) false ;; esac &&',
             '    [ -r "/proc/$pid/net/tcp" ]; then',
-            "  listen=no",
-            f'  grep -q -E {shlex.quote(_listener_pattern(port))} "/proc/$pid/net/tcp" '
-            "&& listen=yes",
+            *("  " + line for line in _listen_loop('"/proc/$pid/net/tcp"', port)),
             '  printf \'@@cvs:listen %s %s\\n\' "$cid" "$listen"',
             "fi",
         ]
@@ -466,7 +523,7 @@ def probe_command(
         targets.append(inspect_image_arg(image_inspect_argv([], cfg.image)[-1]))
     if any(not t or any(c.isspace() for c in t) for t in targets):
         raise ValueError(f"cannot probe {targets!r}: a name holds white space")
-    inspect = shlex.join(["inspect", *targets])
+    inspect = shlex.join(["inspect", "--format", INSPECT_FORMAT, *targets])
     # The docker prefix lives in "$@" (set below), so each docker call is
     # `"$@" <quoted argv…>` and nothing user-supplied is ever unquoted.
     exec_argv = ["exec", name, "sh", "-c", _in_container_script(sshd_port, marker_path)]
@@ -474,14 +531,13 @@ def probe_command(
     lines = [
         _PRELUDE,
         _ACCESS_ORDER,
+        _INSPECT_VIA,
         f"printf '@@cvs:args %s\\n' {shlex.quote(' '.join(targets))}",
         _CAPACITY,
         "via=",
         "for m in $order; do",
         '  if [ "$m" = direct ]; then set -- docker; else set -- sudo -n docker; fi',
-        f'  if section "inspect.$m" "$@" {inspect} ||',
-        # Answered: docker reached the daemon; what it did not find is absent.
-        "    grep -q '^Error: No such object: ' \"$tmp/err\"; then",
+        f'  if inspect_via "$m" "$@" {inspect}; then',
         "    via=$m; break",
         "  fi",
         "done",
@@ -497,7 +553,7 @@ def probe_command(
         "    fi",
         "  fi",
         "else",
-        '  if [ -z "$rec" ] && { [ -n "$cid" ] || grep -q \'"State"\' "$tmp/out"; }; then',
+        '  if [ -z "$rec" ] && [ -n "$_f" ]; then',
         f'    section marker_tar "$@" {shlex.join(cp_argv)}',
         "  fi",
         *(_port_check(sshd_port) if port_check else []),
@@ -555,6 +611,22 @@ def _decode(enc: str, lines: list[str]) -> bytes:
     return raw
 
 
+def _raw_section(name: str, rc: int, lines: list[str]) -> Section:
+    """An `inspect_via` section: J lines are the objects (as docker's default
+    JSON list), E lines stderr; any other line means the output is not ours."""
+    objects: list[str] = []
+    err: list[str] = []
+    for line in lines:
+        if line.startswith("J "):
+            objects.append(line[2:])
+        elif line.startswith("E "):
+            err.append(line[2:])
+        else:
+            raise ProbeOutputError(f"unexpected line in section {name!r}: {line[:80]!r}")
+    out = ("[" + ",".join(objects) + "]") if objects else ""
+    return Section(name, rc, out.encode(), "".join(e + "\n" for e in err).encode())
+
+
 def parse_sections(stdout: str) -> tuple[dict[str, Section], bool]:
     """Framed sections by name, and whether the `done` frame was seen."""
     sections: dict[str, Section] = {}
@@ -566,7 +638,10 @@ def parse_sections(stdout: str) -> tuple[dict[str, Section], bool]:
         if not line.startswith(FRAME):
             if current is None:
                 continue  # e.g. a login banner or motd ahead of the script's output
-            (body if err is None else err).append(line.strip())
+            if current[2] == "raw":
+                body.append(line)
+            else:
+                (body if err is None else err).append(line.strip())
             continue
         words = line[len(FRAME) :].split()
         if not words:
@@ -578,8 +653,16 @@ def parse_sections(stdout: str) -> tuple[dict[str, Section], bool]:
             except ValueError:
                 raise ProbeOutputError(f"bad frame line {line!r}") from None
             body, err = [], None
-        elif tag == "stderr" and current is not None and err is None:
+        elif tag == "stderr" and current is not None and err is None and current[2] != "raw":
             err = []
+        elif (
+            tag == "end"
+            and current is not None
+            and current[2] == "raw"
+            and words[1:] == [current[0]]
+        ):
+            sections[current[0]] = _raw_section(current[0], current[1], body)
+            current = None
         elif tag == "end" and current is not None and err is not None and words[1:] == [current[0]]:
             name, rc, enc = current
             sections[name] = Section(name, rc, _decode(enc, body), _decode(enc, err))

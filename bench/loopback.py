@@ -88,9 +88,10 @@ def loopback_farm(count: int, *, max_startups: str = "200:30:400") -> Iterator[L
         shutil.chown(ssh_dir / "authorized_keys", USER, USER)
         addresses = [f"127.0.{1 + i // 250}.{1 + i % 250}" for i in range(count)]
         pub = (directory / "host_ed25519.pub").read_text().split()
-        patterns = ",".join(f"[{a}]:{PORT}" for a in addresses)
         known = directory / "known_hosts"
-        known.write_text(f"{patterns} {pub[0]} {pub[1]}\n")
+        # One line per host, as a real cluster's known_hosts has (the farm's
+        # sshds share one host key, but the file is as long as the fleet).
+        known.write_text("".join(f"[{a}]:{PORT} {pub[0]} {pub[1]}\n" for a in addresses))
         for n in range(0, count, PER_SSHD):
             chunk = addresses[n : n + PER_SSHD]
             conf = directory / f"sshd_{n}.conf"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import asyncssh
 import pytest
 import yaml
 
@@ -27,6 +28,7 @@ from orchestrator.results import HostResult
 from orchestrator.sandbox import Sandbox
 from orchestrator.sandbox.network import NETNS_DIR
 from orchestrator.sandbox.procs import cmdline
+from orchestrator.ssh.fanout import run_on_hosts
 from orchestrator.ssh.transport import SSHPool
 
 # -- helpers (also used by test_exec_cli.py) ---------------------------------
@@ -240,6 +242,32 @@ def test_one_connection_per_host_serves_every_command(sandbox: Sandbox) -> None:
     connects, statuses = anyio.run(main)
     assert statuses == ["ok"] * 12
     assert connects == len(hosts)
+
+
+def test_known_hosts_is_parsed_once_for_every_host_under_strict(
+    sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # asyncssh, given a path, parses the file again for every handshake.
+    parses = []
+    original = asyncssh.known_hosts.SSHKnownHosts.__init__
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> None:
+        parses.append(1)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(asyncssh.known_hosts.SSHKnownHosts, "__init__", counting)
+    config = load_cluster(sandbox.cluster_file)
+    assert config.ssh.host_key_policy == "strict"
+
+    async def main() -> tuple[int, list[str]]:
+        async with SSHPool(config) as pool:
+            results = await run_on_hosts(pool, [h.name for h in config.hosts], ["true"])
+            return pool.connects, [r.status for r in results.values()]
+
+    connects, statuses = anyio.run(main)
+    assert statuses == ["ok"] * len(config.hosts)
+    assert connects == len(config.hosts) > 1
+    assert len(parses) == 1
 
 
 @pytest.mark.parametrize("policy", ["strict", "accept-new"])

@@ -29,7 +29,7 @@ from orchestrator.sandbox import Sandbox
 from orchestrator.sandbox.network import NETNS_DIR
 from orchestrator.sandbox.procs import cmdline
 from orchestrator.ssh.fanout import run_on_hosts
-from orchestrator.ssh.transport import SSHPool
+from orchestrator.ssh.transport import SSHPool, sshd_key
 
 # -- helpers (also used by test_exec_cli.py) ---------------------------------
 
@@ -268,6 +268,70 @@ def test_known_hosts_is_parsed_once_for_every_host_under_strict(
     assert statuses == ["ok"] * len(config.hosts)
     assert connects == len(config.hosts) > 1
     assert len(parses) == 1
+
+
+def max_handshakes_in_flight(
+    config: ClusterConfig, monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, list[str]]:
+    """Connect every host once; how many handshakes were in flight at most."""
+    in_flight, peak = [0], [0]
+    original = asyncssh.connect
+
+    async def slow_connect(**opts: Any) -> Any:
+        in_flight[0] += 1
+        peak[0] = max(peak[0], in_flight[0])
+        try:
+            await anyio.sleep(0.3)  # long enough for every host to be waiting at once
+            return await original(**opts)
+        finally:
+            in_flight[0] -= 1
+
+    monkeypatch.setattr(asyncssh, "connect", slow_connect)
+    results, _ = run_once(config, "true")
+    return peak[0], [r.status for r in results.values()]
+
+
+def test_handshake_cap_is_per_sshd_so_separate_hosts_do_not_queue(
+    sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = cluster_variant(sandbox, tmp_path, concurrency={"handshakes": 1})
+    peak, statuses = max_handshakes_in_flight(load_cluster(path), monkeypatch)
+    assert statuses == ["ok"] * 4
+    assert peak == 4
+
+
+def test_host_entries_sharing_one_sshd_share_its_handshake_cap(
+    sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    address = sandbox.host("node1").address
+    hosts = [{"name": f"alias{i}", "address": address} for i in range(4)]
+    path = cluster_variant(sandbox, tmp_path, hosts=hosts, concurrency={"handshakes": 2})
+    peak, statuses = max_handshakes_in_flight(load_cluster(path), monkeypatch)
+    assert statuses == ["ok"] * 4
+    assert peak == 2
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        ("plain", "plain"),  # not in the config: the address itself
+        ("alias1", "10.9.9.9"),  # an alias: the host it names
+        ("behind1", "jump jumpuser@bastion:2222"),  # a ProxyJump: the bastion
+        ("behind2", "jump jumpuser@bastion:2222"),
+        ("pc", "proxy-command"),  # a ProxyCommand: all of them together
+    ],
+)
+def test_the_sshd_a_handshake_costs_comes_from_the_ssh_config(
+    tmp_path: Path, host: str, expected: str
+) -> None:
+    config = tmp_path / "config"
+    config.write_text(
+        "Host alias1\n  HostName 10.9.9.9\n"
+        "Host behind*\n  ProxyJump jumpuser@bastion:2222\n"
+        "Host pc\n  ProxyCommand nc %h %p\n"
+    )
+    assert sshd_key(host, 22, config=config) == expected
+    assert sshd_key(host, 22, config=tmp_path / "missing") == host
 
 
 @pytest.mark.parametrize("policy", ["strict", "accept-new"])

@@ -286,13 +286,11 @@ class SSHConfig(Model):
 
 
 class Concurrency(Model):
-    # Handshakes in flight at once, fleet-wide. An sshd starts refusing
-    # unauthenticated connections beyond MaxStartups (10:30:100 by default).
-    # `ssh.proxy_jump` costs the bastion one handshake for the whole fleet and
-    # each host's sshd sees only its own, so a large fleet may raise this; 10
-    # stays the default for what cvs cannot see: a ProxyJump in ~/.ssh/config
-    # (asyncssh opens one bastion connection per host for it) or host entries
-    # that share one sshd (aliases, a port-forwarding gateway).
+    # Handshakes in flight at once per sshd (SSHPool's `sshd_key`): an sshd
+    # refuses unauthenticated connections beyond MaxStartups (10:30:100 by
+    # default). Hosts with sshds of their own do not wait for one another;
+    # entries sharing one (same address, an alias's HostName, a ProxyJump or
+    # ProxyCommand in ~/.ssh/config) share its cap.
     handshakes: int = Field(default=10, ge=1)
     # Hosts worked on at once.
     hosts: int = Field(default=256, ge=1)

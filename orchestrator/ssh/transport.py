@@ -108,6 +108,31 @@ def _close_chain(chain: list[asyncssh.SSHClientConnection]) -> None:
         conn.close()
 
 
+def sshd_key(
+    address: str, port: int, username: str | None = None, *, config: Path | None = None
+) -> str:
+    """The sshd a handshake to `address` costs, as far as ~/.ssh/config says:
+    its `ProxyJump` (asyncssh opens a bastion connection per host for it), any
+    `ProxyCommand` (where it leads is not ours to parse, so all share one
+    key), else the `HostName` an alias stands for, else the address itself.
+    Host entries that share an address share its sshd (aliases, a gateway
+    forwarding ports)."""
+    path = config or Path("~/.ssh/config").expanduser()
+    if not path.is_file():
+        return address
+    try:
+        options = asyncssh.SSHClientConnectionOptions(
+            host=address, port=port, username=username or (), config=[str(path)]
+        )
+    except (OSError, ValueError, asyncssh.Error):
+        return address  # an unreadable config is asyncssh's to report at connect time
+    if isinstance(options.tunnel, str) and options.tunnel:
+        return f"jump {options.tunnel.split(',')[0]}"
+    if options.proxy_command:
+        return "proxy-command"
+    return str(options.host or address)
+
+
 class _AcceptNewClient(asyncssh.SSHClient):
     """`accept-new`: trust a host seen for the first time, never a changed key."""
 
@@ -156,7 +181,8 @@ class SSHPool:
         self._links: dict[str, _HostLink] = {}
         self._locks: dict[str, anyio.Lock] = {}
         self._failures: dict[str, ConnectError] = {}
-        self._handshakes = anyio.CapacityLimiter(cluster.concurrency.handshakes)
+        # Per sshd that a handshake costs (see `sshd_key`), not fleet-wide.
+        self._handshakes: dict[str, anyio.CapacityLimiter] = {}
         self.connects = 0  # handshakes performed (for the benchmark / tests)
         self._warned: set[str] = set()
         self._keys: list[asyncssh.SSHKeyPair] | None = None
@@ -293,7 +319,7 @@ class SSHPool:
                     if via_jump:
                         # Each attempt: a jump that dropped meanwhile is reopened.
                         opts["tunnel"] = await self._jump_for(host)
-                    async with self._handshakes:
+                    async with self._handshake_limiter(opts, via_jump=via_jump):
                         self.connects += 1
                         conn = await asyncssh.connect(**opts)
         except RetryError as exc:
@@ -306,6 +332,20 @@ class SSHPool:
             status, message = classify_connect_error(exc)
             raise ConnectError(host, status, what + message, attempts) from exc
         return conn, attempts
+
+    def _handshake_limiter(self, opts: dict[str, Any], *, via_jump: bool) -> anyio.CapacityLimiter:
+        """`concurrency.handshakes` per sshd: an sshd refuses unauthenticated
+        connections beyond its MaxStartups, and that is all the cap is for, so
+        hosts with sshds of their own do not wait for one another."""
+        if via_jump or not self.cluster.ssh.use_ssh_config:
+            key = str(opts["host"])  # through `ssh.proxy_jump`: the bastion sees a channel
+        else:
+            key = sshd_key(str(opts["host"]), int(opts["port"]), opts.get("username"))
+        limiter = self._handshakes.get(key)
+        if limiter is None:
+            limiter = anyio.CapacityLimiter(self.cluster.concurrency.handshakes)
+            self._handshakes[key] = limiter
+        return limiter
 
     async def _jump_for(self, host: str) -> asyncssh.SSHClientConnection:
         """The shared jump connection; its failure reported as `host`'s."""

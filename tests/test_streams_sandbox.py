@@ -122,6 +122,37 @@ def test_exec_into_head_stops_the_remote_commands_and_exits_quietly(sandbox: San
     assert wait_until(lambda: not sandbox_pids(sandbox, endless), timeout=5)
 
 
+def test_exec_notices_its_reader_leave_while_the_command_prints_nothing(
+    sandbox: Sandbox,
+) -> None:
+    quiet = ["sleep", "473"]
+    argv = [
+        sys.executable, "-m", "orchestrator", "exec", "-c", str(sandbox.cluster_file),
+        "--host-os", "--", f"echo ready; exec {shlex.join(quiet)}",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        argv, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().endswith(" | ready\n")
+        assert wait_until(lambda: len(sandbox_pids(sandbox, quiet)) == len(NODES), timeout=30)
+        proc.stdout.close()  # `| head -1` has its line and goes; the hosts print nothing more
+        closed = time.monotonic()
+        code = proc.wait(timeout=30)
+        took = time.monotonic() - closed
+        assert proc.stderr is not None
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == 130, err
+    assert took < 5, f"took {took:.1f}s after its reader went away"
+    assert "stdout closed" in err and "Traceback" not in err, err
+    assert wait_until(lambda: not sandbox_pids(sandbox, quiet), timeout=5)
+
+
 def test_run_into_head_stops_the_run_and_removes_its_per_run_containers(
     sandbox: Sandbox, tmp_path: Path
 ) -> None:

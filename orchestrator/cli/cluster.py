@@ -17,6 +17,7 @@ from orchestrator.cli.common import (
     make_sink,
     print_json_summary,
     run_with_cluster,
+    while_stdout_is_read,
     write_json_result,
 )
 from orchestrator.errors import ExitCode, UsageError
@@ -73,9 +74,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
         async with Cluster.open(cluster_cfg, sink=sink) as cluster:
             # Whoever reads our stdout went away (`| head -1`): stop the remote
             # commands (cancellation kills them) instead of running on unread.
-            with anyio.CancelScope() as reader_gone:
-                if hasattr(sink, "on_broken"):
-                    sink.on_broken = reader_gone.cancel
+            async with while_stdout_is_read(sink):
                 return await cluster.exec(
                     remote,
                     hosts=hosts,

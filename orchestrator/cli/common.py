@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import stat
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +153,52 @@ def run_with_cluster(
         return anyio.run(main)
     finally:
         sink.close()
+
+
+@contextlib.asynccontextmanager
+async def while_stdout_is_read(sink: EventSink) -> AsyncIterator[Any]:
+    """A cancel scope for the work that is cancelled once whoever reads our
+    stdout goes away (`cvs exec ... | head -1`), so remote commands stop
+    instead of running on unread; the caller sees it as `cancelled_caught`.
+
+    A pipe or socket is watched: the kernel reports its closed read end as an
+    error condition on our end, at once, even while the command prints
+    nothing. Anything else (a terminal, a file) cannot lose its reader; the
+    sinks also stop at the first write that fails (`on_broken`).
+    """
+    import anyio
+
+    with anyio.CancelScope() as scope:
+        if hasattr(sink, "on_broken"):
+            sink.on_broken = scope.cancel
+        async with anyio.create_task_group() as watchers:
+            if _stdout_is_a_pipe():
+                watchers.start_soon(_cancel_when_reader_leaves, scope)
+            try:
+                yield scope
+            finally:
+                watchers.cancel_scope.cancel()
+
+
+def _stdout_is_a_pipe() -> bool:
+    try:
+        mode = os.fstat(sys.stdout.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+async def _cancel_when_reader_leaves(scope: Any) -> None:
+    import anyio
+
+    try:
+        # Never readable: what wakes this is the error condition (EPOLLERR)
+        # of a pipe whose read end closed, which the event loop reports as
+        # readable.
+        await anyio.wait_readable(sys.stdout.fileno())
+    except OSError:
+        return  # cannot be watched here: the next failed write tells instead
+    scope.cancel()
 
 
 def print_refusal(args: argparse.Namespace, exc: PolicyRefused) -> int:

@@ -17,7 +17,13 @@ from typing import IO
 
 import anyio
 
-from orchestrator.cli.common import cluster_path, load, make_sink, write_json_result
+from orchestrator.cli.common import (
+    cluster_path,
+    load,
+    make_sink,
+    while_stdout_is_read,
+    write_json_result,
+)
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.events import TeeSink
 from orchestrator.suites.model import SHIPPED_PACKAGE, find_suite, list_suites, load_suite
@@ -72,9 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # Whoever reads our stdout went away (`| head -1`): stop the run as Ctrl-C
         # would (steps killed, per_run containers removed, locks released, the
         # record says interrupted) instead of running on unread.
-        with anyio.CancelScope() as reader_gone:
-            if hasattr(screen, "on_broken"):
-                screen.on_broken = reader_gone.cancel
+        async with while_stdout_is_read(screen):
             return await run_suite(
                 suite,
                 cluster,

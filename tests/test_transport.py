@@ -29,7 +29,7 @@ from orchestrator.sandbox import Sandbox
 from orchestrator.sandbox.network import NETNS_DIR
 from orchestrator.sandbox.procs import cmdline
 from orchestrator.ssh.fanout import run_on_hosts
-from orchestrator.ssh.transport import SSHPool, sshd_key
+from orchestrator.ssh.transport import ConfigRoute, SSHPool, config_route, sshd_key
 
 # -- helpers (also used by test_exec_cli.py) ---------------------------------
 
@@ -312,26 +312,26 @@ def test_host_entries_sharing_one_sshd_share_its_handshake_cap(
 
 
 @pytest.mark.parametrize(
-    ("host", "expected"),
+    ("host", "route", "key"),
     [
-        ("plain", "plain"),  # not in the config: the address itself
-        ("alias1", "10.9.9.9"),  # an alias: the host it names
-        ("behind1", "jump jumpuser@bastion:2222"),  # a ProxyJump: the bastion
-        ("behind2", "jump jumpuser@bastion:2222"),
-        ("pc", "proxy-command"),  # a ProxyCommand: all of them together
+        ("plain", ConfigRoute("plain"), "plain"),  # not in the config: the address itself
+        ("alias1", ConfigRoute("10.9.9.9"), "10.9.9.9"),  # an alias: the host it names
+        ("behind1", ConfigRoute("behind1", "u@bastion:2222"), "behind1"),  # a ProxyJump
+        ("pc", ConfigRoute("pc", None, True), "proxy-command"),  # all ProxyCommands together
     ],
 )
-def test_the_sshd_a_handshake_costs_comes_from_the_ssh_config(
-    tmp_path: Path, host: str, expected: str
+def test_the_ssh_config_says_how_a_host_is_reached_and_which_sshd_it_costs(
+    tmp_path: Path, host: str, route: ConfigRoute, key: str
 ) -> None:
     config = tmp_path / "config"
     config.write_text(
         "Host alias1\n  HostName 10.9.9.9\n"
-        "Host behind*\n  ProxyJump jumpuser@bastion:2222\n"
+        "Host behind*\n  ProxyJump u@bastion:2222\n"
         "Host pc\n  ProxyCommand nc %h %p\n"
     )
-    assert sshd_key(host, 22, config=config) == expected
-    assert sshd_key(host, 22, config=tmp_path / "missing") == host
+    assert config_route(host, 22, config=config) == route
+    assert sshd_key(host, 22, config=config) == key
+    assert config_route(host, 22, config=tmp_path / "missing") == ConfigRoute(host)
 
 
 @pytest.mark.parametrize("policy", ["strict", "accept-new"])

@@ -289,8 +289,8 @@ class Concurrency(Model):
     # Handshakes in flight at once per sshd (SSHPool's `sshd_key`): an sshd
     # refuses unauthenticated connections beyond MaxStartups (10:30:100 by
     # default). Hosts with sshds of their own do not wait for one another;
-    # entries sharing one (same address, an alias's HostName, a ProxyJump or
-    # ProxyCommand in ~/.ssh/config) share its cap.
+    # entries sharing one (same address, an alias's HostName, a ProxyCommand
+    # in ~/.ssh/config) share its cap; a jump is one shared connection.
     handshakes: int = Field(default=10, ge=1)
     # Hosts worked on at once.
     hosts: int = Field(default=256, ge=1)

@@ -13,12 +13,13 @@ delivers channel signals to all of it), so nothing is left running.
 from __future__ import annotations
 
 import contextlib
+import functools
 import shlex
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import asyncssh
@@ -108,29 +109,52 @@ def _close_chain(chain: list[asyncssh.SSHClientConnection]) -> None:
         conn.close()
 
 
-def sshd_key(
+class ConfigRoute(NamedTuple):
+    """How ~/.ssh/config routes a connection to an address."""
+
+    host: str  # the HostName an alias stands for, else the address
+    jump: str | None = None  # its ProxyJump, as asyncssh takes it ("[user@]host[:port],...")
+    proxy_command: bool = False
+
+
+def config_route(
     address: str, port: int, username: str | None = None, *, config: Path | None = None
-) -> str:
-    """The sshd a handshake to `address` costs, as far as ~/.ssh/config says:
-    its `ProxyJump` (asyncssh opens a bastion connection per host for it), any
-    `ProxyCommand` (where it leads is not ours to parse, so all share one
-    key), else the `HostName` an alias stands for, else the address itself.
-    Host entries that share an address share its sshd (aliases, a gateway
-    forwarding ports)."""
+) -> ConfigRoute:
+    """What ~/.ssh/config (or `config`) says about reaching `address`."""
     path = config or Path("~/.ssh/config").expanduser()
     if not path.is_file():
-        return address
+        return ConfigRoute(address)
     try:
         options = asyncssh.SSHClientConnectionOptions(
             host=address, port=port, username=username or (), config=[str(path)]
         )
     except (OSError, ValueError, asyncssh.Error):
-        return address  # an unreadable config is asyncssh's to report at connect time
-    if isinstance(options.tunnel, str) and options.tunnel:
-        return f"jump {options.tunnel.split(',')[0]}"
-    if options.proxy_command:
-        return "proxy-command"
-    return str(options.host or address)
+        return ConfigRoute(address)  # an unreadable config is asyncssh's to report at connect
+    jump = options.tunnel if isinstance(options.tunnel, str) and options.tunnel else None
+    return ConfigRoute(str(options.host or address), jump, bool(options.proxy_command))
+
+
+def sshd_key(
+    address: str, port: int, username: str | None = None, *, config: Path | None = None
+) -> str:
+    """The sshd a direct handshake to `address` costs, as far as ~/.ssh/config
+    says: the `HostName` an alias stands for, else the address itself (host
+    entries that share an address share its sshd: aliases, a gateway
+    forwarding ports). Any `ProxyCommand`: where it leads is not ours to
+    parse, so all share one key. (A `ProxyJump` costs its bastion one
+    handshake, shared by the hosts behind it: see `SSHPool._config_jump`.)"""
+    route = config_route(address, port, username, config=config)
+    return "proxy-command" if route.proxy_command else route.host
+
+
+def _jump_hop(text: str) -> tuple[str, int | tuple[()], str | tuple[()]]:
+    """`[user@]host[:port]` as asyncssh parses a ProxyJump hop (() = from the config)."""
+    username, _, host = text.rpartition("@")
+    port: int | tuple[()] = ()
+    if ":" in host:
+        host, _, port_text = host.rpartition(":")
+        port = int(port_text)
+    return host, port, username or ()
 
 
 class _AcceptNewClient(asyncssh.SSHClient):
@@ -192,6 +216,10 @@ class SSHPool:
         self._jump_chain: list[asyncssh.SSHClientConnection] = []
         self._jump_lock = anyio.Lock()
         self._jump_failure: ConnectError | None = None
+        # ProxyJumps from ~/.ssh/config, one shared chain each (`_config_jump`).
+        self._config_jumps: dict[str, list[asyncssh.SSHClientConnection]] = {}
+        self._config_jump_failures: dict[str, ConnectError] = {}
+        self._config_jump_locks: dict[str, anyio.Lock] = {}
         self.jump_connects = 0  # handshakes with jump hosts that succeeded (for the tests)
 
     async def __aenter__(self) -> SSHPool:
@@ -212,6 +240,7 @@ class SSHPool:
             self._links.clear()
             # After the hosts: their connections are channels of the jump's.
             await self._close_jump()
+            await self._close_config_jumps()
 
     # -- connecting ---------------------------------------------------------
 
@@ -307,19 +336,25 @@ class SSHPool:
         )
 
     async def _handshake(
-        self, opts: dict[str, Any], host: str, what: str = "", *, via_jump: bool = False
+        self,
+        opts: dict[str, Any],
+        host: str,
+        what: str = "",
+        *,
+        jump: Callable[[], Awaitable[asyncssh.SSHClientConnection]] | None = None,
     ) -> tuple[asyncssh.SSHClientConnection, int]:
         """`asyncssh.connect` with retries on transient failures; the final failure
-        is a ConnectError for `host` whose message starts with `what`."""
+        is a ConnectError for `host` whose message starts with `what`. `jump`
+        gives the shared connection to tunnel through."""
         attempts = 0
         try:
             async for attempt in self._retrying():
                 with attempt:
                     attempts += 1
-                    if via_jump:
+                    if jump is not None:
                         # Each attempt: a jump that dropped meanwhile is reopened.
-                        opts["tunnel"] = await self._jump_for(host)
-                    async with self._handshake_limiter(opts, via_jump=via_jump):
+                        opts["tunnel"] = await jump()
+                    async with self._handshake_limiter(opts, through_jump=jump is not None):
                         self.connects += 1
                         conn = await asyncssh.connect(**opts)
         except RetryError as exc:
@@ -333,19 +368,79 @@ class SSHPool:
             raise ConnectError(host, status, what + message, attempts) from exc
         return conn, attempts
 
-    def _handshake_limiter(self, opts: dict[str, Any], *, via_jump: bool) -> anyio.CapacityLimiter:
+    def _handshake_limiter(
+        self, opts: dict[str, Any], *, through_jump: bool
+    ) -> anyio.CapacityLimiter:
         """`concurrency.handshakes` per sshd: an sshd refuses unauthenticated
         connections beyond its MaxStartups, and that is all the cap is for, so
         hosts with sshds of their own do not wait for one another."""
-        if via_jump or not self.cluster.ssh.use_ssh_config:
-            key = str(opts["host"])  # through `ssh.proxy_jump`: the bastion sees a channel
+        if through_jump or not self.cluster.ssh.use_ssh_config:
+            key = str(opts["host"])  # through a shared jump the bastion sees a channel
         else:
-            key = sshd_key(str(opts["host"]), int(opts["port"]), opts.get("username"))
+            port = opts.get("port")
+            key = sshd_key(
+                str(opts["host"]), port if isinstance(port, int) else 22, opts.get("username")
+            )
         limiter = self._handshakes.get(key)
         if limiter is None:
             limiter = anyio.CapacityLimiter(self.cluster.concurrency.handshakes)
             self._handshakes[key] = limiter
         return limiter
+
+    async def _config_jump(self, tunnel: str, host: str) -> asyncssh.SSHClientConnection:
+        """A `ProxyJump` from ~/.ssh/config, opened once and shared by every host
+        behind it; its failure reported as `host`'s.
+
+        Left to asyncssh, each host would open a bastion connection of its own:
+        a thousand handshakes on one sshd, under one cap. The hops are opened
+        the way asyncssh opens them (the ssh config and asyncssh's defaults
+        apply to the bastion, as they do for ssh), but once per chain, and a
+        failure is remembered so a fleet does not retry a dead bastion per host.
+        """
+        lock = self._config_jump_locks.setdefault(tunnel, anyio.Lock())
+        try:
+            async with lock:
+                chain = self._config_jumps.get(tunnel, [])
+                if chain and not chain[-1].is_closed():
+                    return chain[-1]
+                failure = self._config_jump_failures.get(tunnel)
+                if failure is not None:
+                    raise failure
+                _close_chain(chain)
+                chain = []
+                try:
+                    for hop in tunnel.split(","):
+                        address, port, username = _jump_hop(hop)
+                        opts: dict[str, Any] = {
+                            "host": address,
+                            "port": port,
+                            "username": username,
+                            "tunnel": chain[-1] if chain else (),
+                            "connect_timeout": self.cluster.ssh.connect_timeout,
+                        }
+                        conn, _ = await self._handshake(opts, hop, f"via jump host {hop}: ")
+                        chain.append(conn)
+                        self.jump_connects += 1
+                except ConnectError as exc:
+                    self._config_jump_failures[tunnel] = exc
+                    _close_chain(chain)
+                    raise
+                except BaseException:
+                    _close_chain(chain)
+                    raise
+                self._config_jumps[tunnel] = chain
+                return chain[-1]
+        except ConnectError as exc:
+            raise ConnectError(host, exc.status, exc.message, exc.attempts) from exc
+
+    async def _close_config_jumps(self) -> None:
+        chains, self._config_jumps = list(self._config_jumps.values()), {}
+        for chain in chains:
+            _close_chain(chain)
+        for chain in chains:
+            for conn in reversed(chain):
+                with anyio.move_on_after(2), contextlib.suppress(Exception):
+                    await conn.wait_closed()
 
     async def _jump_for(self, host: str) -> asyncssh.SSHClientConnection:
         """The shared jump connection; its failure reported as `host`'s."""
@@ -399,7 +494,14 @@ class SSHPool:
         opts = self._connect_options(spec)
         self.sink.emit(Connecting(host=spec.name, address=f"{opts['host']}:{opts['port']}"))
         start = time.monotonic()
-        conn, attempts = await self._handshake(opts, spec.name, via_jump=bool(self._jump_hops))
+        jump: Callable[[], Awaitable[asyncssh.SSHClientConnection]] | None = None
+        if self._jump_hops:
+            jump = functools.partial(self._jump_for, spec.name)
+        elif self.cluster.ssh.use_ssh_config:
+            tunnel = config_route(opts["host"], opts["port"], opts.get("username")).jump
+            if tunnel is not None:
+                jump = functools.partial(self._config_jump, tunnel, spec.name)
+        conn, attempts = await self._handshake(opts, spec.name, jump=jump)
         self.sink.emit(
             Connected(host=spec.name, seconds=time.monotonic() - start, attempts=attempts)
         )

@@ -212,25 +212,42 @@ def test_cvs_shell_jumps_with_the_clusters_identity_and_known_hosts(
     assert proc.stdout.strip() == sandbox.host(BASTION).address
 
 
+def behind_config_jump(
+    sandbox: Sandbox,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    config: str,
+    **ssh: Any,
+) -> Path:
+    """A cluster of `TARGETS` whose ~/.ssh/config (a fresh HOME, no agent) says
+    `ProxyJump` for them: `config` is the rest of that file."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    targets = " ".join(sandbox.host(n).address for n in TARGETS)
+    (home / ".ssh" / "config").write_text(f"Host {targets}\n{config}")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    hosts = [{"name": n, "address": sandbox.host(n).address} for n in TARGETS]
+    return cluster_variant(
+        sandbox, tmp_path / "cluster", hosts=hosts, ssh={"use_ssh_config": True, **ssh}
+    )
+
+
 def test_a_proxyjump_in_the_ssh_config_costs_the_bastion_one_login_for_all_hosts(
     sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Left to asyncssh, every host behind a ProxyJump from ~/.ssh/config opens
     # a bastion connection of its own. The bastion is set up the way users
     # have it: in the ssh config, with its own user, key and known_hosts.
-    home = tmp_path / "home"
-    (home / ".ssh").mkdir(parents=True)
-    targets = " ".join(sandbox.host(n).address for n in TARGETS)
-    (home / ".ssh" / "config").write_text(
-        f"Host {targets}\n  ProxyJump cvs-bastion\n"
+    path = behind_config_jump(
+        sandbox,
+        tmp_path,
+        monkeypatch,
+        "  ProxyJump cvs-bastion\n"
         f"Host cvs-bastion\n  HostName {sandbox.host(BASTION).address}\n  User cvsnone\n"
         f"  IdentityFile {sandbox.key_file}\n  IdentitiesOnly yes\n"
-        f"  UserKnownHostsFile {sandbox.known_hosts}\n"
+        f"  UserKnownHostsFile {sandbox.known_hosts}\n",
     )
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
-    hosts = [{"name": n, "address": sandbox.host(n).address} for n in TARGETS]
-    path = cluster_variant(sandbox, tmp_path / "cluster", hosts=hosts, ssh={"use_ssh_config": True})
     log = sandbox.host(BASTION).host_dir / "sshd.log"
     with sshd_option(sandbox, BASTION, "LogLevel", "INFO"):
         since = len(log.read_text(errors="replace"))
@@ -245,21 +262,9 @@ def test_a_proxyjump_in_the_ssh_config_costs_the_bastion_one_login_for_all_hosts
 def test_a_dead_bastion_from_the_ssh_config_fails_every_host_behind_it_once(
     sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    home = tmp_path / "home"
-    (home / ".ssh").mkdir(parents=True)
-    targets = " ".join(sandbox.host(n).address for n in TARGETS)
     # Nothing listens on port 1 of the bastion.
-    (home / ".ssh" / "config").write_text(
-        f"Host {targets}\n  ProxyJump cvs@{sandbox.host(BASTION).address}:1\n"
-    )
-    monkeypatch.setenv("HOME", str(home))
-    hosts = [{"name": n, "address": sandbox.host(n).address} for n in TARGETS]
-    path = cluster_variant(
-        sandbox,
-        tmp_path / "cluster",
-        hosts=hosts,
-        ssh={"use_ssh_config": True, "connect_retries": 0},
-    )
+    dead = f"  ProxyJump cvs@{sandbox.host(BASTION).address}:1\n"
+    path = behind_config_jump(sandbox, tmp_path, monkeypatch, dead, connect_retries=0)
 
     async def main() -> tuple[dict[str, Any], int]:
         async with SSHPool(load_cluster(path)) as pool:

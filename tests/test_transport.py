@@ -29,7 +29,8 @@ from orchestrator.sandbox import Sandbox
 from orchestrator.sandbox.network import NETNS_DIR
 from orchestrator.sandbox.procs import cmdline
 from orchestrator.ssh.fanout import run_on_hosts
-from orchestrator.ssh.transport import ConfigRoute, SSHPool, config_route, sshd_key
+from orchestrator.ssh.sshconfig import ConfigRoute, config_route, sshd_key
+from orchestrator.ssh.transport import SSHPool
 
 # -- helpers (also used by test_exec_cli.py) ---------------------------------
 

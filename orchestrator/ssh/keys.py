@@ -36,6 +36,7 @@ import asyncssh
 
 from orchestrator.config import HOST_NAME_RE, ClusterConfig
 from orchestrator.errors import CvsError, ExitCode, UsageError
+from orchestrator.ssh.sshconfig import config_options
 
 KEY_TYPE = "ssh-ed25519"
 USER_KEY_FILE = "cluster_ed25519"
@@ -248,14 +249,9 @@ def _ssh_config_known_hosts(
 ) -> list[str] | None:
     """The UserKnownHostsFile entries ssh config gives `host` ([] when unset),
     None when it says `none`."""
-    if not config_path.is_file():
+    options = config_options(host, port, username, config=config_path)
+    if options is None:
         return []
-    try:
-        options = asyncssh.SSHClientConnectionOptions(
-            host=host, port=port, username=username or (), config=[str(config_path)]
-        )
-    except (OSError, ValueError, asyncssh.Error):
-        return []  # an unreadable config is asyncssh's to report at connect time
     known = options.known_hosts
     if known is None:
         return None

@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import anyio
 import asyncssh
@@ -48,6 +48,7 @@ from orchestrator.results import HostResult, Status
 from orchestrator.ssh.envpass import env_block, env_reader, new_token
 from orchestrator.ssh.keys import load_identities, strict_known_hosts
 from orchestrator.ssh.output import LineSplitter, StreamTail, as_result_text
+from orchestrator.ssh.sshconfig import config_route, sshd_key
 
 PREFERRED_CIPHERS = [
     "aes128-gcm@openssh.com",
@@ -107,44 +108,6 @@ def classify_connect_error(exc: BaseException) -> tuple[Status, str]:
 def _close_chain(chain: list[asyncssh.SSHClientConnection]) -> None:
     for conn in reversed(chain):
         conn.close()
-
-
-class ConfigRoute(NamedTuple):
-    """How ~/.ssh/config routes a connection to an address."""
-
-    host: str  # the HostName an alias stands for, else the address
-    jump: str | None = None  # its ProxyJump, as asyncssh takes it ("[user@]host[:port],...")
-    proxy_command: bool = False
-
-
-def config_route(
-    address: str, port: int, username: str | None = None, *, config: Path | None = None
-) -> ConfigRoute:
-    """What ~/.ssh/config (or `config`) says about reaching `address`."""
-    path = config or Path("~/.ssh/config").expanduser()
-    if not path.is_file():
-        return ConfigRoute(address)
-    try:
-        options = asyncssh.SSHClientConnectionOptions(
-            host=address, port=port, username=username or (), config=[str(path)]
-        )
-    except (OSError, ValueError, asyncssh.Error):
-        return ConfigRoute(address)  # an unreadable config is asyncssh's to report at connect
-    jump = options.tunnel if isinstance(options.tunnel, str) and options.tunnel else None
-    return ConfigRoute(str(options.host or address), jump, bool(options.proxy_command))
-
-
-def sshd_key(
-    address: str, port: int, username: str | None = None, *, config: Path | None = None
-) -> str:
-    """The sshd a direct handshake to `address` costs, as far as ~/.ssh/config
-    says: the `HostName` an alias stands for, else the address itself (host
-    entries that share an address share its sshd: aliases, a gateway
-    forwarding ports). Any `ProxyCommand`: where it leads is not ours to
-    parse, so all share one key. (A `ProxyJump` costs its bastion one
-    handshake, shared by the hosts behind it: see `SSHPool._config_jump`.)"""
-    route = config_route(address, port, username, config=config)
-    return "proxy-command" if route.proxy_command else route.host
 
 
 def _jump_hop(text: str) -> tuple[str, int | tuple[()], str | tuple[()]]:

@@ -14,7 +14,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.config.hostlist import compress_hostlist as compress_hosts
+from orchestrator.config.hostlist import compress_hostlist
 from orchestrator.events import (
     CommandFinished,
     CommandStarted,
@@ -30,6 +30,9 @@ from orchestrator.results import HostResult
 
 if TYPE_CHECKING:
     from orchestrator.containers.status import HostStatus
+
+# Host lists folded the Slurm way (`gpu[01-04]`); the commands use it too.
+compress_hosts = compress_hostlist
 
 
 def group_results(results: Mapping[str, HostResult]) -> list[tuple[list[str], HostResult]]:
@@ -303,9 +306,9 @@ def print_status(rows: Sequence[HostStatus], *, plain: bool) -> None:
     if plain:
         data = [STATUS_HEADERS] + [status_cells(r) for r in rows]
         widths = [max(len(r[i]) for r in data) for i in range(len(STATUS_HEADERS))]
-        for r in data:
+        for line in data:
             sys.stdout.write(
-                "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n"
+                "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() + "\n"
             )
     else:
         table = Table(*STATUS_HEADERS)

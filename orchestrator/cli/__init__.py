@@ -188,7 +188,7 @@ def _report(exc: BaseException, args: argparse.Namespace | None = None) -> int:
         message = f"{exc.strerror or exc}{where}"
         code = ExitCode.USAGE if exc.errno in _USAGE_ERRNOS else ExitCode.FAILED
     sys.stderr.write(f"cvs: {message}\n")
-    if getattr(args, "json", False):
+    if args is not None and getattr(args, "json", False):
         from orchestrator.cli.common import write_json_result
 
         write_json_result(args, ok=False, exit_code=code, error=message)

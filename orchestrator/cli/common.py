@@ -8,13 +8,18 @@ import json
 import os
 import stat
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from orchestrator.errors import ExitCode, PolicyRefused, UsageError
 from orchestrator.events import EventSink, JsonLinesSink, PlainSink, wants_plain
 from orchestrator.results import HostResult
+
+if TYPE_CHECKING:
+    from orchestrator.api import Cluster
+
+_T = TypeVar("_T")
 
 DEFAULT_SANDBOX_DIR = "/tmp/cvs-sandbox"
 
@@ -135,15 +140,15 @@ def print_json_summary(
 
 
 def run_with_cluster(
-    args: argparse.Namespace, work: Callable[[Any], Any], *, output: bool = False
-) -> Any:
+    args: argparse.Namespace, work: Callable[[Cluster], Awaitable[_T]], *, output: bool = False
+) -> _T:
     """Open the cluster, run `work(cluster)`, close; events go to the chosen sink."""
     from orchestrator.api import Cluster
 
     cluster_cfg = load(args)
     sink = make_sink(args, output=output)
 
-    async def main() -> Any:
+    async def main() -> _T:
         async with Cluster.open(cluster_cfg, sink=sink) as cluster:
             return await work(cluster)
 
@@ -235,7 +240,7 @@ class BackgroundWriter:
         self._limit = limit
         self._queue: collections.deque[str] = collections.deque()
         self._size = 0
-        self._spill: Any = None  # temporary file once the queue is full
+        self._spill: IO[str] | None = None  # temporary file once the queue is full
         self._spill_read = 0
         self._spill_write = 0
         self._closed = False

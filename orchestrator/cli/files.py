@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -14,6 +15,9 @@ from orchestrator.cli.common import chosen_hosts, load, make_sink, print_json_su
 from orchestrator.errors import UsageError
 from orchestrator.events import PlainSink, wants_plain
 from orchestrator.results import HostResult, exit_code_for
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 @contextmanager
@@ -45,7 +49,7 @@ def progress_bar(
         yield lambda host, n: bar.advance(task, n)
 
 
-def _stderr_console():  # type: ignore[no-untyped-def]
+def _stderr_console() -> Console:
     from rich.console import Console
 
     return Console(stderr=True)

@@ -8,7 +8,11 @@ Kept free of heavy imports (asyncssh, pydantic, rich): `cvs --help` and
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    # What `ArgumentParser.add_subparsers()` returns; argparse has no public name for it.
+    _Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 DEFAULT_SANDBOX_DIR = "/tmp/cvs-sandbox"
 NO_WAIT_HELP = (
@@ -66,7 +70,7 @@ everything after -- goes to pytest too (for -v, or a value that looks like FUNCT
 """
 
 
-def add_run_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+def add_run_parser(sub: _Subparsers, common: argparse.ArgumentParser) -> None:
     """Add `cvs run` to cli.py's subcommands (`sub`), sharing its `common` options."""
     p = sub.add_parser(
         "run",
@@ -374,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
 # ---- cp, runs, shell, completion ------------------------------------------------
 
 
-def add_tools_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+def add_tools_parsers(sub: _Subparsers, common: argparse.ArgumentParser) -> None:
     """The everyday tools: files to every host, past runs, a shell, completion."""
     raw = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser(

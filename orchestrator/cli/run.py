@@ -13,7 +13,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import IO
+from typing import IO, TypedDict
 
 import anyio
 
@@ -162,10 +162,21 @@ def print_report(outcome: RunOutcome, recorder: RunRecorder, out: IO[str]) -> No
     out.flush()
 
 
+class _SuiteEntry(TypedDict):
+    """One suite in `cvs run --list` (also its `--json` shape)."""
+
+    name: str
+    description: str
+    source: str
+    path: str
+    shadowed: bool
+    error: str | None
+
+
 def _list(args: argparse.Namespace) -> int:
     refs = list_suites()
     seen: set[str] = set()
-    entries = []
+    entries: list[_SuiteEntry] = []
     for ref in refs:
         try:
             description = load_suite(ref.path).description

@@ -514,7 +514,7 @@ def parse_container_inspect(text: str) -> ContainerInfo:
     cid = obj.get("Id")
     if not isinstance(state, dict) or not isinstance(cid, str) or not cid:
         raise DockerOutputError("docker inspect: no container Id/State in the output")
-    config = obj.get("Config") if isinstance(obj.get("Config"), dict) else {}
+    config: dict[str, Any] = obj["Config"] if isinstance(obj.get("Config"), dict) else {}
     image_id = obj.get("Image")
     started = state.get("StartedAt")
     return ContainerInfo(

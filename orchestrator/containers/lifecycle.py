@@ -639,9 +639,9 @@ class Lifecycle:
                 "{{.State.Running}}",
                 self.name,
             ]
-            r = await self._cmd(outcome, "verify", check)
-            if r is not None and r.stdout.strip() != "true":
-                outcome.fail("verify", r, "the container is not running after start")
+            verified = await self._cmd(outcome, "verify", check)
+            if verified is not None and verified.stdout.strip() != "true":
+                outcome.fail("verify", verified, "the container is not running after start")
 
     async def _roll_back(
         self,

@@ -103,14 +103,15 @@ class SetupScript:
             return cls(path, content, hashlib.sha256(content).hexdigest(), is_default=not custom)
         if not custom:
             return cls.default()
-        path = Path(str(cfg.setup_script)).expanduser()
+        script_path = Path(str(cfg.setup_script)).expanduser()
         try:
-            content = path.read_bytes()
+            content = script_path.read_bytes()
         except OSError as exc:
             raise ConfigError(
-                f"container.setup_script: cannot read setup script {path}: {exc.strerror or exc}"
+                "container.setup_script: cannot read setup script "
+                f"{script_path}: {exc.strerror or exc}"
             ) from None
-        return cls.from_bytes(content, path=str(path))
+        return cls.from_bytes(content, path=str(script_path))
 
 
 # POSIX sh, run as `sh -c SETUP_DECODER cvs-setup SHA256 MARKER`. Fixed text:
@@ -232,7 +233,7 @@ async def run_setup_script(
         record = provision_record_command(container_id, script.sha256)
         command = f"{shlex.join(argv)} && {{ {record}; }}"
     kill = exec_argv(prefix, container, ["sh", "-c", _SETUP_KILL], user=ROOT)
-    return await pool.run(
+    result: HostResult = await pool.run(
         host,
         command,
         timeout=timeout,
@@ -240,6 +241,7 @@ async def run_setup_script(
         label="setup",
         on_timeout=lambda: kill,
     )
+    return result
 
 
 # --- in-container sshd ---------------------------------------------------
@@ -487,7 +489,8 @@ async def ensure_sshd(
         cluster.container.user,
     )
     payload = frame_files(sshd_files(cluster, keys, host))
-    return await pool.run(host, command, input=payload, label="sshd", timeout=60)
+    result: HostResult = await pool.run(host, command, input=payload, label="sshd", timeout=60)
+    return result
 
 
 @dataclass(frozen=True)

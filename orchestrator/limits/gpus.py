@@ -213,9 +213,9 @@ def _parse_amd_smi(text: str) -> list[_AMDInfo]:
     for entry in data:
         if not isinstance(entry, dict):
             continue
-        asic = entry.get("asic") if isinstance(entry.get("asic"), dict) else {}
-        bus = entry.get("bus") if isinstance(entry.get("bus"), dict) else {}
-        vram = entry.get("vram") if isinstance(entry.get("vram"), dict) else {}
+        asic: dict[str, Any] = entry["asic"] if isinstance(entry.get("asic"), dict) else {}
+        bus: dict[str, Any] = entry["bus"] if isinstance(entry.get("bus"), dict) else {}
+        vram: dict[str, Any] = entry["vram"] if isinstance(entry.get("vram"), dict) else {}
         infos.append(
             _AMDInfo(
                 name=_known(str(asic.get("market_name", ""))) or "",

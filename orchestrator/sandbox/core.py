@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -280,11 +281,11 @@ class Sandbox:
             hostname=h.name if h.netns else None,
         )
         log = h.host_dir / "dockerd.log"
-        h.dockerd_pid = procs.spawn(argv, log, tmpdir=h.host_dir / "tmp")
+        h.dockerd_pid = pid = procs.spawn(argv, log, tmpdir=h.host_dir / "tmp")
         self.save()
         try:
             procs.wait_for(
-                lambda: daemons.dockerd_ready(h.docker_socket) or not procs.alive(h.dockerd_pid),
+                lambda: daemons.dockerd_ready(h.docker_socket) or not procs.alive(pid),
                 timeout=DOCKERD_START_TIMEOUT,
                 what=f"dockerd on {h.name}",
             )
@@ -569,14 +570,14 @@ def sandbox_down(directory: Path, progress: Progress | None = None) -> None:
     # process our daemons started names a path under the run dir.
     marker = f"{sb.run_dir}/"
     for pid in procs.pids_mentioning(marker):
-        attempt(f"leftover process {pid}", lambda pid=pid: procs.stop(pid, marker, timeout=5.0))
+        attempt(f"leftover process {pid}", functools.partial(procs.stop, pid, marker, timeout=5.0))
     for mount in procs.mounts_under([sb.run_dir]):
         procs.run(["umount", "-l", mount], check=False)
     for h in sb.hosts:
         if h.netns is not None:
-            attempt(f"netns {h.netns}", lambda ns=h.netns: network.delete_netns(ns))
+            attempt(f"netns {h.netns}", functools.partial(network.delete_netns, h.netns))
         if h.veth is not None:
-            attempt(f"link {h.veth}", lambda link=h.veth: network.delete_link(link))
+            attempt(f"link {h.veth}", functools.partial(network.delete_link, h.veth))
     attempt(f"bridge {sb.bridge}", lambda: network.delete_link(sb.bridge))
     shutil.rmtree(sb.run_dir, ignore_errors=True)
     # Only what `up` created: DIR may be shared with other files.

@@ -155,7 +155,8 @@ def image_id(docker: list[str], tag: str) -> str:
 
 def _stamp_ok(stamp: Path, key: str) -> bool:
     try:
-        return json.loads(stamp.read_text()).get("key") == key
+        stamped: object = json.loads(stamp.read_text()).get("key")
+        return stamped == key
     except (OSError, ValueError):
         return False
 

@@ -62,9 +62,9 @@ def link_exists(name: str) -> bool:
     return Path("/sys/class/net", name).exists()
 
 
-def _addresses_in_use() -> set[ipaddress.IPv4Network]:
+def _addresses_in_use() -> set[ipaddress.IPv4Network | ipaddress.IPv6Network]:
     out = run(["ip", "-j", "-4", "addr", "show"])
-    nets = set()
+    nets: set[ipaddress.IPv4Network | ipaddress.IPv6Network] = set()
     for link in json.loads(out or "[]"):
         for info in link.get("addr_info", []):
             with contextlib.suppress(ValueError, KeyError):
@@ -84,6 +84,7 @@ def claim_index() -> int:
     except (OSError, ValueError):
         start = 1
     start = start if 1 <= start <= 250 else 1
+    index: int
     for index in [*range(start, 251), *range(1, start)]:
         subnet = ipaddress.ip_network(f"{SUBNET_PREFIX}.{index}.0/24")
         claim = RUN_ROOT / str(index)

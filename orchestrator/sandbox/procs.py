@@ -15,7 +15,7 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
@@ -124,7 +124,9 @@ def stop(pid: int | None, marker: str, *, timeout: float = 10.0) -> str:
     return "killed"
 
 
-def wait_for(predicate, *, timeout: float, what: str, interval: float = 0.05) -> None:
+def wait_for(
+    predicate: Callable[[], object], *, timeout: float, what: str, interval: float = 0.05
+) -> None:
     """Poll `predicate()` until true; raise TimeoutError naming `what`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import asyncssh
@@ -570,7 +570,7 @@ class SSHPool:
         emit = self.sink.emit if stream_output else None
         tail = self.output_tail
         try:
-            chan, session = await link.conn.create_session(
+            chan, client_session = await link.conn.create_session(
                 lambda: _CommandSession(host, emit, tail), text, encoding="utf-8", errors="replace"
             )
         except (asyncssh.Error, OSError) as exc:
@@ -580,6 +580,9 @@ class SSHPool:
                 duration=time.monotonic() - start,
                 error=f"could not open a channel: {exc}",
             )
+        # asyncssh types the session as SSHClientSession whatever the factory
+        # makes; it is the _CommandSession made above.
+        session = cast(_CommandSession, client_session)
         status: Status = "ok"
         error: str | None = None
         try:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, TypedDict
 
 from orchestrator.errors import CvsError, ExitCode, UsageError
 from orchestrator.events import Event, OutputLine
@@ -102,7 +102,7 @@ class RunOutcome:
     interrupted: bool = False
     refused: bool = False
     # `up` left hosts not ready: 3 (unreachable) or 1.
-    up_exit_code: ExitCode | None = None
+    up_exit_code: int | None = None
     # Stale images, failed removals, ...: recorded, but they do not fail the run.
     warnings: list[str] = field(default_factory=list)
     # container.image as asked for, and host -> image ID its container ran (read after up).
@@ -260,6 +260,15 @@ def _xml_text(text: str) -> str:
     return text.translate(_XML_BAD)
 
 
+class _JUnitCounts(TypedDict):
+    """The count attributes of <testsuites> and <testsuite>."""
+
+    tests: str
+    failures: str
+    errors: str
+    skipped: str
+
+
 def junit_xml(outcome: RunOutcome) -> str:
     """One testcase per step x host: classname `suite.step`, name `host`.
 
@@ -294,7 +303,12 @@ def junit_xml(outcome: RunOutcome) -> str:
                 out.text = _xml_text(r.tail)
             cases.append(case)
     finished = outcome.finished or outcome.started
-    attrs = {k: str(v) for k, v in counts.items()}
+    attrs: _JUnitCounts = {
+        "tests": str(counts["tests"]),
+        "failures": str(counts["failures"]),
+        "errors": str(counts["errors"]),
+        "skipped": str(counts["skipped"]),
+    }
     seconds = f"{(finished - outcome.started).total_seconds():.3f}"
     root = ET.Element("testsuites", name=outcome.suite, time=seconds, **attrs)
     suite = ET.SubElement(

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from orchestrator.config.hostlist import compress_hostlist
 from orchestrator.suites.records import RunOutcome, StepOutcome, utc_stamp
+
+if TYPE_CHECKING:
+    import jinja2
 
 # Above this many hosts a step's text row names hosts per status instead of one column per host.
 WIDE_TABLE_HOSTS = 8
@@ -125,15 +128,16 @@ def timeline(outcome: RunOutcome) -> list[Bar]:
         left = 100.0 * start / total
         return Bar(label, status, start, seconds, left, max(100.0 * seconds / total, 0.4))
 
-    ran = [s for s in outcome.steps if s.started is not None]
+    # Each step that ran, with its start (never None here).
+    ran = [(s, s.started) for s in outcome.steps if s.started is not None]
     bars: list[Bar] = []
-    first = ran[0].started if ran else total
+    first = ran[0][1] if ran else total
     if first and first > 0:
         # Nothing ran after it: up is where the run stopped (refused, failed).
         up_status = "setup" if ran or outcome.ok else "failed"
-        bars.append(bar("up", up_status, 0.0, first))  # type: ignore[arg-type]
-    bars.extend(bar(s.name, s.status, s.started, s.duration) for s in ran)  # type: ignore[arg-type]
-    end = max((s.started + s.duration for s in ran), default=first)  # type: ignore[operator]
+        bars.append(bar("up", up_status, 0.0, first))
+    bars.extend(bar(s.name, s.status, started, s.duration) for s, started in ran)
+    end = max((started + s.duration for s, started in ran), default=first)
     if total - end > 0.05:
         bars.append(
             bar("down" if outcome.lifetime == "per_run" else "wrap-up", "setup", end, total - end)
@@ -160,7 +164,7 @@ def image_summary(outcome: RunOutcome) -> list[tuple[str, str]]:
 
 def problems(outcome: RunOutcome) -> list[str]:
     """`rccl: failed on gpu[017,033]` per step and status that is not ok (nor skipped)."""
-    lines = []
+    lines: list[str] = []
     for s in outcome.steps:
         by_status: dict[str, list[str]] = {}
         for h, r in s.results.items():
@@ -195,7 +199,7 @@ def report_context(outcome: RunOutcome, run_dir: Path | None = None) -> dict[str
     }
 
 
-def _environment() -> Any:
+def _environment() -> jinja2.Environment:
     import jinja2
 
     env = jinja2.Environment(

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import anyio
 
@@ -100,10 +100,19 @@ def _clip(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+class _JudgedFields(TypedDict):
+    """What every judged StepHostOutcome takes from the host's result."""
+
+    host: str
+    exit_code: int | None
+    duration: float
+    tail: str
+
+
 def judge(step: Step, result: HostResult, tail_lines: int = TAIL_LINES) -> StepHostOutcome:
     """Whether one host's result meets the step's `expect`; the reason in one line if not."""
     expect = step.expect
-    base = {
+    base: _JudgedFields = {
         "host": result.host,
         "exit_code": result.exit_code,
         "duration": result.duration,
@@ -257,7 +266,7 @@ async def _run_step(
             result = recorder.end_log(step.name, result)
         judged = judge(step, result)
         outcome.results[h] = judged
-        status = "ok" if judged.ok else "failed"
+        status: Literal["ok", "failed"] = "ok" if judged.ok else "failed"
         detail = "" if judged.ok else f"{judged.status}: {judged.reason}"
         sink.emit(HostStep(host=h, step=step.name, status=status, detail=detail))
     return outcome

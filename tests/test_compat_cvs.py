@@ -417,6 +417,26 @@ def test_cvs_run_html_without_pytest_html_says_what_to_install_and_runs_nothing(
     assert not (tmp_path / "run").exists() and not (tmp_path / "r.html").exists()
 
 
+@pytest.mark.parametrize("made_here", [True, False])
+def test_a_pytest_option_pytest_refuses_leaves_no_run_record(
+    standin: None,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    key_file: Path,
+    made_here: bool,
+) -> None:
+    if not made_here:
+        (tmp_path / "run").mkdir()  # a --run-dir the user made: kept, left empty
+    code, err = _run_checks(capsys, tmp_path, key_file, "--no-such-pytest-option")
+    assert code == 2, err
+    assert "unrecognized arguments: --no-such-pytest-option" in err
+    assert "pytest refused the arguments" in err and "nothing was run" in err
+    if made_here:
+        assert not (tmp_path / "run").exists()
+    else:
+        assert [p.name for p in (tmp_path / "run").iterdir()] == []
+
+
 def test_yaml_suite_run_refuses_cvs_only_options(capsys: pytest.CaptureFixture[str]) -> None:
     code, err = _run(capsys, "test_demo", "extra_function")
     assert code == 2 and "are for CVS tests" in err

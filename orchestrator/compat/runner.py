@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import json
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from contextlib import nullcontext, redirect_stdout
@@ -193,6 +194,20 @@ def pytest_args(
     return args
 
 
+def _discard(run_dir: Path, *, keep: set[str] | None) -> None:
+    """Remove the run directory (None: it was made for this run), or what was
+    made in it besides the entries in `keep` (a directory the user gave)."""
+    if keep is None:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return
+    for name in set(os.listdir(run_dir)) - keep:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
 def run_cvs_test(
     test: str,
     functions: list[str],
@@ -228,6 +243,8 @@ def run_cvs_test(
             "nothing was run"
         )
     stem = test_file.stem
+    # What was there before, so that a refused start takes away only its own files.
+    existing = set(os.listdir(run_dir)) if run_dir and Path(run_dir).is_dir() else None
     if run_dir:
         recorder = RunRecorder.create(Path(run_dir))
     else:
@@ -249,8 +266,17 @@ def run_cvs_test(
     )
     # With --json, stdout carries only our JSON line: pytest's report goes to stderr.
     report_to = redirect_stdout(sys.stderr) if json_output else nullcontext()
+    engine = CvsEngine(record)
     with report_to:
-        code = int(pytest.main(args, plugins=[CvsEngine(record)]))
+        code = int(pytest.main(args, plugins=[engine]))
+    if code == pytest.ExitCode.USAGE_ERROR and not engine.created:
+        # pytest refused the arguments before anything ran (a mistyped option
+        # passed through): bad input changes nothing, so no run record either.
+        recorder.close()
+        _discard(recorder.run_dir, keep=existing)
+        raise UsageError(
+            f"cvs run {test}: pytest refused the arguments (its message is above); nothing was run"
+        )
     ours = finish_with_pytest_status(record, code)
     error = record.outcome.error
     files = {

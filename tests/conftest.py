@@ -55,6 +55,11 @@ def _sigterm_as_interrupt(signum: int, frame: object) -> None:
 def pytest_sessionstart(session: pytest.Session) -> None:
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # Started with `&` from a script, SIGINT comes in ignored, and every
+        # `cvs` the tests start would inherit that: the Ctrl-C tests would see
+        # it ignored. A handler of ours is reset to the default in children.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -42,13 +42,18 @@ def cfg() -> ContainerConfig:
 
 
 def run_probe(
-    env: dict[str, str], cfg: ContainerConfig | None, name: str = "probed", **kw: str
+    env: dict[str, str],
+    cfg: ContainerConfig | None,
+    name: str = "probed",
+    *,
+    shell: tuple[str, ...] = ("/bin/sh",),
+    **kw: str,
 ) -> HostState:
     script = probe_command(cfg, name, sshd_port=PORT, marker_path=kw.get("marker", MARKER))
     # The host's records go to this test's state directory (state_home).
     env = {**env, "XDG_STATE_HOME": os.environ["XDG_STATE_HOME"]}
     out = subprocess.run(
-        ["/bin/sh", "-c", script], env=env, capture_output=True, text=True, timeout=60
+        [*shell, "-c", script], env=env, capture_output=True, text=True, timeout=60
     )
     return parse_probe_output("h1", out.returncode, out.stdout, out.stderr)
 
@@ -291,6 +296,42 @@ def test_attach_probe_learns_marker_and_listener_from_the_host_with_one_docker_p
         if state.sshd_listening:
             break
     assert state.container == "running"
+    assert state.provision_marker == SHA
+    assert state.sshd_listening is True
+    assert calls(log) == ["inspect"]
+
+
+# The /bin/sh a host may have: dash (Debian, Ubuntu), bash (RHEL, SLES), busybox.
+HOST_SHELLS = {
+    "dash": ("dash",),
+    "bash": ("bash", "--posix"),
+    "busybox": ("busybox", "sh"),
+}
+
+
+@pytestmark_real
+@pytest.mark.parametrize("shell", sorted(HOST_SHELLS))
+def test_the_attach_probe_reads_the_same_under_every_host_shell(
+    dockerd: PrivateDockerd,
+    cfg: ContainerConfig,
+    container: str,
+    tmp_path: Path,
+    state_home: Path,
+    shell: str,
+) -> None:
+    argv = HOST_SHELLS[shell]
+    if shutil.which(argv[0]) is None:
+        pytest.skip(f"{argv[0]} is not installed here")
+    record(state_home, container_id(dockerd, container))
+    dockerd.docker("exec", "-d", container, "httpd", "-f", "-p", f"127.0.0.1:{PORT}")
+    env, log = counting_docker(tmp_path, dockerd.env)
+    for _ in range(50):  # httpd -d returns before the socket is bound
+        log.unlink(missing_ok=True)
+        state = run_probe(env, cfg, shell=argv)
+        if state.sshd_listening:
+            break
+    assert state.known and state.container == "running", state
+    assert state.container_id == container_id(dockerd, container)
     assert state.provision_marker == SHA
     assert state.sshd_listening is True
     assert calls(log) == ["inspect"]

@@ -9,6 +9,10 @@ hosts need), then, over fresh connections as a new `cvs` process would, runs
 
 - wall time (median, and min..max) of open + `up` + `exec hostname`, timed
   once the machine is quiet again after the set-up (how busy it was is shown);
+- CPU per host: this machine's CPU time over each timed run (from /proc/stat),
+  median, divided by the hosts. In a sandbox every host runs here, so that is
+  the whole cost (sshd, docker, runc, shells and us); with `--cluster` it is
+  only what this machine spent;
 - SSH round trips per host of the `up`: SSH channels opened (a channel carries
   one remote command; the locked probe is one held channel) and of the exec;
 - docker CLI processes per host of the `up` and of the exec, counted for real
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -170,6 +175,16 @@ def busy_fraction(seconds: float = 1.0) -> float:
     return 1 - (idle1 - idle0) / max(1, total1 - total0)
 
 
+def cpu_seconds() -> float:
+    """CPU time this machine has spent, all processes (from /proc/stat): in a
+    sandbox every host is on this machine, so a delta is what the attach cost
+    everywhere (sshd, docker, runc, the shells, and us)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    busy = sum(ticks) - ticks[3] - (ticks[4] if len(ticks) > 4 else 0)
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
 def settle(limit: float = 0.15, timeout: float = 60.0) -> float:
     """Wait until the machine is quiet (a fresh sandbox's dockerds keep
     starting things for a while): what is timed is the attach, not that."""
@@ -187,11 +202,13 @@ def measure(cluster: ClusterConfig, docker: DockerCalls, runs: int = RUNS) -> di
     busy = settle()
     hosts = [h.name for h in cluster.hosts]
     seconds: list[float] = []
+    cpu: list[float] = []
     for _ in range(runs):
         with counting_channels(cluster) as counts:
-            start = time.perf_counter()
+            cpu_start, start = cpu_seconds(), time.perf_counter()
             report, results, up_trips, _ = anyio.run(attach_and_exec, cluster, counts, docker)
             seconds.append(time.perf_counter() - start)
+            cpu.append(cpu_seconds() - cpu_start)
     # One more run, not timed, through the logging docker wrapper.
     with docker.counting():
         before = docker.lines()
@@ -206,6 +223,8 @@ def measure(cluster: ClusterConfig, docker: DockerCalls, runs: int = RUNS) -> di
         "seconds_min": round(min(seconds), 3),
         "seconds_max": round(max(seconds), 3),
         "runs": runs,
+        # This machine's CPU per host, median over the runs (a sandbox: all of it).
+        "cpu_ms_per_host": round(statistics.median(cpu) * 1000 / len(hosts)),
         "busy_before": round(busy, 2),
         "round_trips": {h: up_trips.get(h, 0) for h in hosts},
         "exec_round_trips": {h: counts.get(h, 0) - up_trips.get(h, 0) for h in hosts},
@@ -258,7 +277,8 @@ def report_text(result: dict[str, Any]) -> str:
     return (
         f"{result['hosts']:>3} hosts: attach up + exec hostname {result['seconds']:.3f} s "
         f"(median of {result['runs']}, {result['seconds_min']:.3f}..{result['seconds_max']:.3f}; "
-        f"CPUs {result['busy_before']:.0%} busy before); "
+        f"CPUs {result['busy_before']:.0%} busy before; "
+        f"{result['cpu_ms_per_host']} ms of this machine's CPU per host); "
         f"up round trips per host max {max(trips)}; "
         f"exec {max(result['exec_round_trips'].values())}; "
         f"docker processes {docker}\n"

@@ -271,6 +271,29 @@ def test_known_hosts_is_parsed_once_for_every_host_under_strict(
     assert len(parses) == 1
 
 
+def test_a_host_key_added_during_a_session_is_seen_by_the_next_connection(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_text(known_hosts_line(sandbox, "node1") + "\n")
+    path = cluster_variant(
+        sandbox, tmp_path, ssh={"known_hosts": str(known), "host_key_policy": "strict"}
+    )
+
+    async def main() -> list[str]:
+        async with SSHPool(load_cluster(path)) as pool:
+            first = await pool.run("node1", "true")
+            # A long session (the pytest plugin's): the user adds node2's key.
+            with known.open("a") as f:
+                f.write(known_hosts_line(sandbox, "node2") + "\n")
+            later = known.stat().st_mtime_ns + 1_000_000_000
+            os.utime(known, ns=(later, later))
+            second = await pool.run("node2", "true")
+            return [first.status, second.status]
+
+    assert anyio.run(main) == ["ok", "ok"]
+
+
 def max_handshakes_in_flight(
     config: ClusterConfig, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[int, list[str]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import shlex
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -173,7 +174,10 @@ class SSHPool:
         self.connects = 0  # handshakes performed (for the benchmark / tests)
         self._warned: set[str] = set()
         self._keys: list[asyncssh.SSHKeyPair] | None = None
-        self._known_hosts: dict[tuple[str, ...], asyncssh.SSHKnownHosts] = {}
+        # known_hosts paths -> (their mtimes, the parsed files)
+        self._known_hosts: dict[
+            tuple[str, ...], tuple[tuple[int, ...], asyncssh.SSHKnownHosts]
+        ] = {}
         proxy_jump = cluster.ssh.proxy_jump
         self._jump_hops: list[JumpHop] = jump_hops(proxy_jump) if proxy_jump else []
         self._jump_chain: list[asyncssh.SSHClientConnection] = []
@@ -258,24 +262,29 @@ class SSHPool:
         return opts
 
     def _parsed_known_hosts(self, value: Any) -> Any:
-        """known_hosts files read once per pool. Given a path, asyncssh reads
-        and parses the file again for every handshake: with one line per host
-        that is O(hosts²), 6.6 ms per connection for a 1000-line file, so
-        6.6 s of CPU to reach 1000 hosts. Under `strict` nothing writes to the
-        file during a run (accept-new appends, and keeps reading the file)."""
+        """known_hosts files parsed once per version, not per handshake. Given a
+        path, asyncssh reads and parses the file again for every handshake:
+        with one line per host that is O(hosts²), 6.6 ms per connection for a
+        1000-line file, so 6.6 s of CPU to reach 1000 hosts. A file edited
+        meanwhile (a long pytest session, a key added) is read again."""
         if isinstance(value, str):
             paths: tuple[str, ...] = (value,)
         elif isinstance(value, list) and all(isinstance(v, str) for v in value):
             paths = tuple(value)
         else:
             return value
-        parsed = self._known_hosts.get(paths)
-        if parsed is None:
-            try:
-                parsed = asyncssh.read_known_hosts(list(paths))
-            except (OSError, ValueError):
-                return value  # asyncssh reports it at connect time, naming the host
-            self._known_hosts[paths] = parsed
+        try:
+            versions = tuple(os.stat(p).st_mtime_ns for p in paths)
+        except OSError:
+            return value  # asyncssh reports it at connect time, naming the host
+        cached = self._known_hosts.get(paths)
+        if cached is not None and cached[0] == versions:
+            return cached[1]
+        try:
+            parsed = asyncssh.read_known_hosts(list(paths))
+        except (OSError, ValueError):
+            return value
+        self._known_hosts[paths] = (versions, parsed)
         return parsed
 
     def _client_keys(self) -> list[asyncssh.SSHKeyPair]:

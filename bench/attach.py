@@ -160,29 +160,27 @@ async def attach_and_exec(
     return report, results, up_trips, after_up
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """This machine's CPU ticks since boot, (busy, total), all processes (/proc/stat)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    return sum(ticks) - idle, sum(ticks)
+
+
 def busy_fraction(seconds: float = 1.0) -> float:
-    """How busy this machine's CPUs were over `seconds` (0..1), from /proc/stat."""
-
-    def sample() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            ticks = [int(x) for x in f.readline().split()[1:]]
-        idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
-        return sum(ticks), idle
-
-    total0, idle0 = sample()
+    """How busy this machine's CPUs were over `seconds` (0..1)."""
+    busy0, total0 = cpu_ticks()
     time.sleep(seconds)
-    total1, idle1 = sample()
-    return 1 - (idle1 - idle0) / max(1, total1 - total0)
+    busy1, total1 = cpu_ticks()
+    return (busy1 - busy0) / max(1, total1 - total0)
 
 
 def cpu_seconds() -> float:
-    """CPU time this machine has spent, all processes (from /proc/stat): in a
-    sandbox every host is on this machine, so a delta is what the attach cost
-    everywhere (sshd, docker, runc, the shells, and us)."""
-    with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:]]
-    busy = sum(ticks) - ticks[3] - (ticks[4] if len(ticks) > 4 else 0)
-    return busy / os.sysconf("SC_CLK_TCK")
+    """CPU time this machine has spent, all processes: in a sandbox every host
+    is on this machine, so a delta is what the attach cost everywhere (sshd,
+    docker, runc, the shells, and us)."""
+    return cpu_ticks()[0] / os.sysconf("SC_CLK_TCK")
 
 
 def settle(limit: float = 0.15, timeout: float = 60.0) -> float:

@@ -155,8 +155,9 @@ def test_a_closed_jump_connection_is_reopened_for_the_next_host(
     async def main() -> tuple[bool, bool, int]:
         async with SSHPool(load_cluster(path)) as pool:
             first = await pool.run("node2", ["true"])
-            pool._jump_chain[-1].close()
-            await pool._jump_chain[-1].wait_closed()
+            assert pool._cluster_jump is not None
+            pool._cluster_jump.conns[-1].close()
+            await pool._cluster_jump.conns[-1].wait_closed()
             second = await pool.run("node3", ["true"])
             return first.ok, second.ok, pool.jump_connects
 
@@ -169,7 +170,8 @@ def test_closing_the_pool_closes_the_jump_connection(sandbox: Sandbox, tmp_path:
     async def main() -> bool:
         async with SSHPool(load_cluster(path)) as pool:
             assert (await pool.run("node2", ["true"])).ok
-            jump = pool._jump_chain[-1]
+            assert pool._cluster_jump is not None
+            jump = pool._cluster_jump.conns[-1]
         return jump.is_closed()
 
     assert anyio.run(main)
@@ -275,3 +277,16 @@ def test_a_dead_bastion_from_the_ssh_config_fails_every_host_behind_it_once(
     assert {h: r.status for h, r in results.items()} == dict.fromkeys(TARGETS, "unreachable")
     assert all("via jump host" in (r.error or "") for r in results.values()), results
     assert connects == 1  # the bastion was tried once, not once per host
+
+
+def test_a_proxyjump_the_ssh_config_writes_wrong_fails_each_host_with_one_line(
+    sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bad = f"  ProxyJump cvs@{sandbox.host(BASTION).address}:ssh\n"
+    path = behind_config_jump(sandbox, tmp_path, monkeypatch, bad)
+    results, _ = run_once(load_cluster(path), "true")
+    assert {h: r.status for h, r in results.items()} == dict.fromkeys(TARGETS, "unreachable")
+    for result in results.values():
+        error = result.error or ""
+        assert error.startswith("~/.ssh/config ProxyJump: invalid proxy_jump hop"), error
+        assert "\n" not in error

@@ -77,6 +77,6 @@ def sshd_key(
     entries that share an address share its sshd: aliases, a gateway
     forwarding ports). Any `ProxyCommand`: where it leads is not ours to
     parse, so all share one key. (A `ProxyJump` costs its bastion one
-    handshake, shared by the hosts behind it: see `SSHPool._config_jump`.)"""
+    handshake, shared by the hosts behind it: see `SSHPool._jump_route`.)"""
     route = config_route(address, port, username, config=config)
     return "proxy-command" if route.proxy_command else route.host

@@ -18,7 +18,7 @@ import os
 import shlex
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -32,7 +32,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from orchestrator.config import ClusterConfig, HostSpec, JumpHop, jump_hops
+from orchestrator.config import ClusterConfig, HostSpec, jump_hops
 from orchestrator.config.units import parse_size
 from orchestrator.events import (
     CommandFinished,
@@ -111,16 +111,6 @@ def _close_chain(chain: list[asyncssh.SSHClientConnection]) -> None:
         conn.close()
 
 
-def _jump_hop(text: str) -> tuple[str, int | tuple[()], str | tuple[()]]:
-    """`[user@]host[:port]` as asyncssh parses a ProxyJump hop (() = from the config)."""
-    username, _, host = text.rpartition("@")
-    port: int | tuple[()] = ()
-    if ":" in host:
-        host, _, port_text = host.rpartition(":")
-        port = int(port_text)
-    return host, port, username or ()
-
-
 class _AcceptNewClient(asyncssh.SSHClient):
     """`accept-new`: trust a host seen for the first time, never a changed key."""
 
@@ -141,6 +131,17 @@ class _AcceptNewClient(asyncssh.SSHClient):
         with self._path.open("a") as f:
             f.write(line + "\n")
         return True
+
+
+@dataclass
+class _JumpChain:
+    """A jump route, opened once and shared by every host behind it
+    (`SSHPool._jump`): its hops as (name, asyncssh options), first to last."""
+
+    hops: list[tuple[str, dict[str, Any]]]
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    conns: list[asyncssh.SSHClientConnection] = field(default_factory=list)
+    failure: ConnectError | None = None  # remembered: a dead bastion is tried once
 
 
 @dataclass
@@ -178,15 +179,9 @@ class SSHPool:
         self._known_hosts: dict[
             tuple[str, ...], tuple[tuple[int, ...], asyncssh.SSHKnownHosts]
         ] = {}
-        proxy_jump = cluster.ssh.proxy_jump
-        self._jump_hops: list[JumpHop] = jump_hops(proxy_jump) if proxy_jump else []
-        self._jump_chain: list[asyncssh.SSHClientConnection] = []
-        self._jump_lock = anyio.Lock()
-        self._jump_failure: ConnectError | None = None
-        # ProxyJumps from ~/.ssh/config, one shared chain each (`_config_jump`).
-        self._config_jumps: dict[str, list[asyncssh.SSHClientConnection]] = {}
-        self._config_jump_failures: dict[str, ConnectError] = {}
-        self._config_jump_locks: dict[str, anyio.Lock] = {}
+        # `ssh.proxy_jump`, and the ProxyJumps of ~/.ssh/config by their text.
+        self._cluster_jump: _JumpChain | None = None
+        self._config_jumps: dict[str, _JumpChain] = {}
         self.jump_connects = 0  # handshakes with jump hosts that succeeded (for the tests)
 
     async def __aenter__(self) -> SSHPool:
@@ -205,9 +200,8 @@ class SSHPool:
                 with anyio.move_on_after(2), contextlib.suppress(Exception):
                     await link.conn.wait_closed()
             self._links.clear()
-            # After the hosts: their connections are channels of the jump's.
-            await self._close_jump()
-            await self._close_config_jumps()
+            # After the hosts: their connections are channels of the jumps'.
+            await self._close_jumps()
 
     # -- connecting ---------------------------------------------------------
 
@@ -359,120 +353,101 @@ class SSHPool:
             self._handshakes[key] = limiter
         return limiter
 
-    async def _config_jump(self, tunnel: str, host: str) -> asyncssh.SSHClientConnection:
-        """A `ProxyJump` from ~/.ssh/config, opened once and shared by every host
-        behind it; its failure reported as `host`'s.
+    def _jump_route(self, host: str, opts: dict[str, Any]) -> _JumpChain | None:
+        """The shared jump a host's connection goes through, if any.
 
-        Left to asyncssh, each host would open a bastion connection of its own:
-        a thousand handshakes on one sshd, under one cap. The hops are opened
-        the way asyncssh opens them (the ssh config and asyncssh's defaults
-        apply to the bastion, as they do for ssh), but once per chain, and a
-        failure is remembered so a fleet does not retry a dead bastion per host.
-        """
-        lock = self._config_jump_locks.setdefault(tunnel, anyio.Lock())
+        `ssh.proxy_jump` is opened with the cluster's own settings (checking,
+        keys, timeouts). A `ProxyJump` from ~/.ssh/config is opened as
+        asyncssh would open it (the ssh config and its defaults apply to the
+        bastion, as they do for ssh), but once per chain: left to asyncssh,
+        each host would open a bastion connection of its own. A jump the
+        ssh config writes wrong fails the host with one line naming it."""
+        ssh = self.cluster.ssh
+        if ssh.proxy_jump:
+            if self._cluster_jump is None:
+                hops = jump_hops(ssh.proxy_jump)  # checked when the file loaded
+                self._cluster_jump = _JumpChain(
+                    [(str(h), self._endpoint_options(h.host, h.port or 22, h.user)) for h in hops]
+                )
+            return self._cluster_jump
+        if not ssh.use_ssh_config:
+            return None
+        tunnel = config_route(opts["host"], opts["port"], opts.get("username")).jump
+        if tunnel is None:
+            return None
+        chain = self._config_jumps.get(tunnel)
+        if chain is None:
+            try:
+                hops = jump_hops(tunnel)
+            except ValueError as exc:
+                raise ConnectError(
+                    host, "unreachable", f"~/.ssh/config ProxyJump: {exc}", 0
+                ) from None
+            chain = _JumpChain(
+                [
+                    (
+                        str(h),
+                        {
+                            "host": h.host,
+                            "port": h.port or (),
+                            "username": h.user or (),
+                            "connect_timeout": ssh.connect_timeout,
+                        },
+                    )
+                    for h in hops
+                ]
+            )
+            self._config_jumps[tunnel] = chain
+        return chain
+
+    async def _jump(self, chain: _JumpChain, host: str) -> asyncssh.SSHClientConnection:
+        """The last hop of `chain`, opened once (under its lock) and reopened
+        when it was closed; its failure, remembered, is reported as `host`'s."""
         try:
-            async with lock:
-                chain = self._config_jumps.get(tunnel, [])
-                if chain and not chain[-1].is_closed():
-                    return chain[-1]
-                failure = self._config_jump_failures.get(tunnel)
-                if failure is not None:
-                    raise failure
-                _close_chain(chain)
-                chain = []
+            async with chain.lock:
+                if chain.conns and not chain.conns[-1].is_closed():
+                    return chain.conns[-1]
+                if chain.failure is not None:
+                    raise chain.failure
+                _close_chain(chain.conns)
+                chain.conns = []
                 try:
-                    for hop in tunnel.split(","):
-                        address, port, username = _jump_hop(hop)
-                        opts: dict[str, Any] = {
-                            "host": address,
-                            "port": port,
-                            "username": username,
-                            "tunnel": chain[-1] if chain else (),
-                            "connect_timeout": self.cluster.ssh.connect_timeout,
-                        }
-                        conn, _ = await self._handshake(opts, hop, f"via jump host {hop}: ")
-                        chain.append(conn)
+                    for name, hop_opts in chain.hops:
+                        opts = dict(hop_opts)
+                        if chain.conns:
+                            opts["tunnel"] = chain.conns[-1]
+                        conn, _ = await self._handshake(opts, name, f"via jump host {name}: ")
+                        chain.conns.append(conn)
                         self.jump_connects += 1
                 except ConnectError as exc:
-                    self._config_jump_failures[tunnel] = exc
-                    _close_chain(chain)
+                    chain.failure = exc
+                    _close_chain(chain.conns)
+                    chain.conns = []
                     raise
                 except BaseException:
-                    _close_chain(chain)
+                    _close_chain(chain.conns)
+                    chain.conns = []
                     raise
-                self._config_jumps[tunnel] = chain
-                return chain[-1]
+                return chain.conns[-1]
         except ConnectError as exc:
             raise ConnectError(host, exc.status, exc.message, exc.attempts) from exc
 
-    async def _close_config_jumps(self) -> None:
-        chains, self._config_jumps = list(self._config_jumps.values()), {}
+    async def _close_jumps(self) -> None:
+        chains = [c for c in (self._cluster_jump, *self._config_jumps.values()) if c]
         for chain in chains:
-            _close_chain(chain)
+            _close_chain(chain.conns)
         for chain in chains:
-            for conn in reversed(chain):
+            for conn in reversed(chain.conns):
                 with anyio.move_on_after(2), contextlib.suppress(Exception):
                     await conn.wait_closed()
-
-    async def _jump_for(self, host: str) -> asyncssh.SSHClientConnection:
-        """The shared jump connection; its failure reported as `host`'s."""
-        try:
-            return await self._jump()
-        except ConnectError as exc:
-            raise ConnectError(host, exc.status, exc.message, exc.attempts) from exc
-
-    async def _jump(self) -> asyncssh.SSHClientConnection:
-        """The last hop of `ssh.proxy_jump`, shared by every target host.
-
-        Opened once (under a lock) with the cluster's own settings: a string
-        `tunnel` would have asyncssh open a new connection per target, checked
-        against its defaults (~/.ssh/known_hosts, default keys) and costing the
-        bastion one handshake per target. Reopened when it was closed; a
-        failure is remembered, so a fleet does not retry a dead bastion per host.
-        """
-        async with self._jump_lock:
-            if self._jump_chain and not self._jump_chain[-1].is_closed():
-                return self._jump_chain[-1]
-            if self._jump_failure is not None:
-                raise self._jump_failure
-            await self._close_jump()
-            chain: list[asyncssh.SSHClientConnection] = []
-            try:
-                for hop in self._jump_hops:
-                    opts = self._endpoint_options(hop.host, hop.port or 22, hop.user)
-                    if chain:
-                        opts["tunnel"] = chain[-1]
-                    conn, _ = await self._handshake(opts, str(hop), f"via jump host {hop}: ")
-                    chain.append(conn)
-                    self.jump_connects += 1
-            except ConnectError as exc:
-                self._jump_failure = exc
-                _close_chain(chain)
-                raise
-            except BaseException:
-                _close_chain(chain)
-                raise
-            self._jump_chain = chain
-            return chain[-1]
-
-    async def _close_jump(self) -> None:
-        chain, self._jump_chain = self._jump_chain, []
-        _close_chain(chain)
-        for conn in reversed(chain):
-            with anyio.move_on_after(2), contextlib.suppress(Exception):
-                await conn.wait_closed()
+            chain.conns = []
 
     async def _open(self, spec: HostSpec) -> _HostLink:
         opts = self._connect_options(spec)
         self.sink.emit(Connecting(host=spec.name, address=f"{opts['host']}:{opts['port']}"))
         start = time.monotonic()
-        jump: Callable[[], Awaitable[asyncssh.SSHClientConnection]] | None = None
-        if self._jump_hops:
-            jump = functools.partial(self._jump_for, spec.name)
-        elif self.cluster.ssh.use_ssh_config:
-            tunnel = config_route(opts["host"], opts["port"], opts.get("username")).jump
-            if tunnel is not None:
-                jump = functools.partial(self._config_jump, tunnel, spec.name)
+        route = self._jump_route(spec.name, opts)
+        jump = None if route is None else functools.partial(self._jump, route, spec.name)
         conn, attempts = await self._handshake(opts, spec.name, jump=jump)
         self.sink.emit(
             Connected(host=spec.name, seconds=time.monotonic() - start, attempts=attempts)

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orchestrator.cli.common import cli_reasons
 from orchestrator.config import ContainerConfig
 from orchestrator.containers.docker import LABEL_CONFIG_HASH, managed_labels
 from orchestrator.containers.plan import (
@@ -23,6 +24,7 @@ IMG_B = "sha256:" + "b" * 64
 SHA = "1" * 64
 OTHER_SHA = "2" * 64
 CLUSTER = "cvs"
+REBUILD = "`cvs down --force && cvs up`"  # the way out, as the CLI shows it
 
 
 def host(
@@ -127,7 +129,7 @@ ROWS = [
         (host("h1", E, status="created"), host("h2", E)), {"h1": "restart", "h2": "restart"}),
     Row("persistent partial (running + absent) -> refuse", "persistent",
         (host("h1", R), host("h2", R), host("h3", A)), None,
-        mentions=("running: h1, h2", "absent: h3", REBUILD_COMMAND, "docker start")),
+        mentions=("running: h1, h2", "absent: h3", REBUILD, "docker start")),
     # A node reboot (or dockerd restart) heals: resume the stopped ones, attach the rest.
     Row("persistent mix (running + exited) -> restart the exited, attach the rest", "persistent",
         (host("h1", R), host("h2", E), host("h3", R)),
@@ -200,7 +202,7 @@ def test_lifetime_table(row: Row) -> None:
         assert plan.refused, plan
         assert plan.exit_code == 4
         assert all(a.kind == "none" for a in plan.actions.values())
-        text = " ".join(plan.reasons)
+        text = " ".join(cli_reasons(plan.refusals))  # as the CLI says them
         for word in row.mentions:
             assert word in text, (word, plan.reasons)
         assert all("\n" not in r for r in plan.reasons)
@@ -369,18 +371,20 @@ def test_tag_identity_different_ids_sharing_a_repo_digest_is_fine() -> None:
 
 def test_tag_identity_different_ids_is_refused_with_host_to_id() -> None:
     hs = states(host("h1", A), host("h2", A, tag=IMG_B), host("h3", A))
-    (reason,) = check_tag_identity(hs, image="img:1")
+    (reason,) = (r.render() for r in check_tag_identity(hs, image="img:1"))
     assert "img:1" in reason
     assert "aaaaaaaaaaaa on h1, h3" in reason and "bbbbbbbbbbbb on h2" in reason
 
 
 def test_tag_identity_missing_image_is_refused() -> None:
-    (reason,) = check_tag_identity(states(host("h1", A), host("h2", A, tag=None)))
+    (reason,) = (
+        r.render() for r in check_tag_identity(states(host("h1", A), host("h2", A, tag=None)))
+    )
     assert "not present on h2" in reason
 
 
 def test_tag_identity_unknown_host_is_refused() -> None:
-    reasons = check_tag_identity(states(host("h1", A), host("h2", None)))
+    reasons = [r.render() for r in check_tag_identity(states(host("h1", A), host("h2", None)))]
     assert any("h2" in r for r in reasons)
 
 

@@ -11,7 +11,7 @@ import pytest
 from browser import browser_skip_reason, open_page
 
 from orchestrator.suites.records import RunOutcome, RunRecorder, StepHostOutcome, StepOutcome
-from orchestrator.suites.report import render_report, timeline
+from orchestrator.suites.report import render_report, timeline, write_report
 
 T0 = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
 HOSTILE = '<script>alert("x")</script> & <img src=http://example.invalid/x.png>'
@@ -105,7 +105,7 @@ def test_timeline_is_up_then_each_step_that_ran_then_down() -> None:
 
 def test_every_run_dir_gets_a_report(tmp_path: Path) -> None:
     recorder = RunRecorder.create(tmp_path / "run")
-    recorder.finish(failing_outcome())
+    recorder.finish(failing_outcome(), report=write_report)
     assert recorder.report_path.is_file()
     assert "test_x" in recorder.report_path.read_text()
 
@@ -116,7 +116,7 @@ browser = pytest.mark.skipif(browser_skip_reason() is not None, reason=str(brows
 @browser
 def test_report_opens_in_chromium_and_shows_the_failing_cell(tmp_path: Path) -> None:
     recorder = RunRecorder.create(tmp_path / "run")
-    recorder.finish(failing_outcome())
+    recorder.finish(failing_outcome(), report=write_report)
     with open_page(recorder.report_path) as visit:
         page = visit.page
         cell = page.locator('td[data-step="check"][data-host="node2"]')

@@ -35,9 +35,10 @@ import asyncssh
 from orchestrator import remote
 from orchestrator.config import ClusterConfig, container_name
 from orchestrator.containers.exec import in_running_container
+from orchestrator.errors import ConnectError
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
-from orchestrator.ssh.transport import ConnectError, SSHPool
+from orchestrator.ssh.transport import SSHPool
 
 CHUNK = 256 * 1024
 # The line the remote side prints before its checksums: where the copy went.

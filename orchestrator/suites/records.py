@@ -576,9 +576,10 @@ class RunRecorder:
                 f.write(text)
         return path
 
-    def finish(self, outcome: RunOutcome) -> None:
-        """Write report.html, results.json and junit.xml (atomically: a reader never
-        sees half a file).
+    def finish(self, outcome: RunOutcome, *, report: Callable[[Path, RunOutcome], Path]) -> None:
+        """Write report.html (with `report`: suites.report.write_report, given
+        by the caller so that records and the report do not import each other),
+        results.json and junit.xml (atomically: a reader never sees half a file).
 
         After a write failure nothing more is attempted: the run already failed
         for it, and the tear-down must not wait on a full disk.
@@ -586,10 +587,8 @@ class RunRecorder:
         if self.failure is not None:
             return
         # The report first: if it cannot be written, results.json says so.
-        from orchestrator.suites.report import write_report
-
         try:
-            os.chmod(write_report(self.run_dir, outcome), FILE_MODE)
+            os.chmod(report(self.run_dir, outcome), FILE_MODE)
         except Exception as exc:
             outcome.warnings.append(f"report.html not written: {type(exc).__name__}: {exc}")
         doc = results_document(outcome)

@@ -30,6 +30,7 @@ from orchestrator.containers.copy import Payload, Progress, copy_to_hosts, gathe
 from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command
 from orchestrator.containers.status import HostStatus, host_status
 from orchestrator.errors import CvsError, UsageError
+from orchestrator.errors import HostSelectionError as HostSelectionError
 from orchestrator.events import EventSink, Message, NullSink
 from orchestrator.limits.gpus import guard_visible_devices
 from orchestrator.limits.resources import EffectiveResources
@@ -45,10 +46,6 @@ if TYPE_CHECKING:
 
 
 _IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
-
-
-class HostSelectionError(UsageError, ValueError):
-    """A `--hosts` pattern matched no host of the cluster."""
 
 
 def select_hosts(cluster: ClusterConfig, pattern: str | None) -> list[str]:

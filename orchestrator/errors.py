@@ -7,9 +7,11 @@ README's exit-code table is tested against `ExitCode` (tests/test_layout.py).
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from pathlib import Path
 from typing import Literal, Protocol
 
 
@@ -70,6 +72,57 @@ class UsageError(CvsError):
     """Bad command-line or file input: exit 2."""
 
     exit_code = ExitCode.USAGE
+
+
+# --- the expected failures, by where they arise (one module: the error model) ---
+
+
+class ConfigError(UsageError):
+    """A cluster (or suite) file is unusable. `str()` is one line for the user."""
+
+
+class ResourceError(ConfigError, ValueError):
+    """A resource request or cap is unusable. `str()` names the key.
+
+    A ConfigError, so the CLI exits 2 on it like on any other bad value in the
+    cluster file, whichever command met it first."""
+
+
+class HostSelectionError(UsageError, ValueError):
+    """A `--hosts` pattern matched no host of the cluster."""
+
+
+class IdentityError(UsageError):
+    """An identity file from the cluster file cannot be used (exit 2)."""
+
+
+class StateDirError(CvsError):
+    """cvs's state directory (the cluster's keys) cannot be written."""
+
+    def __init__(self, state_dir: Path, exc: OSError) -> None:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        where = exc.filename or state_dir
+        super().__init__(f"cannot write cvs's state directory {state_dir}: {where}: {reason}")
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR):
+            self.exit_code = ExitCode.USAGE
+
+
+class RecordError(CvsError):
+    """The run directory could not be written: the run was stopped, not its tear-down."""
+
+    def __init__(self, path: Path, exc: OSError) -> None:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        super().__init__(f"cannot write the run record {path}: {reason}; the run was stopped")
+        self.path = path
+
+
+class RunDirError(UsageError):
+    """The run directory cannot be created or written (exit 2, nothing started)."""
+
+
+class SandboxError(UsageError):
+    """The sandbox cannot do what was asked. `str()` is one line for the user
+    (the CLI prints it and exits 2)."""
 
 
 # --- refusals: data, rendered by whoever talks to the user ----------------------

@@ -351,18 +351,18 @@ def _files(tmp_path: Path, key_file: Path, **overrides: Any) -> tuple[Path, Path
     return cluster, config
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+def _run(capfd: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
     code = cvs_main(["run", *argv])
-    return code, capsys.readouterr().err
+    return code, capfd.readouterr().err
 
 
 def _run_checks(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, key_file: Path, *extra: str
+    capfd: pytest.CaptureFixture[str], tmp_path: Path, key_file: Path, *extra: str
 ) -> tuple[int, str]:
     """`cvs run compat_checks` on this test's cluster and config files, plus `extra`."""
     cluster, config = _files(tmp_path, key_file)
     return _run(
-        capsys,
+        capfd,
         "compat_checks",
         "--cluster_file", str(cluster), "--config_file", str(config),
         "--run-dir", str(tmp_path / "run"),
@@ -370,27 +370,27 @@ def _run_checks(
     )  # fmt: skip
 
 
-def test_cvs_run_needs_both_files(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    code, err = _run(capsys, "rvs_cvs", "--cluster_file", str(tmp_path / "c.json"))
+def test_cvs_run_needs_both_files(capfd: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, err = _run(capfd, "rvs_cvs", "--cluster_file", str(tmp_path / "c.json"))
     assert code == 2
     assert "needs both --cluster_file and --config_file" in err
 
 
 def test_cvs_run_bad_json_names_file_and_position(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     bad = tmp_path / "c.json"
     bad.write_text('{"node_dict": {,}}')
-    code, err = _run(capsys, "rvs_cvs", "--cluster_file", str(bad), "--config_file", str(bad))
+    code, err = _run(capfd, "rvs_cvs", "--cluster_file", str(bad), "--config_file", str(bad))
     assert code == 2
     assert err.count("\n") == 1 and f"{bad}:1:16: not valid JSON" in err
 
 
 def test_cvs_run_unknown_test_names_where_it_looked(
-    standin: None, capsys: pytest.CaptureFixture[str], tmp_path: Path, key_file: Path
+    standin: None, capfd: pytest.CaptureFixture[str], tmp_path: Path, key_file: Path
 ) -> None:
     cluster, config = _files(tmp_path, key_file)
-    code, err = _run(capsys, "nope", "--cluster_file", str(cluster), "--config_file", str(config))
+    code, err = _run(capfd, "nope", "--cluster_file", str(cluster), "--config_file", str(config))
     assert code == 2
     assert "no CVS test module nope.py under" in err and str(STANDIN) in err
 
@@ -403,14 +403,14 @@ def _no_pytest_html() -> None:
 @pytest.mark.parametrize("html", [["--html", "r.html"], ["--self-contained-html"]])
 def test_cvs_run_html_without_pytest_html_says_what_to_install_and_runs_nothing(
     standin: None,
-    capsys: pytest.CaptureFixture[str],
+    capfd: pytest.CaptureFixture[str],
     tmp_path: Path,
     key_file: Path,
     html: list[str],
 ) -> None:
     _no_pytest_html()
     html = [str(tmp_path / a) if a.endswith(".html") else a for a in html]
-    code, err = _run_checks(capsys, tmp_path, key_file, *html)
+    code, err = _run_checks(capfd, tmp_path, key_file, *html)
     assert code == 2
     assert err.count("\n") == 1 and f"cvs run {html[0]}: pytest-html is not installed" in err
     assert "pip install pytest-html" in err and "nothing was run" in err
@@ -420,14 +420,14 @@ def test_cvs_run_html_without_pytest_html_says_what_to_install_and_runs_nothing(
 @pytest.mark.parametrize("made_here", [True, False])
 def test_a_pytest_option_pytest_refuses_leaves_no_run_record(
     standin: None,
-    capsys: pytest.CaptureFixture[str],
+    capfd: pytest.CaptureFixture[str],
     tmp_path: Path,
     key_file: Path,
     made_here: bool,
 ) -> None:
     if not made_here:
         (tmp_path / "run").mkdir()  # a --run-dir the user made: kept, left empty
-    code, err = _run_checks(capsys, tmp_path, key_file, "--no-such-pytest-option")
+    code, err = _run_checks(capfd, tmp_path, key_file, "--no-such-pytest-option")
     assert code == 2, err
     assert "unrecognized arguments: --no-such-pytest-option" in err
     assert "pytest refused the arguments" in err and "nothing was run" in err
@@ -437,26 +437,26 @@ def test_a_pytest_option_pytest_refuses_leaves_no_run_record(
         assert [p.name for p in (tmp_path / "run").iterdir()] == []
 
 
-def test_yaml_suite_run_refuses_cvs_only_options(capsys: pytest.CaptureFixture[str]) -> None:
-    code, err = _run(capsys, "test_demo", "extra_function")
+def test_yaml_suite_run_refuses_cvs_only_options(capfd: pytest.CaptureFixture[str]) -> None:
+    code, err = _run(capfd, "test_demo", "extra_function")
     assert code == 2 and "are for CVS tests" in err
 
 
 def test_yaml_suite_run_names_arguments_it_does_not_know(
-    capsys: pytest.CaptureFixture[str],
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
-    code, err = _run(capsys, "test_demo", "--no-wiat")
+    code, err = _run(capfd, "test_demo", "--no-wiat")
     assert code == 2
     assert "unrecognized arguments: --no-wiat" in err and "pytest arguments are for CVS" in err
 
 
 def test_other_commands_still_refuse_arguments_they_do_not_know(
-    capsys: pytest.CaptureFixture[str],
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     with pytest.raises(SystemExit) as exc:
         cvs_main(["validate", "-k", "name"])
     assert exc.value.code == 2
-    assert "unrecognized arguments: -k name" in capsys.readouterr().err
+    assert "unrecognized arguments: -k name" in capfd.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -471,12 +471,12 @@ def test_other_commands_still_refuse_arguments_they_do_not_know(
 )
 def test_cvs_run_refuses_pytest_options_it_sets_itself(
     standin: None,
-    capsys: pytest.CaptureFixture[str],
+    capfd: pytest.CaptureFixture[str],
     tmp_path: Path,
     key_file: Path,
     extra: list[str],
 ) -> None:
-    code, err = _run_checks(capsys, tmp_path, key_file, "--", *extra)
+    code, err = _run_checks(capfd, tmp_path, key_file, "--", *extra)
     assert code == 2 and err.count("\n") == 1
     assert f"cvs run: {extra[0].split('=')[0]}:" in err
     assert not (tmp_path / "run").exists()
@@ -870,7 +870,7 @@ def test_plain_pytest_with_engine_flag_reports_an_unreachable_host(
     config.write_text(json.dumps({"compat": {"unreachable": dead}}))
     test = STANDIN / "cvs" / "tests" / "compat" / "compat_unreachable.py"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", str(test), "--engine", "cvs-orchestrator",
+        [sys.executable, "-m", "pytest", "-q", str(test), "--cvs-orchestrator",
          "--cluster_file", str(cluster), "--config_file", str(config),
          f"--confcutdir={STANDIN}", "-p", "no:cacheprovider"],
         cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300,
@@ -887,24 +887,24 @@ def test_plain_pytest_with_engine_flag_reports_an_unreachable_host(
 
 
 class _EngineConfig:
-    def __init__(self, engine: str | None) -> None:
+    def __init__(self, engine: bool) -> None:
         self.engine = engine
 
     def getoption(self, name: str, default: Any = None) -> Any:
-        return self.engine if name == "engine" else default
+        return self.engine if name == "cvs_orchestrator_engine" else default
 
 
 @pytest.mark.parametrize(
     ("flag", "env", "wanted"),
     [
-        (None, None, False),
-        ("cvs-orchestrator", None, True),
-        (None, "cvs-orchestrator", True),
-        (None, "some-other-backend", False),  # CVS's own entry-point lookup, not ours
+        (False, None, False),
+        (True, None, True),
+        (False, "cvs-orchestrator", True),
+        (False, "some-other-backend", False),  # CVS's own entry-point lookup, not ours
     ],
 )
 def test_engine_is_opt_in_by_flag_or_environment(
-    monkeypatch: pytest.MonkeyPatch, flag: str | None, env: str | None, wanted: bool
+    monkeypatch: pytest.MonkeyPatch, flag: bool, env: str | None, wanted: bool
 ) -> None:
     from orchestrator.compat.pytest_engine import engine_requested
 
@@ -912,13 +912,6 @@ def test_engine_is_opt_in_by_flag_or_environment(
     if env is not None:
         monkeypatch.setenv("CVS_ENGINE", env)
     assert engine_requested(_EngineConfig(flag)) is wanted  # type: ignore[arg-type]
-
-
-def test_engine_flag_with_another_name_is_a_usage_error() -> None:
-    from orchestrator.compat.pytest_engine import engine_requested
-
-    with pytest.raises(pytest.UsageError, match="the engine here is 'cvs-orchestrator'"):
-        engine_requested(_EngineConfig("paramiko"))  # type: ignore[arg-type]
 
 
 def test_a_host_outside_the_cluster_is_in_the_result_saying_why(key_file: Path) -> None:

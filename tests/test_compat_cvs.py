@@ -95,11 +95,12 @@ SHAPES = [
     (HostResult("h", "ok", 0, "no newline", ""), "no newline\n", 0),
     (HostResult("h", "failed", 3, "", "boom\n", error="exit code 3"), "boom\n", 3),
     (HostResult("h", "failed", 125, "", "container c is not running here\n"), None, 125),
-    (HostResult("h", "timeout", None, "partial\n", error="timed out after 5s"), None, 124),
-    (HostResult("h", "unreachable", error="connection refused"), None, 255),
-    (HostResult("h", "host_key", error="host key mismatch"), None, 255),
-    (HostResult("h", "auth", error="permission denied"), None, 255),
-    (HostResult("h", "failed", None, "x\n", error="killed by signal 9"), None, 255),
+    (HostResult("h", "timeout", None, "partial\n", error="timed out after 5s"), None, -1),
+    (HostResult("h", "unreachable", error="connection refused"), None, -1),
+    (HostResult("h", "host_key", error="host key mismatch"), None, -1),
+    (HostResult("h", "auth", error="permission denied"), None, -1),
+    (HostResult("h", "failed", None, "x\n", error="killed by signal 9"), None, -1),
+    (HostResult("h", "ok", 0, "a\tb\n", "\tc"), "a   b\n   c\n", 0),
 ]
 
 
@@ -110,18 +111,23 @@ def test_results_map_to_cvs_shapes(result: HostResult, output: str | None, exit_
     assert detailed == {"h": {"output": plain["h"], "exit_code": exit_code}}
     if output is not None:
         assert plain["h"] == output
-    assert plain["h"].startswith(result.stdout + result.stderr)
+    assert plain["h"].startswith((result.stdout + result.stderr).replace("\t", "   "))
 
 
 @pytest.mark.parametrize("status", ["unreachable", "auth", "host_key"])
-def test_a_host_not_reached_says_why_with_cvs_marker(status: str) -> None:
+def test_a_host_not_reached_says_why_then_ends_in_cvs_marker(status: str) -> None:
+    # CVS: the exception's text, then "\nABORT: Host Unreachable Error" appended.
     out = cvs_shape({"h": HostResult("h", status, error="why not")}, detailed=False)  # type: ignore[arg-type]
-    assert out["h"] == f"{UNREACHABLE_MARK}: {status}: why not\n"
+    assert out["h"] == f"{status}: why not\n\n{UNREACHABLE_MARK}"
 
 
-def test_timeout_says_so_in_the_output() -> None:
+def test_timeout_gives_the_reason_first_then_cvs_marker_and_exit_minus_one() -> None:
     result = HostResult("h", "timeout", None, "partial\n", error="timed out after 5s")
-    assert "ABORT: Timeout Error in Host: h" in cvs_shape({"h": result}, detailed=False)["h"]
+    out = cvs_shape({"h": result}, detailed=True)["h"]
+    assert out == {
+        "output": "partial\ntimed out after 5s\nABORT: Timeout Error in Host: h\n",
+        "exit_code": -1,
+    }
 
 
 # ---- the mpirun line (pure) -------------------------------------------------------

@@ -930,9 +930,9 @@ def test_a_host_outside_the_cluster_is_in_the_result_saying_why(key_file: Path) 
         orch.close()
     assert out == {
         "10.9.9.9": {
-            "output": f"{UNREACHABLE_MARK}: unreachable: '10.9.9.9' is not a host of the "
-            "cluster file (not in node_dict)\n",
-            "exit_code": 255,
+            "output": "unreachable: '10.9.9.9' is not a host of the "
+            f"cluster file (not in node_dict)\n\n{UNREACHABLE_MARK}",
+            "exit_code": -1,
         }
     }
 

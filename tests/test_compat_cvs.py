@@ -233,6 +233,32 @@ def test_bad_cvs_config_is_one_line_naming_the_key(
     assert "hunter2" not in str(err.value)
 
 
+def test_a_cvs_main_container_block_without_lifetime_is_per_run(key_file: Path) -> None:
+    cluster = cluster_from_cvs(cvs_keys(key_file, container={"image": "x:1"}))
+    assert cluster.container is not None and cluster.container.lifetime == "per_run"
+
+
+@pytest.mark.parametrize("server", ["", None])
+def test_an_empty_or_absent_registry_server_is_docker_hub_as_under_cvs(
+    key_file: Path, server: str | None
+) -> None:
+    registry: dict[str, Any] = {"username": "me", "password_file": "/home/me/.token"}
+    if server is not None:
+        registry["server"] = server
+    container = {"image": "x:1", "runtime": {"name": "docker", "args": {"registry": registry}}}
+    cluster = cluster_from_cvs(cvs_keys(key_file, container=container))
+    assert cluster.container is not None and cluster.container.registry is not None
+    assert cluster.container.registry.server is None
+
+
+def test_older_cvs_switches_are_read_with_a_note_that_cvs_main_refuses_them(
+    key_file: Path,
+) -> None:
+    container = {"image": "x:1", "enabled": True, "launch": True}
+    cluster = cluster_from_cvs(cvs_keys(key_file, container=container))
+    assert any("CVS main refuses them" in note for note in cluster.cvs_notes)
+
+
 def test_cvs_enabled_and_launch_mean_what_they_mean_under_cvs(key_file: Path) -> None:
     container = {"image": "x:1", "enabled": True, "launch": True}
     cluster = cluster_from_cvs(cvs_keys(key_file, container=container))

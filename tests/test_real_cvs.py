@@ -443,3 +443,43 @@ def test_an_unreachable_host_gives_cvs_marker_and_exit_3(
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["exit_code"] == 3
     assert any(s["hosts"].get(dead, {}).get("status") == "unreachable" for s in results["steps"])
+
+
+# ---- CVS's surface: every public method, CVS's parameter names in CVS's order -------------
+
+SIGNATURE_PROBE = """
+import inspect, json
+from cvs.core.orchestrators.container import ContainerOrchestrator
+from cvs.lib.parallel.multiprocess_pssh import MultiProcessPssh
+from cvs.lib.parallel.pssh import Pssh
+from orchestrator.compat.cvs import CvsOrchestrator, HostHandle
+
+# Not a suite's business: CVS's internals, or a reboot of every host.
+SKIP = {"reboot_connections", "check_connectivity", "prune_nodes",
+        "prune_unreachable_hosts", "inform_unreachability"}
+
+def params(func):
+    return [p for p in inspect.signature(func).parameters if p != "self"]
+
+missing, differ = [], []
+pairs = [(ContainerOrchestrator, CvsOrchestrator), (Pssh, HostHandle),
+         (MultiProcessPssh, HostHandle)]
+for theirs, ours in pairs:
+    for name, func in inspect.getmembers(theirs, callable):
+        if name.startswith("_") or name in SKIP:
+            continue
+        mine = getattr(ours, name, None)
+        if mine is None:
+            missing.append(f"{theirs.__name__}.{name}")
+        elif params(mine)[: len(params(func))] != params(func):
+            differ.append(f"{theirs.__name__}.{name}: {params(func)} vs {params(mine)}")
+print(json.dumps({"missing": missing, "differ": differ}))
+"""
+
+
+def test_every_public_method_of_cvs_orchestrator_and_handles_is_here_with_cvs_parameters(
+    real_cvs: RealCvs,
+) -> None:
+    proc = _run([real_cvs.python, "-c", SIGNATURE_PROBE], cwd=real_cvs.tree)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == {"missing": [], "differ": []}

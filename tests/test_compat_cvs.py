@@ -790,18 +790,29 @@ def test_named_test_functions_run_alone(cvs_runs: CvsRuns) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 passed" in proc.stdout
     names = [s["name"] for s in cvs_runs.results("one")["steps"]]
-    assert names == ["0001-test_exec_on_head_runs_on_the_first_host-exec_on_head"]
+    # The orch fixture's set-up (in the first test's setup), then the test's one call.
+    assert names == [
+        "0001-test_exec_on_head_runs_on_the_first_host-setup_containers",
+        "0002-test_exec_on_head_runs_on_the_first_host-setup_sshd",
+        "0003-test_exec_on_head_runs_on_the_first_host-exec_on_head",
+    ]
 
 
 def test_run_dir_records_each_call_as_for_cvs_run(cvs_runs: CvsRuns) -> None:
     run_dir = cvs_runs.directory / "checks"
     doc = cvs_runs.results("checks")
     names = [s["name"] for s in doc["steps"]]
-    assert "0003-test_detailed_gives_output_and_exit_code-exec" in names
-    step = doc["steps"][names.index("0003-test_detailed_gives_output_and_exit_code-exec")]
+    # 0001/0002: the orch fixture's setup_containers and setup_sshd.
+    assert names[:2] == [
+        "0001-test_install_survived-setup_containers",
+        "0002-test_install_survived-setup_sshd",
+    ]
+    assert all(h["status"] == "ok" for s in doc["steps"][:2] for h in s["hosts"].values())
+    assert "0005-test_detailed_gives_output_and_exit_code-exec" in names
+    step = doc["steps"][names.index("0005-test_detailed_gives_output_and_exit_code-exec")]
     assert {h["exit_code"] for h in step["hosts"].values()} == {3}
     assert step["continue_on_failure"] is True  # the suite judges, not the record
-    log_dir = run_dir / "logs" / "0003-test_detailed_gives_output_and_exit_code-exec"
+    log_dir = run_dir / "logs" / "0005-test_detailed_gives_output_and_exit_code-exec"
     assert sorted(p.name for p in log_dir.iterdir()) == sorted(
         f"{n}.log" for n in json.loads(cvs_runs.cluster.read_text())["node_dict"]
     )

@@ -825,6 +825,34 @@ def test_run_dir_records_each_call_as_for_cvs_run(cvs_runs: CvsRuns) -> None:
     assert f"results:  {run_dir / 'results.json'}" in printed
 
 
+def test_a_set_up_that_fails_is_in_results_json_with_the_host_and_the_error(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    nodes = [h.address for h in sandbox.nodes[:2]]
+    cluster = cvs_cluster_json(sandbox, tmp_path, "cvs-compat-setupfail", nodes=nodes,
+                               sshd_port=2227)  # fmt: skip
+    script = tmp_path / "setup.sh"
+    script.write_text("#!/bin/sh\necho 'no such package: rvs' >&2\nexit 7\n")
+    doc = json.loads(cluster.read_text())
+    doc["container"].update(lifetime="per_run", setup_script=str(script))
+    del doc["container"]["enabled"], doc["container"]["launch"]
+    cluster.write_text(json.dumps(doc))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"compat": {"token": "x"}}))
+    runs = CvsRuns(tmp_path, cluster, config, "x")
+    try:
+        proc = runs.run("failed", "compat_install")
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        results = runs.results("failed")
+        assert results["error"].startswith(f"setup_containers failed on {nodes[0]}: provision")
+        (setup,) = [s for s in results["steps"] if s["name"].endswith("-setup_containers")]
+        for host in nodes:
+            assert setup["hosts"][host]["status"] != "ok"
+            assert "provision" in setup["hosts"][host]["reason"]
+    finally:
+        _cvs("down", "-c", str(cluster), "--force", cwd=tmp_path)
+
+
 def test_container_cvs_started_is_refused_then_adopted_keeping_its_contents(
     sandbox: Sandbox, tmp_path: Path
 ) -> None:

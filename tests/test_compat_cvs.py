@@ -1111,3 +1111,31 @@ def test_cvs_run_of_a_test_file_path_with_json_summary(tmp_path: Path, key_file:
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["exit_code"] == 0 and results["steps"] == []
     assert (tmp_path / "run" / "junit.xml").read_text().count("<testcase") == 1
+
+
+# ---- one `cvs` for both: which forms go to CVS's CLI (pure) ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "to_cvs"),
+    [
+        (["list"], True),
+        (["generate", "plugin", "x"], True),
+        (["copy-config", "--all"], True),
+        (["scp", "--src", "a"], True),
+        (["monitor"], True),
+        (["exec", "--cmd", "hostname", "--cluster_file", "c.json"], True),
+        (["exec", "--cmd=hostname"], True),
+        (["exec", "--", "hostname"], False),  # ours: cvs exec CMD
+        (["run", "rvs_cvs", "--cluster_file", "c", "--config_file", "t"], False),  # ours
+        (["status"], False),
+        (["--help"], False),
+        ([], False),
+        (["nonsense"], False),  # not CVS's either: our parser says so
+    ],
+)
+def test_cvs_own_command_forms_go_to_cvs_cli_and_ours_stay(argv: list[str], to_cvs: bool) -> None:
+    from orchestrator.cli import _our_commands
+    from orchestrator.cli.cvs_cli import wants_cvs_cli
+
+    assert wants_cvs_cli(argv, _our_commands()) is to_cvs

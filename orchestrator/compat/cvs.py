@@ -8,10 +8,11 @@ for the orchestrator's life, and set-up/tear-down are our lifecycle: the
 container block's `lifetime`, image identity, the setup script, the
 in-container sshd, per-host locks, ownership labels.
 
-What is deliberately not CVS's: no private keys are copied into containers
-(`setup_sshd` uses the per-cluster key pair our provisioning installs), a
-same-named container cvs did not start is refused, not `rm -f`'d, and
-`teardown_containers` follows the lifetime (`persistent` containers stay).
+As under CVS, the in-container sshd starts only when the suite calls
+`setup_sshd()` (`up` runs with `sshd.enabled: false` unless the cluster file
+says otherwise). What is deliberately not CVS's: no private keys are copied
+into containers (`setup_sshd` uses the per-cluster key pair), a same-named
+container cvs did not start is refused, not `rm -f`'d, host keys are checked.
 """
 
 from __future__ import annotations

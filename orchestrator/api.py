@@ -196,6 +196,30 @@ class Cluster:
             raise UpFailed(report)
         return report
 
+    async def start_sshd(self) -> dict[str, HostResult]:
+        """After `up`: make sure each container's sshd runs and listens, with the
+        cluster's key pair and peer config (idempotent: a live sshd is kept).
+
+        For callers that start sshd only when a workload asks for it (CVS's
+        `setup_sshd()`), with `container.sshd.enabled: false` at `up`. A host
+        this Cluster's `up` did not leave ready fails with that reason.
+        """
+        from orchestrator.containers.provision import ensure_sshd
+        from orchestrator.ssh.keys import ClusterKeys, default_state_dir
+
+        if self.config.container is None:
+            raise UsageError("start_sshd: the cluster has no container block")
+        ready = self._lifecycle().locks.ready
+        keys = ClusterKeys.load_or_create(default_state_dir(self.config), self.hosts)
+        name = container_name(self.config)
+
+        async def one(host: str) -> HostResult:
+            if host not in ready:
+                return HostResult(host, "failed", error="the container is not up here (up first)")
+            return await ensure_sshd(self.pool, host, list(ready[host]), name, self.config, keys)
+
+        return await fan_out(self.hosts, one, limit=self.config.concurrency.hosts)
+
     async def down(
         self, *, force: bool = False, wait: bool = True, own_only: bool = False
     ) -> tuple[Plan, dict[str, HostResult]]:

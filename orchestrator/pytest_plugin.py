@@ -1,4 +1,4 @@
-"""pytest plugin: `--cluster-file` and a session-scoped `cluster` fixture.
+"""pytest plugin: `--cvs-orchestrator-cluster` and a session-scoped `cluster` fixture.
 
     def test_gpus_visible(cluster):
         results = cluster.exec(["rocm-smi"])
@@ -8,6 +8,14 @@ The fixture brings the containers up per the cluster's lifetime policy at the
 start of the session and down at its end (`per_run` removes them,
 `persistent` leaves them running, `no_launch` touches nothing). Tests that
 use it are skipped when no cluster file is given.
+
+Inert until asked: every pytest in the environment loads this module (entry
+point `pytest11`), CVS's runs included, so it imports nothing but pytest at
+load time (the engine and its SSH stack come in only when a test uses the
+fixture or the CVS engine is opted into), and its options are namespaced
+(`--cvs-orchestrator-*`, internal names `cvs_orchestrator_*`): pytest 9.2
+refuses a second option with the same internal name, so `--cluster-file`
+here would have taken CVS's `--cluster_file` away.
 """
 
 from __future__ import annotations
@@ -15,14 +23,18 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from orchestrator.api import UpFailed
 from orchestrator.compat import pytest_engine
-from orchestrator.errors import PolicyRefused
-from orchestrator.events import Event, Message
-from orchestrator.sync import SyncCluster
+
+if TYPE_CHECKING:
+    from orchestrator.sync import SyncCluster
+
+CLUSTER_OPTION = "--cvs-orchestrator-cluster"
+CLUSTER_DEST = "cvs_orchestrator_cluster"
+CLUSTER_ENV = "CVS_CLUSTER"
 
 
 class CvsWarning(UserWarning):
@@ -33,7 +45,9 @@ class _WarningsSink:
     """Turns the cluster's warning events into Python warnings, which pytest
     lists in its summary (the session has no terminal view of its own)."""
 
-    def emit(self, event: Event) -> None:
+    def emit(self, event: Any) -> None:
+        from orchestrator.events import Message
+
         if isinstance(event, Message) and event.level == "warning":
             where = f"{event.host}: " if event.host else ""
             warnings.warn(f"cvs: {where}{event.text}", CvsWarning, stacklevel=2)
@@ -43,13 +57,14 @@ class _WarningsSink:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("cvs", "cvs-orchestrator")
+    group = parser.getgroup("cvs-orchestrator", "cvs-orchestrator")
     group.addoption(
-        "--cluster-file",
+        CLUSTER_OPTION,
         action="store",
+        dest=CLUSTER_DEST,
         default=None,
         metavar="FILE",
-        help="cvs cluster file for the `cluster` fixture (default: $CVS_CLUSTER)",
+        help=f"cvs cluster file for the `cluster` fixture (default: ${CLUSTER_ENV})",
     )
     pytest_engine.add_engine_option(group)
 
@@ -62,9 +77,13 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def cluster(request: pytest.FixtureRequest) -> Iterator[SyncCluster]:
     """The fleet, up for the whole session; commands run in the containers."""
-    path = request.config.getoption("--cluster-file") or os.environ.get("CVS_CLUSTER")
+    path = request.config.getoption(CLUSTER_DEST) or os.environ.get(CLUSTER_ENV)
     if not path:
-        pytest.skip("no cluster: pass --cluster-file FILE or set CVS_CLUSTER")
+        pytest.skip(f"no cluster: pass {CLUSTER_OPTION} FILE or set {CLUSTER_ENV}")
+    from orchestrator.api import UpFailed
+    from orchestrator.errors import PolicyRefused
+    from orchestrator.sync import SyncCluster
+
     with SyncCluster.open(path, sink=_WarningsSink()) as fleet:
         try:
             fleet.up()
@@ -78,7 +97,9 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[SyncCluster]:
             fleet.down()
 
 
-def _up_failure_text(exc: UpFailed | PolicyRefused) -> str:
+def _up_failure_text(exc: Any) -> str:
+    from orchestrator.errors import PolicyRefused
+
     if isinstance(exc, PolicyRefused):
         return "cvs: up refused, nothing changed:\n" + "\n".join(f"  {r}" for r in exc.reasons)
     lines = [f"cvs: up failed (exit {int(exc.exit_code)}):"]

@@ -86,6 +86,10 @@ class SyncCluster:
             lambda: self._cluster.down(force=force, wait=wait, own_only=own_only)
         )
 
+    def start_sshd(self) -> dict[str, HostResult]:
+        """After `up`: make sure each container's sshd runs (see `Cluster.start_sshd`)."""
+        return self._portal.call(self._cluster.start_sshd)
+
     def release_locks(self) -> None:
         """Let go of the hosts' locks (closing the cluster does it too)."""
         self._portal.call(self._cluster.release_locks)

@@ -95,11 +95,12 @@ SHAPES = [
     (HostResult("h", "ok", 0, "no newline", ""), "no newline\n", 0),
     (HostResult("h", "failed", 3, "", "boom\n", error="exit code 3"), "boom\n", 3),
     (HostResult("h", "failed", 125, "", "container c is not running here\n"), None, 125),
-    (HostResult("h", "timeout", None, "partial\n", error="timed out after 5s"), None, 124),
-    (HostResult("h", "unreachable", error="connection refused"), None, 255),
-    (HostResult("h", "host_key", error="host key mismatch"), None, 255),
-    (HostResult("h", "auth", error="permission denied"), None, 255),
-    (HostResult("h", "failed", None, "x\n", error="killed by signal 9"), None, 255),
+    (HostResult("h", "timeout", None, "partial\n", error="timed out after 5s"), None, -1),
+    (HostResult("h", "unreachable", error="connection refused"), None, -1),
+    (HostResult("h", "host_key", error="host key mismatch"), None, -1),
+    (HostResult("h", "auth", error="permission denied"), None, -1),
+    (HostResult("h", "failed", None, "x\n", error="killed by signal 9"), None, -1),
+    (HostResult("h", "ok", 0, "a\tb\n", "\tc"), "a   b\n   c\n", 0),
 ]
 
 
@@ -110,18 +111,23 @@ def test_results_map_to_cvs_shapes(result: HostResult, output: str | None, exit_
     assert detailed == {"h": {"output": plain["h"], "exit_code": exit_code}}
     if output is not None:
         assert plain["h"] == output
-    assert plain["h"].startswith(result.stdout + result.stderr)
+    assert plain["h"].startswith((result.stdout + result.stderr).replace("\t", "   "))
 
 
 @pytest.mark.parametrize("status", ["unreachable", "auth", "host_key"])
-def test_a_host_not_reached_says_why_with_cvs_marker(status: str) -> None:
+def test_a_host_not_reached_says_why_then_ends_in_cvs_marker(status: str) -> None:
+    # CVS: the exception's text, then "\nABORT: Host Unreachable Error" appended.
     out = cvs_shape({"h": HostResult("h", status, error="why not")}, detailed=False)  # type: ignore[arg-type]
-    assert out["h"] == f"{UNREACHABLE_MARK}: {status}: why not\n"
+    assert out["h"] == f"{status}: why not\n\n{UNREACHABLE_MARK}"
 
 
-def test_timeout_says_so_in_the_output() -> None:
+def test_timeout_gives_the_reason_first_then_cvs_marker_and_exit_minus_one() -> None:
     result = HostResult("h", "timeout", None, "partial\n", error="timed out after 5s")
-    assert "ABORT: Timeout Error in Host: h" in cvs_shape({"h": result}, detailed=False)["h"]
+    out = cvs_shape({"h": result}, detailed=True)["h"]
+    assert out == {
+        "output": "partial\ntimed out after 5s\nABORT: Timeout Error in Host: h\n",
+        "exit_code": -1,
+    }
 
 
 # ---- the mpirun line (pure) -------------------------------------------------------
@@ -225,6 +231,32 @@ def test_bad_cvs_config_is_one_line_naming_the_key(
         cluster_from_cvs(cvs_keys(key_file, **overrides))
     assert "\n" not in str(err.value)
     assert "hunter2" not in str(err.value)
+
+
+def test_a_cvs_main_container_block_without_lifetime_is_per_run(key_file: Path) -> None:
+    cluster = cluster_from_cvs(cvs_keys(key_file, container={"image": "x:1"}))
+    assert cluster.container is not None and cluster.container.lifetime == "per_run"
+
+
+@pytest.mark.parametrize("server", ["", None])
+def test_an_empty_or_absent_registry_server_is_docker_hub_as_under_cvs(
+    key_file: Path, server: str | None
+) -> None:
+    registry: dict[str, Any] = {"username": "me", "password_file": "/home/me/.token"}
+    if server is not None:
+        registry["server"] = server
+    container = {"image": "x:1", "runtime": {"name": "docker", "args": {"registry": registry}}}
+    cluster = cluster_from_cvs(cvs_keys(key_file, container=container))
+    assert cluster.container is not None and cluster.container.registry is not None
+    assert cluster.container.registry.server is None
+
+
+def test_older_cvs_switches_are_read_with_a_note_that_cvs_main_refuses_them(
+    key_file: Path,
+) -> None:
+    container = {"image": "x:1", "enabled": True, "launch": True}
+    cluster = cluster_from_cvs(cvs_keys(key_file, container=container))
+    assert any("CVS main refuses them" in note for note in cluster.cvs_notes)
 
 
 def test_cvs_enabled_and_launch_mean_what_they_mean_under_cvs(key_file: Path) -> None:
@@ -351,18 +383,18 @@ def _files(tmp_path: Path, key_file: Path, **overrides: Any) -> tuple[Path, Path
     return cluster, config
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+def _run(capfd: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
     code = cvs_main(["run", *argv])
-    return code, capsys.readouterr().err
+    return code, capfd.readouterr().err
 
 
 def _run_checks(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, key_file: Path, *extra: str
+    capfd: pytest.CaptureFixture[str], tmp_path: Path, key_file: Path, *extra: str
 ) -> tuple[int, str]:
     """`cvs run compat_checks` on this test's cluster and config files, plus `extra`."""
     cluster, config = _files(tmp_path, key_file)
     return _run(
-        capsys,
+        capfd,
         "compat_checks",
         "--cluster_file", str(cluster), "--config_file", str(config),
         "--run-dir", str(tmp_path / "run"),
@@ -370,27 +402,27 @@ def _run_checks(
     )  # fmt: skip
 
 
-def test_cvs_run_needs_both_files(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    code, err = _run(capsys, "rvs_cvs", "--cluster_file", str(tmp_path / "c.json"))
+def test_cvs_run_needs_both_files(capfd: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, err = _run(capfd, "rvs_cvs", "--cluster_file", str(tmp_path / "c.json"))
     assert code == 2
     assert "needs both --cluster_file and --config_file" in err
 
 
 def test_cvs_run_bad_json_names_file_and_position(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     bad = tmp_path / "c.json"
     bad.write_text('{"node_dict": {,}}')
-    code, err = _run(capsys, "rvs_cvs", "--cluster_file", str(bad), "--config_file", str(bad))
+    code, err = _run(capfd, "rvs_cvs", "--cluster_file", str(bad), "--config_file", str(bad))
     assert code == 2
     assert err.count("\n") == 1 and f"{bad}:1:16: not valid JSON" in err
 
 
 def test_cvs_run_unknown_test_names_where_it_looked(
-    standin: None, capsys: pytest.CaptureFixture[str], tmp_path: Path, key_file: Path
+    standin: None, capfd: pytest.CaptureFixture[str], tmp_path: Path, key_file: Path
 ) -> None:
     cluster, config = _files(tmp_path, key_file)
-    code, err = _run(capsys, "nope", "--cluster_file", str(cluster), "--config_file", str(config))
+    code, err = _run(capfd, "nope", "--cluster_file", str(cluster), "--config_file", str(config))
     assert code == 2
     assert "no CVS test module nope.py under" in err and str(STANDIN) in err
 
@@ -403,14 +435,14 @@ def _no_pytest_html() -> None:
 @pytest.mark.parametrize("html", [["--html", "r.html"], ["--self-contained-html"]])
 def test_cvs_run_html_without_pytest_html_says_what_to_install_and_runs_nothing(
     standin: None,
-    capsys: pytest.CaptureFixture[str],
+    capfd: pytest.CaptureFixture[str],
     tmp_path: Path,
     key_file: Path,
     html: list[str],
 ) -> None:
     _no_pytest_html()
     html = [str(tmp_path / a) if a.endswith(".html") else a for a in html]
-    code, err = _run_checks(capsys, tmp_path, key_file, *html)
+    code, err = _run_checks(capfd, tmp_path, key_file, *html)
     assert code == 2
     assert err.count("\n") == 1 and f"cvs run {html[0]}: pytest-html is not installed" in err
     assert "pip install pytest-html" in err and "nothing was run" in err
@@ -420,14 +452,14 @@ def test_cvs_run_html_without_pytest_html_says_what_to_install_and_runs_nothing(
 @pytest.mark.parametrize("made_here", [True, False])
 def test_a_pytest_option_pytest_refuses_leaves_no_run_record(
     standin: None,
-    capsys: pytest.CaptureFixture[str],
+    capfd: pytest.CaptureFixture[str],
     tmp_path: Path,
     key_file: Path,
     made_here: bool,
 ) -> None:
     if not made_here:
         (tmp_path / "run").mkdir()  # a --run-dir the user made: kept, left empty
-    code, err = _run_checks(capsys, tmp_path, key_file, "--no-such-pytest-option")
+    code, err = _run_checks(capfd, tmp_path, key_file, "--no-such-pytest-option")
     assert code == 2, err
     assert "unrecognized arguments: --no-such-pytest-option" in err
     assert "pytest refused the arguments" in err and "nothing was run" in err
@@ -437,26 +469,26 @@ def test_a_pytest_option_pytest_refuses_leaves_no_run_record(
         assert [p.name for p in (tmp_path / "run").iterdir()] == []
 
 
-def test_yaml_suite_run_refuses_cvs_only_options(capsys: pytest.CaptureFixture[str]) -> None:
-    code, err = _run(capsys, "test_demo", "extra_function")
+def test_yaml_suite_run_refuses_cvs_only_options(capfd: pytest.CaptureFixture[str]) -> None:
+    code, err = _run(capfd, "test_demo", "extra_function")
     assert code == 2 and "are for CVS tests" in err
 
 
 def test_yaml_suite_run_names_arguments_it_does_not_know(
-    capsys: pytest.CaptureFixture[str],
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
-    code, err = _run(capsys, "test_demo", "--no-wiat")
+    code, err = _run(capfd, "test_demo", "--no-wiat")
     assert code == 2
     assert "unrecognized arguments: --no-wiat" in err and "pytest arguments are for CVS" in err
 
 
 def test_other_commands_still_refuse_arguments_they_do_not_know(
-    capsys: pytest.CaptureFixture[str],
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     with pytest.raises(SystemExit) as exc:
         cvs_main(["validate", "-k", "name"])
     assert exc.value.code == 2
-    assert "unrecognized arguments: -k name" in capsys.readouterr().err
+    assert "unrecognized arguments: -k name" in capfd.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -471,12 +503,12 @@ def test_other_commands_still_refuse_arguments_they_do_not_know(
 )
 def test_cvs_run_refuses_pytest_options_it_sets_itself(
     standin: None,
-    capsys: pytest.CaptureFixture[str],
+    capfd: pytest.CaptureFixture[str],
     tmp_path: Path,
     key_file: Path,
     extra: list[str],
 ) -> None:
-    code, err = _run_checks(capsys, tmp_path, key_file, "--", *extra)
+    code, err = _run_checks(capfd, tmp_path, key_file, "--", *extra)
     assert code == 2 and err.count("\n") == 1
     assert f"cvs run: {extra[0].split('=')[0]}:" in err
     assert not (tmp_path / "run").exists()
@@ -758,18 +790,29 @@ def test_named_test_functions_run_alone(cvs_runs: CvsRuns) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 passed" in proc.stdout
     names = [s["name"] for s in cvs_runs.results("one")["steps"]]
-    assert names == ["0001-test_exec_on_head_runs_on_the_first_host-exec_on_head"]
+    # The orch fixture's set-up (in the first test's setup), then the test's one call.
+    assert names == [
+        "0001-test_exec_on_head_runs_on_the_first_host-setup_containers",
+        "0002-test_exec_on_head_runs_on_the_first_host-setup_sshd",
+        "0003-test_exec_on_head_runs_on_the_first_host-exec_on_head",
+    ]
 
 
 def test_run_dir_records_each_call_as_for_cvs_run(cvs_runs: CvsRuns) -> None:
     run_dir = cvs_runs.directory / "checks"
     doc = cvs_runs.results("checks")
     names = [s["name"] for s in doc["steps"]]
-    assert "0003-test_detailed_gives_output_and_exit_code-exec" in names
-    step = doc["steps"][names.index("0003-test_detailed_gives_output_and_exit_code-exec")]
+    # 0001/0002: the orch fixture's setup_containers and setup_sshd.
+    assert names[:2] == [
+        "0001-test_install_survived-setup_containers",
+        "0002-test_install_survived-setup_sshd",
+    ]
+    assert all(h["status"] == "ok" for s in doc["steps"][:2] for h in s["hosts"].values())
+    assert "0005-test_detailed_gives_output_and_exit_code-exec" in names
+    step = doc["steps"][names.index("0005-test_detailed_gives_output_and_exit_code-exec")]
     assert {h["exit_code"] for h in step["hosts"].values()} == {3}
     assert step["continue_on_failure"] is True  # the suite judges, not the record
-    log_dir = run_dir / "logs" / "0003-test_detailed_gives_output_and_exit_code-exec"
+    log_dir = run_dir / "logs" / "0005-test_detailed_gives_output_and_exit_code-exec"
     assert sorted(p.name for p in log_dir.iterdir()) == sorted(
         f"{n}.log" for n in json.loads(cvs_runs.cluster.read_text())["node_dict"]
     )
@@ -780,6 +823,34 @@ def test_run_dir_records_each_call_as_for_cvs_run(cvs_runs: CvsRuns) -> None:
     assert {"CommandStarted", "CommandFinished", "Message"} <= kinds
     printed = cvs_runs.procs["checks"].stdout
     assert f"results:  {run_dir / 'results.json'}" in printed
+
+
+def test_a_set_up_that_fails_is_in_results_json_with_the_host_and_the_error(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    nodes = [h.address for h in sandbox.nodes[:2]]
+    cluster = cvs_cluster_json(sandbox, tmp_path, "cvs-compat-setupfail", nodes=nodes,
+                               sshd_port=2227)  # fmt: skip
+    script = tmp_path / "setup.sh"
+    script.write_text("#!/bin/sh\necho 'no such package: rvs' >&2\nexit 7\n")
+    doc = json.loads(cluster.read_text())
+    doc["container"].update(lifetime="per_run", setup_script=str(script))
+    del doc["container"]["enabled"], doc["container"]["launch"]
+    cluster.write_text(json.dumps(doc))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"compat": {"token": "x"}}))
+    runs = CvsRuns(tmp_path, cluster, config, "x")
+    try:
+        proc = runs.run("failed", "compat_install")
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        results = runs.results("failed")
+        assert results["error"].startswith(f"setup_containers failed on {nodes[0]}: provision")
+        (setup,) = [s for s in results["steps"] if s["name"].endswith("-setup_containers")]
+        for host in nodes:
+            assert setup["hosts"][host]["status"] != "ok"
+            assert "provision" in setup["hosts"][host]["reason"]
+    finally:
+        _cvs("down", "-c", str(cluster), "--force", cwd=tmp_path)
 
 
 def test_container_cvs_started_is_refused_then_adopted_keeping_its_contents(
@@ -870,7 +941,7 @@ def test_plain_pytest_with_engine_flag_reports_an_unreachable_host(
     config.write_text(json.dumps({"compat": {"unreachable": dead}}))
     test = STANDIN / "cvs" / "tests" / "compat" / "compat_unreachable.py"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", str(test), "--engine", "cvs-orchestrator",
+        [sys.executable, "-m", "pytest", "-q", str(test), "--cvs-orchestrator",
          "--cluster_file", str(cluster), "--config_file", str(config),
          f"--confcutdir={STANDIN}", "-p", "no:cacheprovider"],
         cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300,
@@ -887,24 +958,24 @@ def test_plain_pytest_with_engine_flag_reports_an_unreachable_host(
 
 
 class _EngineConfig:
-    def __init__(self, engine: str | None) -> None:
+    def __init__(self, engine: bool) -> None:
         self.engine = engine
 
     def getoption(self, name: str, default: Any = None) -> Any:
-        return self.engine if name == "engine" else default
+        return self.engine if name == "cvs_orchestrator_engine" else default
 
 
 @pytest.mark.parametrize(
     ("flag", "env", "wanted"),
     [
-        (None, None, False),
-        ("cvs-orchestrator", None, True),
-        (None, "cvs-orchestrator", True),
-        (None, "some-other-backend", False),  # CVS's own entry-point lookup, not ours
+        (False, None, False),
+        (True, None, True),
+        (False, "cvs-orchestrator", True),
+        (False, "some-other-backend", False),  # CVS's own entry-point lookup, not ours
     ],
 )
 def test_engine_is_opt_in_by_flag_or_environment(
-    monkeypatch: pytest.MonkeyPatch, flag: str | None, env: str | None, wanted: bool
+    monkeypatch: pytest.MonkeyPatch, flag: bool, env: str | None, wanted: bool
 ) -> None:
     from orchestrator.compat.pytest_engine import engine_requested
 
@@ -912,13 +983,6 @@ def test_engine_is_opt_in_by_flag_or_environment(
     if env is not None:
         monkeypatch.setenv("CVS_ENGINE", env)
     assert engine_requested(_EngineConfig(flag)) is wanted  # type: ignore[arg-type]
-
-
-def test_engine_flag_with_another_name_is_a_usage_error() -> None:
-    from orchestrator.compat.pytest_engine import engine_requested
-
-    with pytest.raises(pytest.UsageError, match="the engine here is 'cvs-orchestrator'"):
-        engine_requested(_EngineConfig("paramiko"))  # type: ignore[arg-type]
 
 
 def test_a_host_outside_the_cluster_is_in_the_result_saying_why(key_file: Path) -> None:
@@ -931,9 +995,9 @@ def test_a_host_outside_the_cluster_is_in_the_result_saying_why(key_file: Path) 
         orch.close()
     assert out == {
         "10.9.9.9": {
-            "output": f"{UNREACHABLE_MARK}: unreachable: '10.9.9.9' is not a host of the "
-            "cluster file (not in node_dict)\n",
-            "exit_code": 255,
+            "output": "unreachable: '10.9.9.9' is not a host of the "
+            f"cluster file (not in node_dict)\n\n{UNREACHABLE_MARK}",
+            "exit_code": -1,
         }
     }
 
@@ -1047,3 +1111,31 @@ def test_cvs_run_of_a_test_file_path_with_json_summary(tmp_path: Path, key_file:
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["exit_code"] == 0 and results["steps"] == []
     assert (tmp_path / "run" / "junit.xml").read_text().count("<testcase") == 1
+
+
+# ---- one `cvs` for both: which forms go to CVS's CLI (pure) ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "to_cvs"),
+    [
+        (["list"], True),
+        (["generate", "plugin", "x"], True),
+        (["copy-config", "--all"], True),
+        (["scp", "--src", "a"], True),
+        (["monitor"], True),
+        (["exec", "--cmd", "hostname", "--cluster_file", "c.json"], True),
+        (["exec", "--cmd=hostname"], True),
+        (["exec", "--", "hostname"], False),  # ours: cvs exec CMD
+        (["run", "rvs_cvs", "--cluster_file", "c", "--config_file", "t"], False),  # ours
+        (["status"], False),
+        (["--help"], False),
+        ([], False),
+        (["nonsense"], False),  # not CVS's either: our parser says so
+    ],
+)
+def test_cvs_own_command_forms_go_to_cvs_cli_and_ours_stay(argv: list[str], to_cvs: bool) -> None:
+    from orchestrator.cli import _our_commands
+    from orchestrator.cli.cvs_cli import wants_cvs_cli
+
+    assert wants_cvs_cli(argv, _our_commands()) is to_cvs

@@ -209,7 +209,7 @@ def test_up_raises_up_failed_with_per_host_reasons_when_one_host_fails_setup(
     )
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "--cluster-file", str(path), str(tmp_path / "test_uses_cluster.py")],
+         "--cvs-orchestrator-cluster", str(path), str(tmp_path / "test_uses_cluster.py")],
         capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False,
     )  # fmt: skip
     assert proc.returncode == 1, explain(proc)

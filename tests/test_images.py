@@ -120,7 +120,7 @@ def test_pytest_fixture_reports_the_no_caps_warning(lab: Lab, tmp_path: Path) ->
     test_file.write_text("def test_fleet(cluster):\n    assert cluster.exec('true')\n")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file),
-         "--cluster-file", str(path), "-W", "default::UserWarning"],
+         "--cvs-orchestrator-cluster", str(path), "-W", "default::UserWarning"],
         capture_output=True, text=True, timeout=180, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr

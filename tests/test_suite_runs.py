@@ -315,7 +315,7 @@ def test_pytest_plugin_example_runs_against_the_sandbox(
     example = REPO / "orchestrator" / "examples" / "test_with_cluster.py"
     argv = [sys.executable, "-m", "pytest", "-q", str(example)]
     proc = subprocess.run(
-        [*argv, "--cluster-file", str(cluster), "-p", "no:cacheprovider"],
+        [*argv, "--cvs-orchestrator-cluster", str(cluster), "-p", "no:cacheprovider"],
         cwd=REPO,
         env=_env(),
         capture_output=True,

@@ -30,8 +30,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     reading blocks only that thread, never the work, so the hosts' locks are
     released when the work is done, not when the reader catches up.
     """
+    from orchestrator.cli import cvs_cli
     from orchestrator.cli.common import BackgroundWriter
 
+    words = list(sys.argv[1:] if argv is None else argv)
+    if cvs_cli.cvs_importable() and cvs_cli.wants_cvs_cli(words, _our_commands()):
+        cvs_cli.exec_cvs_cli(words)  # does not return
     saved = sys.stdout, sys.stderr
     writers = []
     for name in ("stdout", "stderr"):
@@ -46,6 +50,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout, sys.stderr = saved
         for writer in writers:
             writer.drain()
+
+
+def _our_commands() -> list[str]:
+    """The subcommand names our parser has (and their aliases)."""
+    for action in build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return list(action.choices)
+    return []
 
 
 def _is_tty(stream: object) -> bool:
@@ -143,6 +155,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     argparse would otherwise give those words to FUNCTION.
     """
     parser = build_parser()
+    from orchestrator.cli import cvs_cli
+
+    if cvs_cli.cvs_importable():
+        # `cvs --help` says which commands are CVS's.
+        parser.epilog = "\n\n".join(p for p in (parser.epilog, cvs_cli.help_epilog()) if p)
     args, unknown = parser.parse_known_args(argv)
     if getattr(args, "func", None) != "run:cmd_run":
         if unknown:

@@ -8,10 +8,11 @@ for the orchestrator's life, and set-up/tear-down are our lifecycle: the
 container block's `lifetime`, image identity, the setup script, the
 in-container sshd, per-host locks, ownership labels.
 
-What is deliberately not CVS's: no private keys are copied into containers
-(`setup_sshd` uses the per-cluster key pair our provisioning installs), a
-same-named container cvs did not start is refused, not `rm -f`'d, and
-`teardown_containers` follows the lifetime (`persistent` containers stay).
+As under CVS, the in-container sshd starts only when the suite calls
+`setup_sshd()` (`up` runs with `sshd.enabled: false` unless the cluster file
+says otherwise). What is deliberately not CVS's: no private keys are copied
+into containers (`setup_sshd` uses the per-cluster key pair), a same-named
+container cvs did not start is refused, not `rm -f`'d, host keys are checked.
 """
 
 from __future__ import annotations
@@ -41,11 +42,13 @@ from .config import (
     native_sections,
     sanitize_image,
 )
+from .logs import quiet_ssh_library
 from .loop import LoopThread
 from .records import CvsRunRecord
 from .shapes import (
     MPI_HOSTFILE,
     cvs_shape,
+    mpi_command_line,
     mpi_hostfile_text,
     mpirun_command,
     not_in_cluster,
@@ -59,20 +62,43 @@ VERIFY_TIMEOUT = 30.0
 _default_log = logging.getLogger("cvs.compat")
 
 
+def _sshd_on_request(cluster: ClusterConfig) -> ClusterConfig:
+    """The cluster with `sshd.enabled: false` where it was left to `auto`."""
+    container = cluster.container
+    if container is None or container.sshd.enabled != "auto":
+        return cluster
+    sshd = container.sshd.model_copy(update={"enabled": False})
+    return cluster.model_copy(update={"container": container.model_copy(update={"sshd": sshd})})
+
+
 class HostHandle:
-    """CVS's `orch.all` / `orch.head`: commands on the hosts' own OS (not in containers)."""
+    """CVS's `orch.all` / `orch.head` (its Pssh handles): the hosts' own OS, not the
+    containers, over the orchestrator's connections. Same methods, same argument
+    order, same result shapes as CVS's Pssh."""
 
     def __init__(self, orch: CvsOrchestrator, hosts: list[str]) -> None:
         self._orch = orch
-        self.host_list = hosts
+        self.host_list = list(hosts)
+        # CVS prunes hosts it cannot reach from these; here every call tries every
+        # host again (one that comes back is used), and its result says why not.
+        self.reachable_hosts = list(hosts)
+        self.unreachable_hosts: list[str] = []
 
     def exec(
         self,
         cmd: str,
         timeout: float | None = None,
-        detailed: bool = False,
         print_console: bool = True,
+        detailed: bool = False,
+        inactivity_timeout: float | None = None,
     ) -> dict[str, Any]:
+        """`cmd` on each host. `inactivity_timeout` (CVS: abort after that many
+        seconds without output) runs without a total limit here: see the README."""
+        if timeout is not None and inactivity_timeout is not None:
+            raise ValueError("exec: pass at most one of timeout and inactivity_timeout")
+        if inactivity_timeout is not None:
+            self._orch._time_limit(inactivity_timeout)  # a bad value is still a ValueError
+            timeout = math.inf
         return self._orch.exec_on_host(
             cmd,
             hosts=self.host_list,
@@ -85,6 +111,63 @@ class HostHandle:
         self, cmd_list: Sequence[str], timeout: float | None = None, print_console: bool = True
     ) -> dict[str, Any]:
         return self._orch._cmd_list(cmd_list, self.host_list, timeout, print_console, host_os=True)
+
+    def scp_file(self, local_file: str, remote_file: str, recurse: bool = False) -> None:
+        """CVS's older name for upload_file."""
+        self.upload_file(local_file, remote_file, recurse=recurse)
+
+    def upload_file(self, local_file: str, remote_file: str, recurse: bool = False) -> None:
+        """`local_file` (a directory too) to `remote_file` on every host, checked by
+        sha256; IOError naming the hosts where it failed, as CVS raises."""
+        results = self._orch._upload(
+            "upload_file", {h: (local_file, remote_file) for h in self.host_list}
+        )
+        failed = [(h, r.error or r.status) for h, r in results.items() if not r.ok]
+        if failed:
+            raise OSError(
+                f"upload_file {local_file!r} -> {remote_file!r} failed on "
+                f"{len(failed)}/{len(results)} hosts: {failed}"
+            )
+
+    def upload_file_list(self, node_path_map: dict[str, tuple[str, str]]) -> dict[str, str]:
+        """{host: (local, remote)} -> {host: "HOST: SUCCESS" | "HOST: FAILED - why"}."""
+        plan = {h: node_path_map[h] for h in self.host_list if h in node_path_map}
+        if not plan:
+            return {}
+        results = self._orch._upload("upload_file_list", plan)
+        return {
+            h: f"{h}: SUCCESS" if r.ok else f"{h}: FAILED - {r.error or r.status}"
+            for h, r in results.items()
+        }
+
+    def download_file(
+        self,
+        remote_file: str,
+        local_file: str,
+        recurse: bool = False,
+        suffix_separator: str = "_",
+        hosts: Sequence[str] | None = None,
+    ) -> dict[str, str]:
+        """`remote_file` from each host to `LOCAL_FILE<sep><host>`: {host: that path}."""
+        wanted = self.host_list if hosts is None else [h for h in self.host_list if h in hosts]
+        if hosts is not None and set(hosts) - set(self.host_list):
+            unknown = sorted(set(hosts) - set(self.host_list))
+            raise ValueError(f"download_file: host(s) not in this handle: {unknown}")
+        if not wanted:
+            return {}
+        paths = {h: f"{local_file}{suffix_separator}{h}" for h in wanted}
+        results = self._orch._download(remote_file, paths)
+        failed = [(h, r.error or r.status) for h, r in results.items() if not r.ok]
+        if failed:
+            raise OSError(
+                f"download_file {remote_file!r} -> {local_file!r} failed on "
+                f"{len(failed)}/{len(wanted)} hosts: {failed}"
+            )
+        return paths
+
+    def destroy_clients(self) -> None:
+        """Nothing to do: the connections are the orchestrator's, shared by every
+        handle and closed by teardown_containers() (or when the session ends)."""
 
 
 class CvsOrchestrator:
@@ -106,12 +189,20 @@ class CvsOrchestrator:
         keys = keys_from_config(config)
         base_dir = Path(cluster_file).resolve().parent if cluster_file else None
         native = native_sections(cluster_file)
-        self.cluster_config: ClusterConfig = cluster_from_cvs(
+        quiet_ssh_library()
+        loaded = cluster_from_cvs(
             keys,
             native,
             source=cluster_file or "CVS OrchestratorConfig",
             base_dir=base_dir,
         )
+        # Under CVS a container runs an sshd only once the suite calls setup_sshd()
+        # (vllm never does): `up` starts none, setup_sshd() starts it. A cluster
+        # file that sets container.sshd.enabled itself gets what it says.
+        self.cluster_config: ClusterConfig = _sshd_on_request(loaded)
+        # auto: on setup_sshd(); true: at setup_containers(); false: never.
+        self._sshd_mode = loaded.container.sshd.enabled if loaded.container else False
+        self._sshd_ok: bool | None = None
         # CVS's timeout=None is "no limit". A cluster file that sets its own
         # ssh.command_timeout asked for a cap, and gets it.
         capped = "command_timeout" in (native.get("ssh") or {})
@@ -336,6 +427,8 @@ class CvsOrchestrator:
             return False
         except CvsError as exc:
             self.log.error(f"cvs-orchestrator could not set up the containers: {exc}")
+            if self._record is not None:
+                self._record.add_setup_error(str(exc))
             self._up_ok = False
             return False
         if self._record is not None:
@@ -343,34 +436,89 @@ class CvsOrchestrator:
         for warning in report.plan.warnings:
             self.log.warning(warning)
         for host, outcome in report.outcomes.items():
-            if not outcome.ok:
+            # A few lines per host on CVS's console; the commands are in the run record.
+            if outcome.ok:
+                self.log.info(f"cvs-orchestrator: {host}: {outcome.action.kind}: ready")
+            else:
                 self.log.error(f"{host}: {outcome.action.kind} failed: {outcome.error}")
         self._up_ok = report.ok
         if report.ok:
             self.container_id = container_name(self.cluster_config)
         return report.ok
 
-    def setup_containers(self, **overrides: Any) -> bool:
+    def setup_containers(
+        self,
+        volumes: Any = None,
+        devices: Any = None,
+        capabilities: Any = None,
+        security_opts: Any = None,
+        environment: Any = None,
+        groups: Any = None,
+        ulimits: Any = None,
+    ) -> bool:
         """Bring the containers to what the lifetime asks (attach / cold start / restart /
-        refuse), provision them and start their sshd. False when any host is not ready."""
+        refuse) and provision them; their sshd waits for setup_sshd(). False when any
+        host is not ready. CVS's per-call overrides are ignored (the cluster file decides)."""
         if not self.container_enabled:
             return True
+        overrides = {
+            "volumes": volumes,
+            "devices": devices,
+            "capabilities": capabilities,
+            "security_opts": security_opts,
+            "environment": environment,
+            "groups": groups,
+            "ulimits": ulimits,
+        }
         ignored = sorted(k for k, v in overrides.items() if v is not None)
         if ignored:
             self.log.warning(
                 "setup_containers: %s ignored: the cluster file's container block decides",
                 ", ".join(ignored),
             )
+        self._sshd_ok = None
         return self._up()
 
     def setup_sshd(self) -> bool:
-        """True when every container's sshd is up: `setup_containers` already started it
-        (with the per-cluster key pair: no private keys are copied in)."""
+        """Start the sshd in every container (CVS: for MPI between containers), with
+        the per-cluster key pair (no private keys are copied in). As under CVS: a
+        RuntimeError before setup_containers(), a no-op on a single-host cluster."""
         if not self.container_enabled:
             return True
-        if self._up_ok is None:
-            return self._up()
-        return self._up_ok
+        if not self.container_id:
+            raise RuntimeError("No containers running. Call setup_containers() first.")
+        if len(self.hosts) <= 1:
+            self.log.info("Single-node run: skipping in-container sshd setup")
+            return True
+        if self._sshd_mode is not True and self._sshd_mode != "auto":
+            self.log.info("container.sshd.enabled is false in the cluster file: no sshd")
+            return True
+        if self._sshd_ok is not None:
+            return self._sshd_ok
+        if self._sshd_mode is True:  # started by setup_containers already
+            self._sshd_ok = bool(self._up_ok)
+            return self._sshd_ok
+        loop, cluster = self._fleet()
+        started = time.monotonic()
+        try:
+            results = loop.call(cluster.start_sshd)
+        except CvsError as exc:
+            self.log.error(f"setup_sshd: {exc}")
+            if self._record is not None:
+                self._record.add_setup_error(f"setup_sshd: {exc}")
+            self._sshd_ok = False
+            return False
+        if self._record is not None:
+            self._record.add_call(
+                "setup_sshd", results, on="container", duration=time.monotonic() - started
+            )
+        for host, r in results.items():
+            if r.ok:
+                self.log.info(f"cvs-orchestrator: {host}: sshd on port {self.ssh_port}: ready")
+            else:
+                self.log.error(f"SSH daemon setup failed on {host}: {r.error or r.status}")
+        self._sshd_ok = all(r.ok for r in results.values())
+        return self._sshd_ok
 
     def verify_containers_running(self, container_name: str) -> bool:
         """Whether a container of that name runs on every host."""
@@ -416,6 +564,7 @@ class CvsOrchestrator:
                         self.log.error(f"{host}: could not remove the container: {r.error}")
                         ok = False
         self._up_ok = None
+        self._sshd_ok = None
         self.container_id = None
         self.close()
         return ok
@@ -425,6 +574,120 @@ class CvsOrchestrator:
 
     def dispose(self) -> bool:
         return self.teardown_containers()
+
+    # ---- CVS's container accessors: what our containers get -------------------------
+
+    def _container(self) -> Any:
+        container = self.cluster_config.container
+        if container is None:
+            raise RuntimeError("this cluster has no container block (orchestrator: baremetal)")
+        return container
+
+    def get_volumes(self) -> list[str]:
+        """The bind mounts the containers get. Unlike CVS, no `~/.ssh:/host_ssh`:
+        your keys never enter a container."""
+        return list(self._container().volumes)
+
+    def get_devices(self) -> list[str]:
+        return list(self._container().devices)
+
+    def get_capabilities(self) -> list[str]:
+        return list(self._container().cap_add)
+
+    def get_security_opts(self) -> list[str]:
+        return list(self._container().security_opt)
+
+    def get_groups(self) -> list[str]:
+        return list(self._container().group_add)
+
+    def get_ulimits(self) -> list[str]:
+        """CVS's NAME=VALUE strings."""
+        return [f"{k}={v}" for k, v in self._container().ulimits.items()]
+
+    def get_environment(self) -> dict[str, str]:
+        return dict(self._container().env)
+
+    def get_network_mode(self) -> str:
+        return str(self._container().network)
+
+    def get_ipc_mode(self) -> str | None:
+        ipc: str | None = self._container().ipc
+        return ipc
+
+    def is_privileged(self) -> bool:
+        return bool(self._container().privileged)
+
+    def get_mpi_command(
+        self,
+        rank_cmd: str,
+        mpi_runner_args: Sequence[str],
+        env_vars: dict[str, Any] | None,
+        mpi_install_dir: str,
+    ) -> str:
+        """CVS's mpirun line for these arguments (without its host-key opt-outs)."""
+        return mpi_command_line(rank_cmd, mpi_runner_args, env_vars, mpi_install_dir)
+
+    # ---- files to and from the hosts' own OS (orch.all / orch.head) -----------------
+
+    def _upload(self, call: str, plan: dict[str, tuple[str, str]]) -> dict[str, HostResult]:
+        from orchestrator.containers.copy import CopyError, Payload, copy_to_hosts
+
+        loop, cluster = self._fleet()
+        started = time.monotonic()
+        by_pair: dict[tuple[str, str], list[str]] = {}
+        for host, pair in plan.items():
+            by_pair.setdefault((str(pair[0]), str(pair[1])), []).append(host)
+        results: dict[str, HostResult] = {}
+        for (local, remote), hosts in by_pair.items():
+            try:
+                payload = Payload.from_path(Path(local))
+            except (CopyError, OSError) as exc:
+                for h in hosts:
+                    results[h] = HostResult(h, "failed", error=f"{local}: {exc}")
+                continue
+            known = [h for h in hosts if h in self.hosts]
+            for h in set(hosts) - set(known):
+                results[h] = not_in_cluster(h)
+            got = loop.call(
+                functools.partial(
+                    copy_to_hosts, cluster.pool, cluster.config, payload, remote,
+                    hosts=known, host_os=True,
+                )
+            )  # fmt: skip
+            results.update(got)
+        if self._record is not None:
+            self._record.add_call(call, results, on="host", duration=time.monotonic() - started)
+        return results
+
+    def _download(self, remote: str, paths: dict[str, str]) -> dict[str, HostResult]:
+        import shutil
+        import tempfile
+
+        from orchestrator.containers.copy import gather_from_hosts
+
+        loop, cluster = self._fleet()
+        started = time.monotonic()
+        known = [h for h in paths if h in self.hosts]
+        results = {h: not_in_cluster(h) for h in paths if h not in known}
+        with tempfile.TemporaryDirectory(prefix="cvs-download-") as tmp:
+            got = loop.call(
+                functools.partial(
+                    gather_from_hosts, cluster.pool, cluster.config, remote, Path(tmp),
+                    hosts=known, host_os=True,
+                )
+            )  # fmt: skip
+            name = Path(remote.rstrip("/")).name
+            for host, r in got.items():
+                if r.ok:
+                    target = Path(paths[host])
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.move(str(Path(tmp) / host / name), target)
+                results[host] = r
+        if self._record is not None:
+            self._record.add_call(
+                "download_file", results, on="host", duration=time.monotonic() - started
+            )
+        return results
 
     # ---- the rest of CVS's surface -----------------------------------------------------
 

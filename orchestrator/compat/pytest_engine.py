@@ -1,4 +1,4 @@
-"""The pytest side: with `--engine cvs-orchestrator` (or `CVS_ENGINE=cvs-orchestrator`),
+"""The pytest side: with `--cvs-orchestrator` (or `CVS_ENGINE=cvs-orchestrator`),
 CVS's `OrchestratorFactory.create_orchestrator` returns our `CvsOrchestrator`
 for the session, so CVS's own conftest.py and suites run as they are.
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,24 +24,26 @@ ENGINE_NAME = "cvs-orchestrator"
 ENGINE_ENV = "CVS_ENGINE"
 FACTORY_MODULE = "cvs.core.orchestrators.factory"
 PLUGIN_NAME = "cvs-orchestrator-engine"
+# Namespaced, option and internal name both: pytest 9.2 refuses a second option
+# whose internal name another plugin or conftest took (CVS's conftest swallows
+# that error and loses its own option).
+ENGINE_OPTION = "--cvs-orchestrator"
+ENGINE_DEST = "cvs_orchestrator_engine"
 
 
 def add_engine_option(group: Any) -> None:
     group.addoption(
-        "--engine",
-        action="store",
-        default=None,
-        metavar="NAME",
-        help=f"'{ENGINE_NAME}': run CVS's suites on cvs-orchestrator "
-        f"(default: ${ENGINE_ENV}; unset: CVS's own orchestrators)",
+        ENGINE_OPTION,
+        action="store_true",
+        dest=ENGINE_DEST,
+        default=False,
+        help=f"run CVS's suites on cvs-orchestrator (also: {ENGINE_ENV}={ENGINE_NAME}; "
+        "without either, CVS's own orchestrators)",
     )
 
 
 def engine_requested(config: pytest.Config) -> bool:
-    flag = config.getoption("engine", None)
-    if flag is not None:
-        if flag != ENGINE_NAME:
-            raise pytest.UsageError(f"--engine {flag!r}: the engine here is {ENGINE_NAME!r}")
+    if config.getoption(ENGINE_DEST, False):
         return True
     # Another value may name a backend for CVS's own entry-point lookup: not ours.
     return os.environ.get(ENGINE_ENV) == ENGINE_NAME
@@ -75,11 +78,19 @@ def _session_record(config: pytest.Config, cluster_file: str | None) -> CvsRunRe
 class CvsEngine:
     """Swaps CVS's factory for the session; closes what it made at the end."""
 
-    def __init__(self, record: CvsRunRecord | None = None, *, own_record: bool = False) -> None:
-        # `cvs run` passes its record (and finishes it); opted in from pytest, the
-        # engine makes and finishes its own.
+    def __init__(
+        self,
+        record: CvsRunRecord | None = None,
+        *,
+        own_record: bool = False,
+        record_factory: Callable[[pytest.Config], CvsRunRecord] | None = None,
+    ) -> None:
+        # `cvs run` passes its record, or a factory for it (called once pytest has
+        # read its configuration: making a record imports our SSH stack), and
+        # finishes it; opted in from pytest, the engine makes and finishes its own.
         self.record = record
-        self._own_record = own_record and record is None
+        self._record_factory = record_factory
+        self._own_record = own_record and record is None and record_factory is None
         self.cluster_file: str | None = None
         self.created: list[CvsOrchestrator] = []
         self._factory: Any = None
@@ -90,7 +101,7 @@ class CvsEngine:
             module = importlib.import_module(FACTORY_MODULE)
         except ImportError as exc:
             raise pytest.UsageError(
-                f"--engine {ENGINE_NAME}: cannot import {FACTORY_MODULE} ({exc}); "
+                f"{ENGINE_OPTION}: cannot import {FACTORY_MODULE} ({exc}); "
                 "install CVS in this environment"
             ) from None
         self.cluster_file = config.getoption("cluster_file", None)
@@ -99,6 +110,8 @@ class CvsEngine:
         self._factory.create_orchestrator = staticmethod(self.create_orchestrator)
         if self._own_record:
             self.record = _session_record(config, self.cluster_file)
+        elif self.record is None and self._record_factory is not None:
+            self.record = self._record_factory(config)
 
     def create_orchestrator(
         self, log: Any, config: Any, stop_on_errors: bool = False

@@ -25,7 +25,7 @@ from typing import Any
 from orchestrator.config import ClusterConfig
 from orchestrator.errors import ExitCode
 from orchestrator.events import EventSink, Level, Message
-from orchestrator.results import HostResult
+from orchestrator.results import HostResult, Status
 from orchestrator.suites.records import (
     TAIL_LINES,
     RunOutcome,
@@ -62,6 +62,7 @@ class CvsRunRecord:
         )
         self.current_test: str | None = None
         self.refused: str | None = None
+        self.setup_error: str | None = None
         self.unreachable = False
         self._seq = 0
         self._lock = threading.Lock()
@@ -71,10 +72,41 @@ class CvsRunRecord:
         self.outcome.lifetime = cluster.container.lifetime if cluster.container else None
 
     def add_up(self, report: Any) -> None:
+        """The plan rows, and a `setup_containers` step with each host's outcome:
+        a host that did not end ready is there with its error (and the run's
+        error names it), not only in events.jsonl."""
         self.outcome.plan.update(plan_rows(report))
         for warning in getattr(report.plan, "warnings", []):
             if warning not in self.outcome.warnings:
                 self.outcome.warnings.append(warning)
+        results: dict[str, HostResult] = {}
+        for host, outcome in report.outcomes.items():
+            if outcome.ok:
+                results[host] = HostResult(host, "ok", 0, stdout=f"{outcome.action.kind}: ready\n")
+                continue
+            failed = outcome.steps[-1][1] if outcome.steps else None
+            status: Status = failed.status if failed is not None and not failed.ok else "failed"
+            results[host] = HostResult(
+                host,
+                status,
+                failed.exit_code if failed is not None else None,
+                stdout=failed.stdout if failed is not None else "",
+                stderr=failed.stderr if failed is not None else "",
+                error=outcome.error or "not ready",
+            )
+        duration = sum(r.duration or 0.0 for o in report.outcomes.values() for _, r in o.steps)
+        self.add_call("setup_containers", results, on="host", duration=duration)
+        bad = {h: r.error for h, r in results.items() if not r.ok}
+        if bad:
+            first = next(iter(bad))
+            more = f" (and {len(bad) - 1} more host(s))" if len(bad) > 1 else ""
+            self.add_setup_error(f"setup_containers failed on {first}: {bad[first]}{more}")
+
+    def add_setup_error(self, text: str) -> None:
+        """A set-up that could not be done (not a refusal): in results.json's error."""
+        if self.setup_error is None:
+            self.setup_error = text
+        self.sink.emit(Message(level="error", text=f"set-up failed: {text}"))
 
     def add_refusal(self, text: str) -> None:
         self.refused = text
@@ -154,6 +186,8 @@ def finish_with_pytest_status(record: CvsRunRecord, pytest_status: int) -> ExitC
     error = None
     if record.refused is not None:
         error = f"refused: {record.refused}"
+    elif record.setup_error is not None:
+        error = record.setup_error
     elif pytest_status not in (0, 1):
         error = f"pytest exit status {pytest_status}"
     # results.json knows 0/1/3/4/130; a pytest usage error is recorded as 1.

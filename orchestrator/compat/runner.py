@@ -3,9 +3,10 @@
 TEST is found the way CVS finds it: a module `TEST.py` anywhere under the
 `cvs.tests` package or under the test directories of the CVS extensions CVS's
 own discovery (`cvs.extension`) finds (conftest.py and `_private` modules are
-not tests), or a path to a test file. It runs through pytest in this process,
-as CVS's own `cvs run` does, with our engine in place of CVS's orchestrators
-and a run directory written as for `cvs run SUITE`. Arguments cvs run does
+not tests), or a path to a test file. It runs through pytest (in a child
+interpreter that has loaded nothing of ours when pytest starts), with our
+engine in place of CVS's orchestrators and a run directory written as for
+`cvs run SUITE`. Arguments cvs run does
 not know are pytest's, as under CVS.
 """
 
@@ -15,11 +16,9 @@ import importlib
 import importlib.util
 import json
 import os
-import shutil
+import subprocess
 import sys
 from collections.abc import Sequence
-from contextlib import nullcontext, redirect_stdout
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
@@ -27,8 +26,7 @@ from orchestrator.errors import UsageError
 from orchestrator.suites.records import RunRecorder, default_run_dir
 
 from .config import cluster_from_files
-from .pytest_engine import CvsEngine
-from .records import CvsRunRecord, finish_with_pytest_status
+from .pytest_child import CHILD_MODULE, ChildSpec
 
 CVS_TESTS_PACKAGE = "cvs.tests"
 CVS_EXTENSION_MODULE = "cvs.extension"
@@ -179,8 +177,6 @@ def pytest_args(
     args = [f"{test_file}::{f}" for f in functions] or [str(test_file)]
     args += [f"--cluster_file={cluster_file}", f"--config_file={config_file}"]
     args += [f"--junitxml={junit}", "-p", "no:cacheprovider"]
-    # In-process, anyio is imported before pytest starts: nothing to rewrite there.
-    args += ["-W", "ignore::pytest.PytestAssertRewriteWarning"]
     root = cvs_package_root()
     if root is not None and test_file.is_relative_to(root):
         # Load cvs/conftest.py and cvs/tests/conftest.py above the test, as in a checkout.
@@ -192,20 +188,6 @@ def pytest_args(
     # Last, as CVS puts them: an option given twice is pytest's last one.
     args += extra
     return args
-
-
-def _discard(run_dir: Path, *, keep: set[str] | None) -> None:
-    """Remove the run directory (None: it was made for this run), or what was
-    made in it besides the entries in `keep` (a directory the user gave)."""
-    if keep is None:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        return
-    for name in set(os.listdir(run_dir)) - keep:
-        path = run_dir / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
 
 
 def run_cvs_test(
@@ -221,10 +203,17 @@ def run_cvs_test(
     out: IO[str] | None = None,
     extra_pytest_args: Sequence[str] = (),
 ) -> int:
-    """Run CVS test module `test` through pytest on our engine; our exit code."""
-    import pytest
+    """Run CVS test module `test` through pytest on our engine; our exit code.
 
-    out = out or sys.stdout
+    Everything that can be refused is checked here (exit 2, nothing run); the
+    run itself is pytest in a child interpreter (compat/pytest_child.py) that
+    has imported nothing of ours but pytest when pytest starts. In this
+    process anyio, asyncssh and the CLI's stream wrappers are loaded already,
+    and pytest reacts to modules imported before it: it warns that it cannot
+    rewrite them, and to warn it parses the suite's `pytest.ini` warning
+    filters, which CVS's cannot pass (`ignore:...:BrokenPipeError`, exit 2).
+    The child sees what CVS's own `cvs run` gives pytest.
+    """
     if not test:
         raise UsageError("cvs run: name a CVS test (cvs run TEST --cluster_file C --config_file T)")
     if not cluster_file or not config_file:
@@ -244,16 +233,16 @@ def run_cvs_test(
         )
     stem = test_file.stem
     # What was there before, so that a refused start takes away only its own files.
-    existing = set(os.listdir(run_dir)) if run_dir and Path(run_dir).is_dir() else None
+    existing = sorted(os.listdir(run_dir)) if run_dir and Path(run_dir).is_dir() else None
     if run_dir:
         recorder = RunRecorder.create(Path(run_dir))
     else:
         recorder = RunRecorder.create(default_run_dir(stem), unique=True)
+    recorder.close()  # the child writes into it
     log_file = log_file or str(recorder.run_dir / f"{stem}.log")
     for report in (html, log_file):
         if report:
             Path(report).parent.mkdir(parents=True, exist_ok=True)
-    record = CvsRunRecord(recorder, test=stem, test_file=str(test_file), cluster_file=cluster_file)
     args = pytest_args(
         test_file,
         functions,
@@ -264,42 +253,35 @@ def run_cvs_test(
         log_file=log_file,
         extra=extra,
     )
-    # With --json, stdout carries only our JSON line: pytest's report goes to stderr.
-    report_to = redirect_stdout(sys.stderr) if json_output else nullcontext()
-    engine = CvsEngine(record)
-    with report_to:
-        code = int(pytest.main(args, plugins=[engine]))
-    if code == pytest.ExitCode.USAGE_ERROR and not engine.created:
-        # pytest refused the arguments before anything ran (a mistyped option
-        # passed through): bad input changes nothing, so no run record either.
-        recorder.close()
-        _discard(recorder.run_dir, keep=existing)
-        raise UsageError(
-            f"cvs run {test}: pytest refused the arguments (its message is above); nothing was run"
-        )
-    ours = finish_with_pytest_status(record, code)
-    error = record.outcome.error
-    files = {
+    spec: ChildSpec = {
+        "test": test,
+        "stem": stem,
+        "test_file": str(test_file),
+        "cluster_file": cluster_file,
         "run_dir": str(recorder.run_dir),
-        "events": str(recorder.events_path),
-        "logs": str(recorder.run_dir / "logs"),
-        "results": str(recorder.results_path),
-        "junit": str(recorder.junit_path),
+        "existing": existing,
+        "json": json_output,
         "log_file": log_file,
+        "html": html,
+        "pytest_args": args,
     }
-    if html:
-        files["html"] = html
-    if json_output:
-        doc = {"ok": ours == 0, "exit_code": int(ours), "test": stem, "files": files}
-        out.write(json.dumps(doc) + "\n")
-    else:
-        seconds = (datetime.now(UTC) - record.outcome.started).total_seconds()
-        word = {0: "ok", 3: "host unreachable", 4: "refused", 130: "interrupted"}.get(
-            int(ours), "failed"
-        )
-        out.write(f"{stem}: {word} (exit {int(ours)}) in {seconds:.1f}s")
-        out.write(f": {error}\n" if error else "\n")
-        for label, path in files.items():
-            out.write(f"{label + ':':9} {path}\n")
-    out.flush()
-    return int(ours)
+    for stream in (out, sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    return run_child(spec)
+
+
+def run_child(spec: ChildSpec) -> int:
+    """`python -m orchestrator.compat.pytest_child SPEC`, on this terminal; its exit code.
+
+    Ctrl-C reaches the child too (same process group): pytest stops, the engine
+    tears down and records the interruption. This process waits for that
+    instead of leaving it half-done.
+    """
+    argv = [sys.executable, "-m", CHILD_MODULE, json.dumps(spec)]
+    proc = subprocess.Popen(argv)
+    while True:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            continue

@@ -1,10 +1,11 @@
 """PURE: our HostResults in the shapes CVS's suites read, and CVS's mpirun line.
 
 CVS's `exec` returns `{host: output}`, the output being stdout then stderr
-as one string; with `detailed=True`, `{host: {"output": str, "exit_code":
-int}}`. A host that was not reached is still there, its output saying why
-(CVS's "ABORT: Host Unreachable Error" marker, which suites grep for) and,
-detailed, a non-zero exit code.
+as one string, every line ending in a newline, tabs as three spaces; with
+`detailed=True`, `{host: {"output": str, "exit_code": int}}`. A host that was
+not reached is still there, its output saying why and ending in CVS's
+"ABORT: Host Unreachable Error" marker (which suites grep for); a timeout
+ends in "ABORT: Timeout Error in Host: H"; detailed, both have exit code -1.
 """
 
 from __future__ import annotations
@@ -16,38 +17,49 @@ from typing import Any
 from orchestrator.config import ENV_NAME_RE, HOST_NAME_RE
 from orchestrator.results import HostResult
 
-# Exit codes for results that have none of their own: ssh's for "no
-# connection", timeout(1)'s for "stopped at the time limit".
-UNREACHABLE_EXIT = 255
-TIMEOUT_EXIT = 124
+# CVS's exit code for "unknown / aborted": a timeout, a host not reached, a
+# command that ended without an exit status (its Pssh gives -1 for all three).
+ABORTED_EXIT = -1
 UNREACHABLE_MARK = "ABORT: Host Unreachable Error"
 TIMEOUT_MARK = "ABORT: Timeout Error in Host"
+# CVS's Pssh turns each tab of the output into three spaces.
+TAB = "   "
 # Where CVS writes the hostfile of distribute_using_mpi (on the head, in the container).
 MPI_HOSTFILE = "/tmp/mpi_hosts.txt"
 
 
-def _line(text: str) -> str:
-    return text if not text or text.endswith("\n") else text + "\n"
+def _lines(text: str) -> str:
+    """Each line ending in a newline, tabs as three spaces: how CVS collects output."""
+    if not text:
+        return ""
+    text = text.replace("\t", TAB)
+    return text if text.endswith("\n") else text + "\n"
 
 
 def cvs_output(result: HostResult) -> str:
-    """stdout, then stderr, then (when it did not run to the end) why."""
-    text = _line(result.stdout) + _line(result.stderr)
+    """stdout, then stderr, then (when it did not run to the end) why, in CVS's words.
+
+    A timeout: the reason, then `ABORT: Timeout Error in Host: H`. A host not
+    reached: the reason, then a blank line and `ABORT: Host Unreachable Error`
+    (CVS appends that marker after the output, without a newline).
+    """
+    text = _lines(result.stdout) + _lines(result.stderr)
     if not result.reached:
-        text += f"{UNREACHABLE_MARK}: {result.status}: {result.error or 'not reached'}\n"
-    elif result.status == "timeout":
-        text += f"{TIMEOUT_MARK}: {result.host}: {result.error or 'timed out'}\n"
-    elif result.exit_code is None and result.error:
-        text += f"ABORT: {result.error}\n"
+        why = f"{result.status}: {result.error or 'not reached'}".replace("\t", TAB)
+        return f"{text}{why}\n\n{UNREACHABLE_MARK}"
+    if result.status == "timeout":
+        why = (result.error or "timed out").replace("\t", TAB)
+        return f"{text}{why}\n{TIMEOUT_MARK}: {result.host}\n"
+    if result.exit_code is None and result.error:
+        text += f"ABORT: {result.error}\n".replace("\t", TAB)
     return text
 
 
 def cvs_exit_code(result: HostResult) -> int:
-    """The command's exit code; 124 for a timeout, 255 when nothing ran to the end."""
-    if result.status == "timeout":
-        return TIMEOUT_EXIT
-    if not result.reached or result.exit_code is None:
-        return UNREACHABLE_EXIT
+    """The command's exit code; -1 (CVS's "unknown / aborted") when it has none:
+    a timeout, a host not reached, a command killed before it ended."""
+    if result.status == "timeout" or not result.reached or result.exit_code is None:
+        return ABORTED_EXIT
     return result.exit_code
 
 
@@ -105,6 +117,27 @@ def mpirun_command(
     parts = [shlex.quote(mpirun), "--np", str(ranks), "--allow-run-as-root"]
     parts += ["--hostfile", shlex.quote(hostfile)]
     parts += [str(a) for a in (mpi_extra_args or [])]
+    for key, value in (env_vars or {}).items():
+        if not isinstance(key, str) or not ENV_NAME_RE.fullmatch(key):
+            raise ValueError(f"env_vars: {key!r} is not an environment variable name")
+        parts += ["-x", shlex.quote(f"{key}={value}")]
+    parts.append(rank_cmd)
+    return " ".join(parts)
+
+
+def mpi_command_line(
+    rank_cmd: str,
+    mpi_runner_args: Sequence[str],
+    env_vars: Mapping[str, Any] | None,
+    mpi_install_dir: str,
+) -> str:
+    """CVS's `get_mpi_command`: `MPI_DIR/mpirun RUNNER_ARGS -x K=V ... RANK_CMD`.
+
+    Without CVS's `plm_rsh_args` that turn host-key checks off (see
+    mpirun_command); runner args and `rank_cmd` are shell text, env values quoted.
+    """
+    mpirun = f"{str(mpi_install_dir).rstrip('/')}/mpirun"
+    parts = [shlex.quote(mpirun), *(str(a) for a in mpi_runner_args)]
     for key, value in (env_vars or {}).items():
         if not isinstance(key, str) or not ENV_NAME_RE.fullmatch(key):
             raise ValueError(f"env_vars: {key!r} is not an environment variable name")

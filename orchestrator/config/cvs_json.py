@@ -4,11 +4,12 @@ A CVS file means here what it means under CVS (its cluster-file reference,
 "Docker runtime.args reference"):
 
 - `orchestrator` defaults to `baremetal`: the `container` block is used only
-  with `orchestrator: container`, and only when `container.enabled` is true.
-  `container.launch` true means CVS starts the containers (and leaves them
-  running): `lifetime: persistent` here; false means they are managed
-  elsewhere and only verified: `lifetime: no_launch`. A file that sets our
-  `lifetime` instead says so directly.
+  with `orchestrator: container`. `container.lifetime` (no_launch, per_run,
+  persistent) means what it means under CVS main, and defaults to per_run
+  as there. Older CVS releases' switches are still read: `enabled` not true
+  ignores the block; `launch` true is `persistent` (started if absent, kept),
+  false `no_launch` (only verified).
+- `runtime.args.registry.server` empty is Docker Hub, as in CVS's runtime.
 - `runtime.args` is merged with CVS's built-in defaults (an empty `args`
   gives an RDMA-ready, privileged container): list arguments are appended to
   the defaults, scalars override them.
@@ -155,6 +156,14 @@ def _lifetime(block: dict[str, Any], located: Located, notes: list[str]) -> str 
                 )
         lifetime: str | None = block["lifetime"]
         return lifetime
+    if "enabled" not in block and "launch" not in block:
+        # CVS main: `lifetime` absent means per_run (its factory's default).
+        notes.append("container.lifetime not set: per_run, CVS's default")
+        return "per_run"
+    notes.append(
+        "container.enabled / container.launch are the switches of older CVS releases "
+        "(CVS main refuses them): set container.lifetime instead"
+    )
     for key, value in (("enabled", enabled), ("launch", launch)):
         if value is not None and not isinstance(value, bool):
             raise ConfigError(
@@ -222,6 +231,9 @@ def _runtime_args(block: dict[str, Any], located: Located) -> dict[str, Any]:
                 )
             )
         spelled[ours] = key
+        if ours == "registry" and isinstance(value, dict) and value.get("server") == "":
+            # CVS's docker runtime: `server` empty or absent is Docker Hub.
+            value = {k: v for k, v in value.items() if k != "server"}
         out[ours] = _ulimits(value, located, key) if ours == "ulimits" else value
     return out
 

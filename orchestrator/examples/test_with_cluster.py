@@ -1,10 +1,11 @@
 """Example: a pytest module driving the fleet through cvs-orchestrator's plugin.
 
-The plugin (installed with the package) adds `--cluster-file` and a
+The plugin (installed with the package) adds `--cvs-orchestrator-cluster` and a
 session-scoped `cluster` fixture: the containers are brought up per the
 cluster's lifetime before the first test that uses it and down after the last.
 
-    pytest orchestrator/examples/test_with_cluster.py --cluster-file /tmp/cvs-sandbox/cluster.yaml
+    pytest orchestrator/examples/test_with_cluster.py \
+        --cvs-orchestrator-cluster /tmp/cvs-sandbox/cluster.yaml
 
 Without a cluster file (and no $CVS_CLUSTER) these tests are skipped.
 """

@@ -62,7 +62,7 @@ class OrchestratorFactory:
             raise TypeError("config must be OrchestratorConfig instance")
         raise RuntimeError(
             f"stand-in CVS has no {config.orchestrator!r} backend: run with "
-            "--engine cvs-orchestrator (or CVS_ENGINE=cvs-orchestrator)"
+            "--cvs-orchestrator (or CVS_ENGINE=cvs-orchestrator)"
         )
 
     @staticmethod

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from orchestrator.config.model import CONTAINER_USER_RE, WORKDIR_RE
+from orchestrator.containers.causes import OOM_LINE
 from orchestrator.containers.docker import DOCKER_CLI_ENV, validate_container_name
 from orchestrator.ssh.envpass import env_block, env_reader, new_token
 
@@ -53,8 +54,28 @@ true
 #   child killed by a signal ("Killed") and the command's stderr used to be its
 #   own; the command gets the real stderr through fd 3.
 # - Only positional parameters: the env block may export any variable name.
-_RECORD = 'echo $$ > "$1"; '
-_RUN = '{ (shift; exec "$@" 2>&3 3>&-); set -- "$?" "$1"; rm -f "$2"; } 3>&2 2>/dev/null; exit "$1"'
+# - (issue 22) The container's memory cgroup `oom_kill` counter (v2
+#   memory.events, v1 memory.oom_control) is read with builtins before and
+#   after the command; when it grew, one `causes.OOM_LINE` line on stderr says
+#   the out-of-memory killer struck while the command ran (the exit code alone,
+#   137, does not). `_cvs_`-named shell variables, never exported: the
+#   command's environment is unchanged.
+_OOM_COUNT = (
+    "_cvs_oom() { _cvs_n=-; for _cvs_f in /sys/fs/cgroup/memory.events "
+    '/sys/fs/cgroup/memory/memory.oom_control; do [ -r "$_cvs_f" ] || continue; '
+    'while read -r _cvs_k _cvs_v; do [ "$_cvs_k" = oom_kill ] && _cvs_n=$_cvs_v; '
+    'done < "$_cvs_f"; done; }; _cvs_oom; _cvs_o=$_cvs_n; '
+)
+_OOM_SAY = (
+    '_cvs_oom; [ "$_cvs_o" = - ] || [ "$_cvs_n" = "$_cvs_o" ] || '
+    f'echo "{OOM_LINE} memory cgroup oom_kill $_cvs_o -> $_cvs_n" >&2; '
+)
+_RECORD = 'echo $$ > "$1"; ' + _OOM_COUNT
+_RUN = (
+    '{ (shift; exec "$@" 2>&3 3>&-); set -- "$?" "$1"; rm -f "$2"; } 3>&2 2>/dev/null; '
+    + _OOM_SAY
+    + 'exit "$1"'
+)
 
 
 def _pidfile(token: str) -> str:

@@ -224,12 +224,16 @@ class HostLocks:
         *,
         head: str,
         wait_seconds: float,
+        probe_seconds: float = 30.0,
     ) -> None:
         self.pool = pool
         self.sink = sink
         self.container = container
         self.head = head
         self.wait_seconds = wait_seconds
+        # The probe under the lock runs docker (container.docker_timeout): a
+        # frozen dockerd must not hold the invocation, nor the lock, forever.
+        self.probe_seconds = probe_seconds
         self.description = holder_description("cvs")
         self.mode: Mode | None = None
         self._held: dict[str, tuple[contextlib.AsyncExitStack, Any]] = {}
@@ -332,6 +336,14 @@ class HostLocks:
             await stack.aclose()
             return LockAnswer(host, "unreachable", state=HostState.unreachable(host, exc.message))
         answer = await self._read(host, process, path, probe is not None)
+        if answer.state is not None and answer.state.error_kind == "docker_hung":
+            # The probe is stuck in docker: stop it (TERM to the remote
+            # process group; the lock program's traps release the lock and
+            # remove its directory) instead of holding the lock behind it.
+            with contextlib.suppress(Exception):
+                process.send_signal("TERM")
+            await stack.aclose()
+            return answer
         if answer.status == "held":
             self._held[host] = (stack, process)
         else:
@@ -341,11 +353,16 @@ class HostLocks:
     async def _read(self, host: str, process: Any, path: str, probing: bool) -> LockAnswer:
         lines: list[str] = []
         holders: list[str] = []
-        with anyio.move_on_after(self.wait_seconds + 60):
+        probe_hung = False
+        with anyio.CancelScope(deadline=anyio.current_time() + self.wait_seconds + 60) as scope:
             while line := await process.stdout.readline():
                 lines.append(line)
                 word = line.strip()
-                if word.startswith(FRAME + "holder "):
+                if probing and word.startswith(FRAME + "lock held"):
+                    # Locked: from here on the probe's docker calls run.
+                    scope.deadline = anyio.current_time() + self.probe_seconds
+                    probe_hung = True
+                elif word.startswith(FRAME + "holder "):
                     holders.append(word[len(FRAME + "holder ") :])
                 elif word == FRAME + "lock waiting":
                     self._say_waiting(host, path, holders)
@@ -353,7 +370,17 @@ class HostLocks:
                 elif word == READY or word.startswith(
                     tuple(FRAME + "lock " + w for w in ("busy", "timeout", "noflock", "error"))
                 ):
+                    probe_hung = False
                     break
+            else:
+                probe_hung = False
+        if probe_hung and scope.cancelled_caught:
+            why = (
+                f"docker did not answer within container.docker_timeout "
+                f"({self.probe_seconds:g}s) on the probe: the container runtime on this host "
+                "is hung or overloaded (is dockerd stopped or frozen?)"
+            )
+            return LockAnswer(host, "held", holders, HostState.hung(host, why))
         status, _, rest = split_lock_frames("".join(lines))
         kind, _, detail = (status or "").partition(" ")
         if kind == "held":

@@ -86,7 +86,9 @@ from orchestrator.containers.docker import (
 
 DockerAccessMode = Literal["direct", "sudo", "none"]
 ContainerState = Literal["absent", "running", "exited", "other"]
-ErrorKind = Literal["unreachable", "no_docker", "no_access", "daemon_down", "garbled", "docker"]
+ErrorKind = Literal[
+    "unreachable", "no_docker", "no_access", "daemon_down", "garbled", "docker", "docker_hung"
+]
 
 FRAME = "@@cvs:"
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}\b")
@@ -125,6 +127,11 @@ class HostState:
     @classmethod
     def unreachable(cls, host: str, reason: str) -> HostState:
         return cls(host=host, reachable=False, error=reason, error_kind="unreachable")
+
+    @classmethod
+    def hung(cls, host: str, reason: str) -> HostState:
+        """Reached, but docker did not answer in time: its state is unknown."""
+        return cls(host=host, error=reason, error_kind="docker_hung")
 
     @property
     def known(self) -> bool:

@@ -32,6 +32,7 @@ from orchestrator.config import (
     container_name,
     sshd_wanted,
 )
+from orchestrator.containers.causes import output_cause
 from orchestrator.containers.docker import (
     CONTAINER_ID_RE,
     LABEL_INVOCATION,
@@ -385,6 +386,10 @@ class Lifecycle:
             message = result.error or result.status
             if result.status == "timeout":
                 message = self._timeout_message(step, budget, timeout)
+            else:
+                # The cause when the output names one (a full disk), not just the code.
+                cause = output_cause(result.stdout, result.stderr)
+                message += f": {cause}" if cause else ""
             outcome.fail(step, result, message)
             self._step(outcome.host, step, "failed", result.tail(5) or message)
             return None

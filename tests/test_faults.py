@@ -394,3 +394,126 @@ def test_a_registry_that_stalls_is_bounded_by_start_timeout_with_the_error_set(
     doc = last_json(proc)
     assert doc["error"] and "start_timeout (8s, for login and pull together)" in doc["error"], doc
     assert took < 8 + 15, took
+
+
+# --- point 1: a lock never outlives its invocation by more than its lease ----------
+
+
+@contextlib.contextmanager
+def silent_network(sb: Sandbox, host: str) -> Iterator[None]:
+    """The host's SSH packets dropped in its namespace (no RST, no FIN: a hung
+    switch port). The rules are removed afterwards, also on failure."""
+    h = sb.host(host)
+    assert h.netns
+    rules = [
+        ["INPUT", "-p", "tcp", "--dport", str(h.port), "-j", "DROP"],
+        ["OUTPUT", "-p", "tcp", "--sport", str(h.port), "-j", "DROP"],
+    ]
+    added: list[list[str]] = []
+    try:
+        for rule in rules:
+            subprocess.run(["ip", "netns", "exec", h.netns, "iptables", "-A", *rule], check=True)
+            added.append(rule)
+        yield
+    finally:
+        for rule in added:
+            subprocess.run(["ip", "netns", "exec", h.netns, "iptables", "-D", *rule], check=False)
+
+
+def lock_free(path: Path) -> bool:
+    """Nobody holds the lock (its directory is gone, or flock -xn gets it)."""
+    if not path.exists():
+        return True
+    probe = subprocess.run(["flock", "-xn", str(path), "true"], capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+def test_a_lock_held_over_a_silent_network_is_freed_within_its_lease(lab: Lab) -> None:
+    from orchestrator.containers.locks import LEASE_SECONDS, RENEW_SECONDS
+
+    cluster = lab.cluster()
+    assert cvs(cluster, "up").returncode == 0
+    proc = subprocess.Popen(
+        [*CVS, "exec", "-c", str(cluster), "--", "sleep 60"],
+        env={**os.environ, "CI": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    lock = lab.lock_dir("node2")
+    try:
+        wait_for(lambda: not lock_free(lock), 60, "the exec's lock on node2")
+        time.sleep(2)
+        with silent_network(lab.sb, "node2"):
+            dropped = time.monotonic()
+            wait_for(lambda: lock_free(lock), LEASE_SECONDS + RENEW_SECONDS + 30, "the lease")
+            freed = time.monotonic() - dropped
+            print(f"silent network: node2's lock freed {freed:.1f}s after the drop")
+            # Ours gives up too, the invocation long dead on our side:
+            proc.kill()
+            proc.wait()
+        assert freed <= LEASE_SECONDS + RENEW_SECONDS + 10, freed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # The network is back and the dead invocation's holders are gone: both a
+    # --no-wait and a waiting invocation see the lock free on every host.
+    wait_for(lambda: all(lock_free(lab.lock_dir(h)) for h in NODES), 30, "the other locks")
+    down = cvs(cluster, "down", "--force", "--no-wait")
+    assert down.returncode == 0, explain(down)
+    assert not lock.exists()
+
+
+# --- point 8: an interrupted provisioning does not run twice at once ---------------
+
+# Says `overlap` when it starts while an earlier run of itself still runs.
+SLOW_SETUP = """#!/bin/sh
+old=$(cat /var/tmp/cvs-setup.pid 2>/dev/null)
+if [ -n "$old" ] && kill -0 "$old" 2>/dev/null; then echo overlap >> /var/tmp/cvs-setup.log; fi
+echo $$ > /var/tmp/cvs-setup.pid
+echo "start $$" >> /var/tmp/cvs-setup.log
+sleep 12
+echo "end $$" >> /var/tmp/cvs-setup.log
+"""
+
+
+def test_an_up_after_one_killed_mid_provisioning_stops_the_old_setup_script_first(
+    lab: Lab,
+) -> None:
+    script = lab.directory / "setup.sh"
+    script.write_text(SLOW_SETUP)
+    cluster = lab.cluster(setup_script=str(script))
+    proc = subprocess.Popen(
+        [*CVS, "up", "-c", str(cluster)],
+        env={**os.environ, "CI": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        started: set[str] = set()
+        deadline = time.monotonic() + 120
+        while len(started) < 3 and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            if "provision: started" in line:
+                started.add(line.split()[0])
+        assert started == set(NODES), started
+        time.sleep(3)
+    finally:
+        proc.kill()
+        proc.wait()
+    again = cvs(cluster, "up")
+    assert again.returncode == 0, explain(again)
+    assert "stopped a setup script still running from an interrupted" in again.stderr, explain(
+        again
+    )
+    for host in NODES:
+        log = docker(lab.sb, host, "exec", lab.name, "cat", "/var/tmp/cvs-setup.log")
+        events = log.split("\n")
+        # The killed run's script was stopped before the new one started (it
+        # never ended on its own), and the new one ran to its end.
+        assert "overlap" not in events, (host, events)
+        assert [e.split()[0] for e in events] == ["start", "start", "end"], (host, events)

@@ -36,6 +36,7 @@ other waits for).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import getpass
 import os
@@ -55,6 +56,10 @@ from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.transport import ConnectError, SSHPool
 
 Mode = Literal["shared", "exclusive"]
+# The lock's lease (issue 22): we renew it every RENEW_SECONDS over the SSH
+# channel; a holder on the host that hears nothing for LEASE_SECONDS lets go.
+RENEW_SECONDS = 5.0
+LEASE_SECONDS = 20
 LOCK_ROOT = "/tmp"
 FRAME = "@@cvs:"
 READY = "@@cvs:ready"
@@ -335,6 +340,9 @@ class HostLocks:
         except ConnectError as exc:
             await stack.aclose()
             return LockAnswer(host, "unreachable", state=HostState.unreachable(host, exc.message))
+        # Renew the lease from the start: the holder lets go of a lock whose
+        # renewals stop (a dead coordinator, a silent network), LEASE_SECONDS on.
+        stack.callback(LeaseRenewer(process).cancel)
         answer = await self._read(host, process, path, probe is not None)
         if answer.state is not None and answer.state.error_kind == "docker_hung":
             # The probe is stuck in docker: stop it (TERM to the remote
@@ -430,6 +438,42 @@ class HostLocks:
                     tg.start_soon(stack.aclose)
         if not self._held:
             self.mode = None
+
+
+class LeaseRenewer:
+    """Writes `renew` to a lock holder's stdin every RENEW_SECONDS while we hold it.
+
+    A holder that hears nothing for LEASE_SECONDS lets go (the lock program's
+    watchdog): so a lock never outlives its invocation by more than that,
+    whatever happened to the network or to us (SIGKILL, a host whose packets
+    are dropped: its sshd would notice the dead connection only after minutes
+    to hours). A timer on the event loop, not a task: locks outlive the calls
+    that take them (`up` ... `down`), and no task group spans those.
+    """
+
+    def __init__(self, process: Any, interval: float | None = None) -> None:
+        self._process = process
+        self._interval = RENEW_SECONDS if interval is None else interval
+        self._loop = asyncio.get_running_loop()
+        self._handle: asyncio.TimerHandle | None = None
+        self._schedule()
+
+    def _schedule(self) -> None:
+        self._handle = self._loop.call_later(self._interval, self._renew)
+
+    def _renew(self) -> None:
+        try:
+            # Buffered by asyncssh when the window is shut: a few bytes a tick.
+            self._process.stdin.write("renew\n")
+        except Exception:  # the channel is gone: there is nothing left to renew
+            self._handle = None
+            return
+        self._schedule()
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 async def _drain(stream: Any) -> str:

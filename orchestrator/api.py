@@ -9,10 +9,12 @@ One `Cluster` holds one SSH connection per host for its whole life.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from orchestrator.config import (
@@ -33,7 +35,6 @@ from orchestrator.containers.causes import (
     wants_diagnosis,
     with_cause,
 )
-from orchestrator.containers.docker import docker_prefix
 from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command
 from orchestrator.containers.probe import HostState
 from orchestrator.containers.status import HostStatus, host_status
@@ -41,6 +42,7 @@ from orchestrator.errors import CvsError, UsageError
 from orchestrator.events import EventSink, Message, NullSink
 from orchestrator.limits.gpus import guard_visible_devices
 from orchestrator.limits.resources import EffectiveResources
+from orchestrator.remote.runtime import DockerRuntime
 from orchestrator.results import HostResult, exit_code_for
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.transport import SSHPool
@@ -49,6 +51,9 @@ if TYPE_CHECKING:
     from orchestrator.containers.lifecycle import Lifecycle, UpReport
     from orchestrator.containers.locks import HostLocks
     from orchestrator.containers.plan import Plan
+
+
+_IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 class HostSelectionError(UsageError, ValueError):
@@ -231,6 +236,37 @@ class Cluster:
         """
         return await self._lifecycle().down(force=force, wait=wait, own_only=own_only)
 
+    @property
+    def docker_runtimes(self) -> Mapping[str, DockerRuntime]:
+        """How to reach docker on each host whose container this Cluster's `up`
+        left running (probed under the lock it still holds). A host missing
+        here is not known: the host decides on each command, by the same rule
+        (remote/access.sh) — `docker_runtimes.get(host, DockerRuntime())`."""
+        if self._locks is None:
+            return MappingProxyType({})
+        return MappingProxyType(dict(self._locks.ready))
+
+    async def container_image_ids(self) -> dict[str, str]:
+        """host -> the image ID its container runs; hosts not read are left out."""
+        name = container_name(self.config)
+        inspect = ["inspect", "--type", "container", "-f", "{{.Image}}", name]
+
+        async def one(host: str) -> HostResult:
+            return await self.pool.run(
+                host,
+                self.docker_runtimes.get(host, DockerRuntime()).read(inspect),
+                timeout=30,
+                stream_output=False,
+                label="image",
+            )
+
+        results = await fan_out(self.hosts, one, limit=self.config.concurrency.hosts)
+        return {
+            h: r.stdout.strip()
+            for h, r in results.items()
+            if r.ok and _IMAGE_ID_RE.fullmatch(r.stdout.strip())
+        }
+
     async def status(self) -> list[HostStatus]:
         """One typed record per host: reachability, docker access, container state,
         image and tag IDs, sshd, provisioning, effective limits and drift."""
@@ -358,7 +394,7 @@ class Cluster:
             )
             for host, state in states.items():
                 if state.container == "running" and state.docker_access in ("direct", "sudo"):
-                    ready[host] = docker_prefix(state.docker_access)
+                    ready[host] = DockerRuntime(state.docker_access)
                 else:
                     before[host] = not_ready_result(host, state, name)
 
@@ -373,7 +409,7 @@ class Cluster:
                 workdir=workdir,
                 # Known running (this Cluster's `up`, or the probe above, under
                 # the lock held): no separate running check on the host.
-                ready_via=ready.get(host),
+                runtime=ready.get(host),
             )
             result = await self.pool.run(
                 host, script, timeout=timeout, input=stdin, label="exec", on_timeout=lambda: kill

@@ -31,6 +31,7 @@ from orchestrator.api import Cluster
 from orchestrator.config import CONTAINER_NAME_RE, ClusterConfig, container_name
 from orchestrator.errors import CvsError, PolicyRefused
 from orchestrator.events import EventSink, NullSink, TeeSink
+from orchestrator.remote.runtime import DockerRuntime
 from orchestrator.results import HostResult
 
 from .config import (
@@ -376,13 +377,15 @@ class CvsOrchestrator:
         if not CONTAINER_NAME_RE.fullmatch(container_name or ""):
             self.log.error(f"verify_containers_running: invalid container name {container_name!r}")
             return False
-        inspect = shlex.join(
-            ["inspect", "--type", "container", "-f", "{{.State.Running}}", container_name]
-        )
-        cmd = f"docker {inspect} 2>/dev/null || sudo -n docker {inspect}"
+        inspect = ["inspect", "--type", "container", "-f", "{{.State.Running}}", container_name]
+        # Docker as the probe found it on each host, else the host's own rule:
+        # the adapter does not decide it.
+        _, cluster = self._fleet()
+        known = cluster.docker_runtimes
+        commands = {h: shlex.join(known.get(h, DockerRuntime()).read(inspect)) for h in self.hosts}
         results = self._run(
             "verify_containers_running",
-            dict.fromkeys(self.hosts, cmd),
+            commands,
             VERIFY_TIMEOUT,
             host_os=True,
         )

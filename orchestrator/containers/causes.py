@@ -10,7 +10,7 @@ restarted. What cvs can tell, it tells, from two kinds of facts:
   stderr; a `No space left on device` anywhere in the output names a full
   disk;
 - after a failure that looks like a kill (no exit status, 125, 128+N), one
-  more round trip (`diagnose.sh`) asks docker about the container: stopped
+  more round trip (remote/diagnose.sh) asks docker about the container: stopped
   (and `State.OOMKilled`), started again during the command, removed, or
   docker itself gone or hung.
 
@@ -23,8 +23,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from datetime import datetime
-from importlib import resources
 
+from orchestrator import remote
 from orchestrator.containers.docker import validate_container_name
 from orchestrator.results import HostResult
 
@@ -58,10 +58,9 @@ class ContainerFacts:
 
 
 def diagnosis_command(name: str) -> list[str]:
-    """argv for the host: `sh -c DIAGNOSE cvs-diagnose NAME`."""
+    """argv for the host: remote/diagnose.sh NAME."""
     validate_container_name(name)
-    script = resources.files("orchestrator.containers").joinpath("diagnose.sh").read_text()
-    return ["sh", "-c", script, "cvs-diagnose", name]
+    return remote.argv("diagnose", name)
 
 
 def wants_diagnosis(result: HostResult) -> bool:

@@ -32,6 +32,7 @@ from typing import IO, Any
 import anyio
 import asyncssh
 
+from orchestrator import remote
 from orchestrator.config import ClusterConfig, container_name
 from orchestrator.containers.exec import in_running_container
 from orchestrator.results import HostResult
@@ -47,48 +48,6 @@ Progress = Callable[[str, int], None]  # (host, bytes just sent or received)
 
 class CopyError(ValueError):
     """A local source cannot be copied (missing, unreadable, an odd name). One line."""
-
-
-# The receiving side. $1 DEST, $2 the source's name, $3 file|dir, $4 mode and $5 sha256
-# (files: checked before the file takes its name, so an interrupted or corrupted copy
-# never replaces DEST).
-# `cp -r` placement: inside DEST when it is a directory (or ends with /), else as DEST.
-_RECEIVE = r"""
-set -e
-dest=$1 name=$2 kind=$3 mode=$4 want=$5
-case $dest in */) mkdir -p -- "$dest" ;; esac
-if [ -d "$dest" ]; then final=${dest%/}/$name; else final=$dest; fi
-parent=$(dirname -- "$final")
-mkdir -p -- "$parent"
-if [ "$kind" = dir ]; then
-  mkdir -p -- "$final"
-  tar -x -o -f - -C "$final"
-  echo "@@cvs-final:$final"
-  cd -- "$final"
-  find . -type f -exec sha256sum {} +
-else
-  tmp="$parent/.cvs-cp.$$"
-  trap 'rm -f -- "$tmp"' EXIT
-  cat > "$tmp"
-  got=$(sha256sum < "$tmp")
-  got=${got%% *}
-  if [ "$got" != "$want" ]; then
-    echo "$final: not replaced: what arrived has sha256 $got (incomplete?)" >&2
-    exit 1
-  fi
-  chmod "$mode" "$tmp"
-  mv -f -- "$tmp" "$final"
-  echo "@@cvs-final:$final"
-  sha256sum < "$final"
-fi
-"""
-
-# The sending side of a gather: checksum on stderr, the bytes on stdout.
-_SEND = r"""
-[ -f "$1" ] || { echo "$1: not a regular file" >&2; exit 66; }
-sha256sum < "$1" >&2
-exec cat -- "$1"
-"""
 
 
 def in_container(name: str, argv: Sequence[str], *, tty: bool = False) -> str:
@@ -295,7 +254,7 @@ async def copy_to_hosts(
     if not dest or "\n" in dest or "\0" in dest:
         raise CopyError(f"bad destination {dest!r}")
     want = payload.checksums.get("-", "")
-    argv = ["sh", "-c", _RECEIVE, "cvs-cp", dest, payload.source.name, payload.kind]
+    argv = remote.argv("copy_receive", dest, payload.source.name, payload.kind)
     argv += [payload.mode, want]
     script = _wrap(cluster, argv, host_os)
     limit = timeout if timeout is not None else cluster.ssh.command_timeout
@@ -370,7 +329,7 @@ async def gather_from_hosts(
     name = os.path.basename(src.rstrip("/"))
     if not name or name in (".", "..") or "\n" in src or "\0" in src:
         raise CopyError(f"--from-host: {src!r} does not name a file")
-    script = _wrap(cluster, ["sh", "-c", _SEND, "cvs-cp", src], host_os)
+    script = _wrap(cluster, remote.argv("copy_send", src), host_os)
     limit = timeout if timeout is not None else cluster.ssh.command_timeout
 
     async def one(host: str) -> HostResult:

@@ -26,7 +26,6 @@ from orchestrator.config import CONTAINER_NAME_RE, IMAGE_REF_RE, ContainerConfig
 from orchestrator.limits.gpus import GPUSelection, guard_visible_devices
 from orchestrator.limits.resources import EffectiveResources, limits_drift
 
-DockerAccess = Literal["direct", "sudo"]
 ContainerStatus = Literal["running", "exited", "other"]
 DockerErrorKind = Literal["not_found", "daemon_down", "permission_denied", "not_installed", "other"]
 
@@ -44,14 +43,6 @@ LABEL_INVOCATION = "io.cvs.invocation"
 # cluster's probe names this container when that port is taken.
 LABEL_SSHD_PORT = "io.cvs.sshd-port"
 CONTAINER_ID_RE = re.compile(r"[0-9a-f]{64}")  # a full container ID, as docker prints it
-
-# Shell text that goes before docker CLI calls on the hot paths (probe, exec).
-# Go's runtime sizes itself to the host's cores: on a 128-core node a one-shot
-# docker CLI sets up that many Ps (and GC workers) for one API call. One is
-# plenty, and measurably cheaper under load (docs/design.md, "What an attach
-# costs"). Exported to the docker CLI only: `docker exec` passes no host
-# variable into the container.
-DOCKER_CLI_ENV = "GOMAXPROCS=1; export GOMAXPROCS"
 
 # Docker's zero time: what StartedAt holds for a container never started.
 _ZERO_TIME = "0001-01-01T00:00:00Z"
@@ -99,15 +90,6 @@ def _validate_label(key: str, value: str) -> None:
 
 
 # --- builders ------------------------------------------------------------
-
-
-def docker_prefix(access: DockerAccess) -> list[str]:
-    """How to invoke docker on a host, as decided by the probe."""
-    if access == "direct":
-        return ["docker"]
-    if access == "sudo":
-        return ["sudo", "-n", "docker"]
-    raise ValueError(f"no docker prefix for access {access!r}")
 
 
 def config_hash(cfg: ContainerConfig) -> str:

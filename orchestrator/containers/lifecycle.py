@@ -38,7 +38,6 @@ from orchestrator.containers.docker import (
     LABEL_INVOCATION,
     config_hash,
     container_limits_drift,
-    docker_prefix,
     image_inspect_argv,
     load_argv,
     login_command,
@@ -61,14 +60,7 @@ from orchestrator.containers.plan import (
     decide_down,
     decide_plan,
 )
-from orchestrator.containers.probe import (
-    ADOPTED_DIR,
-    HostState,
-    forget_records_command,
-    forget_removed_records_command,
-    parse_probe_output,
-    probe_command,
-)
+from orchestrator.containers.probe import HostState, parse_probe_output, probe_argv
 from orchestrator.containers.provision import (
     MARKER_PATH,
     SetupScript,
@@ -83,7 +75,7 @@ from orchestrator.limits.gpus import (
     GPUError,
     GPUSelection,
     Unsatisfiable,
-    discovery_command,
+    discovery_argv,
     parse_discovery,
     select_gpus,
 )
@@ -93,6 +85,7 @@ from orchestrator.limits.resources import (
     cluster_effective_resources,
     effective_resources,
 )
+from orchestrator.remote import records
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.keys import ClusterKeys, default_state_dir
@@ -263,8 +256,8 @@ class Lifecycle:
 
     # -- probing --------------------------------------------------------
 
-    def _probe_script(self) -> str:
-        return probe_command(
+    def _probe_argv(self) -> list[str]:
+        return probe_argv(
             self.cfg,
             self.name,
             sshd_port=self.cfg.sshd.port,
@@ -280,7 +273,7 @@ class Lifecycle:
         """One round trip: what is on the host now."""
         result = await self.pool.run(
             host,
-            ["sh", "-c", self._probe_script()],
+            self._probe_argv(),
             timeout=self.cfg.docker_timeout,
             stream_output=False,
             label="probe",
@@ -313,7 +306,7 @@ class Lifecycle:
             list(hosts or self._hosts()),
             mode,
             wait=wait,
-            probe=self._probe_script,
+            probe=self._probe_argv,
             purpose=purpose,
         )
         return {
@@ -424,7 +417,7 @@ class Lifecycle:
     async def _prepare(self, host: str, state: HostState, outcome: HostOutcome) -> Prepared:
         """Login, load or pull as configured; find the tag's image, the configured
         devices present on the host, and its GPUs."""
-        prefix = docker_prefix(state.docker_access)  # type: ignore[arg-type]
+        prefix = state.runtime.prefix
         cfg = self.cfg
         tag_id, digests = state.tag_image_id, state.tag_repo_digests
         need_image = tag_id is None or cfg.pull == "always"
@@ -465,10 +458,7 @@ class Lifecycle:
         if cfg.gpus is not None and outcome.ok:
             root = self.cluster.host(host).gpu_device_root or "/"
             r = await self._cmd(
-                outcome,
-                "gpus",
-                ["sh", "-c", discovery_command(root)],
-                timeout=self.cluster.ssh.command_timeout,
+                outcome, "gpus", discovery_argv(root), timeout=self.cluster.ssh.command_timeout
             )
             if r is not None:
                 gpus = parse_discovery(r.stdout)
@@ -549,9 +539,9 @@ class Lifecycle:
             report = await self._execute(plan, states, resources)
             await self.locks.downgrade()
             self.locks.ready = {
-                h: docker_prefix(states[h].docker_access)  # type: ignore[arg-type]
+                h: states[h].runtime
                 for h, o in report.outcomes.items()
-                if o.ok and states[h].docker_access in ("direct", "sudo")
+                if o.ok and states[h].runtime.known
             }
             return report
         except BaseException:
@@ -698,7 +688,7 @@ class Lifecycle:
         action = outcome.action
         if action.kind in ("verify", "none"):
             return
-        prefix = docker_prefix(state.docker_access)  # type: ignore[arg-type]
+        prefix = state.runtime.prefix
         if action.remove_first:
             # By the ID probed under the exclusive lock: never by name.
             victim = state.container_id
@@ -729,7 +719,7 @@ class Lifecycle:
             if await self._cmd(outcome, "restart", resume(prefix, self.name)) is None:
                 return
         if action.adopt:
-            record = adoption_record_command(self.name, state.container_id, self.identity)
+            record = records.adopted_argv(state.container_id, self.identity)
             adopt = await self._cmd(
                 outcome, "adopt", record, timeout=self.cluster.ssh.command_timeout
             )
@@ -799,9 +789,9 @@ class Lifecycle:
         async def remove(host: str) -> None:
             # Only what this invocation started (its label), even when the
             # `docker run` was cut short before it told us the container ID.
-            prefix = docker_prefix(states[host].docker_access)  # type: ignore[arg-type]
+            prefix = states[host].runtime.prefix
             command = remove_started_by_command(
-                prefix, self.name, self.invocation, then=forget_removed_records_command()
+                prefix, self.name, self.invocation, then=records.forget_listed_command()
             )
             r = await self.pool.run(
                 host,
@@ -845,7 +835,7 @@ class Lifecycle:
             removing = plan.hosts("remove")
 
             async def remove(host: str) -> HostResult:
-                prefix = docker_prefix(states[host].docker_access)  # type: ignore[arg-type]
+                prefix = states[host].runtime.prefix
                 self._step(host, "remove", "started")
                 r = await self.pool.run(
                     host,
@@ -897,23 +887,10 @@ def _only_started_by(plan: Plan, states: Mapping[str, HostState], invocation: st
     return replace(plan, actions=actions, warnings=warnings)
 
 
-def adoption_record_command(name: str, container_id: str | None, cluster_name: str) -> str:
-    """Host shell text recording that `cluster_name` owns the container
-    `container_id` (adopted; docker cannot relabel it): read back by the probe."""
-    if container_id is None or not CONTAINER_ID_RE.fullmatch(container_id):
-        raise ValueError(f"cannot adopt {name}: no container ID ({container_id!r})")
-    record = f"{ADOPTED_DIR}/{container_id}"
-    return (
-        f'd={ADOPTED_DIR}; mkdir -p "$d" && '
-        f'printf "%s\\n" {shlex.quote(cluster_name)} > "{record}.tmp" && '
-        f'mv -f "{record}.tmp" "{record}" && echo "adopted {container_id[:12]} ({name})"'
-    )
-
-
 def remove_command(prefix: Sequence[str], container_id: str) -> str:
     """`docker rm -f ID`, then the host's records of that container go too."""
     argv = rm_id_argv(prefix, container_id)
-    return f"{shlex.join(argv)} && {forget_records_command(container_id)}"
+    return f"{shlex.join(argv)} && {shlex.join(records.forget_argv(container_id))}"
 
 
 def _valid_id(container_id: str | None) -> str | None:

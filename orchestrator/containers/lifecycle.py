@@ -91,6 +91,9 @@ from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.keys import ClusterKeys, default_state_dir
 from orchestrator.ssh.transport import SSHPool
 
+# What remote/setup.sh says on stderr when it stopped an earlier, orphaned run.
+STOPPED_STALE_SETUP = "cvs: stopped a setup script still running"
+
 
 def new_invocation_id() -> str:
     """Labels what one invocation starts, so it removes exactly that and no more."""
@@ -739,6 +742,10 @@ class Lifecycle:
                 ),
             )
             outcome.steps.append(("provision", r))
+            for line in r.stderr.splitlines():
+                if line.startswith(STOPPED_STALE_SETUP):
+                    # An interrupted invocation's setup was still running (issue 22).
+                    self.sink.emit(Message(level="warning", host=host, text=line[5:]))
             if not r.ok:
                 outcome.fail("provision", r, r.error or r.status)
                 self._step(host, "provision", "failed", r.tail(10))

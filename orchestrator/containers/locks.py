@@ -97,11 +97,13 @@ def lock_command(
     wait: float | None,
     description: str,
     probe: Sequence[str] | None = None,
+    lease: int | None = LEASE_SECONDS,
 ) -> str:
     """The remote command (remote/lock.sh): lock `path` (waiting up to `wait` s,
     None = not at all), run `probe` while holding it, then hold until stdin
-    closes. `probe` is a program's argv, `sh -c PROGRAM $0 ARG…`: it runs in
-    the lock's shell (a subshell; no new process)."""
+    closes, or until no line came on stdin for `lease` seconds (None: no
+    lease; `LeaseRenewer` keeps it). `probe` is a program's argv, `sh -c
+    PROGRAM $0 ARG…`: it runs in the lock's shell (a subshell; no new process)."""
     seconds = "no" if wait is None else str(max(0, int(wait)))
     flag = "s" if mode == "shared" else "x"
     then: list[str] = []
@@ -109,7 +111,8 @@ def lock_command(
         if list(probe[:2]) != ["sh", "-c"] or len(probe) < 4:
             raise ValueError("the program run under the lock must be `sh -c PROGRAM NAME ARG…`")
         then = [probe[2], *probe[4:]]
-    return shlex.join(remote.argv("lock", path, flag, seconds, description, *then))
+    held_for = "none" if lease is None else str(max(1, int(lease)))
+    return shlex.join(remote.argv("lock", path, flag, seconds, description, held_for, *then))
 
 
 # --- reading the holder's answer ---------------------------------------------
@@ -266,7 +269,7 @@ class HostLocks:
             return LockAnswer(host, "unreachable", state=HostState.unreachable(host, exc.message))
         # Renew the lease from the start: the holder lets go of a lock whose
         # renewals stop (a dead coordinator, a silent network), LEASE_SECONDS on.
-        stack.callback(LeaseRenewer(process).cancel)
+        stack.callback(LeaseRenewer(process, on_lost=lambda: self._lost(host)).cancel)
         answer = await self._read(host, process, path, probe is not None)
         if answer.state is not None and answer.state.error_kind == "docker_hung":
             # The probe is stuck in docker: stop it (TERM to the remote
@@ -329,6 +332,19 @@ class HostLocks:
         tail = (err or rest).strip().splitlines()[-1:] or ["no answer from the lock program"]
         return LockAnswer(host, "error", holders, error=f"{path}: {tail[0]}")
 
+    def _lost(self, host: str) -> None:
+        if host not in self._held:
+            return
+        self.sink.emit(
+            Message(
+                level="warning",
+                host=host,
+                text=f"the lock on container {self.container} was lost on {host} (its lease "
+                f"of {LEASE_SECONDS}s ran out: the host did not hear from cvs); another "
+                "invocation may change the container there now",
+            )
+        )
+
     def _say_waiting(self, host: str, path: str, holders: list[str]) -> None:
         self.sink.emit(
             Message(
@@ -375,8 +391,15 @@ class LeaseRenewer:
     that take them (`up` ... `down`), and no task group spans those.
     """
 
-    def __init__(self, process: Any, interval: float | None = None) -> None:
+    def __init__(
+        self,
+        process: Any,
+        interval: float | None = None,
+        *,
+        on_lost: Callable[[], None] | None = None,
+    ) -> None:
         self._process = process
+        self._on_lost = on_lost
         self._interval = RENEW_SECONDS if interval is None else interval
         self._loop = asyncio.get_running_loop()
         self._handle: asyncio.TimerHandle | None = None
@@ -386,6 +409,13 @@ class LeaseRenewer:
         self._handle = self._loop.call_later(self._interval, self._renew)
 
     def _renew(self) -> None:
+        if getattr(self._process, "exit_status", None) is not None:
+            # The holder ended while we still hold it: its lease ran out (our
+            # renewals did not arrive) or it was killed. Say so, once.
+            self._handle = None
+            if self._on_lost is not None:
+                self._on_lost()
+            return
         try:
             # Buffered by asyncssh when the window is shut: a few bytes a tick.
             self._process.stdin.write("renew\n")

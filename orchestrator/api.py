@@ -255,7 +255,7 @@ class Cluster:
             return await self.pool.run(
                 host,
                 self.docker_runtimes.get(host, DockerRuntime()).read(inspect),
-                timeout=30,
+                timeout=self.config.container.docker_timeout if self.config.container else 30,
                 stream_output=False,
                 label="image",
             )

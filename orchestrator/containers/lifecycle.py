@@ -126,8 +126,9 @@ class HostOutcome:
     def roll_back(self, why: str) -> None:
         """The container this host started was removed again: not ready.
 
-        A host that failed on its own keeps its error (the rollback is added
-        to it); one whose own steps all passed now says why it is not ready.
+        A host that failed on its own keeps its error (`summary` adds that
+        it was rolled back); one whose own steps all passed now says why it
+        is not ready.
         """
         self.rolled_back = why
         if self.ok:

@@ -11,7 +11,10 @@ The lock is `flock(2)` on a directory `/tmp/cvs-<container>-<host>.lock`,
 taken by a shell on the host (remote/lock.sh) that then probes (one round
 trip: lock + probe) and waits on its stdin. Closing the channel (or our process dying, which
 closes the connection) ends that shell, which releases the lock: a lock can
-never outlive its invocation, and it never waits on our own output.
+never outlive its invocation, and it never waits on our own output. Where the
+connection dies without a word (a silent network, no FIN: the host's sshd may
+take hours to notice), the lease ends it: we renew it every RENEW_SECONDS
+(`LeaseRenewer`) and the shell lets go after LEASE_SECONDS without a renewal.
 
 A directory, not a file: flock(1) opens a directory read-only, which works
 whoever created it, where an existing file in sticky /tmp cannot be opened

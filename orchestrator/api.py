@@ -27,7 +27,17 @@ from orchestrator.config import (
 from orchestrator.config.hostlist import SelectionError, abbreviate_hosts
 from orchestrator.config.hostlist import select_hosts as _select
 from orchestrator.containers.copy import Payload, Progress, copy_to_hosts, gather_from_hosts
+from orchestrator.containers.causes import (
+    container_cause,
+    diagnosis_command,
+    hung_cause,
+    output_cause,
+    read_diagnosis,
+    wants_diagnosis,
+    with_cause,
+)
 from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command
+from orchestrator.containers.probe import HostState
 from orchestrator.containers.status import HostStatus, host_status
 from orchestrator.errors import CvsError, UsageError
 from orchestrator.errors import HostSelectionError as HostSelectionError
@@ -75,12 +85,18 @@ class UpFailed(CvsError):
     def __init__(self, report: UpReport) -> None:
         self.report = report
         self.exit_code = report.exit_code
-        failed = {h: o for h, o in report.outcomes.items() if not o.ok}
+        not_ready = {h: o for h, o in report.outcomes.items() if not o.ok}
+        # Hosts that failed on their own, apart from those only a rollback
+        # undid (their containers were removed because another host failed).
+        rolled = [h for h, o in not_ready.items() if o.error == f"rolled back: {o.rolled_back}"]
+        failed = {h: o for h, o in not_ready.items() if h not in rolled}
         reasons = "; ".join(
             f"{h}: {(o.error or 'failed').splitlines()[0]}" for h, o in failed.items()
         )
+        undone = f"; rolled back on {', '.join(rolled)}" if rolled else ""
         super().__init__(
-            f"up failed on {len(failed)} of {len(report.outcomes)} hosts ({reasons}); "
+            f"up failed on {len(failed)} of {len(report.outcomes)} hosts ({reasons}){undone}; "
+            f"{len(report.ready)}/{len(report.outcomes)} hosts ready; "
             "the report is on this error's `.report`"
         )
 
@@ -103,6 +119,19 @@ class ExecFailed(CvsError):
             for h, r in failed.items()
         )
         super().__init__(f"command failed on {len(failed)} of {len(results)} hosts: {reasons}")
+
+
+def not_ready_result(host: str, state: HostState, name: str) -> HostResult:
+    """What `exec` reports, without running anything, for a host whose probe
+    (under the lock) found no running container or could not tell."""
+    if not state.reachable:
+        return HostResult(host, "unreachable", error=state.error or "unreachable")
+    if not state.known:
+        # Docker down, hung, no access: the host is reached, the command not run.
+        return HostResult(host, "failed", error=state.error or "the container state is unknown")
+    what = state.container_status or state.container or "absent"
+    text = f"container {name} is not running here ({what}; run `cvs up`)"
+    return HostResult(host, "failed", exit_code=NOT_RUNNING_EXIT, stderr=text + "\n", error=text)
 
 
 class Cluster:
@@ -294,7 +323,7 @@ class Cluster:
             return await self.pool.run(
                 host,
                 self.docker_runtimes.get(host, DockerRuntime()).read(inspect),
-                timeout=30,
+                timeout=self.config.container.docker_timeout if self.config.container else 30,
                 stream_output=False,
                 label="image",
             )
@@ -422,29 +451,67 @@ class Cluster:
         lifecycle = self._lifecycle()
         locks = lifecycle.locks
         own_lock = not locks.holds(selected)
+        ready = dict(locks.ready)
+        before: dict[str, HostResult] = {}
         if own_lock:
-            await locks.acquire(selected, "shared", wait=wait, purpose="exec")
+            # Lock and probe in one round trip, as `up` does: the probe's docker
+            # call is bounded (container.docker_timeout), so a frozen dockerd is
+            # named here instead of hanging the command's own `docker inspect`.
+            states = await lifecycle.lock_and_probe(
+                "shared", wait=wait, purpose="exec", hosts=selected
+            )
+            for host, state in states.items():
+                if state.container == "running" and state.docker_access in ("direct", "sudo"):
+                    ready[host] = DockerRuntime(state.docker_access)
+                else:
+                    before[host] = not_ready_result(host, state, name)
 
         async def one(host: str) -> HostResult:
+            if host in before:
+                return before[host]
             script, kill, stdin = container_command(
                 name,
                 command,
                 env=container_env,
                 user=as_user,
                 workdir=workdir,
-                # Known running (this Cluster's `up`, under the lock it holds):
-                # no separate running check on the host.
-                runtime=locks.ready.get(host),
+                # Known running (this Cluster's `up`, or the probe above, under
+                # the lock held): no separate running check on the host.
+                runtime=ready.get(host),
             )
             result = await self.pool.run(
                 host, script, timeout=timeout, input=stdin, label="exec", on_timeout=lambda: kill
             )
             if result.exit_code == NOT_RUNNING_EXIT and result.stderr.startswith("container "):
                 return replace(result, error=result.stderr.strip())
-            return result
+            return await self._explain(host, name, result)
 
         try:
             return await fan_out(selected, one, limit=self.config.concurrency.hosts)
         finally:
             if own_lock:
                 await locks.release(selected)
+
+    async def _explain(self, host: str, name: str, result: HostResult) -> HostResult:
+        """`result` with its cause named when cvs can tell it (containers/causes.py):
+        from the output (out of memory, full disk), else, after what looks like a
+        kill, from one more docker call about the container (stopped, restarted,
+        removed, runtime gone or hung), bounded by container.docker_timeout."""
+        if result.ok:
+            return result
+        cause = output_cause(result.stdout, result.stderr)
+        if cause is None and wants_diagnosis(result) and self.config.container is not None:
+            bound = self.config.container.docker_timeout
+            answer = await self.pool.run(
+                host,
+                diagnosis_command(name),
+                timeout=bound,
+                stream_output=False,
+                label="diagnose",
+            )
+            if answer.status == "timeout":
+                cause = hung_cause(bound)
+            elif answer.reached:
+                facts = read_diagnosis(answer.stdout)
+                cause = container_cause(facts, elapsed=result.duration)
+        return with_cause(result, cause)

@@ -199,7 +199,7 @@ def test_the_in_container_check_reports_listener_and_marker(
 
 
 def lock_argv(lock: Path, mode: str, *then: str) -> list[str]:
-    return remote.argv("lock", str(lock), mode, "no", "me pid 1: test", *then)
+    return remote.argv("lock", str(lock), mode, "no", "me pid 1: test", "none", *then)
 
 
 def test_the_lock_runs_the_program_under_it_and_a_second_taker_is_busy(

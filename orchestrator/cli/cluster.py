@@ -208,16 +208,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.json:
         write_json_result(args, **report.to_dict())
         return report.exit_code
-    lines: dict[str, str] = {}
-    for host, outcome in report.outcomes.items():
-        if outcome.ok:
-            steps = ", ".join(name for name, _ in outcome.steps) or "nothing to do"
-            lines[host] = f"{outcome.action.kind} ok ({steps})"
-        else:
-            lines[host] = f"{outcome.action.kind} FAILED at {outcome.error}"
-    _write_host_lines(lines)
-    ok = sum(o.ok for o in report.outcomes.values())
-    sys.stderr.write(f"up: {ok}/{len(report.outcomes)} hosts ready\n")
+    # Each host as it ended: a host whose start a rollback undid says so
+    # (never `ok` for a container that no longer exists).
+    _write_host_lines({host: o.summary for host, o in report.outcomes.items()})
+    sys.stderr.write(f"up: {len(report.ready)}/{len(report.outcomes)} hosts ready\n")
     return report.exit_code
 
 

@@ -368,6 +368,10 @@ class ContainerConfig(Model):
     image_tar: str | None = None
     registry: Registry | None = None
     start_timeout: float = Field(default=900.0, gt=0, allow_inf_nan=False)
+    # Seconds one docker call that should answer at once may take (inspect,
+    # start, rm, the probe, the check before `exec`): a frozen or wedged
+    # dockerd is reported after this, naming the host and the call.
+    docker_timeout: float = Field(default=30.0, gt=0, allow_inf_nan=False)
     network: str = "host"
     ipc: str | None = "host"
     privileged: bool = False

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fnmatch
 import shlex
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -31,6 +32,7 @@ from orchestrator.config import (
     container_name,
     sshd_wanted,
 )
+from orchestrator.containers.causes import output_cause
 from orchestrator.containers.docker import (
     CONTAINER_ID_RE,
     LABEL_INVOCATION,
@@ -89,6 +91,9 @@ from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.keys import ClusterKeys, default_state_dir
 from orchestrator.ssh.seam import HostRunner
 
+# What remote/setup.sh says on stderr when it stopped an earlier, orphaned run.
+STOPPED_STALE_SETUP = "cvs: stopped a setup script still running"
+
 
 def new_invocation_id() -> str:
     """Labels what one invocation starts, so it removes exactly that and no more."""
@@ -107,12 +112,56 @@ class HostOutcome:
     unreachable: bool = False
     # What `docker run -d` printed: the container this attempt made here.
     container_id: str | None = None
+    # Why a rollback removed what this host's pipeline had started (a later
+    # step elsewhere undid it): the host is then not ready, whatever its
+    # own steps said.
+    rolled_back: str | None = None
 
     def fail(self, step: str, result: HostResult | None, message: str) -> None:
         self.ok = False
         self.unreachable = result is not None and not result.reached
         tail = result.tail(15) if result is not None else ""
         self.error = f"{step}: {message}" + (f"\n{tail}" if tail else "")
+
+    def roll_back(self, why: str) -> None:
+        """The container this host started was removed again: not ready.
+
+        A host that failed on its own keeps its error (`summary` adds that
+        it was rolled back); one whose own steps all passed now says why it
+        is not ready.
+        """
+        self.rolled_back = why
+        if self.ok:
+            self.ok = False
+            self.error = f"rolled back: {why}"
+
+    @property
+    def summary(self) -> str:
+        """One line: what the host ended as (`cold_start ok (pull, run)`,
+        `cold_start ROLLED BACK: ...`, `cold_start FAILED at run: ...`)."""
+        kind = self.action.kind
+        if self.ok:
+            return f"{kind} ok ({', '.join(name for name, _ in self.steps) or 'nothing to do'})"
+        first = (self.error or "failed").splitlines()[0]
+        if self.rolled_back is not None and first.startswith("rolled back: "):
+            return f"{kind} ROLLED BACK: {self.rolled_back}"
+        removed = " (rolled back)" if self.rolled_back is not None else ""
+        return f"{kind} FAILED at {first}{removed}"
+
+
+class StartBudget:
+    """What is left of `container.start_timeout` for one host's image steps:
+    login, load and pull share it (docs/design.md), so a stalled login cannot
+    add its own wait to the pull's."""
+
+    def __init__(self, seconds: float, covers: str) -> None:
+        self.deadline = time.monotonic() + seconds
+        self.covers = covers  # the steps it bounds, for the message
+
+    def left(self) -> float:
+        # A step that starts with nothing left still gets a moment to fail
+        # on its own instead of a zero timeout that reads as a hang.
+        return max(0.5, self.deadline - time.monotonic())
 
 
 @dataclass
@@ -135,6 +184,27 @@ class UpReport:
         return all(o.ok for o in self.outcomes.values())
 
     @property
+    def ready(self) -> list[str]:
+        """Hosts whose container is there and ready now (not failed, not rolled back)."""
+        return [h for h, o in self.outcomes.items() if o.ok]
+
+    @property
+    def error(self) -> str | None:
+        """One line for the whole `up` when some host is not ready, else None."""
+        failed = {h: o for h, o in self.outcomes.items() if not o.ok}
+        if not failed:
+            return None
+        own = {h: o for h, o in failed.items() if o.rolled_back is None or not _only_rolled(o)}
+        first_host, first = next(iter((own or failed).items()))
+        detail = (first.error or "failed").splitlines()[0]
+        text = f"up: {len(self.ready)}/{len(self.outcomes)} hosts ready; {first_host}: {detail}"
+        rolled = [h for h, o in failed.items() if o.rolled_back is not None and _only_rolled(o)]
+        if rolled:
+            text += f"; rolled back on {', '.join(rolled)}"
+        others = len(own) - 1
+        return text + (f" (and {others} more failed host(s))" if others > 0 else "")
+
+    @property
     def exit_code(self) -> ExitCode:
         if any(o.unreachable for o in self.outcomes.values()):
             return ExitCode.UNREACHABLE
@@ -146,12 +216,15 @@ class UpReport:
             "exit_code": self.exit_code,
             "lifetime": self.plan.lifetime,
             "warnings": self.plan.warnings,
+            "error": self.error,
+            "ready": len(self.ready),
             "hosts": {
                 h: {
                     "action": o.action.kind,
                     "reason": o.action.reason,
                     "ok": o.ok,
                     "error": o.error,
+                    "rolled_back": o.rolled_back,
                     "steps": {name: r.status for name, r in o.steps},
                 }
                 for h, o in self.outcomes.items()
@@ -213,9 +286,17 @@ class Lifecycle:
 
     async def probe(self, host: str) -> HostState:
         """One round trip: what is on the host now."""
-        result = await self.pool.run(host, self._probe_argv(), stream_output=False, label="probe")
+        result = await self.pool.run(
+            host,
+            self._probe_argv(),
+            timeout=self.cfg.docker_timeout,
+            stream_output=False,
+            label="probe",
+        )
         if not result.reached:
             return HostState.unreachable(host, result.error or result.status)
+        if result.status == "timeout":
+            return HostState.hung(host, self.docker_hung("the probe"))
         return parse_probe_output(host, result.exit_code or 0, result.stdout, result.stderr)
 
     async def probe_all(self, hosts: Sequence[str] | None = None) -> dict[str, HostState]:
@@ -225,12 +306,23 @@ class Lifecycle:
         return [h.name for h in self.cluster.hosts]
 
     async def lock_and_probe(
-        self, mode: Mode, *, wait: bool = True, purpose: str = "up"
+        self,
+        mode: Mode,
+        *,
+        wait: bool = True,
+        purpose: str = "up",
+        hosts: Sequence[str] | None = None,
     ) -> dict[str, HostState]:
-        """Every host locked in `mode` and probed under the lock, in one round
-        trip when no other invocation holds a conflicting lock (locks.py)."""
+        """Every host (or `hosts`) locked in `mode` and probed under the lock, in
+        one round trip when no other invocation holds a conflicting lock
+        (locks.py). A host whose docker does not answer within
+        `container.docker_timeout` comes back hung (state unknown), unlocked."""
         answers = await self.locks.acquire(
-            self._hosts(), mode, wait=wait, probe=self._probe_argv, purpose=purpose
+            list(hosts or self._hosts()),
+            mode,
+            wait=wait,
+            probe=self._probe_argv,
+            purpose=purpose,
         )
         return {
             h: a.state or HostState.unreachable(h, a.error or a.status) for h, a in answers.items()
@@ -281,26 +373,62 @@ class Lifecycle:
         *,
         timeout: float | None = None,
         input: str | None = None,
+        budget: StartBudget | None = None,
     ) -> HostResult | None:
-        """Run one pipeline step; on failure mark the outcome and return None."""
+        """Run one pipeline step; on failure mark the outcome and return None.
+
+        `budget`: the step runs within what is left of the host's
+        `container.start_timeout` (login, load and pull share it), and a
+        timeout says so. Otherwise `timeout` (default: a docker call's
+        `container.docker_timeout`) bounds it.
+        """
         self._step(outcome.host, step, "started")
+        if budget is not None:
+            timeout = budget.left()
+        elif timeout is None:
+            timeout = self.cfg.docker_timeout
         result = await self.pool.run(
             outcome.host, command, timeout=timeout, input=input, stream_output=False, label=step
         )
         outcome.steps.append((step, result))
         if not result.ok:
             message = result.error or result.status
-            if result.status == "timeout" and timeout == self.cfg.start_timeout:
-                # Say which setting to raise: pull and load are bounded by it.
-                message = (
-                    f"{step} did not finish within container.start_timeout "
-                    f"({self.cfg.start_timeout:g}s): stopped, nothing started on this host"
-                )
+            if result.status == "timeout":
+                message = self._timeout_message(step, budget, timeout)
+            else:
+                # The cause when the output names one (a full disk), not just the code.
+                cause = output_cause(result.stdout, result.stderr)
+                message += f": {cause}" if cause else ""
             outcome.fail(step, result, message)
             self._step(outcome.host, step, "failed", result.tail(5) or message)
             return None
         self._step(outcome.host, step, "ok")
         return result
+
+    def docker_hung(self, what: str) -> str:
+        """Why a docker call was given up on: the bound, its name, the suspect."""
+        return (
+            f"docker did not answer within container.docker_timeout "
+            f"({self.cfg.docker_timeout:g}s) on {what}: the container runtime on this host "
+            "is hung or overloaded (is dockerd stopped or frozen?); stopped"
+        )
+
+    def _timeout_message(self, step: str, budget: StartBudget | None, timeout: float) -> str:
+        """Which bound stopped `step`, and the setting that raises it."""
+        if budget is not None:
+            return (
+                f"{step} did not finish within container.start_timeout "
+                f"({self.cfg.start_timeout:g}s, for {budget.covers} together): stopped, "
+                "nothing started on this host"
+            )
+        if timeout == self.cfg.start_timeout:
+            return (
+                f"{step} did not finish within container.start_timeout "
+                f"({self.cfg.start_timeout:g}s): stopped, nothing started on this host"
+            )
+        if timeout == self.cfg.docker_timeout:
+            return self.docker_hung(step)
+        return f"{step} did not finish within {timeout:g}s: stopped"
 
     async def _prepare(self, host: str, state: HostState, outcome: HostOutcome) -> Prepared:
         """Login, load or pull as configured; find the tag's image, the configured
@@ -310,18 +438,19 @@ class Lifecycle:
         tag_id, digests = state.tag_image_id, state.tag_repo_digests
         need_image = tag_id is None or cfg.pull == "always"
         if need_image:
+            # One budget for getting the image, however many round trips.
+            steps = ["login"] if cfg.registry is not None and cfg.image_tar is None else []
+            steps.append("load" if cfg.image_tar is not None and tag_id is None else "pull")
+            budget = StartBudget(cfg.start_timeout, " and ".join(steps))
             if cfg.registry is not None and cfg.image_tar is None:
                 r = await self._cmd(
-                    outcome, "login", login_command(prefix, cfg.registry, cfg.image)
+                    outcome, "login", login_command(prefix, cfg.registry, cfg.image), budget=budget
                 )
                 if r is None:
                     return Prepared()
             if cfg.image_tar is not None and tag_id is None:
                 r = await self._cmd(
-                    outcome,
-                    "load",
-                    load_argv(prefix, cfg.image_tar),
-                    timeout=cfg.start_timeout,
+                    outcome, "load", load_argv(prefix, cfg.image_tar), budget=budget
                 )
             elif cfg.pull == "never":
                 outcome.fail(
@@ -332,9 +461,7 @@ class Lifecycle:
                 )
                 return Prepared()
             else:
-                r = await self._cmd(
-                    outcome, "pull", pull_argv(prefix, cfg.image), timeout=cfg.start_timeout
-                )
+                r = await self._cmd(outcome, "pull", pull_argv(prefix, cfg.image), budget=budget)
             if r is None:
                 return Prepared()
             r = await self._cmd(outcome, "image", image_inspect_argv(prefix, cfg.image))
@@ -346,7 +473,9 @@ class Lifecycle:
         gpus: list[GPU] = []
         if cfg.gpus is not None and outcome.ok:
             root = self.cluster.host(host).gpu_device_root or "/"
-            r = await self._cmd(outcome, "gpus", discovery_argv(root))
+            r = await self._cmd(
+                outcome, "gpus", discovery_argv(root), timeout=self.cluster.ssh.command_timeout
+            )
             if r is not None:
                 gpus = parse_discovery(r.stdout)
         return Prepared(tag_id, digests, devices, gpus)
@@ -357,7 +486,12 @@ class Lifecycle:
             return []
         paths = [d.split(":", 1)[0] for d in self.cfg.devices]
         script = 'for p in "$@"; do for f in $p; do [ -e "$f" ] && echo "$f"; done; done; true'
-        r = await self._cmd(outcome, "devices", ["sh", "-c", script, "sh", *paths])
+        r = await self._cmd(
+            outcome,
+            "devices",
+            ["sh", "-c", script, "sh", *paths],
+            timeout=self.cluster.ssh.command_timeout,
+        )
         if r is None:
             return []
         present = set(r.stdout.split())
@@ -579,7 +713,10 @@ class Lifecycle:
                 return
         if action.adopt:
             record = records.adopted_argv(state.container_id, self.identity)
-            if await self._cmd(outcome, "adopt", record) is None:
+            adopt = await self._cmd(
+                outcome, "adopt", record, timeout=self.cluster.ssh.command_timeout
+            )
+            if adopt is None:
                 return
         if action.provision:
             self._step(host, "provision", "started")
@@ -595,6 +732,10 @@ class Lifecycle:
                 ),
             )
             outcome.steps.append(("provision", r))
+            for line in r.stderr.splitlines():
+                if line.startswith(STOPPED_STALE_SETUP):
+                    # An interrupted invocation's setup was still running (issue 22).
+                    self.sink.emit(Message(level="warning", host=host, text=line[5:]))
             if not r.ok:
                 outcome.fail("provision", r, r.error or r.status)
                 self._step(host, "provision", "failed", r.tail(10))
@@ -649,7 +790,26 @@ class Lifecycle:
             command = remove_started_by_command(
                 prefix, self.name, self.invocation, then=records.forget_listed_command()
             )
-            await self.pool.run(host, command, stream_output=False, label="rollback")
+            r = await self.pool.run(
+                host,
+                command,
+                timeout=self.cfg.docker_timeout,
+                stream_output=False,
+                label="rollback",
+            )
+            outcome = (outcomes or {}).get(host)
+            if outcome is None:
+                return
+            # The report must not call ready what no longer exists.
+            outcome.steps.append(("rollback", r))
+            if r.ok:
+                outcome.roll_back(why)
+            else:
+                outcome.roll_back(
+                    f"{why}; removing its container failed ({r.error or r.status}): "
+                    "`cvs down --force` once the host answers"
+                )
+            self._step(host, "rollback", "ok" if r.ok else "failed", outcome.rolled_back or "")
 
         with anyio.CancelScope(shield=True):
             await fan_out(hosts, remove, limit=self.forks)
@@ -677,9 +837,12 @@ class Lifecycle:
                 r = await self.pool.run(
                     host,
                     remove_command(prefix, states[host].container_id or ""),
+                    timeout=self.cfg.docker_timeout,
                     stream_output=False,
                     label="remove",
                 )
+                if r.status == "timeout":
+                    r = replace(r, error=self.docker_hung("docker rm"))
                 self._step(host, "remove", "ok" if r.ok else "failed", r.error or "")
                 return r
 
@@ -695,7 +858,12 @@ def host_locks(cluster: ClusterConfig, pool: HostRunner, sink: EventSink) -> Hos
     cfg = cluster.container
     wait = float(cfg.start_timeout) if cfg is not None else 900.0
     return HostLocks(
-        pool, sink, container_name(cluster), head=cluster.head_host.name, wait_seconds=wait
+        pool,
+        sink,
+        container_name(cluster),
+        head=cluster.head_host.name,
+        wait_seconds=wait,
+        probe_seconds=cfg.docker_timeout if cfg is not None else 30.0,
     )
 
 
@@ -745,6 +913,11 @@ def _changed_so_far(launching: Sequence[str], outcomes: Mapping[str, HostOutcome
 
 def _valid_id(container_id: str | None) -> str | None:
     return container_id if container_id and CONTAINER_ID_RE.fullmatch(container_id) else None
+
+
+def _only_rolled(outcome: HostOutcome) -> bool:
+    """Not ready only because a rollback removed what it had started."""
+    return (outcome.error or "").startswith("rolled back: ")
 
 
 def _run_failed(outcome: HostOutcome) -> bool:

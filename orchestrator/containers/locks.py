@@ -11,7 +11,10 @@ The lock is `flock(2)` on a directory `/tmp/cvs-<container>-<host>.lock`,
 taken by a shell on the host (remote/lock.sh) that then probes (one round
 trip: lock + probe) and waits on its stdin. Closing the channel (or our process dying, which
 closes the connection) ends that shell, which releases the lock: a lock can
-never outlive its invocation, and it never waits on our own output.
+never outlive its invocation, and it never waits on our own output. Where the
+connection dies without a word (a silent network, no FIN: the host's sshd may
+take hours to notice), the lease ends it: we renew it every RENEW_SECONDS
+(`LeaseRenewer`) and the shell lets go after LEASE_SECONDS without a renewal.
 
 A directory, not a file: flock(1) opens a directory read-only, which works
 whoever created it, where an existing file in sticky /tmp cannot be opened
@@ -36,6 +39,7 @@ other waits for).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import getpass
 import os
@@ -58,6 +62,10 @@ from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.seam import HostRunner
 
 Mode = Literal["shared", "exclusive"]
+# The lock's lease (issue 22): we renew it every RENEW_SECONDS over the SSH
+# channel; a holder on the host that hears nothing for LEASE_SECONDS lets go.
+RENEW_SECONDS = 5.0
+LEASE_SECONDS = 20
 LOCK_ROOT = "/tmp"
 _HOST_PART_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _DESCRIPTION_UNSAFE = re.compile(r"[^A-Za-z0-9@._:/ ()+=,-]")
@@ -92,11 +100,13 @@ def lock_command(
     wait: float | None,
     description: str,
     probe: Sequence[str] | None = None,
+    lease: int | None = LEASE_SECONDS,
 ) -> str:
     """The remote command (remote/lock.sh): lock `path` (waiting up to `wait` s,
     None = not at all), run `probe` while holding it, then hold until stdin
-    closes. `probe` is a program's argv, `sh -c PROGRAM $0 ARG…`: it runs in
-    the lock's shell (a subshell; no new process)."""
+    closes, or until no line came on stdin for `lease` seconds (None: no
+    lease; `LeaseRenewer` keeps it). `probe` is a program's argv, `sh -c
+    PROGRAM $0 ARG…`: it runs in the lock's shell (a subshell; no new process)."""
     seconds = "no" if wait is None else str(max(0, int(wait)))
     flag = "s" if mode == "shared" else "x"
     then: list[str] = []
@@ -104,7 +114,8 @@ def lock_command(
         if list(probe[:2]) != ["sh", "-c"] or len(probe) < 4:
             raise ValueError("the program run under the lock must be `sh -c PROGRAM NAME ARG…`")
         then = [probe[2], *probe[4:]]
-    return shlex.join(remote.argv("lock", path, flag, seconds, description, *then))
+    held_for = "none" if lease is None else str(max(1, int(lease)))
+    return shlex.join(remote.argv("lock", path, flag, seconds, description, held_for, *then))
 
 
 # --- reading the holder's answer ---------------------------------------------
@@ -147,12 +158,16 @@ class HostLocks:
         *,
         head: str,
         wait_seconds: float,
+        probe_seconds: float = 30.0,
     ) -> None:
         self.pool = pool
         self.sink = sink
         self.container = container
         self.head = head
         self.wait_seconds = wait_seconds
+        # The probe under the lock runs docker (container.docker_timeout): a
+        # frozen dockerd must not hold the invocation, nor the lock, forever.
+        self.probe_seconds = probe_seconds
         self.description = holder_description("cvs")
         self.mode: Mode | None = None
         self._held: dict[str, tuple[contextlib.AsyncExitStack, Any]] = {}
@@ -258,7 +273,18 @@ class HostLocks:
         except ConnectError as exc:
             await stack.aclose()
             return LockAnswer(host, "unreachable", state=HostState.unreachable(host, exc.message))
+        # Renew the lease from the start: the holder lets go of a lock whose
+        # renewals stop (a dead coordinator, a silent network), LEASE_SECONDS on.
+        stack.callback(LeaseRenewer(process, on_lost=lambda: self._lost(host)).cancel)
         answer = await self._read(host, process, path, probe is not None)
+        if answer.state is not None and answer.state.error_kind == "docker_hung":
+            # The probe is stuck in docker: stop it (TERM to the remote
+            # process group; the lock program's traps release the lock and
+            # remove its directory) instead of holding the lock behind it.
+            with contextlib.suppress(Exception):
+                process.send_signal("TERM")
+            await stack.aclose()
+            return answer
         if answer.status == "held":
             self._held[host] = (stack, process)
         else:
@@ -268,11 +294,16 @@ class HostLocks:
     async def _read(self, host: str, process: Any, path: str, probing: bool) -> LockAnswer:
         lines: list[str] = []
         holders: list[str] = []
-        with anyio.move_on_after(self.wait_seconds + 60):
+        probe_hung = False
+        with anyio.CancelScope(deadline=anyio.current_time() + self.wait_seconds + 60) as scope:
             while line := await process.stdout.readline():
                 lines.append(line)
                 word = line.strip()
-                if word.startswith(FRAME + "holder "):
+                if probing and word.startswith(FRAME + "lock held"):
+                    # Locked: from here on the probe's docker calls run.
+                    scope.deadline = anyio.current_time() + self.probe_seconds
+                    probe_hung = True
+                elif word.startswith(FRAME + "holder "):
                     holders.append(word[len(FRAME + "holder ") :])
                 elif word == FRAME + "lock waiting":
                     self._say_waiting(host, path, holders)
@@ -280,7 +311,17 @@ class HostLocks:
                 elif word == READY or word.startswith(
                     tuple(FRAME + "lock " + w for w in ("busy", "timeout", "noflock", "error"))
                 ):
+                    probe_hung = False
                     break
+            else:
+                probe_hung = False
+        if probe_hung and scope.cancelled_caught:
+            why = (
+                f"docker did not answer within container.docker_timeout "
+                f"({self.probe_seconds:g}s) on the probe: the container runtime on this host "
+                "is hung or overloaded (is dockerd stopped or frozen?)"
+            )
+            return LockAnswer(host, "held", holders, HostState.hung(host, why))
         status, _, rest = split_lock_frames("".join(lines))
         kind, _, detail = (status or "").partition(" ")
         if kind == "held":
@@ -296,6 +337,19 @@ class HostLocks:
         err = await _drain(process.stderr)
         tail = (err or rest).strip().splitlines()[-1:] or ["no answer from the lock program"]
         return LockAnswer(host, "error", holders, error=f"{path}: {tail[0]}")
+
+    def _lost(self, host: str) -> None:
+        if host not in self._held:
+            return
+        self.sink.emit(
+            Message(
+                level="warning",
+                host=host,
+                text=f"the lock on container {self.container} was lost on {host} (its lease "
+                f"of {LEASE_SECONDS}s ran out: the host did not hear from cvs); another "
+                "invocation may change the container there now",
+            )
+        )
 
     def _say_waiting(self, host: str, path: str, holders: list[str]) -> None:
         self.sink.emit(
@@ -330,6 +384,56 @@ class HostLocks:
                     tg.start_soon(stack.aclose)
         if not self._held:
             self.mode = None
+
+
+class LeaseRenewer:
+    """Writes `renew` to a lock holder's stdin every RENEW_SECONDS while we hold it.
+
+    A holder that hears nothing for LEASE_SECONDS lets go (the lock program's
+    watchdog): so a lock never outlives its invocation by more than that,
+    whatever happened to the network or to us (SIGKILL, a host whose packets
+    are dropped: its sshd would notice the dead connection only after minutes
+    to hours). A timer on the event loop, not a task: locks outlive the calls
+    that take them (`up` ... `down`), and no task group spans those.
+    """
+
+    def __init__(
+        self,
+        process: Any,
+        interval: float | None = None,
+        *,
+        on_lost: Callable[[], None] | None = None,
+    ) -> None:
+        self._process = process
+        self._on_lost = on_lost
+        self._interval = RENEW_SECONDS if interval is None else interval
+        self._loop = asyncio.get_running_loop()
+        self._handle: asyncio.TimerHandle | None = None
+        self._schedule()
+
+    def _schedule(self) -> None:
+        self._handle = self._loop.call_later(self._interval, self._renew)
+
+    def _renew(self) -> None:
+        if getattr(self._process, "exit_status", None) is not None:
+            # The holder ended while we still hold it: its lease ran out (our
+            # renewals did not arrive) or it was killed. Say so, once.
+            self._handle = None
+            if self._on_lost is not None:
+                self._on_lost()
+            return
+        try:
+            # Buffered by asyncssh when the window is shut: a few bytes a tick.
+            self._process.stdin.write("renew\n")
+        except Exception:  # the channel is gone: there is nothing left to renew
+            self._handle = None
+            return
+        self._schedule()
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 async def _drain(stream: Any) -> str:

@@ -38,7 +38,9 @@ from orchestrator.remote.runtime import DockerRuntime
 
 DockerAccessMode = Literal["direct", "sudo", "none"]
 ContainerState = Literal["absent", "running", "exited", "other"]
-ErrorKind = Literal["unreachable", "no_docker", "no_access", "daemon_down", "garbled", "docker"]
+ErrorKind = Literal[
+    "unreachable", "no_docker", "no_access", "daemon_down", "garbled", "docker", "docker_hung"
+]
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}\b")
 
@@ -76,6 +78,11 @@ class HostState:
     @classmethod
     def unreachable(cls, host: str, reason: str) -> HostState:
         return cls(host=host, reachable=False, error=reason, error_kind="unreachable")
+
+    @classmethod
+    def hung(cls, host: str, reason: str) -> HostState:
+        """Reached, but docker did not answer in time: its state is unknown."""
+        return cls(host=host, error=reason, error_kind="docker_hung")
 
     @property
     def runtime(self) -> DockerRuntime:

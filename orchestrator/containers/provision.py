@@ -17,7 +17,7 @@ import hashlib
 import re
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -278,7 +278,16 @@ async def ensure_sshd(
         cluster.container.user,
     )
     payload = frame_files(sshd_files(cluster, keys, host))
-    result: HostResult = await pool.run(host, command, input=payload, label="sshd", timeout=60)
+    # One docker exec that also waits for the listener: twice the bound of a
+    # quick docker call (container.docker_timeout; 60 s by default).
+    bound = 2 * cluster.container.docker_timeout
+    result: HostResult = await pool.run(host, command, input=payload, label="sshd", timeout=bound)
+    if result.status == "timeout":
+        result = replace(
+            result,
+            error=f"the in-container sshd did not start within {bound:g}s (twice "
+            "container.docker_timeout): the container runtime on this host is slow or hung",
+        )
     return result
 
 

@@ -31,6 +31,7 @@ _LIBRARIES: dict[str, tuple[str, ...]] = {
     "sshd": ("listen",),
     "record": ("records",),
     "docker": ("access",),
+    "diagnose": ("access",),
 }
 LIBRARIES = frozenset(lib for libs in _LIBRARIES.values() for lib in libs)
 PROGRAMS = frozenset(
@@ -48,6 +49,7 @@ PROGRAMS = frozenset(
         "copy_receive",
         "copy_send",
         "gpus",
+        "diagnose",
     }
 )
 

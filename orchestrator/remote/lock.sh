@@ -1,7 +1,7 @@
 # The host lock (orchestrator/containers/locks.py says who takes what), held
 # by this shell until its stdin closes.
 #
-#   lock.sh LOCKDIR s|x WAIT DESCRIPTION [PROGRAM ARGS…]
+#   lock.sh LOCKDIR s|x WAIT DESCRIPTION LEASE [PROGRAM ARGS…]
 #
 # LOCKDIR is locked with flock(1) shared (s) or exclusive (x), waiting up to
 # WAIT seconds ("no": not at all); DESCRIPTION is the holder line other
@@ -11,13 +11,21 @@
 # stdin converts the lock (flock converts in place, never blocks here: we hold
 # it exclusively).
 #
+# The lease (issue 22): LEASE seconds ("none": no lease). The coordinator
+# writes a line (`renew`) every few seconds (containers/locks.py,
+# LeaseRenewer); a watcher lets go of the lock when none came for LEASE
+# seconds. A coordinator that died, or whose packets no longer arrive (a
+# silent network: the host's sshd notices the dead connection only after
+# minutes to hours), so holds the lock LEASE seconds at most after its last
+# word. A write to a channel that is gone (SIGPIPE) releases too.
+#
 # Frames: `@@cvs:lock held s|x | busy | waiting | timeout | noflock | error
 # TEXT`, `@@cvs:holder LINE`, then `@@cvs:ready`.
 # `test -ef` is not POSIX, but dash, bash and busybox sh have it (the shell
 # tests run this under each).
 # shellcheck disable=SC3013
-lock=$1 mode=$2 wait=$3 desc=$4
-shift 4
+lock=$1 mode=$2 wait=$3 desc=$4 lease=$5
+shift 5
 if ! command -v flock >/dev/null 2>&1; then
   echo '@@cvs:lock noflock'
   exit 0
@@ -25,6 +33,8 @@ fi
 holders() {
   for f in "$lock"/h.*; do
     [ -f "$f" ] || continue
+    # A line whose shell is gone (killed with -9) names no holder.
+    if [ "$check" = yes ] && [ ! -d "/proc/${f##*/h.}" ]; then continue; fi
     while IFS= read -r l; do printf '@@cvs:holder %s\n' "$l"; done <"$f"
   done
 }
@@ -53,6 +63,7 @@ release() {
   # Unlock by closing the shell's descriptor, the last one open on the lock
   # (flock(1) has exited, and commands got it closed or have ended).
   exec 9<&-
+  [ -z "$watcher" ] || kill "$watcher" 2>/dev/null
   # Then the last one out removes the directory, holder lines and all, taking
   # it exclusively and only while the path still names it; a waiter that took
   # the lock over meanwhile keeps it, and only our own holder line goes.
@@ -60,9 +71,28 @@ release() {
       [ "$lock" -ef "/proc/$$/fd/9" ]; then
     rm -rf "$lock"
   else
-    rm -f "$info"
+    rm -f "$info" "$lock/r.$$"
   fi
 }
+# shellcheck disable=SC2317  # a background job
+watch_lease() {
+  # The watcher keeps no descriptor of ours: not the lock (fd 9: the lock
+  # must go with this shell), not the channel. Every LEASE seconds it checks
+  # that our holder line was rewritten since it last looked (each line on
+  # stdin rewrites it), else it stops this shell's process group: a program
+  # under the lock included, then the TERM trap releases.
+  (
+    exec 9<&- </dev/null >/dev/null 2>&1
+    while :; do
+      : >"$lock/r.$$"
+      sleep "$lease"
+      kill -0 "$$" || exit 0
+      [ "$info" -nt "$lock/r.$$" ] || { kill -TERM 0; exit 0; }
+    done
+  ) &
+  watcher=$!
+}
+watcher=
 if take -n; then
   :
 elif [ "$wait" = no ]; then
@@ -83,6 +113,7 @@ trap release EXIT
 trap 'exit 129' HUP
 trap 'exit 130' INT
 trap 'exit 143' TERM
+trap 'exit 141' PIPE
 printf '%s\n' "$desc" >"$info" 2>/dev/null
 echo "@@cvs:lock held $mode"
 if [ $# -gt 0 ]; then
@@ -95,7 +126,10 @@ if [ $# -gt 0 ]; then
   )
 fi
 echo '@@cvs:ready'
+case $lease in none) ;; *) watch_lease ;; esac
 while read -r cmd; do
+  # Any line renews the lease (the holder line's time is the lease's).
+  printf '%s\n' "$desc" >"$info" 2>/dev/null
   case $cmd in
     shared) flock -s 9 && echo '@@cvs:lock held s' ;;
   esac

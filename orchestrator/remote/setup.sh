@@ -40,6 +40,28 @@ if [ "$got" != "$sha" ]; then
   echo "cvs: setup script checksum mismatch: expected $sha, got $got; refusing to run it" >&2
   exit $EXIT_CHECKSUM
 fi
+# (issue 22) A setup that still runs here is one whose invocation died:
+# provisioning runs under the host's exclusive lock, so no live invocation
+# can be running one. It is stopped, its whole process group, before this one
+# starts (never two at once, e.g. two package managers), and the stderr line
+# says so (cvs shows it as a warning). The pid must still be a setup.sh (its
+# $0, `cvs-setup`): after a container restart the number may be anyone's.
+old=$(cat /tmp/cvs-setup.pid 2>/dev/null) || old=''
+case $old in '' | *[!0-9]* | "$$") old='' ;; esac
+if [ -n "$old" ]; then
+  case $(tr '\0' ' ' <"/proc/$old/cmdline" 2>/dev/null) in
+    *' cvs-setup '*)
+      echo "cvs: stopped a setup script still running from an interrupted invocation (pid $old) before running it again" >&2
+      kill -TERM -"$old" 2>/dev/null || kill -TERM "$old" 2>/dev/null
+      i=0
+      while [ -d "/proc/$old" ] && [ "$i" -lt 50 ]; do
+        sleep 0.2
+        i=$((i + 1))
+      done
+      kill -KILL -"$old" 2>/dev/null
+      ;;
+  esac
+fi
 # For setup_kill.sh: a timed-out script is stopped by its process group.
 echo $$ >/tmp/cvs-setup.pid 2>/dev/null
 # pipefail is tried: a shell that lacks it takes the last branch.

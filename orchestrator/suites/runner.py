@@ -124,8 +124,13 @@ def judge(step: Step, result: HostResult, tail_lines: int = TAIL_LINES) -> StepH
         return StepHostOutcome(status="failed", reason=result.error or "no exit status", **base)
     if result.exit_code != expect.exit_code:
         reason = f"exit {result.exit_code}, expected {expect.exit_code}"
-        if result.error and not result.error.startswith(("exit code", "exit status")):
-            reason += f": {_clip(result.error)}"
+        error = result.error or ""
+        # `exit code 137: <cause>` (containers/causes.py): the cause, not the code twice.
+        said = f"exit code {result.exit_code}"
+        if error.startswith(said + ": "):
+            reason += f": {_clip(error[len(said) + 2 :], 240)}"
+        elif error and not error.startswith(("exit code", "exit status")):
+            reason += f": {_clip(error)}"
         return StepHostOutcome(status="failed", reason=reason, **base)
     wanted = expect.stdout_re()
     if wanted is not None and not wanted.search(result.stdout):

@@ -1,0 +1,192 @@
+"""Causes, not just codes: why a command in a container failed.
+
+An exit code says little: 137 is SIGKILL, whether the kernel's out-of-memory
+killer sent it, the container stopped under the command, or its runtime
+restarted. What cvs can tell, it tells, from two kinds of facts:
+
+- what the command's own run printed: the in-container wrapper (exec.py)
+  reads the container's memory cgroup `oom_kill` counter before and after
+  the command and, when it grew, prints one line starting `OOM_LINE` on
+  stderr; a `No space left on device` anywhere in the output names a full
+  disk;
+- after a failure that looks like a kill (no exit status, 125, 128+N), one
+  more round trip (remote/diagnose.sh) asks docker about the container: stopped
+  (and `State.OOMKilled`), started again during the command, removed, or
+  docker itself gone or hung.
+
+The decisions are pure functions of those facts (tested table by table);
+`diagnosis_command` is the only IO-facing piece, and it only builds text.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from orchestrator import remote
+from orchestrator.containers.docker import validate_container_name
+from orchestrator.results import HostResult
+
+# The wrapper's line (exec.py `_RUN`): the prefix, then the counter's values.
+OOM_LINE = "cvs: out of memory:"
+_NO_SPACE_RE = re.compile(r"no space left on device", re.IGNORECASE)
+_DAEMON_GONE_RE = re.compile(
+    r"cannot connect to the docker daemon|is the docker daemon running|"
+    r"error during connect|connection refused",
+    re.IGNORECASE,
+)
+_DOCKER_TIME_RE = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)")
+# Clocks: StartedAt and `date +%s` come from the same host; this is only the
+# slack for the round trips between our measuring the step and its start.
+_SLACK_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class ContainerFacts:
+    """What docker said about the container after a failed command."""
+
+    now: float | None = None  # the host's clock (epoch seconds)
+    container_id: str | None = None
+    status: str | None = None  # running, exited, ...
+    oom_killed: bool = False
+    exit_code: int | None = None
+    started_at: float | None = None  # epoch seconds, None when never
+    finished_at: float | None = None
+    restarts: int = 0
+    error: str | None = None  # docker could not say, and why
+
+
+def diagnosis_command(name: str) -> list[str]:
+    """argv for the host: remote/diagnose.sh NAME."""
+    validate_container_name(name)
+    return remote.argv("diagnose", name)
+
+
+def wants_diagnosis(result: HostResult) -> bool:
+    """Worth asking docker why: a kill or a docker failure, not an ordinary exit."""
+    if result.status != "failed":
+        return False
+    return result.exit_code is None or result.exit_code == 125 or result.exit_code >= 128
+
+
+def _epoch(text: str) -> float | None:
+    match = _DOCKER_TIME_RE.fullmatch(text.strip())
+    if not match or text.startswith("0001-"):
+        return None
+    stamp, fraction, zone = match.groups()
+    micro = (fraction or "0")[:6].ljust(6, "0")
+    zone = "+00:00" if zone == "Z" else zone
+    try:
+        return datetime.fromisoformat(f"{stamp}.{micro}{zone}").timestamp()
+    except ValueError:
+        return None
+
+
+def read_diagnosis(text: str) -> ContainerFacts:
+    """Parse diagnose.sh's lines (unknown lines are ignored)."""
+    now: float | None = None
+    for line in text.splitlines():
+        word, _, rest = line.partition(" ")
+        if word == "now":
+            try:
+                now = float(rest)
+            except ValueError:
+                now = None
+        elif word == "error":
+            return ContainerFacts(now=now, error=rest.strip()[:300] or "docker failed")
+        elif word == "state":
+            parts = rest.split()
+            if len(parts) < 7:
+                break
+            cid, status, oom, code, started, finished, restarts = parts[:7]
+            return ContainerFacts(
+                now=now,
+                container_id=cid,
+                status=status,
+                oom_killed=oom == "true",
+                exit_code=int(code) if code.lstrip("-").isdigit() else None,
+                started_at=_epoch(started),
+                finished_at=_epoch(finished),
+                restarts=int(restarts) if restarts.isdigit() else 0,
+            )
+    return ContainerFacts(now=now, error="no answer from docker")
+
+
+def output_cause(stdout: str, stderr: str) -> str | None:
+    """A cause the command's own output names (the wrapper's OOM line, ENOSPC)."""
+    for line in reversed(stderr.splitlines()[-5:]):
+        if line.startswith(OOM_LINE):
+            detail = line[len(OOM_LINE) :].strip()
+            return (
+                "killed by the out-of-memory killer: the container's memory limit was "
+                f"reached while the command ran ({detail})"
+            )
+    if _NO_SPACE_RE.search(stderr[-4096:]) or _NO_SPACE_RE.search(stdout[-4096:]):
+        return "the disk is full on this host (no space left on device)"
+    return None
+
+
+def container_cause(facts: ContainerFacts, *, elapsed: float) -> str | None:
+    """What happened to the container (or its runtime) under a command that
+    ran for `elapsed` seconds and just failed; None when nothing did."""
+    if facts.error is not None:
+        if "no such container" in facts.error.lower():
+            return "the container was removed while the command ran"
+        if _DAEMON_GONE_RE.search(facts.error):
+            return (
+                "the container runtime went away: docker on this host does not answer "
+                f"({facts.error}); `cvs status` tells when it is back"
+            )
+        return f"docker could not say what happened to the container ({facts.error})"
+    began = None if facts.now is None else facts.now - elapsed - _SLACK_SECONDS
+    if facts.status != "running":
+        if facts.oom_killed:
+            return (
+                "the container was killed by the out-of-memory killer (docker: OOMKilled): "
+                "its memory limit was reached"
+            )
+        when = ""
+        if facts.finished_at is not None and began is not None and facts.finished_at >= began:
+            when = " while the command ran"
+        code = "" if facts.exit_code is None else f", its main process exited {facts.exit_code}"
+        return (
+            f"the container stopped{when} (now {facts.status}{code}; a runtime restart or "
+            "a host reboot does this): `cvs up` starts it again, keeping its overlay"
+        )
+    if facts.started_at is not None and began is not None and facts.started_at >= began:
+        return (
+            "the container restarted while the command ran (docker started it again"
+            + (f", restart count {facts.restarts}" if facts.restarts else "")
+            + "); what the command had started in it was killed"
+        )
+    return None
+
+
+def with_cause(result: HostResult, cause: str | None) -> HostResult:
+    """`result` whose `error` names `cause` after the code (`exit code 137: ...`)."""
+    if cause is None:
+        return result
+    base = result.error or result.status
+    return replace(result, error=f"{base}: {cause}")
+
+
+def hung_cause(seconds: float) -> str:
+    return (
+        f"docker did not answer within container.docker_timeout ({seconds:g}s) when cvs "
+        "asked what happened to the container: the container runtime on this host is hung "
+        "(is dockerd stopped or frozen?)"
+    )
+
+
+__all__ = [
+    "OOM_LINE",
+    "ContainerFacts",
+    "container_cause",
+    "diagnosis_command",
+    "hung_cause",
+    "output_cause",
+    "read_diagnosis",
+    "wants_diagnosis",
+    "with_cause",
+]

@@ -1,0 +1,150 @@
+"""Issue 22, the pure parts: causes read from docker's facts and a command's
+output, and an `up` report after a rollback. The real faults are in
+tests/test_faults.py; these pin the decisions table by table."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.containers.causes import (
+    OOM_LINE,
+    ContainerFacts,
+    container_cause,
+    output_cause,
+    read_diagnosis,
+    wants_diagnosis,
+    with_cause,
+)
+from orchestrator.containers.lifecycle import HostOutcome, UpReport
+from orchestrator.containers.plan import HostAction, Plan
+from orchestrator.results import HostResult
+from orchestrator.suites.model import Step
+from orchestrator.suites.runner import judge
+
+NOW = 1_800_000_000.0
+
+
+def facts(**kw: object) -> ContainerFacts:
+    base: dict[str, object] = {
+        "now": NOW,
+        "container_id": "a" * 64,
+        "status": "running",
+        "started_at": NOW - 3600,
+    }
+    return ContainerFacts(**{**base, **kw})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        (facts(), None),
+        (facts(started_at=NOW - 5), "the container restarted while the command ran"),
+        (facts(status="exited", exit_code=137, finished_at=NOW - 1), "stopped while the command"),
+        (facts(status="exited", oom_killed=True), "out-of-memory killer (docker: OOMKilled)"),
+        (facts(status="exited", finished_at=NOW - 3600), "the container stopped (now exited"),
+        (
+            ContainerFacts(now=NOW, error="Cannot connect to the Docker daemon at unix:///x"),
+            "the container runtime went away",
+        ),
+        (
+            ContainerFacts(now=NOW, error="Error: No such container: c"),
+            "removed while the command ran",
+        ),
+    ],
+)
+def test_container_cause_names_what_happened_to_the_container(
+    given: ContainerFacts, expected: str | None
+) -> None:
+    cause = container_cause(given, elapsed=30)
+    if expected is None:
+        assert cause is None
+    else:
+        assert cause is not None and expected in cause, cause
+
+
+def test_read_diagnosis_parses_docker_times_and_flags() -> None:
+    text = (
+        "now 1800000000\n"
+        f"state {'b' * 64} exited true 137 2027-01-15T08:00:00.123456789Z "
+        "2027-01-15T08:00:30Z 2\n"
+    )
+    got = read_diagnosis(text)
+    assert got.status == "exited" and got.oom_killed and got.exit_code == 137
+    assert got.restarts == 2 and got.now == NOW
+    assert got.finished_at is not None and got.started_at is not None
+    assert got.finished_at - got.started_at == pytest.approx(29.876, abs=0.01)
+
+
+def test_read_diagnosis_of_a_never_finished_container_has_no_finish_time() -> None:
+    got = read_diagnosis(
+        f"now 1\nstate {'c' * 64} running false 0 2027-01-15T08:00:00Z 0001-01-01T00:00:00Z 0\n"
+    )
+    assert got.finished_at is None and got.status == "running"
+
+
+def test_read_diagnosis_of_garbage_says_docker_did_not_answer() -> None:
+    assert read_diagnosis("").error == "no answer from docker"
+
+
+@pytest.mark.parametrize(
+    ("stderr", "expected"),
+    [
+        (f"Killed\n{OOM_LINE} memory cgroup oom_kill 0 -> 1\n", "out-of-memory killer"),
+        ("cp: error writing 'x': No space left on device\n", "the disk is full"),
+        ("plain failure\n", None),
+    ],
+)
+def test_output_cause_reads_the_wrapper_line_and_enospc(stderr: str, expected: str | None) -> None:
+    cause = output_cause("", stderr)
+    assert (cause is None) if expected is None else (cause is not None and expected in cause)
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "wanted"),
+    [("failed", 137, True), ("failed", 125, True), ("failed", None, True), ("failed", 1, False),
+     ("ok", 0, False), ("timeout", None, False), ("unreachable", None, False)],
+)  # fmt: skip
+def test_only_kills_and_docker_failures_are_worth_a_diagnosis(
+    status: str, code: int | None, wanted: bool
+) -> None:
+    assert wants_diagnosis(HostResult("h", status, code)) is wanted  # type: ignore[arg-type]
+
+
+def test_a_step_reason_names_the_cause_after_the_code() -> None:
+    result = with_cause(
+        HostResult("h", "failed", 137, error="exit code 137"), "killed by the out-of-memory killer"
+    )
+    step = Step.model_validate({"name": "alloc", "run": "x"})
+    judged = judge(step, result)
+    assert judged.reason == "exit 137, expected 0: killed by the out-of-memory killer"
+
+
+# --- point 6: an up report after a rollback ------------------------------------------
+
+
+def rolled_back_report() -> UpReport:
+    ok = HostResult("h", "ok", 0)
+    outcomes = {h: HostOutcome(h, HostAction("cold_start", "none present")) for h in "abc"}
+    for o in outcomes.values():
+        o.steps.append(("run", ok))
+    outcomes["b"].fail("run", HostResult("b", "failed", 125, error="exit code 125"), "exit 125")
+    for h in ("a", "c"):
+        outcomes[h].roll_back("the cold start failed on b")
+    plan = Plan("persistent", {h: o.action for h, o in outcomes.items()})
+    return UpReport(plan, outcomes)
+
+
+def test_hosts_a_rollback_undid_are_not_ready_and_say_why() -> None:
+    report = rolled_back_report()
+    assert report.ready == [] and not report.ok
+    assert report.outcomes["a"].summary == ("cold_start ROLLED BACK: the cold start failed on b")
+    assert report.outcomes["b"].summary.startswith("cold_start FAILED at run: exit 125")
+
+
+def test_the_json_of_a_rolled_back_up_agrees_with_the_console() -> None:
+    doc = UpReport.to_dict(rolled_back_report())
+    assert doc["ok"] is False and doc["ready"] == 0
+    assert doc["error"].startswith("up: 0/3 hosts ready; b: run: exit 125")
+    assert "rolled back on a, c" in doc["error"]
+    assert doc["hosts"]["a"]["ok"] is False
+    assert doc["hosts"]["a"]["rolled_back"] == "the cold start failed on b"

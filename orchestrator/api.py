@@ -26,7 +26,6 @@ from orchestrator.config import (
 )
 from orchestrator.config.hostlist import SelectionError, abbreviate_hosts
 from orchestrator.config.hostlist import select_hosts as _select
-from orchestrator.containers.copy import Payload, Progress, copy_to_hosts, gather_from_hosts
 from orchestrator.containers.causes import (
     container_cause,
     diagnosis_command,
@@ -36,6 +35,7 @@ from orchestrator.containers.causes import (
     wants_diagnosis,
     with_cause,
 )
+from orchestrator.containers.copy import Payload, Progress, copy_to_hosts, gather_from_hosts
 from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command
 from orchestrator.containers.probe import HostState
 from orchestrator.containers.status import HostStatus, host_status
@@ -245,7 +245,7 @@ class Cluster:
         async def one(host: str) -> HostResult:
             if host not in ready:
                 return HostResult(host, "failed", error="the container is not up here (up first)")
-            return await ensure_sshd(self.pool, host, list(ready[host]), name, self.config, keys)
+            return await ensure_sshd(self.pool, host, ready[host].prefix, name, self.config, keys)
 
         return await fan_out(self.hosts, one, limit=self.config.concurrency.hosts)
 

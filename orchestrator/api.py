@@ -290,6 +290,7 @@ class Cluster:
             host_os=host_os,
             timeout=timeout,
             progress=progress,
+            runtimes=self.docker_runtimes,
         )
 
     async def copy_from(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_plan import IMG_B, cfg, host, kinds, states
+from plan_states import IMG_B, cfg, host, kinds, states
 
 from orchestrator.containers.docker import LABEL_MANAGED
 from orchestrator.containers.plan import decide_plan

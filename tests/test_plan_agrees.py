@@ -149,6 +149,12 @@ def test_plan_lists_the_refusal_and_up_gives_the_same_without_acting(kind: str) 
     assert plan.refused and any(words in r for r in plan.reasons), plan.reasons
     assert isinstance(up, PolicyRefused), up
     assert up.refusals == plan.refusals
+    assert not any(cli_words(r) for r in plan.reasons), plan.reasons  # the API's words
+
+
+def cli_words(text: str) -> bool:
+    """Whether `text` tells a Python caller about flags or `cvs` commands."""
+    return " --" in text or "`cvs " in text
 
 
 def test_plan_lists_every_refusal_at_once() -> None:
@@ -203,5 +209,6 @@ def test_up_refuses_exactly_when_and_why_plan_does(
     plan, up = plan_and_up(lifecycle(config, tuple(states)), states, force=force)
     if plan.refused:
         assert isinstance(up, PolicyRefused) and up.refusals == plan.refusals
+        assert not any(cli_words(r) for r in up.reasons), up.reasons
     else:
         assert isinstance(up, Plan) and dict(up.actions) == dict(plan.actions)

@@ -7,7 +7,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from test_report import T0, failing_outcome
+from outcomes import T0, failing_outcome
 
 from orchestrator.cli import main
 from orchestrator.suites.records import RunRecorder, results_document

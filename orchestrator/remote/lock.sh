@@ -60,10 +60,17 @@ take() {
 }
 # shellcheck disable=SC2317  # run by the EXIT trap
 release() {
+  # The lease's watcher first, and waited for: once it is gone it cannot
+  # write in the directory while the last one out removes it. KILL: a TERM
+  # that arrives before the new subshell has reset our traps is lost (dash),
+  # and the watcher has nothing to clean up.
+  if [ -n "$watcher" ]; then
+    kill -9 "$watcher" 2>/dev/null
+    wait "$watcher" 2>/dev/null
+  fi
   # Unlock by closing the shell's descriptor, the last one open on the lock
   # (flock(1) has exited, and commands got it closed or have ended).
   exec 9<&-
-  [ -z "$watcher" ] || kill "$watcher" 2>/dev/null
   # Then the last one out removes the directory, holder lines and all, taking
   # it exclusively and only while the path still names it; a waiter that took
   # the lock over meanwhile keeps it, and only our own holder line goes.
@@ -79,15 +86,16 @@ watch_lease() {
   # The watcher keeps no descriptor of ours: not the lock (fd 9: the lock
   # must go with this shell), not the channel. Every LEASE seconds it checks
   # that our holder line was rewritten since it last looked (each line on
-  # stdin rewrites it), else it stops this shell's process group: a program
-  # under the lock included, then the TERM trap releases.
+  # stdin rewrites it), else it sends this shell TERM, whose trap releases.
+  # (It starts after the program under the lock: this shell then only waits
+  # on stdin.)
   (
     exec 9<&- </dev/null >/dev/null 2>&1
     while :; do
       : >"$lock/r.$$"
       sleep "$lease"
       kill -0 "$$" || exit 0
-      [ "$info" -nt "$lock/r.$$" ] || { kill -TERM 0; exit 0; }
+      [ "$info" -nt "$lock/r.$$" ] || { kill -TERM "$$"; exit 0; }
     done
   ) &
   watcher=$!

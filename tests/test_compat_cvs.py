@@ -780,7 +780,7 @@ def test_install_run_cold_starts_and_passes(cvs_runs: CvsRuns) -> None:
 def test_second_run_attaches_and_finds_the_install(cvs_runs: CvsRuns) -> None:
     proc = cvs_runs.procs["checks"]
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "11 passed" in proc.stdout
+    assert "12 passed" in proc.stdout
     doc = cvs_runs.results("checks")
     assert {e["action"] for e in doc["plan"].values()} == {"attach"}
 
@@ -817,7 +817,7 @@ def test_run_dir_records_each_call_as_for_cvs_run(cvs_runs: CvsRuns) -> None:
         f"{n}.log" for n in json.loads(cvs_runs.cluster.read_text())["node_dict"]
     )
     junit = (run_dir / "junit.xml").read_text()
-    assert junit.count("<testcase") == 11
+    assert junit.count("<testcase") == 12
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     kinds = {e["event"] for e in events}
     assert {"CommandStarted", "CommandFinished", "Message"} <= kinds

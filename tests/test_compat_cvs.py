@@ -780,7 +780,7 @@ def test_install_run_cold_starts_and_passes(cvs_runs: CvsRuns) -> None:
 def test_second_run_attaches_and_finds_the_install(cvs_runs: CvsRuns) -> None:
     proc = cvs_runs.procs["checks"]
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "11 passed" in proc.stdout
+    assert "12 passed" in proc.stdout
     doc = cvs_runs.results("checks")
     assert {e["action"] for e in doc["plan"].values()} == {"attach"}
 
@@ -817,7 +817,7 @@ def test_run_dir_records_each_call_as_for_cvs_run(cvs_runs: CvsRuns) -> None:
         f"{n}.log" for n in json.loads(cvs_runs.cluster.read_text())["node_dict"]
     )
     junit = (run_dir / "junit.xml").read_text()
-    assert junit.count("<testcase") == 11
+    assert junit.count("<testcase") == 12
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     kinds = {e["event"] for e in events}
     assert {"CommandStarted", "CommandFinished", "Message"} <= kinds
@@ -1139,3 +1139,30 @@ def test_cvs_own_command_forms_go_to_cvs_cli_and_ours_stay(argv: list[str], to_c
     from orchestrator.cli.cvs_cli import wants_cvs_cli
 
     assert wants_cvs_cli(argv, _our_commands()) is to_cvs
+
+
+# ---- CVS's container accessors and get_mpi_command (no hosts needed) -----------------------
+
+
+def test_container_accessors_say_what_our_containers_get_and_never_the_ssh_mount(
+    key_file: Path,
+) -> None:
+    from types import SimpleNamespace
+
+    args = {"volumes": ["/data:/data:ro"], "ulimit": ["nofile=1024"], "privileged": False}
+    container = {"image": "x:1", "lifetime": "per_run", "runtime": {"name": "docker", "args": args}}
+    orch = CvsOrchestrator(log, SimpleNamespace(**cvs_keys(key_file, container=container)))
+    try:
+        assert orch.get_volumes() == ["/data:/data:ro"]  # no ~/.ssh:/host_ssh: keys stay out
+        assert "/dev/kfd" in orch.get_devices() and "SYS_ADMIN" in orch.get_capabilities()
+        assert "nofile=1024" in orch.get_ulimits() and "memlock=-1" in orch.get_ulimits()
+        assert orch.is_privileged() is False
+        assert (orch.get_network_mode(), orch.get_ipc_mode()) == ("host", "host")
+        assert "video" in orch.get_groups() and orch.get_security_opts()
+        line = orch.get_mpi_command("rank.sh", ["--np", "4"], {"V": "a b"}, "/opt/mpi/bin")
+        assert line == "/opt/mpi/bin/mpirun --np 4 -x 'V=a b' rank.sh"
+        assert "StrictHostKeyChecking" not in line
+        with pytest.raises(RuntimeError, match="Call setup_containers"):
+            orch.setup_sshd()
+    finally:
+        orch.close()

@@ -197,3 +197,51 @@ def test_ssh_library_info_becomes_debug_and_warnings_stay(
     with caplog.at_level(logging.DEBUG):
         ssh.info("[conn=0] Opening SSH connection")
     assert [(r.name, r.levelname) for r in caplog.records] == [(DEMOTED_LOGGER, "DEBUG")]
+
+
+def test_ctrl_c_during_cvs_run_stops_pytest_and_records_the_interruption(
+    tmp_path: Path,
+) -> None:
+    import signal
+    import time
+
+    import asyncssh
+
+    key = tmp_path / "id_ed25519"
+    asyncssh.generate_private_key("ssh-ed25519").write_private_key(str(key))
+    key.chmod(0o600)
+    (tmp_path / "conftest.py").write_text(
+        "def pytest_addoption(parser):\n"
+        "    parser.addoption('--cluster_file')\n"
+        "    parser.addoption('--config_file')\n"
+    )
+    (tmp_path / "suite_sleeps.py").write_text(
+        "import time\n\n\ndef test_sleeps():\n"
+        "    open('started', 'w').close()\n"
+        "    time.sleep(60)\n"
+    )
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(
+        json.dumps({"node_dict": {"10.0.0.1": {}}, "username": "u", "priv_key_file": str(key)})
+    )
+    (tmp_path / "config.json").write_text("{}")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "run", str(tmp_path / "suite_sleeps.py"),
+         "--cluster_file", str(cluster), "--config_file", str(tmp_path / "config.json"),
+         "--run-dir", str(tmp_path / "run")],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(STANDIN)}, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "started").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the whole foreground group
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out + err
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["exit_code"] == 130

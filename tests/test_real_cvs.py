@@ -93,24 +93,20 @@ CVS_PYTEST_ARGS = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="session")
-def real_cvs(tmp_path_factory: pytest.TempPathFactory) -> RealCvs:
-    """CVS unpacked and installed into a venv of its own (once per session);
-    its unit tests run before this project joins the venv."""
-    if not CVS_TARBALL.is_file():
-        pytest.skip(f"{PEERS}/ absent: the real CVS ({CVS_TARBALL.name}) is not on this machine")
-    root = tmp_path_factory.mktemp("real-cvs")
+def _build_real_cvs(root: Path, *pins: str) -> RealCvs:
+    """CVS unpacked and installed into a venv of its own (with `pins`, e.g. an
+    older pytest); its unit tests run before this project joins the venv."""
     with tarfile.open(CVS_TARBALL) as tar:
         tar.extractall(root, filter="data")
     tree = root / CVS_TREE
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     pip = [venv / "bin" / "python", "-m", "pip", "install", "-q"]
-    done = _run([*pip, "-e", tree], cwd=root, timeout=900)
+    done = _run([*pip, "-e", tree, *pins], cwd=root, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     alone_unit = _run([venv / "bin" / "python", "run_all_unittests.py"], cwd=tree)
     alone_pytest = _run([venv / "bin" / "python", "-m", "pytest", *CVS_PYTEST_ARGS], cwd=tree)
-    done = _run([*pip, "-e", REPO], cwd=root, timeout=900)
+    done = _run([*pip, "-e", REPO, *pins], cwd=root, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return RealCvs(
         tree=tree,
@@ -118,6 +114,25 @@ def real_cvs(tmp_path_factory: pytest.TempPathFactory) -> RealCvs:
         alone_unittests=_unittest_summary(alone_unit.stderr),
         alone_pytest=_pytest_counts(alone_pytest.stdout),
     )
+
+
+def _skip_without_peers() -> None:
+    if not CVS_TARBALL.is_file():
+        pytest.skip(f"{PEERS}/ absent: the real CVS ({CVS_TARBALL.name}) is not on this machine")
+
+
+@pytest.fixture(scope="session")
+def real_cvs(tmp_path_factory: pytest.TempPathFactory) -> RealCvs:
+    """CVS and this project on the newest pytest the pins allow (once per session)."""
+    _skip_without_peers()
+    return _build_real_cvs(tmp_path_factory.mktemp("real-cvs"))
+
+
+@pytest.fixture(scope="session")
+def real_cvs_pytest8(tmp_path_factory: pytest.TempPathFactory) -> RealCvs:
+    """The same on pytest 8.0, the oldest this project claims (`pytest>=8`)."""
+    _skip_without_peers()
+    return _build_real_cvs(tmp_path_factory.mktemp("real-cvs-pytest8"), "pytest==8.0.*")
 
 
 # ---- stock CVS, this project installed and not asked for --------------------------------
@@ -138,6 +153,18 @@ def test_cvs_options_survive_our_pytest_plugin_under_pytest_of_the_venv(
     proc = _run([real_cvs.python, "-m", "pytest", *CVS_PYTEST_ARGS], cwd=real_cvs.tree)
     assert "unrecognized arguments" not in proc.stdout + proc.stderr
     assert _pytest_counts(proc.stdout) == real_cvs.alone_pytest
+
+
+def test_on_pytest_8_cvs_counts_are_the_same_with_this_project_installed(
+    real_cvs_pytest8: RealCvs,
+) -> None:
+    cvs = real_cvs_pytest8
+    version = _run([cvs.python, "-m", "pytest", "--version"], cwd=cvs.tree)
+    assert "pytest 8.0." in version.stdout + version.stderr
+    proc = _run([cvs.python, "-m", "pytest", *CVS_PYTEST_ARGS], cwd=cvs.tree)
+    assert _pytest_counts(proc.stdout) == cvs.alone_pytest
+    unit = _run([cvs.python, "run_all_unittests.py"], cwd=cvs.tree)
+    assert _unittest_summary(unit.stderr) == cvs.alone_unittests
 
 
 def test_cvs_commands_we_do_not_have_reach_cvs_cli_unchanged(real_cvs: RealCvs) -> None:
@@ -361,6 +388,27 @@ def test_cvs_own_cvs_run_with_cvs_engine_uses_this_engine(rvs_runs: RvsRuns) -> 
     doc = rvs_runs.pytest_records("cvs-main")
     assert {row["action"] for row in doc["plan"].values()} == {"attach"}
     assert rvs_runs.ids["cvs-main"] == rvs_runs.ids["install"]
+
+
+def test_on_pytest_8_rvs_cvs_attaches_by_our_command_and_by_plain_pytest(
+    rvs_runs: RvsRuns, real_cvs_pytest8: RealCvs, sandbox: Sandbox
+) -> None:
+    files = ["--cluster_file", str(rvs_runs.cluster), "--config_file", str(rvs_runs.config)]
+    ours = _run(
+        [real_cvs_pytest8.python, "-m", "orchestrator", "run", "rvs_cvs", *files,
+         "--run-dir", rvs_runs.directory / "rvs-pytest8"], cwd=real_cvs_pytest8.tree)  # fmt: skip
+    assert ours.returncode == 1, _out(ours)  # the suite's failures (no GPUs), nothing else
+    assert "pytest-8.0." in ours.stdout
+    doc = rvs_runs.results("rvs-pytest8")
+    assert {row["action"] for row in doc["plan"].values()} == {"attach"}
+    (rvs_runs.directory / "pytest8").mkdir()
+    test = real_cvs_pytest8.tree / "cvs" / "tests" / "health" / "rvs_cvs.py"
+    plain = _run(
+        [real_cvs_pytest8.python, "-m", "pytest", test, *files, "--cvs-orchestrator",
+         "-p", "no:cacheprovider"], cwd=rvs_runs.directory / "pytest8")  # fmt: skip
+    assert plain.returncode == 1, _out(plain)
+    assert rvs_runs.pytest_records("pytest8")["plan"].keys() == set(rvs_runs.hosts)
+    assert _container_ids(sandbox, rvs_runs.hosts, rvs_runs.name) == rvs_runs.ids["install"]
 
 
 def test_a_cold_start_is_a_few_lines_per_host_on_cvs_console(rvs_runs: RvsRuns) -> None:

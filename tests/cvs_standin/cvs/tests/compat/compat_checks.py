@@ -3,6 +3,7 @@
 import json
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -104,3 +105,26 @@ def test_distribute_using_mpi_over_the_provisioned_hostfile(orch):
     )
     expected = [(r, h) for r, h in enumerate(h for h in mpi_hosts for _ in range(2))]
     assert ranks == expected, out
+
+
+def test_host_handles_move_files_as_cvs_pssh_does(orch, tmp_path):
+    # The sandbox's hosts share one filesystem: one path per host where they differ.
+    src = tmp_path / "payload.txt"
+    src.write_text("a\tb\n")
+    remote = f"/tmp/compat-upload-{orch.container_config['name']}"
+    orch.all.upload_file(str(src), f"{remote}.txt")
+    out = orch.all.exec(f"cat {remote}.txt", detailed=True)
+    # CVS's output shape: tabs as three spaces.
+    assert out == {h: {"output": "a   b\n", "exit_code": 0} for h in orch.hosts}
+    got = orch.all.download_file(f"{remote}.txt", str(tmp_path / "back"))
+    assert got == {h: str(tmp_path / f"back_{h}") for h in orch.hosts}
+    assert all(Path(p).read_text() == "a\tb\n" for p in got.values())
+    per_host = {h: (str(src), f"{remote}.{i}") for i, h in enumerate(orch.hosts)}
+    assert orch.all.upload_file_list(per_host) == {h: f"{h}: SUCCESS" for h in orch.hosts}
+    out = orch.all.exec("echo first; sleep 1; echo second", inactivity_timeout=10)
+    assert out == {h: "first\nsecond\n" for h in orch.hosts}
+    with pytest.raises(OSError, match="upload_file"):
+        orch.head.upload_file(str(tmp_path / "missing"), f"{remote}.x")
+    orch.all.destroy_clients()  # CVS's: here the connections stay the orchestrator's
+    orch.all.exec(f"rm -f {remote}.txt {remote}.0 {remote}.1 {remote}.2", print_console=False)
+    assert orch.head.exec("echo still") == {orch.head_node: "still\n"}

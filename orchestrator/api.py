@@ -24,6 +24,7 @@ from orchestrator.config import (
 )
 from orchestrator.config.hostlist import SelectionError, abbreviate_hosts
 from orchestrator.config.hostlist import select_hosts as _select
+from orchestrator.containers.drift import cluster_expectations
 from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command
 from orchestrator.containers.status import HostStatus, host_status
 from orchestrator.errors import CvsError, UsageError
@@ -208,13 +209,15 @@ class Cluster:
         states = await lc.probe_all()
         script_sha256 = lc.script().sha256
         wanted = sshd_wanted(self.config.container, len(self.config.hosts))
+        # What `up` would give each container, compared the way `up` compares.
+        expected = cluster_expectations(self.config, states)
         rows = []
         for host, state in states.items():
             resources: EffectiveResources | ValueError
-            try:
-                resources = lc.resources(host)
-            except ValueError as exc:
-                resources = exc
+            if isinstance(expected, ValueError):
+                resources = expected
+            else:
+                resources = expected.get(host, EffectiveResources())
             rows.append(
                 host_status(
                     state,

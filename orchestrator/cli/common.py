@@ -45,6 +45,13 @@ def load(args: argparse.Namespace, **kwargs: Any) -> Any:
 
     hosts_from = getattr(args, "hosts_from", None)
     cluster = load_cluster(cluster_path(args), hosts_from=hosts_from, **kwargs)
+    if getattr(args, "narrow_hosts", False) and (
+        getattr(args, "hosts", None) or getattr(args, "exclude", None)
+    ):
+        keep = set(chosen_hosts(cluster, args))
+        hosts = [h for h in cluster.hosts if h.name in keep]
+        head = cluster.head if cluster.head in keep else None
+        cluster = cluster.model_copy(update={"hosts": hosts, "head": head})
     forks = getattr(args, "forks", None)
     if forks:
         concurrency = cluster.concurrency.model_copy(update={"hosts": forks})

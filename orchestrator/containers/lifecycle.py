@@ -35,7 +35,6 @@ from orchestrator.containers.docker import (
     CONTAINER_ID_RE,
     LABEL_INVOCATION,
     config_hash,
-    container_limits_drift,
     docker_prefix,
     image_inspect_argv,
     load_argv,
@@ -51,6 +50,7 @@ from orchestrator.containers.docker import (
     start_argv,
     unpause_argv,
 )
+from orchestrator.containers.drift import limits_drift
 from orchestrator.containers.locks import HostLocks, Mode
 from orchestrator.containers.plan import (
     HostAction,
@@ -89,7 +89,6 @@ from orchestrator.limits.resources import (
     EffectiveResources,
     clamp_warnings,
     cluster_effective_resources,
-    effective_resources,
 )
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
@@ -366,12 +365,6 @@ class Lifecycle:
                 out.append(spec)
         return out
 
-    def resources(self, host: str) -> EffectiveResources:
-        """The caps the container on `host` gets: min(request, global cap, host cap)."""
-        return effective_resources(
-            self.cfg.resources, self.cluster.limits, self.cluster.host(host).limits
-        )
-
     async def up(
         self,
         *,
@@ -409,7 +402,7 @@ class Lifecycle:
             for host in plan.hosts("attach", "restart"):
                 # Keeping a container keeps its limits; say where they are not
                 # what the config now asks for instead of accepting them silently.
-                for drift in container_limits_drift(resources[host], states[host].host_config):
+                for drift in limits_drift(resources[host], states[host]):
                     self.sink.emit(
                         Message(level="warning", host=host, text=f"limits drift: {drift}")
                     )

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-from orchestrator.containers.docker import LABEL_CONFIG_HASH, container_limits_drift, short_id
+from orchestrator.containers.docker import short_id
+from orchestrator.containers.drift import container_drift
 from orchestrator.containers.probe import HostState
 from orchestrator.errors import ExitCode
 from orchestrator.limits.resources import EffectiveResources
@@ -76,17 +77,16 @@ def host_status(
     script_sha256: str,
     config_hash: str,
 ) -> HostStatus:
-    """`state` as a status row. `resources` is what the config gives the container
-    on this host, or the error computing it raised (shown as drift)."""
+    """`state` as a status row. `resources` is what `up` gives the container on
+    this host (`drift.expected_resources`), or the error computing it raised
+    (shown as drift). Drift is `drift.container_drift`, the comparison `up` makes."""
     drift: list[str] = []
     limits: dict[str, str] = {}
     if isinstance(resources, ValueError):
         drift.append(str(resources))
     else:
         limits = resources.describe()
-        drift += container_limits_drift(resources, state.host_config)
-    if state.labels.get(LABEL_CONFIG_HASH) not in (None, config_hash):
-        drift.append("container block changed since start")
+        drift = container_drift(resources, state, config_hash)
     return HostStatus(
         host=state.host,
         reachable=state.reachable,

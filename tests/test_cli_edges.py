@@ -1,0 +1,55 @@
+"""Command-line edges (issue 25): no option matched by abbreviation, and every
+command that works on hosts takes --hosts and -x."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from orchestrator.cli.parser import build_parser
+
+
+def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found += _parsers(sub)
+    return found
+
+
+def test_no_parser_matches_an_option_by_its_prefix() -> None:
+    for parser in _parsers(build_parser()):
+        assert parser.allow_abbrev is False, parser.prog
+
+
+@pytest.mark.parametrize("argv", [["plan", "--hosts", "node1"], ["status", "--host", "node1"]])
+def test_a_prefix_of_hosts_from_is_not_taken_for_it(argv: list[str]) -> None:
+    parser = build_parser()
+    if argv[1] == "--hosts":
+        args = parser.parse_args(argv)
+        assert args.hosts == "node1" and getattr(args, "hosts_from", None) is None
+    else:
+        with pytest.raises(SystemExit):
+            parser.parse_args(argv)
+
+
+@pytest.mark.parametrize("command", ["exec", "cp", "plan", "up", "status", "down"])
+def test_every_command_on_hosts_takes_hosts_and_exclude(command: str) -> None:
+    extra = {"exec": ["--", "true"], "cp": ["a", "b"]}.get(command, [])
+    args = build_parser().parse_args([command, "--hosts", "n[1-3]", "-x", "n2", *extra])
+    assert (args.hosts, args.exclude) == ("n[1-3]", "n2")
+
+
+def test_hosts_and_exclude_narrow_the_cluster_for_whole_cluster_commands(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from orchestrator.cli.common import load
+
+    path = Path(str(tmp_path)) / "c.yaml"
+    path.write_text("hosts: ['n[1-4]']\nhead: n1\nssh: {user: u}\n")
+    args = build_parser().parse_args(["status", "-c", str(path), "--hosts", "n[1-3]", "-x", "n1"])
+    cluster = load(args)
+    assert [h.name for h in cluster.hosts] == ["n2", "n3"]
+    assert cluster.head_host.name == "n2"  # the head was left out: the first chosen host

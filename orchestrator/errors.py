@@ -56,6 +56,9 @@ class PolicyRefused(CvsError):
 
     exit_code = ExitCode.REFUSED
 
-    def __init__(self, reasons: list[str]) -> None:
+    def __init__(self, reasons: list[str], changed: list[str] | None = None) -> None:
         super().__init__("; ".join(reasons))
         self.reasons = reasons
+        # What was done before the refusal (an image pulled or loaded on some
+        # hosts), so the CLI never says "nothing was changed" when it was.
+        self.changed = list(changed or [])

@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.config.hostlist import compress_hostlist
+from orchestrator.errortext import SeenErrors, fold_errors
 from orchestrator.events import (
     CommandFinished,
     CommandStarted,
@@ -121,6 +122,8 @@ class RichSink:
         self.verbose = verbose
         self.output = output
         self.hosts: dict[str, _HostView] = {}
+        # Errors already printed: the same one on the next host is a pointer.
+        self.seen = SeenErrors()
         self.redraws = 0
         self._inline = self.err.is_terminal and self.console.is_terminal
         self._lock = threading.RLock()
@@ -178,7 +181,8 @@ class RichSink:
                 self._set(h, f"[red]{s}", "failed", e)
                 self._host(h).error = f"{s}: {e}"
                 if len(self.hosts) <= ROWS_MAX:
-                    self._say(Text.from_markup(f"[red]{h}[/] ! ") + Text(f"{s}: {e}"))
+                    line = self.seen.line(h, f"{s}: {e}")
+                    self._say(Text.from_markup(f"[red]{h}[/] ! ") + Text(line))
             case CommandStarted(host=h):
                 self._set(h, "[yellow]running", "running")
             case OutputLine(host=h, line=line) if self.output:
@@ -197,7 +201,8 @@ class RichSink:
                 if status == "failed":
                     self._host(h).error = f"{step}: {detail}"
                     if len(self.hosts) <= ROWS_MAX:
-                        self._say(Text.from_markup(f"[red]{h}[/] ! ") + Text(f"{step}: {detail}"))
+                        line = self.seen.line(h, f"{step}: {detail}")
+                        self._say(Text.from_markup(f"[red]{h}[/] ! ") + Text(line))
             case Message(level=level, text=text, host=host):
                 style = {"warning": "yellow", "error": "red"}.get(level, "")
                 prefix = f"{host}: " if host else ""
@@ -266,12 +271,14 @@ def progress_lines(hosts: Mapping[str, _HostView], *, now: float, top: int = 5) 
     return lines
 
 
-def failure_groups(errors: Mapping[str, str]) -> list[tuple[list[str], str]]:
-    """Hosts that failed with the identical error, largest group first."""
-    groups: dict[str, list[str]] = {}
-    for host, error in errors.items():
-        groups.setdefault(error, []).append(host)
-    return sorted(((hs, e) for e, hs in groups.items()), key=lambda g: -len(g[0]))
+def failure_groups(
+    errors: Mapping[str, str], aliases: Mapping[str, Sequence[str]] | None = None
+) -> list[tuple[list[str], str]]:
+    """Hosts that failed with the same error, largest group first: the same once
+    host names and addresses (`aliases`: per host, its address and VPC
+    address), container IDs and docker's usage hints are set aside
+    (`errortext.fold_errors`)."""
+    return fold_errors(errors, aliases)
 
 
 STATUS_HEADERS = [

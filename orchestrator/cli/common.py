@@ -83,17 +83,23 @@ def chosen_hosts(cluster: Any, args: argparse.Namespace) -> list[str]:
     return left
 
 
-def make_sink(args: argparse.Namespace, *, output: bool = True) -> EventSink:
+def make_sink(args: argparse.Namespace, *, output: bool = True, cluster: Any = None) -> EventSink:
     """JSON lines with --json; else the mode follows stdout, where host output goes:
     the live view on a terminal, `host | line` text when piped (cvs's own
-    messages go to stderr either way)."""
+    messages go to stderr either way). With `cluster`, the text sinks know the
+    hosts' addresses, so an error naming them prints once, not once per host."""
     if args.json:
         return JsonLinesSink(sys.stdout, output=output)
+    sink: PlainSink | Any
     if wants_plain(sys.stdout):
-        return PlainSink(verbose=args.verbose, output=output)
-    from orchestrator.render import RichSink
+        sink = PlainSink(verbose=args.verbose, output=output)
+    else:
+        from orchestrator.render import RichSink
 
-    return RichSink(verbose=args.verbose, output=output)
+        sink = RichSink(verbose=args.verbose, output=output)
+    if cluster is not None:
+        sink.seen.aliases = host_aliases(cluster)
+    return sink
 
 
 def command_name(args: argparse.Namespace) -> str | None:
@@ -124,12 +130,22 @@ def write_json_result(
     sys.stdout.flush()
 
 
-def failure_summary(results: dict[str, HostResult]) -> list[str]:
+def host_aliases(cluster: Any) -> dict[str, list[str]]:
+    """Per host, the other names an error may call it by (address, VPC address):
+    set aside when errors are compared, so the same error on many hosts folds."""
+    return {
+        h.name: [a for a in (h.address, h.vpc_address) if a] for h in getattr(cluster, "hosts", [])
+    }
+
+
+def failure_summary(
+    results: dict[str, HostResult], aliases: dict[str, list[str]] | None = None
+) -> list[str]:
     """One line per distinct failure, hosts folded: `node[2-4] (3): failed: exit code 1`."""
     from orchestrator.render import compress_hosts, failure_groups
 
     errors = {h: f"{r.status}: {r.error}" if r.error else r.status for h, r in results.items()}
-    groups = failure_groups({h: e for h, e in errors.items() if not results[h].ok})
+    groups = failure_groups({h: e for h, e in errors.items() if not results[h].ok}, aliases)
     return [f"{compress_hosts(hosts)} ({len(hosts)}): {error}" for hosts, error in groups]
 
 
@@ -153,7 +169,7 @@ def run_with_cluster(
     from orchestrator.api import Cluster
 
     cluster_cfg = load(args)
-    sink = make_sink(args, output=output)
+    sink = make_sink(args, output=output, cluster=cluster_cfg)
 
     async def main() -> _T:
         async with Cluster.open(cluster_cfg, sink=sink) as cluster:
@@ -223,7 +239,13 @@ def print_refusal(args: argparse.Namespace, exc: PolicyRefused) -> int:
             refused=exc.reasons,
         )
     else:
-        sys.stderr.write("cvs: refused, nothing was changed:\n")
+        changed = getattr(exc, "changed", [])
+        if changed:
+            # True words: the refusal came after something was done.
+            done = "; ".join(changed)
+            sys.stderr.write(f"cvs: refused (no container changed; done before: {done}):\n")
+        else:
+            sys.stderr.write("cvs: refused, nothing was changed:\n")
         for reason in exc.reasons:
             sys.stderr.write(f"  - {reason}\n")
     return ExitCode.REFUSED

@@ -71,7 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         recorder = RunRecorder.create(default_run_dir(suite.name), unique=True)
     outcome = new_outcome(suite, cluster, str(cluster_file))
-    screen = make_sink(args)
+    screen = make_sink(args, cluster=cluster)
     sink = TeeSink(screen, recorder.events_sink())
 
     async def main() -> RunOutcome | None:

@@ -485,3 +485,37 @@ def first_problem(lines: list[str]) -> ConfigError:
     if more:
         first += f" (and {more} more problem{'s' if more > 1 else ''})"
     return ConfigError(first)
+
+
+# ---- where each key was written (for hints about runtime errors) ----------
+
+
+def key_lines(text: str, source: str) -> dict[str, int]:
+    """`{"container.ulimits.memlock": 72, "container.group_add[1]": 68, ...}`:
+    the line each key (and list item) of a YAML document was written on, by
+    dotted path. A JSON file, or text that does not parse, gives what it can
+    ({} for those): a hint then names the key without a line."""
+    try:
+        data = parse_document(text, source)
+    except (ConfigError, RecursionError):
+        return {}
+    out: dict[str, int] = {}
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, _MarkedDict):
+            for key, value in node.items():
+                child = f"{path}.{key}" if path else str(key)
+                line = _line_of(node.key_marks.get(key))
+                if line is not None:
+                    out[child] = line
+                walk(value, child)
+        elif isinstance(node, _MarkedList):
+            for index, (value, mark) in enumerate(zip(node, node.item_marks, strict=False)):
+                child = f"{path}[{index}]"
+                line = _line_of(mark)
+                if line is not None:
+                    out[child] = line
+                walk(value, child)
+
+    walk(data, "")
+    return out

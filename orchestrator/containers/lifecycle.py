@@ -31,6 +31,7 @@ from orchestrator.config import (
     container_name,
     sshd_wanted,
 )
+from orchestrator.config.hostlist import abbreviate_hosts
 from orchestrator.containers.docker import (
     CONTAINER_ID_RE,
     LABEL_INVOCATION,
@@ -477,7 +478,11 @@ class Lifecycle:
         if any(not outcomes[h].ok for h in launching):
             # Nothing has started anywhere yet: stop here, report per host.
             return UpReport(plan, outcomes)
-        selections = self._barrier(launching, prepared, states)
+        try:
+            selections = self._barrier(launching, prepared, states)
+        except PolicyRefused as exc:
+            exc.changed += _images_fetched(self.cfg.image, launching, outcomes)
+            raise
         keys = None
         if sshd_wanted(self.cluster.container, len(self.cluster.hosts)):
             keys = ClusterKeys.load_or_create(default_state_dir(self.cluster), self._hosts())
@@ -758,3 +763,16 @@ def _run_failed(outcome: HostOutcome) -> bool:
         for s, r in outcome.steps
         if not r.ok
     )
+
+
+def _images_fetched(
+    image: str, hosts: Sequence[str], outcomes: Mapping[str, HostOutcome]
+) -> list[str]:
+    """`image X pulled on node[1-2]`: what the prepare step changed on the hosts
+    before a refusal (the refusal must not say nothing changed)."""
+    out = []
+    for step, verb in (("pull", "pulled"), ("load", "loaded")):
+        done = [h for h in hosts if any(s == step and r.ok for s, r in outcomes[h].steps)]
+        if done:
+            out.append(f"image {image} {verb} on {abbreviate_hosts(done)}")
+    return out

@@ -227,7 +227,8 @@ def _write_failures(failed: dict[str, str], config: Any) -> None:
 
     hints = _hinter(config)
     for hosts, text in failure_groups(failed, host_aliases(config)):
-        sys.stderr.write(f"{compress_hosts(hosts)} ({len(hosts)}): {text}\n")
+        where = hosts[0] if len(hosts) == 1 else f"{compress_hosts(hosts)} ({len(hosts)})"
+        sys.stderr.write(f"{where}: {text}\n")
         hint = hints(failed[hosts[0]])
         if hint:
             sys.stderr.write(f"  fix: {hint}\n")

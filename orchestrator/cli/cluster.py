@@ -248,7 +248,9 @@ def _hinter(config: Any) -> Any:
                 lines = key_lines(f.read(), source)
         except (OSError, UnicodeDecodeError):
             lines = {}
-    shown = os.path.relpath(source) if source else None
+    shown = source
+    if source and not os.path.relpath(source).startswith(".."):
+        shown = os.path.relpath(source)  # under the current directory: the short form
 
     def hint(error: str) -> str | None:
         found = hint_for(error, getattr(config, "container", None), lines)

@@ -333,7 +333,10 @@ def test_pytest_plugin_example_runs_against_the_sandbox(
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("name: s\nsteps:\n  - name: a\n    run: [x\n", "bad.yaml:5:1: expected ','"),
+        (
+            "name: s\nsteps:\n  - name: a\n    run: [x\n",
+            "bad.yaml:4:10: the '[' opened on this line is never closed",
+        ),
         ("name: s\nsteps:\n  - {name: a, run: x, retries: 2}\n", "steps[0].retries: unknown key"),
         (
             "name: s\nsteps:\n  - {name: chk, run: x, expect: {stdout: '(x'}}\n",

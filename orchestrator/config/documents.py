@@ -21,6 +21,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel
 
+from orchestrator.config.yaml_words import explain, shown
 from orchestrator.errors import UsageError
 
 
@@ -133,11 +134,30 @@ def _line_of(mark: yaml.Mark | None) -> int | None:
     return line + 1
 
 
-def yaml_error(source: str, exc: yaml.YAMLError) -> ConfigError:
+def yaml_error(source: str, exc: yaml.YAMLError, text: str | None = None) -> ConfigError:
+    """One line: where the structure broke and what is wrong there, in words a
+    person uses, with the line as written (`yaml_words`); PyYAML's own words
+    for what that does not know."""
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     problem = getattr(exc, "problem", None) or str(exc)
     context = getattr(exc, "context", None)
     context_mark = getattr(exc, "context_mark", None)
+    if text is not None and mark is not None:
+        explained = explain(
+            text,
+            problem,
+            mark.line + 1,
+            mark.column + 1,
+            context,
+            None if context_mark is None else context_mark.line + 1,
+            None if context_mark is None else context_mark.column + 1,
+        )
+        if explained is not None:
+            written = shown(text, explained.line)
+            return ConfigError(
+                f"{source}:{explained.line}:{explained.column}: {explained.message}"
+                + (f' (line {explained.line}: "{written}")' if written else "")
+            )
     message = one_line(problem)
     if context and context_mark is not None and context_mark is not mark:
         message += f" ({one_line(context)} at line {context_mark.line + 1})"
@@ -186,7 +206,7 @@ def parse_document(text: str, source: str) -> Any:
                 return json.loads(text, object_pairs_hook=_json_object)
             except (ValueError, _DuplicateJSONKey, RecursionError):
                 pass
-        raise yaml_error(source, exc) from None
+        raise yaml_error(source, exc, text) from None
 
 
 # ---- describing values and paths in plain words ---------------------------

@@ -296,16 +296,40 @@ STATUS_HEADERS = [
 ]
 
 
+# A cell whose value could not be probed (null in `--json`); explained once under the table.
+UNKNOWN = "?"
+UNKNOWN_NOTE = "?: not known (the host could not be probed; why is below)"
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return UNKNOWN
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
 def status_cells(status: HostStatus) -> list[str]:
-    """One `cvs status` table row: the `--json` row's values, limits and drift folded."""
+    """One `cvs status` table row: the `--json` row's values (null as `?`, no
+    container as `-`), limits and drift folded."""
     row = status.to_dict()
     hard_limits = {k: v for k, v in status.limits.items() if k in ("cpus", "memory", "pids")}
-    cells = {
-        **{k: "yes" if v is True else "no" if v is False else str(v) for k, v in row.items()},
-        "limits": " ".join(f"{k}={v}" for k, v in hard_limits.items()) or "-",
-        "drift": "; ".join(status.drift) or "-",
-    }
+    cells = {k: _cell(v) for k, v in row.items()}  # state stays "unknown": the word says it
+    if status.probed:
+        for key in ("image", "tag"):
+            cells[key] = "-" if row[key] is None else cells[key]  # no container / no tag
+    cells["limits"] = " ".join(f"{k}={v}" for k, v in hard_limits.items()) or "-"
+    cells["drift"] = ("; ".join(status.drift) or "-") if status.probed else UNKNOWN
     return [cells[h] for h in STATUS_HEADERS]
+
+
+def _status_errors(rows: Sequence[HostStatus]) -> None:
+    """Under the table, on stderr: what `?` means (once), then each host's reason."""
+    if any(not r.probed or r.docker is None for r in rows):
+        sys.stderr.write(UNKNOWN_NOTE + "\n")
+    for r in rows:
+        if r.error:
+            sys.stderr.write(f"{r.host}: {r.error}\n")
 
 
 def print_status(rows: Sequence[HostStatus], *, plain: bool) -> None:
@@ -322,9 +346,7 @@ def print_status(rows: Sequence[HostStatus], *, plain: bool) -> None:
         for r in rows:
             table.add_row(*status_cells(r))
         Console().print(table)
-    for r in rows:
-        if r.error:
-            sys.stderr.write(f"{r.host}: {r.error}\n")
+    _status_errors(rows)
 
 
 # ---- cvs status -o table|wide: a colour-coded table -------------------------------------
@@ -347,7 +369,6 @@ STATUS_STYLES: dict[str, dict[str, str]] = {
     "stale": {"yes": "yellow", "no": "dim"},
     "sshd": {"listening": "green", "down": "red", "off": "dim"},
     "provisioned": {"yes": "green", "no": "yellow"},
-    "docker": {"?": "red"},
 }
 
 
@@ -361,13 +382,15 @@ def status_table(rows: Sequence[HostStatus], *, wide: bool = False) -> Table:
     table = Table(*columns, header_style="bold")
     for row in rows:
         cells = dict(zip(STATUS_HEADERS, status_cells(row), strict=True))
-        if not wide and cells["drift"] != "-":
+        if not wide and cells["drift"] not in ("-", UNKNOWN):
             cells["drift"] = f"{len(row.drift)} (-o wide)"
         rendered = []
         for column in columns:
             text = cells[column]
             style = STATUS_STYLES.get(column, {}).get(text, "")
-            if column == "drift" and text != "-":
+            if text == UNKNOWN:
+                style = "bold red"
+            elif column == "drift" and text != "-":
                 style = "yellow"
             if column == "provisioned" and text.startswith("other"):
                 style = "yellow"
@@ -396,9 +419,7 @@ def print_status_table(
             out.write("  ".join(cells).rstrip() + "\n")
     else:
         Console(file=out).print(status_table(rows, wide=wide))
-    for r in rows:
-        if r.error:
-            sys.stderr.write(f"{r.host}: {r.error}\n")
+    _status_errors(rows)
 
 
 # ---- cvs exec --group on a terminal: one coloured header per group -----------------------

@@ -338,7 +338,11 @@ class Cluster:
                 host, script, timeout=timeout, input=stdin, label="exec", on_timeout=lambda: kill
             )
             if result.exit_code == NOT_RUNNING_EXIT and result.stderr.startswith("container "):
-                return replace(result, error=result.stderr.strip())
+                # The host's shell says "here"; the reader needs to know where.
+                error = result.stderr.strip().replace(
+                    " is not running here", f" is not running on {host}"
+                )
+                return replace(result, error=error)
             return result
 
         try:

@@ -53,3 +53,18 @@ def test_hosts_and_exclude_narrow_the_cluster_for_whole_cluster_commands(tmp_pat
     cluster = load(args)
     assert [h.name for h in cluster.hosts] == ["n2", "n3"]
     assert cluster.head_host.name == "n2"  # the head was left out: the first chosen host
+
+
+def test_shell_says_on_which_host_the_container_is_not_running(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from orchestrator.cli.shell import remote_command
+    from orchestrator.config import load_cluster
+
+    path = Path(str(tmp_path)) / "c.yaml"
+    path.write_text("hosts: [node7]\nssh: {user: u}\ncontainer: {image: i:1, name: c1}\n")
+    script = remote_command(
+        load_cluster(path, check_files=False), host_os=False, tty=False, host="node7"
+    )
+    assert "container c1 is not running on node7 (run `cvs up`)" in script
+    assert "running here" not in script

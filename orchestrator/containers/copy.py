@@ -91,10 +91,12 @@ exec cat -- "$1"
 """
 
 
-def in_container(name: str, argv: Sequence[str], *, tty: bool = False) -> str:
+def in_container(name: str, argv: Sequence[str], *, tty: bool = False, host: str = "") -> str:
     """Host shell text running `argv` in container `name` with stdin attached
-    (and a terminal with `tty`, for `cvs shell`)."""
-    return in_running_container(name, ["exec", "-i", *(["-t"] if tty else []), name, *argv])
+    (and a terminal with `tty`, for `cvs shell`); `host` names it when the
+    container is not running."""
+    docker_args = ["exec", "-i", *(["-t"] if tty else []), name, *argv]
+    return in_running_container(name, docker_args, host=host)
 
 
 def _check_name(path: Path, root: Path) -> None:

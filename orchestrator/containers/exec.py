@@ -67,17 +67,18 @@ class ContainerCommand(NamedTuple):
     stdin: str | None  # what to send on stdin (the env block), or None
 
 
-def in_running_container(name: str, docker_args: Sequence[str]) -> str:
+def in_running_container(name: str, docker_args: Sequence[str], *, host: str = "") -> str:
     """Host shell text that runs `docker DOCKER_ARGS` (else `sudo -n docker ...`) once
     container `name` is found running, in the same round trip; exit 125 with one line
-    saying so when it is not."""
+    saying so when it is not (naming `host`, the cluster's name for the host)."""
     validate_container_name(name)
+    where = f"on {host}" if host else "here"
     running = ["inspect", "--type", "container", "-f", "{{.State.Running}}", name]
     return (
         f'if [ "$(docker {shlex.join(running)} 2>/dev/null)" = true ]; then set -- docker; '
         f'elif [ "$(sudo -n docker {shlex.join(running)} 2>/dev/null)" = true ]; then '
         "set -- sudo -n docker; "
-        f"else echo {shlex.quote(f'container {name} is not running here (run `cvs up`)')} >&2; "
+        f"else echo {shlex.quote(f'container {name} is not running {where} (run `cvs up`)')} >&2; "
         f"exit {NOT_RUNNING_EXIT}; fi; "
         f'exec "$@" {shlex.join(docker_args)}'
     )

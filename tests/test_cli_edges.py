@@ -68,3 +68,47 @@ def test_shell_says_on_which_host_the_container_is_not_running(tmp_path: object)
     )
     assert "container c1 is not running on node7 (run `cvs up`)" in script
     assert "running here" not in script
+
+
+def test_bash_completes_suite_names_and_run_ids(tmp_path: object) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tmp = Path(str(tmp_path))
+    repo = Path(__file__).resolve().parent.parent
+    bindir = tmp / "bin"
+    bindir.mkdir()
+    wrapper = bindir / "cvs"  # the `cvs` the completion functions call: this tree's
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={repo} exec {sys.executable} -m orchestrator "$@"\n')
+    wrapper.chmod(0o755)
+    (tmp / "elsewhere" / "20260101T000000Z-test_demo").mkdir(parents=True)
+    (tmp / "runs" / "20250101T120000Z-install_demo").mkdir(parents=True)
+    script = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "completion", "bash"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    probe = (
+        "source /dev/stdin; COMP_WORDS=(cvs run te); COMP_CWORD=2; _shtab_cvs; "
+        'echo "${COMPREPLY[*]}"; '
+        "COMP_WORDS=(cvs runs show ''); COMP_CWORD=3; _shtab_cvs; echo \"${COMPREPLY[*]}\"; "
+        'COMP_WORDS=(cvs runs show --dir "$TMP/elsewhere" 2026); COMP_CWORD=5; _shtab_cvs; '
+        'echo "${COMPREPLY[*]}"'
+    )
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "TMP": str(tmp)}
+    proc = subprocess.run(
+        ["bash", "-c", probe],
+        input=script,
+        text=True,
+        capture_output=True,
+        env=env,
+        cwd=tmp,
+        timeout=60,
+    )
+    suites, runs, elsewhere = proc.stdout.splitlines()
+    assert "test_demo" in suites.split(), proc.stderr
+    assert sorted(runs.split()) == ["20250101T120000Z-install_demo", "latest"]
+    assert elsewhere == "20260101T000000Z-test_demo"

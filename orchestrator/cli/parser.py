@@ -93,7 +93,10 @@ def add_run_parser(sub: _Subparsers, common: argparse.ArgumentParser) -> None:
         epilog=RUN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("suite", nargs="?", metavar="SUITE", help="suite name or path to a suite file")
+    suite = p.add_argument(
+        "suite", nargs="?", metavar="SUITE", help="suite name or path to a suite file"
+    )
+    suite.complete = SUITE_COMPLETION  # type: ignore[attr-defined]
     p.add_argument(
         "function", nargs="*", metavar="FUNCTION", help="CVS test: run only these test functions"
     )
@@ -181,6 +184,8 @@ def _positive_int(text: str) -> int:
 # Completion of host names (cli/completion.py defines the shell function); a plain
 # attribute the completion generator reads, so this module still imports argparse only.
 HOST_COMPLETION = {"bash": "_cvs_hosts", "zsh": "_cvs_hosts"}
+SUITE_COMPLETION = {"bash": "_cvs_suites", "zsh": "_cvs_suites"}
+RUN_COMPLETION = {"bash": "_cvs_runs", "zsh": "_cvs_runs"}
 
 
 def add_host_selection(p: argparse.ArgumentParser, *, narrows: bool = False) -> None:
@@ -452,7 +457,10 @@ def add_tools_parsers(sub: _Subparsers, common: argparse.ArgumentParser) -> None
         help="print one run",
         epilog="example: cvs runs show latest",
     )
-    show.add_argument("run", metavar="RUN", help="run directory, its name under --dir, or latest")
+    run = show.add_argument(
+        "run", metavar="RUN", help="run directory, its name under --dir, or latest"
+    )
+    run.complete = RUN_COMPLETION  # type: ignore[attr-defined]
     show.add_argument(
         "--dir", default=argparse.SUPPRESS, help="where the runs are (default ./runs)"
     )

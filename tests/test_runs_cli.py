@@ -49,6 +49,7 @@ def test_runs_show_latest_prints_the_table_failures_and_report(
     out = capsys.readouterr().out
     assert "check on node2: failed: exit 3, expected 0" in out
     assert "test_x: failed (exit 1)" in out
+    assert "skipped: after (step 'check' failed)\n" in out  # a skipped step says why
     assert f"report:   {tmp_path / '20250304T050607Z-test_x' / 'report.html'}" in out
 
 

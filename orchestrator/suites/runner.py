@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -27,6 +28,7 @@ import anyio
 
 from orchestrator.api import Cluster, HostSelectionError, select_hosts
 from orchestrator.config import ClusterConfig, ConfigError, container_name
+from orchestrator.config.hostlist import compress_hostlist
 from orchestrator.containers.copy import CopyError, Payload, copy_to_hosts
 from orchestrator.errors import ExitCode, PolicyRefused
 from orchestrator.events import EventSink, HostStep, Message
@@ -300,7 +302,12 @@ async def _steps(
             raise
         outcome.steps[index] = done
         if done.status == "failed" and not step.continue_on_failure:
-            stop_reason = f"step {step.name!r} failed"
+            failed_on = [h for h, r in done.results.items() if not r.ok]
+            stop_reason = f"step {step.name!r} failed on {compress_hostlist(failed_on)}"
+            later = [s.name for s in suite.steps[index + 1 :]]
+            if later:
+                # Said now, not only in the table at the end: why nothing more runs.
+                sink.emit(Message(level="info", text=f"skipping {', '.join(later)}: {stop_reason}"))
 
 
 async def run_suite(
@@ -359,7 +366,9 @@ async def run_suite(
                 outcome.steps = [skipped_step(s, hosts[s.name], "refused") for s in suite.steps]
             finally:
                 if per_run and up_entered:
-                    await _down(fleet, outcome, sink)
+                    in_flight = sys.exc_info()[1]
+                    interrupted = in_flight is not None and _is_interrupt(in_flight)
+                    await _down(fleet, outcome, sink, interrupted=interrupted)
     except BaseException as exc:
         if _is_interrupt(exc):
             outcome.interrupted = True
@@ -402,7 +411,9 @@ def _mark_stopped(outcome: RunOutcome, reason: str) -> None:
                 step.results[host] = replace(r, reason=reason)
 
 
-async def _down(fleet: Cluster, outcome: RunOutcome, sink: EventSink) -> None:
+async def _down(
+    fleet: Cluster, outcome: RunOutcome, sink: EventSink, *, interrupted: bool = False
+) -> None:
     # Shielded: on Ctrl-C the run is being cancelled, and this is the part that must happen.
     with anyio.move_on_after(DOWN_TIMEOUT, shield=True) as scope:
         try:
@@ -416,9 +427,25 @@ async def _down(fleet: Cluster, outcome: RunOutcome, sink: EventSink) -> None:
             return
         for host, r in removed.items():
             if not r.ok:
-                text = f"could not remove the container on {host}: {r.error or r.status}"
-                outcome.warnings.append(text)
-                sink.emit(Message(level="error", text=text, host=host))
+                reason = r.error or r.status
+                outcome.warnings.append(f"could not remove the container on {host}: {reason}")
+                # The event carries the host: the sinks prefix it once.
+                sink.emit(
+                    Message(
+                        level="error", text=f"could not remove the container: {reason}", host=host
+                    )
+                )
+        gone = [h for h, r in removed.items() if r.ok]
+        if gone:
+            # Say what the clean-up did, above all after Ctrl-C (the run's last words
+            # are otherwise "interrupted"): the per_run containers are gone.
+            why = " (interrupted)" if interrupted or outcome.interrupted else ""
+            sink.emit(
+                Message(
+                    level="info",
+                    text=f"removed this run's per_run containers on {compress_hostlist(gone)}{why}",
+                )
+            )
     if scope.cancelled_caught:
         text = f"down did not finish within {DOWN_TIMEOUT:g}s; run `cvs down` to clean up"
         outcome.warnings.append(text)

@@ -119,3 +119,30 @@ def test_a_json_cluster_file_gets_the_key_without_a_line(tmp_path: object) -> No
     hint = hint_for(REAL["group"], cfg, key_lines(path.read_text(), str(path)))
     assert hint is not None and hint.line is None
     assert hint.text("c.json").startswith("container.group_add[0]: render: ")
+
+
+def test_a_run_whose_up_failed_names_the_setting_once_for_all_hosts(tmp_path: object) -> None:
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from orchestrator.suites.runner import up_failure
+
+    path = Path(str(tmp_path)) / "cluster.yaml"
+    path.write_text(CLUSTER)
+    cluster = load_cluster(path, check_files=False)
+    outcomes = {
+        f"node{i}": SimpleNamespace(ok=False, error=f"run: exit code 125\n{cid}\n{REAL['group']}")
+        for i, cid in ((1, "a" * 64), (2, "b" * 64))
+    }
+    report = SimpleNamespace(ok=False, exit_code=1, outcomes=outcomes)
+    failure = up_failure(report, cluster)
+    assert failure is not None
+    code, line = failure
+    assert code == 1
+    assert line.startswith("up failed on node[1-2]: run: exit code 125 <id> docker: Error")
+    assert "Unable to find group render" in line and "--help" not in line
+    assert line.endswith(
+        f"; fix: container.group_add[1]: render ({path}:8): the image has no group 'render' "
+        "(docker looks names up inside the container): give its numeric GID instead "
+        "(`getent group render` on the host shows it) or remove it"
+    )

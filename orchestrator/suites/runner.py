@@ -13,6 +13,7 @@ cluster; `run_suite` is the IO around them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -28,9 +29,12 @@ import anyio
 
 from orchestrator.api import Cluster, HostSelectionError, select_hosts
 from orchestrator.config import ClusterConfig, ConfigError, container_name
+from orchestrator.config.documents import key_lines
 from orchestrator.config.hostlist import compress_hostlist
 from orchestrator.containers.copy import CopyError, Payload, copy_to_hosts
+from orchestrator.containers.hints import hint_for
 from orchestrator.errors import ExitCode, PolicyRefused
+from orchestrator.errortext import fold_errors
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
@@ -166,16 +170,35 @@ def plan_rows(report: Any) -> dict[str, dict[str, str]]:
     return {h: {"action": str(a.kind), "reason": str(a.reason)} for h, a in actions.items()}
 
 
-def up_failure(report: Any) -> tuple[ExitCode, str] | None:
-    """(exit code, one line) when `up` left some host not ready, else None."""
+def up_failure(report: Any, cluster: ClusterConfig | None = None) -> tuple[ExitCode, str] | None:
+    """(exit code, one line) when `up` left some host not ready, else None: the
+    largest group of hosts with the same error (`errortext.fold_errors`), and
+    when a cluster-file setting caused it, the setting, its line and the fix
+    (`containers.hints`)."""
     if getattr(report, "ok", True):
         return None
-    failed = {h: o for h, o in report.outcomes.items() if not o.ok}
-    first_host, first = next(iter(failed.items()))
-    detail = (first.error or "failed").splitlines()[0]
-    more = f" (and {len(failed) - 1} more host(s))" if len(failed) > 1 else ""
-    text = f"up failed on {', '.join(failed)}: {first_host}: {detail}{more}"
-    return ExitCode(report.exit_code) or ExitCode.FAILED, text
+    failed = {h: o.error or "failed" for h, o in report.outcomes.items() if not o.ok}
+    groups = fold_errors(failed)
+    hosts, text = groups[0]
+    more = f" (and {len(groups) - 1} other error(s): cvs up shows them)" if len(groups) > 1 else ""
+    # The error's tail (docker's own words) is kept, up to a readable length.
+    line = f"up failed on {compress_hostlist(hosts)}: {_clip(text, 400)}{more}"
+    hint = _setting_hint(failed[hosts[0]], cluster)
+    if hint:
+        line += f"; fix: {hint}"
+    return ExitCode(report.exit_code) or ExitCode.FAILED, line
+
+
+def _setting_hint(error: str, cluster: ClusterConfig | None) -> str | None:
+    if cluster is None or cluster.container is None:
+        return None
+    lines: dict[str, int] = {}
+    source = cluster.source_file
+    if source:
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            lines = key_lines(Path(source).read_text(encoding="utf-8"), source)
+    found = hint_for(error, cluster.container, lines)
+    return found.text(source) if found else None
 
 
 def _is_interrupt(exc: BaseException) -> bool:
@@ -346,7 +369,7 @@ async def run_suite(
                         report = await fleet.up(force=force, check=False, wait=wait)
                         outcome.plan = plan_rows(report)
                         outcome.warnings.extend(getattr(report.plan, "warnings", []))
-                        failure = up_failure(report)
+                        failure = up_failure(report, cluster)
                         if failure is not None:
                             outcome.up_exit_code, outcome.error = failure
                             reason = "up failed"

@@ -298,7 +298,7 @@ STATUS_HEADERS = [
 
 # A cell whose value could not be probed (null in `--json`); explained once under the table.
 UNKNOWN = "?"
-UNKNOWN_NOTE = "?: not known (the host could not be probed; why is below)"
+UNKNOWN_NOTE = "?: not known (the host could not be probed; why is on stderr)"
 
 
 def _cell(value: object) -> str:
@@ -323,10 +323,11 @@ def status_cells(status: HostStatus) -> list[str]:
     return [cells[h] for h in STATUS_HEADERS]
 
 
-def _status_errors(rows: Sequence[HostStatus]) -> None:
-    """Under the table, on stderr: what `?` means (once), then each host's reason."""
+def _status_errors(rows: Sequence[HostStatus], out: IO[str] | None = None) -> None:
+    """Under the table (with it, on `out`): what `?` means, once; then on stderr
+    each host's reason, `HOST: reason` and nothing else."""
     if any(not r.probed or r.docker is None for r in rows):
-        sys.stderr.write(UNKNOWN_NOTE + "\n")
+        (out or sys.stdout).write(UNKNOWN_NOTE + "\n")
     for r in rows:
         if r.error:
             sys.stderr.write(f"{r.host}: {r.error}\n")
@@ -419,7 +420,7 @@ def print_status_table(
             out.write("  ".join(cells).rstrip() + "\n")
     else:
         Console(file=out).print(status_table(rows, wide=wide))
-    _status_errors(rows)
+    _status_errors(rows, out)
 
 
 # ---- cvs exec --group on a terminal: one coloured header per group -----------------------

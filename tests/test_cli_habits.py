@@ -197,9 +197,11 @@ def test_status_plain_wide_has_every_column(capsys: pytest.CaptureFixture[str]) 
     header = out.getvalue().splitlines()[0].split()
     assert header == STATUS_HEADERS
     assert "\x1b[" not in out.getvalue()
-    # `?` (what could not be probed) is explained once, then each host's reason.
-    assert capsys.readouterr().err == (
-        "?: not known (the host could not be probed; why is below)\nnode3: connection refused\n"
+    # `?` (what could not be probed) is explained once, under the table; stderr
+    # keeps `HOST: reason` only.
+    assert capsys.readouterr().err == "node3: connection refused\n"
+    assert out.getvalue().splitlines()[-1] == (
+        "?: not known (the host could not be probed; why is on stderr)"
     )
     node3 = out.getvalue().splitlines()[3].split()
     assert node3[:3] == ["node3", "no", "?"] and node3.count("?") == 6, (

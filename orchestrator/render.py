@@ -298,7 +298,7 @@ STATUS_HEADERS = [
 
 # A cell whose value could not be probed (null in `--json`); explained once under the table.
 UNKNOWN = "?"
-UNKNOWN_NOTE = "?: not known (the host could not be probed; why is on stderr)"
+UNKNOWN_NOTE = "? in the table: not known, for this reason"
 
 
 def _cell(value: object) -> str:
@@ -324,13 +324,15 @@ def status_cells(status: HostStatus) -> list[str]:
 
 
 def _status_errors(rows: Sequence[HostStatus], out: IO[str] | None = None) -> None:
-    """Under the table (with it, on `out`): what `?` means, once; then on stderr
-    each host's reason, `HOST: reason` and nothing else."""
-    if any(not r.probed or r.docker is None for r in rows):
-        (out or sys.stdout).write(UNKNOWN_NOTE + "\n")
+    """Each host's reason on stderr, `HOST: reason`; the first one also says
+    what the table's `?` means (once: the table's rows stay one per host)."""
+    explained = False
     for r in rows:
         if r.error:
-            sys.stderr.write(f"{r.host}: {r.error}\n")
+            note = ""
+            if not explained and (not r.probed or r.docker is None):
+                note, explained = f"; {UNKNOWN_NOTE}", True
+            sys.stderr.write(f"{r.host}: {r.error}{note}\n")
 
 
 def print_status(rows: Sequence[HostStatus], *, plain: bool) -> None:

@@ -71,7 +71,7 @@ def cluster(tmp_path: object) -> tuple[object, dict[str, int]]:
         ("group", "container.group_add[1]", "render", 8, "numeric GID"),
         ("privileged", "container.privileged", "true", 4, "privileged: false"),
         ("cap", "container.cap_add[1]", "BOGUS", 6, "does not know this capability"),
-        ("device", "container.devices[1]", "/dev/nonexist", 5, "does not exist"),
+        ("device", "container.devices[1]", "/dev/nonexist", 5, "could not open this device"),
         ("volume", "container.volumes[1]", "/nonexist/y:/y", 14, "does not exist"),
         ("runtime", "container.extra_args[1]", "nvidia", 16, "no runtime 'nvidia'"),
         ("seccomp", "container.security_opt[0]", "seccomp=/nonexist.json", 7, "cannot apply"),
@@ -145,4 +145,20 @@ def test_a_run_whose_up_failed_names_the_setting_once_for_all_hosts(tmp_path: ob
         f"; fix: container.group_add[1]: render ({path}:8): the image has no group 'render' "
         "(docker looks names up inside the container): give its numeric GID instead "
         "(`getent group render` on the host shows it) or remove it"
+    )
+
+
+def test_a_device_glob_is_found_by_the_device_docker_names(tmp_path: object) -> None:
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "c.yaml"
+    path.write_text(
+        "hosts: [n1]\ncontainer: {image: i:1, devices: [/dev/kfd, '/dev/infiniband/*']}\n"
+    )
+    cfg = load_cluster(path, check_files=False).container
+    text = REAL["device"].replace("/dev/nonexist", "/dev/infiniband/uverbs0")
+    hint = hint_for(text, cfg)
+    assert hint is not None and (hint.key, hint.value) == (
+        "container.devices[1]",
+        "/dev/infiniband/*",
     )

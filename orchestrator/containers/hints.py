@@ -13,6 +13,7 @@ privileged, volumes, shm_size, runtime (via extra_args).
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -94,8 +95,11 @@ def _group(m: re.Match[str], cfg: ContainerConfig) -> _Found:
 
 
 def _listed(key: str, items: list[str], needle: str) -> tuple[str, str] | None:
+    """The first entry of list `key` naming `needle` (or a glob, `/dev/infiniband/*`,
+    matching it)."""
     for index, item in enumerate(items):
-        if needle and needle in item:
+        path = item.split(":", 1)[0]
+        if needle and (needle in item or fnmatch.fnmatchcase(needle, path)):
             return f"container.{key}[{index}]", item
     return None
 
@@ -106,23 +110,22 @@ def _device(m: re.Match[str], cfg: ContainerConfig) -> _Found:
         return None
     return (
         *found,
-        "this device does not exist (or cannot be opened) on the host: remove it, or fix the "
-        "path (cvs passes only devices present on each host; a glob like /dev/infiniband/* "
-        "is expanded per host)",
+        "docker could not open this device on the host (gone, or not a device node): fix "
+        "the path or remove it",
     )
 
 
 def _capability(m: re.Match[str], cfg: ContainerConfig) -> _Found:
     cap = m.group(1).upper().removeprefix("CAP_")
-    found = _listed("cap_add", [c.upper().removeprefix("CAP_") for c in cfg.cap_add], cap)
-    if found is None:
-        return None
-    return (
-        found[0],
-        cfg.cap_add[int(found[0].rsplit("[", 1)[1].rstrip("]"))],
-        "docker does not know this capability: use a name from capabilities(7) without "
-        "CAP_ (SYS_PTRACE, IPC_LOCK), or remove it",
-    )
+    for index, name in enumerate(cfg.cap_add):
+        if name.upper().removeprefix("CAP_") == cap:
+            return (
+                f"container.cap_add[{index}]",
+                name,
+                "docker does not know this capability: use a name from capabilities(7) "
+                "without CAP_ (SYS_PTRACE, IPC_LOCK), or remove it",
+            )
+    return None
 
 
 def _security_opt(m: re.Match[str], cfg: ContainerConfig) -> _Found:

@@ -241,7 +241,8 @@ class PlainSink(_PipeWriter):
                 self.verbose or status == "failed" or (status == "started" and step in SLOW_STEPS)
             ):
                 if status == "failed" and detail:
-                    detail = self.seen.line(host, detail, context=step)
+                    # `flag: failed - exit 1`, not `flag: failed - failed: exit 1`
+                    detail = self.seen.line(host, detail.removeprefix("failed: "), context=step)
                 return f"{host} - {step}: {status}{' - ' + detail if detail else ''}"
             case Connected(host=host, seconds=s, attempts=n) if self.verbose:
                 return f"{host} - connected in {s:.2f}s ({n} attempt{'s' if n > 1 else ''})"

@@ -113,6 +113,25 @@ def test_cold_start_then_attach_then_a_failure_on_one_host(
         name=name,
         tmp=tmp_path,
     )
+    # A suite whose first step fails on one host: the next step is skipped, saying why.
+    suite = tmp_path / "check.yaml"
+    suite.write_text(
+        yaml.safe_dump(
+            {
+                "name": "check",
+                "steps": [
+                    {"name": "flag", "run": "test -e /tmp/flag"},
+                    {"name": "after", "run": "true"},
+                ],
+            }
+        )
+    )
+    check(
+        "run_fails_on_one_host: cvs run check",
+        cvs("run", "-c", str(path), str(suite), "--run-dir", str(tmp_path / "run")),
+        name=name,
+        tmp=tmp_path,
+    )
     # A persistent set with a hole: refused, naming the host and the ways out.
     assert docker(sandbox, "node2", "rm", "-f", name).returncode == 0
     check("refusal: cvs up", cvs("up", "-c", str(path)), name=name, tmp=tmp_path)

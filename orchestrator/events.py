@@ -214,6 +214,8 @@ class PlainSink(_PipeWriter):
         self.output = output
         # Errors already printed: the same one on the next host is a pointer.
         self.seen = SeenErrors()
+        # False when the command reports connect failures itself (`cvs status`).
+        self.connect_failures = True
 
     def emit(self, event: Event) -> None:
         line = self.render(event)
@@ -232,7 +234,7 @@ class PlainSink(_PipeWriter):
                 prefix = f"{host}: " if host else ""
                 tag = "" if level == "info" else f"{level}: "
                 return f"{tag}{prefix}{text}"
-            case ConnectFailed(host=host, status=status, error=error):
+            case ConnectFailed(host=host, status=status, error=error) if self.connect_failures:
                 return f"{host} ! {self.seen.line(host, f'{status}: {error}')}"
             case CommandFinished(host=host, result=r) if self.verbose and not r.ok:
                 code = f" (exit {r.exit_code})" if r.exit_code is not None else ""

@@ -124,6 +124,8 @@ class RichSink:
         self.hosts: dict[str, _HostView] = {}
         # Errors already printed: the same one on the next host is a pointer.
         self.seen = SeenErrors()
+        # False when the command reports connect failures itself (`cvs status`).
+        self.connect_failures = True
         self.redraws = 0
         self._inline = self.err.is_terminal and self.console.is_terminal
         self._lock = threading.RLock()
@@ -180,7 +182,7 @@ class RichSink:
             case ConnectFailed(host=h, status=s, error=e):
                 self._set(h, f"[red]{s}", "failed", e)
                 self._host(h).error = f"{s}: {e}"
-                if len(self.hosts) <= ROWS_MAX:
+                if len(self.hosts) <= ROWS_MAX and self.connect_failures:
                     line = self.seen.line(h, f"{s}: {e}")
                     self._say(Text.from_markup(f"[red]{h}[/] ! ") + Text(line))
             case CommandStarted(host=h):

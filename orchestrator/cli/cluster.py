@@ -325,7 +325,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     from orchestrator.containers.status import status_exit_code
 
     output = getattr(args, "output", None) or ("json" if args.json else "table")
-    rows = run_with_cluster(args, lambda c: c.status())
+    # Each host's reason is printed with the table (`HOST: reason`), once.
+    rows = run_with_cluster(args, lambda c: c.status(), connect_failures=False)
     code = status_exit_code(rows)
     if output in ("json", "yaml"):
         # Keyed by host, like every other subcommand's `hosts`.

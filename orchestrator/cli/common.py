@@ -163,13 +163,20 @@ def print_json_summary(
 
 
 def run_with_cluster(
-    args: argparse.Namespace, work: Callable[[Cluster], Awaitable[_T]], *, output: bool = False
+    args: argparse.Namespace,
+    work: Callable[[Cluster], Awaitable[_T]],
+    *,
+    output: bool = False,
+    connect_failures: bool = True,
 ) -> _T:
-    """Open the cluster, run `work(cluster)`, close; events go to the chosen sink."""
+    """Open the cluster, run `work(cluster)`, close; events go to the chosen sink.
+    `connect_failures` False: the command reports them itself (not twice)."""
     from orchestrator.api import Cluster
 
     cluster_cfg = load(args)
     sink = make_sink(args, output=output, cluster=cluster_cfg)
+    if hasattr(sink, "connect_failures"):
+        sink.connect_failures = connect_failures
 
     async def main() -> _T:
         async with Cluster.open(cluster_cfg, sink=sink) as cluster:

@@ -112,3 +112,23 @@ def test_bash_completes_suite_names_and_run_ids(tmp_path: object) -> None:
     assert "test_demo" in suites.split(), proc.stderr
     assert sorted(runs.split()) == ["20250101T120000Z-install_demo", "latest"]
     assert elsewhere == "20260101T000000Z-test_demo"
+
+
+def test_a_refusal_says_nothing_changed_once_and_never_when_something_did(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from orchestrator.cli.common import print_refusal
+    from orchestrator.errors import PolicyRefused
+
+    args = build_parser().parse_args(["up"])
+    args.json = False
+    reason = "held by alice; nothing was changed: retry later"
+    assert print_refusal(args, PolicyRefused([reason])) == 4
+    assert capsys.readouterr().err == (
+        "cvs: refused, nothing was changed:\n  - held by alice: retry later\n"
+    )
+    after_pull = PolicyRefused(["image skew"], changed=["image x:1 pulled on node1"])
+    print_refusal(args, after_pull)
+    err = capsys.readouterr().err
+    assert "nothing was changed" not in err
+    assert err.startswith("cvs: refused (no container changed; done before: image x:1 pulled")

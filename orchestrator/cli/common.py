@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import stat
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -236,6 +237,9 @@ async def _cancel_when_reader_leaves(scope: Any) -> None:
     scope.cancel()
 
 
+_ALREADY_SAID = re.compile(r"[;,] (?:so )?nothing was changed([.:])")
+
+
 def print_refusal(args: argparse.Namespace, exc: PolicyRefused) -> int:
     if args.json:
         write_json_result(
@@ -254,7 +258,10 @@ def print_refusal(args: argparse.Namespace, exc: PolicyRefused) -> int:
         else:
             sys.stderr.write("cvs: refused, nothing was changed:\n")
         for reason in exc.reasons:
-            sys.stderr.write(f"  - {reason}\n")
+            # The header says it once; the reasons (written to stand alone, as in
+            # --json) need not repeat it under it.
+            shown = _ALREADY_SAID.sub(r"\1", reason)
+            sys.stderr.write(f"  - {shown}\n")
     return ExitCode.REFUSED
 
 

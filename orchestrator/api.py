@@ -36,6 +36,7 @@ from orchestrator.containers.causes import (
     with_cause,
 )
 from orchestrator.containers.copy import Payload, Progress, copy_to_hosts, gather_from_hosts
+from orchestrator.containers.drift import cluster_expectations
 from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command
 from orchestrator.containers.probe import HostState
 from orchestrator.containers.status import HostStatus, host_status
@@ -130,7 +131,7 @@ def not_ready_result(host: str, state: HostState, name: str) -> HostResult:
         # Docker down, hung, no access: the host is reached, the command not run.
         return HostResult(host, "failed", error=state.error or "the container state is unknown")
     what = state.container_status or state.container or "absent"
-    text = f"container {name} is not running here ({what}; run `cvs up`)"
+    text = f"container {name} is not running on {host} ({what})"
     return HostResult(host, "failed", exit_code=NOT_RUNNING_EXIT, stderr=text + "\n", error=text)
 
 
@@ -343,13 +344,15 @@ class Cluster:
         states = await lc.probe_all()
         script_sha256 = lc.script().sha256
         wanted = sshd_wanted(self.config.container, len(self.config.hosts))
+        # What `up` would give each container, compared the way `up` compares.
+        expected = cluster_expectations(self.config, states)
         rows = []
         for host, state in states.items():
             resources: EffectiveResources | ValueError
-            try:
-                resources = lc.resources(host)
-            except ValueError as exc:
-                resources = exc
+            if isinstance(expected, ValueError):
+                resources = expected
+            else:
+                resources = expected.get(host, EffectiveResources())
             rows.append(
                 host_status(
                     state,
@@ -484,7 +487,11 @@ class Cluster:
                 host, script, timeout=timeout, input=stdin, label="exec", on_timeout=lambda: kill
             )
             if result.exit_code == NOT_RUNNING_EXIT and result.stderr.startswith("container "):
-                return replace(result, error=result.stderr.strip())
+                # The host's shell says "here"; the reader needs to know where.
+                error = result.stderr.strip().replace(
+                    " is not running here", f" is not running on {host}"
+                )
+                return replace(result, error=error)
             return await self._explain(host, name, result)
 
         try:

@@ -216,9 +216,12 @@ class PolicyRefused(CvsError):
 
     exit_code = ExitCode.REFUSED
 
-    def __init__(self, reasons: Sequence[Refusal | str]) -> None:
+    def __init__(self, reasons: Sequence[Refusal | str], changed: list[str] | None = None) -> None:
         self.refusals = [
             r if isinstance(r, Refusal) else Refusal(kind="other", reason=r) for r in reasons
         ]
         self.reasons = [r.render() for r in self.refusals]
         super().__init__("; ".join(self.reasons))
+        # What was done before the refusal (an image pulled or loaded on some
+        # hosts), so the CLI never says "nothing was changed" when it was.
+        self.changed = list(changed or [])

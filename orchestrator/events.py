@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any, Literal, Protocol
 
+from orchestrator.errortext import SeenErrors
 from orchestrator.results import HostResult
 
 Level = Literal["info", "warning", "error"]
@@ -211,6 +212,10 @@ class PlainSink(_PipeWriter):
         self.err = sys.stderr if stream is None else stream
         self.verbose = verbose
         self.output = output
+        # Errors already printed: the same one on the next host is a pointer.
+        self.seen = SeenErrors()
+        # False when the command reports connect failures itself (`cvs status`).
+        self.connect_failures = True
 
     def emit(self, event: Event) -> None:
         line = self.render(event)
@@ -229,14 +234,17 @@ class PlainSink(_PipeWriter):
                 prefix = f"{host}: " if host else ""
                 tag = "" if level == "info" else f"{level}: "
                 return f"{tag}{prefix}{text}"
-            case ConnectFailed(host=host, status=status, error=error):
-                return f"{host} ! {status}: {error}"
+            case ConnectFailed(host=host, status=status, error=error) if self.connect_failures:
+                return f"{host} ! {self.seen.line(host, f'{status}: {error}')}"
             case CommandFinished(host=host, result=r) if self.verbose and not r.ok:
                 code = f" (exit {r.exit_code})" if r.exit_code is not None else ""
                 return f"{host} ! {r.status}{code}{': ' + r.error if r.error else ''}"
             case HostStep(host=host, step=step, status=status, detail=detail) if (
                 self.verbose or status == "failed" or (status == "started" and step in SLOW_STEPS)
             ):
+                if status == "failed" and detail:
+                    # `flag: failed - exit 1`, not `flag: failed - failed: exit 1`
+                    detail = self.seen.line(host, detail.removeprefix("failed: "), context=step)
                 return f"{host} - {step}: {status}{' - ' + detail if detail else ''}"
             case Connected(host=host, seconds=s, attempts=n) if self.verbose:
                 return f"{host} - connected in {s:.2f}s ({n} attempt{'s' if n > 1 else ''})"

@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.config.hostlist import compress_hostlist
+from orchestrator.errortext import SeenErrors, fold_errors
 from orchestrator.events import (
     CommandFinished,
     CommandStarted,
@@ -121,6 +122,10 @@ class RichSink:
         self.verbose = verbose
         self.output = output
         self.hosts: dict[str, _HostView] = {}
+        # Errors already printed: the same one on the next host is a pointer.
+        self.seen = SeenErrors()
+        # False when the command reports connect failures itself (`cvs status`).
+        self.connect_failures = True
         self.redraws = 0
         self._inline = self.err.is_terminal and self.console.is_terminal
         self._lock = threading.RLock()
@@ -177,8 +182,9 @@ class RichSink:
             case ConnectFailed(host=h, status=s, error=e):
                 self._set(h, f"[red]{s}", "failed", e)
                 self._host(h).error = f"{s}: {e}"
-                if len(self.hosts) <= ROWS_MAX:
-                    self._say(Text.from_markup(f"[red]{h}[/] ! ") + Text(f"{s}: {e}"))
+                if len(self.hosts) <= ROWS_MAX and self.connect_failures:
+                    line = self.seen.line(h, f"{s}: {e}")
+                    self._say(Text.from_markup(f"[red]{h}[/] ! ") + Text(line))
             case CommandStarted(host=h):
                 self._set(h, "[yellow]running", "running")
             case OutputLine(host=h, line=line) if self.output:
@@ -197,7 +203,8 @@ class RichSink:
                 if status == "failed":
                     self._host(h).error = f"{step}: {detail}"
                     if len(self.hosts) <= ROWS_MAX:
-                        self._say(Text.from_markup(f"[red]{h}[/] ! ") + Text(f"{step}: {detail}"))
+                        line = self.seen.line(h, f"{step}: {detail}")
+                        self._say(Text.from_markup(f"[red]{h}[/] ! ") + Text(line))
             case Message(level=level, text=text, host=host):
                 style = {"warning": "yellow", "error": "red"}.get(level, "")
                 prefix = f"{host}: " if host else ""
@@ -266,12 +273,14 @@ def progress_lines(hosts: Mapping[str, _HostView], *, now: float, top: int = 5) 
     return lines
 
 
-def failure_groups(errors: Mapping[str, str]) -> list[tuple[list[str], str]]:
-    """Hosts that failed with the identical error, largest group first."""
-    groups: dict[str, list[str]] = {}
-    for host, error in errors.items():
-        groups.setdefault(error, []).append(host)
-    return sorted(((hs, e) for e, hs in groups.items()), key=lambda g: -len(g[0]))
+def failure_groups(
+    errors: Mapping[str, str], aliases: Mapping[str, Sequence[str]] | None = None
+) -> list[tuple[list[str], str]]:
+    """Hosts that failed with the same error, largest group first: the same once
+    host names and addresses (`aliases`: per host, its address and VPC
+    address), container IDs and docker's usage hints are set aside
+    (`errortext.fold_errors`)."""
+    return fold_errors(errors, aliases)
 
 
 STATUS_HEADERS = [
@@ -289,16 +298,43 @@ STATUS_HEADERS = [
 ]
 
 
+# A cell whose value could not be probed (null in `--json`); explained once under the table.
+UNKNOWN = "?"
+UNKNOWN_NOTE = "? in the table: not known, for this reason"
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return UNKNOWN
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
 def status_cells(status: HostStatus) -> list[str]:
-    """One `cvs status` table row: the `--json` row's values, limits and drift folded."""
+    """One `cvs status` table row: the `--json` row's values (null as `?`, no
+    container as `-`), limits and drift folded."""
     row = status.to_dict()
     hard_limits = {k: v for k, v in status.limits.items() if k in ("cpus", "memory", "pids")}
-    cells = {
-        **{k: "yes" if v is True else "no" if v is False else str(v) for k, v in row.items()},
-        "limits": " ".join(f"{k}={v}" for k, v in hard_limits.items()) or "-",
-        "drift": "; ".join(status.drift) or "-",
-    }
+    cells = {k: _cell(v) for k, v in row.items()}  # state stays "unknown": the word says it
+    if status.probed:
+        for key in ("image", "tag"):
+            cells[key] = "-" if row[key] is None else cells[key]  # no container / no tag
+    cells["limits"] = " ".join(f"{k}={v}" for k, v in hard_limits.items()) or "-"
+    cells["drift"] = ("; ".join(status.drift) or "-") if status.probed else UNKNOWN
     return [cells[h] for h in STATUS_HEADERS]
+
+
+def _status_errors(rows: Sequence[HostStatus], out: IO[str] | None = None) -> None:
+    """Each host's reason on stderr, `HOST: reason`; the first one also says
+    what the table's `?` means (once: the table's rows stay one per host)."""
+    explained = False
+    for r in rows:
+        if r.error:
+            note = ""
+            if not explained and (not r.probed or r.docker is None):
+                note, explained = f"; {UNKNOWN_NOTE}", True
+            sys.stderr.write(f"{r.host}: {r.error}{note}\n")
 
 
 def print_status(rows: Sequence[HostStatus], *, plain: bool) -> None:
@@ -315,9 +351,7 @@ def print_status(rows: Sequence[HostStatus], *, plain: bool) -> None:
         for r in rows:
             table.add_row(*status_cells(r))
         Console().print(table)
-    for r in rows:
-        if r.error:
-            sys.stderr.write(f"{r.host}: {r.error}\n")
+    _status_errors(rows)
 
 
 # ---- cvs status -o table|wide: a colour-coded table -------------------------------------
@@ -340,7 +374,6 @@ STATUS_STYLES: dict[str, dict[str, str]] = {
     "stale": {"yes": "yellow", "no": "dim"},
     "sshd": {"listening": "green", "down": "red", "off": "dim"},
     "provisioned": {"yes": "green", "no": "yellow"},
-    "docker": {"?": "red"},
 }
 
 
@@ -354,13 +387,15 @@ def status_table(rows: Sequence[HostStatus], *, wide: bool = False) -> Table:
     table = Table(*columns, header_style="bold")
     for row in rows:
         cells = dict(zip(STATUS_HEADERS, status_cells(row), strict=True))
-        if not wide and cells["drift"] != "-":
+        if not wide and cells["drift"] not in ("-", UNKNOWN):
             cells["drift"] = f"{len(row.drift)} (-o wide)"
         rendered = []
         for column in columns:
             text = cells[column]
             style = STATUS_STYLES.get(column, {}).get(text, "")
-            if column == "drift" and text != "-":
+            if text == UNKNOWN:
+                style = "bold red"
+            elif column == "drift" and text != "-":
                 style = "yellow"
             if column == "provisioned" and text.startswith("other"):
                 style = "yellow"
@@ -389,9 +424,7 @@ def print_status_table(
             out.write("  ".join(cells).rstrip() + "\n")
     else:
         Console(file=out).print(status_table(rows, wide=wide))
-    for r in rows:
-        if r.error:
-            sys.stderr.write(f"{r.host}: {r.error}\n")
+    _status_errors(rows, out)
 
 
 # ---- cvs exec --group on a terminal: one coloured header per group -----------------------

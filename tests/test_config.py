@@ -47,7 +47,17 @@ def load_error(path: Path) -> str:
 
 MALFORMED = [
     # (id, file text, fragments that must all appear in the message)
-    ("yaml_syntax", "hosts: [a\nssh: {\n", [":2:4:", "expected ','"]),
+    # Where the structure broke, in words, with the line (issue 25; PyYAML said
+    # ":2:4: expected ',' or ']', but got ':'").
+    (
+        "yaml_syntax",
+        "hosts: [a\nssh: {\n",
+        [
+            ":1:8:",
+            "'[' opened on this line is never closed: end it with ']'",
+            'line 1: "hosts: [a"',
+        ],
+    ),
     ("unknown_top_key", "hosts: [a]\nshh: {}\n", [":2:", "shh", "did you mean 'ssh'?"]),
     (
         "unknown_nested_key",

@@ -281,7 +281,7 @@ def test_unsatisfiable_message_names_host_request_and_inventory():
     result = select_gpus(MIXED_AMD, GPURequest(count=3, type="MI300X", min_memory="128G"))
     assert isinstance(result, Unsatisfiable)
     assert result.message("gpu01") == (
-        "host gpu01: GPU request {count: 3, type: MI300X, min_memory: 128G} cannot be "
+        "gpu01: GPU request {count: 3, type: MI300X, min_memory: 128G} cannot be "
         "satisfied: needs 3, found 2 matching; the host has 5 amd GPU(s): "
         "2x AMD Instinct MI250X (64Gi), 2x AMD Instinct MI300X (192Gi), "
         "1x unknown type (unknown memory)"

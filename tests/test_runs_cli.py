@@ -52,6 +52,7 @@ def test_runs_show_latest_prints_the_table_failures_and_report(
     out = capsys.readouterr().out
     assert "check on node2: failed: exit 3, expected 0" in out
     assert "test_x: failed (exit 1)" in out
+    assert "skipped: after (step 'check' failed)\n" in out  # a skipped step says why
     assert f"report:   {tmp_path / '20250304T050607Z-test_x' / 'report.html'}" in out
 
 
@@ -68,3 +69,18 @@ def test_results_json_round_trips_through_runs_show(tmp_path: Path) -> None:
 def test_runs_show_unknown_run_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["runs", "--dir", str(tmp_path), "show", "nope"]) == 2
     assert "no run 'nope'" in capsys.readouterr().err
+
+
+def test_runs_show_gives_the_duration_the_live_summary_gave(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 25: a 0.3 s run that crossed a second boundary read 1.0 s in `runs show`."""
+    from orchestrator.suites.report import verdict
+
+    outcome = failing_outcome(started=T0 + timedelta(microseconds=900_000))
+    outcome.finished = outcome.started + timedelta(seconds=0.3)
+    live = verdict(outcome)
+    assert " in 0.3s" in live
+    RunRecorder.create(tmp_path / "20250304T050607Z-test_x").finish(outcome)
+    assert main(["runs", "show", "latest", "--dir", str(tmp_path)]) == 0
+    assert live in capsys.readouterr().out

@@ -54,3 +54,29 @@ def test_an_unreachable_host_exits_3_even_next_to_a_dockerd_down() -> None:
     down = HostState(host="node3", error="docker daemon not reachable", error_kind="daemon_down")
     rows = [row(HEALTHY), row(unreachable), row(down)]
     assert status_exit_code(rows) == ExitCode.UNREACHABLE
+
+
+def test_what_could_not_be_probed_is_null_never_a_guess() -> None:
+    """Issue 25: an unreachable host used to read `stale: false`,
+    `provisioned: "no"`, `drift: []` and `"-"`/`"?"` strings."""
+    unreachable = HostState(host="node3", reachable=False, error="connect timed out")
+    doc = row(unreachable).to_dict()
+    assert doc == {
+        "host": "node3",
+        "reachable": False,
+        "docker": None,
+        "state": "unknown",
+        "image": None,
+        "tag": None,
+        "stale": None,
+        "sshd": None,
+        "provisioned": None,
+        "limits": EffectiveResources().describe(),
+        "drift": None,
+        "error": "connect timed out",
+    }
+
+
+def test_a_probed_host_without_a_container_says_so_not_unknown() -> None:
+    doc = row(HostState(host="node2", docker_access="direct", container="absent")).to_dict()
+    assert (doc["stale"], doc["provisioned"], doc["drift"], doc["image"]) == (False, "no", [], None)

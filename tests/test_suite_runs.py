@@ -138,6 +138,11 @@ def test_test_demo_before_install_fails_with_a_per_host_report(demo: DemoRuns) -
     assert "run 'cvs run install_demo' first" in proc.stdout
     doc = results(demo.dir("before"))
     assert [s["status"] for s in doc["steps"]] == ["failed", "skipped"]
+    # The skipped step says why, naming the step and the hosts (issue 25), live and at the end.
+    skipped = doc["steps"][1]
+    why = f"step {doc['steps'][0]['name']!r} failed on node[1-4]"
+    assert f"skipping {skipped['name']}: {why}" in proc.stderr, proc.stderr
+    assert f"skipped: {skipped['name']} ({why})" in proc.stdout
     assert doc["plan"]["node1"]["action"] == "cold_start"
 
 
@@ -302,6 +307,8 @@ def test_per_run_interrupted_exits_130_and_leaves_no_container(
     assert doc["interrupted"] and doc["exit_code"] == 130
     assert doc["steps"][0]["hosts"]["node1"]["status"] == "interrupted"
     assert containers(sandbox, "cvs-suite-int") == {}
+    # ... and says so: Ctrl-C's output names what the clean-up removed (issue 25).
+    assert "removed this run's per_run containers on node[1-4] (interrupted)" in err, err
 
 
 # ---- the pytest plugin example ------------------------------------------------------------
@@ -333,7 +340,10 @@ def test_pytest_plugin_example_runs_against_the_sandbox(
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("name: s\nsteps:\n  - name: a\n    run: [x\n", "bad.yaml:5:1: expected ','"),
+        (
+            "name: s\nsteps:\n  - name: a\n    run: [x\n",
+            "bad.yaml:4:10: the '[' opened on this line is never closed",
+        ),
         ("name: s\nsteps:\n  - {name: a, run: x, retries: 2}\n", "steps[0].retries: unknown key"),
         (
             "name: s\nsteps:\n  - {name: chk, run: x, expect: {stdout: '(x'}}\n",

@@ -130,7 +130,7 @@ def test_yaml_on_key_is_not_read_as_boolean() -> None:
         ),
         pytest.param(
             "name: s\nsteps:\n  - name: a\n    run: [x\n",
-            "s.yaml:5:1: expected ',' or ']'",
+            "s.yaml:4:10: the '[' opened on this line is never closed: end it with ']'",
             id="yaml-syntax-error-has-line-and-column",
         ),
         pytest.param(

@@ -15,6 +15,7 @@ from orchestrator.cli.common import (
     cli_reasons,
     cluster_path,
     failure_summary,
+    host_aliases,
     load,
     make_sink,
     print_json_summary,
@@ -28,6 +29,9 @@ from orchestrator.events import wants_plain
 from orchestrator.results import HostResult, exit_code_for
 
 if TYPE_CHECKING:
+    from orchestrator.api import Cluster
+    from orchestrator.config import ClusterConfig
+    from orchestrator.containers.lifecycle import UpReport
     from orchestrator.containers.plan import Plan
 
 
@@ -71,7 +75,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     hosts = chosen_hosts(cluster_cfg, args)
     # One argument is taken as shell text (`cvs exec -- 'a | b'`), several as argv.
     remote: str | list[str] = command[0] if len(command) == 1 else command
-    sink = make_sink(args, output=not args.group)
+    sink = make_sink(args, output=not args.group, cluster=cluster_cfg)
 
     async def main() -> dict[str, HostResult] | None:
         async with Cluster.open(cluster_cfg, sink=sink) as cluster:
@@ -112,7 +116,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
         print_grouped_rich(results)
     if not args.group:
         # Grouped by identical error: a thousand unreachable hosts are one line.
-        for line in failure_summary(results):
+        for line in failure_summary(results, host_aliases(cluster_cfg)):
             sys.stderr.write(line + "\n")
     truncated = [r for r in results.values() if r.truncated]
     if truncated:
@@ -131,8 +135,9 @@ def cmd_exec(args: argparse.Namespace) -> int:
 def _with_the_way_out(result: HostResult) -> HostResult:
     """A container that is not running: the command that starts it (the core
     says what is wrong; the CLI says which of its commands fixes it)."""
-    if result.exit_code == NOT_RUNNING_EXIT and (result.error or "").endswith("not running here"):
-        return replace(result, error=f"{result.error} (run `cvs up`)")
+    error = result.error or ""
+    if result.exit_code == NOT_RUNNING_EXIT and " is not running " in error and "`" not in error:
+        return replace(result, error=f"{error} (run `cvs up`)")
     return result
 
 
@@ -195,24 +200,72 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_up(args: argparse.Namespace) -> int:
     # A refusal (PolicyRefused) is reported by cli.main, like every CvsError;
     # a host that did not end ready is in the report (check=False), rendered below.
-    report = run_with_cluster(
-        args,
-        lambda c: c.up(
+    async def up(cluster: Cluster) -> tuple[ClusterConfig, UpReport]:
+        report = await cluster.up(
             force=args.force,
             reprovision=args.reprovision,
             check=False,
             adopt=args.adopt,
             wait=not args.no_wait,
-        ),
-    )
+        )
+        return cluster.config, report
+
+    config, report = run_with_cluster(args, up)
     if args.json:
         write_json_result(args, **report.to_dict())
         return report.exit_code
     # Each host as it ended: a host whose start a rollback undid says so
-    # (never `ok` for a container that no longer exists).
-    _write_host_lines({host: o.summary for host, o in report.outcomes.items()})
+    # (never `ok` for a container that no longer exists); failures fold by error.
+    lines = {host: o.summary for host, o in report.outcomes.items() if o.ok}
+    failed = {host: o.summary for host, o in report.outcomes.items() if not o.ok}
+    _write_host_lines(lines)
+    _write_failures(failed, config)
     sys.stderr.write(f"up: {len(report.ready)}/{len(report.outcomes)} hosts ready\n")
     return report.exit_code
+
+
+def _write_failures(failed: dict[str, str], config: Any) -> None:
+    """One line per distinct failure with its hostlist (`errortext.fold_errors`:
+    names, addresses, container IDs and docker's usage hints set aside); under
+    it, when a cluster-file setting caused it, the key, its line and the fix
+    (`containers.hints`). The full text is in `--json` and the run's logs."""
+    if not failed:
+        return
+    from orchestrator.cli.common import host_aliases
+    from orchestrator.render import compress_hosts, failure_groups
+
+    hints = _hinter(config)
+    for hosts, text in failure_groups(failed, host_aliases(config)):
+        where = hosts[0] if len(hosts) == 1 else f"{compress_hosts(hosts)} ({len(hosts)})"
+        sys.stderr.write(f"{where}: {text}\n")
+        hint = hints(failed[hosts[0]])
+        if hint:
+            sys.stderr.write(f"  fix: {hint}\n")
+
+
+def _hinter(config: Any) -> Any:
+    """error text -> `containers.hints` line (or None) for `config`'s container
+    block, with the lines its keys were written on (read once)."""
+    from orchestrator.config.documents import key_lines
+    from orchestrator.containers.hints import hint_for
+
+    source = getattr(config, "source_file", None)
+    lines: dict[str, int] = {}
+    if source:
+        try:
+            with open(source, encoding="utf-8") as f:
+                lines = key_lines(f.read(), source)
+        except (OSError, UnicodeDecodeError):
+            lines = {}
+    shown = source
+    if source and not os.path.relpath(source).startswith(".."):
+        shown = os.path.relpath(source)  # under the current directory: the short form
+
+    def hint(error: str) -> str | None:
+        found = hint_for(error, getattr(config, "container", None), lines)
+        return found.text(shown) if found else None
+
+    return hint
 
 
 # Above this many hosts, hosts with the identical line are folded into one
@@ -281,7 +334,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     from orchestrator.containers.status import status_exit_code
 
     output = getattr(args, "output", None) or ("json" if args.json else "table")
-    rows = run_with_cluster(args, lambda c: c.status())
+    # Each host's reason is printed with the table (`HOST: reason`), once.
+    rows = run_with_cluster(args, lambda c: c.status(), connect_failures=False)
     code = status_exit_code(rows)
     if output in ("json", "yaml"):
         # Keyed by host, like every other subcommand's `hosts`.

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import stat
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -45,6 +46,13 @@ def load(args: argparse.Namespace, **kwargs: Any) -> Any:
 
     hosts_from = getattr(args, "hosts_from", None)
     cluster = load_cluster(cluster_path(args), hosts_from=hosts_from, **kwargs)
+    if getattr(args, "narrow_hosts", False) and (
+        getattr(args, "hosts", None) or getattr(args, "exclude", None)
+    ):
+        keep = set(chosen_hosts(cluster, args))
+        hosts = [h for h in cluster.hosts if h.name in keep]
+        head = cluster.head if cluster.head in keep else None
+        cluster = cluster.model_copy(update={"hosts": hosts, "head": head})
     forks = getattr(args, "forks", None)
     if forks:
         concurrency = cluster.concurrency.model_copy(update={"hosts": forks})
@@ -76,17 +84,23 @@ def chosen_hosts(cluster: Any, args: argparse.Namespace) -> list[str]:
     return left
 
 
-def make_sink(args: argparse.Namespace, *, output: bool = True) -> EventSink:
+def make_sink(args: argparse.Namespace, *, output: bool = True, cluster: Any = None) -> EventSink:
     """JSON lines with --json; else the mode follows stdout, where host output goes:
     the live view on a terminal, `host | line` text when piped (cvs's own
-    messages go to stderr either way)."""
+    messages go to stderr either way). With `cluster`, the text sinks know the
+    hosts' addresses, so an error naming them prints once, not once per host."""
     if args.json:
         return JsonLinesSink(sys.stdout, output=output)
+    sink: PlainSink | Any
     if wants_plain(sys.stdout):
-        return PlainSink(verbose=args.verbose, output=output)
-    from orchestrator.render import RichSink
+        sink = PlainSink(verbose=args.verbose, output=output)
+    else:
+        from orchestrator.render import RichSink
 
-    return RichSink(verbose=args.verbose, output=output)
+        sink = RichSink(verbose=args.verbose, output=output)
+    if cluster is not None:
+        sink.seen.aliases = host_aliases(cluster)
+    return sink
 
 
 def command_name(args: argparse.Namespace) -> str | None:
@@ -117,12 +131,22 @@ def write_json_result(
     sys.stdout.flush()
 
 
-def failure_summary(results: dict[str, HostResult]) -> list[str]:
+def host_aliases(cluster: Any) -> dict[str, list[str]]:
+    """Per host, the other names an error may call it by (address, VPC address):
+    set aside when errors are compared, so the same error on many hosts folds."""
+    return {
+        h.name: [a for a in (h.address, h.vpc_address) if a] for h in getattr(cluster, "hosts", [])
+    }
+
+
+def failure_summary(
+    results: dict[str, HostResult], aliases: dict[str, list[str]] | None = None
+) -> list[str]:
     """One line per distinct failure, hosts folded: `node[2-4] (3): failed: exit code 1`."""
     from orchestrator.render import compress_hosts, failure_groups
 
     errors = {h: f"{r.status}: {r.error}" if r.error else r.status for h, r in results.items()}
-    groups = failure_groups({h: e for h, e in errors.items() if not results[h].ok})
+    groups = failure_groups({h: e for h, e in errors.items() if not results[h].ok}, aliases)
     return [f"{compress_hosts(hosts)} ({len(hosts)}): {error}" for hosts, error in groups]
 
 
@@ -140,13 +164,20 @@ def print_json_summary(
 
 
 def run_with_cluster(
-    args: argparse.Namespace, work: Callable[[Cluster], Awaitable[_T]], *, output: bool = False
+    args: argparse.Namespace,
+    work: Callable[[Cluster], Awaitable[_T]],
+    *,
+    output: bool = False,
+    connect_failures: bool = True,
 ) -> _T:
-    """Open the cluster, run `work(cluster)`, close; events go to the chosen sink."""
+    """Open the cluster, run `work(cluster)`, close; events go to the chosen sink.
+    `connect_failures` False: the command reports them itself (not twice)."""
     from orchestrator.api import Cluster
 
     cluster_cfg = load(args)
-    sink = make_sink(args, output=output)
+    sink = make_sink(args, output=output, cluster=cluster_cfg)
+    if hasattr(sink, "connect_failures"):
+        sink.connect_failures = connect_failures
 
     async def main() -> _T:
         async with Cluster.open(cluster_cfg, sink=sink) as cluster:
@@ -244,6 +275,9 @@ def cli_reasons(refusals: Sequence[Refusal]) -> list[str]:
     return list(dict.fromkeys(r.render(CLI_STYLE) for r in refusals))
 
 
+_ALREADY_SAID = re.compile(r"[;,] (?:so )?nothing was changed([.:])")
+
+
 def print_refusal(args: argparse.Namespace, exc: PolicyRefused) -> int:
     reasons = cli_reasons(exc.refusals)
     if args.json:
@@ -255,9 +289,18 @@ def print_refusal(args: argparse.Namespace, exc: PolicyRefused) -> int:
             refused=reasons,
         )
     else:
-        sys.stderr.write("cvs: refused, nothing was changed:\n")
+        changed = exc.changed
+        if changed:
+            # True words: the refusal came after something was done.
+            done = "; ".join(changed)
+            sys.stderr.write(f"cvs: refused (no container changed; done before: {done}):\n")
+        else:
+            sys.stderr.write("cvs: refused, nothing was changed:\n")
         for reason in reasons:
-            sys.stderr.write(f"  - {reason}\n")
+            # The header says it once; the reasons (written to stand alone, as in
+            # --json) need not repeat it under it.
+            shown = _ALREADY_SAID.sub(r"\1", reason)
+            sys.stderr.write(f"  - {shown}\n")
     return ExitCode.REFUSED
 
 

@@ -15,6 +15,13 @@ _NAMES = (
     '[print(h["name"]) for h in json.load(sys.stdin).get("cluster", {}).get("hosts", [])]\''
 )
 
+# Suite names for `cvs run SUITE`, from `cvs run --list --json` (./suites,
+# $CVS_SUITES_PATH, the shipped examples: what `cvs run` would find).
+_SUITES = (
+    "python3 -c 'import json,sys; "
+    '[print(s["name"]) for s in json.load(sys.stdin).get("suites", [])]\''
+)
+
 BASH_PREAMBLE = f"""
 _cvs_hosts() {{
   local i cluster=""
@@ -26,6 +33,22 @@ _cvs_hosts() {{
   done
   compgen -W "$(cvs ${{cluster:+-c "$cluster"}} validate --no-check-files --json 2>/dev/null \
     | {_NAMES} 2>/dev/null)" -- "$1"
+}}
+
+_cvs_suites() {{
+  compgen -W "$(cvs run --list --json 2>/dev/null | {_SUITES} 2>/dev/null)" -- "$1"
+}}
+
+# Run IDs for `cvs runs show RUN`: the run directories under --dir (default ./runs).
+_cvs_runs() {{
+  local i dir=runs
+  for ((i=1; i < COMP_CWORD; i++)); do
+    case "${{COMP_WORDS[i]}}" in
+      --dir) dir="${{COMP_WORDS[i+1]}}" ;;
+      --dir=*) dir="${{COMP_WORDS[i]#--dir=}}" ;;
+    esac
+  done
+  compgen -W "latest $(cd "$dir" 2>/dev/null && ls -1d -- */ 2>/dev/null | tr -d /)" -- "$1"
 }}
 """
 
@@ -42,6 +65,25 @@ _cvs_hosts() {{
   hosts=(${{(f)"$(cvs ${{cluster:+-c "$cluster"}} validate --no-check-files --json 2>/dev/null \
     | {_NAMES} 2>/dev/null)"}})
   compadd -a hosts
+}}
+
+_cvs_suites() {{
+  local -a suites
+  suites=(${{(f)"$(cvs run --list --json 2>/dev/null | {_SUITES} 2>/dev/null)"}})
+  compadd -a suites
+}}
+
+_cvs_runs() {{
+  local i dir=runs
+  for ((i=2; i < CURRENT; i++)); do
+    case "${{words[i]}}" in
+      --dir) dir="${{words[i+1]}}" ;;
+      --dir=*) dir="${{words[i]#--dir=}}" ;;
+    esac
+  done
+  local -a runs
+  runs=(latest ${{(f)"$(cd "$dir" 2>/dev/null && ls -1d -- */ 2>/dev/null | tr -d /)"}})
+  compadd -a runs
 }}
 """
 

@@ -45,6 +45,16 @@ def host_count(text: str) -> int:
     return value
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with prefix matching off: `--hosts` must never be taken as the
+    start of `--hosts-from` (or any option as another's abbreviation), on the
+    main parser and on every subparser alike."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+
 def _version() -> str:
     from orchestrator import __version__
 
@@ -83,7 +93,10 @@ def add_run_parser(sub: _Subparsers, common: argparse.ArgumentParser) -> None:
         epilog=RUN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("suite", nargs="?", metavar="SUITE", help="suite name or path to a suite file")
+    suite = p.add_argument(
+        "suite", nargs="?", metavar="SUITE", help="suite name or path to a suite file"
+    )
+    suite.complete = SUITE_COMPLETION  # type: ignore[attr-defined]
     p.add_argument(
         "function", nargs="*", metavar="FUNCTION", help="CVS test: run only these test functions"
     )
@@ -120,7 +133,7 @@ def _common_options(*, subcommand: bool) -> argparse.ArgumentParser:
     subcommands they default to SUPPRESS: otherwise `cvs -c FILE up` would
     silently drop FILE. (Separate parsers: `parents` shares Action objects.)
     """
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     unset: dict[str, Any] = {"default": argparse.SUPPRESS} if subcommand else {}
     common.add_argument(
         "-c",
@@ -171,10 +184,16 @@ def _positive_int(text: str) -> int:
 # Completion of host names (cli/completion.py defines the shell function); a plain
 # attribute the completion generator reads, so this module still imports argparse only.
 HOST_COMPLETION = {"bash": "_cvs_hosts", "zsh": "_cvs_hosts"}
+SUITE_COMPLETION = {"bash": "_cvs_suites", "zsh": "_cvs_suites"}
+RUN_COMPLETION = {"bash": "_cvs_runs", "zsh": "_cvs_runs"}
 
 
-def add_host_selection(p: argparse.ArgumentParser) -> None:
-    """--hosts and -x/--exclude, the same on every command that picks hosts."""
+def add_host_selection(p: argparse.ArgumentParser, *, narrows: bool = False) -> None:
+    """--hosts and -x/--exclude, the same on every command that picks hosts.
+
+    `narrows`: the command works on the cluster as a whole (plan, up, status,
+    down), so the selection narrows the cluster to those hosts, as a Slurm
+    allocation of part of it would (cli.common.load)."""
     hosts = p.add_argument(
         "--hosts", metavar="PATTERN", help="names, globs or hostlists, comma-separated"
     )
@@ -185,12 +204,14 @@ def add_host_selection(p: argparse.ArgumentParser) -> None:
         help="leave out these hosts (names, globs or hostlists, comma-separated)",
     )
     hosts.complete = exclude.complete = HOST_COMPLETION  # type: ignore[attr-defined]
+    if narrows:
+        p.set_defaults(narrow_hosts=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
     common = _common_options(subcommand=True)
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="cvs",
         description="Keep one named test container per GPU host in the state a run needs.",
         epilog=EPILOG,
@@ -198,7 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[_common_options(subcommand=False)],
     )
     parser.add_argument("--version", action="version", version=f"cvs {_version()}")
-    sub = parser.add_subparsers(dest="command_name", metavar="COMMAND", required=True)
+    sub: _Subparsers = parser.add_subparsers(
+        dest="command_name", metavar="COMMAND", required=True, parser_class=Parser
+    )
 
     p = sub.add_parser(
         "validate",
@@ -266,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="plan as `up --force` would")
     p.add_argument("--reprovision", action="store_true", help="plan as `up --reprovision` would")
     p.add_argument("--adopt", action="store_true", help="plan as `up --adopt` would")
+    add_host_selection(p, narrows=True)
     p.set_defaults(func="cluster:cmd_plan")
 
     p = sub.add_parser(
@@ -294,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
         "CVS's), after the image check, instead of refusing; ownership is recorded per host",
     )
     p.add_argument("--no-wait", action="store_true", help=NO_WAIT_HELP)
+    add_host_selection(p, narrows=True)
     p.set_defaults(func="cluster:cmd_up")
 
     p = sub.add_parser(
@@ -320,6 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="table (default), wide (every column), json or yaml",
     )
+    add_host_selection(p, narrows=True)
     p.set_defaults(func="cluster:cmd_status")
 
     p = sub.add_parser(
@@ -332,6 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--force", action="store_true", help="also remove persistent/foreign ones")
     p.add_argument("--no-wait", action="store_true", help=NO_WAIT_HELP)
+    add_host_selection(p, narrows=True)
     p.set_defaults(func="cluster:cmd_down")
 
     add_run_parser(sub, common)
@@ -344,7 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
         "each with its own sshd and dockerd, and a cluster.yaml to drive them.",
         epilog="example: cvs sandbox up --hosts 3 --dir /tmp/cvs-sandbox",
     )
-    sandbox_sub = p.add_subparsers(dest="sandbox_command", metavar="up|down", required=True)
+    sandbox_sub: _Subparsers = p.add_subparsers(
+        dest="sandbox_command", metavar="up|down", required=True, parser_class=Parser
+    )
     up = sandbox_sub.add_parser(
         "up",
         parents=[common],
@@ -419,14 +448,19 @@ def add_tools_parsers(sub: _Subparsers, common: argparse.ArgumentParser) -> None
         formatter_class=raw,
     )
     p.add_argument("--dir", default="runs", help="where the runs are (default ./runs)")
-    runs_sub = p.add_subparsers(dest="runs_command", metavar="show")
+    runs_sub: _Subparsers = p.add_subparsers(
+        dest="runs_command", metavar="show", parser_class=Parser
+    )
     show = runs_sub.add_parser(
         "show",
         parents=[common],
         help="print one run",
         epilog="example: cvs runs show latest",
     )
-    show.add_argument("run", metavar="RUN", help="run directory, its name under --dir, or latest")
+    run = show.add_argument(
+        "run", metavar="RUN", help="run directory, its name under --dir, or latest"
+    )
+    run.complete = RUN_COMPLETION  # type: ignore[attr-defined]
     show.add_argument(
         "--dir", default=argparse.SUPPRESS, help="where the runs are (default ./runs)"
     )

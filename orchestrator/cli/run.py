@@ -28,7 +28,13 @@ from orchestrator.errors import ExitCode, UsageError
 from orchestrator.events import TeeSink
 from orchestrator.suites.model import SHIPPED_PACKAGE, find_suite, list_suites, load_suite
 from orchestrator.suites.records import RunOutcome, RunRecorder, default_run_dir, results_document
-from orchestrator.suites.report import failure_report, plain_table, summary_rows, verdict
+from orchestrator.suites.report import (
+    failure_report,
+    plain_table,
+    skipped_note,
+    summary_rows,
+    verdict,
+)
 from orchestrator.suites.runner import new_outcome, resolve_step_hosts, run_suite
 
 
@@ -71,7 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         recorder = RunRecorder.create(default_run_dir(suite.name), unique=True)
     outcome = new_outcome(suite, cluster, str(cluster_file))
-    screen = make_sink(args)
+    screen = make_sink(args, cluster=cluster)
     sink = TeeSink(screen, recorder.events_sink())
 
     async def main() -> RunOutcome | None:
@@ -154,6 +160,7 @@ def print_report(outcome: RunOutcome, recorder: RunRecorder, out: IO[str]) -> No
     else:
         out.write(plain_table(header, rows))
         out.write(failures)
+    out.write(skipped_note(outcome))
     for w in outcome.warnings:
         out.write(f"warning: {w}\n")
     out.write(verdict(outcome) + "\n")

@@ -16,6 +16,7 @@ from orchestrator.suites.report import (
     failure_report,
     plain_table,
     run_hosts,
+    skipped_note,
     summary_rows,
     verdict,
     verdict_word,
@@ -146,6 +147,7 @@ def _show(args: argparse.Namespace, base: Path) -> int:
     header, rows = summary_rows(o)
     out.write(plain_table(header, rows))
     out.write(failure_report(o))
+    out.write(skipped_note(o))
     for w in o.warnings:
         out.write(f"warning: {w}\n")
     out.write(verdict(o) + "\n")

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 LOGIN_SHELL = "if command -v bash >/dev/null 2>&1; then exec bash -i; else exec sh -i; fi"
 
 
-def remote_command(cluster: ClusterConfig, *, host_os: bool, tty: bool) -> str:
+def remote_command(cluster: ClusterConfig, *, host_os: bool, tty: bool, host: str = "") -> str:
     """What runs on the host: the shell, inside the container unless `host_os`."""
     from orchestrator.config import container_name
     from orchestrator.containers.copy import in_container
@@ -37,7 +37,7 @@ def remote_command(cluster: ClusterConfig, *, host_os: bool, tty: bool) -> str:
     argv = ["sh", "-c", LOGIN_SHELL]
     if host_os or cluster.container is None:
         return shlex.join(argv)
-    return in_container(container_name(cluster), argv, tty=tty)
+    return in_container(container_name(cluster), argv, tty=tty, host=host, advice="run `cvs up`")
 
 
 def cmd_shell(args: argparse.Namespace) -> int:
@@ -51,7 +51,7 @@ def cmd_shell(args: argparse.Namespace) -> int:
     if shutil.which("ssh") is None:
         raise UsageError("cvs shell: needs OpenSSH's client (`ssh`) on PATH")
     tty = sys.stdin.isatty()
-    remote = remote_command(cluster, host_os=args.host_os, tty=tty)
+    remote = remote_command(cluster, host_os=args.host_os, tty=tty, host=args.host)
     argv = openssh_argv(cluster, args.host, remote, tty=tty)
     sys.stdout.flush()
     sys.stderr.flush()

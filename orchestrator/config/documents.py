@@ -21,6 +21,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel
 
+from orchestrator.config.yaml_words import explain, shown
 from orchestrator.errors import ConfigError as ConfigError
 
 
@@ -129,11 +130,30 @@ def _line_of(mark: yaml.Mark | None) -> int | None:
     return line + 1
 
 
-def yaml_error(source: str, exc: yaml.YAMLError) -> ConfigError:
+def yaml_error(source: str, exc: yaml.YAMLError, text: str | None = None) -> ConfigError:
+    """One line: where the structure broke and what is wrong there, in words a
+    person uses, with the line as written (`yaml_words`); PyYAML's own words
+    for what that does not know."""
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     problem = getattr(exc, "problem", None) or str(exc)
     context = getattr(exc, "context", None)
     context_mark = getattr(exc, "context_mark", None)
+    if text is not None and mark is not None:
+        explained = explain(
+            text,
+            problem,
+            mark.line + 1,
+            mark.column + 1,
+            context,
+            None if context_mark is None else context_mark.line + 1,
+            None if context_mark is None else context_mark.column + 1,
+        )
+        if explained is not None:
+            written = shown(text, explained.line)
+            return ConfigError(
+                f"{source}:{explained.line}:{explained.column}: {explained.message}"
+                + (f' (line {explained.line}: "{written}")' if written else "")
+            )
     message = one_line(problem)
     if context and context_mark is not None and context_mark is not mark:
         message += f" ({one_line(context)} at line {context_mark.line + 1})"
@@ -182,7 +202,7 @@ def parse_document(text: str, source: str) -> Any:
                 return json.loads(text, object_pairs_hook=_json_object)
             except (ValueError, _DuplicateJSONKey, RecursionError):
                 pass
-        raise yaml_error(source, exc) from None
+        raise yaml_error(source, exc, text) from None
 
 
 # ---- describing values and paths in plain words ---------------------------
@@ -481,3 +501,37 @@ def first_problem(lines: list[str]) -> ConfigError:
     if more:
         first += f" (and {more} more problem{'s' if more > 1 else ''})"
     return ConfigError(first)
+
+
+# ---- where each key was written (for hints about runtime errors) ----------
+
+
+def key_lines(text: str, source: str) -> dict[str, int]:
+    """`{"container.ulimits.memlock": 72, "container.group_add[1]": 68, ...}`:
+    the line each key (and list item) of a YAML document was written on, by
+    dotted path. A JSON file, or text that does not parse, gives what it can
+    ({} for those): a hint then names the key without a line."""
+    try:
+        data = parse_document(text, source)
+    except (ConfigError, RecursionError):
+        return {}
+    out: dict[str, int] = {}
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, _MarkedDict):
+            for key, value in node.items():
+                child = f"{path}.{key}" if path else str(key)
+                line = _line_of(node.key_marks.get(key))
+                if line is not None:
+                    out[child] = line
+                walk(value, child)
+        elif isinstance(node, _MarkedList):
+            for index, (value, mark) in enumerate(zip(node, node.item_marks, strict=False)):
+                child = f"{path}[{index}]"
+                line = _line_of(mark)
+                if line is not None:
+                    out[child] = line
+                walk(value, child)
+
+    walk(data, "")
+    return out

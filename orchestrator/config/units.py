@@ -33,13 +33,15 @@ def parse_size(text: str | int) -> int:
 
 
 def format_size(n: int) -> str:
-    """Short human form, exact when possible (`16Gi`, `512Mi`, `1536Mi`)."""
+    """Short human form in the largest unit that fits: exact when it divides
+    (`16Gi`, `1.5Gi`), else rounded to one decimal (`23.5Gi` for a host's
+    24684092Ki of RAM); a size never reads as a six-digit count of Ki."""
     for unit, power in (("Pi", 5), ("Ti", 4), ("Gi", 3), ("Mi", 2), ("Ki", 1)):
         div = 1024**power
-        if n >= div and n % div == 0:
-            return f"{n // div}{unit}"
-    for unit, power in (("Gi", 3), ("Mi", 2), ("Ki", 1)):
-        div = 1024**power
         if n >= div:
+            if n % div == 0:
+                return f"{n // div}{unit}"
+            if (n * 10) % div == 0:
+                return f"{n * 10 // div / 10:g}{unit}"
             return f"{n / div:.1f}{unit}"
     return f"{n}B"

@@ -53,12 +53,19 @@ class CopyError(ValueError):
 
 
 def in_container(
-    name: str, argv: Sequence[str], *, tty: bool = False, runtime: DockerRuntime | None = None
+    name: str,
+    argv: Sequence[str],
+    *,
+    tty: bool = False,
+    runtime: DockerRuntime | None = None,
+    host: str = "",
+    advice: str = "",
 ) -> str:
     """Host shell text running `argv` in container `name` with stdin attached
-    (and a terminal with `tty`, for `cvs shell`)."""
+    (and a terminal with `tty`, for `cvs shell`); `host` names it when the
+    container is not running."""
     args = ["exec", "-i", *(["-t"] if tty else []), name, *argv]
-    return in_running_container(name, args, runtime)
+    return in_running_container(name, args, runtime, host=host, advice=advice)
 
 
 def _check_name(path: Path, root: Path) -> None:

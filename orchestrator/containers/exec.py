@@ -30,9 +30,11 @@ def _pidfile(token: str) -> str:
     return f"/tmp/.cvs-exec-{token}.pid"
 
 
-def not_running_message(name: str) -> str:
-    """What a host says when the container is not running there."""
-    return f"container {name} is not running here"
+def not_running_message(name: str, host: str = "", advice: str = "") -> str:
+    """What a host says when the container is not running there (naming `host`,
+    the cluster's name for it, when given; `advice` is the caller's way out)."""
+    where = f"on {host}" if host else "here"
+    return f"container {name} is not running {where}" + (f" ({advice})" if advice else "")
 
 
 class ContainerCommand(NamedTuple):
@@ -42,15 +44,20 @@ class ContainerCommand(NamedTuple):
 
 
 def in_running_container(
-    name: str, docker_args: Sequence[str], runtime: DockerRuntime | None = None
+    name: str,
+    docker_args: Sequence[str],
+    runtime: DockerRuntime | None = None,
+    *,
+    host: str = "",
+    advice: str = "",
 ) -> str:
     """Host shell text that runs `docker DOCKER_ARGS` once container `name` is
     found running, in the same round trip; exit 125 with one line saying so
-    when it is not. A known `runtime` (probed under this invocation's lock)
-    skips the check."""
+    (naming `host`) when it is not. A known `runtime` (probed under this
+    invocation's lock) skips the check."""
     validate_container_name(name)
     runtime = runtime or DockerRuntime()
-    argv = runtime.when_running(name, docker_args, not_running_message(name))
+    argv = runtime.when_running(name, docker_args, not_running_message(name, host, advice))
     if runtime.known:
         return f"{DOCKER_CLI_ENV}; exec {shlex.join(argv)}"
     return f"exec {shlex.join(argv)}"

@@ -32,12 +32,12 @@ from orchestrator.config import (
     container_name,
     sshd_wanted,
 )
+from orchestrator.config.hostlist import abbreviate_hosts
 from orchestrator.containers.causes import output_cause
 from orchestrator.containers.docker import (
     CONTAINER_ID_RE,
     LABEL_INVOCATION,
     config_hash,
-    container_limits_drift,
     image_inspect_argv,
     load_argv,
     login_command,
@@ -52,6 +52,7 @@ from orchestrator.containers.docker import (
     start_argv,
     unpause_argv,
 )
+from orchestrator.containers.drift import limits_drift
 from orchestrator.containers.locks import HostLocks, Mode
 from orchestrator.containers.plan import (
     HostAction,
@@ -83,7 +84,6 @@ from orchestrator.limits.resources import (
     EffectiveResources,
     clamp_warnings,
     cluster_effective_resources,
-    effective_resources,
 )
 from orchestrator.remote import records
 from orchestrator.results import HostResult
@@ -503,12 +503,6 @@ class Lifecycle:
                 out.append(spec)
         return out
 
-    def resources(self, host: str) -> EffectiveResources:
-        """The caps the container on `host` gets: min(request, global cap, host cap)."""
-        return effective_resources(
-            self.cfg.resources, self.cluster.limits, self.cluster.host(host).limits
-        )
-
     async def up(
         self,
         *,
@@ -545,7 +539,7 @@ class Lifecycle:
             for host in plan.hosts("attach", "restart"):
                 # Keeping a container keeps its limits; say where they are not
                 # what the config now asks for instead of accepting them silently.
-                for drift in container_limits_drift(resources[host], states[host].host_config):
+                for drift in limits_drift(resources[host], states[host]):
                     self.sink.emit(
                         Message(level="warning", host=host, text=f"limits drift: {drift}")
                     )
@@ -592,7 +586,11 @@ class Lifecycle:
         if any(not outcomes[h].ok for h in launching):
             # Nothing has started anywhere yet: stop here, report per host.
             return UpReport(plan, outcomes)
-        selections = self._barrier(launching, prepared, states, outcomes)
+        try:
+            selections = self._barrier(launching, prepared, states, outcomes)
+        except PolicyRefused as exc:
+            exc.changed += _images_fetched(self.cfg.image, launching, outcomes)
+            raise
         keys = None
         if sshd_wanted(self.cluster.container, len(self.cluster.hosts)):
             keys = ClusterKeys.load_or_create(default_state_dir(self.cluster), self._hosts())
@@ -926,3 +924,16 @@ def _run_failed(outcome: HostOutcome) -> bool:
         for s, r in outcome.steps
         if not r.ok
     )
+
+
+def _images_fetched(
+    image: str, hosts: Sequence[str], outcomes: Mapping[str, HostOutcome]
+) -> list[str]:
+    """`image X pulled on node[1-2]`: what the prepare step changed on the hosts
+    before a refusal (the refusal must not say nothing changed)."""
+    out = []
+    for step, verb in (("pull", "pulled"), ("load", "loaded")):
+        done = [h for h in hosts if any(s == step and r.ok for s, r in outcomes[h].steps)]
+        if done:
+            out.append(f"image {image} {verb} on {abbreviate_hosts(done)}")
+    return out

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-from orchestrator.containers.docker import LABEL_CONFIG_HASH, container_limits_drift, short_id
+from orchestrator.containers.docker import short_id
+from orchestrator.containers.drift import container_drift
 from orchestrator.containers.probe import HostState
 from orchestrator.errors import ExitCode
 from orchestrator.limits.resources import EffectiveResources
@@ -38,8 +39,15 @@ class HostStatus:
     error: str | None = None  # why the probe could not tell
 
     @property
-    def stale(self) -> bool:
-        """The container runs an image its tag no longer resolves to."""
+    def probed(self) -> bool:
+        """The container's state is known: the host was reached and docker answered."""
+        return self.state != "unknown"
+
+    @property
+    def stale(self) -> bool | None:
+        """The container runs an image its tag no longer resolves to; None: not known."""
+        if not self.probed:
+            return None
         return (
             self.image_id is not None
             and self.tag_image_id is not None
@@ -47,23 +55,29 @@ class HostStatus:
         )
 
     def to_dict(self) -> dict[str, object]:
-        """The `cvs status --json` row."""
+        """The `cvs status --json` row. What could not be probed is null, never a
+        guess (`stale: false`, `drift: []` for a host nobody looked at): an
+        unreachable host has nulls everywhere but its name, reachability,
+        state ("unknown"), error and the limits the config gives it. For a probed host, `image`
+        and `tag` are null when there is no container / the tag is not there."""
+        probed = self.probed
+        provisioned: str | None = self.provisioned
+        if not probed:
+            provisioned = None
+        elif self.provisioned == "other":
+            provisioned = f"other script ({short_id(self.provision_marker)})"
         return {
             "host": self.host,
             "reachable": self.reachable,
-            "docker": self.docker or "?",
-            "state": self.state,
-            "image": _short_or_dash(self.image_id),
-            "tag": _short_or_dash(self.tag_image_id),
+            "docker": self.docker,
+            "state": self.state,  # "unknown" says it outright (and scripts filter on it)
+            "image": short_id(self.image_id) if self.image_id else None,
+            "tag": short_id(self.tag_image_id) if self.tag_image_id else None,
             "stale": self.stale,
-            "sshd": "-" if self.sshd == "unknown" else self.sshd,
-            "provisioned": (
-                f"other script ({short_id(self.provision_marker)})"
-                if self.provisioned == "other"
-                else self.provisioned
-            ),
+            "sshd": None if self.sshd == "unknown" or not probed else self.sshd,
+            "provisioned": provisioned,
             "limits": dict(self.limits),
-            "drift": list(self.drift),
+            "drift": list(self.drift) if probed else None,
             "error": self.error,
         }
 
@@ -76,17 +90,16 @@ def host_status(
     script_sha256: str,
     config_hash: str,
 ) -> HostStatus:
-    """`state` as a status row. `resources` is what the config gives the container
-    on this host, or the error computing it raised (shown as drift)."""
+    """`state` as a status row. `resources` is what `up` gives the container on
+    this host (`drift.expected_resources`), or the error computing it raised
+    (shown as drift). Drift is `drift.container_drift`, the comparison `up` makes."""
     drift: list[str] = []
     limits: dict[str, str] = {}
     if isinstance(resources, ValueError):
         drift.append(str(resources))
     else:
         limits = resources.describe()
-        drift += container_limits_drift(resources, state.host_config)
-    if state.labels.get(LABEL_CONFIG_HASH) not in (None, config_hash):
-        drift.append("container block changed since start")
+        drift = container_drift(resources, state, config_hash)
     return HostStatus(
         host=state.host,
         reachable=state.reachable,
@@ -113,10 +126,6 @@ def status_exit_code(rows: Sequence[HostStatus]) -> ExitCode:
     if any(r.error is not None for r in rows):
         return ExitCode.FAILED
     return ExitCode.OK
-
-
-def _short_or_dash(image_id: str | None) -> str:
-    return short_id(image_id) if image_id else "-"
 
 
 def _sshd(listening: bool | None, *, wanted: bool) -> SshdState:

@@ -35,9 +35,9 @@ def fit_to_host(
             "limits.max_memory for this host"
         )
     if cpu_count and eff.cpus is not None and eff.cpus > cpu_count:
+        # No host in the text: the event carries it (the sinks prefix it once).
         warning = (
-            f"{host}: cpus {eff.cpus:g} is more than the host's {cpu_count} CPUs: "
-            f"clamped to {cpu_count}"
+            f"cpus {eff.cpus:g} is more than the host's {cpu_count} CPUs: clamped to {cpu_count}"
         )
         return Fit(replace(eff, cpus=float(cpu_count)), warning, refusal)
     return Fit(eff, None, refusal)

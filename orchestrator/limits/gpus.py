@@ -362,7 +362,7 @@ class Unsatisfiable:
 
     def message(self, host: str) -> str:
         return (
-            f"host {host}: GPU request {describe_request(self.request)} cannot be satisfied: "
+            f"{host}: GPU request {describe_request(self.request)} cannot be satisfied: "
             f"{self.reason}; the host has {describe_inventory(self.inventory)}"
         )
 

@@ -317,7 +317,10 @@ class SSHPool:
             inner = exc.last_attempt.exception() or exc
             status, message = classify_connect_error(inner)
             raise ConnectError(
-                host, status, f"{what}{message} (after {attempts} attempts)", attempts
+                host,
+                status,
+                f"{what}{message} (after {attempts} attempt{'s' if attempts != 1 else ''})",
+                attempts,
             ) from inner
         except (OSError, asyncssh.Error, TimeoutError) as exc:
             status, message = classify_connect_error(exc)

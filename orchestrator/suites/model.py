@@ -256,7 +256,7 @@ def parse_suite(text: str, source: str) -> Suite:
     try:
         data = yaml.load(text, Loader=MarkingLoader)
     except yaml.YAMLError as exc:
-        raise yaml_error(source, exc) from None
+        raise yaml_error(source, exc, text) from None
     except RecursionError:
         raise ConfigError(f"{source}: nested too deeply") from None
     return suite_from_data(data, source)

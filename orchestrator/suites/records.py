@@ -27,7 +27,7 @@ import os
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any, Literal, TypedDict
 
@@ -231,6 +231,16 @@ def outcome_from_document(doc: dict[str, Any]) -> RunOutcome:
         for s in doc["steps"]
     ]
     code = int(doc["exit_code"])
+    started = _parse_stamp(doc["started"])
+    # The stamps are whole seconds; `duration` is the run's exact length: the
+    # same number the live summary printed (`report.run_seconds`), not 1.0 s
+    # for a run of 0.3 s that crossed a second boundary.
+    duration = doc.get("duration")
+    finished = (
+        started + timedelta(seconds=float(duration))
+        if isinstance(duration, int | float)
+        else _parse_stamp(doc["finished"])
+    )
     return RunOutcome(
         suite=doc["suite"]["name"],
         suite_file=doc["suite"]["file"],
@@ -238,8 +248,8 @@ def outcome_from_document(doc: dict[str, Any]) -> RunOutcome:
         cluster=doc["cluster"]["name"],
         cluster_file=doc["cluster"]["file"],
         lifetime=doc["cluster"]["lifetime"],
-        started=_parse_stamp(doc["started"]),
-        finished=_parse_stamp(doc["finished"]),
+        started=started,
+        finished=finished,
         plan={h: dict(e) for h, e in doc["plan"].items()},
         steps=steps,
         error=doc["error"],

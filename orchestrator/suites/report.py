@@ -96,6 +96,17 @@ def failure_report(outcome: RunOutcome, tail_lines: int = 10) -> str:
     return "\n".join(out) + ("\n" if out else "")
 
 
+def skipped_note(outcome: RunOutcome) -> str:
+    """`skipped: check, teardown (step 'build' failed on node2)`: the steps that
+    did not run, with why, one line per distinct reason ("" when none)."""
+    by_reason: dict[str, list[str]] = {}
+    for s in outcome.steps:
+        reasons = {r.reason for r in s.results.values() if r.status == "skipped"}
+        for reason in sorted(r or "not run" for r in reasons):
+            by_reason.setdefault(reason, []).append(s.name)
+    return "".join(f"skipped: {', '.join(names)} ({why})\n" for why, names in by_reason.items())
+
+
 def verdict(outcome: RunOutcome) -> str:
     """`test_demo: failed (exit 1) in 3.2s: ...`"""
     word = verdict_word(outcome)

@@ -13,7 +13,9 @@ cluster; `run_suite` is the IO around them.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -25,8 +27,12 @@ import anyio
 
 from orchestrator.api import Cluster, HostSelectionError, select_hosts
 from orchestrator.config import ClusterConfig, ConfigError
+from orchestrator.config.documents import key_lines
+from orchestrator.config.hostlist import compress_hostlist
 from orchestrator.containers.copy import CopyError, Payload
+from orchestrator.containers.hints import hint_for
 from orchestrator.errors import ExitCode, PolicyRefused
+from orchestrator.errortext import fold_errors
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.results import HostResult
 from orchestrator.suites.model import Step, Suite
@@ -165,16 +171,35 @@ def plan_rows(report: Any) -> dict[str, dict[str, str]]:
     return {h: {"action": str(a.kind), "reason": str(a.reason)} for h, a in actions.items()}
 
 
-def up_failure(report: Any) -> tuple[ExitCode, str] | None:
-    """(exit code, one line) when `up` left some host not ready, else None."""
+def up_failure(report: Any, cluster: ClusterConfig | None = None) -> tuple[ExitCode, str] | None:
+    """(exit code, one line) when `up` left some host not ready, else None: the
+    largest group of hosts with the same error (`errortext.fold_errors`), and
+    when a cluster-file setting caused it, the setting, its line and the fix
+    (`containers.hints`)."""
     if getattr(report, "ok", True):
         return None
-    failed = {h: o for h, o in report.outcomes.items() if not o.ok}
-    first_host, first = next(iter(failed.items()))
-    detail = (first.error or "failed").splitlines()[0]
-    more = f" (and {len(failed) - 1} more host(s))" if len(failed) > 1 else ""
-    text = f"up failed on {', '.join(failed)}: {first_host}: {detail}{more}"
-    return ExitCode(report.exit_code) or ExitCode.FAILED, text
+    failed = {h: o.error or "failed" for h, o in report.outcomes.items() if not o.ok}
+    groups = fold_errors(failed)
+    hosts, text = groups[0]
+    more = f" (and {len(groups) - 1} other error(s): cvs up shows them)" if len(groups) > 1 else ""
+    # The error's tail (docker's own words) is kept, up to a readable length.
+    line = f"up failed on {compress_hostlist(hosts)}: {_clip(text, 400)}{more}"
+    hint = _setting_hint(failed[hosts[0]], cluster)
+    if hint:
+        line += f"; fix: {hint}"
+    return ExitCode(report.exit_code) or ExitCode.FAILED, line
+
+
+def _setting_hint(error: str, cluster: ClusterConfig | None) -> str | None:
+    if cluster is None or cluster.container is None:
+        return None
+    lines: dict[str, int] = {}
+    source = cluster.source_file
+    if source:
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            lines = key_lines(Path(source).read_text(encoding="utf-8"), source)
+    found = hint_for(error, cluster.container, lines)
+    return found.text(source) if found else None
 
 
 def _is_interrupt(exc: BaseException) -> bool:
@@ -299,7 +324,12 @@ async def _steps(
             raise
         outcome.steps[index] = done
         if done.status == "failed" and not step.continue_on_failure:
-            stop_reason = f"step {step.name!r} failed"
+            failed_on = [h for h, r in done.results.items() if not r.ok]
+            stop_reason = f"step {step.name!r} failed on {compress_hostlist(failed_on)}"
+            later = [s.name for s in suite.steps[index + 1 :]]
+            if later:
+                # Said now, not only in the table at the end: why nothing more runs.
+                sink.emit(Message(level="info", text=f"skipping {', '.join(later)}: {stop_reason}"))
 
 
 async def run_suite(
@@ -338,7 +368,7 @@ async def run_suite(
                         report = await fleet.up(force=force, check=False, wait=wait)
                         outcome.plan = plan_rows(report)
                         outcome.warnings.extend(getattr(report.plan, "warnings", []))
-                        failure = up_failure(report)
+                        failure = up_failure(report, cluster)
                         if failure is not None:
                             outcome.up_exit_code, outcome.error = failure
                             reason = "up failed"
@@ -358,7 +388,9 @@ async def run_suite(
                 outcome.steps = [skipped_step(s, hosts[s.name], "refused") for s in suite.steps]
             finally:
                 if per_run and up_entered:
-                    await _down(fleet, outcome, sink)
+                    in_flight = sys.exc_info()[1]
+                    interrupted = in_flight is not None and _is_interrupt(in_flight)
+                    await _down(fleet, outcome, sink, interrupted=interrupted)
     except BaseException as exc:
         if _is_interrupt(exc):
             outcome.interrupted = True
@@ -389,7 +421,9 @@ def _mark_stopped(outcome: RunOutcome, reason: str) -> None:
                 step.results[host] = replace(r, reason=reason)
 
 
-async def _down(fleet: Cluster, outcome: RunOutcome, sink: EventSink) -> None:
+async def _down(
+    fleet: Cluster, outcome: RunOutcome, sink: EventSink, *, interrupted: bool = False
+) -> None:
     # Shielded: on Ctrl-C the run is being cancelled, and this is the part that must happen.
     with anyio.move_on_after(DOWN_TIMEOUT, shield=True) as scope:
         try:
@@ -403,9 +437,25 @@ async def _down(fleet: Cluster, outcome: RunOutcome, sink: EventSink) -> None:
             return
         for host, r in removed.items():
             if not r.ok:
-                text = f"could not remove the container on {host}: {r.error or r.status}"
-                outcome.warnings.append(text)
-                sink.emit(Message(level="error", text=text, host=host))
+                reason = r.error or r.status
+                outcome.warnings.append(f"could not remove the container on {host}: {reason}")
+                # The event carries the host: the sinks prefix it once.
+                sink.emit(
+                    Message(
+                        level="error", text=f"could not remove the container: {reason}", host=host
+                    )
+                )
+        gone = [h for h, r in removed.items() if r.ok]
+        if gone:
+            # Say what the clean-up did, above all after Ctrl-C (the run's last words
+            # are otherwise "interrupted"): the per_run containers are gone.
+            why = " (interrupted)" if interrupted or outcome.interrupted else ""
+            sink.emit(
+                Message(
+                    level="info",
+                    text=f"removed this run's per_run containers on {compress_hostlist(gone)}{why}",
+                )
+            )
     if scope.cancelled_caught:
         text = f"down did not finish within {DOWN_TIMEOUT:g}s; run `cvs down` to clean up"
         outcome.warnings.append(text)

@@ -36,11 +36,13 @@ compress_hosts = compress_hostlist
 
 
 def group_results(results: Mapping[str, HostResult]) -> list[tuple[list[str], HostResult]]:
-    """Hosts with identical output and status folded together, like `dshbak -c`."""
-    buckets: dict[tuple[str, str, str, int | None], list[str]] = {}
-    sample: dict[tuple[str, str, str, int | None], HostResult] = {}
+    """Hosts with identical output, status and error folded together, like
+    `dshbak -c` (the error too: a refused host and a timed-out one are both
+    `unreachable`, and a group shows one sample's error)."""
+    buckets: dict[tuple[str, str, str, int | None, str | None], list[str]] = {}
+    sample: dict[tuple[str, str, str, int | None, str | None], HostResult] = {}
     for host, r in results.items():
-        key = (r.status, r.stdout, r.stderr, r.exit_code)
+        key = (r.status, r.stdout, r.stderr, r.exit_code, r.error)
         buckets.setdefault(key, []).append(host)
         sample.setdefault(key, r)
     return [(hosts, sample[k]) for k, hosts in buckets.items()]

@@ -435,10 +435,15 @@ class SSHPool:
                 spent += delay
                 continue
             status, message = classify_connect_error(
-                failure, timeout=allowed, tcp_connected=trace.tcp_connected
+                failure,
+                timeout=min(ssh.connect_timeout, budget),
+                tcp_connected=trace.tcp_connected,
             )
             if attempts > 1:
-                message += f" ({attempts} attempts in {spent:.1f}s)"
+                # The same words on every host that failed alike (the count of
+                # attempts is in the ConnectFailed event): a fleet's failures
+                # fold into one line per cause.
+                message += f" (retried within the {budget:g}s connect budget)"
             raise ConnectError(host, status, what + message, attempts) from failure
 
     def _handshake_limiter(
@@ -634,7 +639,7 @@ class SSHPool:
         self.sink.emit(CommandStarted(host=host, command=text, label=label))
         async with link.channels:
             result = await self._run_on(
-                link, host, text, timeout, input, env, stream_output, start, on_timeout
+                link, host, text, timeout, input, env, stream_output, start, on_timeout, label
             )
         self.sink.emit(CommandFinished(host=host, result=result, label=label))
         return result
@@ -650,7 +655,9 @@ class SSHPool:
         stream_output: bool,
         start: float,
         on_timeout: Callable[[], Command] | None,
+        label: str | None = None,
     ) -> HostResult:
+        command = text
         # Environment values travel over stdin, ahead of `input`: never in argv.
         merged_env = {**self.cluster.env, **(env or {})}
         prefix = ""
@@ -689,7 +696,7 @@ class SSHPool:
             await self._kill(link, chan, session, on_timeout)
             chan.close()
         except (asyncssh.Error, OSError) as exc:
-            status, error = "unreachable", f"connection lost: {exc}"
+            status, error = "unreachable", self._lost(exc, label or command)
         except BaseException:
             # Cancelled (Ctrl-C, a sibling failed): stop the remote side too.
             with anyio.CancelScope(shield=True):
@@ -699,7 +706,7 @@ class SSHPool:
         exit_code = session.exit_code
         if status == "ok":
             if session.lost is not None:
-                status, error = "unreachable", f"connection lost: {session.lost}"
+                status, error = "unreachable", self._lost(session.lost, label or command)
             elif exit_code != 0:
                 status, error = "failed", f"exit code {exit_code}"
         out, err = session.tails["stdout"], session.tails["stderr"]
@@ -714,6 +721,20 @@ class SSHPool:
             stdout_dropped=out.dropped,
             stderr_dropped=err.dropped,
         )
+
+    def _lost(self, exc: BaseException, what: str) -> str:
+        """Why a running command lost its host, naming what was running. A
+        keepalive timeout is the silent host: no byte for the whole bound."""
+        ssh = self.cluster.ssh
+        what = what if len(what) <= 80 else what[:77] + "..."
+        if isinstance(exc, asyncssh.ConnectionLost) and "keepalive" in str(exc.reason):
+            bound = ssh.keepalive * (ssh.keepalive_count + 1)
+            return (
+                f"host stopped answering while running {what!r}: nothing received for "
+                f"{bound:g}s, {ssh.keepalive_count} keepalives unanswered "
+                "(network silent or host hung)"
+            )
+        return f"connection lost while running {what!r}: {exc}"
 
     @contextlib.asynccontextmanager
     async def held_process(

@@ -259,11 +259,20 @@ def progress_lines(hosts: Mapping[str, _HostView], *, now: float, top: int = 5) 
     if running:
         slow = ", ".join(f"{h} {now - hosts[h].since:.1f}s" for h in running)
         lines.append(Text(f"slowest: {slow}", style="yellow"))
-    for hosts_with, error in failure_groups({h: hosts[h].error for h in phases.get("failed", [])})[
-        :top
-    ]:
+    groups = failure_groups({h: hosts[h].error for h in phases.get("failed", [])})
+    for hosts_with, error in groups[:top]:
         lines.append(
             Text(f"{len(hosts_with)} failed: {error} ({compress_hosts(hosts_with)})", style="red")
+        )
+    if len(groups) > top:
+        # Bounded whatever the fleet, and nothing left out unsaid.
+        rest = groups[top:]
+        lines.append(
+            Text(
+                f"{sum(len(hs) for hs, _ in rest)} more failed with "
+                f"{len(rest)} other error{'s' if len(rest) > 1 else ''}",
+                style="red",
+            )
         )
     return lines
 

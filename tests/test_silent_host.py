@@ -73,7 +73,7 @@ def sshd_sessions(netns: str) -> list[int]:
 
 
 def test_a_silent_host_is_reported_lost_within_the_bound_and_the_others_finish(
-    make_sandbox: Callable[..., Sandbox],
+    make_sandbox: Callable[..., Sandbox], tmp_path: Path
 ) -> None:
     sb = make_sandbox(hosts=3)
     ssh = load_cluster(sb.cluster_file).ssh
@@ -85,7 +85,7 @@ def test_a_silent_host_is_reported_lost_within_the_bound_and_the_others_finish(
         [sys.executable, "-m", "orchestrator", "exec", "-c", str(sb.cluster_file),
          "--host-os", "--json", "--", *SLEEP],
         env={**os.environ, "CI": "1"}, cwd=REPO,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=(tmp_path / "stderr").open("w"), text=True,
     )  # fmt: skip
     lines: list[tuple[float, str]] = []
 
@@ -113,7 +113,7 @@ def test_a_silent_host_is_reported_lost_within_the_bound_and_the_others_finish(
             for pid in stopped:
                 os.kill(pid, signal.SIGCONT)
             stopped = []
-            _, stderr = proc.communicate(timeout=60)
+            proc.wait(timeout=60)
         ended = time.monotonic()
         reader.join(timeout=5)
     finally:
@@ -123,7 +123,7 @@ def test_a_silent_host_is_reported_lost_within_the_bound_and_the_others_finish(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 3, stderr
+    assert proc.returncode == 3, (tmp_path / "stderr").read_text()
     summary = json.loads(lines[-1][1])
     hosts = summary["hosts"]
     assert {h: r["status"] for h, r in hosts.items()} == {

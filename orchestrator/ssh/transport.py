@@ -696,7 +696,7 @@ class SSHPool:
             await self._kill(link, chan, session, on_timeout)
             chan.close()
         except (asyncssh.Error, OSError) as exc:
-            status, error = "unreachable", self._lost(exc, label or command)
+            status, error = "unreachable", self._lost(exc, label, command)
         except BaseException:
             # Cancelled (Ctrl-C, a sibling failed): stop the remote side too.
             with anyio.CancelScope(shield=True):
@@ -706,7 +706,7 @@ class SSHPool:
         exit_code = session.exit_code
         if status == "ok":
             if session.lost is not None:
-                status, error = "unreachable", self._lost(session.lost, label or command)
+                status, error = "unreachable", self._lost(session.lost, label, command)
             elif exit_code != 0:
                 status, error = "failed", f"exit code {exit_code}"
         out, err = session.tails["stdout"], session.tails["stderr"]
@@ -722,19 +722,22 @@ class SSHPool:
             stderr_dropped=err.dropped,
         )
 
-    def _lost(self, exc: BaseException, what: str) -> str:
-        """Why a running command lost its host, naming what was running. A
-        keepalive timeout is the silent host: no byte for the whole bound."""
+    def _lost(self, exc: BaseException, label: str | None, command: str) -> str:
+        """Why a running command lost its host, naming what was running (its
+        label and the end of its command line, where a wrapped command such as
+        `docker exec ... sh -c '...'` keeps the user's part). A keepalive
+        timeout is the silent host: no byte for the whole bound."""
         ssh = self.cluster.ssh
-        what = what if len(what) <= 80 else what[:77] + "..."
+        tail = command if len(command) <= 60 else "..." + command[-57:]
+        what = f"{label} {tail!r}" if label else repr(tail)
         if isinstance(exc, asyncssh.ConnectionLost) and "keepalive" in str(exc.reason):
             bound = ssh.keepalive * (ssh.keepalive_count + 1)
             return (
-                f"host stopped answering while running {what!r}: nothing received for "
+                f"host stopped answering while running {what}: nothing received for "
                 f"{bound:g}s, {ssh.keepalive_count} keepalives unanswered "
                 "(network silent or host hung)"
             )
-        return f"connection lost while running {what!r}: {exc}"
+        return f"connection lost while running {what}: {exc}"
 
     @contextlib.asynccontextmanager
     async def held_process(

@@ -141,5 +141,6 @@ def test_a_silent_host_is_reported_lost_within_the_bound_and_the_others_finish(
         if '"node3"' in line and '"unreachable"' in line and "stopped answering" in line
     ]
     assert reported - dropped < bound + 5, reported - dropped
+    print(f"node3 reported lost {reported - dropped:.1f}s after its network went silent")
     # The others ran their 32 s; the invocation did not wait for more.
     assert ended - dropped < 32 + 5

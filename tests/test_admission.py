@@ -36,8 +36,16 @@ def test_slow_start_doubles_the_window_per_round_of_fast_handshakes() -> None:
     assert window.window == 16
 
 
-def test_a_timeout_halves_the_window_once_per_round() -> None:
+def slowing_down(window: AimdWindow) -> None:
+    """Successful handshakes taking 1.5 s of a 10 s connect_timeout: not yet
+    slow enough to act on (2.5 s), but past half of it."""
+    window.smoothed = 1.5
+    window.fastest = 0.05
+
+
+def test_a_timeout_while_handshakes_slow_down_halves_the_window_once_per_round() -> None:
     window = AimdWindow(connect_timeout=10, initial=64)
+    slowing_down(window)
     tickets = fill(window)
     for t in tickets[:10]:  # ten handshakes of the same round time out
         t.outcome = "congested"  # type: ignore[attr-defined]
@@ -48,14 +56,31 @@ def test_a_timeout_halves_the_window_once_per_round() -> None:
 
 def test_a_timeout_of_the_next_round_halves_it_again() -> None:
     window = AimdWindow(connect_timeout=10, initial=64)
+    slowing_down(window)
     complete(window, "congested")
+    slowing_down(window)
     complete(window, "congested")  # admitted after the decrease: new news
     assert window.window == 16
+
+
+def test_dead_hosts_beside_fast_ones_do_not_shrink_the_window() -> None:
+    # Half the fleet times out (hosts down, sshds hung), the other half
+    # connects in 50 ms: our side is not overloaded, the window must not
+    # drop to its minimum (5000 hosts x 10 s / 4 would take hours).
+    window = AimdWindow(connect_timeout=10, initial=64)
+    for _ in range(20):
+        tickets = fill(window)
+        for n, t in enumerate(tickets):
+            t.outcome = "congested" if n % 2 else "ok"  # type: ignore[attr-defined]
+            window.finish(t, 10.0 if n % 2 else 0.05)  # type: ignore[arg-type]
+    assert window.decreases == 0
+    assert window.window >= 64
 
 
 def test_the_window_never_drops_below_its_minimum() -> None:
     window = AimdWindow(connect_timeout=10, initial=8, minimum=4)
     for _ in range(10):
+        slowing_down(window)
         complete(window, "congested")
     assert window.window == 4
 
@@ -88,6 +113,7 @@ def test_a_far_away_fleet_is_not_mistaken_for_a_loaded_coordinator() -> None:
 
 def test_after_a_decrease_the_window_grows_by_one_per_round() -> None:
     window = AimdWindow(connect_timeout=10, initial=32)
+    slowing_down(window)
     complete(window, "congested")
     assert window.window == 16
     tickets = fill(window)

@@ -14,12 +14,15 @@ loaded coordinator.
   time, so the window doubles per round while handshakes stay fast;
 - congestion avoidance after the first signal: +1/window per on-time
   completion (+1 per round);
-- a congestion signal halves the window (never below `minimum`): a handshake
-  that timed out or was reset (a throttling sshd drops the connection), or the
-  smoothed handshake time (EWMA, as TCP's srtt) rising above `slow_after`
-  (`slow_threshold`: a quarter of connect_timeout, or 3x the fastest handshake
-  seen if that is longer, so a far-away fleet is not mistaken for a loaded
-  one);
+- a congestion signal halves the window (never below `minimum`): the
+  smoothed time of the handshakes that succeed (EWMA, as TCP's srtt) rising
+  above `slow_after` (`slow_threshold`: a quarter of connect_timeout, or 3x
+  the fastest handshake seen if that is longer, so a far-away fleet is not
+  mistaken for a loaded coordinator), or a handshake that timed out or was
+  reset while the successful ones are slowing down too (past half that
+  threshold). Timeouts alone, beside fast successes, are dead hosts, not our
+  load: a fleet with many of them must not shrink to `minimum` and take
+  hours;
 - at most one decrease per round: outcomes of handshakes admitted before the
   last decrease are ignored (they were admitted under the old window);
 - the window grows only while it is in use (at least half full at some
@@ -112,7 +115,8 @@ class AimdWindow:
         if ticket.seq <= self._recovery:
             return  # admitted under the old window: its news is already acted on
         slow = self.smoothed is not None and self.smoothed > self.slow_after()
-        if ticket.outcome == "congested" or slow:
+        slowing = self.smoothed is not None and self.smoothed > self.slow_after() / 2
+        if slow or (ticket.outcome == "congested" and slowing):
             self._decrease()
         elif self._busy >= ticket.seq:  # the window was in use during its life
             self._increase()

@@ -10,19 +10,19 @@ loaded coordinator.
 
 `AimdWindow` is the decision, pure and synchronous (tested without IO):
 
-- slow start: from `initial` in flight, +1 per handshake that completed in
-  time, so the window doubles per round while handshakes stay fast;
+- slow start: from `initial` (64) in flight, +1 per handshake that completed
+  in time, so the window doubles per round while handshakes stay fast;
 - congestion avoidance after the first signal: +1/window per on-time
   completion (+1 per round);
-- a congestion signal halves the window (never below `minimum`): the
-  smoothed time of the handshakes that succeed (EWMA, as TCP's srtt) rising
-  above `slow_after` (`slow_threshold`: a quarter of connect_timeout, or 3x
-  the fastest handshake seen if that is longer, so a far-away fleet is not
-  mistaken for a loaded coordinator), or a handshake that timed out or was
-  reset while the successful ones are slowing down too (past half that
-  threshold). Timeouts alone, beside fast successes, are dead hosts, not our
-  load: a fleet with many of them must not shrink to `minimum` and take
-  hours;
+- the smoothed time of the handshakes that succeed (EWMA, as TCP's srtt)
+  rising above `slow_after` (`slow_threshold`: a third of connect_timeout,
+  or 3x the fastest handshake seen if that is longer, so a far-away fleet is
+  not mistaken for a loaded coordinator) shrinks the window to 3/4, gently,
+  as a delay signal is early news (TCP Vegas); a handshake that timed out or
+  was reset while the successful ones are slowing down too (past half that
+  threshold) halves it, a loss. Never below `minimum`. Timeouts alone,
+  beside fast successes, are dead hosts, not our load: a fleet with many of
+  them must not shrink to `minimum` and take hours;
 - at most one decrease per round: outcomes of handshakes admitted before the
   last decrease are ignored (they were admitted under the old window);
 - the window grows only while it is in use (at least half full at some
@@ -49,14 +49,18 @@ Outcome = Literal["ok", "congested", "neutral"]
 
 # The EWMA weight of a new sample (TCP's alpha for srtt).
 SMOOTHING = 1 / 8
+# Handshakes the smoothed time must cover before it is acted on.
+MIN_SAMPLES = 4
 
 
 def slow_threshold(connect_timeout: float, fastest: float | None) -> float:
-    """Smoothed handshake time beyond which the coordinator counts as congested."""
-    quarter = connect_timeout / 4
+    """Smoothed handshake time beyond which the coordinator counts as congested:
+    a third of connect_timeout (room for the slowest of a round, which take
+    longer than the mean, to finish in time), or 3x the fastest seen."""
+    third = connect_timeout / 3
     if fastest is None:
-        return quarter
-    return max(quarter, 3 * fastest)
+        return third
+    return max(third, 3 * fastest)
 
 
 @dataclass
@@ -73,13 +77,14 @@ class AimdWindow:
     """Additive increase, multiplicative decrease of handshakes in flight."""
 
     connect_timeout: float
-    initial: float = 16
+    initial: float = 64
     minimum: float = 4
     maximum: float = 100_000
     window: float = 0.0
     ssthresh: float = float("inf")
     in_flight: int = 0
-    smoothed: float | None = None  # EWMA of handshake seconds
+    smoothed: float | None = None  # EWMA of handshake seconds since the last decrease
+    samples: int = 0  # how many went into it
     fastest: float | None = None
     decreases: int = 0
     _seq: int = 0
@@ -106,6 +111,7 @@ class AimdWindow:
         if ticket.outcome == "neutral":
             return  # refused, cancelled: says nothing about our load
         if ticket.outcome == "ok":
+            self.samples += 1
             self.smoothed = (
                 seconds
                 if self.smoothed is None
@@ -114,10 +120,14 @@ class AimdWindow:
             self.fastest = seconds if self.fastest is None else min(self.fastest, seconds)
         if ticket.seq <= self._recovery:
             return  # admitted under the old window: its news is already acted on
-        slow = self.smoothed is not None and self.smoothed > self.slow_after()
-        slowing = self.smoothed is not None and self.smoothed > self.slow_after() / 2
-        if slow or (ticket.outcome == "congested" and slowing):
-            self._decrease()
+        # A trend, not one host: judged on a few handshakes at least.
+        known = self.smoothed is not None and self.samples >= MIN_SAMPLES
+        slow = known and self.smoothed is not None and self.smoothed > self.slow_after()
+        slowing = known and self.smoothed is not None and self.smoothed > self.slow_after() / 2
+        if ticket.outcome == "congested" and slowing:
+            self._decrease(0.5)
+        elif slow:
+            self._decrease(0.75)
         elif self._busy >= ticket.seq:  # the window was in use during its life
             self._increase()
 
@@ -131,14 +141,15 @@ class AimdWindow:
             self.window += 1 / self.window
         self.window = min(self.window, self.maximum)
 
-    def _decrease(self) -> None:
-        self.ssthresh = max(self.minimum, self.window / 2)
+    def _decrease(self, factor: float) -> None:
+        self.ssthresh = max(self.minimum, self.window * factor)
         self.window = self.ssthresh
         self._recovery = self._seq
         self.decreases += 1
         # The smoothed time carried the overload just acted on; the next round
         # is judged on its own handshakes.
         self.smoothed = None
+        self.samples = 0
 
 
 @dataclass

@@ -89,7 +89,8 @@ def test_without_a_jump_the_argv_is_options_only(tmp_path: Path) -> None:
         "ssh", "-t", "-F", "/dev/null", "-i", "/keys/id",
         "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=yes",
         "-o", "UserKnownHostsFile=/kh", "-o", "ConnectTimeout=10",
-        "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-p", "22", "-l", "ops", "10.0.0.5", "--", "true",
+        "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
+        "-p", "22", "-l", "ops", "10.0.0.5", "--", "true",
     ]  # fmt: skip
     assert not list(tmp_path.iterdir())
 
@@ -112,7 +113,8 @@ def test_with_a_jump_the_config_file_replaces_the_default_files(
         "ssh", "-T", "-F", str(path), "-i", "/keys/id",
         "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=yes",
         "-o", "UserKnownHostsFile=/kh", "-o", "ConnectTimeout=10",
-        "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-J", "ops@bastion:2222,gw",
+        "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
+        "-J", "ops@bastion:2222,gw",
         "-p", "22", "-l", "ops", "10.0.0.5", "--", "true",
     ]  # fmt: skip
     assert path.read_text() == jump_config(c)

@@ -11,8 +11,10 @@ of this process only, not the sshds'):
   login), through the pool's admission window;
 - command: `true` on every host over the open connections (a channel, exec,
   exit status);
-- idle: the connections held open for `--idle` seconds with `ssh.keepalive`
-  (default 5 s): the cost of noticing a silent host.
+- waiting: `sleep IDLE` on every host, so that every connection has a
+  command to wait for and sends keepalives (`ssh.keepalive`, default 5 s;
+  idle connections send none): the cost of noticing a silent host, less the
+  cost of one command measured above.
 
 From the connect figure follows how many handshakes per second one
 coordinator process (one core: asyncio runs on one thread) can serve when
@@ -68,9 +70,10 @@ def measure(cluster_file: Path, idle: float, keepalive: float) -> dict[str, Any]
             out["command_cpu"] = time.process_time() - c0
             out["command_failed"] = sum(1 for r in results.values() if not r.ok)
             c0 = time.process_time()
-            await anyio.sleep(idle)
-            out["idle_cpu"] = time.process_time() - c0
+            waited = await run_on_hosts(pool, hosts, f"sleep {idle:g}")
+            out["idle_cpu"] = max(0.0, time.process_time() - c0 - out["command_cpu"])
             out["idle_seconds"] = idle
+            out["idle_failed"] = sum(1 for r in waited.values() if not r.ok)
             out["load_after"] = loadavg()
         return out
 
@@ -97,7 +100,7 @@ def main() -> int:
         f"{m['connect_wall']:.1f}s wall, {m['connect_failed']} failed, "
         f"window peak {m['peak_in_flight']}; "
         f"command {m['command_cpu'] / n * 1000:.2f} ms CPU/host; "
-        f"idle with keepalive {m['keepalive']:g}s: "
+        f"waiting on a command with keepalive {m['keepalive']:g}s: "
         f"{m['idle_cpu'] / m['idle_seconds'] * 100:.1f}% of a core"
     )
     return 0

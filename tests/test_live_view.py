@@ -91,3 +91,21 @@ def test_five_thousand_hosts_get_a_bounded_summary_that_counts_every_failure() -
     assert len(lines) == 8
     # Drawn 10 times a second on the live thread: it must stay cheap at this size.
     assert drawn_in < 0.1, drawn_in
+
+
+def test_the_report_folds_hosts_by_error_too_not_by_status_alone() -> None:
+    from orchestrator.render import print_grouped
+
+    results = {
+        f"lo{n}": HostResult(f"lo{n}", "unreachable", error="connection refused (x)")
+        for n in range(1, 4001)
+    }
+    for n in range(4001, 5001):
+        results[f"lo{n}"] = HostResult(f"lo{n}", "unreachable", error="connect timed out (y)")
+    out = io.StringIO()
+    print_grouped(results, out)
+    titles = [line for line in out.getvalue().splitlines() if not line.startswith("-")]
+    assert titles == [
+        "lo[1-4000] (4000) unreachable: connection refused (x)",
+        "lo[4001-5000] (1000) unreachable: connect timed out (y)",
+    ]

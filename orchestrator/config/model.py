@@ -302,7 +302,9 @@ class Concurrency(Model):
     # entries sharing one (same address, an alias's HostName, a ProxyCommand
     # in ~/.ssh/config) share its cap; a jump is one shared connection.
     handshakes: int = Field(default=10, ge=1)
-    # Hosts worked on at once.
+    # Hosts worked on at once (`--forks`). Handshakes in flight are not this:
+    # they adapt to what the coordinator completes (ssh/admission.py), so
+    # setting it to the fleet size cannot cause a congestion collapse.
     hosts: int = Field(default=256, ge=1)
 
 

@@ -159,3 +159,44 @@ def test_timeouts_are_retried_only_while_the_budget_lasts(budget: float) -> None
     # 1 s, then the half second left: two attempts, never a third.
     assert failed.attempts == 2
     assert elapsed < budget + 1.0
+
+
+def test_time_queued_for_admission_does_not_count_against_connect_timeout() -> None:
+    from orchestrator.ssh.admission import AdmissionGate, AimdWindow
+
+    def silent(conn: socket.socket) -> None:
+        time.sleep(30)
+
+    with server(silent) as port:
+        config = ClusterConfig.model_validate(
+            {
+                "name": "queued",
+                "hosts": [
+                    {"name": f"h{n}", "address": "127.0.0.1", "port": port} for n in (1, 2)
+                ],
+                "ssh": {"host_key_policy": "off", "use_ssh_config": False, "user": "nobody",
+                        "connect_timeout": 1},
+            }
+        )  # fmt: skip
+        finished: dict[str, float] = {}
+
+        async def main() -> None:
+            async with SSHPool(config) as pool:
+                # One handshake in flight at a time: h2 waits for h1's whole attempt.
+                pool.admission = AdmissionGate(AimdWindow(connect_timeout=1, initial=1, minimum=1))
+                started = time.monotonic()
+
+                async def one(host: str) -> None:
+                    failure = await pool.connect(host)
+                    assert failure is not None and failure.message.startswith("connect timed out")
+                    finished[host] = time.monotonic() - started
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(one, "h1")
+                    await anyio.sleep(0.05)
+                    tg.start_soon(one, "h2")
+
+        anyio.run(main)
+    # h2 had its own full second once admitted, after h1's second: not zero.
+    assert 0.9 < finished["h1"] < 1.6, finished
+    assert finished["h2"] > finished["h1"] + 0.9, finished

@@ -1,6 +1,7 @@
 """Fan-out benchmark: ours against parallel-ssh's ParallelSSHClient, same run, same hosts.
 
     python bench/fanout.py --hosts 240,1000 --rounds 3
+    python bench/fanout.py --hosts 240,1000,5000 --rounds 1 --reuse-rounds 0 --forks default,fleet
 
 Serves N loopback endpoints (127.0.x.y, 16 `ListenAddress` per sshd, see
 bench/loopback.py), then, for each client in its own process, times `true`
@@ -12,7 +13,14 @@ per fleet size:
 - the fresh fan-out as a whole process: the wall time of a process that
   starts, imports, connects, runs `true` once and exits (what a user of a
   one-shot command waits for), and ours / theirs;
-- each process's peak resident memory (ru_maxrss from wait4), and per host.
+- each process's peak resident memory (ru_maxrss from wait4), and per host;
+- each process's CPU time (user + system, getrusage), per host;
+- how many hosts were ok (a run where some fail is reported, not dropped);
+- the load average when each figure was taken (the machine may be shared).
+
+`--forks default,fleet` runs each client with its own default parallelism
+(ours: concurrency.hosts 256; parallel-ssh: pool_size 100) and with it at the
+fleet size (what `--forks N` / parallel-ssh's `pool_size=N` ask for).
 
 Timings on a shared 2-core machine are noisy: compare the ratios, which are
 taken within one run, and use the median of several rounds (who goes first
@@ -39,7 +47,7 @@ HERE = Path(__file__).resolve()
 # ---- the two clients, each run as `fanout.py --worker ours|theirs` ------------------
 
 
-def worker_ours(cluster_file: Path, reuse_rounds: int) -> dict[str, Any]:
+def worker_ours(cluster_file: Path, reuse_rounds: int, forks: int | None) -> dict[str, Any]:
     """Our transport: SSHPool + run_on_hosts, as `cvs exec --host-os` uses them."""
     import anyio
     import yaml
@@ -48,14 +56,17 @@ def worker_ours(cluster_file: Path, reuse_rounds: int) -> dict[str, Any]:
     from orchestrator.ssh.fanout import run_on_hosts
     from orchestrator.ssh.transport import SSHPool
 
-    cfg = ClusterConfig.model_validate(yaml.safe_load(cluster_file.read_text()))
+    doc = yaml.safe_load(cluster_file.read_text())
+    if forks is not None:
+        doc["concurrency"] = {**doc.get("concurrency", {}), "hosts": forks}
+    cfg = ClusterConfig.model_validate(doc)
     hosts = [h.name for h in cfg.hosts]
 
     async def run() -> dict[str, Any]:
         async with SSHPool(cfg) as pool:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             first = await run_on_hosts(pool, hosts, "true")
-            fresh = time.perf_counter() - t0
+            fresh, fanout_cpu = time.perf_counter() - t0, time.process_time() - c0
             reused, bad = [], [r for r in first.values() if not r.ok]
             for _ in range(reuse_rounds):
                 t1 = time.perf_counter()
@@ -64,16 +75,20 @@ def worker_ours(cluster_file: Path, reuse_rounds: int) -> dict[str, Any]:
                 bad += [r for r in again.values() if not r.ok]
             return {
                 "fresh": fresh,
+                "fanout_cpu": fanout_cpu,
                 "reused": statistics.median(reused) if reused else None,
                 "failed": len(bad),
                 "example": str(bad[0]) if bad else None,
                 "handshakes": pool.connects,
+                "peak_in_flight": pool.admission.peak_in_flight,
+                "window_decreases": pool.admission.window.decreases,
+                "ok": len(hosts) - len([r for r in first.values() if not r.ok]),
             }
 
     return anyio.run(run)
 
 
-def worker_theirs(cluster_file: Path, reuse_rounds: int) -> dict[str, Any]:
+def worker_theirs(cluster_file: Path, reuse_rounds: int, forks: int | None) -> dict[str, Any]:
     """parallel-ssh's ParallelSSHClient (ssh2-python, gevent): the transport of the
     tool cvs replaces."""
     import yaml
@@ -82,19 +97,20 @@ def worker_theirs(cluster_file: Path, reuse_rounds: int) -> dict[str, Any]:
     doc = yaml.safe_load(cluster_file.read_text())
     addresses = [h["address"] for h in doc["hosts"]]
     ssh = doc["ssh"]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     client = ParallelSSHClient(
         addresses,
         user=ssh["user"],
         port=ssh["port"],
         pkey=ssh["identity_files"][0],
-        pool_size=len(addresses),
+        pool_size=forks or 100,  # parallel-ssh's default pool_size is 100
         num_retries=3,
     )
     output = client.run_command("true", stop_on_errors=False)
     client.join(output)
-    fresh = time.perf_counter() - t0
+    fresh, fanout_cpu = time.perf_counter() - t0, time.process_time() - c0
     codes = [o.exit_code for o in output]
+    ok = sum(1 for c in codes if c == 0)
     reused = []
     for _ in range(reuse_rounds):
         t1 = time.perf_counter()
@@ -105,20 +121,26 @@ def worker_theirs(cluster_file: Path, reuse_rounds: int) -> dict[str, Any]:
     bad = [c for c in codes if c != 0]
     return {
         "fresh": fresh,
+        "fanout_cpu": fanout_cpu,
         "reused": statistics.median(reused) if reused else None,
         "failed": len(bad),
         "example": str(bad[0]) if bad else None,
+        "ok": ok,
     }
 
 
 # ---- the driver -------------------------------------------------------------------------
 
 
-def run_worker(which: str, cluster_file: Path, reuse_rounds: int) -> dict[str, Any]:
-    """One client as a whole process: its own figures (with its peak RSS, from
-    getrusage in the worker), plus the process's wall time seen from here."""
+def run_worker(
+    which: str, cluster_file: Path, reuse_rounds: int, forks: int | None
+) -> dict[str, Any]:
+    """One client as a whole process: its own figures (with its peak RSS and CPU,
+    from getrusage in the worker), plus the process's wall time seen from here."""
     argv = [sys.executable, str(HERE), "--worker", which, "--cluster", str(cluster_file)]
     argv += ["--reuse-rounds", str(reuse_rounds)]
+    if forks is not None:
+        argv += ["--worker-forks", str(forks)]
     started = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = proc.communicate()
@@ -130,83 +152,122 @@ def run_worker(which: str, cluster_file: Path, reuse_rounds: int) -> dict[str, A
     return doc
 
 
-def measure(which: str, cluster_file: Path, reuse_rounds: int) -> dict[str, Any]:
+def loadavg() -> float:
+    """The 1-minute load average: how busy the (shared) machine was."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def measure(
+    which: str, cluster_file: Path, reuse_rounds: int, forks: int | None = None
+) -> dict[str, Any]:
     """Two processes: one that only connects, runs `true` once and exits (its wall
     time is the fresh fan-out as a whole process: interpreter start, imports,
-    connect, run, exit), then one that also runs on the reused connections."""
-    alone = run_worker(which, cluster_file, 0)
-    doc = run_worker(which, cluster_file, reuse_rounds)
-    for d in (alone, doc):
-        if d["failed"]:
-            raise SystemExit(f"{which}: {d['failed']} hosts not ok, e.g. {d['example']}")
-    doc["wall"] = alone["wall"]
+    connect, run, exit), then, with `reuse_rounds`, one that also runs on the
+    reused connections. A host that failed is counted (`ok`), not fatal: a
+    collapse is a result."""
+    load = loadavg()
+    alone = run_worker(which, cluster_file, 0, forks)
+    alone["load"] = load
+    if not reuse_rounds:
+        return alone
+    doc = run_worker(which, cluster_file, reuse_rounds, forks)
+    for key in ("wall", "cpu", "fanout_cpu", "ok", "load"):
+        doc[key] = alone[key]
     doc["maxrss_kib"] = max(alone["maxrss_kib"], doc["maxrss_kib"])
     return doc
 
 
-def fleet(hosts: int, rounds: int, reuse_rounds: int) -> dict[str, Any]:
-    import yaml
-
+def fleet(hosts: int, rounds: int, reuse_rounds: int, modes: list[str]) -> list[dict[str, Any]]:
     from bench.loopback import loopback_farm
 
+    summaries = []
     with loopback_farm(hosts) as farm:
+        # The farm's sshds serve 16 addresses each and allow 200 unauthenticated
+        # connections (MaxStartups); our per-sshd cap is per address here.
         cluster_file = farm.cluster_yaml()
-        # Ours with the default handshake cap (10 per sshd address): the farm's
-        # sshds serve 16 addresses each and allow 200 unauthenticated
-        # connections (MaxStartups). parallel-ssh starts all of them at once.
-        doc = yaml.safe_load(cluster_file.read_text())
-        doc["concurrency"] = {"hosts": max(256, hosts)}
-        cluster_file.write_text(yaml.safe_dump(doc, sort_keys=False))
-        rows: list[tuple[dict[str, Any], dict[str, Any]]] = []
-        for r in range(rounds):
-            # Alternate who goes first: the machine's state drifts during a run.
-            order = ("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")
-            got = {w: measure(w, cluster_file, reuse_rounds) for w in order}
-            rows.append((got["ours"], got["theirs"]))
-            o, t = got["ours"], got["theirs"]
-            print(
-                f"{hosts} hosts, round {r + 1}: "
-                f"fresh {o['fresh']:.2f}s vs {t['fresh']:.2f}s ({o['fresh'] / t['fresh']:.2f}) | "
-                f"reused {o['reused']:.3f}s vs {t['reused']:.3f}s "
-                f"({o['reused'] / t['reused']:.2f}) | "
-                f"fresh process {o['wall']:.2f}s vs {t['wall']:.2f}s "
-                f"({o['wall'] / t['wall']:.2f}) | "
-                f"peak RSS {o['maxrss_kib'] / 1024:.0f} vs {t['maxrss_kib'] / 1024:.0f} MiB",
-                flush=True,
-            )
+        for mode in modes:
+            # `default`: each client's own default parallelism; `fleet`: the
+            # fleet size, as `--forks N` asks (parallel-ssh: pool_size=N).
+            forks = hosts if mode == "fleet" else None
+            rows: list[tuple[dict[str, Any], dict[str, Any]]] = []
+            for r in range(rounds):
+                # Alternate who goes first: the machine's state drifts during a run.
+                order = ("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")
+                got = {w: measure(w, cluster_file, reuse_rounds, forks) for w in order}
+                rows.append((got["ours"], got["theirs"]))
+                o, t = got["ours"], got["theirs"]
+                print(
+                    f"{hosts} hosts, forks {mode}, round {r + 1}: "
+                    f"ok {o['ok']} vs {t['ok']} | "
+                    f"fresh {o['fresh']:.2f}s vs {t['fresh']:.2f}s "
+                    f"({o['fresh'] / t['fresh']:.2f}) | "
+                    f"process {o['wall']:.2f}s vs {t['wall']:.2f}s "
+                    f"({o['wall'] / t['wall']:.2f}) | "
+                    f"CPU {o['cpu']:.1f}s vs {t['cpu']:.1f}s "
+                    f"(fan-out {o['fanout_cpu']:.1f}s vs {t['fanout_cpu']:.1f}s) | "
+                    f"peak RSS {o['maxrss_kib'] / 1024:.0f} vs "
+                    f"{t['maxrss_kib'] / 1024:.0f} MiB | "
+                    f"load {o['load']:.1f}/{t['load']:.1f} | "
+                    f"our window: peak {o['peak_in_flight']}, "
+                    f"{o['window_decreases']} decreases",
+                    flush=True,
+                )
+            summaries.append(summarize(hosts, mode, rows))
+    return summaries
 
-    def med(side: int, key: str) -> float:
-        return statistics.median(row[side][key] for row in rows)
 
-    summary = {"hosts": hosts, "rounds": rounds}
-    for key in ("fresh", "reused", "wall", "maxrss_kib"):
-        summary[key] = {"ours": med(0, key), "theirs": med(1, key)}
-        summary[key]["ratio"] = summary[key]["ours"] / summary[key]["theirs"]
+def summarize(
+    hosts: int, mode: str, rows: list[tuple[dict[str, Any], dict[str, Any]]]
+) -> dict[str, Any]:
+    def med(side: int, key: str) -> float | None:
+        values = [row[side][key] for row in rows if row[side].get(key) is not None]
+        return statistics.median(values) if values else None
+
+    summary: dict[str, Any] = {"hosts": hosts, "forks": mode, "rounds": len(rows)}
+    for key in ("fresh", "reused", "wall", "maxrss_kib", "cpu", "fanout_cpu", "ok", "load"):
+        ours, theirs = med(0, key), med(1, key)
+        summary[key] = {"ours": ours, "theirs": theirs}
+        if ours is not None and theirs:
+            summary[key]["ratio"] = ours / theirs
     for side in ("ours", "theirs"):
         summary["maxrss_kib"][f"{side}_per_host"] = summary["maxrss_kib"][side] / hosts
+        summary["cpu"][f"{side}_per_host_ms"] = summary["cpu"][side] / hosts * 1000
+        summary["fanout_cpu"][f"{side}_per_host_ms"] = summary["fanout_cpu"][side] / hosts * 1000
     return summary
 
 
 def report(s: dict[str, Any]) -> str:
-    m = s["maxrss_kib"]
+    m, c, f = s["maxrss_kib"], s["cpu"], s["fanout_cpu"]
+    rows = [
+        (label, k, p)
+        for label, k, p in (
+            ("fresh connections (connect + run)", "fresh", 2),
+            ("reused connections (median of runs)", "reused", 3),
+            ("fresh, as a whole process (start to exit)", "wall", 2),
+        )
+        if s[k]["ours"] is not None
+    ]
     return "\n".join(
         [
-            f"| {s['hosts']} hosts, `true`, median of {s['rounds']} | ours | parallel-ssh "
-            "| ours / theirs |",
+            f"| {s['hosts']} hosts, `true`, forks {s['forks']}, median of {s['rounds']} "
+            "| ours | parallel-ssh | ours / theirs |",
             "|---|---|---|---|",
+            f"| hosts ok | {s['ok']['ours']:.0f} | {s['ok']['theirs']:.0f} | |",
             *(
                 f"| {label} | {s[k]['ours']:.{p}f} s | {s[k]['theirs']:.{p}f} s "
                 f"| **{s[k]['ratio']:.2f}** |"
-                for label, k, p in (
-                    ("fresh connections (connect + run)", "fresh", 2),
-                    ("reused connections (median of runs)", "reused", 3),
-                    ("fresh, as a whole process (start to exit)", "wall", 2),
-                )
+                for label, k, p in rows
             ),
+            f"| CPU per host, the fan-out alone | {f['ours_per_host_ms']:.2f} ms "
+            f"| {f['theirs_per_host_ms']:.2f} ms | **{f['ratio']:.2f}** |",
+            f"| CPU per host, whole process (user + system) | {c['ours_per_host_ms']:.2f} ms "
+            f"| {c['theirs_per_host_ms']:.2f} ms | **{c['ratio']:.2f}** |",
             f"| peak RSS | {m['ours'] / 1024:.0f} MiB | {m['theirs'] / 1024:.0f} MiB "
             f"| **{m['ratio']:.2f}** |",
             f"| peak RSS per host | {m['ours_per_host']:.0f} KiB | {m['theirs_per_host']:.0f} KiB "
             "| |",
+            f"| load average (1 min) at start | {s['load']['ours']:.1f} "
+            f"| {s['load']['theirs']:.1f} | |",
         ]
     )
 
@@ -218,29 +279,50 @@ def main() -> int:
     parser.add_argument(
         "--reuse-rounds", type=int, default=5, help="runs on the open connections per round"
     )
+    parser.add_argument(
+        "--forks",
+        default="fleet",
+        help="parallelism, comma-separated: default (each client's own), fleet (the fleet size)",
+    )
     parser.add_argument("--smoke", action="store_true", help="4 hosts, one round")
     parser.add_argument("--json", action="store_true", help="print the summaries as JSON")
     parser.add_argument("--worker", choices=["ours", "theirs"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker-forks", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--cluster", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         work = worker_ours if args.worker == "ours" else worker_theirs
-        doc = work(args.cluster, args.reuse_rounds)
+        doc = work(args.cluster, args.reuse_rounds, args.worker_forks)
         import resource
 
-        doc["maxrss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        doc["maxrss_kib"] = usage.ru_maxrss
+        doc["cpu"] = usage.ru_utime + usage.ru_stime
         print(json.dumps(doc))
         return 0
+    modes = [m.strip() for m in args.forks.split(",")]
+    if not set(modes) <= {"default", "fleet"}:
+        parser.error(f"--forks {args.forks}: each must be default or fleet")
     sizes = [4] if args.smoke else [int(n) for n in args.hosts.split(",")]
     rounds = 1 if args.smoke else args.rounds
     reuse = 2 if args.smoke else args.reuse_rounds
-    summaries = [fleet(n, rounds, reuse) for n in sizes]
-    print(f"\nmachine: {os.cpu_count()} cores, {_os_name()}")
+    summaries = [s for n in sizes for s in fleet(n, rounds, reuse, modes)]
+    print(f"\nmachine: {os.cpu_count()} cores, {_os_name()}, {_cpu_model()}")
     for s in summaries:
         print("\n" + report(s))
     if args.json:
         print(json.dumps(summaries))
     return 0
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
 
 
 def _os_name() -> str:

@@ -3,14 +3,22 @@
 OpenSSH accepts at most 16 ListenAddress lines per sshd, so N endpoints need
 ceil(N / 16) sshd processes. A dedicated login user keeps shell start-up
 cheap (root's rc files on these machines are slow).
+
+Several farms may run at once (engineers sharing a machine, a test beside a
+benchmark): each listens on a port of its own, and adds its key to the
+shared user's authorized_keys (under a lock) and removes only that line
+after, so one farm never locks another's clients out.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import random
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -20,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 USER = "cvsbench"
-PORT = 2222
+PORT = 2222  # the first port tried; a farm takes the first one free from here
 PER_SSHD = 16
 
 
@@ -57,6 +65,44 @@ class LoopbackFarm:
         return path
 
 
+def _free_port(address: str) -> int:
+    """A port nothing listens on at `address` (the farm's first address)."""
+    candidates = [PORT, *random.sample(range(20000, 60000), 200)]
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind((address, port))
+            except OSError:
+                continue
+            return port
+    raise SystemExit(f"no free port on {address} for the loopback farm")
+
+
+@contextmanager
+def _authorized(home: Path, line: str) -> Iterator[None]:
+    """`line` in the user's authorized_keys while the farm runs; other lines kept."""
+    ssh_dir = home / ".ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    shutil.chown(ssh_dir, USER, USER)
+    keys = ssh_dir / "authorized_keys"
+
+    def edit(change: str) -> None:
+        with (ssh_dir / ".cvs-farm.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            lines = keys.read_text().splitlines() if keys.exists() else []
+            lines = [x for x in lines if x != line]
+            if change == "add":
+                lines.append(line)
+            keys.write_text("".join(x + "\n" for x in lines))
+            shutil.chown(keys, USER, USER)
+
+    edit("add")
+    try:
+        yield
+    finally:
+        edit("remove")
+
+
 def _ensure_user() -> None:
     if subprocess.run(["id", USER], capture_output=True).returncode != 0:
         subprocess.run(["useradd", "-m", "-s", "/bin/sh", USER], check=True)
@@ -73,6 +119,7 @@ def loopback_farm(count: int, *, max_startups: str = "200:30:400") -> Iterator[L
     directory = Path(tempfile.mkdtemp(prefix="cvs-loopback-"))
     os.chmod(directory, 0o755)
     pids: list[int] = []
+    stack = contextlib.ExitStack()
     try:
         host_key = directory / "host_ed25519"
         key = directory / "id_ed25519"
@@ -81,24 +128,24 @@ def loopback_farm(count: int, *, max_startups: str = "200:30:400") -> Iterator[L
                 ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(k)], check=True
             )
         home = Path(f"~{USER}").expanduser()
-        ssh_dir = home / ".ssh"
-        ssh_dir.mkdir(mode=0o700, exist_ok=True)
-        (ssh_dir / "authorized_keys").write_text((directory / "id_ed25519.pub").read_text())
-        shutil.chown(ssh_dir, USER, USER)
-        shutil.chown(ssh_dir / "authorized_keys", USER, USER)
+        client_pub = (directory / "id_ed25519.pub").read_text().split()
+        stack.enter_context(
+            _authorized(home, f"{client_pub[0]} {client_pub[1]} cvs-farm:{directory.name}")
+        )
         addresses = [f"127.0.{1 + i // 250}.{1 + i % 250}" for i in range(count)]
+        port = _free_port(addresses[0])
         pub = (directory / "host_ed25519.pub").read_text().split()
         known = directory / "known_hosts"
         # One line per host, as a real cluster's known_hosts has (the farm's
         # sshds share one host key, but the file is as long as the fleet).
-        known.write_text("".join(f"[{a}]:{PORT} {pub[0]} {pub[1]}\n" for a in addresses))
+        known.write_text("".join(f"[{a}]:{port} {pub[0]} {pub[1]}\n" for a in addresses))
         for n in range(0, count, PER_SSHD):
             chunk = addresses[n : n + PER_SSHD]
             conf = directory / f"sshd_{n}.conf"
             pidfile = directory / f"sshd_{n}.pid"
             conf.write_text(
                 "\n".join(
-                    [f"ListenAddress {a}:{PORT}" for a in chunk]
+                    [f"ListenAddress {a}:{port}" for a in chunk]
                     + [
                         f"HostKey {host_key}",
                         f"PidFile {pidfile}",
@@ -117,13 +164,16 @@ def loopback_farm(count: int, *, max_startups: str = "200:30:400") -> Iterator[L
                 + "\n"
             )
             subprocess.run(["/usr/sbin/sshd", "-f", str(conf)], check=True)
-            for _ in range(100):
+            for _ in range(500):  # a loaded machine may take seconds
                 if pidfile.exists() and pidfile.read_text().strip():
                     break
                 time.sleep(0.02)
+            else:
+                raise SystemExit(f"sshd for {chunk[0]}..:{port} did not start (see {conf})")
             pids.append(int(pidfile.read_text()))
-        yield LoopbackFarm(directory, addresses, key, known, pids)
+        yield LoopbackFarm(directory, addresses, key, known, pids, port=port)
     finally:
+        stack.close()
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)

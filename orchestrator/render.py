@@ -37,11 +37,13 @@ compress_hosts = compress_hostlist
 
 
 def group_results(results: Mapping[str, HostResult]) -> list[tuple[list[str], HostResult]]:
-    """Hosts with identical output and status folded together, like `dshbak -c`."""
-    buckets: dict[tuple[str, str, str, int | None], list[str]] = {}
-    sample: dict[tuple[str, str, str, int | None], HostResult] = {}
+    """Hosts with identical output, status and error folded together, like
+    `dshbak -c` (the error too: a refused host and a timed-out one are both
+    `unreachable`, and a group shows one sample's error)."""
+    buckets: dict[tuple[str, str, str, int | None, str | None], list[str]] = {}
+    sample: dict[tuple[str, str, str, int | None, str | None], HostResult] = {}
     for host, r in results.items():
-        key = (r.status, r.stdout, r.stderr, r.exit_code)
+        key = (r.status, r.stdout, r.stderr, r.exit_code, r.error)
         buckets.setdefault(key, []).append(host)
         sample.setdefault(key, r)
     return [(hosts, sample[k]) for k, hosts in buckets.items()]
@@ -264,11 +266,20 @@ def progress_lines(hosts: Mapping[str, _HostView], *, now: float, top: int = 5) 
     if running:
         slow = ", ".join(f"{h} {now - hosts[h].since:.1f}s" for h in running)
         lines.append(Text(f"slowest: {slow}", style="yellow"))
-    for hosts_with, error in failure_groups({h: hosts[h].error for h in phases.get("failed", [])})[
-        :top
-    ]:
+    groups = failure_groups({h: hosts[h].error for h in phases.get("failed", [])})
+    for hosts_with, error in groups[:top]:
         lines.append(
             Text(f"{len(hosts_with)} failed: {error} ({compress_hosts(hosts_with)})", style="red")
+        )
+    if len(groups) > top:
+        # Bounded whatever the fleet, and nothing left out unsaid.
+        rest = groups[top:]
+        lines.append(
+            Text(
+                f"{sum(len(hs) for hs, _ in rest)} more failed with "
+                f"{len(rest)} other error{'s' if len(rest) > 1 else ''}",
+                style="red",
+            )
         )
     return lines
 

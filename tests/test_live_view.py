@@ -63,3 +63,49 @@ def test_up_report_for_a_large_fleet_folds_hosts_with_the_same_outcome(
         "lo[1-999] (999): attach ok (probe)",
         "lo1000 (1): cold FAILED at run: exit code 125",
     ]
+
+
+def test_five_thousand_hosts_get_a_bounded_summary_that_counts_every_failure() -> None:
+    out = io.StringIO()
+    sink = RichSink(terminal(out), err_console=terminal(io.StringIO()))
+    hosts = [f"gpu{n:04d}" for n in range(1, 5001)]
+    for h in hosts:
+        sink.emit(CommandStarted(host=h, command="true"))
+    for h in hosts[:4000]:
+        sink.emit(CommandFinished(host=h, result=HostResult(h, "ok")))
+    for h in hosts[4000:4600]:
+        sink.emit(ConnectFailed(host=h, status="unreachable", error="connection refused"))
+    # 300 hosts whose errors are all different (a command's own message).
+    for n, h in enumerate(hosts[4600:4900]):
+        sink.emit(
+            CommandFinished(host=h, result=HostResult(h, "failed", exit_code=1, error=f"e{n}"))
+        )
+    started = time.monotonic()
+    lines = [line.plain for line in progress_lines(sink.hosts, now=time.monotonic())]
+    drawn_in = time.monotonic() - started
+    sink.close()
+    assert lines[0] == "5000 hosts: 4900 done (4000 ok, 900 failed) · 100 running · 0 connecting"
+    assert lines[2] == "600 failed: unreachable: connection refused (gpu[4001-4600])"
+    # Five groups shown, the other 296 hosts counted in one line: 8 lines in all.
+    assert lines[-1] == "296 more failed with 296 other errors"
+    assert len(lines) == 8
+    # Drawn 10 times a second on the live thread: it must stay cheap at this size.
+    assert drawn_in < 0.1, drawn_in
+
+
+def test_the_report_folds_hosts_by_error_too_not_by_status_alone() -> None:
+    from orchestrator.render import print_grouped
+
+    results = {
+        f"lo{n}": HostResult(f"lo{n}", "unreachable", error="connection refused (x)")
+        for n in range(1, 4001)
+    }
+    for n in range(4001, 5001):
+        results[f"lo{n}"] = HostResult(f"lo{n}", "unreachable", error="connect timed out (y)")
+    out = io.StringIO()
+    print_grouped(results, out)
+    titles = [line for line in out.getvalue().splitlines() if not line.startswith("-")]
+    assert titles == [
+        "lo[1-4000] (4000) unreachable: connection refused (x)",
+        "lo[4001-5000] (1000) unreachable: connect timed out (y)",
+    ]

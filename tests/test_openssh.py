@@ -36,6 +36,7 @@ def test_config_carries_every_setting_then_the_users_files() -> None:
         '  UserKnownHostsFile "/kh"',
         "  ConnectTimeout 10",
         "  ServerAliveInterval 15",
+        "  ServerAliveCountMax 3",
         # After ours: ssh keeps the first value, so these cannot relax checking.
         "  Include ~/.ssh/config",
         "  Include /etc/ssh/ssh_config",
@@ -88,7 +89,8 @@ def test_without_a_jump_the_argv_is_options_only(tmp_path: Path) -> None:
         "ssh", "-t", "-F", "/dev/null", "-i", "/keys/id",
         "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=yes",
         "-o", "UserKnownHostsFile=/kh", "-o", "ConnectTimeout=10",
-        "-o", "ServerAliveInterval=30", "-p", "22", "-l", "ops", "10.0.0.5", "--", "true",
+        "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
+        "-p", "22", "-l", "ops", "10.0.0.5", "--", "true",
     ]  # fmt: skip
     assert not list(tmp_path.iterdir())
 
@@ -111,7 +113,8 @@ def test_with_a_jump_the_config_file_replaces_the_default_files(
         "ssh", "-T", "-F", str(path), "-i", "/keys/id",
         "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=yes",
         "-o", "UserKnownHostsFile=/kh", "-o", "ConnectTimeout=10",
-        "-o", "ServerAliveInterval=30", "-J", "ops@bastion:2222,gw",
+        "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
+        "-J", "ops@bastion:2222,gw",
         "-p", "22", "-l", "ops", "10.0.0.5", "--", "true",
     ]  # fmt: skip
     assert path.read_text() == jump_config(c)

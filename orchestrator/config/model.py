@@ -258,8 +258,18 @@ class SSHConfig(Model):
     identity_files: list[str] = Field(default_factory=list)
     host_key_policy: HostKeyPolicy = "strict"
     known_hosts: str | None = None
+    # One connect attempt: TCP, SSH handshake and login.
     connect_timeout: float = Field(default=10.0, gt=0, allow_inf_nan=False)
-    keepalive: float = Field(default=30.0, ge=0, allow_inf_nan=False)
+    # A host's whole connect, every attempt and the backoff between them (time
+    # waiting for admission not counted); null: connect_timeout. Timeouts and
+    # resets are retried within it, refused/protocol/auth/host key never.
+    connect_budget: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # Seconds without a byte from a host before a keepalive is sent; after
+    # keepalive_count unanswered ones the host is lost: a silent network is
+    # reported within keepalive x (keepalive_count + 1) s (20 s by default).
+    # 0 turns keepalives off (a silent host then hangs until command_timeout).
+    keepalive: float = Field(default=5.0, ge=0, allow_inf_nan=False)
+    keepalive_count: int = Field(default=3, ge=1, le=100)
     proxy_jump: str | None = None
     use_ssh_config: bool = True
     # Default timeout for one remote command, seconds.
@@ -292,7 +302,9 @@ class Concurrency(Model):
     # entries sharing one (same address, an alias's HostName, a ProxyCommand
     # in ~/.ssh/config) share its cap; a jump is one shared connection.
     handshakes: int = Field(default=10, ge=1)
-    # Hosts worked on at once.
+    # Hosts worked on at once (`--forks`). Handshakes in flight are not this:
+    # they adapt to what the coordinator completes (ssh/admission.py), so
+    # setting it to the fleet size cannot cause a congestion collapse.
     hosts: int = Field(default=256, ge=1)
 
 

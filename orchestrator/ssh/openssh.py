@@ -76,6 +76,7 @@ def _options(cluster: ClusterConfig) -> list[tuple[str, str]]:
     options.append(("ConnectTimeout", str(max(1, round(ssh.connect_timeout)))))
     if ssh.keepalive:
         options.append(("ServerAliveInterval", str(max(1, round(ssh.keepalive)))))
+        options.append(("ServerAliveCountMax", str(ssh.keepalive_count)))
     return options
 
 

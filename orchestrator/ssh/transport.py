@@ -15,22 +15,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import random
 import shlex
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import anyio
 import asyncssh
-from tenacity import (
-    AsyncRetrying,
-    RetryError,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_random_exponential,
-)
 
 from orchestrator.config import ClusterConfig, HostSpec, jump_hops
 from orchestrator.config.units import parse_size
@@ -47,6 +41,7 @@ from orchestrator.events import (
     OutputLine,
 )
 from orchestrator.results import HostResult, Status
+from orchestrator.ssh.admission import AdmissionGate, AimdWindow
 from orchestrator.ssh.envpass import env_block, env_reader, new_token
 from orchestrator.ssh.keys import load_identities, strict_known_hosts
 from orchestrator.ssh.output import LineSplitter, StreamTail, as_result_text
@@ -63,37 +58,111 @@ PREFERRED_CIPHERS = [
 Command = str | Sequence[str]
 
 
-def _is_transient(exc: BaseException) -> bool:
-    """Connection failures worth another try: throttled, reset, refused, timed out.
-
-    Auth failures and host-key mismatches are final: retrying them only
-    delays the error (and can lock an account).
-    """
-    if isinstance(exc, asyncssh.PermissionDenied | asyncssh.HostKeyNotVerifiable):
-        return False
-    return isinstance(
-        exc,
-        OSError | TimeoutError | asyncssh.ConnectionLost | asyncssh.DisconnectError,
-    )
+# How a connect attempt ended, as the error words say it. Only `timeout` and
+# `reset` are worth another attempt (a lost SYN, an sshd over its MaxStartups
+# dropping the connection); a refused port, a protocol error, a failed login or
+# a changed host key is the same the next time, and retrying it only delays the
+# error (and can lock an account).
+FailureKind = Literal["timeout", "reset", "refused", "protocol", "auth", "host_key", "network"]
+RETRIED: frozenset[FailureKind] = frozenset({"timeout", "reset"})
 
 
-def classify_connect_error(exc: BaseException) -> tuple[Status, str]:
+@dataclass
+class _AttemptTrace:
+    """What one attempt got to: the TCP connection (asyncssh's client
+    `connection_made`) tells a host that never answered from a server that
+    accepted and then stayed silent or too slow."""
+
+    tcp_connected: bool = False
+
+
+def failure_kind(exc: BaseException) -> FailureKind:
     if isinstance(exc, asyncssh.PermissionDenied):
-        return "auth", f"authentication failed: {exc.reason or exc}"
+        return "auth"
     if isinstance(exc, asyncssh.HostKeyNotVerifiable):
-        return "host_key", (
-            f"host key not verifiable: {exc.reason or exc} "
-            "(check known_hosts, or set ssh.host_key_policy)"
-        )
+        return "host_key"
     if isinstance(exc, TimeoutError):
-        return "unreachable", "connect timed out"
+        return "timeout"
     if isinstance(exc, ConnectionRefusedError):
-        return "unreachable", "connection refused"
+        return "refused"
+    if isinstance(exc, ConnectionResetError | ConnectionAbortedError | BrokenPipeError):
+        return "reset"
+    if isinstance(exc, asyncssh.ConnectionLost):
+        return "reset"  # closed before the handshake finished (sshd's MaxStartups)
+    if isinstance(exc, asyncssh.DisconnectError) and exc.code in (
+        asyncssh.DISC_TOO_MANY_CONNECTIONS,
+        asyncssh.DISC_CONNECTION_LOST,
+        asyncssh.DISC_BY_APPLICATION,
+    ):
+        return "reset"
     if isinstance(exc, asyncssh.Error):
-        return "unreachable", f"ssh error: {exc.reason or exc}"
+        return "protocol"
+    return "network"  # no route, a name that does not resolve, ...
+
+
+def classify_connect_error(
+    exc: BaseException, *, timeout: float | None = None, tcp_connected: bool | None = None
+) -> tuple[Status, str]:
+    """The result status and the one-line reason of a failed connect; the reason
+    starts with the kind of failure (refused, timed out, reset, protocol, auth,
+    host key) so that a fleet's failures group by it."""
+    kind = failure_kind(exc)
+    reason = exc.reason if isinstance(exc, asyncssh.Error) else ""
+    reason = reason or str(exc) or type(exc).__name__
+    if kind == "auth":
+        return "auth", f"authentication failed: {reason}"
+    if kind == "host_key":
+        return "host_key", (
+            f"host key not verifiable: {reason} (check known_hosts, or set ssh.host_key_policy)"
+        )
+    if kind == "timeout":
+        after = f" after {timeout:g}s" if timeout is not None else ""
+        if tcp_connected is True:
+            return "unreachable", (
+                f"connect timed out{after}: the TCP connection was accepted but the "
+                "SSH handshake did not finish (server silent or overloaded)"
+            )
+        if tcp_connected is False:
+            return "unreachable", (
+                f"connect timed out{after}: no answer to the TCP connection "
+                "(host down, or packets dropped on the way)"
+            )
+        return "unreachable", f"connect timed out{after}"
+    if kind == "refused":
+        return "unreachable", "connection refused (nothing listens on that port)"
+    if kind == "reset":
+        return "unreachable", f"connection reset by the server before login: {reason}"
+    if kind == "protocol":
+        return "unreachable", f"SSH protocol error: {reason}"
     if isinstance(exc, OSError):
         return "unreachable", exc.strerror or str(exc)
-    return "unreachable", str(exc) or type(exc).__name__
+    return "unreachable", reason
+
+
+def _retry_delay(attempt: int) -> float:
+    """Backoff before attempt `attempt + 1`: random exponential (0.2 s, 0.4 s, ...
+    at most 3 s), so throttled clients do not come back in step."""
+    return random.uniform(0, min(3.0, 0.2 * 2**attempt))
+
+
+def _traced_factory(
+    base: Callable[[], asyncssh.SSHClient] | None, trace: _AttemptTrace
+) -> Callable[[], asyncssh.SSHClient]:
+    """The client factory of one attempt: `base`'s client, noting in `trace`
+    when the TCP connection is made."""
+
+    def make() -> asyncssh.SSHClient:
+        client = base() if base is not None else asyncssh.SSHClient()
+        original = client.connection_made
+
+        def made(conn: asyncssh.SSHClientConnection) -> None:
+            trace.tcp_connected = True
+            original(conn)
+
+        client.connection_made = made  # type: ignore[method-assign]
+        return client
+
+    return make
 
 
 def _close_chain(chain: list[asyncssh.SSHClientConnection]) -> None:
@@ -140,6 +209,9 @@ class _HostLink:
     # Work channels; one slot beyond this is kept for kill requests.
     channels: anyio.Semaphore
     control: anyio.Semaphore
+    # Commands and held processes waiting on the host right now: keepalives
+    # run only while there are some (`SSHPool._waiting_on`).
+    active: int = 0
 
 
 class SSHPool:
@@ -163,6 +235,9 @@ class SSHPool:
         # Per sshd that a handshake costs (see `sshd_key`), not fleet-wide.
         self._handshakes: dict[str, anyio.CapacityLimiter] = {}
         self.connects = 0  # handshakes performed (for the benchmark / tests)
+        # Handshakes in flight, fleet-wide, as many as the coordinator completes
+        # in time (admission.py): `--forks` at the fleet size cannot collapse it.
+        self.admission = AdmissionGate(AimdWindow(connect_timeout=cluster.ssh.connect_timeout))
         self._warned: set[str] = set()
         self._keys: list[asyncssh.SSHKeyPair] | None = None
         # known_hosts paths -> (their mtimes, the parsed files)
@@ -207,8 +282,11 @@ class SSHPool:
             "host": address,
             "port": port,
             "connect_timeout": ssh.connect_timeout,
-            "keepalive_interval": ssh.keepalive or None,
-            "login_timeout": ssh.connect_timeout * 3,
+            # A host whose network goes silent is lost after keepalive x
+            # (keepalive_count + 1) seconds without a byte from it. Off until
+            # something waits on the host (`_waiting_on`).
+            "keepalive_interval": 0,
+            "keepalive_count_max": ssh.keepalive_count,
             # AES-GCM runs in OpenSSL; asyncssh's chacha20-poly1305 spends
             # Python time per packet, which dominates a fan-out on reused
             # connections. Compression costs CPU on both ends for tiny packets.
@@ -283,13 +361,9 @@ class SSHPool:
             self._warned.add(text)
             self.sink.emit(Message(level="warning", text=text))
 
-    def _retrying(self) -> AsyncRetrying:
-        return AsyncRetrying(
-            retry=retry_if_exception(_is_transient),
-            stop=stop_after_attempt(self.cluster.ssh.connect_retries + 1),
-            wait=wait_random_exponential(multiplier=0.2, max=3.0),
-            reraise=False,
-        )
+    def _connect_budget(self) -> float:
+        ssh = self.cluster.ssh
+        return ssh.connect_budget if ssh.connect_budget is not None else ssh.connect_timeout
 
     async def _handshake(
         self,
@@ -299,33 +373,72 @@ class SSHPool:
         *,
         jump: Callable[[], Awaitable[asyncssh.SSHClientConnection]] | None = None,
     ) -> tuple[asyncssh.SSHClientConnection, int]:
-        """`asyncssh.connect` with retries on transient failures; the final failure
+        """`asyncssh.connect` within one connect budget per host; the final failure
         is a ConnectError for `host` whose message starts with `what`. `jump`
-        gives the shared connection to tunnel through."""
+        gives the shared connection to tunnel through.
+
+        Each attempt waits for admission (`AdmissionGate`), then has
+        `connect_timeout` or what is left of the budget, whichever is less; the
+        wait for admission is not the host's time and counts against neither.
+        Attempts are strictly one after the other: a retry is queued only once
+        its host's previous attempt has left the window. Timeouts and resets are
+        retried while the budget lasts (at most `connect_retries` times);
+        everything else is final at once."""
+        ssh = self.cluster.ssh
+        budget = self._connect_budget()
+        spent = 0.0  # the host's own time: attempts and backoff, not queueing
         attempts = 0
-        try:
-            async for attempt in self._retrying():
-                with attempt:
-                    attempts += 1
-                    if jump is not None:
-                        # Each attempt: a jump that dropped meanwhile is reopened.
-                        opts["tunnel"] = await jump()
-                    async with self._handshake_limiter(opts, through_jump=jump is not None):
-                        self.connects += 1
-                        conn = await asyncssh.connect(**opts)
-        except RetryError as exc:
-            inner = exc.last_attempt.exception() or exc
-            status, message = classify_connect_error(inner)
-            raise ConnectError(
-                host,
-                status,
-                f"{what}{message} (after {attempts} attempt{'s' if attempts != 1 else ''})",
-                attempts,
-            ) from inner
-        except (OSError, asyncssh.Error, TimeoutError) as exc:
-            status, message = classify_connect_error(exc)
-            raise ConnectError(host, status, what + message, attempts) from exc
-        return conn, attempts
+        while True:
+            attempts += 1
+            if jump is not None:
+                # Each attempt: a jump that dropped meanwhile is reopened.
+                opts["tunnel"] = await jump()
+            trace = _AttemptTrace()
+            allowed = min(ssh.connect_timeout, budget - spent)
+            attempt_opts = {
+                **opts,
+                "connect_timeout": allowed,
+                "client_factory": _traced_factory(opts.get("client_factory"), trace),
+            }
+            async with (
+                self._handshake_limiter(opts, through_jump=jump is not None),
+                self.admission.slot() as ticket,
+            ):
+                try:
+                    self.connects += 1
+                    conn = await asyncssh.connect(**attempt_opts)
+                    ticket.outcome = "ok"
+                    return conn, attempts
+                except (OSError, asyncssh.Error, TimeoutError) as exc:
+                    kind = failure_kind(exc)
+                    # What our load can cause is a congestion signal; a login
+                    # refused after a full handshake says the handshake was fine.
+                    ticket.outcome = (
+                        "congested"
+                        if kind in RETRIED
+                        else "ok"
+                        if kind in ("auth", "host_key")
+                        else "neutral"
+                    )
+                    failure = exc
+                finally:
+                    spent += time.monotonic() - ticket.admitted_at
+            delay = _retry_delay(attempts)
+            if kind in RETRIED and attempts <= ssh.connect_retries and spent + delay < budget:
+                await anyio.sleep(delay)
+                spent += delay
+                continue
+            status, message = classify_connect_error(
+                failure,
+                timeout=min(ssh.connect_timeout, budget),
+                tcp_connected=trace.tcp_connected,
+            )
+            if attempts > 1:
+                # The same words on every host that failed alike (the count of
+                # attempts is in the ConnectFailed event): a fleet's failures
+                # fold into one line per cause.
+                message += f" (retried within the {budget:g}s connect budget)"
+            raise ConnectError(host, status, what + message, attempts) from failure
 
     def _handshake_limiter(
         self, opts: dict[str, Any], *, through_jump: bool
@@ -518,9 +631,9 @@ class SSHPool:
             self.sink.emit(CommandFinished(host=host, result=result, label=label))
             return result
         self.sink.emit(CommandStarted(host=host, command=text, label=label))
-        async with link.channels:
+        async with link.channels, self._waiting_on(link):
             result = await self._run_on(
-                link, host, text, timeout, input, env, stream_output, start, on_timeout
+                link, host, text, timeout, input, env, stream_output, start, on_timeout, label
             )
         self.sink.emit(CommandFinished(host=host, result=result, label=label))
         return result
@@ -536,7 +649,9 @@ class SSHPool:
         stream_output: bool,
         start: float,
         on_timeout: Callable[[], Command] | None,
+        label: str | None = None,
     ) -> HostResult:
+        command = text
         # Environment values travel over stdin, ahead of `input`: never in argv.
         merged_env = {**self.cluster.env, **(env or {})}
         prefix = ""
@@ -575,7 +690,7 @@ class SSHPool:
             await self._kill(link, chan, session, on_timeout)
             chan.close()
         except (asyncssh.Error, OSError) as exc:
-            status, error = "unreachable", f"connection lost: {exc}"
+            status, error = "unreachable", self._lost(exc, label, command)
         except BaseException:
             # Cancelled (Ctrl-C, a sibling failed): stop the remote side too.
             with anyio.CancelScope(shield=True):
@@ -585,7 +700,7 @@ class SSHPool:
         exit_code = session.exit_code
         if status == "ok":
             if session.lost is not None:
-                status, error = "unreachable", f"connection lost: {session.lost}"
+                status, error = "unreachable", self._lost(session.lost, label, command)
             elif exit_code != 0:
                 status, error = "failed", f"exit code {exit_code}"
         out, err = session.tails["stdout"], session.tails["stderr"]
@@ -602,6 +717,42 @@ class SSHPool:
         )
 
     @contextlib.asynccontextmanager
+    async def _waiting_on(self, link: _HostLink) -> AsyncIterator[None]:
+        """Keepalives on the link while the block waits on its host. An idle
+        connection needs none (the next command notices a dead one within the
+        bound), and they cost: 5000 connections kept open through a long
+        fan-out sent 82 000 keepalives, a third of our CPU."""
+        interval = self.cluster.ssh.keepalive
+        if interval and link.active == 0:
+            with contextlib.suppress(asyncssh.Error, OSError):
+                link.conn.set_keepalive(interval)
+        link.active += 1
+        try:
+            yield
+        finally:
+            link.active -= 1
+            if interval and link.active == 0:
+                with contextlib.suppress(asyncssh.Error, OSError):
+                    link.conn.set_keepalive(0)
+
+    def _lost(self, exc: BaseException, label: str | None, command: str) -> str:
+        """Why a running command lost its host, naming what was running (its
+        label and the end of its command line, where a wrapped command such as
+        `docker exec ... sh -c '...'` keeps the user's part). A keepalive
+        timeout is the silent host: no byte for the whole bound."""
+        ssh = self.cluster.ssh
+        tail = command if len(command) <= 60 else "..." + command[-57:]
+        what = f"{label} {tail!r}" if label else repr(tail)
+        if isinstance(exc, asyncssh.ConnectionLost) and "keepalive" in str(exc.reason):
+            bound = ssh.keepalive * (ssh.keepalive_count + 1)
+            return (
+                f"host stopped answering while running {what}: nothing received for "
+                f"{bound:g}s, {ssh.keepalive_count} keepalives unanswered "
+                "(network silent or host hung)"
+            )
+        return f"connection lost while running {what}: {exc}"
+
+    @contextlib.asynccontextmanager
     async def held_process(
         self, host: str, command: Command, *, encoding: str | None = "utf-8"
     ) -> AsyncIterator[Any]:
@@ -614,7 +765,7 @@ class SSHPool:
         """
         text = command if isinstance(command, str) else shlex.join(command)
         link = await self.link(host)
-        async with link.channels:
+        async with link.channels, self._waiting_on(link):
             self.sink.emit(CommandStarted(host=host, command=text, label="held"))
             process = await link.conn.create_process(text, encoding=encoding, errors="replace")
             try:

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
@@ -271,13 +271,21 @@ class Lifecycle:
 
     # -- probing --------------------------------------------------------
 
-    def _probe_argv(self) -> list[str]:
+    def _probe_argv(self, host: str) -> list[str]:
+        # The GPUs are listed where a container will launch, so the plan can
+        # select them: every host for per_run, else where none runs (never on
+        # the attach path: it stays one docker process and nothing else).
+        gpus: Literal["always", "stopped"] | None = None
+        if self.cfg.gpus is not None and self.cfg.lifetime != "no_launch":
+            gpus = "always" if self.cfg.lifetime == "per_run" else "stopped"
         return probe_argv(
             self.cfg,
             self.name,
             sshd_port=self.cfg.sshd.port,
             marker_path=MARKER_PATH,
             port_check=self._sshd_on_host_network(),
+            gpus=gpus,
+            gpu_root=self.cluster.host(host).gpu_device_root or "/",
         )
 
     def _sshd_on_host_network(self) -> bool:
@@ -288,7 +296,7 @@ class Lifecycle:
         """One round trip: what is on the host now."""
         result = await self.pool.run(
             host,
-            self._probe_argv(),
+            self._probe_argv(host),
             timeout=self.cfg.docker_timeout,
             stream_output=False,
             label="probe",
@@ -471,7 +479,9 @@ class Lifecycle:
             tag_id, digests = info.id, tuple(info.repo_digests)
         devices = await self._present_devices(outcome)
         gpus: list[GPU] = []
-        if cfg.gpus is not None and outcome.ok:
+        if cfg.gpus is not None and outcome.ok and state.gpus is not None:
+            gpus = list(state.gpus)  # listed by the probe: no second look
+        elif cfg.gpus is not None and outcome.ok:
             root = self.cluster.host(host).gpu_device_root or "/"
             r = await self._cmd(
                 outcome, "gpus", discovery_argv(root), timeout=self.cluster.ssh.command_timeout

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
@@ -67,7 +67,7 @@ from orchestrator.containers.provision import (
     ensure_sshd,
     run_setup_script,
 )
-from orchestrator.errors import ExitCode, PolicyRefused, UsageError
+from orchestrator.errors import ExitCode, PolicyRefused, Refusal, UsageError
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.limits.capacity import fit_to_host
 from orchestrator.limits.gpus import (
@@ -89,7 +89,7 @@ from orchestrator.remote import records
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.keys import ClusterKeys, default_state_dir
-from orchestrator.ssh.transport import SSHPool
+from orchestrator.ssh.seam import HostRunner
 
 # What remote/setup.sh says on stderr when it stopped an earlier, orphaned run.
 STOPPED_STALE_SETUP = "cvs: stopped a setup script still running"
@@ -233,12 +233,12 @@ class UpReport:
 
 
 class Lifecycle:
-    """The container lifecycle of one cluster over an open `SSHPool`."""
+    """The container lifecycle of one cluster over a `HostRunner` (an open `SSHPool`)."""
 
     def __init__(
         self,
         cluster: ClusterConfig,
-        pool: SSHPool,
+        pool: HostRunner,
         sink: EventSink,
         *,
         locks: HostLocks | None = None,
@@ -258,15 +258,34 @@ class Lifecycle:
         self.purpose = "up"  # what other invocations waiting on our locks are told
         self.locks = locks or host_locks(cluster, pool, sink)
 
+    @property
+    def forks(self) -> int:
+        """How many hosts `up` and `down` act on at once (`concurrency.hosts`,
+        `--forks`): pulls, starts, setup scripts and removals.
+
+        Not the probe and the lock: that round trip changes nothing, costs one
+        docker process per host, and a lock that is held is an idle channel;
+        doing it a few hosts at a time would only multiply an attach's
+        latency (docs/design.md, "What an attach costs")."""
+        return self.cluster.concurrency.hosts
+
     # -- probing --------------------------------------------------------
 
-    def _probe_argv(self) -> list[str]:
+    def _probe_argv(self, host: str) -> list[str]:
+        # The GPUs are listed where a container will launch, so the plan can
+        # select them: every host for per_run, else where none runs (never on
+        # the attach path: it stays one docker process and nothing else).
+        gpus: Literal["always", "stopped"] | None = None
+        if self.cfg.gpus is not None and self.cfg.lifetime != "no_launch":
+            gpus = "always" if self.cfg.lifetime == "per_run" else "stopped"
         return probe_argv(
             self.cfg,
             self.name,
             sshd_port=self.cfg.sshd.port,
             marker_path=MARKER_PATH,
             port_check=self._sshd_on_host_network(),
+            gpus=gpus,
+            gpu_root=self.cluster.host(host).gpu_device_root or "/",
         )
 
     def _sshd_on_host_network(self) -> bool:
@@ -277,7 +296,7 @@ class Lifecycle:
         """One round trip: what is on the host now."""
         result = await self.pool.run(
             host,
-            self._probe_argv(),
+            self._probe_argv(host),
             timeout=self.cfg.docker_timeout,
             stream_output=False,
             label="probe",
@@ -334,7 +353,7 @@ class Lifecycle:
     ) -> Plan:
         if adopt and self.cfg.lifetime != "persistent":
             raise UsageError(
-                f"--adopt takes over running containers for lifetime persistent; this cluster's "
+                f"adopt takes over running containers for lifetime persistent; this cluster's "
                 f"lifetime is {self.cfg.lifetime}"
             )
         return decide_plan(
@@ -346,6 +365,7 @@ class Lifecycle:
             config_hash=self.hash,
             adopt=adopt,
             cluster_name=self.identity,
+            resources=cluster_effective_resources(self.cluster),
         )
 
     # -- acting ---------------------------------------------------------
@@ -459,7 +479,9 @@ class Lifecycle:
             tag_id, digests = info.id, tuple(info.repo_digests)
         devices = await self._present_devices(outcome)
         gpus: list[GPU] = []
-        if cfg.gpus is not None and outcome.ok:
+        if cfg.gpus is not None and outcome.ok and state.gpus is not None:
+            gpus = list(state.gpus)  # listed by the probe: no second look
+        elif cfg.gpus is not None and outcome.ok:
             root = self.cluster.host(host).gpu_device_root or "/"
             r = await self._cmd(
                 outcome, "gpus", discovery_argv(root), timeout=self.cluster.ssh.command_timeout
@@ -529,8 +551,7 @@ class Lifecycle:
                 plan = self.decide(states, force=force, reprovision=reprovision, adopt=adopt)
             for w in plan.warnings:
                 self.sink.emit(Message(level="warning", text=w))
-            resources, beyond = self._fit_to_hosts(plan, states, resources)
-            beyond += self._missing_image_refusals(plan, states)
+            resources = self._fit_to_hosts(states, resources)
             for host in plan.hosts("attach", "restart"):
                 # Keeping a container keeps its limits; say where they are not
                 # what the config now asks for instead of accepting them silently.
@@ -538,8 +559,8 @@ class Lifecycle:
                     self.sink.emit(
                         Message(level="warning", host=host, text=f"limits drift: {drift}")
                     )
-            if plan.refused or beyond:
-                raise PolicyRefused([*plan.reasons, *beyond])
+            if plan.refused:
+                raise PolicyRefused(plan.refusals)
             report = await self._execute(plan, states, resources)
             await self.locks.downgrade()
             self.locks.ready = {
@@ -552,45 +573,17 @@ class Lifecycle:
             await self.locks.release()
             raise
 
-    def _missing_image_refusals(self, plan: Plan, states: Mapping[str, HostState]) -> list[str]:
-        """`pull: never` and no image_tar: a launching host without the image
-        refuses the whole `up` (exit 4) before anything starts, naming it."""
-        if self.cfg.pull != "never" or self.cfg.image_tar is not None:
-            return []
-        missing = [
-            h
-            for h, a in plan.actions.items()
-            if a.launches and states[h].tag_image_id is None and states[h].tag_error is None
-        ]
-        if not missing:
-            return []
-        return [
-            f"image {self.cfg.image} is not on {', '.join(missing)} and container.pull is "
-            "'never': load it there (docker load), set container.image_tar, or allow pulling"
-        ]
-
     def _fit_to_hosts(
-        self,
-        plan: Plan,
-        states: Mapping[str, HostState],
-        resources: dict[str, EffectiveResources],
-    ) -> tuple[dict[str, EffectiveResources], list[str]]:
-        """Capacity (issue 15): cpus clamped to each host's CPU count (with a
-        warning); memory beyond a launching host's RAM refused, naming it."""
+        self, states: Mapping[str, HostState], resources: dict[str, EffectiveResources]
+    ) -> dict[str, EffectiveResources]:
+        """Capacity (issue 15): cpus clamped to each host's CPU count. The plan
+        refused memory beyond a launching host's RAM and warned of the clamps."""
         fitted = dict(resources)
-        refusals: list[str] = []
         for host, eff in resources.items():
             state = states.get(host)
-            if state is None:
-                continue
-            fit = fit_to_host(host, eff, state.cpu_count, state.memory_total)
-            fitted[host] = fit.resources
-            if fit.warning:
-                self.sink.emit(Message(level="warning", host=host, text=fit.warning))
-            action = plan.actions.get(host)
-            if fit.refusal and action is not None and action.launches:
-                refusals.append(fit.refusal)
-        return fitted, refusals
+            if state is not None:
+                fitted[host] = fit_to_host(host, eff, state.cpu_count, state.memory_total).resources
+        return fitted
 
     async def _execute(
         self,
@@ -605,11 +598,11 @@ class Lifecycle:
         async def prepare(host: str) -> None:
             prepared[host] = await self._prepare(host, states[host], outcomes[host])
 
-        await fan_out(launching, prepare)
+        await fan_out(launching, prepare, limit=self.forks)
         if any(not outcomes[h].ok for h in launching):
             # Nothing has started anywhere yet: stop here, report per host.
             return UpReport(plan, outcomes)
-        selections = self._barrier(launching, prepared, states)
+        selections = self._barrier(launching, prepared, states, outcomes)
         keys = None
         if sshd_wanted(self.cluster.container, len(self.cluster.hosts)):
             keys = ClusterKeys.load_or_create(default_state_dir(self.cluster), self._hosts())
@@ -626,7 +619,7 @@ class Lifecycle:
             )
 
         try:
-            await fan_out(list(plan.actions), pipeline)
+            await fan_out(list(plan.actions), pipeline, limit=self.forks)
         except BaseException:
             # Interrupted (Ctrl-C) mid-start: per_run containers are disposable
             # and half-started ones would only confuse the next run.
@@ -649,9 +642,15 @@ class Lifecycle:
         launching: list[str],
         prepared: Mapping[str, Prepared],
         states: Mapping[str, HostState],
+        outcomes: Mapping[str, HostOutcome],
     ) -> dict[str, GPUSelection]:
-        """Refuse before anything starts if the tag or the GPU requests disagree;
-        otherwise the GPUs each launching host gives its container."""
+        """Refuse before any container starts if the tag or the GPU requests
+        disagree; otherwise the GPUs each launching host gives its container.
+
+        These are the refusals the plan cannot make: they depend on what the
+        prepare step found (a tag after a pull or load, the hosts' GPUs). The
+        refusal says what the prepare step did change (an image pulled or
+        loaded, a registry login): not "nothing"."""
         if not launching:
             return {}
         after_pull = {
@@ -662,7 +661,7 @@ class Lifecycle:
             )
             for h in launching
         }
-        reasons = check_tag_identity(after_pull, image=self.cfg.image)
+        reasons: list[Refusal | str] = [*check_tag_identity(after_pull, image=self.cfg.image)]
         selections: dict[str, GPUSelection] = {}
         if self.cfg.gpus is not None:
             for host in launching:
@@ -676,7 +675,7 @@ class Lifecycle:
                 else:
                     selections[host] = picked
         if reasons:
-            raise PolicyRefused(reasons)
+            raise PolicyRefused([*reasons, _changed_so_far(launching, outcomes)])
         return selections
 
     async def _host_pipeline(
@@ -823,7 +822,7 @@ class Lifecycle:
             self._step(host, "rollback", "ok" if r.ok else "failed", outcome.rolled_back or "")
 
         with anyio.CancelScope(shield=True):
-            await fan_out(hosts, remove)
+            await fan_out(hosts, remove, limit=self.forks)
 
     async def down(
         self, *, force: bool = False, wait: bool = True, own_only: bool = False
@@ -858,13 +857,13 @@ class Lifecycle:
                 return r
 
             with anyio.CancelScope(shield=True):
-                removed = await fan_out(removing, remove)
+                removed = await fan_out(removing, remove, limit=self.forks)
             return plan, removed
         finally:
             await self.locks.release()
 
 
-def host_locks(cluster: ClusterConfig, pool: SSHPool, sink: EventSink) -> HostLocks:
+def host_locks(cluster: ClusterConfig, pool: HostRunner, sink: EventSink) -> HostLocks:
     """The lock set for this cluster's container on its hosts."""
     cfg = cluster.container
     wait = float(cfg.start_timeout) if cfg is not None else 900.0
@@ -899,6 +898,27 @@ def remove_command(prefix: Sequence[str], container_id: str) -> str:
     """`docker rm -f ID`, then the host's records of that container go too."""
     argv = rm_id_argv(prefix, container_id)
     return f"{shlex.join(argv)} && {shlex.join(records.forget_argv(container_id))}"
+
+
+# Prepare steps that leave something on the host (images, docker credentials).
+_CHANGING_STEPS = {
+    "login": "logged in to the registry on {}",
+    "load": "loaded the image on {}",
+    "pull": "pulled the image on {}",
+}
+
+
+def _changed_so_far(launching: Sequence[str], outcomes: Mapping[str, HostOutcome]) -> str:
+    """What the prepare step changed before a barrier refusal, per host."""
+    done: dict[str, list[str]] = {}
+    for host in launching:
+        for step, result in outcomes[host].steps:
+            if step in _CHANGING_STEPS and result.ok:
+                done.setdefault(_CHANGING_STEPS[step], []).append(host)
+    if not done:
+        return "no container was started and nothing was changed"
+    what = "; ".join(text.format(", ".join(hosts)) for text, hosts in done.items())
+    return f"no container was started; before this was found, cvs {what} (left in place)"
 
 
 def _valid_id(container_id: str | None) -> str | None:

@@ -54,12 +54,12 @@ import anyio
 
 from orchestrator import remote
 from orchestrator.containers.probe import HostState, parse_probe_output
-from orchestrator.errors import PolicyRefused
+from orchestrator.errors import ConnectError, Option, PolicyRefused, Refusal, WayOut
 from orchestrator.events import EventSink, Message
 from orchestrator.remote.frames import FRAME, READY, split_lock_frames
 from orchestrator.remote.runtime import DockerRuntime
 from orchestrator.ssh.fanout import fan_out
-from orchestrator.ssh.transport import ConnectError, SSHPool
+from orchestrator.ssh.seam import HostRunner
 
 Mode = Literal["shared", "exclusive"]
 # The lock's lease (issue 22): we renew it every RENEW_SECONDS over the SSH
@@ -152,7 +152,7 @@ class HostLocks:
 
     def __init__(
         self,
-        pool: SSHPool,
+        pool: HostRunner,
         sink: EventSink,
         container: str,
         *,
@@ -189,10 +189,11 @@ class HostLocks:
         mode: Mode,
         *,
         wait: bool = True,
-        probe: Callable[[], Sequence[str]] | None = None,
+        probe: Callable[[str], Sequence[str]] | None = None,
         purpose: str = "cvs",
     ) -> dict[str, LockAnswer]:
-        """Lock every host in `mode` (probing under the lock when `probe` is given).
+        """Lock every host in `mode` (probing under the lock when `probe`, the
+        probe's argv for a host, is given).
 
         Raises PolicyRefused, with nothing held, when a host has no `flock`,
         a lock stays busy (`wait` False) or the wait times out. Unreachable
@@ -201,8 +202,11 @@ class HostLocks:
         await self.release()
         self.mode = mode
         self.description = holder_description(purpose)
-        script = probe() if probe is not None else None
-        answers = await fan_out(list(hosts), lambda h: self._take(h, mode, None, script))
+
+        def script(host: str) -> Sequence[str] | None:
+            return probe(host) if probe is not None else None
+
+        answers = await fan_out(list(hosts), lambda h: self._take(h, mode, None, script(h)))
         busy = [h for h, a in answers.items() if a.status == "busy"]
         if busy:
             await self.release()
@@ -211,12 +215,12 @@ class HostLocks:
             answers = {}
             others = [h for h in hosts if h != self.head]
             if self.head in hosts:
-                head = await self._take(self.head, mode, self.wait_seconds, script)
+                head = await self._take(self.head, mode, self.wait_seconds, script(self.head))
                 answers[self.head] = head
                 if head.status not in ("held", "unreachable"):
                     others = []  # refused below; do not queue on the rest
             answers.update(
-                await fan_out(others, lambda h: self._take(h, mode, self.wait_seconds, script))
+                await fan_out(others, lambda h: self._take(h, mode, self.wait_seconds, script(h)))
             )
             answers = {h: answers[h] for h in hosts if h in answers}
         problems = self._problems(answers)
@@ -225,9 +229,9 @@ class HostLocks:
             raise PolicyRefused(problems)
         return answers
 
-    def _problems(self, answers: Mapping[str, LockAnswer]) -> list[str]:
+    def _problems(self, answers: Mapping[str, LockAnswer]) -> list[Refusal | str]:
         """Why the acquisition must be refused (empty: it may go on)."""
-        reasons: list[str] = []
+        reasons: list[Refusal | str] = []
         no_flock = [h for h, a in answers.items() if a.status == "noflock"]
         if no_flock:
             reasons.append(
@@ -246,16 +250,19 @@ class HostLocks:
 
     def _busy_reasons(
         self, answers: Mapping[str, LockAnswer], hosts: list[str], *, waited: bool
-    ) -> list[str]:
-        how = (
-            f"still held after waiting {self.wait_seconds:g}s"
-            if waited
-            else "held (--no-wait: not waiting)"
-        )
+    ) -> list[Refusal]:
+        how = f"still held after waiting {self.wait_seconds:g}s" if waited else "held (not waiting)"
+        ways = [WayOut("retry later")]
+        if not waited:
+            ways.append(WayOut("wait for it", options=(Option("wait"),)))
         return [
-            f"{h}: the lock on container {self.container} is {how} by "
-            f"{describe_holders(answers[h].holders)}; nothing was changed: retry later"
-            + ("" if waited else ", or drop --no-wait to wait for it")
+            Refusal(
+                "lock_busy",
+                f"{h}: the lock on container {self.container} is {how} by "
+                f"{describe_holders(answers[h].holders)}; nothing was changed",
+                (h,),
+                tuple(ways),
+            )
             for h in hosts
         ]
 

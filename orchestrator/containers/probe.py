@@ -32,6 +32,8 @@ from orchestrator.containers.docker import (
     parse_image_inspect,
     validate_container_name,
 )
+from orchestrator.limits.gpus import GPU, parse_discovery
+from orchestrator.limits.gpus import MARKER as GPU_MARKER
 from orchestrator.remote.frames import FrameError, Section, parse_sections
 from orchestrator.remote.records import adopted_records, host_record
 from orchestrator.remote.runtime import DockerRuntime
@@ -74,6 +76,9 @@ class HostState:
     # ("NAME (cluster IDENTITY)"), so a start is refused before anything runs.
     sshd_port_busy: bool | None = None
     sshd_port_holders: tuple[str, ...] = ()
+    # The host's GPUs, when the probe listed them (a GPU request, a host that
+    # will launch); None: not listed (the prepare step discovers them).
+    gpus: tuple[GPU, ...] | None = None
 
     @classmethod
     def unreachable(cls, host: str, reason: str) -> HostState:
@@ -142,6 +147,8 @@ def probe_argv(
     sshd_port: int,
     marker_path: str,
     port_check: bool = False,
+    gpus: Literal["always", "stopped"] | None = None,
+    gpu_root: str = "/",
 ) -> list[str]:
     """`sh -c PROBE cvs-probe ARG…` (remote/probe.sh): ready for an SSH exec
     (`shlex.join`) whatever the login shell is.
@@ -149,6 +156,8 @@ def probe_argv(
     `cfg` None probes docker access and the container only (no image tag).
     `port_check` (sshd wanted, network host): when the container is not
     running, whether its sshd port is taken on the host, and by whom.
+    `gpus`: list the host's GPUs (under `gpu_root`) on every host ("always":
+    all of them launch) or where the container does not run ("stopped").
     """
     validate_container_name(name)
     if not 1 <= sshd_port <= 65535:
@@ -173,6 +182,11 @@ def probe_argv(
         remote.program("check"),
         holders_filter,
         holders_format,
+        *(
+            [gpus, remote.program("gpus"), gpu_root.rstrip("/"), GPU_MARKER]
+            if gpus is not None
+            else []
+        ),
     )
 
 
@@ -264,6 +278,9 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
     values: dict[str, object] = {"host": host, "docker_access": access}
     values.update(_capacity_facts(sections))  # capacity (issue 15)
     values.update(_port_facts(sections))  # sshd port taken on the host (network host)
+    listed = sections.get("gpus")
+    if listed is not None and listed.rc == 0:
+        values["gpus"] = tuple(parse_discovery(listed.stdout))
     try:
         objects = _inspect_objects(inspect.stdout)
     except DockerOutputError as exc:

@@ -86,3 +86,37 @@ def test_the_lock_command_carries_the_lease_the_renewer_keeps() -> None:
     assert RENEW_SECONDS * 3 <= LEASE_SECONDS
     text = lock_command("/tmp/cvs-c-h.lock", "shared", wait=None, description="d")
     assert f" d {LEASE_SECONDS}" in text
+
+
+class _Stdin:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def write(self, text: str) -> None:
+        self.lines.append(text)
+
+
+class _Holder:
+    def __init__(self) -> None:
+        self.stdin = _Stdin()
+        self.exit_status: int | None = None
+
+
+def test_the_renewer_writes_a_line_each_interval_and_says_when_the_holder_is_gone() -> None:
+    import asyncio
+
+    from orchestrator.containers.locks import LeaseRenewer
+
+    lost: list[bool] = []
+
+    async def scenario() -> None:
+        holder = _Holder()
+        renewer = LeaseRenewer(holder, 0.05, on_lost=lambda: lost.append(True))
+        await asyncio.sleep(0.18)
+        assert holder.stdin.lines[:3] == ["renew\n"] * 3
+        holder.exit_status = 143  # the lease ran out on the host
+        await asyncio.sleep(0.12)
+        renewer.cancel()
+        assert lost == [True]
+
+    asyncio.run(scenario())

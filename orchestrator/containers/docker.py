@@ -112,7 +112,13 @@ def docker_prefix(access: DockerAccess) -> list[str]:
 
 def config_hash(cfg: ContainerConfig) -> str:
     """Short, stable hash of the container block (label value for drift checks)."""
-    text = json.dumps(cfg.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    data = cfg.model_dump(mode="json")
+    # Keys added with the runtime seam count only when set: a docker
+    # container started before them keeps its hash (no drift warning).
+    for key, default in (("runtime", "docker"), ("rootless", False), ("cdi", "auto")):
+        if data.get(key) == default:
+            data.pop(key, None)
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

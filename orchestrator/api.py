@@ -330,6 +330,8 @@ class Cluster:
                 # Known running (this Cluster's `up`, under the lock it holds):
                 # no separate running check on the host.
                 ready_via=locks.ready.get(host),
+                runtime=container.runtime if container is not None else "docker",
+                rootless=container.rootless if container is not None else False,
             )
             result = await self.pool.run(
                 host, script, timeout=timeout, input=stdin, label="exec", on_timeout=lambda: kill

@@ -29,6 +29,7 @@ import anyio
 
 from orchestrator.api import Cluster
 from orchestrator.config import CONTAINER_NAME_RE, ClusterConfig, container_name
+from orchestrator.containers.runtime import RuntimeName, first_that_answers
 from orchestrator.errors import CvsError, PolicyRefused
 from orchestrator.events import EventSink, NullSink, TeeSink
 from orchestrator.results import HostResult
@@ -376,10 +377,11 @@ class CvsOrchestrator:
         if not CONTAINER_NAME_RE.fullmatch(container_name or ""):
             self.log.error(f"verify_containers_running: invalid container name {container_name!r}")
             return False
-        inspect = shlex.join(
-            ["inspect", "--type", "container", "-f", "{{.State.Running}}", container_name]
-        )
-        cmd = f"docker {inspect} 2>/dev/null || sudo -n docker {inspect}"
+        inspect = ["inspect", "--type", "container", "-f", "{{.State.Running}}", container_name]
+        cfg = self.config.container
+        runtime: RuntimeName = cfg.runtime if cfg is not None else "docker"
+        rootless = cfg is not None and cfg.rootless
+        cmd = first_that_answers(inspect, runtime, rootless)
         results = self._run(
             "verify_containers_running",
             dict.fromkeys(self.hosts, cmd),

@@ -34,6 +34,7 @@ import asyncssh
 
 from orchestrator.config import ClusterConfig, container_name
 from orchestrator.containers.exec import in_running_container
+from orchestrator.containers.runtime import RuntimeName
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.transport import ConnectError, SSHPool
@@ -91,10 +92,18 @@ exec cat -- "$1"
 """
 
 
-def in_container(name: str, argv: Sequence[str], *, tty: bool = False) -> str:
+def in_container(
+    name: str,
+    argv: Sequence[str],
+    *,
+    tty: bool = False,
+    runtime: RuntimeName = "docker",
+    rootless: bool = False,
+) -> str:
     """Host shell text running `argv` in container `name` with stdin attached
     (and a terminal with `tty`, for `cvs shell`)."""
-    return in_running_container(name, ["exec", "-i", *(["-t"] if tty else []), name, *argv])
+    exec_argv = ["exec", "-i", *(["-t"] if tty else []), name, *argv]
+    return in_running_container(name, exec_argv, runtime=runtime, rootless=rootless)
 
 
 def _check_name(path: Path, root: Path) -> None:
@@ -199,7 +208,8 @@ def compare(expected: dict[str, str], remote_lines: list[str], kind: str) -> str
 def _wrap(cluster: ClusterConfig, argv: list[str], host_os: bool) -> str:
     if host_os or cluster.container is None:
         return shlex.join(argv)
-    return in_container(container_name(cluster), argv)
+    cfg = cluster.container
+    return in_container(container_name(cluster), argv, runtime=cfg.runtime, rootless=cfg.rootless)
 
 
 def _human(n: float) -> str:

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from orchestrator.config.model import CONTAINER_USER_RE, WORKDIR_RE
 from orchestrator.containers.docker import DOCKER_CLI_ENV, validate_container_name
+from orchestrator.containers.runtime import RuntimeName, candidates, first_that_answers
 from orchestrator.ssh.envpass import env_block, env_reader, new_token
 
 NOT_RUNNING_EXIT = 125
@@ -67,17 +68,27 @@ class ContainerCommand(NamedTuple):
     stdin: str | None  # what to send on stdin (the env block), or None
 
 
-def in_running_container(name: str, docker_args: Sequence[str]) -> str:
-    """Host shell text that runs `docker DOCKER_ARGS` (else `sudo -n docker ...`) once
-    container `name` is found running, in the same round trip; exit 125 with one line
-    saying so when it is not."""
+def in_running_container(
+    name: str,
+    docker_args: Sequence[str],
+    *,
+    runtime: RuntimeName = "docker",
+    rootless: bool = False,
+) -> str:
+    """Host shell text that runs `docker DOCKER_ARGS` (else `sudo -n docker ...`;
+    podman as containers/runtime.py reaches it) once container `name` is found
+    running, in the same round trip; exit 125 with one line saying so when it is not."""
     validate_container_name(name)
     running = ["inspect", "--type", "container", "-f", "{{.State.Running}}", name]
+    branches = [
+        f'{guard}[ "$({shlex.join([*prefix, *running])} 2>/dev/null)" = true ]; then '
+        f"set -- {shlex.join(prefix)}; "
+        for guard, prefix in candidates(runtime, rootless)
+    ]
     return (
-        f'if [ "$(docker {shlex.join(running)} 2>/dev/null)" = true ]; then set -- docker; '
-        f'elif [ "$(sudo -n docker {shlex.join(running)} 2>/dev/null)" = true ]; then '
-        "set -- sudo -n docker; "
-        f"else echo {shlex.quote(f'container {name} is not running here (run `cvs up`)')} >&2; "
+        "if "
+        + "elif ".join(branches)
+        + f"else echo {shlex.quote(f'container {name} is not running here (run `cvs up`)')} >&2; "
         f"exit {NOT_RUNNING_EXIT}; fi; "
         f'exec "$@" {shlex.join(docker_args)}'
     )
@@ -92,6 +103,8 @@ def container_command(
     user: str | None = None,
     workdir: str | None = None,
     ready_via: Sequence[str] | None = None,
+    runtime: RuntimeName = "docker",
+    rootless: bool = False,
 ) -> ContainerCommand:
     """How to run `command` in container `name` (and stop it on timeout).
 
@@ -127,8 +140,9 @@ def container_command(
     if ready_via is not None:
         script = f"{DOCKER_CLI_ENV}; exec {shlex.join([*ready_via, *inner])}"
     else:
-        script = f"{DOCKER_CLI_ENV}; {in_running_container(name, inner)}"
+        reach = in_running_container(name, inner, runtime=runtime, rootless=rootless)
+        script = f"{DOCKER_CLI_ENV}; {reach}"
     # As root: the command may run as any user (or -u root).
     kill_argv = ["exec", "-u", "0", name, "sh", "-c", _KILL_TREE, "cvs", _pidfile(token)]
-    kill = f"docker {shlex.join(kill_argv)} 2>/dev/null || sudo -n docker {shlex.join(kill_argv)}"
+    kill = first_that_answers(kill_argv, runtime, rootless)
     return ContainerCommand(script, kill, stdin)

@@ -36,7 +36,6 @@ from orchestrator.containers.docker import (
     LABEL_INVOCATION,
     config_hash,
     container_limits_drift,
-    docker_prefix,
     image_inspect_argv,
     load_argv,
     login_command,
@@ -76,6 +75,7 @@ from orchestrator.containers.provision import (
 from orchestrator.errors import ExitCode, PolicyRefused, UsageError
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.limits.capacity import fit_to_host
+from orchestrator.limits.cdi import CDIDevice, describe_devices, parse_specs, spec_files, use_cdi
 from orchestrator.limits.gpus import (
     GPU,
     GPUError,
@@ -130,6 +130,9 @@ class Prepared:
     tag_repo_digests: tuple[str, ...] = ()
     devices: list[str] = field(default_factory=list)  # configured devices present here
     gpus: list[GPU] = field(default_factory=list)
+    cdi: list[CDIDevice] = field(default_factory=list)  # CDI devices the host publishes
+    cdi_problems: list[str] = field(default_factory=list)  # specs that could not be read
+    runtime_version: str | None = None  # asked only where CDI needs it (docker, cdi: always)
 
 
 @dataclass
@@ -190,6 +193,8 @@ class Lifecycle:
         self._script: SetupScript | None = None
         self.invocation = invocation or new_invocation_id()
         self.purpose = "up"  # what other invocations waiting on our locks are told
+        # Per launching host, the CDI devices its GPUs go through (_barrier).
+        self.cdi_devices: dict[str, tuple[CDIDevice, ...]] = {}
         self.locks = locks or host_locks(cluster, pool, sink)
 
     # -- probing --------------------------------------------------------
@@ -201,6 +206,8 @@ class Lifecycle:
             sshd_port=self.cfg.sshd.port,
             marker_path=MARKER_PATH,
             port_check=self._sshd_on_host_network(),
+            runtime=self.cfg.runtime,
+            rootless=self.cfg.rootless,
         )
 
     def _sshd_on_host_network(self) -> bool:
@@ -302,7 +309,7 @@ class Lifecycle:
     async def _prepare(self, host: str, state: HostState, outcome: HostOutcome) -> Prepared:
         """Login, load or pull as configured; find the tag's image, the configured
         devices present on the host, and its GPUs."""
-        prefix = docker_prefix(state.docker_access)  # type: ignore[arg-type]
+        prefix = state.runtime_access.prefix
         cfg = self.cfg
         tag_id, digests = state.tag_image_id, state.tag_repo_digests
         need_image = tag_id is None or cfg.pull == "always"
@@ -341,12 +348,21 @@ class Lifecycle:
             tag_id, digests = info.id, tuple(info.repo_digests)
         devices = await self._present_devices(outcome)
         gpus: list[GPU] = []
+        cdi: list[CDIDevice] = []
+        problems: list[str] = []
+        version: str | None = None
         if cfg.gpus is not None and outcome.ok:
             root = self.cluster.host(host).gpu_device_root or "/"
             r = await self._cmd(outcome, "gpus", ["sh", "-c", discovery_command(root)])
             if r is not None:
                 gpus = parse_discovery(r.stdout)
-        return Prepared(tag_id, digests, devices, gpus)
+                cdi, problems = parse_specs(spec_files(r.stdout))
+            if cfg.cdi == "always" and cfg.runtime == "docker" and outcome.ok:
+                # Docker's CDI depends on the daemon's version: ask it only here.
+                argv = [*prefix, "version", "--format", "{{.Server.Version}}"]
+                v = await self._cmd(outcome, "version", argv)
+                version = v.stdout.strip() if v is not None else None
+        return Prepared(tag_id, digests, devices, gpus, cdi, problems, version)
 
     async def _present_devices(self, outcome: HostOutcome) -> list[str]:
         """The configured `devices` that exist on this host (`/dev/infiniband/*` expanded)."""
@@ -418,7 +434,7 @@ class Lifecycle:
             report = await self._execute(plan, states, resources)
             await self.locks.downgrade()
             self.locks.ready = {
-                h: docker_prefix(states[h].docker_access)  # type: ignore[arg-type]
+                h: states[h].runtime_access.prefix
                 for h, o in report.outcomes.items()
                 if o.ok and states[h].docker_access in ("direct", "sudo")
             }
@@ -526,7 +542,8 @@ class Lifecycle:
         states: Mapping[str, HostState],
     ) -> dict[str, GPUSelection]:
         """Refuse before anything starts if the tag or the GPU requests disagree;
-        otherwise the GPUs each launching host gives its container."""
+        otherwise the GPUs each launching host gives its container (and, in
+        `self.cdi_devices`, the CDI devices that carry them where CDI is used)."""
         if not launching:
             return {}
         after_pull = {
@@ -548,11 +565,40 @@ class Lifecycle:
                     continue
                 if isinstance(picked, Unsatisfiable):
                     reasons.append(picked.message(host))
-                else:
-                    selections[host] = picked
+                    continue
+                selections[host] = picked
+                why = self._decide_cdi(host, picked, prepared[host])
+                if why is not None:
+                    reasons.append(f"{host}: {why}")
         if reasons:
             raise PolicyRefused(reasons)
         return selections
+
+    def _decide_cdi(self, host: str, picked: GPUSelection, prepared: Prepared) -> str | None:
+        """CDI or device nodes for this host's GPUs (limits/cdi.py); a refusal, or None."""
+        decision = use_cdi(
+            self.cfg.cdi, self.cfg.runtime, prepared.runtime_version, picked, prepared.cdi
+        )
+        if isinstance(decision, str):
+            problems = "; ".join(prepared.cdi_problems)
+            return decision + (f" (unreadable CDI specs: {problems})" if problems else "")
+        if decision is not None:
+            self.cdi_devices[host] = decision
+            self.sink.emit(
+                Message(
+                    level="info",
+                    host=host,
+                    text=f"GPUs through CDI: {describe_devices(decision)}",
+                )
+            )
+            return None
+        if picked.gpus and picked.vendor == "nvidia" and self.cfg.runtime == "podman":
+            return (
+                "podman has no --gpus: NVIDIA GPUs reach a podman container through CDI; "
+                "publish CDI specs on the host (nvidia-ctk cdi generate) so that one CDI "
+                "device adds each GPU"
+            )
+        return None
 
     async def _host_pipeline(
         self,
@@ -567,7 +613,7 @@ class Lifecycle:
         action = outcome.action
         if action.kind in ("verify", "none"):
             return
-        prefix = docker_prefix(state.docker_access)  # type: ignore[arg-type]
+        prefix = state.runtime_access.prefix
         if action.remove_first:
             # By the ID probed under the exclusive lock: never by name.
             victim = state.container_id
@@ -585,7 +631,15 @@ class Lifecycle:
                 invocation=self.invocation,
                 sshd_port=self.cfg.sshd.port if sshd_wanted(self.cfg, len(self._hosts())) else None,
             )
-            argv = run_argv(prefix, cfg, self.name, labels, resources=resources, gpus=gpus)
+            argv = run_argv(
+                prefix,
+                cfg,
+                self.name,
+                labels,
+                resources=resources,
+                gpus=gpus,
+                cdi=self.cdi_devices.get(host),
+            )
             run = await self._cmd(
                 outcome, "run", argv, timeout=self.cfg.start_timeout, input=run_env_file(cfg, gpus)
             )
@@ -665,9 +719,13 @@ class Lifecycle:
         async def remove(host: str) -> None:
             # Only what this invocation started (its label), even when the
             # `docker run` was cut short before it told us the container ID.
-            prefix = docker_prefix(states[host].docker_access)  # type: ignore[arg-type]
+            runtime = states[host].runtime_access
             command = remove_started_by_command(
-                prefix, self.name, self.invocation, then=forget_removed_records_command()
+                runtime.prefix,
+                self.name,
+                self.invocation,
+                then=forget_removed_records_command(),
+                name_filter=runtime.name_filter(self.name),
             )
             await self.pool.run(host, command, stream_output=False, label="rollback")
 
@@ -692,7 +750,7 @@ class Lifecycle:
             removing = plan.hosts("remove")
 
             async def remove(host: str) -> HostResult:
-                prefix = docker_prefix(states[host].docker_access)  # type: ignore[arg-type]
+                prefix = states[host].runtime_access.prefix
                 self._step(host, "remove", "started")
                 r = await self.pool.run(
                     host,

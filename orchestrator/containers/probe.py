@@ -64,8 +64,9 @@ import json
 import re
 import shlex
 import tarfile
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from importlib import resources
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -83,6 +84,7 @@ from orchestrator.containers.docker import (
     parse_image_inspect,
     validate_container_name,
 )
+from orchestrator.containers.runtime import Runtime, RuntimeName, access_order
 
 DockerAccessMode = Literal["direct", "sudo", "none"]
 ContainerState = Literal["absent", "running", "exited", "other"]
@@ -121,6 +123,15 @@ class HostState:
     # ("NAME (cluster IDENTITY)"), so a start is refused before anything runs.
     sshd_port_busy: bool | None = None
     sshd_port_holders: tuple[str, ...] = ()
+    # The runtime the probe reached (docker_access says how): the cluster's
+    # container.runtime; rootless for the login user's own podman.
+    runtime: RuntimeName = "docker"
+    rootless: bool = False
+
+    @property
+    def runtime_access(self) -> Runtime:
+        """How to reach the runtime here; ValueError when the probe found no access."""
+        return Runtime.for_access(self.runtime, self.docker_access, rootless=self.rootless)
 
     @classmethod
     def unreachable(cls, host: str, reason: str) -> HostState:
@@ -366,13 +377,11 @@ def inspect_image_arg(image: str) -> str:
 
 # Which docker to try first: the socket's permissions say whether plain
 # `docker` can work, without spending a docker process to find out.
-_ACCESS_ORDER = r"""
-order="direct sudo"
-case ${DOCKER_HOST:-unix:///var/run/docker.sock} in
-  unix://*) sock=${DOCKER_HOST:-unix:///var/run/docker.sock}; sock=${sock#unix://}
-    if [ -S "$sock" ] && [ ! -w "$sock" ]; then order="sudo direct"; fi ;;
-esac
-""".strip()
+_ACCESS_ORDER = access_order("docker", rootless=False)
+# podman's half of the probe's inspect (a .sh file shellcheck reads).
+PODMAN_INSPECT = (
+    resources.files("orchestrator.containers").joinpath("podman_inspect.sh").read_text()
+)
 
 # One `docker inspect` gives the parser each object's JSON and the shell the
 # container's ID, init PID and whether it runs, with no process to pick them
@@ -477,7 +486,7 @@ fi
 """.strip().replace("WRITE_RECORD", _write_record("$cid", "$_sha"))
 
 
-def _port_check(sshd_port: int) -> list[str]:
+def _port_check(sshd_port: int, runtime: Runtime | None = None) -> list[str]:
     """When our container is not running: is the sshd port taken on the host
     (network host: the container would share it), and by which cvs container.
     `docker ps` runs only when the port is taken, so never on the attach path."""
@@ -486,7 +495,7 @@ def _port_check(sshd_port: int) -> list[str]:
         "--filter",
         f"label={LABEL_SSHD_PORT}={sshd_port}",
         "--format",
-        "{{.Names}}\t{{.Label " + json.dumps(LABEL_MANAGED) + "}}",
+        "{{.Names}}\t" + (runtime or Runtime()).label_column(LABEL_MANAGED),
     ]
     return [
         f"  section port sh -c {shlex.quote(chr(10).join(_listen_script(sshd_port)))}",
@@ -503,8 +512,13 @@ def probe_command(
     sshd_port: int,
     marker_path: str,
     port_check: bool = False,
+    runtime: RuntimeName = "docker",
+    rootless: bool = False,
 ) -> str:
     """The probe script (POSIX sh); run it on the host as `sh -c SCRIPT`.
+
+    `runtime`/`rootless`: which runtime to reach and how to try
+    (containers/runtime.py); podman's inspect is `podman_inspect.sh`.
 
     `cfg` None probes docker access and the container only (no image tag).
     On the attach path it spawns one docker process, `docker inspect` of the
@@ -524,24 +538,33 @@ def probe_command(
     if any(not t or any(c.isspace() for c in t) for t in targets):
         raise ValueError(f"cannot probe {targets!r}: a name holds white space")
     inspect = shlex.join(["inspect", "--format", INSPECT_FORMAT, *targets])
+    binary = Runtime(runtime).binary
+    if runtime == "podman":
+        inspect_call = f'inspect_via "$m" podman_inspect {shlex.join([*targets, "--"])} "$@"'
+    else:
+        inspect_call = f'inspect_via "$m" "$@" {inspect}'
     # The docker prefix lives in "$@" (set below), so each docker call is
     # `"$@" <quoted argv…>` and nothing user-supplied is ever unquoted.
     exec_argv = ["exec", name, "sh", "-c", _in_container_script(sshd_port, marker_path)]
     cp_argv = ["cp", f"{name}:{marker_path}", "-"]
     lines = [
         _PRELUDE,
-        _ACCESS_ORDER,
+        f"printf '@@cvs:runtime %s %s\\n' {binary} {'rootless' if rootless else 'rootful'}",
+        access_order(runtime, rootless),
         _INSPECT_VIA,
+        *([PODMAN_INSPECT] if runtime == "podman" else []),
         f"printf '@@cvs:args %s\\n' {shlex.quote(' '.join(targets))}",
         _CAPACITY,
         "via=",
         "for m in $order; do",
-        '  if [ "$m" = direct ]; then set -- docker; else set -- sudo -n docker; fi',
-        f'  if inspect_via "$m" "$@" {inspect}; then',
+        f'  if [ "$m" = direct ]; then set -- {binary}; else set -- sudo -n {binary}; fi',
+        f"  if {inspect_call}; then",
         "    via=$m; break",
         "  fi",
         "done",
-        "[ -n \"$via\" ] || { printf '@@cvs:done\\n'; exit 0; }",
+        # No access: say whether the other runtime is here (a mixed fleet).
+        f'[ -n "$via" ] || {{ command -v {_other(runtime)} >/dev/null 2>&1 && '
+        f"printf '@@cvs:other %s\\n' {_other(runtime)}; printf '@@cvs:done\\n'; exit 0; }}",
         _FACTS,
         'if [ -n "$running" ]; then',
         _host_listen_script(sshd_port),
@@ -556,7 +579,7 @@ def probe_command(
         '  if [ -z "$rec" ] && [ -n "$_f" ]; then',
         f'    section marker_tar "$@" {shlex.join(cp_argv)}',
         "  fi",
-        *(_port_check(sshd_port) if port_check else []),
+        *(_port_check(sshd_port, Runtime(runtime)) if port_check else []),
         "fi",
         "printf '@@cvs:done\\n'",
     ]
@@ -591,7 +614,9 @@ class Section:
 
 
 # One-line facts the script prints as `@@cvs:TAG WORDS…` (see the module doc).
-LINE_FRAMES = frozenset({"args", "capacity", "facts", "adopted", "record", "listen"})
+LINE_FRAMES = frozenset(
+    {"args", "capacity", "facts", "adopted", "record", "listen", "runtime", "other"}
+)
 
 
 class ProbeOutputError(ValueError):
@@ -710,13 +735,28 @@ def _marker_from_tar(raw: bytes) -> str | None:
     return None
 
 
-def _access_failure(host: str, direct: Section | None, sudo: Section | None) -> HostState:
+def _other(runtime: RuntimeName) -> str:
+    return "podman" if runtime == "docker" else "docker"
+
+
+def _access_failure(
+    host: str,
+    direct: Section | None,
+    sudo: Section | None,
+    runtime: RuntimeName = "docker",
+    other: str | None = None,
+) -> HostState:
     texts = [s for s in (direct, sudo) if s is not None]
     kinds = [classify_docker_error(s.stderr or s.stdout, s.rc) for s in texts]
+    labels = [
+        label for label, s in ((runtime, direct), (f"sudo -n {runtime}", sudo)) if s is not None
+    ]
     detail = "; ".join(
         f"{label}: {_first_line(s.stderr or s.stdout) or f'exit {s.rc}'}"
-        for label, s in zip(("docker", "sudo -n docker"), texts, strict=False)
+        for label, s in zip(labels, texts, strict=True)
     )
+    if runtime != "docker" or other is not None:
+        return _runtime_access_failure(host, runtime, kinds, detail, other)
     if "daemon_down" in kinds:
         return HostState(
             host=host,
@@ -742,6 +782,52 @@ def _access_failure(host: str, direct: Section | None, sudo: Section | None) -> 
     )
 
 
+def _runtime_access_failure(
+    host: str, runtime: RuntimeName, kinds: Sequence[str], detail: str, other: str | None
+) -> HostState:
+    """No access to the cluster's runtime (podman, or docker on a host that has
+    podman): the message names the runtime and, for a mixed fleet, the other."""
+    if other is not None:
+        return HostState(
+            host=host,
+            docker_access="none",
+            runtime=runtime,
+            error=(
+                f"container.runtime is {runtime}, which this host cannot reach ({detail}), "
+                f"but it has {other}: a cluster runs one runtime on every host (image IDs, "
+                f"CLI spellings and GPU flags differ); set container.runtime: {other} if "
+                "every host runs it, or split the cluster by runtime"
+            ),
+            error_kind="no_docker",
+        )
+    if kinds and kinds[-1] == "not_installed":
+        return HostState(
+            host=host,
+            docker_access="none",
+            runtime=runtime,
+            error=f"{runtime} is not installed or not on PATH ({detail})",
+            error_kind="no_docker",
+        )
+    how = (
+        "rootless podman needs the login user's subuid/subgid ranges (/etc/subuid)"
+        if "direct" in detail and runtime == "podman"
+        else f"log in as root or allow the login user passwordless `sudo -n {runtime}`"
+    )
+    return HostState(
+        host=host,
+        docker_access="none",
+        runtime=runtime,
+        error=f"no {runtime} access ({detail}); {how}",
+        error_kind="no_access",
+    )
+
+
+def _runtime_frame(sections: Mapping[str, Section]) -> tuple[RuntimeName, bool]:
+    words = sections["runtime"].stdout.split() if "runtime" in sections else []
+    runtime: RuntimeName = "podman" if words[:1] == ["podman"] else "docker"
+    return runtime, words[1:2] == ["rootless"]
+
+
 def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) -> HostState:
     """The probe's output on `host` -> HostState. Never raises on bad output."""
     try:
@@ -756,11 +842,19 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
     if not tried:
         return _garbled(host, "no docker inspect section", exit_status, stderr)
     answered = [m for m, sec in tried.items() if _answered(sec)]
+    runtime, rootless = _runtime_frame(sections)
     if not answered:
-        return _access_failure(host, tried.get("direct"), tried.get("sudo"))
+        other = sections["other"].stdout.strip() if "other" in sections else None
+        failed = _access_failure(host, tried.get("direct"), tried.get("sudo"), runtime, other)
+        return replace(failed, runtime=runtime, rootless=rootless)
     access: DockerAccessMode = "direct" if answered[0] == "direct" else "sudo"
     inspect = tried[answered[0]]
-    values: dict[str, object] = {"host": host, "docker_access": access}
+    values: dict[str, object] = {
+        "host": host,
+        "docker_access": access,
+        "runtime": runtime,
+        "rootless": rootless,
+    }
     values.update(_capacity_facts(sections))  # capacity (issue 15)
     values.update(_port_facts(sections))  # sshd port taken on the host (network host)
     try:
@@ -804,7 +898,7 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
         and cinfo.image_id.startswith("sha256:"),
         labels=labels,
         started_at=cinfo.started_at,
-        host_config=cinfo.limits,
+        host_config=Runtime(runtime).normalize_limits(cinfo.limits),
     )
     values.update(
         _in_container_facts(sections, running=cinfo.state == "running", container_id=cinfo.id)

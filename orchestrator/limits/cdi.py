@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import yaml
 
-from orchestrator.limits.gpus import GPU, GPUSelection
+from orchestrator.limits.gpus import CDI_MAX_BYTES, CDI_MAX_FILES, GPU, GPUSelection, split_sections
 
 CDIMode = Literal["auto", "always", "never"]
 RuntimeName = Literal["docker", "podman"]
@@ -40,8 +40,8 @@ RuntimeName = Literal["docker", "podman"]
 SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 # The probe reads at most this many spec files of at most this size each:
 # what a host prints must not grow without bound.
-MAX_SPEC_FILES = 32
-MAX_SPEC_BYTES = 256 * 1024
+MAX_SPEC_FILES = CDI_MAX_FILES
+MAX_SPEC_BYTES = CDI_MAX_BYTES
 # Docker's first release with CDI (`--device vendor/class=name`).
 DOCKER_CDI_MIN = (25, 0)
 
@@ -150,6 +150,15 @@ class SpecFile:
 
     path: str
     text: str
+
+
+def spec_files(discovery_stdout: str) -> list[SpecFile]:
+    """The CDI spec files in a GPU discovery's output (`cdi PATH` sections)."""
+    return [
+        SpecFile(name[4:], "\n".join(lines))
+        for name, lines in split_sections(discovery_stdout).items()
+        if name.startswith("cdi /")
+    ]
 
 
 def parse_specs(files: Sequence[SpecFile]) -> tuple[list[CDIDevice], list[str]]:

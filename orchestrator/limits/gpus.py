@@ -52,6 +52,9 @@ AMD_SMI_QUERY = ["amd-smi", "static", "--json"]
 ROCM_SMI_QUERY = ["rocm-smi", "--showproductname", "--showmeminfo", "vram", "--showbus", "--json"]
 
 _RENDER_RE = re.compile(r"/dev/dri/renderD(\d+)$")
+# CDI spec files the discovery prints (limits/cdi.py reads them): bounded.
+CDI_MAX_FILES = 32
+CDI_MAX_BYTES = 256 * 1024
 
 
 class GPUError(ValueError):
@@ -141,6 +144,14 @@ def discovery_command(device_root: str = "/") -> str:
         "elif command -v rocm-smi >/dev/null 2>&1; then",
         f"  section rocm-smi; {rocm_smi} 2>/dev/null",
         "fi",
+        # CDI specs (limits/cdi.py): where the runtime reads them, not under
+        # the device root. Bounded: at most MAX files, SIZE bytes each.
+        "n=0",
+        "for f in /etc/cdi/*.yaml /etc/cdi/*.json /var/run/cdi/*.yaml /var/run/cdi/*.json; do",
+        '  [ -f "$f" ] && [ -r "$f" ] || continue',
+        f'  n=$((n + 1)); [ "$n" -le {CDI_MAX_FILES} ] || break',
+        f'  section "cdi $f"; head -c {CDI_MAX_BYTES} "$f"',
+        "done",
         "section end",
         "exit 0",
     ]
@@ -161,6 +172,11 @@ def parse_discovery(stdout: str) -> list[GPU]:
             info = _parse_rocm_smi("\n".join(sections.get("rocm-smi", [])))
         gpus += _amd_gpus(sections.get("render", []), info)
     return gpus
+
+
+def split_sections(stdout: str) -> dict[str, list[str]]:
+    """The discovery output's sections by name (`cdi PATH` for CDI specs)."""
+    return _split_sections(stdout)
 
 
 def _split_sections(stdout: str) -> dict[str, list[str]]:

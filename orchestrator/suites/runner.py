@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -28,6 +27,8 @@ import anyio
 from orchestrator.api import Cluster, HostSelectionError, select_hosts
 from orchestrator.config import ClusterConfig, ConfigError, container_name
 from orchestrator.containers.copy import CopyError, Payload, copy_to_hosts
+from orchestrator.containers.runtime import RuntimeName, first_that_answers
+from orchestrator.containers.runtime import image_id as runtime_image_id
 from orchestrator.errors import ExitCode, PolicyRefused
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.results import HostResult
@@ -379,17 +380,17 @@ async def image_ids(fleet: Cluster) -> dict[str, str]:
     """host -> the image ID its container runs (for the report); hosts not read are left out."""
     name = container_name(fleet.config)
     inspect = ["inspect", "--type", "container", "-f", "{{.Image}}", name]
-    script = f"docker {shlex.join(inspect)} 2>/dev/null || sudo -n docker {shlex.join(inspect)}"
+    cfg = fleet.config.container
+    runtime: RuntimeName = cfg.runtime if cfg is not None else "docker"
+    rootless = cfg is not None and cfg.rootless
+    script = first_that_answers(inspect, runtime, rootless)
 
     async def one(host: str) -> HostResult:
         return await fleet.pool.run(host, script, timeout=30, stream_output=False, label="image")
 
     results = await fan_out(fleet.hosts, one, limit=fleet.config.concurrency.hosts)
-    return {
-        h: r.stdout.strip()
-        for h, r in results.items()
-        if r.ok and IMAGE_ID_RE.fullmatch(r.stdout.strip())
-    }
+    ids = {h: runtime_image_id(r.stdout.strip()) for h, r in results.items() if r.ok}
+    return {h: i for h, i in ids.items() if i and IMAGE_ID_RE.fullmatch(i)}
 
 
 def _mark_stopped(outcome: RunOutcome, reason: str) -> None:

@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -27,7 +28,8 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.sandbox import SSHD_TAG, Sandbox, sandbox_down, sandbox_up
+from orchestrator.sandbox import DOCKER_USER, SSHD_TAG, Sandbox, sandbox_down, sandbox_up
+from orchestrator.sandbox.images import images_tar
 
 pytestmark = pytest.mark.sandbox
 
@@ -429,3 +431,86 @@ def test_cdi_always_without_a_covering_spec_refuses_before_anything_starts(
     assert up.returncode == 4, explain(up)
     assert "container.cdi: always, but no CDI device" in up.stderr, up.stderr
     assert ids(lab.sb, lab.name, ["node1"]) == {"node1": None}
+
+
+# --- rootless: the login user's own podman, no sudo -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def rootless_images(podman_sandbox: Sandbox) -> str:
+    """The sandbox images in the docker-group user's rootless store on node1,
+    loaded by that user over SSH (a rootless store's files belong to the
+    user's subordinate IDs: the root-owned template cannot be linked in)."""
+    with open(images_tar(), "rb") as tar:
+        proc = subprocess.run(
+            [*podman_sandbox.ssh_argv("node1", DOCKER_USER), "podman load -q"],
+            stdin=tar,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert proc.returncode == 0, proc.stderr
+    return "node1"
+
+
+def rootless_cluster(lab: Lab, **container: Any) -> Path:
+    path = lab.cluster(lifetime="persistent", hosts=["node1"], rootless=True, **container)
+    doc = yaml.safe_load(path.read_text())
+    doc["ssh"]["user"] = DOCKER_USER
+    # This machine has no /dev/mqueue, which rootless `--ipc host` bind-mounts.
+    doc["container"]["ipc"] = None
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def rootless_ps(sb: Sandbox, name: str) -> str:
+    proc = subprocess.run(
+        [
+            *sb.ssh_argv("node1", DOCKER_USER),
+            f"podman ps -a --format '{{{{.ID}}}}' -f name=^{name}$",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return proc.stdout.strip()
+
+
+def test_rootless_podman_cold_starts_attaches_and_provisions_as_root_in_its_namespace(
+    lab: Lab, rootless_images: str
+) -> None:
+    path = rootless_cluster(lab)
+    try:
+        rc, first = cvs_json(path, "up")
+        assert rc == 0, first
+        assert first["hosts"]["node1"]["action"] == "cold_start"
+        assert first["hosts"]["node1"]["steps"].get("provision") == "ok"
+        started = rootless_ps(lab.sb, lab.name)
+        # The rootful store (sudo) does not have it: this is the user's own.
+        assert started and inspect(lab.sb, "node1", lab.name) is None
+
+        rc, second = cvs_json(path, "up")
+        inside = cvs(path, "exec", "--", "id -u; cat /proc/self/uid_map")
+
+        assert rc == 0 and second["hosts"]["node1"]["action"] == "attach", second
+        assert rootless_ps(lab.sb, lab.name) == started
+        lines = [ln.split(" | ", 1)[1].split() for ln in inside.stdout.splitlines() if " | " in ln]
+        assert lines[0] == ["0"]  # root inside ...
+        assert lines[1][:2] == ["0", str(pwd.getpwnam(DOCKER_USER).pw_uid)]  # ... is cvs outside
+    finally:
+        cvs(path, "down", "--force")
+
+
+def test_rootless_caps_the_host_cannot_apply_are_refused_before_anything_starts(
+    lab: Lab, rootless_images: str
+) -> None:
+    # This machine runs cgroups v1 (hybrid): rootless podman would ignore them.
+    path = rootless_cluster(lab, resources={"memory": "256Mi"})
+
+    validate = cvs(path, "validate")
+    up = cvs(path, "up")
+
+    assert "rootless: resources.memory apply only on cgroups v2" in validate.stderr
+    assert up.returncode == 4, explain(up)
+    assert "rootless podman cannot apply resources.memory on cgroups v1" in up.stderr
+    assert rootless_ps(lab.sb, lab.name) == ""

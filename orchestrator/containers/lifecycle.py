@@ -91,6 +91,7 @@ from orchestrator.limits.resources import (
     cluster_effective_resources,
     effective_resources,
 )
+from orchestrator.limits.rootless import rootless_cap_refusal
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.keys import ClusterKeys, default_state_dir
@@ -422,6 +423,7 @@ class Lifecycle:
                 self.sink.emit(Message(level="warning", text=w))
             resources, beyond = self._fit_to_hosts(plan, states, resources)
             beyond += self._missing_image_refusals(plan, states)
+            beyond += self._rootless_refusals(plan, states, resources)
             for host in plan.hosts("attach", "restart"):
                 # Keeping a container keeps its limits; say where they are not
                 # what the config now asks for instead of accepting them silently.
@@ -442,6 +444,25 @@ class Lifecycle:
         except BaseException:
             await self.locks.release()
             raise
+
+    def _rootless_refusals(
+        self,
+        plan: Plan,
+        states: Mapping[str, HostState],
+        resources: Mapping[str, EffectiveResources],
+    ) -> list[str]:
+        """Rootless podman: caps a launching host cannot apply (limits/rootless.py)."""
+        out = []
+        for host, action in plan.actions.items():
+            state = states.get(host)
+            if state is None or not state.rootless or not action.launches:
+                continue
+            why = rootless_cap_refusal(
+                host, resources[host], state.cgroup, state.cgroup_controllers
+            )
+            if why is not None:
+                out.append(why)
+        return out
 
     def _missing_image_refusals(self, plan: Plan, states: Mapping[str, HostState]) -> list[str]:
         """`pull: never` and no image_tar: a launching host without the image

@@ -127,6 +127,10 @@ class HostState:
     # container.runtime; rootless for the login user's own podman.
     runtime: RuntimeName = "docker"
     rootless: bool = False
+    # Rootless only (None elsewhere): "v1" or "v2", and on v2 the controllers
+    # the login user's cgroup offers (what rootless podman can cap).
+    cgroup: str | None = None
+    cgroup_controllers: tuple[str, ...] = ()
 
     @property
     def runtime_access(self) -> Runtime:
@@ -382,6 +386,8 @@ _ACCESS_ORDER = access_order("docker", rootless=False)
 PODMAN_INSPECT = (
     resources.files("orchestrator.containers").joinpath("podman_inspect.sh").read_text()
 )
+# rootless podman's cgroup facts (which caps it can apply at all).
+CGROUP_FACTS = resources.files("orchestrator.containers").joinpath("cgroup_facts.sh").read_text()
 
 # One `docker inspect` gives the parser each object's JSON and the shell the
 # container's ID, init PID and whether it runs, with no process to pick them
@@ -553,6 +559,7 @@ def probe_command(
         access_order(runtime, rootless),
         _INSPECT_VIA,
         *([PODMAN_INSPECT] if runtime == "podman" else []),
+        *([CGROUP_FACTS, "cgroup_facts"] if rootless else []),
         f"printf '@@cvs:args %s\\n' {shlex.quote(' '.join(targets))}",
         _CAPACITY,
         "via=",
@@ -615,7 +622,7 @@ class Section:
 
 # One-line facts the script prints as `@@cvs:TAG WORDS…` (see the module doc).
 LINE_FRAMES = frozenset(
-    {"args", "capacity", "facts", "adopted", "record", "listen", "runtime", "other"}
+    {"args", "capacity", "facts", "adopted", "record", "listen", "runtime", "other", "cgroup"}
 )
 
 
@@ -822,6 +829,19 @@ def _runtime_access_failure(
     )
 
 
+_CONTROLLER_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
+
+
+def _cgroup_facts(sections: Mapping[str, Section]) -> dict[str, object]:
+    """cgroup and cgroup_controllers from the cgroup frame (rootless only);
+    words from the host are kept only when they look like controller names."""
+    words = sections["cgroup"].stdout.split() if "cgroup" in sections else []
+    if not words or words[0] not in ("v1", "v2"):
+        return {}
+    controllers = tuple(w for w in words[1:] if _CONTROLLER_RE.fullmatch(w))
+    return {"cgroup": words[0], "cgroup_controllers": controllers}
+
+
 def _runtime_frame(sections: Mapping[str, Section]) -> tuple[RuntimeName, bool]:
     words = sections["runtime"].stdout.split() if "runtime" in sections else []
     runtime: RuntimeName = "podman" if words[:1] == ["podman"] else "docker"
@@ -854,6 +874,7 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
         "docker_access": access,
         "runtime": runtime,
         "rootless": rootless,
+        **_cgroup_facts(sections),
     }
     values.update(_capacity_facts(sections))  # capacity (issue 15)
     values.update(_port_facts(sections))  # sshd port taken on the host (network host)

@@ -35,7 +35,14 @@ import yaml
 from . import daemons, images, network, podman, prereqs, procs
 from .errors import SandboxError
 from .registry import SandboxRegistry, sandbox_registry
-from .users import DOCKER_USER, SUDO_USER, SUDOERS_FILE, ensure_podman_sudo, ensure_users
+from .users import (
+    DOCKER_USER,
+    NO_DOCKER_USER,
+    SUDO_USER,
+    SUDOERS_FILE,
+    ensure_podman_sudo,
+    ensure_users,
+)
 
 Progress = Callable[[str], None]
 STATE_FILE = "sandbox.json"
@@ -107,6 +114,20 @@ class SandboxHost:
     def podman_env(self) -> dict[str, str]:
         """CONTAINERS_STORAGE_CONF / CONTAINERS_CONF of this host's podman."""
         return podman.env_for(self.host_dir / "storage.conf", self.host_dir / "containers.conf")
+
+    @property
+    def rootless_dir(self) -> Path:
+        """The docker-group login user's rootless podman on this host: its own
+        store and configuration (in the run dir: that user must reach it)."""
+        return self.run_dir / "podman-rootless"
+
+    @property
+    def rootless_env(self) -> dict[str, str]:
+        d = self.rootless_dir
+        return {
+            **podman.env_for(d / "storage.conf", d / "containers.conf"),
+            "XDG_RUNTIME_DIR": str(d / "xdg"),
+        }
 
     # Written to sandbox.json for people and tools reading it; recomputed on load.
     DERIVED = ("sshd_config", "data_root", "exec_root", "docker_host")
@@ -229,11 +250,23 @@ class Sandbox:
             authorized_keys=self.authorized_keys,
             docker_host=h.docker_host,
         )
-        if h.runtime == "podman":
-            env = " ".join(f"{k}={v}" for k, v in h.podman_env.items())
-            options["SetEnv"] = f"{options['SetEnv']} {env}"
         options.update(h.sshd_options)
-        h.sshd_config.write_text(daemons.render_sshd_config(options))
+        text = daemons.render_sshd_config(options)
+        if h.runtime == "podman":
+            # Per login user (sshd keeps the first SetEnv it reads, so the
+            # global one goes): the sudo user's rootful store, the docker
+            # group user's rootless store of its own.
+            base = options.pop("SetEnv")
+            text = daemons.render_sshd_config(options)
+            per_user = {
+                SUDO_USER: {**h.podman_env},
+                DOCKER_USER: {**h.rootless_env},
+                NO_DOCKER_USER: {},
+            }
+            for user, env in per_user.items():
+                words = " ".join([base, *(f"{k}={v}" for k, v in env.items())])
+                text += f"Match User {user}\n  SetEnv {words}\n"
+        h.sshd_config.write_text(text)
 
     def start_sshd(self, host: str | SandboxHost) -> None:
         h = self._h(host)
@@ -324,6 +357,7 @@ class Sandbox:
             # No daemon: the containers (and runc's machine-wide state for them) go.
             if remove_containers:
                 podman.remove_all_containers(h.podman_env, h.netns)
+                podman.remove_all_containers(h.rootless_env, h.netns, user=DOCKER_USER)
             return
         marker = str(h.exec_root)
         if remove_containers and procs.is_ours(h.dockerd_pid, marker):
@@ -512,6 +546,7 @@ def _prepare_podman(h: SandboxHost, template: Path) -> None:
         podman.storage_conf(h.podman_root, h.run_dir / "podman-run")
     )
     Path(env["CONTAINERS_CONF"]).write_text(podman.containers_conf(h.run_dir / "podman-tmp"))
+    podman.prepare_rootless(h.rootless_dir, DOCKER_USER)
 
 
 def _parallel(fn: Callable[[SandboxHost], None], hosts: list[SandboxHost]) -> None:

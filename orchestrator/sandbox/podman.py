@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import shutil
 import subprocess
 from pathlib import Path
@@ -144,8 +145,28 @@ def seed_store(template: Path, graph_root: Path) -> None:
                 tmp.replace(path)
 
 
-def remove_all_containers(env: dict[str, str], netns: str | None) -> None:
+def remove_all_containers(env: dict[str, str], netns: str | None, user: str | None = None) -> None:
     """`podman rm -af` on one host's store: runc's state for them is machine
-    wide (/run/runc), so killing the processes alone would leave it behind."""
+    wide (/run/runc), so killing the processes alone would leave it behind.
+    `user`: a login user's rootless store, as that user."""
+    argv = podman_argv(env, netns)
+    if user is not None:
+        if not Path(env["CONTAINERS_STORAGE_CONF"]).exists():
+            return
+        argv = [*argv[: argv.index("env")], "runuser", "-u", user, "--", *argv[argv.index("env") :]]
     with contextlib.suppress(subprocess.CalledProcessError, OSError):
-        run([*podman_argv(env, netns), "rm", "-a", "-f", "-t", "0"], check=False)
+        run([*argv, "rm", "-a", "-f", "-t", "0"], check=False)
+
+
+def prepare_rootless(directory: Path, user: str) -> None:
+    """A rootless podman for `user`: store, run root and configuration in
+    `directory`, owned by that user (its images are loaded by that user:
+    a rootless store's files belong to the user's subordinate IDs, so the
+    root-owned template cannot be linked in)."""
+    pw = pwd.getpwnam(user)
+    for sub in ("", "root", "run", "tmp", "xdg"):
+        path = directory / sub
+        path.mkdir(mode=0o700 if sub else 0o755, parents=True, exist_ok=True)
+        os.chown(path, pw.pw_uid, pw.pw_gid)
+    (directory / "storage.conf").write_text(storage_conf(directory / "root", directory / "run"))
+    (directory / "containers.conf").write_text(containers_conf(directory / "tmp"))

@@ -1,0 +1,224 @@
+"""The runtime seam as pure logic: how each runtime is reached and spelled,
+what the probe's podman output means, what rootless can and cannot cap."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from orchestrator.config import ContainerConfig
+from orchestrator.config.rootless import rootless_notes
+from orchestrator.containers.docker import (
+    ContainerLimits,
+    parse_container_inspect,
+    parse_image_inspect,
+    remove_started_by_command,
+)
+from orchestrator.containers.exec import container_command, in_running_container
+from orchestrator.containers.probe import parse_probe_output, probe_command
+from orchestrator.containers.runtime import Runtime, candidates, first_that_answers
+from orchestrator.limits.resources import EffectiveResources
+from orchestrator.limits.rootless import rootless_cap_refusal
+
+HEX = "a" * 64
+IMG = "b" * 64
+
+
+@pytest.mark.parametrize(
+    ("runtime", "prefix"),
+    [
+        (Runtime("docker", "direct"), ["docker"]),
+        (Runtime("docker", "sudo"), ["sudo", "-n", "docker"]),
+        (Runtime("podman", "direct"), ["podman"]),
+        (Runtime("podman", "sudo"), ["sudo", "-n", "podman"]),
+        (Runtime("podman", "direct", rootless=True), ["podman"]),
+    ],
+)
+def test_each_runtime_and_access_has_one_prefix(runtime, prefix):
+    assert runtime.prefix == prefix
+
+
+def test_rootless_is_podman_without_sudo_only():
+    with pytest.raises(ValueError, match="no sudo"):
+        Runtime("podman", "sudo", rootless=True)
+    with pytest.raises(ValueError, match="no sudo"):
+        Runtime("docker", "direct", rootless=True)
+
+
+def test_names_are_filtered_the_way_each_runtime_prints_them():
+    assert Runtime("docker").name_filter("c") == "name=^/c$"
+    assert Runtime("podman").name_filter("c") == "name=^c$"
+    text = remove_started_by_command(
+        ["sudo", "-n", "podman"], "c", "0123456789abcdef", name_filter="name=^c$"
+    )
+    assert "--filter 'name=^c$'" in text and "sudo -n podman ps" in text
+
+
+def test_rootful_podman_is_plain_only_for_root_never_the_users_rootless_store():
+    guards = candidates("podman", rootless=False)
+    assert guards == [('[ "$(id -u)" = 0 ] && ', ["podman"]), ("", ["sudo", "-n", "podman"])]
+    assert candidates("podman", rootless=True) == [("", ["podman"])]
+
+
+def test_docker_commands_are_spelled_as_before_the_seam():
+    # Byte for byte what docker hosts have always run.
+    tail = ["inspect", "-f", "{{.Image}}", "c"]
+    assert first_that_answers(tail, "docker", False) == (
+        "docker inspect -f '{{.Image}}' c 2>/dev/null || sudo -n docker inspect -f '{{.Image}}' c"
+    )
+    assert in_running_container("c", ["exec", "c", "true"]).startswith(
+        "if [ \"$(docker inspect --type container -f '{{.State.Running}}' c 2>/dev/null)\" = true ]"
+        '; then set -- docker; elif [ "$(sudo -n docker inspect'
+    )
+
+
+def test_a_podman_exec_never_falls_back_to_docker():
+    cmd = container_command("c", "true", runtime="podman")
+    assert "docker" not in cmd.script and "docker" not in cmd.kill
+    assert "sudo -n podman" in cmd.script and "sudo -n podman" in cmd.kill
+
+
+def test_podman_image_ids_read_as_docker_prints_them():
+    container = {"Id": HEX, "Name": "c", "Image": IMG, "State": {"Status": "running"}}
+    assert parse_container_inspect(json.dumps(container)).image_id == f"sha256:{IMG}"
+    image = {"Id": IMG, "RepoDigests": [], "RepoTags": ["localhost/x:1"]}
+    assert parse_image_inspect(json.dumps(image)).id == f"sha256:{IMG}"
+
+
+@pytest.mark.parametrize(("status", "state"), [("stopped", "exited"), ("configured", "exited")])
+def test_podmans_own_words_for_a_stopped_container_mean_exited(status, state):
+    doc = {"Id": HEX, "Name": "c", "Image": IMG, "State": {"Status": status, "Running": False}}
+    assert parse_container_inspect(json.dumps(doc)).state == state
+
+
+def test_podmans_default_limits_read_as_unset():
+    got = Runtime("podman").normalize_limits(ContainerLimits(pids_limit=2048, shm_size=65536000))
+    assert (got.pids_limit, got.shm_size) == (None, 64 * 1024**2)
+    kept = ContainerLimits(pids_limit=300)
+    assert Runtime("podman").normalize_limits(kept).pids_limit == 300
+    assert Runtime("docker").normalize_limits(ContainerLimits(pids_limit=2048)).pids_limit == 2048
+
+
+def _podman_probe_output(*, container: bool, cgroup: str | None = None) -> str:
+    obj = {"Id": HEX, "Name": "c", "Image": IMG, "State": {"Status": "running", "Running": True}}
+    image = {"Id": IMG, "RootFS": {}, "RepoDigests": []}
+    lines = ["@@cvs:probe 2", "@@cvs:runtime podman rootless", "@@cvs:args c img:1"]
+    if cgroup:
+        lines.append(f"@@cvs:cgroup {cgroup}")
+    lines.append("@@cvs:section inspect.direct 0 raw")
+    if container:
+        lines.append("J " + json.dumps(obj))
+    else:
+        lines.append("E Error: No such object: c")
+    lines += ["J " + json.dumps(image), "@@cvs:end inspect.direct", "@@cvs:done"]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_podman_probe_says_which_runtime_answered_and_how():
+    state = parse_probe_output("n1", 0, _podman_probe_output(container=True, cgroup="v1"), "")
+    assert (state.runtime, state.rootless, state.docker_access) == ("podman", True, "direct")
+    assert state.runtime_access.prefix == ["podman"]
+    assert state.container == "running" and state.container_image_id == f"sha256:{IMG}"
+    assert state.tag_image_id == f"sha256:{IMG}"
+    assert state.cgroup == "v1"
+
+
+def test_cgroup_controllers_from_a_host_are_kept_only_when_they_look_like_names():
+    text = _podman_probe_output(container=False, cgroup="v2 cpu memory $(rm) pids")
+    state = parse_probe_output("n1", 0, text, "")
+    assert state.container == "absent"
+    assert state.cgroup_controllers == ("cpu", "memory", "pids")
+
+
+def test_a_docker_cluster_on_a_podman_host_is_refused_naming_both():
+    text = "\n".join(
+        [
+            "@@cvs:probe 2",
+            "@@cvs:runtime docker rootful",
+            "@@cvs:args c",
+            "@@cvs:section inspect.direct 1 raw",
+            "E Cannot connect to the Docker daemon at unix:///x.sock",
+            "@@cvs:end inspect.direct",
+            "@@cvs:other podman",
+            "@@cvs:done",
+        ]
+    )
+    state = parse_probe_output("n1", 0, text, "")
+    assert not state.known
+    assert state.error is not None
+    assert "container.runtime is docker" in state.error and "but it has podman" in state.error
+
+
+def test_no_sudo_for_podman_names_the_fix():
+    text = "\n".join(
+        [
+            "@@cvs:probe 2",
+            "@@cvs:runtime podman rootful",
+            "@@cvs:args c",
+            "@@cvs:section inspect.sudo 1 raw",
+            "E sudo: a password is required",
+            "@@cvs:end inspect.sudo",
+            "@@cvs:done",
+        ]
+    )
+    state = parse_probe_output("n1", 0, text, "")
+    assert state.error_kind == "no_access"
+    assert "passwordless `sudo -n podman`" in (state.error or "")
+
+
+def test_the_podman_probe_script_is_posix_sh(tmp_path):
+    script = probe_command(
+        ContainerConfig(image="img:1", runtime="podman"),
+        "c",
+        sshd_port=2224,
+        marker_path="/var/lib/cvs/provisioned",
+        runtime="podman",
+        rootless=True,
+    )
+    (tmp_path / "probe.sh").write_text(script)
+    checked = subprocess.run(["sh", "-n", str(tmp_path / "probe.sh")], capture_output=True)
+    assert checked.returncode == 0, checked.stderr
+    assert "set -- docker" not in script and "sudo -n docker" not in script
+    assert "\norder=direct\n" in script  # rootless: the user's own podman, never sudo
+
+
+EFF = EffectiveResources(memory_bytes=256 * 1024**2, pids=100)
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "controllers", "says"),
+    [
+        ("v1", (), "cannot apply resources.memory, resources.pids on cgroups v1"),
+        ("v2", ("cpu",), "has no memory, pids controller"),
+        (None, (), "cgroup version is unknown"),
+    ],
+)
+def test_rootless_caps_a_host_cannot_apply_are_refused(cgroup, controllers, says):
+    why = rootless_cap_refusal("n1", EFF, cgroup, controllers)
+    assert why is not None and says in why and why.startswith("host n1:")
+
+
+def test_rootless_caps_with_delegated_controllers_pass():
+    assert rootless_cap_refusal("n1", EFF, "v2", ("cpu", "memory", "pids")) is None
+    assert rootless_cap_refusal("n1", EffectiveResources(), "v1", ()) is None
+
+
+def test_validate_says_what_rootless_cannot_give():
+    cfg = ContainerConfig(
+        image="img:1",
+        runtime="podman",
+        rootless=True,
+        resources={"memory": "1Gi"},
+        ulimits={"memlock": -1},
+        cap_add=["IPC_LOCK", "SYS_PTRACE"],
+        devices=["/dev/kfd"],
+    )
+    notes = rootless_notes(cfg)
+    assert any("resources.memory" in n and "cgroups v1" in n for n in notes)
+    assert any("ulimits.memlock=-1" in n for n in notes)
+    assert any("cap_add IPC_LOCK" in n and "SYS_PTRACE" not in n for n in notes)
+    assert any("keep-groups" in n and "crun" in n for n in notes)
+    assert any("ipc: host needs /dev/mqueue" in n for n in notes)
+    assert rootless_notes(ContainerConfig(image="img:1", runtime="podman")) == []

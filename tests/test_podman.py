@@ -334,8 +334,8 @@ def test_a_docker_cluster_on_podman_hosts_is_refused_naming_both_runtimes(lab: L
     up = cvs(path, "up")
 
     assert up.returncode == 4, explain(up)
-    assert "container.runtime is docker" in up.stderr, up.stderr
-    assert "but it has podman" in up.stderr
+    assert "docker daemon not reachable" in up.stderr, up.stderr
+    assert "this host has podman" in up.stderr and "container.runtime: podman" in up.stderr
     assert ids(lab.sb, lab.name) == dict.fromkeys(THREE)
 
 

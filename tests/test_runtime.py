@@ -148,7 +148,9 @@ def test_a_docker_cluster_on_a_podman_host_is_refused_naming_both():
     state = parse_probe_output("n1", 0, text, "")
     assert not state.known
     assert state.error is not None
-    assert "container.runtime is docker" in state.error and "but it has podman" in state.error
+    assert state.error_kind == "daemon_down"  # docker's own verdict, unchanged
+    assert state.error.startswith("docker daemon not reachable")
+    assert "this host has podman" in state.error and "container.runtime: podman" in state.error
 
 
 def test_no_sudo_for_podman_names_the_fix():

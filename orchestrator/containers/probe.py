@@ -752,6 +752,7 @@ def _access_failure(
     sudo: Section | None,
     runtime: RuntimeName = "docker",
     other: str | None = None,
+    rootless: bool = False,
 ) -> HostState:
     texts = [s for s in (direct, sudo) if s is not None]
     kinds = [classify_docker_error(s.stderr or s.stdout, s.rc) for s in texts]
@@ -762,8 +763,25 @@ def _access_failure(
         f"{label}: {_first_line(s.stderr or s.stdout) or f'exit {s.rc}'}"
         for label, s in zip(labels, texts, strict=True)
     )
-    if runtime != "docker" or other is not None:
-        return _runtime_access_failure(host, runtime, kinds, detail, other)
+    state = (
+        _docker_access_failure(host, kinds, detail)
+        if runtime == "docker"
+        else _podman_access_failure(host, runtime, kinds, detail, rootless)
+    )
+    if other is None or state.error is None:
+        return state
+    # The other runtime is here: perhaps the cluster names the wrong one.
+    return replace(
+        state,
+        error=(
+            f"{state.error}; this host has {other}: a cluster runs one runtime on every "
+            f"host (image IDs, CLI spellings and GPU flags differ), so set "
+            f"container.runtime: {other} if every host runs it, or split the cluster"
+        ),
+    )
+
+
+def _docker_access_failure(host: str, kinds: Sequence[str], detail: str) -> HostState:
     if "daemon_down" in kinds:
         return HostState(
             host=host,
@@ -789,24 +807,10 @@ def _access_failure(
     )
 
 
-def _runtime_access_failure(
-    host: str, runtime: RuntimeName, kinds: Sequence[str], detail: str, other: str | None
+def _podman_access_failure(
+    host: str, runtime: RuntimeName, kinds: Sequence[str], detail: str, rootless: bool
 ) -> HostState:
-    """No access to the cluster's runtime (podman, or docker on a host that has
-    podman): the message names the runtime and, for a mixed fleet, the other."""
-    if other is not None:
-        return HostState(
-            host=host,
-            docker_access="none",
-            runtime=runtime,
-            error=(
-                f"container.runtime is {runtime}, which this host cannot reach ({detail}), "
-                f"but it has {other}: a cluster runs one runtime on every host (image IDs, "
-                f"CLI spellings and GPU flags differ); set container.runtime: {other} if "
-                "every host runs it, or split the cluster by runtime"
-            ),
-            error_kind="no_docker",
-        )
+    """No access to podman: the message names the runtime and the fix."""
     if kinds and kinds[-1] == "not_installed":
         return HostState(
             host=host,
@@ -817,7 +821,7 @@ def _runtime_access_failure(
         )
     how = (
         "rootless podman needs the login user's subuid/subgid ranges (/etc/subuid)"
-        if "direct" in detail and runtime == "podman"
+        if rootless
         else f"log in as root or allow the login user passwordless `sudo -n {runtime}`"
     )
     return HostState(
@@ -865,7 +869,9 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
     runtime, rootless = _runtime_frame(sections)
     if not answered:
         other = sections["other"].stdout.strip() if "other" in sections else None
-        failed = _access_failure(host, tried.get("direct"), tried.get("sudo"), runtime, other)
+        failed = _access_failure(
+            host, tried.get("direct"), tried.get("sudo"), runtime, other, rootless
+        )
         return replace(failed, runtime=runtime, rootless=rootless)
     access: DockerAccessMode = "direct" if answered[0] == "direct" else "sudo"
     inspect = tried[answered[0]]

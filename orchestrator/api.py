@@ -9,10 +9,12 @@ One `Cluster` holds one SSH connection per host for its whole life.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from orchestrator.config import (
@@ -24,12 +26,14 @@ from orchestrator.config import (
 )
 from orchestrator.config.hostlist import SelectionError, abbreviate_hosts
 from orchestrator.config.hostlist import select_hosts as _select
+from orchestrator.containers.docker import normalize_image_id
 from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command
 from orchestrator.containers.status import HostStatus, host_status
 from orchestrator.errors import CvsError, UsageError
 from orchestrator.events import EventSink, Message, NullSink
 from orchestrator.limits.gpus import guard_visible_devices
 from orchestrator.limits.resources import EffectiveResources
+from orchestrator.remote.runtime import ContainerRuntime, DockerRuntime
 from orchestrator.results import HostResult, exit_code_for
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.transport import SSHPool
@@ -38,6 +42,9 @@ if TYPE_CHECKING:
     from orchestrator.containers.lifecycle import Lifecycle, UpReport
     from orchestrator.containers.locks import HostLocks
     from orchestrator.containers.plan import Plan
+
+
+_IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 class HostSelectionError(UsageError, ValueError):
@@ -201,6 +208,45 @@ class Cluster:
         """
         return await self._lifecycle().down(force=force, wait=wait, own_only=own_only)
 
+    @property
+    def docker_runtimes(self) -> Mapping[str, DockerRuntime]:
+        """How to reach docker on each host whose container this Cluster's `up`
+        left running (probed under the lock it still holds). A host missing
+        here is not known: the host decides on each command, by the same rule
+        (remote/access.sh) — `docker_runtimes.get(host, DockerRuntime())`."""
+        if self._locks is None:
+            return MappingProxyType({})
+        return MappingProxyType(dict(self._locks.ready))
+
+    def runtime_for(self, host: str) -> ContainerRuntime:
+        """How to reach the runtime on `host`: as this Cluster's `up` probed it,
+        else the cluster's runtime (container.runtime) for the host to find."""
+        known = self.docker_runtimes.get(host)
+        if known is not None:
+            return known
+        cfg = self.config.container
+        if cfg is None:
+            return ContainerRuntime()
+        return ContainerRuntime.unprobed(cfg.runtime, cfg.rootless)
+
+    async def container_image_ids(self) -> dict[str, str]:
+        """host -> the image ID its container runs; hosts not read are left out."""
+        name = container_name(self.config)
+        inspect = ["inspect", "--type", "container", "-f", "{{.Image}}", name]
+
+        async def one(host: str) -> HostResult:
+            return await self.pool.run(
+                host,
+                self.runtime_for(host).read(inspect),
+                timeout=30,
+                stream_output=False,
+                label="image",
+            )
+
+        results = await fan_out(self.hosts, one, limit=self.config.concurrency.hosts)
+        ids = {h: normalize_image_id(r.stdout.strip()) for h, r in results.items() if r.ok}
+        return {h: i for h, i in ids.items() if _IMAGE_ID_RE.fullmatch(i)}
+
     async def status(self) -> list[HostStatus]:
         """One typed record per host: reachability, docker access, container state,
         image and tag IDs, sshd, provisioning, effective limits and drift."""
@@ -329,9 +375,7 @@ class Cluster:
                 workdir=workdir,
                 # Known running (this Cluster's `up`, under the lock it holds):
                 # no separate running check on the host.
-                ready_via=locks.ready.get(host),
-                runtime=container.runtime if container is not None else "docker",
-                rootless=container.rootless if container is not None else False,
+                runtime=locks.ready.get(host) or self.runtime_for(host),
             )
             result = await self.pool.run(
                 host, script, timeout=timeout, input=stdin, label="exec", on_timeout=lambda: kill

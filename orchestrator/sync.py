@@ -8,7 +8,7 @@ method of `Cluster` has a blocking twin here with the same signature
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +19,7 @@ from orchestrator.api import Cluster
 from orchestrator.config import ClusterConfig
 from orchestrator.containers.status import HostStatus
 from orchestrator.events import EventSink
+from orchestrator.remote.runtime import DockerRuntime
 from orchestrator.results import HostResult
 
 if TYPE_CHECKING:
@@ -91,6 +92,15 @@ class SyncCluster:
     def status(self) -> list[HostStatus]:
         """One typed record per host (see `Cluster.status`)."""
         return self._portal.call(self._cluster.status)
+
+    @property
+    def docker_runtimes(self) -> Mapping[str, DockerRuntime]:
+        """How to reach docker on each host (see `Cluster.docker_runtimes`)."""
+        return self._cluster.docker_runtimes
+
+    def container_image_ids(self) -> dict[str, str]:
+        """host -> the image ID its container runs (see `Cluster.container_image_ids`)."""
+        return self._portal.call(self._cluster.container_image_ids)
 
     def exec(
         self,

@@ -6,9 +6,9 @@ import pytest
 from test_plan import IMG_B, cfg, host, kinds, states
 
 from orchestrator.containers.docker import LABEL_MANAGED
-from orchestrator.containers.lifecycle import adoption_record_command
 from orchestrator.containers.plan import decide_plan
-from orchestrator.containers.probe import _adopted_records, parse_sections
+from orchestrator.remote.frames import parse_sections
+from orchestrator.remote.records import adopted_argv, adopted_records
 
 ID = "c" * 64
 
@@ -56,17 +56,17 @@ def test_adopt_does_not_take_a_stopped_foreign_container() -> None:
 
 def test_probe_reads_adoption_records() -> None:
     sections, _ = parse_sections(f"@@cvs:adopted {ID} my-cluster\n@@cvs:done\n")
-    assert _adopted_records(sections) == {ID: "my-cluster"}
+    assert adopted_records(sections) == {ID: "my-cluster"}
     sections, _ = parse_sections("@@cvs:adopted not-an-id x\n@@cvs:done\n")
-    assert _adopted_records(sections) == {}
+    assert adopted_records(sections) == {}
 
 
 @pytest.mark.parametrize("bad", [None, "abc", "C" * 64, ID + ";x"])
 def test_adoption_record_needs_a_container_id(bad: str | None) -> None:
     with pytest.raises(ValueError):
-        adoption_record_command("ctr", bad, "c")
+        adopted_argv(bad, "c")
 
 
 def test_adoption_record_quotes_the_cluster_name() -> None:
-    text = adoption_record_command("ctr", ID, "a b'c")
-    assert "'a b'\"'\"'c'" in text and LABEL_MANAGED not in text
+    argv = adopted_argv(ID, "a b'c")
+    assert argv[-3:] == ["adopted", ID, "a b'c"] and LABEL_MANAGED not in argv[2]

@@ -10,9 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.containers.probe import _CAPACITY, _capacity_facts, parse_sections
+from orchestrator import remote
+from orchestrator.containers.probe import _capacity_facts
 from orchestrator.limits.capacity import fit_to_host
 from orchestrator.limits.resources import EffectiveResources
+from orchestrator.remote.frames import parse_sections
 
 GI = 1024**3
 
@@ -63,14 +65,19 @@ def test_unreadable_capacity_is_unknown(garbage: str) -> None:
     assert _capacity_facts(sections) == {}
 
 
+def capacity(online: Path, then: str = "") -> list[str]:
+    """The probe's capacity reader (remote/capacity.sh) on this online-CPU list."""
+    script = remote.source("capacity") + 'cvs_capacity "$1" /proc/meminfo\n' + then
+    return ["sh", "-c", script, "capacity", str(online)]
+
+
 @pytest.mark.parametrize(
     ("online", "expected"),
     [("0", 1), ("0-1", 2), ("0-3,8-11", 8), ("0,2,4", 3)],
 )
 def test_probe_counts_online_cpus_with_builtins(online: str, expected: int, tmp_path: Path) -> None:
     (tmp_path / "online").write_text(online + "\n")
-    script = _CAPACITY.replace("/sys/devices/system/cpu/online", str(tmp_path / "online"))
-    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True)
+    out = subprocess.run(capacity(tmp_path / "online"), capture_output=True, text=True, check=True)
     sections, _ = parse_sections(out.stdout)
     assert _capacity_facts(sections)["cpu_count"] == expected
 
@@ -80,8 +87,9 @@ def test_malformed_online_cpus_fall_back_to_nproc_and_never_end_the_probe(
     online: str, tmp_path: Path
 ) -> None:
     (tmp_path / "online").write_text(online + "\n")
-    script = _CAPACITY.replace("/sys/devices/system/cpu/online", str(tmp_path / "online"))
-    out = subprocess.run(["sh", "-c", script + "\necho after"], capture_output=True, text=True)
+    out = subprocess.run(
+        capacity(tmp_path / "online", then="echo after"), capture_output=True, text=True
+    )
     assert out.stdout.endswith("after\n"), out
     sections, _ = parse_sections(out.stdout)
     assert _capacity_facts(sections)["cpu_count"] == len(os.sched_getaffinity(0))

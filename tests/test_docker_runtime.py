@@ -25,7 +25,6 @@ from orchestrator.containers.docker import (
     DockerOutputError,
     classify_docker_error,
     config_hash,
-    docker_prefix,
     exec_argv,
     image_inspect_argv,
     inspect_argv,
@@ -45,6 +44,7 @@ from orchestrator.containers.docker import (
 )
 from orchestrator.limits.gpus import GPU, GPUSelection
 from orchestrator.limits.resources import EffectiveResources
+from orchestrator.remote.runtime import DockerRuntime
 
 # --- pure builders ---------------------------------------------------------
 
@@ -54,16 +54,16 @@ HOSTILE_LINE = HOSTILE.replace("\n", " ")
 
 
 def test_docker_prefix_direct_is_plain_docker() -> None:
-    assert docker_prefix("direct") == ["docker"]
+    assert DockerRuntime("direct").prefix == ["docker"]
 
 
 def test_docker_prefix_sudo_never_prompts() -> None:
-    assert docker_prefix("sudo") == ["sudo", "-n", "docker"]
+    assert DockerRuntime("sudo").prefix == ["sudo", "-n", "docker"]
 
 
 def test_docker_prefix_rejects_no_access() -> None:
     with pytest.raises(ValueError):
-        docker_prefix("none")  # type: ignore[arg-type]
+        _ = DockerRuntime().prefix  # not probed: no prefix to give
 
 
 def test_run_argv_puts_every_option_before_image_and_sleep_infinity() -> None:

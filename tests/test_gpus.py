@@ -21,7 +21,7 @@ from orchestrator.limits.gpus import (
     GPUError,
     GPUSelection,
     Unsatisfiable,
-    discovery_command,
+    discovery_argv,
     parse_discovery,
     select_gpus,
 )
@@ -198,7 +198,7 @@ def device_root(tmp_path: Path) -> Path:
 
 def _run_discovery(root: Path, path: str) -> str:
     return subprocess.run(
-        ["sh", "-c", discovery_command(device_root=str(root))],
+        discovery_argv(device_root=str(root)),
         capture_output=True,
         text=True,
         check=True,

@@ -26,14 +26,14 @@ from orchestrator.containers.locks import (
     holder_description,
     lock_command,
     lock_path,
-    split_lock_frames,
 )
 from orchestrator.containers.plan import decide_down, decide_plan
 from orchestrator.containers.probe import (
     HostState,
-    forget_removed_records_command,
     parse_probe_output,
 )
+from orchestrator.remote.frames import split_lock_frames
+from orchestrator.remote.records import forget_listed_command
 
 ID = "a" * 64
 NO_SUCH = b"Error: No such object: ctr\nError: No such object: img:1\n"
@@ -129,7 +129,7 @@ def test_rollback_also_drops_the_host_records_of_what_it_removed(tmp_path: Path)
     fake.write_text(f'#!/bin/sh\ncase $1 in ps) echo {removed}; echo "bogus;id" ;; esac\n')
     fake.chmod(0o755)
     text = remove_started_by_command(
-        [str(fake)], "ctr", "0123456789abcdef", then=forget_removed_records_command()
+        [str(fake)], "ctr", "0123456789abcdef", then=forget_listed_command()
     )
     env = {"PATH": "/usr/bin:/bin", "XDG_STATE_HOME": str(tmp_path / "state")}
     assert subprocess.run(["sh", "-c", text], env=env).returncode == 0
@@ -191,7 +191,7 @@ def test_probe_reads_the_port_check_and_its_holders() -> None:
     text = (
         frame("args", 0, b"ctr\nimg:1\n")
         + frame("inspect.direct", 1, b"[]", NO_SUCH)
-        + frame("port", 0, b"listen yes\n")
+        + "@@cvs:port yes\n"
         + frame("port_holders", 0, b"other-ctr\tother\n")
         + "@@cvs:done\n"
     )  # fmt: skip
@@ -239,7 +239,9 @@ def test_exclusive_holders_never_overlap_while_the_directory_comes_and_goes(
     # next creates it again: mutual exclusion must hold across that churn.
     lock, log = tmp_path / "cvs-x-h.lock", tmp_path / "log"
     body = f'echo "start $$" >> {log}; sleep 0.02; echo "end $$" >> {log}'
-    command = lock_command(str(lock), "exclusive", wait=60, description="t", probe=body)
+    command = lock_command(
+        str(lock), "exclusive", wait=60, description="t", probe=["sh", "-c", body, "t"]
+    )
     procs = [
         subprocess.Popen(["sh", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
         for _ in range(25)

@@ -14,20 +14,17 @@ from pathlib import Path
 import pytest
 from private_dockerd import TEST_IMAGE, PrivateDockerd
 
+from orchestrator import remote
 from orchestrator.config import ContainerConfig
 from orchestrator.containers.docker import managed_labels, run_argv
 from orchestrator.containers.probe import (
-    INSPECT_FORMAT,
     HostState,
-    _listen_loop,
-    forget_records_command,
     inspect_image_arg,
     parse_probe_output,
-    parse_sections,
-    probe_command,
-    probe_remote_command,
-    provision_record_command,
+    probe_argv,
 )
+from orchestrator.remote.frames import parse_sections
+from orchestrator.remote.records import forget_argv, provisioned_argv
 
 MARKER = "/etc/cvs/provisioned"
 SHA = "ab" * 32
@@ -49,12 +46,10 @@ def run_probe(
     shell: tuple[str, ...] = ("/bin/sh",),
     **kw: str,
 ) -> HostState:
-    script = probe_command(cfg, name, sshd_port=PORT, marker_path=kw.get("marker", MARKER))
+    argv = probe_argv(cfg, name, sshd_port=PORT, marker_path=kw.get("marker", MARKER))
     # The host's records go to this test's state directory (state_home).
     env = {**env, "XDG_STATE_HOME": os.environ["XDG_STATE_HOME"]}
-    out = subprocess.run(
-        [*shell, "-c", script], env=env, capture_output=True, text=True, timeout=60
-    )
+    out = subprocess.run([*shell, *argv[1:]], env=env, capture_output=True, text=True, timeout=60)
     return parse_probe_output("h1", out.returncode, out.stdout, out.stderr)
 
 
@@ -246,7 +241,7 @@ def test_hosts_without_base64_fall_back_to_hex(
 def test_remote_command_form_runs_under_any_login_shell(
     dockerd: PrivateDockerd, image_id: str, cfg: ContainerConfig
 ) -> None:
-    cmd = probe_remote_command(cfg, "probed", sshd_port=PORT, marker_path=MARKER)
+    cmd = shlex.join(probe_argv(cfg, "probed", sshd_port=PORT, marker_path=MARKER))
     out = subprocess.run(
         ["bash", "-c", cmd], env=dockerd.env, capture_output=True, text=True, timeout=60
     )
@@ -275,7 +270,7 @@ def calls(log: Path) -> list[str]:
 
 def record(state_home: Path, cid: str, sha: str = SHA) -> None:
     env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
-    subprocess.run(["sh", "-c", provision_record_command(cid, sha)], env=env, check=True)
+    subprocess.run(provisioned_argv(cid, sha), env=env, check=True)
 
 
 def container_id(dockerd: PrivateDockerd, name: str) -> str:
@@ -435,20 +430,20 @@ def test_records_are_written_private_pruned_when_stale_and_forgotten_on_removal(
     d.mkdir(parents=True)
     (d / stale).write_text(SHA + "\n")
     os.utime(d / stale, (0, 0))
-    subprocess.run(["sh", "-c", provision_record_command(cid, SHA)], env=env, check=True)
+    subprocess.run(provisioned_argv(cid, SHA), env=env, check=True)
     assert (d / cid).read_text() == SHA + "\n"
     assert (d / cid).stat().st_mode & 0o077 == 0
     assert not (d / stale).exists()
-    subprocess.run(["sh", "-c", forget_records_command(cid)], env=env, check=True)
+    subprocess.run(forget_argv(cid), env=env, check=True)
     assert not (d / cid).exists()
 
 
 @pytest.mark.parametrize("bad", ["", "g" * 64, "a" * 63, "a" * 64 + ";rm -rf /", "$(id)"])
 def test_record_commands_refuse_anything_but_a_container_id(bad: str) -> None:
     with pytest.raises(ValueError):
-        provision_record_command(bad, SHA)
+        provisioned_argv(bad, SHA)
     with pytest.raises(ValueError):
-        forget_records_command(bad)
+        forget_argv(bad)
 
 
 # --- pure: script building and parsing --------------------------------------
@@ -457,13 +452,12 @@ def test_record_commands_refuse_anything_but_a_container_id(bad: str) -> None:
 @pytest.mark.parametrize("name", ["a;b", "$(id)", "a b", "-x"])
 def test_probe_command_rejects_unsafe_container_names(name: str) -> None:
     with pytest.raises(ValueError):
-        probe_command(None, name, sshd_port=PORT, marker_path=MARKER)
+        probe_argv(None, name, sshd_port=PORT, marker_path=MARKER)
 
 
 def test_probe_command_without_config_skips_the_image() -> None:
-    script = probe_command(None, "c", sshd_port=PORT, marker_path=MARKER)
-    assert "image" not in script.split("@@cvs:args", 1)[1].split("\n", 1)[0]
-    assert f'"$@" inspect --format {shlex.quote(INSPECT_FORMAT)} c;' in script
+    argv = probe_argv(None, "c", sshd_port=PORT, marker_path=MARKER)
+    assert argv[:2] == ["sh", "-c"] and argv[3:6] == ["cvs-probe", "c", ""]
 
 
 def frame(name: str, rc: int, out: bytes = b"", err: bytes = b"") -> str:
@@ -633,6 +627,8 @@ def test_listener_loop_reads_only_the_listening_sockets(
 ) -> None:
     table = tmp_path / "tcp"
     table.write_text(SOCKETS_HEADER + "".join(socket_line(i, *t) for i, t in enumerate(lines)))
-    script = "\n".join([*_listen_loop(shlex.quote(str(table)), 2224), 'echo "$listen"'])
-    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == expected
+    script = remote.source("listen") + 'cvs_listening "$1" 08B0; echo $?'
+    out = subprocess.run(
+        ["sh", "-c", script, "t", str(tmp_path)], capture_output=True, text=True, check=True
+    )
+    assert {"0": "yes", "1": "no"}[out.stdout.strip()] == expected

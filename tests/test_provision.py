@@ -24,6 +24,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from orchestrator import remote
 from orchestrator.config import ClusterConfig, ContainerConfig, HostSpec, load_cluster, sshd_wanted
 from orchestrator.containers import mpi
 from orchestrator.containers.provision import (
@@ -32,7 +33,6 @@ from orchestrator.containers.provision import (
     EXIT_MISSING_TOOL,
     EXIT_NO_SSHD,
     MARKER_PATH,
-    SETUP_DECODER,
     SSHD_FILES,
     SetupScript,
     ensure_sshd,
@@ -197,7 +197,7 @@ def test_setup_argv_carries_only_the_fixed_decoder_and_the_digest() -> None:
     script = SetupScript.from_bytes(b"echo secret-payload\n")
     argv = setup_argv(DOCKER, "box", script.sha256)
     assert argv[:6] == ["docker", "exec", "-i", "-u", "0", "box"]
-    assert argv[6:] == ["sh", "-c", SETUP_DECODER, "cvs-setup", script.sha256, MARKER_PATH]
+    assert argv[6:] == remote.argv("setup", script.sha256, MARKER_PATH)
     assert "secret-payload" not in " ".join(argv)
 
 
@@ -213,9 +213,12 @@ def test_ensure_sshd_argv_refuses_bad_ports(port: int) -> None:
         ensure_sshd_argv(DOCKER, "box", port, "/etc/cvs/hostfile")
 
 
-def test_ensure_sshd_argv_passes_port_in_proc_net_hex() -> None:
+def test_ensure_sshd_argv_passes_port_paths_and_login_as_arguments() -> None:
+    # remote/sshd.sh takes them as arguments (it computes the /proc/net hex
+    # itself: tests/test_remote.py pins that under every host shell).
     argv = ensure_sshd_argv(DOCKER, "box", 2224, "/etc/cvs/hostfile")
-    assert argv[-4:] == ["2224", "08B0", "/etc/cvs/hostfile", ""]
+    assert argv[-8:-5] == ["2224", "/etc/cvs/hostfile", mpi.SSHD_PID_FILE]
+    assert argv[-1] == ""
     assert argv[3:5] == ["-u", "0"]
 
 

@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+from orchestrator import remote
 from orchestrator.config import ContainerConfig
 from orchestrator.config.rootless import rootless_notes
 from orchestrator.containers.docker import (
@@ -15,12 +16,13 @@ from orchestrator.containers.docker import (
     parse_container_inspect,
     parse_image_inspect,
     remove_started_by_command,
+    runtime_limits,
 )
-from orchestrator.containers.exec import container_command, in_running_container
-from orchestrator.containers.probe import parse_probe_output, probe_command
-from orchestrator.containers.runtime import Runtime, candidates, first_that_answers
+from orchestrator.containers.exec import container_command
+from orchestrator.containers.probe import parse_probe_output, probe_argv
 from orchestrator.limits.resources import EffectiveResources
 from orchestrator.limits.rootless import rootless_cap_refusal
+from orchestrator.remote.runtime import ContainerRuntime as Runtime
 
 HEX = "a" * 64
 IMG = "b" * 64
@@ -29,11 +31,11 @@ IMG = "b" * 64
 @pytest.mark.parametrize(
     ("runtime", "prefix"),
     [
-        (Runtime("docker", "direct"), ["docker"]),
-        (Runtime("docker", "sudo"), ["sudo", "-n", "docker"]),
-        (Runtime("podman", "direct"), ["podman"]),
-        (Runtime("podman", "sudo"), ["sudo", "-n", "podman"]),
-        (Runtime("podman", "direct", rootless=True), ["podman"]),
+        (Runtime("direct", "docker"), ["docker"]),
+        (Runtime("sudo", "docker"), ["sudo", "-n", "docker"]),
+        (Runtime("direct", "podman"), ["podman"]),
+        (Runtime("sudo", "podman"), ["sudo", "-n", "podman"]),
+        (Runtime("direct", "podman", rootless=True), ["podman"]),
     ],
 )
 def test_each_runtime_and_access_has_one_prefix(runtime, prefix):
@@ -42,42 +44,58 @@ def test_each_runtime_and_access_has_one_prefix(runtime, prefix):
 
 def test_rootless_is_podman_without_sudo_only():
     with pytest.raises(ValueError, match="no sudo"):
-        Runtime("podman", "sudo", rootless=True)
+        Runtime("sudo", "podman", rootless=True)
     with pytest.raises(ValueError, match="no sudo"):
-        Runtime("docker", "direct", rootless=True)
+        Runtime("direct", "docker", rootless=True)
 
 
 def test_names_are_filtered_the_way_each_runtime_prints_them():
-    assert Runtime("docker").name_filter("c") == "name=^/c$"
-    assert Runtime("podman").name_filter("c") == "name=^c$"
+    assert Runtime(None, "docker").name_filter("c") == "name=^/c$"
+    assert Runtime(None, "podman").name_filter("c") == "name=^c$"
     text = remove_started_by_command(
         ["sudo", "-n", "podman"], "c", "0123456789abcdef", name_filter="name=^c$"
     )
     assert "--filter 'name=^c$'" in text and "sudo -n podman ps" in text
 
 
-def test_rootful_podman_is_plain_only_for_root_never_the_users_rootless_store():
-    guards = candidates("podman", rootless=False)
-    assert guards == [('[ "$(id -u)" = 0 ] && ', ["podman"]), ("", ["sudo", "-n", "podman"])]
-    assert candidates("podman", rootless=True) == [("", ["podman"])]
+def _access(tmp_path, flag: list[str], uid: str) -> str:
+    """What remote/access.sh decides, with `id -u` answering `uid`."""
+    (tmp_path / "id").write_text(f"#!/bin/sh\necho {uid}\n")
+    (tmp_path / "id").chmod(0o755)
+    script = (
+        remote.source("access") + 'cvs_runtime "$1"; cvs_docker_order; echo "$cvs_rt $cvs_order"'
+    )
+    out = subprocess.run(
+        ["sh", "-c", script, "t", *(flag or [""])],
+        capture_output=True,
+        text=True,
+        env={"PATH": f"{tmp_path}:/usr/bin:/bin", "DOCKER_HOST": "tcp://x:1"},
+        check=True,
+    )
+    return out.stdout.strip()
 
 
-def test_docker_commands_are_spelled_as_before_the_seam():
-    # Byte for byte what docker hosts have always run.
+def test_rootful_podman_is_plain_only_for_root_never_the_users_rootless_store(tmp_path):
+    assert _access(tmp_path, ["--podman"], "1001") == "podman sudo"
+    assert _access(tmp_path, ["--podman"], "0") == "podman direct"
+    assert _access(tmp_path, ["--podman-rootless"], "1001") == "podman direct"
+    assert _access(tmp_path, [], "1001") == "docker direct sudo"
+
+
+def test_docker_hosts_get_the_programs_exactly_as_before():
+    # No runtime flag for docker: docker.sh and probe.sh see the arguments
+    # they always did.
     tail = ["inspect", "-f", "{{.Image}}", "c"]
-    assert first_that_answers(tail, "docker", False) == (
-        "docker inspect -f '{{.Image}}' c 2>/dev/null || sudo -n docker inspect -f '{{.Image}}' c"
-    )
-    assert in_running_container("c", ["exec", "c", "true"]).startswith(
-        "if [ \"$(docker inspect --type container -f '{{.State.Running}}' c 2>/dev/null)\" = true ]"
-        '; then set -- docker; elif [ "$(sudo -n docker inspect'
-    )
+    assert Runtime().read(tail) == remote.argv("docker", "read", *tail)
+    assert len(probe_argv(None, "c", sshd_port=2224, marker_path="/m")) == 11
 
 
 def test_a_podman_exec_never_falls_back_to_docker():
-    cmd = container_command("c", "true", runtime="podman")
-    assert "docker" not in cmd.script and "docker" not in cmd.kill
-    assert "sudo -n podman" in cmd.script and "sudo -n podman" in cmd.kill
+    cmd = container_command("c", "true", runtime=Runtime.unprobed("podman"))
+    assert "cvs-docker --podman running c" in cmd.script
+    assert "cvs-docker --podman read exec" in cmd.kill
+    known = container_command("c", "true", runtime=Runtime("sudo", "podman"))
+    assert "exec sudo -n podman exec" in known.script
 
 
 def test_podman_image_ids_read_as_docker_prints_them():
@@ -94,11 +112,10 @@ def test_podmans_own_words_for_a_stopped_container_mean_exited(status, state):
 
 
 def test_podmans_default_limits_read_as_unset():
-    got = Runtime("podman").normalize_limits(ContainerLimits(pids_limit=2048, shm_size=65536000))
+    got = runtime_limits("podman", ContainerLimits(pids_limit=2048, shm_size=65536000))
     assert (got.pids_limit, got.shm_size) == (None, 64 * 1024**2)
-    kept = ContainerLimits(pids_limit=300)
-    assert Runtime("podman").normalize_limits(kept).pids_limit == 300
-    assert Runtime("docker").normalize_limits(ContainerLimits(pids_limit=2048)).pids_limit == 2048
+    assert runtime_limits("podman", ContainerLimits(pids_limit=300)).pids_limit == 300
+    assert runtime_limits("docker", ContainerLimits(pids_limit=2048)).pids_limit == 2048
 
 
 def _podman_probe_output(*, container: bool, cgroup: str | None = None) -> str:
@@ -118,8 +135,8 @@ def _podman_probe_output(*, container: bool, cgroup: str | None = None) -> str:
 
 def test_a_podman_probe_says_which_runtime_answered_and_how():
     state = parse_probe_output("n1", 0, _podman_probe_output(container=True, cgroup="v1"), "")
-    assert (state.runtime, state.rootless, state.docker_access) == ("podman", True, "direct")
-    assert state.runtime_access.prefix == ["podman"]
+    assert state.runtime == Runtime("direct", "podman", rootless=True)
+    assert state.runtime.prefix == ["podman"]
     assert state.container == "running" and state.container_image_id == f"sha256:{IMG}"
     assert state.tag_image_id == f"sha256:{IMG}"
     assert state.cgroup == "v1"
@@ -170,20 +187,18 @@ def test_no_sudo_for_podman_names_the_fix():
     assert "passwordless `sudo -n podman`" in (state.error or "")
 
 
-def test_the_podman_probe_script_is_posix_sh(tmp_path):
-    script = probe_command(
+def test_a_rootless_podman_probe_names_its_runtime_and_parses_as_sh(tmp_path):
+    argv = probe_argv(
         ContainerConfig(image="img:1", runtime="podman"),
         "c",
         sshd_port=2224,
         marker_path="/var/lib/cvs/provisioned",
-        runtime="podman",
-        rootless=True,
+        runtime=Runtime.unprobed("podman", rootless=True),
     )
-    (tmp_path / "probe.sh").write_text(script)
+    assert argv[-1] == "--podman-rootless"
+    (tmp_path / "probe.sh").write_text(argv[2])
     checked = subprocess.run(["sh", "-n", str(tmp_path / "probe.sh")], capture_output=True)
     assert checked.returncode == 0, checked.stderr
-    assert "set -- docker" not in script and "sudo -n docker" not in script
-    assert "\norder=direct\n" in script  # rootless: the user's own podman, never sudo
 
 
 EFF = EffectiveResources(memory_bytes=256 * 1024**2, pids=100)

@@ -29,7 +29,6 @@ import anyio
 
 from orchestrator.api import Cluster
 from orchestrator.config import CONTAINER_NAME_RE, ClusterConfig, container_name
-from orchestrator.containers.runtime import RuntimeName, first_that_answers
 from orchestrator.errors import CvsError, PolicyRefused
 from orchestrator.events import EventSink, NullSink, TeeSink
 from orchestrator.results import HostResult
@@ -378,13 +377,13 @@ class CvsOrchestrator:
             self.log.error(f"verify_containers_running: invalid container name {container_name!r}")
             return False
         inspect = ["inspect", "--type", "container", "-f", "{{.State.Running}}", container_name]
-        cfg = self.config.container
-        runtime: RuntimeName = cfg.runtime if cfg is not None else "docker"
-        rootless = cfg is not None and cfg.rootless
-        cmd = first_that_answers(inspect, runtime, rootless)
+        # Docker as the probe found it on each host, else the host's own rule:
+        # the adapter does not decide it.
+        _, cluster = self._fleet()
+        commands = {h: shlex.join(cluster.runtime_for(h).read(inspect)) for h in self.hosts}
         results = self._run(
             "verify_containers_running",
-            dict.fromkeys(self.hosts, cmd),
+            commands,
             VERIFY_TIMEOUT,
             host_os=True,
         )

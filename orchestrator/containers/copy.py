@@ -32,9 +32,10 @@ from typing import IO, Any
 import anyio
 import asyncssh
 
+from orchestrator import remote
 from orchestrator.config import ClusterConfig, container_name
 from orchestrator.containers.exec import in_running_container
-from orchestrator.containers.runtime import RuntimeName
+from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.transport import ConnectError, SSHPool
@@ -50,60 +51,26 @@ class CopyError(ValueError):
     """A local source cannot be copied (missing, unreadable, an odd name). One line."""
 
 
-# The receiving side. $1 DEST, $2 the source's name, $3 file|dir, $4 mode and $5 sha256
-# (files: checked before the file takes its name, so an interrupted or corrupted copy
-# never replaces DEST).
-# `cp -r` placement: inside DEST when it is a directory (or ends with /), else as DEST.
-_RECEIVE = r"""
-set -e
-dest=$1 name=$2 kind=$3 mode=$4 want=$5
-case $dest in */) mkdir -p -- "$dest" ;; esac
-if [ -d "$dest" ]; then final=${dest%/}/$name; else final=$dest; fi
-parent=$(dirname -- "$final")
-mkdir -p -- "$parent"
-if [ "$kind" = dir ]; then
-  mkdir -p -- "$final"
-  tar -x -o -f - -C "$final"
-  echo "@@cvs-final:$final"
-  cd -- "$final"
-  find . -type f -exec sha256sum {} +
-else
-  tmp="$parent/.cvs-cp.$$"
-  trap 'rm -f -- "$tmp"' EXIT
-  cat > "$tmp"
-  got=$(sha256sum < "$tmp")
-  got=${got%% *}
-  if [ "$got" != "$want" ]; then
-    echo "$final: not replaced: what arrived has sha256 $got (incomplete?)" >&2
-    exit 1
-  fi
-  chmod "$mode" "$tmp"
-  mv -f -- "$tmp" "$final"
-  echo "@@cvs-final:$final"
-  sha256sum < "$final"
-fi
-"""
-
-# The sending side of a gather: checksum on stderr, the bytes on stdout.
-_SEND = r"""
-[ -f "$1" ] || { echo "$1: not a regular file" >&2; exit 66; }
-sha256sum < "$1" >&2
-exec cat -- "$1"
-"""
-
-
 def in_container(
     name: str,
     argv: Sequence[str],
     *,
     tty: bool = False,
-    runtime: RuntimeName = "docker",
-    rootless: bool = False,
+    runtime: ContainerRuntime | None = None,
 ) -> str:
     """Host shell text running `argv` in container `name` with stdin attached
-    (and a terminal with `tty`, for `cvs shell`)."""
+    (and a terminal with `tty`, for `cvs shell`); `runtime` the cluster's
+    (default docker)."""
     exec_argv = ["exec", "-i", *(["-t"] if tty else []), name, *argv]
-    return in_running_container(name, exec_argv, runtime=runtime, rootless=rootless)
+    return in_running_container(name, exec_argv, runtime)
+
+
+def cluster_runtime(cluster: ClusterConfig) -> ContainerRuntime:
+    """The cluster's runtime on a host no probe of this invocation has seen."""
+    cfg = cluster.container
+    if cfg is None:
+        return ContainerRuntime()
+    return ContainerRuntime.unprobed(cfg.runtime, cfg.rootless)
 
 
 def _check_name(path: Path, root: Path) -> None:
@@ -208,8 +175,7 @@ def compare(expected: dict[str, str], remote_lines: list[str], kind: str) -> str
 def _wrap(cluster: ClusterConfig, argv: list[str], host_os: bool) -> str:
     if host_os or cluster.container is None:
         return shlex.join(argv)
-    cfg = cluster.container
-    return in_container(container_name(cluster), argv, runtime=cfg.runtime, rootless=cfg.rootless)
+    return in_container(container_name(cluster), argv, runtime=cluster_runtime(cluster))
 
 
 def _human(n: float) -> str:
@@ -305,7 +271,7 @@ async def copy_to_hosts(
     if not dest or "\n" in dest or "\0" in dest:
         raise CopyError(f"bad destination {dest!r}")
     want = payload.checksums.get("-", "")
-    argv = ["sh", "-c", _RECEIVE, "cvs-cp", dest, payload.source.name, payload.kind]
+    argv = remote.argv("copy_receive", dest, payload.source.name, payload.kind)
     argv += [payload.mode, want]
     script = _wrap(cluster, argv, host_os)
     limit = timeout if timeout is not None else cluster.ssh.command_timeout
@@ -380,7 +346,7 @@ async def gather_from_hosts(
     name = os.path.basename(src.rstrip("/"))
     if not name or name in (".", "..") or "\n" in src or "\0" in src:
         raise CopyError(f"--from-host: {src!r} does not name a file")
-    script = _wrap(cluster, ["sh", "-c", _SEND, "cvs-cp", src], host_os)
+    script = _wrap(cluster, remote.argv("copy_send", src), host_os)
     limit = timeout if timeout is not None else cluster.ssh.command_timeout
 
     async def one(host: str) -> HostResult:

@@ -18,7 +18,7 @@ import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -27,7 +27,6 @@ from orchestrator.limits.cdi import CDIDevice, cdi_run_args
 from orchestrator.limits.gpus import GPUSelection, guard_visible_devices
 from orchestrator.limits.resources import EffectiveResources, limits_drift
 
-DockerAccess = Literal["direct", "sudo"]
 ContainerStatus = Literal["running", "exited", "other"]
 DockerErrorKind = Literal["not_found", "daemon_down", "permission_denied", "not_installed", "other"]
 
@@ -45,14 +44,6 @@ LABEL_INVOCATION = "io.cvs.invocation"
 # cluster's probe names this container when that port is taken.
 LABEL_SSHD_PORT = "io.cvs.sshd-port"
 CONTAINER_ID_RE = re.compile(r"[0-9a-f]{64}")  # a full container ID, as docker prints it
-
-# Shell text that goes before docker CLI calls on the hot paths (probe, exec).
-# Go's runtime sizes itself to the host's cores: on a 128-core node a one-shot
-# docker CLI sets up that many Ps (and GC workers) for one API call. One is
-# plenty, and measurably cheaper under load (docs/design.md, "What an attach
-# costs"). Exported to the docker CLI only: `docker exec` passes no host
-# variable into the container.
-DOCKER_CLI_ENV = "GOMAXPROCS=1; export GOMAXPROCS"
 
 # Docker's zero time: what StartedAt holds for a container never started.
 _ZERO_TIME = "0001-01-01T00:00:00Z"
@@ -100,15 +91,6 @@ def _validate_label(key: str, value: str) -> None:
 
 
 # --- builders ------------------------------------------------------------
-
-
-def docker_prefix(access: DockerAccess) -> list[str]:
-    """How to invoke docker on a host, as decided by the probe."""
-    if access == "direct":
-        return ["docker"]
-    if access == "sudo":
-        return ["sudo", "-n", "docker"]
-    raise ValueError(f"no docker prefix for access {access!r}")
 
 
 def config_hash(cfg: ContainerConfig) -> str:
@@ -536,6 +518,31 @@ def _sha256_id(value: Any) -> Any:
     if isinstance(value, str) and CONTAINER_ID_RE.fullmatch(value):
         return f"sha256:{value}"
     return value
+
+
+# podman's defaults (containers.conf) for what docker leaves unset: a
+# container started without `--pids-limit` / `--shm-size` reports these.
+PODMAN_DEFAULT_PIDS_LIMIT = 2048
+PODMAN_DEFAULT_SHM_BYTES = 65536000
+DOCKER_DEFAULT_SHM_BYTES = 64 * 1024 * 1024
+
+
+def runtime_limits(runtime: str, limits: ContainerLimits) -> ContainerLimits:
+    """Limits as docker reports them for the same request: podman's own defaults
+    for what was left unset read as unset (no false drift on an attach)."""
+    if runtime != "podman":
+        return limits
+    pids, shm = limits.pids_limit, limits.shm_size
+    return replace(
+        limits,
+        pids_limit=None if pids == PODMAN_DEFAULT_PIDS_LIMIT else pids,
+        shm_size=DOCKER_DEFAULT_SHM_BYTES if shm == PODMAN_DEFAULT_SHM_BYTES else shm,
+    )
+
+
+def normalize_image_id(value: str) -> str:
+    """An image ID as docker prints it: podman prints the 64 hex digits alone."""
+    return _sha256_id(value)  # type: ignore[no-any-return]
 
 
 def parse_container_inspect(text: str) -> ContainerInfo:

@@ -58,14 +58,7 @@ from orchestrator.containers.plan import (
     decide_down,
     decide_plan,
 )
-from orchestrator.containers.probe import (
-    ADOPTED_DIR,
-    HostState,
-    forget_records_command,
-    forget_removed_records_command,
-    parse_probe_output,
-    probe_command,
-)
+from orchestrator.containers.probe import HostState, parse_probe_output, probe_argv
 from orchestrator.containers.provision import (
     MARKER_PATH,
     SetupScript,
@@ -81,7 +74,7 @@ from orchestrator.limits.gpus import (
     GPUError,
     GPUSelection,
     Unsatisfiable,
-    discovery_command,
+    discovery_argv,
     parse_discovery,
     select_gpus,
 )
@@ -92,6 +85,8 @@ from orchestrator.limits.resources import (
     effective_resources,
 )
 from orchestrator.limits.rootless import rootless_cap_refusal
+from orchestrator.remote import records
+from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.keys import ClusterKeys, default_state_dir
@@ -200,15 +195,14 @@ class Lifecycle:
 
     # -- probing --------------------------------------------------------
 
-    def _probe_script(self) -> str:
-        return probe_command(
+    def _probe_argv(self) -> list[str]:
+        return probe_argv(
             self.cfg,
             self.name,
             sshd_port=self.cfg.sshd.port,
             marker_path=MARKER_PATH,
             port_check=self._sshd_on_host_network(),
-            runtime=self.cfg.runtime,
-            rootless=self.cfg.rootless,
+            runtime=ContainerRuntime.unprobed(self.cfg.runtime, self.cfg.rootless),
         )
 
     def _sshd_on_host_network(self) -> bool:
@@ -217,9 +211,7 @@ class Lifecycle:
 
     async def probe(self, host: str) -> HostState:
         """One round trip: what is on the host now."""
-        result = await self.pool.run(
-            host, ["sh", "-c", self._probe_script()], stream_output=False, label="probe"
-        )
+        result = await self.pool.run(host, self._probe_argv(), stream_output=False, label="probe")
         if not result.reached:
             return HostState.unreachable(host, result.error or result.status)
         return parse_probe_output(host, result.exit_code or 0, result.stdout, result.stderr)
@@ -236,7 +228,7 @@ class Lifecycle:
         """Every host locked in `mode` and probed under the lock, in one round
         trip when no other invocation holds a conflicting lock (locks.py)."""
         answers = await self.locks.acquire(
-            self._hosts(), mode, wait=wait, probe=self._probe_script, purpose=purpose
+            self._hosts(), mode, wait=wait, probe=self._probe_argv, purpose=purpose
         )
         return {
             h: a.state or HostState.unreachable(h, a.error or a.status) for h, a in answers.items()
@@ -310,7 +302,7 @@ class Lifecycle:
     async def _prepare(self, host: str, state: HostState, outcome: HostOutcome) -> Prepared:
         """Login, load or pull as configured; find the tag's image, the configured
         devices present on the host, and its GPUs."""
-        prefix = state.runtime_access.prefix
+        prefix = state.runtime.prefix
         cfg = self.cfg
         tag_id, digests = state.tag_image_id, state.tag_repo_digests
         need_image = tag_id is None or cfg.pull == "always"
@@ -354,7 +346,7 @@ class Lifecycle:
         version: str | None = None
         if cfg.gpus is not None and outcome.ok:
             root = self.cluster.host(host).gpu_device_root or "/"
-            r = await self._cmd(outcome, "gpus", ["sh", "-c", discovery_command(root)])
+            r = await self._cmd(outcome, "gpus", discovery_argv(root))
             if r is not None:
                 gpus = parse_discovery(r.stdout)
                 cdi, problems = parse_specs(spec_files(r.stdout))
@@ -436,9 +428,9 @@ class Lifecycle:
             report = await self._execute(plan, states, resources)
             await self.locks.downgrade()
             self.locks.ready = {
-                h: states[h].runtime_access.prefix
+                h: states[h].runtime
                 for h, o in report.outcomes.items()
-                if o.ok and states[h].docker_access in ("direct", "sudo")
+                if o.ok and states[h].runtime.known
             }
             return report
         except BaseException:
@@ -563,8 +555,7 @@ class Lifecycle:
         states: Mapping[str, HostState],
     ) -> dict[str, GPUSelection]:
         """Refuse before anything starts if the tag or the GPU requests disagree;
-        otherwise the GPUs each launching host gives its container (and, in
-        `self.cdi_devices`, the CDI devices that carry them where CDI is used)."""
+        otherwise the GPUs each launching host gives its container."""
         if not launching:
             return {}
         after_pull = {
@@ -607,9 +598,7 @@ class Lifecycle:
             self.cdi_devices[host] = decision
             self.sink.emit(
                 Message(
-                    level="info",
-                    host=host,
-                    text=f"GPUs through CDI: {describe_devices(decision)}",
+                    level="info", host=host, text=f"GPUs through CDI: {describe_devices(decision)}"
                 )
             )
             return None
@@ -634,7 +623,7 @@ class Lifecycle:
         action = outcome.action
         if action.kind in ("verify", "none"):
             return
-        prefix = state.runtime_access.prefix
+        prefix = state.runtime.prefix
         if action.remove_first:
             # By the ID probed under the exclusive lock: never by name.
             victim = state.container_id
@@ -673,7 +662,7 @@ class Lifecycle:
             if await self._cmd(outcome, "restart", resume(prefix, self.name)) is None:
                 return
         if action.adopt:
-            record = adoption_record_command(self.name, state.container_id, self.identity)
+            record = records.adopted_argv(state.container_id, self.identity)
             if await self._cmd(outcome, "adopt", record) is None:
                 return
         if action.provision:
@@ -740,12 +729,12 @@ class Lifecycle:
         async def remove(host: str) -> None:
             # Only what this invocation started (its label), even when the
             # `docker run` was cut short before it told us the container ID.
-            runtime = states[host].runtime_access
+            runtime = states[host].runtime
             command = remove_started_by_command(
                 runtime.prefix,
                 self.name,
                 self.invocation,
-                then=forget_removed_records_command(),
+                then=records.forget_listed_command(),
                 name_filter=runtime.name_filter(self.name),
             )
             await self.pool.run(host, command, stream_output=False, label="rollback")
@@ -771,7 +760,7 @@ class Lifecycle:
             removing = plan.hosts("remove")
 
             async def remove(host: str) -> HostResult:
-                prefix = states[host].runtime_access.prefix
+                prefix = states[host].runtime.prefix
                 self._step(host, "remove", "started")
                 r = await self.pool.run(
                     host,
@@ -815,23 +804,10 @@ def _only_started_by(plan: Plan, states: Mapping[str, HostState], invocation: st
     return replace(plan, actions=actions, warnings=warnings)
 
 
-def adoption_record_command(name: str, container_id: str | None, cluster_name: str) -> str:
-    """Host shell text recording that `cluster_name` owns the container
-    `container_id` (adopted; docker cannot relabel it): read back by the probe."""
-    if container_id is None or not CONTAINER_ID_RE.fullmatch(container_id):
-        raise ValueError(f"cannot adopt {name}: no container ID ({container_id!r})")
-    record = f"{ADOPTED_DIR}/{container_id}"
-    return (
-        f'd={ADOPTED_DIR}; mkdir -p "$d" && '
-        f'printf "%s\\n" {shlex.quote(cluster_name)} > "{record}.tmp" && '
-        f'mv -f "{record}.tmp" "{record}" && echo "adopted {container_id[:12]} ({name})"'
-    )
-
-
 def remove_command(prefix: Sequence[str], container_id: str) -> str:
     """`docker rm -f ID`, then the host's records of that container go too."""
     argv = rm_id_argv(prefix, container_id)
-    return f"{shlex.join(argv)} && {forget_records_command(container_id)}"
+    return f"{shlex.join(argv)} && {shlex.join(records.forget_argv(container_id))}"
 
 
 def _valid_id(container_id: str | None) -> str | None:

@@ -8,8 +8,8 @@ Who takes what (docs/design.md, "Sharing a cluster"):
   something, `down`) holds it EXCLUSIVELY.
 
 The lock is `flock(2)` on a directory `/tmp/cvs-<container>-<host>.lock`,
-taken by a shell on the host that then probes (one round trip: lock + probe)
-and waits on its stdin. Closing the channel (or our process dying, which
+taken by a shell on the host (remote/lock.sh) that then probes (one round
+trip: lock + probe) and waits on its stdin. Closing the channel (or our process dying, which
 closes the connection) ends that shell, which releases the lock: a lock can
 never outlive its invocation, and it never waits on our own output.
 
@@ -48,90 +48,19 @@ from typing import Any, Literal
 
 import anyio
 
+from orchestrator import remote
 from orchestrator.containers.probe import HostState, parse_probe_output
 from orchestrator.errors import PolicyRefused
 from orchestrator.events import EventSink, Message
+from orchestrator.remote.frames import FRAME, READY, split_lock_frames
+from orchestrator.remote.runtime import DockerRuntime
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.transport import ConnectError, SSHPool
 
 Mode = Literal["shared", "exclusive"]
 LOCK_ROOT = "/tmp"
-FRAME = "@@cvs:"
-READY = "@@cvs:ready"
 _HOST_PART_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _DESCRIPTION_UNSAFE = re.compile(r"[^A-Za-z0-9@._:/ ()+=,-]")
-
-# The lock program (POSIX sh). Arguments: $1 lock dir, $2 s|x, $3 seconds to
-# wait or "no", $4 the holder description. `PROBE` is replaced by the probe
-# script run in a subshell (its traps are its own), or by nothing.
-_LOCK_PROGRAM = r"""
-lock=$1 mode=$2 wait=$3 desc=$4
-if ! command -v flock >/dev/null 2>&1; then
-  echo '@@cvs:lock noflock'; exit 0
-fi
-holders() {
-  for f in "$lock"/h.*; do
-    [ -f "$f" ] || continue
-    while IFS= read -r l; do printf '@@cvs:holder %s\n' "$l"; done < "$f"
-  done
-}
-check=yes
-[ -e "/proc/$$/fd/0" ] || check=no
-take() {
-  tries=0
-  while :; do
-    mkdir -m 777 "$lock" 2>/dev/null
-    if command exec 9<"$lock" 2>/dev/null; then
-      flock "-$mode" "$@" 9 || return 1
-      # The path must still name what we locked: the last holder may have
-      # removed it meanwhile (then lock the new one instead).
-      if [ "$check" = no ] || [ "$lock" -ef "/proc/$$/fd/9" ]; then return 0; fi
-      exec 9<&-
-    fi
-    tries=$((tries + 1))
-    if [ "$tries" -gt 20 ]; then
-      echo "@@cvs:lock error cannot open $lock"; exit 0
-    fi
-  done
-}
-release() {
-  # Unlock by closing the shell's descriptor, the last one open on the lock
-  # (flock(1) has exited, and commands got it closed or have ended).
-  exec 9<&-
-  # Then the last one out removes the directory, holder lines and all, taking
-  # it exclusively and only while the path still names it; a waiter that took
-  # the lock over meanwhile keeps it, and only our own holder line goes.
-  if [ "$check" = yes ] && command exec 9<"$lock" 2>/dev/null && flock -xn 9 &&
-      [ "$lock" -ef "/proc/$$/fd/9" ]; then
-    rm -rf "$lock"
-  else
-    rm -f "$info"
-  fi
-}
-if take -n; then
-  :
-elif [ "$wait" = no ]; then
-  holders; echo '@@cvs:lock busy'; exit 0
-else
-  holders; echo '@@cvs:lock waiting'
-  if ! take -w "$wait"; then holders; echo '@@cvs:lock timeout'; exit 0; fi
-fi
-info="$lock/h.$$"
-trap release EXIT
-trap 'exit 129' HUP
-trap 'exit 130' INT
-trap 'exit 143' TERM
-printf '%s\n' "$desc" > "$info" 2>/dev/null
-echo "@@cvs:lock held $mode"
-PROBE
-echo '@@cvs:ready'
-while read -r cmd; do
-  case $cmd in
-    shared) flock -s 9 && echo '@@cvs:lock held s' ;;
-  esac
-done
-exit 0
-""".lstrip()
 
 
 def lock_path(container: str, host: str) -> str:
@@ -157,14 +86,25 @@ def holder_description(purpose: str) -> str:
 
 
 def lock_command(
-    path: str, mode: Mode, *, wait: float | None, description: str, probe: str | None = None
+    path: str,
+    mode: Mode,
+    *,
+    wait: float | None,
+    description: str,
+    probe: Sequence[str] | None = None,
 ) -> str:
-    """The remote command: lock `path` (waiting up to `wait` s, None = not at all),
-    run `probe` (sh text) while holding it, then hold until stdin closes."""
-    program = _LOCK_PROGRAM.replace("PROBE", f"(\n{probe}\n)" if probe else ":")
+    """The remote command (remote/lock.sh): lock `path` (waiting up to `wait` s,
+    None = not at all), run `probe` while holding it, then hold until stdin
+    closes. `probe` is a program's argv, `sh -c PROGRAM $0 ARG…`: it runs in
+    the lock's shell (a subshell; no new process)."""
     seconds = "no" if wait is None else str(max(0, int(wait)))
     flag = "s" if mode == "shared" else "x"
-    return shlex.join(["sh", "-c", program, "cvs-lock", path, flag, seconds, description])
+    then: list[str] = []
+    if probe is not None:
+        if list(probe[:2]) != ["sh", "-c"] or len(probe) < 4:
+            raise ValueError("the program run under the lock must be `sh -c PROGRAM NAME ARG…`")
+        then = [probe[2], *probe[4:]]
+    return shlex.join(remote.argv("lock", path, flag, seconds, description, *then))
 
 
 # --- reading the holder's answer ---------------------------------------------
@@ -181,23 +121,6 @@ class LockAnswer:
     holders: list[str] = field(default_factory=list)
     state: HostState | None = None  # the probe, when one ran under the lock
     error: str | None = None
-
-
-def split_lock_frames(text: str) -> tuple[str | None, list[str], str]:
-    """(last lock status word and detail, holder lines, the rest of the output)."""
-    status: str | None = None
-    holders: list[str] = []
-    rest: list[str] = []
-    for line in text.splitlines(keepends=True):
-        if line.startswith(FRAME + "lock "):
-            status = line[len(FRAME + "lock ") :].strip()
-        elif line.startswith(FRAME + "holder "):
-            holders.append(line[len(FRAME + "holder ") :].strip())
-        elif line.strip() == READY:
-            continue
-        else:
-            rest.append(line)
-    return status, holders, "".join(rest)
 
 
 def describe_holders(holders: Sequence[str]) -> str:
@@ -233,9 +156,10 @@ class HostLocks:
         self.description = holder_description("cvs")
         self.mode: Mode | None = None
         self._held: dict[str, tuple[contextlib.AsyncExitStack, Any]] = {}
-        # Host -> docker prefix, for hosts whose container an `up` under these
-        # locks left running: while they are held, nothing can replace it.
-        self.ready: dict[str, list[str]] = {}
+        # Host -> how to reach docker there, for hosts whose container an `up`
+        # under these locks left running: while they are held, nothing can
+        # replace it.
+        self.ready: dict[str, DockerRuntime] = {}
 
     @property
     def hosts(self) -> list[str]:
@@ -250,7 +174,7 @@ class HostLocks:
         mode: Mode,
         *,
         wait: bool = True,
-        probe: Callable[[], str] | None = None,
+        probe: Callable[[], Sequence[str]] | None = None,
         purpose: str = "cvs",
     ) -> dict[str, LockAnswer]:
         """Lock every host in `mode` (probing under the lock when `probe` is given).
@@ -321,7 +245,7 @@ class HostLocks:
         ]
 
     async def _take(
-        self, host: str, mode: Mode, wait: float | None, probe: str | None
+        self, host: str, mode: Mode, wait: float | None, probe: Sequence[str] | None
     ) -> LockAnswer:
         path = lock_path(self.container, host)
         command = lock_command(path, mode, wait=wait, description=self.description, probe=probe)

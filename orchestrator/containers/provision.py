@@ -1,24 +1,13 @@
 """Provisioning a freshly launched container: the setup script, then its sshd.
 
 Both steps are one `docker exec -i` each, over the host's reused SSH
-connection. Everything variable (the script, keys, config files) travels
-base64-encoded on the channel's standard input; argv holds only a small fixed
+connection, running a program file of `orchestrator/remote`: `setup.sh`
+(receive, check and run the setup script; write the marker only on success)
+and `sshd.sh` (install the ssh files; start sshd unless it already runs and
+listens). Everything variable (the script, keys, config files) travels
+base64-encoded on the channel's standard input; argv holds only the fixed
 program and non-secret arguments. So there is no argv size limit (a 1 MiB
 script is fine), and no key ever shows up in `ps` or in logs.
-
-Setup script: the fixed decoder checks for `base64` and `sha256sum`, decodes
-the payload, verifies its sha256 against the digest given in argv (a
-corrupted payload is refused), runs it with `bash -o pipefail` (or `sh` when
-the image has no bash, saying so) and only on success writes MARKER_PATH
-(atomically) with the script's sha256. Any failure leaves no marker, so the
-next `cvs up` provisions again instead of attaching to a half-built
-container. `probe.py` reads the marker back from MARKER_PATH.
-
-sshd: the files are installed, then sshd is left alone if its pidfile names a
-live sshd AND something listens on the port over IPv4 (read from
-/proc/net/tcp; no `pgrep -f` that could match the check itself); otherwise it is (re)started
-and must be listening within a few seconds. The report has `sshd: started` or
-`sshd: already running`, and `sshd-pid N`.
 """
 
 from __future__ import annotations
@@ -32,12 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator import remote
 from orchestrator.config import ClusterConfig, ConfigError, ContainerConfig
 from orchestrator.config.loader import read_default_setup_script
 from orchestrator.config.model import CONTAINER_USER_RE
 from orchestrator.containers import mpi
 from orchestrator.containers.docker import exec_argv
-from orchestrator.containers.probe import provision_record_command
+from orchestrator.remote import records
 from orchestrator.results import HostResult
 from orchestrator.ssh.keys import ClusterKeys
 
@@ -49,7 +39,8 @@ ROOT = "0"
 # Inside the container: the sha256 of the script that provisioned it.
 MARKER_PATH = "/var/lib/cvs/provisioned"
 
-# Exit codes of the fixed in-container programs. A setup script's own exit
+# Exit codes of the in-container programs (remote/setup.sh, remote/sshd.sh
+# define them too; tests/test_remote.py compares). A setup script's own exit
 # code is passed through; stderr always carries a `cvs:` line saying which.
 EXIT_MISSING_TOOL = 90  # base64 / sha256sum missing in the image
 EXIT_BAD_PAYLOAD = 91  # payload not decodable, or frames incomplete
@@ -114,78 +105,6 @@ class SetupScript:
         return cls.from_bytes(content, path=str(script_path))
 
 
-# POSIX sh, run as `sh -c SETUP_DECODER cvs-setup SHA256 MARKER`. Fixed text:
-# the script itself only ever arrives on stdin.
-SETUP_DECODER = f"""
-sha=$1 marker=$2
-umask 077
-missing=
-for tool in base64 sha256sum; do
-  command -v "$tool" >/dev/null 2>&1 || missing="$missing $tool"
-done
-if [ -n "$missing" ]; then
-  echo "cvs: the container image lacks:$missing (needed to receive the setup script)" >&2
-  exit {EXIT_MISSING_TOOL}
-fi
-# Whatever happens next, a previous marker no longer describes this container.
-rm -f "$marker"
-dir=$(mktemp -d 2>/dev/null) \\
-  || {{ dir=/tmp/cvs-setup.$$; mkdir "$dir" || exit {EXIT_BAD_PAYLOAD}; }}
-trap 'rm -rf "$dir"' EXIT
-trap 'exit 143' HUP INT TERM
-if ! base64 -d > "$dir/script"; then
-  echo "cvs: could not decode the setup script payload (base64)" >&2
-  exit {EXIT_BAD_PAYLOAD}
-fi
-got=$(sha256sum < "$dir/script") || exit {EXIT_MISSING_TOOL}
-got=${{got%% *}}
-if [ "$got" != "$sha" ]; then
-  echo "cvs: setup script checksum mismatch: expected $sha, got $got; refusing to run it" >&2
-  exit {EXIT_CHECKSUM}
-fi
-echo $$ > /tmp/cvs-setup.pid 2>/dev/null
-if command -v bash >/dev/null 2>&1; then
-  bash -o pipefail "$dir/script" < /dev/null
-  rc=$?
-elif (set -o pipefail) 2>/dev/null; then
-  echo "cvs: bash not found in the container; running the setup script with sh -o pipefail" >&2
-  sh -o pipefail "$dir/script" < /dev/null
-  rc=$?
-else
-  echo "cvs: bash not found in the container; running the setup script with sh (no pipefail)" >&2
-  sh "$dir/script" < /dev/null
-  rc=$?
-fi
-rm -f /tmp/cvs-setup.pid
-if [ "$rc" -ne 0 ]; then
-  echo "cvs: setup script failed with exit code $rc; container not marked as provisioned" >&2
-  exit "$rc"
-fi
-tmpmark="$marker.tmp.$$"
-# Readable by the image's user: the probe reads the marker as that user.
-if mkdir -p "${{marker%/*}}" && chmod 755 "${{marker%/*}}" \\
-    && printf '%s\\n' "$sha" > "$tmpmark" && chmod 644 "$tmpmark" \\
-    && mv -f "$tmpmark" "$marker"; then
-  echo "cvs: provisioned, marker $sha"
-  exit 0
-fi
-rm -f "$tmpmark" "$marker"
-echo "cvs: setup script succeeded but the marker $marker could not be written" >&2
-exit {EXIT_MARKER}
-""".lstrip()
-
-# Stops a timed-out setup script inside the container: killing the docker
-# client on the host does not stop the exec'd process.
-_SETUP_KILL = r"""
-p=$(cat /tmp/cvs-setup.pid 2>/dev/null) || exit 0
-case "$p" in ''|*[!0-9]*) exit 0;; esac
-# runc starts each exec'd process as a session (and group) leader: the group
-# is the decoder, the script and whatever it started.
-kill -TERM -"$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null
-exit 0
-""".lstrip()
-
-
 def setup_payload(content: bytes) -> str:
     """The script as it goes on stdin: base64, 76-column lines."""
     return base64.encodebytes(content).decode("ascii")
@@ -202,7 +121,7 @@ def setup_argv(
     return exec_argv(
         prefix,
         container,
-        ["sh", "-c", SETUP_DECODER, "cvs-setup", sha256, marker_path],
+        remote.argv("setup", sha256, marker_path),
         interactive=True,
         user=ROOT,
     )
@@ -221,7 +140,7 @@ async def run_setup_script(
     """Deliver and run `script` in the container; the marker is written only on success.
 
     With `container_id`, success also leaves the provisioning record on the
-    host (`probe.provision_record_command`), in the same round trip: the
+    host (`remote.records`), in the same round trip: the
     next probe then knows without a `docker exec`.
 
     The result carries the script's output (stdout/stderr) for the run log;
@@ -230,9 +149,9 @@ async def run_setup_script(
     argv = setup_argv(prefix, container, script.sha256)
     command: str | list[str] = argv
     if container_id is not None:
-        record = provision_record_command(container_id, script.sha256)
-        command = f"{shlex.join(argv)} && {{ {record}; }}"
-    kill = exec_argv(prefix, container, ["sh", "-c", _SETUP_KILL], user=ROOT)
+        record = records.provisioned_argv(container_id, script.sha256)
+        command = f"{shlex.join(argv)} && {shlex.join(record)}"
+    kill = exec_argv(prefix, container, remote.argv("setup_kill"), user=ROOT)
     result: HostResult = await pool.run(
         host,
         command,
@@ -294,158 +213,28 @@ def frame_files(files: dict[str, str]) -> str:
     return "".join(parts)
 
 
-# POSIX sh, run as root: `sh -c SSHD_PROGRAM cvs-sshd PORT PORT_HEX HOSTFILE
-# LOGIN` (LOGIN: the image's USER or container.user, may be empty); the files
-# arrive framed on stdin (see frame_files).
-SSHD_PROGRAM = f"""
-port=$1 port_hex=$2 hostfile=$3 login=${{4%%:*}}
-umask 077
-pidfile={mpi.SSHD_PID_FILE}
-config={mpi.SSHD_CONFIG_PATH}
-fail() {{ code=$1; shift; echo "cvs: $*" >&2; exit "$code"; }}
-command -v base64 >/dev/null 2>&1 \\
-  || fail {EXIT_MISSING_TOOL} "the container image lacks: base64 (needed to receive the sshd files)"
-[ -x /usr/sbin/sshd ] || fail {EXIT_NO_SSHD} \\
-  "image has no sshd (/usr/sbin/sshd): use an image with openssh-server or the default setup script"
-dir=$(mktemp -d 2>/dev/null) || {{ dir=/tmp/cvs-sshd.$$; mkdir "$dir" || exit {EXIT_INSTALL}; }}
-trap 'rm -rf "$dir"' EXIT
-cur= done=
-while IFS= read -r line; do
-  case "$line" in
-    '@@cvs-file '*)
-      cur=${{line#@@cvs-file }}
-      case "$cur" in ''|*[!a-z_]*) fail {EXIT_BAD_PAYLOAD} "bad frame name";; esac
-      : > "$dir/$cur.b64" ;;
-    '@@cvs-end')
-      [ -n "$cur" ] || fail {EXIT_BAD_PAYLOAD} "frame end without a file"
-      base64 -d < "$dir/$cur.b64" > "$dir/$cur" || fail {EXIT_BAD_PAYLOAD} "undecodable $cur"
-      cur= ;;
-    '@@cvs-done') done=1; break ;;
-    *) [ -n "$cur" ] && printf '%s\\n' "$line" >> "$dir/$cur.b64" ;;
-  esac
-done
-[ -n "$done" ] || fail {EXIT_BAD_PAYLOAD} "truncated sshd payload"
-for f in {" ".join(SSHD_FILES)}; do
-  [ -f "$dir/$f" ] || fail {EXIT_BAD_PAYLOAD} "sshd payload lacks $f"
-done
-# Who runs commands here: the image's USER (or container.user), root if unset.
-user=root uid=0 gid=0 home=/root
-if [ -n "$login" ] && [ "$login" != root ] && [ "$login" != 0 ]; then
-  found=
-  while IFS=: read -r n _pw u g _gecos h _shell; do
-    if [ "$n" = "$login" ] || [ "$u" = "$login" ]; then
-      found=1 user=$n uid=$u gid=$g home=$h; break
-    fi
-  done < /etc/passwd
-  [ -n "$found" ] || fail {EXIT_INSTALL} \\
-    "the container's user $login is not in /etc/passwd: cannot install its ssh files"
-fi
-put() {{
-  mkdir -p "${{2%/*}}" && cp "$dir/$1" "$2.cvs-tmp" && chmod "$3" "$2.cvs-tmp" \\
-    && chown "$4" "$2.cvs-tmp" && mv -f "$2.cvs-tmp" "$2" \\
-    || fail {EXIT_INSTALL} "could not write $2"
-}}
-put host_key {mpi.HOST_KEY_PATH} 600 0:0
-put sshd_config "$config" 600 0:0
-put hostfile "$hostfile" 644 0:0
-# The cluster key, known hosts and ssh config for root and, when it is
-# someone else, for the image's user: `ssh peer` works as either.
-for who in "root 0 0 /root" "$user $uid $gid $home"; do
-  set -- $who
-  h=$4 owner=$2:$3
-  {{ [ "$h" = / ] || [ -z "$h" ]; }} && continue
-  mkdir -p "$h/.ssh" && chmod 700 "$h/.ssh" && chown "$owner" "$h/.ssh" \\
-    || fail {EXIT_INSTALL} "could not create $h/.ssh"
-  put user_key "$h/.ssh/{mpi.USER_KEY_NAME}" 600 "$owner"
-  put user_key_pub "$h/.ssh/{mpi.USER_KEY_NAME}.pub" 644 "$owner"
-  put known_hosts "$h/.ssh/{mpi.KNOWN_HOSTS_NAME}" 644 "$owner"
-  put ssh_config "$h/.ssh/config" 600 "$owner"
-  # Keep keys the image put there; replace only the orchestrator's own.
-  {{ [ -f "$h/.ssh/authorized_keys" ] && grep -v ' cvs-cluster@' "$h/.ssh/authorized_keys"
-    cat "$dir/authorized_keys"; }} > "$dir/ak"
-  put ak "$h/.ssh/authorized_keys" 600 "$owner"
-  [ "$1" = "$user" ] && break
-done
-# With UsePAM no, sshd refuses any login to a locked account ('!' password).
-for who in root "$user"; do
-  case "$who" in ''|*[!A-Za-z0-9_.-]*) continue ;; esac
-  if [ -w /etc/shadow ] && grep -q "^$who:!" /etc/shadow; then
-    sed -i "s/^$who:![^:]*:/$who:*:/" /etc/shadow && echo "sshd: unlocked $who for key-only login"
-  fi
-done
-
-# Over IPv4 (tcp6 only where there is no IPv4 table): peers dial IPv4
-# addresses, and an sshd whose IPv4 port was taken binds IPv6 alone.
-listening() {{
-  f=/proc/net/tcp
-  [ -r "$f" ] || f=/proc/net/tcp6
-  [ -r "$f" ] || return 1
-  while read -r _sl local _rem st _rest; do
-    case "$local" in *":$port_hex") [ "$st" = 0A ] && return 0 ;; esac
-  done < "$f"
-  return 1
-}}
-pid_alive() {{
-  pid=
-  [ -r "$pidfile" ] && read -r pid < "$pidfile" || return 1
-  case "$pid" in ''|*[!0-9]*) return 1 ;; esac
-  stat=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
-  # sshd reparents to the container's init, which may not reap: a zombie is dead.
-  case "${{stat##*) }}" in Z*|X*) return 1 ;; esac
-  [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = sshd ]
-}}
-nap() {{ sleep 0.1 2>/dev/null || sleep 1; }}
-
-if pid_alive && listening; then
-  echo "sshd: already running"
-  echo "sshd-pid $pid"
-  exit 0
-fi
-if pid_alive; then
-  # Ours (pidfile) but not on this port (e.g. the port changed): replace it.
-  kill "$pid" 2>/dev/null
-  i=0; while pid_alive && [ $i -lt 30 ]; do nap; i=$((i+1)); done
-fi
-rm -f "$pidfile"
-mkdir -p /run/sshd && chmod 755 /run/sshd
-/usr/sbin/sshd -f "$config" -E /var/log/cvs-sshd.log < /dev/null
-rc=$?
-if [ $rc -ne 0 ]; then
-  tail -n 5 /var/log/cvs-sshd.log >&2 2>/dev/null
-  fail {EXIT_SSHD_START} "sshd failed to start (exit $rc); log: /var/log/cvs-sshd.log"
-fi
-i=0
-while [ $i -lt 50 ]; do
-  if pid_alive && listening; then
-    echo "sshd: started"
-    echo "sshd-pid $pid"
-    exit 0
-  fi
-  nap; i=$((i+1))
-done
-tail -n 5 /var/log/cvs-sshd.log >&2 2>/dev/null
-fail {EXIT_SSHD_NOT_LISTENING} "sshd started but nothing listens on port $port after 5s"
-""".lstrip()
-
-
 def ensure_sshd_argv(
     prefix: Sequence[str], container: str, port: int, hostfile: str, login: str = ""
 ) -> list[str]:
-    """`docker exec -i -u 0 CONTAINER sh -c SSHD_PROGRAM cvs-sshd PORT HEX HOSTFILE LOGIN`."""
+    """`docker exec -i -u 0 CONTAINER sh -c SSHD cvs-sshd PORT … LOGIN` (remote/sshd.sh)."""
     if not 1 <= port <= 65535:
         raise ValueError(f"invalid sshd port {port}")
     if not hostfile.startswith("/") or "\n" in hostfile:
         raise ValueError(f"MPI hostfile path must be absolute, got {hostfile!r}")
     if login and not CONTAINER_USER_RE.fullmatch(login):
         raise ValueError(f"invalid container user {login!r}")
-    # /proc/net/tcp shows ports as 4 upper-case hex digits.
-    return exec_argv(
-        prefix,
-        container,
-        ["sh", "-c", SSHD_PROGRAM, "cvs-sshd", str(port), f"{port:04X}", hostfile, login],
-        interactive=True,
-        user=ROOT,
+    program = remote.argv(
+        "sshd",
+        str(port),
+        hostfile,
+        mpi.SSHD_PID_FILE,
+        mpi.SSHD_CONFIG_PATH,
+        mpi.HOST_KEY_PATH,
+        mpi.USER_KEY_NAME,
+        mpi.KNOWN_HOSTS_NAME,
+        login,
     )
+    return exec_argv(prefix, container, program, interactive=True, user=ROOT)
 
 
 def ensure_sshd_command(

@@ -29,12 +29,12 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-import shlex
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+from orchestrator import remote
 from orchestrator.config import GPURequest
 from orchestrator.config.units import format_size, parse_size
 
@@ -52,7 +52,8 @@ AMD_SMI_QUERY = ["amd-smi", "static", "--json"]
 ROCM_SMI_QUERY = ["rocm-smi", "--showproductname", "--showmeminfo", "vram", "--showbus", "--json"]
 
 _RENDER_RE = re.compile(r"/dev/dri/renderD(\d+)$")
-# CDI spec files the discovery prints (limits/cdi.py reads them): bounded.
+# CDI spec files the discovery prints (remote/gpus.sh; limits/cdi.py reads
+# them): bounded, at most this many files of at most this many bytes.
 CDI_MAX_FILES = 32
 CDI_MAX_BYTES = 256 * 1024
 
@@ -108,58 +109,17 @@ def host_vendor(inventory: list[GPU] | tuple[GPU, ...]) -> Vendor | None:
 # ---------------------------------------------------------------- discovery
 
 
-def discovery_command(device_root: str = "/") -> str:
-    """One POSIX sh script listing the host's GPU facts in marked sections.
-
-    `device_root` relocates /dev and /sys lookups (sandbox stand-in devices);
-    the smi tools are run as they are. Missing tools are skipped silently; a
-    newline precedes every marker so output without a final newline cannot
-    swallow one.
-    """
-    root = device_root.rstrip("/")
-    nvidia = shlex.join(NVIDIA_QUERY)
-    amd_smi = shlex.join(AMD_SMI_QUERY)
-    rocm_smi = shlex.join(ROCM_SMI_QUERY)
-    lines = [
-        f"r={shlex.quote(root)}",
-        f"m={shlex.quote(MARKER)}",
-        'section() { printf \'\\n%s %s\\n\' "$m" "$1"; }',
-        "section kfd",
-        'if [ -c "$r/dev/kfd" ]; then printf \'%s\\n\' "$r/dev/kfd"; fi',
-        "section render",
-        'for f in "$r"/dev/dri/renderD*; do',
-        '  [ -c "$f" ] || continue',
-        '  n=${f##*/}; d="$r/sys/class/drm/$n/device"; bdf=-; vendor=-',
-        '  if [ -d "$d" ]; then',
-        '    bdf=$(cd -P "$d" 2>/dev/null && pwd -P); bdf=${bdf##*/}; bdf=${bdf:--}',
-        '    vendor=$(cat "$d/vendor" 2>/dev/null); vendor=${vendor:--}',
-        "  fi",
-        '  printf \'%s %s %s\\n\' "$f" "$bdf" "$vendor"',
-        "done",
-        "if command -v nvidia-smi >/dev/null 2>&1; then",
-        f"  section nvidia-smi; {nvidia} 2>/dev/null",
-        "fi",
-        "if command -v amd-smi >/dev/null 2>&1; then",
-        f"  section amd-smi; {amd_smi} 2>/dev/null",
-        "elif command -v rocm-smi >/dev/null 2>&1; then",
-        f"  section rocm-smi; {rocm_smi} 2>/dev/null",
-        "fi",
-        # CDI specs (limits/cdi.py): where the runtime reads them, not under
-        # the device root. Bounded: at most MAX files, SIZE bytes each.
-        "n=0",
-        "for f in /etc/cdi/*.yaml /etc/cdi/*.json /var/run/cdi/*.yaml /var/run/cdi/*.json; do",
-        '  [ -f "$f" ] && [ -r "$f" ] || continue',
-        f'  n=$((n + 1)); [ "$n" -le {CDI_MAX_FILES} ] || break',
-        f'  section "cdi $f"; head -c {CDI_MAX_BYTES} "$f"',
-        "done",
-        "section end",
-        "exit 0",
-    ]
-    return "\n".join(lines) + "\n"
+def discovery_argv(device_root: str = "/") -> list[str]:
+    """`sh -c GPUS cvs-gpus ROOT MARKER` (remote/gpus.sh): the host's GPU facts
+    in marked sections. `device_root` relocates /dev and /sys lookups (the
+    sandbox's stand-in devices)."""
+    return remote.argv(
+        "gpus", device_root.rstrip("/"), MARKER, str(CDI_MAX_FILES), str(CDI_MAX_BYTES)
+    )
 
 
 def parse_discovery(stdout: str) -> list[GPU]:
-    """The GPUs in a `discovery_command()` output, ordered by index.
+    """The GPUs in a `discovery_argv()` output, ordered by index.
 
     Facts only: a host with GPUs of both vendors yields both (selection refuses).
     """

@@ -14,7 +14,6 @@ cluster; `run_suite` is the IO around them.
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -25,14 +24,11 @@ from typing import Any, Literal, TypedDict
 import anyio
 
 from orchestrator.api import Cluster, HostSelectionError, select_hosts
-from orchestrator.config import ClusterConfig, ConfigError, container_name
+from orchestrator.config import ClusterConfig, ConfigError
 from orchestrator.containers.copy import CopyError, Payload, copy_to_hosts
-from orchestrator.containers.runtime import RuntimeName, first_that_answers
-from orchestrator.containers.runtime import image_id as runtime_image_id
 from orchestrator.errors import ExitCode, PolicyRefused
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.results import HostResult
-from orchestrator.ssh.fanout import fan_out
 from orchestrator.suites.model import Step, Suite
 from orchestrator.suites.records import (
     TAIL_LINES,
@@ -42,8 +38,6 @@ from orchestrator.suites.records import (
     StepHostStatus,
     StepOutcome,
 )
-
-IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
 
 # Removing per_run containers must finish even after Ctrl-C, but not hang forever.
 DOWN_TIMEOUT = 300.0
@@ -378,19 +372,7 @@ async def run_suite(
 
 async def image_ids(fleet: Cluster) -> dict[str, str]:
     """host -> the image ID its container runs (for the report); hosts not read are left out."""
-    name = container_name(fleet.config)
-    inspect = ["inspect", "--type", "container", "-f", "{{.Image}}", name]
-    cfg = fleet.config.container
-    runtime: RuntimeName = cfg.runtime if cfg is not None else "docker"
-    rootless = cfg is not None and cfg.rootless
-    script = first_that_answers(inspect, runtime, rootless)
-
-    async def one(host: str) -> HostResult:
-        return await fleet.pool.run(host, script, timeout=30, stream_output=False, label="image")
-
-    results = await fan_out(fleet.hosts, one, limit=fleet.config.concurrency.hosts)
-    ids = {h: runtime_image_id(r.stdout.strip()) for h, r in results.items() if r.ok}
-    return {h: i for h, i in ids.items() if i and IMAGE_ID_RE.fullmatch(i)}
+    return await fleet.container_image_ids()
 
 
 def _mark_stopped(outcome: RunOutcome, reason: str) -> None:

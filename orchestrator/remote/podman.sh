@@ -1,7 +1,8 @@
 # shellcheck shell=sh
-# Part of the probe (containers/probe.py) for `container.runtime: podman`.
+# Library (prepended to probe.sh, never run alone): the probe's inspect for
+# `container.runtime: podman`.
 #
-# podman_inspect NAME [IMAGE] -- PODMAN-ARGV...
+# podman_inspect NAME IMAGE -- PODMAN-ARGV...   (IMAGE may be empty)
 #
 # Prints what docker's `inspect --format INSPECT_FORMAT NAME IMAGE` prints, so
 # the probe frames and parses one shape for both runtimes:
@@ -14,10 +15,8 @@
 # (what it did not find is absent); otherwise exits with podman's status and
 # its error text, so the caller tries the next access.
 podman_inspect() {
-  _pn=$1 _pi=
-  shift
-  if [ "$1" != -- ]; then _pi=$1; shift; fi
-  shift
+  _pn=$1 _pi=$2
+  shift 3
   _prc=0
   # stdout straight through; stderr captured to tell "absent" from a failure.
   { _pe=$("$@" container inspect --format 'F {{.Id}} {{.State.Pid}} {{.State.Running}}{{println}}J {{json .}}' "$_pn" 2>&1 1>&3 3>&-); _pc=$?; } 3>&1

@@ -1,10 +1,10 @@
 # shellcheck shell=sh
-# Part of the probe (containers/probe.py) for rootless podman: which cgroup
+# Library (prepended to probe.sh, never run alone), for rootless podman: which cgroup
 # version the host runs and, on v2, the controllers the login user's cgroup
 # offers. Rootless podman applies a resource cap only through a delegated
 # controller; on v1 it applies none ("Resource limits are not supported and
 # ignored on cgroups V1 rootless systems"). Builtins only.
-cgroup_facts() {
+cvs_cgroup_facts() {
   if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
     _cgp=
     while IFS=: read -r _cgh _cgc _cgl; do

@@ -1,0 +1,42 @@
+# Inside the container, as root: stop what `cvs exec` started there.
+#
+#   kill_tree.sh PIDFILE
+#
+# `docker exec` has no way to stop what it started (killing the client leaves
+# the process running), so the command's shell recorded its pid in PIDFILE.
+# Descendants are found from /proc/*/status (no pgrep/ps: minimal images lack
+# them), read once per walk: the pid -> parent table, then the tree from it.
+# KILL goes to the first walk's pids too: once TERM has ended the recording
+# shell, a command that ignored TERM is no longer its descendant.
+p=$(cat "$1" 2>/dev/null) || exit 0
+case $p in '' | *[!0-9]*) exit 0 ;; esac
+# tree ROOT: ROOT and its descendants, one walk of /proc.
+tree() {
+  _table=''
+  for d in /proc/[0-9]*; do
+    pp=''
+    while read -r k v; do [ "$k" = PPid: ] && { pp=$v; break; }; done <"$d/status" 2>/dev/null
+    [ -n "$pp" ] && _table="$_table${d#/proc/} $pp
+"
+  done
+  found=" $1 " more=1
+  while [ -n "$more" ]; do
+    more=''
+    while read -r pid pp; do
+      case $found in
+        *" $pp "*) case $found in *" $pid "*) ;; *) found="$found$pid " more=1 ;; esac ;;
+      esac
+    done <<EOF_TABLE
+$_table
+EOF_TABLE
+  done
+  echo "$found"
+}
+pids=$(tree "$p")
+# shellcheck disable=SC2086  # a list of pids, split on purpose
+kill -TERM $pids 2>/dev/null
+sleep 0.3
+# shellcheck disable=SC2046,SC2086  # lists of pids, split on purpose
+kill -KILL $pids $(tree "$p") 2>/dev/null
+rm -f "$1"
+true

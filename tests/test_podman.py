@@ -450,6 +450,9 @@ def rootless_images(podman_sandbox: Sandbox) -> str:
             timeout=300,
         )
     assert proc.returncode == 0, proc.stderr
+    # The host's own rootless store, not one in the user's home shared by all.
+    home = Path(pwd.getpwnam(DOCKER_USER).pw_dir)
+    assert not (home / ".local" / "share" / "containers" / "storage").exists()
     return "node1"
 
 

@@ -239,3 +239,52 @@ def test_validate_says_what_rootless_cannot_give():
     assert any("keep-groups" in n and "crun" in n for n in notes)
     assert any("ipc: host needs /dev/mqueue" in n for n in notes)
     assert rootless_notes(ContainerConfig(image="img:1", runtime="podman")) == []
+
+
+PODMAN_STAND_IN = f"""
+case "$1 $2" in
+  "container inspect") echo "Error: inspecting object: no such container $5" >&2; exit 125 ;;
+  "image inspect") echo 'J {{"Id": "{IMG}", "RootFS": {{}}, "RepoDigests": []}}' ;;
+  *) echo "unexpected: $*" >&2; exit 2 ;;
+esac
+"""
+
+
+def _bin(tmp_path, **scripts: str) -> dict[str, str]:
+    d = tmp_path / "bin"
+    d.mkdir(exist_ok=True)
+    for name, body in scripts.items():
+        (d / name).write_text("#!/bin/sh\n" + body)
+        (d / name).chmod(0o755)
+    return {"PATH": f"{d}:/usr/bin:/bin", "HOME": str(tmp_path)}
+
+
+def _run_probe(env: dict[str, str], runtime: Runtime):
+    cfg = ContainerConfig(image="img:1", runtime="podman", rootless=runtime.rootless)
+    argv = probe_argv(cfg, "c", sshd_port=2224, marker_path="/m", runtime=runtime)
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    return parse_probe_output("h", out.returncode, out.stdout, out.stderr)
+
+
+def test_the_real_probe_reaches_rootless_podman_plainly_and_reports_cgroups(tmp_path):
+    env = _bin(tmp_path, podman=PODMAN_STAND_IN)
+
+    state = _run_probe(env, Runtime.unprobed("podman", rootless=True))
+
+    assert state.runtime == Runtime("direct", "podman", rootless=True)
+    assert state.container == "absent" and state.tag_image_id == f"sha256:{IMG}"
+    assert state.cgroup in ("v1", "v2")
+
+
+def test_the_real_probe_reaches_rootful_podman_through_sudo_when_not_root(tmp_path):
+    env = _bin(
+        tmp_path,
+        podman=PODMAN_STAND_IN,
+        id="echo 1001\n",
+        sudo='[ "$1" = -n ] && shift; exec "$@"\n',
+    )
+
+    state = _run_probe(env, Runtime.unprobed("podman"))
+
+    assert state.runtime == Runtime("sudo", "podman")
+    assert state.container == "absent" and state.cgroup is None

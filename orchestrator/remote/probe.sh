@@ -76,8 +76,12 @@ section() {
 printf '@@cvs:probe 3\n'
 # shellcheck disable=SC2154  # cvs_rt, cvs_rootless: set by cvs_runtime (access.sh)
 if [ "$cvs_rt" = podman ]; then
-  printf '@@cvs:runtime podman %s\n' "${cvs_rootless:+rootless}${cvs_rootless:-rootful}"
-  [ -z "$cvs_rootless" ] || cvs_cgroup_facts
+  if [ -n "$cvs_rootless" ]; then
+    printf '@@cvs:runtime podman rootless\n'
+    cvs_cgroup_facts
+  else
+    printf '@@cvs:runtime podman rootful\n'
+  fi
 fi
 
 # Which docker to try first (access.sh): the socket's permissions say whether

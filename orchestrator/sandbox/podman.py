@@ -40,13 +40,17 @@ PODMAN = "/usr/bin/podman"
 TEMPLATE_STAMP = ".cvs-podman-template.json"
 
 
-def storage_conf(graph_root: Path, run_root: Path) -> str:
+def storage_conf(graph_root: Path, run_root: Path, *, rootless: bool = False) -> str:
+    # A rootless podman ignores `graphroot` and keeps its store in the user's
+    # home unless `rootless_storage_path` says otherwise: one store per user,
+    # shared by every sandbox host, is what this file exists to prevent.
+    rootless_line = f'rootless_storage_path = "{graph_root}"\n' if rootless else ""
     return (
         "# Written by cvs sandbox: this host's own podman store.\n"
         "[storage]\n"
         'driver = "overlay"\n'
         f'graphroot = "{graph_root}"\n'
-        f'runroot = "{run_root}"\n'
+        f'runroot = "{run_root}"\n' + rootless_line
     )
 
 
@@ -168,5 +172,7 @@ def prepare_rootless(directory: Path, user: str) -> None:
         path = directory / sub
         path.mkdir(mode=0o700 if sub else 0o755, parents=True, exist_ok=True)
         os.chown(path, pw.pw_uid, pw.pw_gid)
-    (directory / "storage.conf").write_text(storage_conf(directory / "root", directory / "run"))
+    (directory / "storage.conf").write_text(
+        storage_conf(directory / "root", directory / "run", rootless=True)
+    )
     (directory / "containers.conf").write_text(containers_conf(directory / "tmp"))

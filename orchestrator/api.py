@@ -26,10 +26,12 @@ from orchestrator.config import (
 )
 from orchestrator.config.hostlist import SelectionError, abbreviate_hosts
 from orchestrator.config.hostlist import select_hosts as _select
+from orchestrator.containers.copy import Payload, Progress, copy_to_hosts, gather_from_hosts
 from orchestrator.containers.docker import normalize_image_id
 from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command
 from orchestrator.containers.status import HostStatus, host_status
 from orchestrator.errors import CvsError, UsageError
+from orchestrator.errors import HostSelectionError as HostSelectionError
 from orchestrator.events import EventSink, Message, NullSink
 from orchestrator.limits.gpus import guard_visible_devices
 from orchestrator.limits.resources import EffectiveResources
@@ -45,10 +47,6 @@ if TYPE_CHECKING:
 
 
 _IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
-
-
-class HostSelectionError(UsageError, ValueError):
-    """A `--hosts` pattern matched no host of the cluster."""
 
 
 def select_hosts(cluster: ClusterConfig, pattern: str | None) -> list[str]:
@@ -228,6 +226,53 @@ class Cluster:
         if cfg is None:
             return ContainerRuntime()
         return ContainerRuntime.unprobed(cfg.runtime, cfg.rootless)
+
+    async def copy_to(
+        self,
+        payload: Payload,
+        dest: str,
+        *,
+        hosts: Sequence[str] | None = None,
+        host_os: bool = False,
+        timeout: float | None = None,
+        progress: Progress | None = None,
+    ) -> dict[str, HostResult]:
+        """Copy `payload` (a file, or a directory as one tar stream) to `dest` on
+        every selected host at once, into the container unless `host_os`; each
+        host's copy is checked by sha256 (containers/copy.py)."""
+        return await copy_to_hosts(
+            self.pool,
+            self.config,
+            payload,
+            dest,
+            hosts=list(hosts or self.hosts),
+            host_os=host_os,
+            timeout=timeout,
+            progress=progress,
+            runtimes=self.docker_runtimes,
+        )
+
+    async def copy_from(
+        self,
+        src: str,
+        dest_dir: Path,
+        *,
+        hosts: Sequence[str] | None = None,
+        host_os: bool = False,
+        timeout: float | None = None,
+        progress: Progress | None = None,
+    ) -> dict[str, HostResult]:
+        """Fetch the file `src` from every selected host into `dest_dir/<host>/`."""
+        return await gather_from_hosts(
+            self.pool,
+            self.config,
+            src,
+            dest_dir,
+            hosts=list(hosts or self.hosts),
+            host_os=host_os,
+            timeout=timeout,
+            progress=progress,
+        )
 
     async def container_image_ids(self) -> dict[str, str]:
         """host -> the image ID its container runs; hosts not read are left out."""

@@ -7,8 +7,12 @@ README's exit-code table is tested against `ExitCode` (tests/test_layout.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import errno
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from enum import IntEnum
+from pathlib import Path
+from typing import Literal, Protocol
 
 
 class ExitCode(IntEnum):
@@ -45,17 +49,176 @@ class CvsError(Exception):
     exit_code: ExitCode = ExitCode.FAILED
 
 
+# What became of one host's remote work (results.HostResult.status); defined
+# here so that ConnectError, the lowest layer's, can carry it.
+Status = Literal["ok", "failed", "timeout", "unreachable", "auth", "host_key"]
+
+
+class ConnectError(CvsError):
+    """Connecting to a host failed; `status` is unreachable, auth or host_key
+    (results.Status): exit 3, as for any host cvs cannot reach."""
+
+    exit_code = ExitCode.UNREACHABLE
+
+    def __init__(self, host: str, status: Status, message: str, attempts: int = 1) -> None:
+        super().__init__(message)
+        self.host = host
+        self.status = status
+        self.message = message
+        self.attempts = attempts
+
+
 class UsageError(CvsError):
     """Bad command-line or file input: exit 2."""
 
     exit_code = ExitCode.USAGE
 
 
+# --- the expected failures, by where they arise (one module: the error model) ---
+
+
+class ConfigError(UsageError):
+    """A cluster (or suite) file is unusable. `str()` is one line for the user."""
+
+
+class ResourceError(ConfigError, ValueError):
+    """A resource request or cap is unusable. `str()` names the key.
+
+    A ConfigError, so the CLI exits 2 on it like on any other bad value in the
+    cluster file, whichever command met it first."""
+
+
+class HostSelectionError(UsageError, ValueError):
+    """A `--hosts` pattern matched no host of the cluster."""
+
+
+class IdentityError(UsageError):
+    """An identity file from the cluster file cannot be used (exit 2)."""
+
+
+class StateDirError(CvsError):
+    """cvs's state directory (the cluster's keys) cannot be written."""
+
+    def __init__(self, state_dir: Path, exc: OSError) -> None:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        where = exc.filename or state_dir
+        super().__init__(f"cannot write cvs's state directory {state_dir}: {where}: {reason}")
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR):
+            self.exit_code = ExitCode.USAGE
+
+
+class RecordError(CvsError):
+    """The run directory could not be written: the run was stopped, not its tear-down."""
+
+    def __init__(self, path: Path, exc: OSError) -> None:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        super().__init__(f"cannot write the run record {path}: {reason}; the run was stopped")
+        self.path = path
+
+
+class RunDirError(UsageError):
+    """The run directory cannot be created or written (exit 2, nothing started)."""
+
+
+class SandboxError(UsageError):
+    """The sandbox cannot do what was asked. `str()` is one line for the user
+    (the CLI prints it and exits 2)."""
+
+
+# --- refusals: data, rendered by whoever talks to the user ----------------------
+
+
+@dataclass(frozen=True)
+class Option:
+    """A keyword argument of a call (`force=True`); the CLI shows it as a flag."""
+
+    name: str
+    value: bool = True
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call of the API (`down(force=True)`); the CLI shows it as a command."""
+
+    name: str
+    options: tuple[Option, ...] = ()
+
+
+@dataclass(frozen=True)
+class WayOut:
+    """One way out of a refusal: `text` says what it does; `options` (the same
+    call again, with these) or `calls` (these, in order) say how, when it is
+    something cvs does. Neither: a change the user makes."""
+
+    text: str
+    options: tuple[Option, ...] = ()
+    calls: tuple[Call, ...] = ()
+
+
+class Style(Protocol):
+    """How a refusal's options and calls are shown: as keyword arguments (the
+    API, `API_STYLE`) or as flags and commands (the CLI's style)."""
+
+    def again(self, options: Sequence[Option]) -> str:
+        """The same call again with `options` ("call again with force=True")."""
+        ...
+
+    def calls(self, calls: Sequence[Call]) -> str:
+        """Other calls, in order ("`down(force=True)` then `up()`")."""
+        ...
+
+
+class _ApiStyle:
+    def again(self, options: Sequence[Option]) -> str:
+        return "call again with " + _keywords(options)
+
+    def calls(self, calls: Sequence[Call]) -> str:
+        return " then ".join(f"`{c.name}({_keywords(c.options)})`" for c in calls)
+
+
+def _keywords(options: Sequence[Option]) -> str:
+    return ", ".join(f"{o.name}={o.value}" for o in options)
+
+
+API_STYLE: Style = _ApiStyle()
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why cvs will not act: one line's worth, the hosts it is about, and the
+    ways out. `kind` names the rule (tests and programs match on it, never on
+    the words)."""
+
+    kind: str
+    reason: str
+    hosts: tuple[str, ...] = ()
+    ways_out: tuple[WayOut, ...] = ()
+
+    def render(self, style: Style = API_STYLE) -> str:
+        ways = []
+        for way in self.ways_out:
+            if way.options:
+                ways.append(f"{style.again(way.options)} to {way.text}")
+            elif way.calls:
+                ways.append(f"{way.text} ({style.calls(way.calls)})")
+            else:
+                ways.append(way.text)
+        if not ways:
+            return self.reason
+        return f"{self.reason}: {', or '.join(ways)}"
+
+
 class PolicyRefused(CvsError):
-    """The lifetime policy or image identity forbids acting: exit 4, nothing changed."""
+    """The lifetime policy or image identity forbids acting: exit 4, nothing changed.
+
+    `refusals` are the data; `reasons` the same rendered for an API caller
+    (keyword arguments). The CLI renders `refusals` with its flags."""
 
     exit_code = ExitCode.REFUSED
 
-    def __init__(self, reasons: list[str]) -> None:
-        super().__init__("; ".join(reasons))
-        self.reasons = reasons
+    def __init__(self, reasons: Sequence[Refusal | str]) -> None:
+        self.refusals = [
+            r if isinstance(r, Refusal) else Refusal(kind="other", reason=r) for r in reasons
+        ]
+        self.reasons = [r.render() for r in self.refusals]
+        super().__init__("; ".join(self.reasons))

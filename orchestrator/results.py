@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-from orchestrator.errors import ExitCode
+from orchestrator.errors import ExitCode, Status
 
-Status = Literal["ok", "failed", "timeout", "unreachable", "auth", "host_key"]
+__all__ = ["CONNECTION_STATUSES", "HostResult", "Status", "exit_code_for"]
 
 # Statuses that mean "we never got to run anything on that host".
 CONNECTION_STATUSES: frozenset[str] = frozenset({"unreachable", "auth", "host_key"})

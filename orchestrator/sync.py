@@ -17,6 +17,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from orchestrator.api import Cluster
 from orchestrator.config import ClusterConfig
+from orchestrator.containers.copy import Payload, Progress
 from orchestrator.containers.status import HostStatus
 from orchestrator.events import EventSink
 from orchestrator.remote.runtime import DockerRuntime
@@ -97,6 +98,40 @@ class SyncCluster:
     def docker_runtimes(self) -> Mapping[str, DockerRuntime]:
         """How to reach docker on each host (see `Cluster.docker_runtimes`)."""
         return self._cluster.docker_runtimes
+
+    def copy_to(
+        self,
+        payload: Payload,
+        dest: str,
+        *,
+        hosts: Sequence[str] | None = None,
+        host_os: bool = False,
+        timeout: float | None = None,
+        progress: Progress | None = None,
+    ) -> dict[str, HostResult]:
+        """Copy `payload` to `dest` on every selected host (see `Cluster.copy_to`)."""
+        return self._portal.call(
+            lambda: self._cluster.copy_to(
+                payload, dest, hosts=hosts, host_os=host_os, timeout=timeout, progress=progress
+            )
+        )
+
+    def copy_from(
+        self,
+        src: str,
+        dest_dir: Path,
+        *,
+        hosts: Sequence[str] | None = None,
+        host_os: bool = False,
+        timeout: float | None = None,
+        progress: Progress | None = None,
+    ) -> dict[str, HostResult]:
+        """Fetch `src` from every selected host (see `Cluster.copy_from`)."""
+        return self._portal.call(
+            lambda: self._cluster.copy_from(
+                src, dest_dir, hosts=hosts, host_os=host_os, timeout=timeout, progress=progress
+            )
+        )
 
     def container_image_ids(self) -> dict[str, str]:
         """host -> the image ID its container runs (see `Cluster.container_image_ids`)."""

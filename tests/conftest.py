@@ -28,7 +28,9 @@ from private_dockerd import PrivateDockerd, private_dockerd_skip_reason
 
 from orchestrator.sandbox import Sandbox, sandbox_down, sandbox_up
 
-SANDBOX_FIXTURES = {"sandbox", "egress_sandbox", "make_sandbox"}
+# Fixtures that build a sandbox: a test using one is a sandbox test (`-m "not
+# sandbox"` builds none). `breakable`: test_heal's own sandbox, broken on purpose.
+SANDBOX_FIXTURES = {"sandbox", "egress_sandbox", "make_sandbox", "breakable"}
 REQUIRED_TOOLS = ("ip", "nsenter", "dockerd", "sshd", "debootstrap", "ssh", "sudo")
 
 

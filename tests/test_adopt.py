@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_plan import IMG_B, cfg, host, kinds, states
+from plan_states import IMG_B, cfg, host, kinds, states
 
 from orchestrator.containers.docker import LABEL_MANAGED
 from orchestrator.containers.plan import decide_plan
@@ -37,7 +37,8 @@ def test_adopt_next_to_our_own_containers_adopts_only_the_foreign_ones() -> None
 def test_without_adopt_the_refusal_names_it() -> None:
     plan = decide_plan(cfg("persistent"), states(cvs_started("a"), cvs_started("b")))
     assert plan.refused
-    assert any("--adopt" in r for r in plan.reasons)
+    ways = [o.name for r in plan.refusals for w in r.ways_out for o in w.options]
+    assert "adopt" in ways
 
 
 def test_adopt_still_refuses_image_skew() -> None:

@@ -16,6 +16,7 @@ from orchestrator.results import HostResult
 from orchestrator.ssh.envpass import env_block, env_reader
 from orchestrator.ssh.output import LineSplitter, StreamTail, as_result_text
 from orchestrator.suites.records import RunOutcome, RunRecorder
+from orchestrator.suites.report import write_report
 
 
 def a_run_outcome() -> RunOutcome:
@@ -114,5 +115,5 @@ def test_recorder_write_failure_is_remembered_once_and_reported(tmp_path: Path) 
     rec.events_sink().emit(OutputLine(host="n1", stream="stdout", line="x"))
     assert calls == [1]
     assert rec.failure is not None and str(tmp_path / "run" / "logs" / "build") in str(rec.failure)
-    rec.finish(a_run_outcome())  # nothing more is attempted after a failure
+    rec.finish(a_run_outcome(), report=write_report)  # nothing more is attempted after a failure
     assert not (tmp_path / "run" / "results.json").exists()

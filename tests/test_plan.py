@@ -7,7 +7,9 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from plan_states import CLUSTER, IMG_A, IMG_B, OTHER_SHA, SHA, cfg, host, kinds, states
 
+from orchestrator.cli.common import cli_reasons
 from orchestrator.config import ContainerConfig
 from orchestrator.containers.docker import LABEL_CONFIG_HASH, managed_labels
 from orchestrator.containers.plan import (
@@ -18,57 +20,7 @@ from orchestrator.containers.plan import (
 )
 from orchestrator.containers.probe import HostState
 
-IMG_A = "sha256:" + "a" * 64
-IMG_B = "sha256:" + "b" * 64
-SHA = "1" * 64
-OTHER_SHA = "2" * 64
-CLUSTER = "cvs"
-
-
-def host(
-    name: str,
-    container: str | None,
-    *,
-    ours: bool = True,
-    image: str | None = IMG_A,
-    tag: str | None = IMG_A,
-    marker: str | None = SHA,
-    sshd: bool | None = True,
-    status: str | None = None,
-    digests: tuple[str, ...] = (),
-    readable: bool = True,
-    labels: dict[str, str] | None = None,
-) -> HostState:
-    """A probed host. container None = the probe could not tell (daemon down)."""
-    if container is None:
-        return HostState(host=name, error="docker daemon not reachable", error_kind="daemon_down")
-    present = container != "absent"
-    return HostState(
-        host=name,
-        docker_access="direct",
-        container=container,  # type: ignore[arg-type]
-        container_status=status or (container if present else None),
-        container_id=f"id-{name}" if present else None,
-        container_image_id=image if present else None,
-        container_image_readable=readable,
-        labels=(labels or managed_labels(CLUSTER)) if present and ours else {},
-        tag_image_id=tag,
-        tag_repo_digests=digests,
-        sshd_listening=sshd if container == "running" else None,
-        provision_marker=marker if present else None,
-    )
-
-
-def cfg(lifetime: str, **kw: object) -> ContainerConfig:
-    return ContainerConfig(image="img:1", name="ctr", lifetime=lifetime, **kw)  # type: ignore[arg-type]
-
-
-def states(*hs: HostState) -> dict[str, HostState]:
-    return {h.host: h for h in hs}
-
-
-def kinds(plan) -> dict[str, str]:
-    return {h: a.kind for h, a in plan.actions.items()}
+REBUILD = "`cvs down --force && cvs up`"  # the way out, as the CLI shows it
 
 
 # --- the lifetime table, row by row ------------------------------------------
@@ -127,7 +79,7 @@ ROWS = [
         (host("h1", E, status="created"), host("h2", E)), {"h1": "restart", "h2": "restart"}),
     Row("persistent partial (running + absent) -> refuse", "persistent",
         (host("h1", R), host("h2", R), host("h3", A)), None,
-        mentions=("running: h1, h2", "absent: h3", REBUILD_COMMAND, "docker start")),
+        mentions=("running: h1, h2", "absent: h3", REBUILD, "docker start")),
     # A node reboot (or dockerd restart) heals: resume the stopped ones, attach the rest.
     Row("persistent mix (running + exited) -> restart the exited, attach the rest", "persistent",
         (host("h1", R), host("h2", E), host("h3", R)),
@@ -200,7 +152,7 @@ def test_lifetime_table(row: Row) -> None:
         assert plan.refused, plan
         assert plan.exit_code == 4
         assert all(a.kind == "none" for a in plan.actions.values())
-        text = " ".join(plan.reasons)
+        text = " ".join(cli_reasons(plan.refusals))  # as the CLI says them
         for word in row.mentions:
             assert word in text, (word, plan.reasons)
         assert all("\n" not in r for r in plan.reasons)
@@ -369,18 +321,20 @@ def test_tag_identity_different_ids_sharing_a_repo_digest_is_fine() -> None:
 
 def test_tag_identity_different_ids_is_refused_with_host_to_id() -> None:
     hs = states(host("h1", A), host("h2", A, tag=IMG_B), host("h3", A))
-    (reason,) = check_tag_identity(hs, image="img:1")
+    (reason,) = (r.render() for r in check_tag_identity(hs, image="img:1"))
     assert "img:1" in reason
     assert "aaaaaaaaaaaa on h1, h3" in reason and "bbbbbbbbbbbb on h2" in reason
 
 
 def test_tag_identity_missing_image_is_refused() -> None:
-    (reason,) = check_tag_identity(states(host("h1", A), host("h2", A, tag=None)))
+    (reason,) = (
+        r.render() for r in check_tag_identity(states(host("h1", A), host("h2", A, tag=None)))
+    )
     assert "not present on h2" in reason
 
 
 def test_tag_identity_unknown_host_is_refused() -> None:
-    reasons = check_tag_identity(states(host("h1", A), host("h2", None)))
+    reasons = [r.render() for r in check_tag_identity(states(host("h1", A), host("h2", None)))]
     assert any("h2" in r for r in reasons)
 
 

@@ -24,6 +24,7 @@ from orchestrator.suites.records import (
     junit_xml,
     results_document,
 )
+from orchestrator.suites.report import write_report
 
 SCHEMA_FILE = Path(__file__).parent.parent / "orchestrator" / "schemas" / "results.schema.json"
 SCHEMA = json.loads(SCHEMA_FILE.read_text())
@@ -223,7 +224,7 @@ def test_recorder_writes_logs_events_results_and_junit(tmp_path: Path) -> None:
         host="n1", status="timeout", exit_code=None, stdout="out\n", stderr="err", error="timed out"
     )
     log = rec.write_log("install", result)
-    rec.finish(outcome([a_step("install", n1="timeout")]))
+    rec.finish(outcome([a_step("install", n1="timeout")]), report=write_report)
     rec.close()
     assert log == tmp_path / "run" / "logs" / "install" / "n1.log"
     assert log.read_text() == "out\nerr\n[cvs] timeout: timed out\n"

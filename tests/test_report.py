@@ -2,70 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import markupsafe
 import pytest
 from browser import browser_skip_reason, open_page
+from outcomes import HOSTILE, failing_outcome, host
 
-from orchestrator.suites.records import RunOutcome, RunRecorder, StepHostOutcome, StepOutcome
-from orchestrator.suites.report import render_report, timeline
-
-T0 = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
-HOSTILE = '<script>alert("x")</script> & <img src=http://example.invalid/x.png>'
-
-
-def host(name: str, status: str, *, code: int | None = 0, tail: str = "") -> StepHostOutcome:
-    reason = None if status == "ok" else f"exit {code}, expected 0"
-    return StepHostOutcome(
-        host=name, status=status, exit_code=code, duration=0.4, tail=tail, reason=reason
-    )  # type: ignore[arg-type]
-
-
-def failing_outcome(**kw: Any) -> RunOutcome:
-    steps = [
-        StepOutcome(
-            name="install",
-            hosts=["node1", "node2"],
-            started=2.0,
-            duration=1.5,
-            results={"node1": host("node1", "ok", tail="ok"), "node2": host("node2", "ok")},
-        ),
-        StepOutcome(
-            name="check",
-            hosts=["node1", "node2"],
-            started=3.6,
-            duration=0.9,
-            results={
-                "node1": host("node1", "ok", tail="fine"),
-                "node2": host("node2", "failed", code=3, tail=f"line a\n{HOSTILE}\nboom"),
-            },
-        ),
-        StepOutcome(
-            name="after",
-            hosts=["node1", "node2"],
-            results={
-                h: StepHostOutcome(host=h, status="skipped", reason="step 'check' failed")
-                for h in ("node1", "node2")
-            },
-        ),
-    ]
-    base: dict[str, Any] = {
-        "suite": "test_x",
-        "suite_file": "/s/test_x.yaml",
-        "description": "checks x",
-        "cluster": "lab",
-        "cluster_file": "/c/cluster.yaml",
-        "lifetime": "per_run",
-        "started": T0,
-        "finished": T0 + timedelta(seconds=6),
-        "steps": steps,
-        "image": "rocm/cvs:7.0",
-        "image_ids": {"node1": "sha256:" + "a" * 64, "node2": "sha256:" + "a" * 64},
-    }
-    return RunOutcome(**{**base, **kw})
+from orchestrator.suites.records import RunRecorder, StepHostOutcome, StepOutcome
+from orchestrator.suites.report import render_report, timeline, write_report
 
 
 def test_host_output_is_escaped_never_markup() -> None:
@@ -105,7 +50,7 @@ def test_timeline_is_up_then_each_step_that_ran_then_down() -> None:
 
 def test_every_run_dir_gets_a_report(tmp_path: Path) -> None:
     recorder = RunRecorder.create(tmp_path / "run")
-    recorder.finish(failing_outcome())
+    recorder.finish(failing_outcome(), report=write_report)
     assert recorder.report_path.is_file()
     assert "test_x" in recorder.report_path.read_text()
 
@@ -116,7 +61,7 @@ browser = pytest.mark.skipif(browser_skip_reason() is not None, reason=str(brows
 @browser
 def test_report_opens_in_chromium_and_shows_the_failing_cell(tmp_path: Path) -> None:
     recorder = RunRecorder.create(tmp_path / "run")
-    recorder.finish(failing_outcome())
+    recorder.finish(failing_outcome(), report=write_report)
     with open_page(recorder.report_path) as visit:
         page = visit.page
         cell = page.locator('td[data-step="check"][data-host="node2"]')

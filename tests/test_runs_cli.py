@@ -7,18 +7,21 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from test_report import T0, failing_outcome
+from outcomes import T0, failing_outcome
 
 from orchestrator.cli import main
 from orchestrator.suites.records import RunRecorder, results_document
+from orchestrator.suites.report import write_report
 
 
 def make_runs(base: Path) -> None:
-    RunRecorder.create(base / "20250304T050607Z-test_x").finish(failing_outcome())
+    RunRecorder.create(base / "20250304T050607Z-test_x").finish(
+        failing_outcome(), report=write_report
+    )
     ok = failing_outcome(suite="install_x", started=T0 + timedelta(hours=1))
     ok.finished = ok.started + timedelta(seconds=2)
     ok.steps = ok.steps[:1]
-    RunRecorder.create(base / "20250304T060607Z-install_x").finish(ok)
+    RunRecorder.create(base / "20250304T060607Z-install_x").finish(ok, report=write_report)
     (base / "20250304T070000Z-killed" / "logs").mkdir(parents=True)
 
 
@@ -54,7 +57,7 @@ def test_runs_show_latest_prints_the_table_failures_and_report(
 
 def test_results_json_round_trips_through_runs_show(tmp_path: Path) -> None:
     outcome = failing_outcome()
-    RunRecorder.create(tmp_path / "r").finish(outcome)
+    RunRecorder.create(tmp_path / "r").finish(outcome, report=write_report)
     from orchestrator.suites.records import outcome_from_document
 
     doc = json.loads((tmp_path / "r" / "results.json").read_text())

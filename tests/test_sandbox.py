@@ -230,6 +230,7 @@ def test_import_skewed_image_gives_a_new_image_id(make_sandbox: MakeSandbox) -> 
     assert sb.image_id("node1", SSHD_TAG) != skewed
 
 
+@pytest.mark.sandbox  # builds a sandbox itself (sandbox_up)
 def test_down_removes_everything(tmp_path: Path) -> None:
     sb = sandbox_up(tmp_path / "sb", 2)
     ssh(sb, "node1", "docker run -d --name sleeper --network host cvs-sandbox:base sleep 600")
@@ -237,6 +238,7 @@ def test_down_removes_everything(tmp_path: Path) -> None:
     assert footprint(sb) == NOTHING
 
 
+@pytest.mark.sandbox  # builds a sandbox itself (sandbox_up)
 def test_down_twice_is_a_no_op(tmp_path: Path) -> None:
     sb = sandbox_up(tmp_path / "sb", 1)
     sandbox_down(sb.directory)
@@ -244,6 +246,7 @@ def test_down_twice_is_a_no_op(tmp_path: Path) -> None:
     assert footprint(sb) == NOTHING
 
 
+@pytest.mark.sandbox  # builds a sandbox itself (sandbox_up)
 def test_down_after_a_crash_removes_orphaned_containers(tmp_path: Path) -> None:
     sb = sandbox_up(tmp_path / "sb", 1)
     try:
@@ -260,6 +263,7 @@ def test_down_after_a_crash_removes_orphaned_containers(tmp_path: Path) -> None:
     assert footprint(sb) == NOTHING
 
 
+@pytest.mark.sandbox  # builds a sandbox itself (sandbox_up)
 def test_down_leaves_a_process_that_reused_a_recorded_pid_alone(tmp_path: Path) -> None:
     sb = sandbox_up(tmp_path / "sb", 1)
     bystander = subprocess.Popen(["sleep", "60"])
@@ -275,6 +279,7 @@ def test_down_leaves_a_process_that_reused_a_recorded_pid_alone(tmp_path: Path) 
         sandbox_down(sb.directory)
 
 
+@pytest.mark.sandbox  # builds a sandbox itself (sandbox_up)
 def test_failed_up_tears_down_what_it_created(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

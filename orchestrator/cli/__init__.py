@@ -114,17 +114,19 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
 def _report_all(errors: list[CvsError], args: argparse.Namespace) -> int:
     """Several hosts' errors as one report: a line per distinct error, the
     refusals' reasons in one refusal list; the worst exit code of them all."""
-    from orchestrator.cli.common import print_refusal, write_json_result
+    from orchestrator.cli.common import cli_reasons, print_refusal, write_json_result
     from orchestrator.errors import PolicyRefused, worst
 
-    reasons = [r for e in errors if isinstance(e, PolicyRefused) for r in e.reasons]
+    refusals = [r for e in errors if isinstance(e, PolicyRefused) for r in e.refusals]
     others = list(dict.fromkeys(str(e) for e in errors if not isinstance(e, PolicyRefused)))
     code = worst(e.exit_code for e in errors)
-    refused = PolicyRefused(list(dict.fromkeys(reasons))) if reasons else None
+    refused = PolicyRefused(list(dict.fromkeys(refusals))) if refusals else None
     if args.json:
+        fields: dict[str, object] = {}
         if refused is not None:
-            others.append(f"refused: {refused}")
-        fields = {"refused": refused.reasons} if refused is not None else {}
+            reasons = cli_reasons(refused.refusals)
+            others.append(f"refused: {'; '.join(reasons)}")
+            fields["refused"] = reasons
         write_json_result(args, ok=False, exit_code=code, error="; ".join(others), **fields)
         return code
     for message in others:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from orchestrator.cli.common import (
     chosen_hosts,
+    cli_reasons,
     cluster_path,
     failure_summary,
     load,
@@ -20,6 +22,7 @@ from orchestrator.cli.common import (
     while_stdout_is_read,
     write_json_result,
 )
+from orchestrator.containers.exec import NOT_RUNNING_EXIT
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.events import wants_plain
 from orchestrator.results import HostResult, exit_code_for
@@ -94,6 +97,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if results is None:
         sys.stderr.write("cvs: stdout closed by its reader: remote commands stopped\n")
         return ExitCode.INTERRUPTED
+    results = {h: _with_the_way_out(r) for h, r in results.items()}
     code = exit_code_for(list(results.values()))
     if args.json:
         print_json_summary(args, results, code)
@@ -124,6 +128,14 @@ def cmd_exec(args: argparse.Namespace) -> int:
     return code
 
 
+def _with_the_way_out(result: HostResult) -> HostResult:
+    """A container that is not running: the command that starts it (the core
+    says what is wrong; the CLI says which of its commands fixes it)."""
+    if result.exit_code == NOT_RUNNING_EXIT and (result.error or "").endswith("not running here"):
+        return replace(result, error=f"{result.error} (run `cvs up`)")
+    return result
+
+
 def _env_args(pairs: list[str]) -> dict[str, str]:
     """`-e VAR=VAL` options -> a mapping; a malformed one is a usage error."""
     from orchestrator.config import ENV_NAME_RE
@@ -144,14 +156,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
         args,
         lambda c: c.plan(force=args.force, reprovision=args.reprovision, adopt=args.adopt),
     )
+    reasons = cli_reasons(plan.refusals)
     if args.json:
         write_json_result(
             args,
             ok=not plan.refused,
             exit_code=plan.exit_code,
-            error="refused: " + "; ".join(plan.reasons) if plan.refused else None,
+            error="refused: " + "; ".join(reasons) if plan.refused else None,
             lifetime=plan.lifetime,
-            refused=plan.reasons,
+            refused=reasons,
             warnings=plan.warnings,
             hosts={h: {"action": a.kind, "reason": a.reason} for h, a in plan.actions.items()},
         )
@@ -174,7 +187,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         sys.stderr.write(f"warning: {w}\n")
     if plan.refused:
         sys.stderr.write("refused:\n")
-        for r in plan.reasons:
+        for r in reasons:
             sys.stderr.write(f"  - {r}\n")
     return plan.exit_code
 

@@ -8,11 +8,11 @@ import json
 import os
 import stat
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
-from orchestrator.errors import ExitCode, PolicyRefused, UsageError
+from orchestrator.errors import Call, ExitCode, Option, PolicyRefused, Refusal, UsageError
 from orchestrator.events import EventSink, JsonLinesSink, PlainSink, wants_plain
 from orchestrator.results import HostResult
 
@@ -206,18 +206,57 @@ async def _cancel_when_reader_leaves(scope: Any) -> None:
     scope.cancel()
 
 
+# --- refusals, as the CLI says them ----------------------------------------------
+
+# The API keyword each flag sets (errors.Option): what a refusal's ways out are
+# rendered as here. A keyword without a flag never reaches a refusal.
+_FLAGS: dict[tuple[str, bool], str] = {
+    ("force", True): "--force",
+    ("adopt", True): "--adopt",
+    ("reprovision", True): "--reprovision",
+    ("wait", False): "--no-wait",
+}
+
+
+class CliStyle:
+    """Refusals' options as flags and their calls as `cvs` commands (errors.Style)."""
+
+    def again(self, options: Sequence[Option]) -> str:
+        on = [_FLAGS[(o.name, o.value)] for o in options if (o.name, o.value) in _FLAGS]
+        off = [_FLAGS[(o.name, not o.value)] for o in options if (o.name, not o.value) in _FLAGS]
+        parts = [f"rerun with {' '.join(on)}"] if on else []
+        parts += [f"rerun without {' '.join(off)}"] if off else []
+        return " and ".join(parts) or "rerun"
+
+    def calls(self, calls: Sequence[Call]) -> str:
+        commands = [
+            " ".join(["cvs", c.name, *(_FLAGS[(o.name, o.value)] for o in c.options)])
+            for c in calls
+        ]
+        return f"`{' && '.join(commands)}`"
+
+
+CLI_STYLE = CliStyle()
+
+
+def cli_reasons(refusals: Sequence[Refusal]) -> list[str]:
+    """The refusals as the CLI prints them (flags, `cvs` commands)."""
+    return list(dict.fromkeys(r.render(CLI_STYLE) for r in refusals))
+
+
 def print_refusal(args: argparse.Namespace, exc: PolicyRefused) -> int:
+    reasons = cli_reasons(exc.refusals)
     if args.json:
         write_json_result(
             args,
             ok=False,
             exit_code=ExitCode.REFUSED,
-            error=f"refused: {exc}",
-            refused=exc.reasons,
+            error=f"refused: {'; '.join(reasons)}",
+            refused=reasons,
         )
     else:
         sys.stderr.write("cvs: refused, nothing was changed:\n")
-        for reason in exc.reasons:
+        for reason in reasons:
             sys.stderr.write(f"  - {reason}\n")
     return ExitCode.REFUSED
 

@@ -60,8 +60,6 @@ def cmd_cp(args: argparse.Namespace) -> int:
     from orchestrator.containers.copy import (
         CopyError,
         Payload,
-        copy_to_hosts,
-        gather_from_hosts,
     )
 
     cluster_cfg = load(args)
@@ -82,9 +80,7 @@ def cmd_cp(args: argparse.Namespace) -> int:
             async with Cluster.open(cluster_cfg, sink=sink) as cluster:
                 if payload is None:
                     with progress_bar(f"{args.src} <- {len(hosts)} hosts", None, show=show) as bar:
-                        return await gather_from_hosts(
-                            cluster.pool,
-                            cluster_cfg,
+                        return await cluster.copy_from(
                             args.src,
                             dest_dir,
                             hosts=hosts,
@@ -95,9 +91,7 @@ def cmd_cp(args: argparse.Namespace) -> int:
                 total = payload.size * len(hosts)
                 label = f"{payload.source.name} -> {len(hosts)} hosts"
                 with progress_bar(label, total, show=show) as bar:
-                    return await copy_to_hosts(
-                        cluster.pool,
-                        cluster_cfg,
+                    return await cluster.copy_to(
                         payload,
                         args.dest,
                         hosts=hosts,

@@ -21,11 +21,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel
 
-from orchestrator.errors import UsageError
-
-
-class ConfigError(UsageError):
-    """A cluster (or suite) file is unusable. `str()` is one line for the user."""
+from orchestrator.errors import ConfigError as ConfigError
 
 
 class _Readable(typing.Protocol):

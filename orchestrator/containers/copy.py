@@ -24,7 +24,7 @@ import stat
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -35,10 +35,11 @@ import asyncssh
 from orchestrator import remote
 from orchestrator.config import ClusterConfig, container_name
 from orchestrator.containers.exec import in_running_container
-from orchestrator.remote.runtime import ContainerRuntime
+from orchestrator.errors import ConnectError
+from orchestrator.remote.runtime import ContainerRuntime, DockerRuntime
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
-from orchestrator.ssh.transport import ConnectError, SSHPool
+from orchestrator.ssh.transport import SSHPool
 
 CHUNK = 256 * 1024
 # The line the remote side prints before its checksums: where the copy went.
@@ -52,17 +53,12 @@ class CopyError(ValueError):
 
 
 def in_container(
-    name: str,
-    argv: Sequence[str],
-    *,
-    tty: bool = False,
-    runtime: ContainerRuntime | None = None,
+    name: str, argv: Sequence[str], *, tty: bool = False, runtime: ContainerRuntime | None = None
 ) -> str:
     """Host shell text running `argv` in container `name` with stdin attached
-    (and a terminal with `tty`, for `cvs shell`); `runtime` the cluster's
-    (default docker)."""
-    exec_argv = ["exec", "-i", *(["-t"] if tty else []), name, *argv]
-    return in_running_container(name, exec_argv, runtime)
+    (and a terminal with `tty`, for `cvs shell`)."""
+    args = ["exec", "-i", *(["-t"] if tty else []), name, *argv]
+    return in_running_container(name, args, runtime)
 
 
 def cluster_runtime(cluster: ClusterConfig) -> ContainerRuntime:
@@ -172,10 +168,12 @@ def compare(expected: dict[str, str], remote_lines: list[str], kind: str) -> str
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
-def _wrap(cluster: ClusterConfig, argv: list[str], host_os: bool) -> str:
+def _wrap(
+    cluster: ClusterConfig, argv: list[str], host_os: bool, runtime: DockerRuntime | None = None
+) -> str:
     if host_os or cluster.container is None:
         return shlex.join(argv)
-    return in_container(container_name(cluster), argv, runtime=cluster_runtime(cluster))
+    return in_container(container_name(cluster), argv, runtime=runtime or cluster_runtime(cluster))
 
 
 def _human(n: float) -> str:
@@ -266,17 +264,21 @@ async def copy_to_hosts(
     host_os: bool = False,
     timeout: float | None = None,
     progress: Progress | None = None,
+    runtimes: Mapping[str, DockerRuntime] | None = None,
 ) -> dict[str, HostResult]:
-    """Copy `payload` to `dest` on every host at once (into the container unless `host_os`)."""
+    """Copy `payload` to `dest` on every host at once (into the container unless
+    `host_os`). `runtimes`: how to reach docker on hosts whose container this
+    invocation's `up` probed (no running check there)."""
     if not dest or "\n" in dest or "\0" in dest:
         raise CopyError(f"bad destination {dest!r}")
     want = payload.checksums.get("-", "")
     argv = remote.argv("copy_receive", dest, payload.source.name, payload.kind)
     argv += [payload.mode, want]
-    script = _wrap(cluster, argv, host_os)
     limit = timeout if timeout is not None else cluster.ssh.command_timeout
+    known = runtimes or {}
 
     async def one(host: str) -> HostResult:
+        script = _wrap(cluster, argv, host_os, known.get(host))
         return await _copy_one(pool, host, script, payload, limit, progress)
 
     return await fan_out(list(hosts), one, limit=cluster.concurrency.hosts)

@@ -65,7 +65,7 @@ from orchestrator.containers.provision import (
     ensure_sshd,
     run_setup_script,
 )
-from orchestrator.errors import ExitCode, PolicyRefused, UsageError
+from orchestrator.errors import ExitCode, PolicyRefused, Refusal, UsageError
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.limits.capacity import fit_to_host
 from orchestrator.limits.cdi import CDIDevice, describe_devices, parse_specs, spec_files, use_cdi
@@ -84,13 +84,12 @@ from orchestrator.limits.resources import (
     cluster_effective_resources,
     effective_resources,
 )
-from orchestrator.limits.rootless import rootless_cap_refusal
 from orchestrator.remote import records
 from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.keys import ClusterKeys, default_state_dir
-from orchestrator.ssh.transport import SSHPool
+from orchestrator.ssh.seam import HostRunner
 
 
 def new_invocation_id() -> str:
@@ -166,12 +165,12 @@ class UpReport:
 
 
 class Lifecycle:
-    """The container lifecycle of one cluster over an open `SSHPool`."""
+    """The container lifecycle of one cluster over a `HostRunner` (an open `SSHPool`)."""
 
     def __init__(
         self,
         cluster: ClusterConfig,
-        pool: SSHPool,
+        pool: HostRunner,
         sink: EventSink,
         *,
         locks: HostLocks | None = None,
@@ -192,6 +191,17 @@ class Lifecycle:
         # Per launching host, the CDI devices its GPUs go through (_barrier).
         self.cdi_devices: dict[str, tuple[CDIDevice, ...]] = {}
         self.locks = locks or host_locks(cluster, pool, sink)
+
+    @property
+    def forks(self) -> int:
+        """How many hosts `up` and `down` act on at once (`concurrency.hosts`,
+        `--forks`): pulls, starts, setup scripts and removals.
+
+        Not the probe and the lock: that round trip changes nothing, costs one
+        docker process per host, and a lock that is held is an idle channel;
+        doing it a few hosts at a time would only multiply an attach's
+        latency (docs/design.md, "What an attach costs")."""
+        return self.cluster.concurrency.hosts
 
     # -- probing --------------------------------------------------------
 
@@ -251,7 +261,7 @@ class Lifecycle:
     ) -> Plan:
         if adopt and self.cfg.lifetime != "persistent":
             raise UsageError(
-                f"--adopt takes over running containers for lifetime persistent; this cluster's "
+                f"adopt takes over running containers for lifetime persistent; this cluster's "
                 f"lifetime is {self.cfg.lifetime}"
             )
         return decide_plan(
@@ -263,6 +273,7 @@ class Lifecycle:
             config_hash=self.hash,
             adopt=adopt,
             cluster_name=self.identity,
+            resources=cluster_effective_resources(self.cluster),
         )
 
     # -- acting ---------------------------------------------------------
@@ -413,9 +424,7 @@ class Lifecycle:
                 plan = self.decide(states, force=force, reprovision=reprovision, adopt=adopt)
             for w in plan.warnings:
                 self.sink.emit(Message(level="warning", text=w))
-            resources, beyond = self._fit_to_hosts(plan, states, resources)
-            beyond += self._missing_image_refusals(plan, states)
-            beyond += self._rootless_refusals(plan, states, resources)
+            resources = self._fit_to_hosts(states, resources)
             for host in plan.hosts("attach", "restart"):
                 # Keeping a container keeps its limits; say where they are not
                 # what the config now asks for instead of accepting them silently.
@@ -423,8 +432,8 @@ class Lifecycle:
                     self.sink.emit(
                         Message(level="warning", host=host, text=f"limits drift: {drift}")
                     )
-            if plan.refused or beyond:
-                raise PolicyRefused([*plan.reasons, *beyond])
+            if plan.refused:
+                raise PolicyRefused(plan.refusals)
             report = await self._execute(plan, states, resources)
             await self.locks.downgrade()
             self.locks.ready = {
@@ -437,64 +446,17 @@ class Lifecycle:
             await self.locks.release()
             raise
 
-    def _rootless_refusals(
-        self,
-        plan: Plan,
-        states: Mapping[str, HostState],
-        resources: Mapping[str, EffectiveResources],
-    ) -> list[str]:
-        """Rootless podman: caps a launching host cannot apply (limits/rootless.py)."""
-        out = []
-        for host, action in plan.actions.items():
-            state = states.get(host)
-            if state is None or not state.rootless or not action.launches:
-                continue
-            why = rootless_cap_refusal(
-                host, resources[host], state.cgroup, state.cgroup_controllers
-            )
-            if why is not None:
-                out.append(why)
-        return out
-
-    def _missing_image_refusals(self, plan: Plan, states: Mapping[str, HostState]) -> list[str]:
-        """`pull: never` and no image_tar: a launching host without the image
-        refuses the whole `up` (exit 4) before anything starts, naming it."""
-        if self.cfg.pull != "never" or self.cfg.image_tar is not None:
-            return []
-        missing = [
-            h
-            for h, a in plan.actions.items()
-            if a.launches and states[h].tag_image_id is None and states[h].tag_error is None
-        ]
-        if not missing:
-            return []
-        return [
-            f"image {self.cfg.image} is not on {', '.join(missing)} and container.pull is "
-            "'never': load it there (docker load), set container.image_tar, or allow pulling"
-        ]
-
     def _fit_to_hosts(
-        self,
-        plan: Plan,
-        states: Mapping[str, HostState],
-        resources: dict[str, EffectiveResources],
-    ) -> tuple[dict[str, EffectiveResources], list[str]]:
-        """Capacity (issue 15): cpus clamped to each host's CPU count (with a
-        warning); memory beyond a launching host's RAM refused, naming it."""
+        self, states: Mapping[str, HostState], resources: dict[str, EffectiveResources]
+    ) -> dict[str, EffectiveResources]:
+        """Capacity (issue 15): cpus clamped to each host's CPU count. The plan
+        refused memory beyond a launching host's RAM and warned of the clamps."""
         fitted = dict(resources)
-        refusals: list[str] = []
         for host, eff in resources.items():
             state = states.get(host)
-            if state is None:
-                continue
-            fit = fit_to_host(host, eff, state.cpu_count, state.memory_total)
-            fitted[host] = fit.resources
-            if fit.warning:
-                self.sink.emit(Message(level="warning", host=host, text=fit.warning))
-            action = plan.actions.get(host)
-            if fit.refusal and action is not None and action.launches:
-                refusals.append(fit.refusal)
-        return fitted, refusals
+            if state is not None:
+                fitted[host] = fit_to_host(host, eff, state.cpu_count, state.memory_total).resources
+        return fitted
 
     async def _execute(
         self,
@@ -509,11 +471,11 @@ class Lifecycle:
         async def prepare(host: str) -> None:
             prepared[host] = await self._prepare(host, states[host], outcomes[host])
 
-        await fan_out(launching, prepare)
+        await fan_out(launching, prepare, limit=self.forks)
         if any(not outcomes[h].ok for h in launching):
             # Nothing has started anywhere yet: stop here, report per host.
             return UpReport(plan, outcomes)
-        selections = self._barrier(launching, prepared, states)
+        selections = self._barrier(launching, prepared, states, outcomes)
         keys = None
         if sshd_wanted(self.cluster.container, len(self.cluster.hosts)):
             keys = ClusterKeys.load_or_create(default_state_dir(self.cluster), self._hosts())
@@ -530,7 +492,7 @@ class Lifecycle:
             )
 
         try:
-            await fan_out(list(plan.actions), pipeline)
+            await fan_out(list(plan.actions), pipeline, limit=self.forks)
         except BaseException:
             # Interrupted (Ctrl-C) mid-start: per_run containers are disposable
             # and half-started ones would only confuse the next run.
@@ -553,9 +515,15 @@ class Lifecycle:
         launching: list[str],
         prepared: Mapping[str, Prepared],
         states: Mapping[str, HostState],
+        outcomes: Mapping[str, HostOutcome],
     ) -> dict[str, GPUSelection]:
-        """Refuse before anything starts if the tag or the GPU requests disagree;
-        otherwise the GPUs each launching host gives its container."""
+        """Refuse before any container starts if the tag or the GPU requests
+        disagree; otherwise the GPUs each launching host gives its container.
+
+        These are the refusals the plan cannot make: they depend on what the
+        prepare step found (a tag after a pull or load, the hosts' GPUs). The
+        refusal says what the prepare step did change (an image pulled or
+        loaded, a registry login): not "nothing"."""
         if not launching:
             return {}
         after_pull = {
@@ -566,7 +534,7 @@ class Lifecycle:
             )
             for h in launching
         }
-        reasons = check_tag_identity(after_pull, image=self.cfg.image)
+        reasons: list[Refusal | str] = [*check_tag_identity(after_pull, image=self.cfg.image)]
         selections: dict[str, GPUSelection] = {}
         if self.cfg.gpus is not None:
             for host in launching:
@@ -583,7 +551,7 @@ class Lifecycle:
                 if why is not None:
                     reasons.append(f"{host}: {why}")
         if reasons:
-            raise PolicyRefused(reasons)
+            raise PolicyRefused([*reasons, _changed_so_far(launching, outcomes)])
         return selections
 
     def _decide_cdi(self, host: str, picked: GPUSelection, prepared: Prepared) -> str | None:
@@ -740,7 +708,7 @@ class Lifecycle:
             await self.pool.run(host, command, stream_output=False, label="rollback")
 
         with anyio.CancelScope(shield=True):
-            await fan_out(hosts, remove)
+            await fan_out(hosts, remove, limit=self.forks)
 
     async def down(
         self, *, force: bool = False, wait: bool = True, own_only: bool = False
@@ -772,13 +740,13 @@ class Lifecycle:
                 return r
 
             with anyio.CancelScope(shield=True):
-                removed = await fan_out(removing, remove)
+                removed = await fan_out(removing, remove, limit=self.forks)
             return plan, removed
         finally:
             await self.locks.release()
 
 
-def host_locks(cluster: ClusterConfig, pool: SSHPool, sink: EventSink) -> HostLocks:
+def host_locks(cluster: ClusterConfig, pool: HostRunner, sink: EventSink) -> HostLocks:
     """The lock set for this cluster's container on its hosts."""
     cfg = cluster.container
     wait = float(cfg.start_timeout) if cfg is not None else 900.0
@@ -808,6 +776,27 @@ def remove_command(prefix: Sequence[str], container_id: str) -> str:
     """`docker rm -f ID`, then the host's records of that container go too."""
     argv = rm_id_argv(prefix, container_id)
     return f"{shlex.join(argv)} && {shlex.join(records.forget_argv(container_id))}"
+
+
+# Prepare steps that leave something on the host (images, docker credentials).
+_CHANGING_STEPS = {
+    "login": "logged in to the registry on {}",
+    "load": "loaded the image on {}",
+    "pull": "pulled the image on {}",
+}
+
+
+def _changed_so_far(launching: Sequence[str], outcomes: Mapping[str, HostOutcome]) -> str:
+    """What the prepare step changed before a barrier refusal, per host."""
+    done: dict[str, list[str]] = {}
+    for host in launching:
+        for step, result in outcomes[host].steps:
+            if step in _CHANGING_STEPS and result.ok:
+                done.setdefault(_CHANGING_STEPS[step], []).append(host)
+    if not done:
+        return "no container was started and nothing was changed"
+    what = "; ".join(text.format(", ".join(hosts)) for text, hosts in done.items())
+    return f"no container was started; before this was found, cvs {what} (left in place)"
 
 
 def _valid_id(container_id: str | None) -> str | None:

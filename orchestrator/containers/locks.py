@@ -50,12 +50,12 @@ import anyio
 
 from orchestrator import remote
 from orchestrator.containers.probe import HostState, parse_probe_output
-from orchestrator.errors import PolicyRefused
+from orchestrator.errors import ConnectError, Option, PolicyRefused, Refusal, WayOut
 from orchestrator.events import EventSink, Message
 from orchestrator.remote.frames import FRAME, READY, split_lock_frames
 from orchestrator.remote.runtime import DockerRuntime
 from orchestrator.ssh.fanout import fan_out
-from orchestrator.ssh.transport import ConnectError, SSHPool
+from orchestrator.ssh.seam import HostRunner
 
 Mode = Literal["shared", "exclusive"]
 LOCK_ROOT = "/tmp"
@@ -141,7 +141,7 @@ class HostLocks:
 
     def __init__(
         self,
-        pool: SSHPool,
+        pool: HostRunner,
         sink: EventSink,
         container: str,
         *,
@@ -210,9 +210,9 @@ class HostLocks:
             raise PolicyRefused(problems)
         return answers
 
-    def _problems(self, answers: Mapping[str, LockAnswer]) -> list[str]:
+    def _problems(self, answers: Mapping[str, LockAnswer]) -> list[Refusal | str]:
         """Why the acquisition must be refused (empty: it may go on)."""
-        reasons: list[str] = []
+        reasons: list[Refusal | str] = []
         no_flock = [h for h, a in answers.items() if a.status == "noflock"]
         if no_flock:
             reasons.append(
@@ -231,16 +231,19 @@ class HostLocks:
 
     def _busy_reasons(
         self, answers: Mapping[str, LockAnswer], hosts: list[str], *, waited: bool
-    ) -> list[str]:
-        how = (
-            f"still held after waiting {self.wait_seconds:g}s"
-            if waited
-            else "held (--no-wait: not waiting)"
-        )
+    ) -> list[Refusal]:
+        how = f"still held after waiting {self.wait_seconds:g}s" if waited else "held (not waiting)"
+        ways = [WayOut("retry later")]
+        if not waited:
+            ways.append(WayOut("wait for it", options=(Option("wait"),)))
         return [
-            f"{h}: the lock on container {self.container} is {how} by "
-            f"{describe_holders(answers[h].holders)}; nothing was changed: retry later"
-            + ("" if waited else ", or drop --no-wait to wait for it")
+            Refusal(
+                "lock_busy",
+                f"{h}: the lock on container {self.container} is {how} by "
+                f"{describe_holders(answers[h].holders)}; nothing was changed",
+                (h,),
+                tuple(ways),
+            )
             for h in hosts
         ]
 

@@ -23,7 +23,7 @@ access, garbled probe) refuses the plan: unknown is never treated as absent.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Literal
 
@@ -38,7 +38,10 @@ from orchestrator.containers.docker import (
 )
 from orchestrator.containers.docker import short_id as _short
 from orchestrator.containers.probe import HostState
-from orchestrator.errors import ExitCode
+from orchestrator.errors import Call, ExitCode, Option, Refusal, WayOut
+from orchestrator.limits.capacity import fit_to_host
+from orchestrator.limits.resources import EffectiveResources
+from orchestrator.limits.rootless import rootless_cap_refusal
 
 # What `docker start` / `docker unpause` brings back with its overlay intact
 # (`_state_word`: created counts as exited).
@@ -46,6 +49,12 @@ RESUMABLE = frozenset({"running", "exited", "paused"})
 
 ActionKind = Literal["attach", "cold_start", "restart", "replace", "verify", "remove", "none"]
 
+# Remove it everywhere, then start again: the way out of what only a fresh
+# start fixes. A refusal names it as data (errors.Call); the CLI shows it as
+# `cvs down --force && cvs up`, the API as calls.
+REBUILD = (Call("down", (Option("force"),)), Call("up"))
+REBUILD_WAY = WayOut("remove it everywhere and start again", calls=REBUILD)
+# Warnings are still text, in the CLI's words (not yet data like refusals).
 REBUILD_COMMAND = "cvs down --force && cvs up"
 
 
@@ -74,13 +83,19 @@ class Plan:
     lifetime: Lifetime
     actions: Mapping[str, HostAction]
     refused: bool = False
-    reasons: list[str] = field(default_factory=list)  # one line each: hosts and the way out
+    refusals: list[Refusal] = field(default_factory=list)  # the reasons, as data
     warnings: list[str] = field(default_factory=list)
     unknown_hosts: tuple[str, ...] = ()  # hosts whose state could not be determined
 
     @property
     def exit_code(self) -> ExitCode:
         return ExitCode.REFUSED if self.refused else ExitCode.OK
+
+    @property
+    def reasons(self) -> list[str]:
+        """The refusals, one line each, as an API caller reads them (the CLI
+        renders `refusals` with its flags)."""
+        return [r.render() for r in self.refusals]
 
     @property
     def changes(self) -> bool:
@@ -136,7 +151,7 @@ def _refusal(
     cfg: ContainerConfig,
     states: Mapping[str, HostState],
     ours: Mapping[str, bool],
-    reasons: list[str],
+    reasons: list[Refusal],
     warnings: list[str],
 ) -> Plan:
     actions = {h: HostAction("none", _describe(s, ours[h])) for h, s in states.items()}
@@ -144,13 +159,13 @@ def _refusal(
         lifetime=cfg.lifetime,
         actions=_frozen(actions),
         refused=True,
-        reasons=reasons,
+        refusals=list(dict.fromkeys(reasons)),
         warnings=warnings,
         unknown_hosts=tuple(h for h, s in states.items() if not s.known),
     )
 
 
-def _unknown_reason(states: Mapping[str, HostState]) -> str | None:
+def _unknown_reason(states: Mapping[str, HostState]) -> Refusal | None:
     unknown = {h: s for h, s in states.items() if not s.known}
     if not unknown:
         return None
@@ -160,35 +175,49 @@ def _unknown_reason(states: Mapping[str, HostState]) -> str | None:
     more = len(unknown) - _MAX_NAMED_HOSTS
     if more > 0:
         detail += f"; and {more} more"
-    return (
+    return Refusal(
+        "unknown_state",
         f"cannot tell the container state on {_names(unknown)} ({detail}); unknown is never "
-        "treated as absent, so nothing was changed: fix those hosts (reachable over SSH, "
-        "dockerd running, docker or passwordless `sudo -n docker` access) or remove them "
-        "from the cluster file"
+        "treated as absent, so nothing was changed",
+        tuple(unknown),
+        (
+            WayOut(
+                "fix those hosts (reachable over SSH, dockerd running, docker or passwordless "
+                "`sudo -n docker` access)"
+            ),
+            WayOut("remove them from the cluster file"),
+        ),
     )
 
 
 def _image_problems(
     cfg: ContainerConfig, present: Mapping[str, HostState], *, no_launch: bool
-) -> tuple[list[str], list[str]]:
-    """(refusal reasons, warnings) about the images of existing containers."""
-    reasons: list[str] = []
+) -> tuple[list[Refusal], list[str]]:
+    """(refusals, warnings) about the images of existing containers."""
+    reasons: list[Refusal] = []
     warnings: list[str] = []
     label = _label(cfg)
     unreadable = [h for h, s in present.items() if not s.container_image_readable]
     if unreadable:
         reasons.append(
-            f"cannot read the image of {label} on {_names(unreadable)}: check it with "
-            f"`docker inspect` on those hosts, or remove it everywhere and start again "
-            f"(`{REBUILD_COMMAND}`)"
+            Refusal(
+                "image_unreadable",
+                f"cannot read the image of {label} on {_names(unreadable)}",
+                tuple(unreadable),
+                (WayOut("check it with `docker inspect` on those hosts"), REBUILD_WAY),
+            )
         )
     readable = {h: s for h, s in present.items() if s.container_image_readable}
     groups = _group((h, s.container_image_id or "?") for h, s in readable.items())
     if len(groups) > 1:
         reasons.append(
-            f"image skew: {label} runs different images across hosts: "
-            f"{_grouped_text(groups, _short)}; every host must run the same image: remove it "
-            f"everywhere and start again (`{REBUILD_COMMAND}`)"
+            Refusal(
+                "image_skew",
+                f"image skew: {label} runs different images across hosts: "
+                f"{_grouped_text(groups, _short)}; every host must run the same image",
+                tuple(readable),
+                (REBUILD_WAY,),
+            )
         )
     stale = _group(
         (h, s.tag_image_id)
@@ -209,7 +238,9 @@ def _image_problems(
     return reasons, warnings
 
 
-def check_tag_identity(states: Mapping[str, HostState], *, image: str | None = None) -> list[str]:
+def check_tag_identity(
+    states: Mapping[str, HostState], *, image: str | None = None
+) -> list[Refusal]:
     """Refusal reasons unless the tag resolves to the same image on every host.
 
     Call it with the states probed after the pull/load step, for the hosts
@@ -217,7 +248,7 @@ def check_tag_identity(states: Mapping[str, HostState], *, image: str | None = N
     a repo digest (the same registry manifest can get different local IDs).
     """
     what = image or "the image"
-    reasons: list[str] = []
+    reasons: list[Refusal] = []
     unknown = [h for h, s in states.items() if not s.known and s.tag_image_id is None]
     errors = [h for h, s in states.items() if s.tag_error and h not in unknown]
     missing = [
@@ -226,14 +257,31 @@ def check_tag_identity(states: Mapping[str, HostState], *, image: str | None = N
         if s.tag_image_id is None and h not in unknown and h not in errors
     ]
     if unknown:
-        reasons.append(f"cannot tell what {what} resolves to on {_names(unknown)} (probe failed)")
+        reasons.append(
+            Refusal(
+                "tag_unknown",
+                f"cannot tell what {what} resolves to on {_names(unknown)} (probe failed)",
+                tuple(unknown),
+            )
+        )
     if errors:
         detail = "; ".join(f"{h}: {states[h].tag_error}" for h in errors[:_MAX_NAMED_HOSTS])
-        reasons.append(f"cannot read {what} on {_names(errors)} ({detail})")
+        reasons.append(
+            Refusal("tag_unreadable", f"cannot read {what} on {_names(errors)} ({detail})")
+        )
     if missing:
         reasons.append(
-            f"{what} is not present on {_names(missing)} after the pull step: pull or load it "
-            "there (check `pull`, `image_tar` and `registry` in the cluster file)"
+            Refusal(
+                "tag_missing",
+                f"{what} is not present on {_names(missing)} after the pull step",
+                tuple(missing),
+                (
+                    WayOut(
+                        "pull or load it there (check `pull`, `image_tar` and `registry` in "
+                        "the cluster file)"
+                    ),
+                ),
+            )
         )
     have = {h: s for h, s in states.items() if s.tag_image_id is not None}
     groups = _group((h, s.tag_image_id or "") for h, s in have.items())
@@ -241,15 +289,23 @@ def check_tag_identity(states: Mapping[str, HostState], *, image: str | None = N
         shared = set.intersection(*(set(s.tag_repo_digests) for s in have.values()))
         if not shared:
             reasons.append(
-                f"{what} resolves to different images across hosts: "
-                f"{_grouped_text(groups, _short)}; make every host hold the same image "
-                "(pull it from one registry, or `docker save` once and `docker load` on each "
-                "host), then retry"
+                Refusal(
+                    "tag_identity",
+                    f"{what} resolves to different images across hosts: "
+                    f"{_grouped_text(groups, _short)}",
+                    tuple(have),
+                    (
+                        WayOut(
+                            "make every host hold the same image (pull it from one registry, "
+                            "or `docker save` once and `docker load` on each host), then retry"
+                        ),
+                    ),
+                )
             )
     return reasons
 
 
-def _pre_pull_tag_check(cfg: ContainerConfig, launching: Mapping[str, HostState]) -> list[str]:
+def _pre_pull_tag_check(cfg: ContainerConfig, launching: Mapping[str, HostState]) -> list[Refusal]:
     # When the pull step cannot change anything (never pulls, or pulls only what
     # is missing and nothing is), the tag check can run now, before touching
     # any host. Otherwise the caller runs check_tag_identity after pulling.
@@ -319,8 +375,16 @@ def decide_plan(
     script_sha256: str | None = None,
     config_hash: str | None = None,
     adopt: bool = False,
+    resources: Mapping[str, EffectiveResources] | None = None,
 ) -> Plan:
-    """What `cvs up` does on each host, or a refusal (exit 4) with reasons.
+    """What `cvs up` does on each host, or a refusal (exit 4) with reasons:
+    every reason the probed facts already show, at once (`up` refuses while
+    acting only for what appears then: a tag that resolves differently after
+    a pull or load, GPUs found on the host).
+
+    `resources` (host -> what its container asks for) checks capacity: memory
+    beyond a launching host's RAM refuses, cpus beyond its CPUs are clamped
+    (a warning).
 
     `adopt` (persistent only): running same-named containers cvs did not
     start are taken over (after the image-ID check across hosts) instead of
@@ -366,28 +430,124 @@ def decide_plan(
             config_hash=config_hash,
             adopt=adopt,
         )
-    conflicts = _sshd_port_conflicts(cfg, states, plan) if sshd and not plan.refused else []
-    if conflicts:
-        return _refusal(cfg, states, ours, conflicts, plan.warnings)
-    return plan
+    # Everything else `up` would refuse for that the probe already shows, listed
+    # with the refusals above rather than one `up` attempt at a time.
+    if plan.refused:
+        launching = _would_launch(cfg, states, force=force)
+        starting = launching
+    else:
+        launching = plan.hosts("cold_start", "replace")
+        starting = plan.hosts("cold_start", "replace", "restart")
+    more = _sshd_port_conflicts(cfg, states, starting) if sshd else []
+    fit_reasons, fit_warnings = _capacity(states, launching, resources)
+    more += fit_reasons + _missing_image(cfg, states, launching)
+    more += _rootless_caps(states, launching, resources)
+    warnings = [*plan.warnings, *fit_warnings]
+    if more or plan.refused:
+        reasons = list(dict.fromkeys([*plan.refusals, *more]))
+        return _refusal(cfg, states, ours, reasons, warnings)
+    return replace(plan, warnings=warnings)
+
+
+def _would_launch(
+    cfg: ContainerConfig, states: Mapping[str, HostState], *, force: bool
+) -> list[str]:
+    """The hosts a refused plan would launch on once its refusal is dealt with:
+    every host for per_run (and for persistent with force), else where the
+    container is absent."""
+    if cfg.lifetime == "no_launch":
+        return []
+    if cfg.lifetime == "per_run" or force:
+        return list(states)
+    return [h for h, s in states.items() if s.container == "absent"]
+
+
+def _capacity(
+    states: Mapping[str, HostState],
+    launching: list[str],
+    resources: Mapping[str, EffectiveResources] | None,
+) -> tuple[list[Refusal], list[str]]:
+    """(refusals, warnings): memory beyond a launching host's RAM is refused,
+    cpus beyond a host's CPU count clamped (limits/capacity.py)."""
+    if resources is None:
+        return [], []
+    reasons: list[Refusal] = []
+    warnings: list[str] = []
+    for host, state in states.items():
+        if host not in resources:
+            continue
+        fit = fit_to_host(host, resources[host], state.cpu_count, state.memory_total)
+        if fit.refusal and host in launching:
+            reasons.append(Refusal("capacity", fit.refusal, (host,)))
+        warnings += [fit.warning] if fit.warning else []
+    return reasons, warnings
+
+
+def _rootless_caps(
+    states: Mapping[str, HostState],
+    launching: list[str],
+    resources: Mapping[str, EffectiveResources] | None,
+) -> list[Refusal]:
+    """Rootless podman: caps a launching host cannot apply (limits/rootless.py),
+    from the cgroup facts its probe reported."""
+    out: list[Refusal] = []
+    for host in launching:
+        state = states[host]
+        if not state.rootless or resources is None or host not in resources:
+            continue
+        why = rootless_cap_refusal(host, resources[host], state.cgroup, state.cgroup_controllers)
+        if why is not None:
+            out.append(Refusal("rootless_caps", why, (host,)))
+    return out
+
+
+def _missing_image(
+    cfg: ContainerConfig, states: Mapping[str, HostState], launching: list[str]
+) -> list[Refusal]:
+    """`pull: never` without `image_tar`: a launching host that lacks the image."""
+    if cfg.pull != "never" or cfg.image_tar is not None:
+        return []
+    missing = [
+        h for h in launching if states[h].tag_image_id is None and states[h].tag_error is None
+    ]
+    if not missing:
+        return []
+    return [
+        Refusal(
+            "image_missing",
+            f"image {cfg.image} is not on {_names(missing)} and container.pull is 'never'",
+            tuple(missing),
+            (
+                WayOut("load it there (docker load)"),
+                WayOut("set container.image_tar"),
+                WayOut("allow pulling (container.pull)"),
+            ),
+        )
+    ]
 
 
 def _sshd_port_conflicts(
-    cfg: ContainerConfig, states: Mapping[str, HostState], plan: Plan
-) -> list[str]:
+    cfg: ContainerConfig, states: Mapping[str, HostState], starting: list[str]
+) -> list[Refusal]:
     """Hosts where the container would start its sshd on a port already taken
     (network host: another cluster's sshd, say), found by the probe before
     anything starts."""
-    starting = plan.hosts("cold_start", "replace", "restart")
     taken = {h: states[h] for h in starting if states[h].sshd_port_busy}
     by_holder = _group(
         (h, ", ".join(s.sshd_port_holders) or "a process that is not a cvs container")
         for h, s in taken.items()
     )
     return [
-        f"sshd port {cfg.sshd.port} is already in use on {_names(hosts)} by {holder}: with "
-        "`network: host` two clusters on one host need different ports: set another "
-        "`container.sshd.port` in this cluster file, or bring the other one down first"
+        Refusal(
+            "sshd_port",
+            f"sshd port {cfg.sshd.port} is already in use on {_names(hosts)} by {holder}: with "
+            "`network: host` two clusters on one host need different ports",
+            tuple(hosts),
+            (
+                WayOut("set another `container.sshd.port` in this cluster file"),
+                WayOut("bring the other one down first"),
+            ),
+        )
         for holder, hosts in by_holder.items()
     ]
 
@@ -399,13 +559,20 @@ def _plan_no_launch(
     warnings: list[str],
 ) -> Plan:
     not_running = {h: s for h, s in states.items() if s.container != "running"}
-    reasons: list[str] = []
+    reasons: list[Refusal] = []
     if not_running:
         groups = _group((h, _state_word(s)) for h, s in not_running.items())
         reasons.append(
-            f"lifetime no_launch: {_label(cfg)} is not running on {_names(not_running)} "
-            f"({_grouped_text(groups)}); no_launch never starts containers: start them on "
-            "those hosts yourself, or set `container.lifetime` to per_run or persistent"
+            Refusal(
+                "not_running",
+                f"lifetime no_launch: {_label(cfg)} is not running on {_names(not_running)} "
+                f"({_grouped_text(groups)}); no_launch never starts containers",
+                tuple(not_running),
+                (
+                    WayOut("start them on those hosts yourself"),
+                    WayOut("set `container.lifetime` to per_run or persistent"),
+                ),
+            )
         )
     running = {h: s for h, s in states.items() if s.container == "running"}
     image_reasons, image_warnings = _image_problems(cfg, running, no_launch=True)
@@ -417,13 +584,21 @@ def _plan_no_launch(
     return Plan(cfg.lifetime, _frozen(actions), warnings=warnings)
 
 
-def _foreign_reason(cfg: ContainerConfig, foreign: list[str], cluster_name: str) -> str:
-    return (
+def _foreign_reason(cfg: ContainerConfig, foreign: list[str], cluster_name: str) -> Refusal:
+    ways = [
+        WayOut("remove or rename it there"),
+        WayOut("choose another `container.name`"),
+        WayOut("replace it", options=(Option("force"),)),
+    ]
+    if cfg.lifetime == "persistent":
+        ways.append(WayOut("take running ones over as they are", options=(Option("adopt"),)))
+    return Refusal(
+        "foreign",
         f"{_label(cfg)} on {_names(foreign)} was not created by cvs for cluster "
-        f"{cluster_name!r} (no matching {LABEL_MANAGED} label) and is never removed without "
-        "--force: remove or rename it there, choose another `container.name`, rerun with "
-        "--force to replace it, or (lifetime persistent, running containers) with --adopt "
-        "to take it over as it is"
+        f"{cluster_name!r} (no matching {LABEL_MANAGED} label) and is never removed unless "
+        "asked to",
+        tuple(foreign),
+        tuple(ways),
     )
 
 
@@ -435,11 +610,19 @@ def _persistent_labelled(states: Mapping[str, HostState]) -> list[str]:
     ]
 
 
-def _persistent_reason(cfg: ContainerConfig, hosts: list[str]) -> str:
-    return (
+def _persistent_reason(cfg: ContainerConfig, hosts: list[str]) -> Refusal:
+    return Refusal(
+        "persistent_kept",
         f"{_label(cfg)} on {_names(hosts)} is labelled {LABEL_LIFETIME}=persistent: a per_run "
-        "cluster never removes a persistent container, not even with --force; remove it "
-        "with the persistent cluster's `cvs down --force`, or choose another `container.name`"
+        "cluster never removes a persistent container, not even when forced",
+        tuple(hosts),
+        (
+            WayOut(
+                "remove it with the persistent cluster's down",
+                calls=(Call("down", (Option("force"),)),),
+            ),
+            WayOut("choose another `container.name`"),
+        ),
     )
 
 
@@ -479,7 +662,7 @@ def _plan_per_run(
     cluster_name: str,
 ) -> Plan:
     foreign = [h for h, s in states.items() if s.container != "absent" and not ours[h]]
-    reasons: list[str] = []
+    reasons: list[Refusal] = []
     kept = _persistent_labelled(states)
     if kept:
         reasons.append(_persistent_reason(cfg, kept))
@@ -521,17 +704,27 @@ def _plan_persistent(
         adopting = [h for h in foreign if states[h].container == "running"]
         foreign = [h for h in foreign if h not in adopting]
     # `force` turns these refusals into "replace everywhere"; nothing else.
-    replaceable: list[str] = []
+    replaceable: list[Refusal] = []
     if foreign:
         replaceable.append(_foreign_reason(cfg, foreign, cluster_name))
     if common != "absent" and not resumable:
         replaceable.append(
-            f"lifetime persistent: {label} is not present and resumable on every host "
-            f"({'; '.join(f'{w}: {_names(hs)}' for w, hs in by_state.items())}); nothing was "
-            f"changed. Either remove it on all hosts and start fresh (`{REBUILD_COMMAND}`, or "
-            "`cvs up --force`), or bring the other hosts back (restore it where it is "
-            f"missing; `docker rm`/`docker start {cfg.name or 'NAME'}` where docker cannot "
-            "resume it), then rerun `cvs up`"
+            Refusal(
+                "not_resumable",
+                f"lifetime persistent: {label} is not present and resumable on every host "
+                f"({'; '.join(f'{w}: {_names(hs)}' for w, hs in by_state.items())}); nothing "
+                "was changed",
+                tuple(states),
+                (
+                    REBUILD_WAY,
+                    WayOut("replace it on every host", options=(Option("force"),)),
+                    WayOut(
+                        "bring the other hosts back (restore it where it is missing; "
+                        f"`docker rm`/`docker start {cfg.name or 'NAME'}` where docker cannot "
+                        "resume it), then try again"
+                    ),
+                ),
+            )
         )
     if not replaceable and resumable:
         image_reasons, image_warnings = _image_problems(cfg, states, no_launch=False)
@@ -667,7 +860,11 @@ def decide_down(
             actions[host] = HostAction("none", "not created by cvs: kept (--force removes)")
             kept_foreign.append(host)
     if kept_persistent:
-        warnings.append(_persistent_reason(cfg, kept_persistent))
+        warnings.append(
+            f"{label} on {_names(kept_persistent)} is labelled {LABEL_LIFETIME}=persistent: a "
+            "per_run cluster never removes a persistent container, not even with --force; "
+            "remove it with the persistent cluster's `cvs down --force`"
+        )
     if kept_foreign:
         warnings.append(
             f"{label} on {_names(kept_foreign)} was not created by cvs for cluster "

@@ -27,9 +27,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.config import ConfigError, Limits, Resources
+from orchestrator.config import Limits, Resources
 from orchestrator.config.hostlist import abbreviate_hosts
 from orchestrator.config.units import format_size, parse_size
+from orchestrator.errors import ResourceError as ResourceError
 
 if TYPE_CHECKING:
     from orchestrator.config import ClusterConfig
@@ -41,13 +42,6 @@ DOCKER_DEFAULT_SHM_BYTES = 64 * 1024**2
 # instead of letting `docker run` fail on some host with its own wording.
 MIN_NANO_CPUS = NANO // 100
 MIN_MEMORY_BYTES = 6 * 1024**2
-
-
-class ResourceError(ConfigError, ValueError):
-    """A resource request or cap is unusable. `str()` names the key.
-
-    A ConfigError, so the CLI exits 2 on it like on any other bad value in the
-    cluster file, whichever command met it first."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,4 @@
-"""The one error type the sandbox raises for problems a user can act on."""
+"""The one error type the sandbox raises for problems a user can act on
+(defined with every other in orchestrator/errors.py)."""
 
-from orchestrator.errors import UsageError
-
-
-class SandboxError(UsageError):
-    """`str()` is one line for the user (the CLI prints it and exits 2)."""
+from orchestrator.errors import SandboxError as SandboxError

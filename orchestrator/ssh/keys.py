@@ -22,7 +22,6 @@ Layout:
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import re
 import tempfile
@@ -35,7 +34,8 @@ from typing import Any
 import asyncssh
 
 from orchestrator.config import HOST_NAME_RE, ClusterConfig
-from orchestrator.errors import CvsError, ExitCode, UsageError
+from orchestrator.errors import IdentityError as IdentityError
+from orchestrator.errors import StateDirError as StateDirError
 from orchestrator.ssh.sshconfig import config_options
 
 KEY_TYPE = "ssh-ed25519"
@@ -95,17 +95,6 @@ class ClusterKeys:
             return self.host_keys[host]
         except KeyError:
             raise KeyError(f"no sshd host key for {host!r}; load keys for every host") from None
-
-
-class StateDirError(CvsError):
-    """cvs's state directory (the cluster's keys) cannot be written."""
-
-    def __init__(self, state_dir: Path, exc: OSError) -> None:
-        reason = exc.strerror or str(exc) or type(exc).__name__
-        where = exc.filename or state_dir
-        super().__init__(f"cannot write cvs's state directory {state_dir}: {where}: {reason}")
-        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR):
-            self.exit_code = ExitCode.USAGE
 
 
 def default_state_dir(cluster: ClusterConfig) -> Path:
@@ -272,10 +261,6 @@ def _strict_checking_disabled(config_path: Path) -> bool:
 
 
 # --- the user's identity files ---------------------------------------------------
-
-
-class IdentityError(UsageError):
-    """An identity file from the cluster file cannot be used (exit 2)."""
 
 
 def load_identities(paths: Iterable[str]) -> list[asyncssh.SSHKeyPair]:

@@ -34,6 +34,7 @@ from tenacity import (
 
 from orchestrator.config import ClusterConfig, HostSpec, jump_hops
 from orchestrator.config.units import parse_size
+from orchestrator.errors import ConnectError
 from orchestrator.events import (
     CommandFinished,
     CommandStarted,
@@ -60,17 +61,6 @@ PREFERRED_CIPHERS = [
 ]
 
 Command = str | Sequence[str]
-
-
-class ConnectError(Exception):
-    """Connecting to a host failed; `status` is unreachable, auth or host_key."""
-
-    def __init__(self, host: str, status: Status, message: str, attempts: int = 1) -> None:
-        super().__init__(message)
-        self.host = host
-        self.status = status
-        self.message = message
-        self.attempts = attempts
 
 
 def _is_transient(exc: BaseException) -> bool:

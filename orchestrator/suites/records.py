@@ -31,7 +31,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Literal, TypedDict
 
-from orchestrator.errors import CvsError, ExitCode, UsageError
+from orchestrator.errors import ExitCode
+from orchestrator.errors import RecordError as RecordError
+from orchestrator.errors import RunDirError as RunDirError
 from orchestrator.events import Event, OutputLine
 from orchestrator.results import CONNECTION_STATUSES, HostResult
 
@@ -340,15 +342,6 @@ DIR_MODE = 0o700
 FILE_MODE = 0o600
 
 
-class RecordError(CvsError):
-    """The run directory could not be written: the run was stopped, not its tear-down."""
-
-    def __init__(self, path: Path, exc: OSError) -> None:
-        reason = exc.strerror or str(exc) or type(exc).__name__
-        super().__init__(f"cannot write the run record {path}: {reason}; the run was stopped")
-        self.path = path
-
-
 def _open_private(path: Path, mode: str = "w") -> IO[str]:
     """A text file only its owner can read (whatever the umask)."""
     flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "a" else os.O_TRUNC)
@@ -364,10 +357,6 @@ def _open_private(path: Path, mode: str = "w") -> IO[str]:
 def _mkdir_private(path: Path, *, exist_ok: bool) -> None:
     path.mkdir(mode=DIR_MODE, exist_ok=exist_ok)
     os.chmod(path, DIR_MODE)
-
-
-class RunDirError(UsageError):
-    """The run directory cannot be created or written (exit 2, nothing started)."""
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -576,9 +565,10 @@ class RunRecorder:
                 f.write(text)
         return path
 
-    def finish(self, outcome: RunOutcome) -> None:
-        """Write report.html, results.json and junit.xml (atomically: a reader never
-        sees half a file).
+    def finish(self, outcome: RunOutcome, *, report: Callable[[Path, RunOutcome], Path]) -> None:
+        """Write report.html (with `report`: suites.report.write_report, given
+        by the caller so that records and the report do not import each other),
+        results.json and junit.xml (atomically: a reader never sees half a file).
 
         After a write failure nothing more is attempted: the run already failed
         for it, and the tear-down must not wait on a full disk.
@@ -586,10 +576,8 @@ class RunRecorder:
         if self.failure is not None:
             return
         # The report first: if it cannot be written, results.json says so.
-        from orchestrator.suites.report import write_report
-
         try:
-            os.chmod(write_report(self.run_dir, outcome), FILE_MODE)
+            os.chmod(report(self.run_dir, outcome), FILE_MODE)
         except Exception as exc:
             outcome.warnings.append(f"report.html not written: {type(exc).__name__}: {exc}")
         doc = results_document(outcome)

@@ -25,7 +25,7 @@ import anyio
 
 from orchestrator.api import Cluster, HostSelectionError, select_hosts
 from orchestrator.config import ClusterConfig, ConfigError
-from orchestrator.containers.copy import CopyError, Payload, copy_to_hosts
+from orchestrator.containers.copy import CopyError, Payload
 from orchestrator.errors import ExitCode, PolicyRefused
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.results import HostResult
@@ -38,6 +38,7 @@ from orchestrator.suites.records import (
     StepHostStatus,
     StepOutcome,
 )
+from orchestrator.suites.report import write_report
 
 # Removing per_run containers must finish even after Ctrl-C, but not hang forever.
 DOWN_TIMEOUT = 300.0
@@ -206,9 +207,7 @@ async def _copy(
     except CopyError as exc:
         return {h: HostResult(h, "failed", error=f"copy: {exc}", stderr=str(exc)) for h in hosts}
     try:
-        return await copy_to_hosts(
-            cluster.pool,
-            cluster.config,
+        return await cluster.copy_to(
             payload,
             step.copy_.dest,  # type: ignore[union-attr]
             hosts=hosts,
@@ -366,7 +365,7 @@ async def run_suite(
         outcome.finished = datetime.now(UTC)
         if recorder is not None:
             recorder.on_failure = None
-            recorder.finish(outcome)
+            recorder.finish(outcome, report=write_report)
     return outcome
 
 

@@ -437,7 +437,7 @@ def test_cdi_always_without_a_covering_spec_refuses_before_anything_starts(
 
 
 @pytest.fixture(scope="module")
-def rootless_images(podman_sandbox: Sandbox) -> str:
+def rootless_images(podman_sandbox: Sandbox) -> Iterator[str]:
     """The sandbox images in the docker-group user's rootless store on node1,
     loaded by that user over SSH (a rootless store's files belong to the
     user's subordinate IDs: the root-owned template cannot be linked in)."""
@@ -453,7 +453,11 @@ def rootless_images(podman_sandbox: Sandbox) -> str:
     # The host's own rootless store, not one in the user's home shared by all.
     home = Path(pwd.getpwnam(DOCKER_USER).pw_dir)
     assert not (home / ".local" / "share" / "containers" / "storage").exists()
-    return "node1"
+    try:
+        yield "node1"
+    finally:
+        # podman's blob-info cache is all a rootless load leaves in the home.
+        shutil.rmtree(home / ".local" / "share" / "containers", ignore_errors=True)
 
 
 def rootless_cluster(lab: Lab, **container: Any) -> Path:

@@ -288,3 +288,25 @@ def test_the_real_probe_reaches_rootful_podman_through_sudo_when_not_root(tmp_pa
 
     assert state.runtime == Runtime("sudo", "podman")
     assert state.container == "absent" and state.cgroup is None
+
+
+def test_the_plan_lists_a_rootless_cap_refusal_before_anything_starts():
+    from orchestrator.containers.plan import decide_plan
+    from orchestrator.containers.probe import HostState
+
+    cfg = ContainerConfig(image="img:1", runtime="podman", rootless=True, lifetime="per_run")
+    state = HostState(
+        "n1",
+        docker_access="direct",
+        container="absent",
+        runtime_name="podman",
+        rootless=True,
+        cgroup="v1",
+        tag_image_id=f"sha256:{IMG}",
+    )
+
+    plan = decide_plan(cfg, {"n1": state}, resources={"n1": EFF})
+
+    assert plan.refused
+    assert [r.kind for r in plan.refusals] == ["rootless_caps"]
+    assert plan.refusals[0].hosts == ("n1",)

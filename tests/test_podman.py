@@ -521,3 +521,41 @@ def test_rootless_caps_the_host_cannot_apply_are_refused_before_anything_starts(
     assert up.returncode == 4, explain(up)
     assert "rootless podman cannot apply resources.memory on cgroups v1" in up.stderr
     assert rootless_ps(lab.sb, lab.name) == ""
+
+
+# --- cp and image_tar ------------------------------------------------------------------
+
+
+def test_podman_cp_copies_into_every_container_checked_by_sha256(lab: Lab, tmp_path: Path) -> None:
+    path = lab.cluster(lifetime="per_run")
+    assert cvs(path, "up").returncode == 0
+    src = tmp_path / "payload.txt"
+    src.write_text("podman payload\n")
+
+    copied = cvs(path, "cp", str(src), "/opt/")
+    read = cvs(path, "exec", "--", "cat /opt/payload.txt")
+
+    assert copied.returncode == 0, explain(copied)
+    assert read.stdout.count("podman payload") == 3, explain(read)
+
+
+def test_podman_loads_image_tar_where_the_tag_is_missing(lab: Lab) -> None:
+    tag = f"localhost/cvs-tar-{lab.name[-8:]}:1"
+    lab.tags.append(tag)
+    podman(lab.sb, "node1", "tag", SSHD_TAG, tag)
+    tar = Path(tempfile.mkdtemp(prefix="cvs-tar-", dir="/tmp")) / "image.tar"
+    try:
+        podman(lab.sb, "node1", "save", "-o", str(tar), tag)
+        podman(lab.sb, "node1", "rmi", tag)
+        path = lab.cluster(lifetime="per_run", hosts=["node1", "node2"], image=tag)
+        doc = yaml.safe_load(path.read_text())
+        doc["container"].update(image_tar=str(tar), pull="never")
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+        rc, report = cvs_json(path, "up")
+
+        assert rc == 0, report
+        assert all(v["steps"].get("load") == "ok" for v in report["hosts"].values()), report
+        assert lab.sb.image_id("node1", tag) == lab.sb.image_id("node2", tag)
+    finally:
+        shutil.rmtree(tar.parent, ignore_errors=True)

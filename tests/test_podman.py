@@ -559,3 +559,19 @@ def test_podman_loads_image_tar_where_the_tag_is_missing(lab: Lab) -> None:
         assert lab.sb.image_id("node1", tag) == lab.sb.image_id("node2", tag)
     finally:
         shutil.rmtree(tar.parent, ignore_errors=True)
+
+
+# --- suites --------------------------------------------------------------------------------
+
+
+def test_podman_install_then_test_suite_in_a_new_process_passes(lab: Lab, tmp_path: Path) -> None:
+    path = lab.cluster(lifetime="persistent")
+    install = cvs(path, "run", "install_demo", "--run-dir", str(tmp_path / "install"))
+    after = cvs(path, "run", "test_demo", "--run-dir", str(tmp_path / "after"))
+
+    assert install.returncode == 0, explain(install)
+    assert after.returncode == 0, explain(after)
+    doc = json.loads((tmp_path / "after" / "results.json").read_text())
+    # The report's image IDs read as docker prints them (podman's are bare hex).
+    image_ids = json.dumps(doc)
+    assert "sha256:" + lab.sb.image_id("node1", SSHD_TAG).removeprefix("sha256:") in image_ids

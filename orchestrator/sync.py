@@ -20,7 +20,7 @@ from orchestrator.config import ClusterConfig
 from orchestrator.containers.copy import Payload, Progress
 from orchestrator.containers.status import HostStatus
 from orchestrator.events import EventSink
-from orchestrator.remote.runtime import DockerRuntime
+from orchestrator.remote.runtime import ContainerRuntime, DockerRuntime
 from orchestrator.results import HostResult
 
 if TYPE_CHECKING:
@@ -98,6 +98,10 @@ class SyncCluster:
     def docker_runtimes(self) -> Mapping[str, DockerRuntime]:
         """How to reach docker on each host (see `Cluster.docker_runtimes`)."""
         return self._cluster.docker_runtimes
+
+    def runtime_for(self, host: str) -> ContainerRuntime:
+        """How to reach the runtime on `host` (see `Cluster.runtime_for`)."""
+        return self._cluster.runtime_for(host)
 
     def copy_to(
         self,

@@ -216,16 +216,18 @@ class Cluster:
             return MappingProxyType({})
         return MappingProxyType(dict(self._locks.ready))
 
-    def runtime_for(self, host: str) -> ContainerRuntime:
-        """How to reach the runtime on `host`: as this Cluster's `up` probed it,
-        else the cluster's runtime (container.runtime) for the host to find."""
-        known = self.docker_runtimes.get(host)
-        if known is not None:
-            return known
+    @property
+    def runtimes(self) -> Mapping[str, ContainerRuntime]:
+        """How to reach the runtime on every host: as this Cluster's `up` probed
+        it, else the cluster's runtime (container.runtime) for the host to find."""
         cfg = self.config.container
-        if cfg is None:
-            return ContainerRuntime()
-        return ContainerRuntime.unprobed(cfg.runtime, cfg.rootless)
+        unprobed = (
+            ContainerRuntime.unprobed(cfg.runtime, cfg.rootless)
+            if cfg is not None
+            else ContainerRuntime()
+        )
+        known = self.docker_runtimes
+        return MappingProxyType({h: known.get(h, unprobed) for h in self.hosts})
 
     async def copy_to(
         self,
@@ -282,7 +284,7 @@ class Cluster:
         async def one(host: str) -> HostResult:
             return await self.pool.run(
                 host,
-                self.runtime_for(host).read(inspect),
+                self.runtimes[host].read(inspect),
                 timeout=30,
                 stream_output=False,
                 label="image",
@@ -420,7 +422,7 @@ class Cluster:
                 workdir=workdir,
                 # Known running (this Cluster's `up`, under the lock it holds):
                 # no separate running check on the host.
-                runtime=locks.ready.get(host) or self.runtime_for(host),
+                runtime=locks.ready.get(host) or self.runtimes[host],
             )
             result = await self.pool.run(
                 host, script, timeout=timeout, input=stdin, label="exec", on_timeout=lambda: kill

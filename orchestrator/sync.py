@@ -99,9 +99,10 @@ class SyncCluster:
         """How to reach docker on each host (see `Cluster.docker_runtimes`)."""
         return self._cluster.docker_runtimes
 
-    def runtime_for(self, host: str) -> ContainerRuntime:
-        """How to reach the runtime on `host` (see `Cluster.runtime_for`)."""
-        return self._cluster.runtime_for(host)
+    @property
+    def runtimes(self) -> Mapping[str, ContainerRuntime]:
+        """How to reach the runtime on every host (see `Cluster.runtimes`)."""
+        return self._cluster.runtimes
 
     def copy_to(
         self,

@@ -380,7 +380,7 @@ class CvsOrchestrator:
         # Docker as the probe found it on each host, else the host's own rule:
         # the adapter does not decide it.
         _, cluster = self._fleet()
-        commands = {h: shlex.join(cluster.runtime_for(h).read(inspect)) for h in self.hosts}
+        commands = {h: shlex.join(cluster.runtimes[h].read(inspect)) for h in self.hosts}
         results = self._run(
             "verify_containers_running",
             commands,

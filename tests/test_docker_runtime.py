@@ -53,15 +53,15 @@ HOSTILE = "a; rm -rf / $(id) `id` 'q' \"d\" | & > <\n*"
 HOSTILE_LINE = HOSTILE.replace("\n", " ")
 
 
-def test_docker_prefix_direct_is_plain_docker() -> None:
+def test_docker_runtime_prefix_direct_is_plain_docker() -> None:
     assert DockerRuntime("direct").prefix == ["docker"]
 
 
-def test_docker_prefix_sudo_never_prompts() -> None:
+def test_docker_runtime_prefix_sudo_never_prompts() -> None:
     assert DockerRuntime("sudo").prefix == ["sudo", "-n", "docker"]
 
 
-def test_docker_prefix_rejects_no_access() -> None:
+def test_docker_runtime_prefix_rejects_no_access() -> None:
     with pytest.raises(ValueError):
         _ = DockerRuntime().prefix  # not probed: no prefix to give
 

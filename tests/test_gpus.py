@@ -207,7 +207,7 @@ def _run_discovery(root: Path, path: str) -> str:
     ).stdout
 
 
-def test_discovery_command_finds_stand_in_device_nodes(device_root: Path):
+def test_discovery_program_finds_stand_in_device_nodes(device_root: Path):
     gpus = parse_discovery(_run_discovery(device_root, "/usr/bin:/bin"))
     assert [(g.vendor, g.index, g.render_node) for g in gpus] == [
         ("amd", 0, f"{device_root}/dev/dri/renderD128"),
@@ -215,7 +215,7 @@ def test_discovery_command_finds_stand_in_device_nodes(device_root: Path):
     ]
 
 
-def test_discovery_command_runs_nvidia_smi_when_on_path(tmp_path: Path):
+def test_discovery_program_runs_nvidia_smi_when_on_path(tmp_path: Path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "nvidia-smi"

@@ -19,12 +19,14 @@ from orchestrator.containers.plan import Plan
 from orchestrator.containers.probe import HostState
 from orchestrator.errors import PolicyRefused
 from orchestrator.events import NullSink
+from orchestrator.limits.gpus import GPU
 
 IMG_A = "sha256:" + "a" * 64
 IMG_B = "sha256:" + "b" * 64
 GI = 1024**3
 HOSTS = ("h1", "h2", "h3")
 PERSISTENT = {LABEL_LIFETIME: "persistent"}
+TWO_GPUS = (GPU(index=0, vendor="nvidia"), GPU(index=1, vendor="nvidia"))
 
 
 def lifecycle(cfg: ContainerConfig, hosts: tuple[str, ...] = HOSTS) -> Lifecycle:
@@ -42,6 +44,7 @@ def state(
     memory: int | None = 64 * GI,
     port_busy: bool | None = None,
     labels: dict[str, str] | None = None,
+    gpus: tuple[GPU, ...] | None = None,
 ) -> HostState:
     if container is None:
         return HostState(host=host, error="docker daemon not reachable", error_kind="daemon_down")
@@ -60,6 +63,7 @@ def state(
         sshd_listening=True if container == "running" else None,
         provision_marker=None,
         sshd_port_busy=port_busy,
+        gpus=gpus,
     )
 
 
@@ -134,6 +138,11 @@ REFUSALS: dict[str, tuple[ContainerConfig, dict[str, HostState], str]] = {
         {"h1": state("h1", port_busy=True), "h2": state("h2")},
         "already in use",
     ),
+    "GPU request a host cannot meet": (
+        cfg(gpus={"count": 2}),
+        {"h1": state("h1", gpus=TWO_GPUS), "h2": state("h2", gpus=TWO_GPUS[:1])},
+        "cannot be satisfied",
+    ),
     "no_launch, not running": (
         cfg("no_launch"),
         {"h1": state("h1", "running"), "h2": state("h2")},
@@ -184,6 +193,8 @@ def cluster_states(draw: st.DrawFn) -> tuple[ContainerConfig, dict[str, HostStat
         extra["pull"] = "never"
     if draw(st.booleans()):
         extra["resources"] = {"memory": "16Gi"}
+    if draw(st.booleans()):
+        extra["gpus"] = {"count": 2}
     config = cfg(lifetime, **extra)
     n = draw(st.integers(min_value=1, max_value=3))
     states = {
@@ -194,6 +205,7 @@ def cluster_states(draw: st.DrawFn) -> tuple[ContainerConfig, dict[str, HostStat
             tag=draw(st.sampled_from([IMG_A, IMG_B, None])),
             image=draw(st.sampled_from([IMG_A, IMG_B])),
             memory=draw(st.sampled_from([8 * GI, 64 * GI, None])),
+            gpus=draw(st.sampled_from([None, (), TWO_GPUS[:1], TWO_GPUS])),
         )
         for h in HOSTS[:n]
     }

@@ -450,12 +450,12 @@ def test_record_commands_refuse_anything_but_a_container_id(bad: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["a;b", "$(id)", "a b", "-x"])
-def test_probe_command_rejects_unsafe_container_names(name: str) -> None:
+def test_probe_argv_rejects_unsafe_container_names(name: str) -> None:
     with pytest.raises(ValueError):
         probe_argv(None, name, sshd_port=PORT, marker_path=MARKER)
 
 
-def test_probe_command_without_config_skips_the_image() -> None:
+def test_probe_argv_without_config_skips_the_image() -> None:
     argv = probe_argv(None, "c", sshd_port=PORT, marker_path=MARKER)
     assert argv[:2] == ["sh", "-c"] and argv[3:6] == ["cvs-probe", "c", ""]
 

@@ -183,6 +183,31 @@ def test_the_probe_reads_an_absent_container_and_the_hosts_capacity(
     assert state.cpu_count is not None and state.memory_total is not None
 
 
+def test_the_probe_lists_the_gpus_where_a_container_will_launch(
+    sh: tuple[str, ...], tmp_path: Path
+) -> None:
+    env = stand_in(
+        tmp_path,
+        "docker",
+        'for a; do last=$a; done\necho "Error: No such object: $last" >&2\nexit 1\n',
+    )
+    env = stand_in(
+        tmp_path,
+        "nvidia-smi",
+        "echo '0, GPU-a, NVIDIA H100, 81559, 00000000:01:00.0'\n"
+        "echo '1, GPU-b, NVIDIA H100, 81559, 00000000:02:00.0'\n",
+    )
+    env["DOCKER_HOST"] = "tcp://127.0.0.1:1"
+    argv = probe_argv(
+        None, "probed", sshd_port=2224, marker_path="/m", gpus="stopped", gpu_root=str(tmp_path)
+    )
+    out = run(sh, argv, env=env)
+    state = parse_probe_output("h", out.returncode, out.stdout, out.stderr)
+    assert state.container == "absent", out.stdout
+    assert state.gpus is not None and [g.index for g in state.gpus] == [0, 1]
+    assert {g.vendor for g in state.gpus} == {"nvidia"}
+
+
 def test_the_in_container_check_reports_listener_and_marker(
     sh: tuple[str, ...], tmp_path: Path
 ) -> None:

@@ -19,7 +19,7 @@ import shlex
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
@@ -205,13 +205,21 @@ class Lifecycle:
 
     # -- probing --------------------------------------------------------
 
-    def _probe_argv(self) -> list[str]:
+    def _probe_argv(self, host: str) -> list[str]:
+        # The GPUs are listed where a container will launch, so the plan can
+        # select them: every host for per_run, else where none runs (never on
+        # the attach path: it stays one docker process and nothing else).
+        gpus: Literal["always", "stopped"] | None = None
+        if self.cfg.gpus is not None and self.cfg.lifetime != "no_launch":
+            gpus = "always" if self.cfg.lifetime == "per_run" else "stopped"
         return probe_argv(
             self.cfg,
             self.name,
             sshd_port=self.cfg.sshd.port,
             marker_path=MARKER_PATH,
             port_check=self._sshd_on_host_network(),
+            gpus=gpus,
+            gpu_root=self.cluster.host(host).gpu_device_root or "/",
             runtime=ContainerRuntime.unprobed(self.cfg.runtime, self.cfg.rootless),
         )
 
@@ -221,7 +229,9 @@ class Lifecycle:
 
     async def probe(self, host: str) -> HostState:
         """One round trip: what is on the host now."""
-        result = await self.pool.run(host, self._probe_argv(), stream_output=False, label="probe")
+        result = await self.pool.run(
+            host, self._probe_argv(host), stream_output=False, label="probe"
+        )
         if not result.reached:
             return HostState.unreachable(host, result.error or result.status)
         return parse_probe_output(host, result.exit_code or 0, result.stdout, result.stderr)
@@ -355,17 +365,20 @@ class Lifecycle:
         cdi: list[CDIDevice] = []
         problems: list[str] = []
         version: str | None = None
-        if cfg.gpus is not None and outcome.ok:
+        if cfg.gpus is not None and outcome.ok and state.gpus is not None:
+            gpus = list(state.gpus)  # listed by the probe: no second look
+            cdi, problems = parse_specs(state.cdi_specs)
+        elif cfg.gpus is not None and outcome.ok:
             root = self.cluster.host(host).gpu_device_root or "/"
             r = await self._cmd(outcome, "gpus", discovery_argv(root))
             if r is not None:
                 gpus = parse_discovery(r.stdout)
                 cdi, problems = parse_specs(spec_files(r.stdout))
-            if cfg.cdi == "always" and cfg.runtime == "docker" and outcome.ok:
-                # Docker's CDI depends on the daemon's version: ask it only here.
-                argv = [*prefix, "version", "--format", "{{.Server.Version}}"]
-                v = await self._cmd(outcome, "version", argv)
-                version = v.stdout.strip() if v is not None else None
+        if cfg.gpus is not None and cfg.cdi == "always" and cfg.runtime == "docker" and outcome.ok:
+            # Docker's CDI depends on the daemon's version: ask it only here.
+            argv = [*prefix, "version", "--format", "{{.Server.Version}}"]
+            v = await self._cmd(outcome, "version", argv)
+            version = v.stdout.strip() if v is not None else None
         return Prepared(tag_id, digests, devices, gpus, cdi, problems, version)
 
     async def _present_devices(self, outcome: HostOutcome) -> list[str]:

@@ -174,10 +174,11 @@ class HostLocks:
         mode: Mode,
         *,
         wait: bool = True,
-        probe: Callable[[], Sequence[str]] | None = None,
+        probe: Callable[[str], Sequence[str]] | None = None,
         purpose: str = "cvs",
     ) -> dict[str, LockAnswer]:
-        """Lock every host in `mode` (probing under the lock when `probe` is given).
+        """Lock every host in `mode` (probing under the lock when `probe`, the
+        probe's argv for a host, is given).
 
         Raises PolicyRefused, with nothing held, when a host has no `flock`,
         a lock stays busy (`wait` False) or the wait times out. Unreachable
@@ -186,8 +187,11 @@ class HostLocks:
         await self.release()
         self.mode = mode
         self.description = holder_description(purpose)
-        script = probe() if probe is not None else None
-        answers = await fan_out(list(hosts), lambda h: self._take(h, mode, None, script))
+
+        def script(host: str) -> Sequence[str] | None:
+            return probe(host) if probe is not None else None
+
+        answers = await fan_out(list(hosts), lambda h: self._take(h, mode, None, script(h)))
         busy = [h for h, a in answers.items() if a.status == "busy"]
         if busy:
             await self.release()
@@ -196,12 +200,12 @@ class HostLocks:
             answers = {}
             others = [h for h in hosts if h != self.head]
             if self.head in hosts:
-                head = await self._take(self.head, mode, self.wait_seconds, script)
+                head = await self._take(self.head, mode, self.wait_seconds, script(self.head))
                 answers[self.head] = head
                 if head.status not in ("held", "unreachable"):
                     others = []  # refused below; do not queue on the rest
             answers.update(
-                await fan_out(others, lambda h: self._take(h, mode, self.wait_seconds, script))
+                await fan_out(others, lambda h: self._take(h, mode, self.wait_seconds, script(h)))
             )
             answers = {h: answers[h] for h in hosts if h in answers}
         problems = self._problems(answers)

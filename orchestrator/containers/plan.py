@@ -40,6 +40,7 @@ from orchestrator.containers.docker import short_id as _short
 from orchestrator.containers.probe import HostState
 from orchestrator.errors import Call, ExitCode, Option, Refusal, WayOut
 from orchestrator.limits.capacity import fit_to_host
+from orchestrator.limits.gpus import GPUError, Unsatisfiable, select_gpus
 from orchestrator.limits.resources import EffectiveResources
 from orchestrator.limits.rootless import rootless_cap_refusal
 
@@ -442,6 +443,7 @@ def decide_plan(
     fit_reasons, fit_warnings = _capacity(states, launching, resources)
     more += fit_reasons + _missing_image(cfg, states, launching)
     more += _rootless_caps(states, launching, resources)
+    more += _gpu_refusals(cfg, states, launching)
     warnings = [*plan.warnings, *fit_warnings]
     if more or plan.refused:
         reasons = list(dict.fromkeys([*plan.refusals, *more]))
@@ -499,6 +501,28 @@ def _rootless_caps(
         if why is not None:
             out.append(Refusal("rootless_caps", why, (host,)))
     return out
+
+
+def _gpu_refusals(
+    cfg: ContainerConfig, states: Mapping[str, HostState], launching: list[str]
+) -> list[Refusal]:
+    """A GPU request a launching host cannot meet, from the GPUs the probe
+    listed there (a host whose GPUs were not listed is left to `up`)."""
+    if cfg.gpus is None:
+        return []
+    refusals: list[Refusal] = []
+    for host in launching:
+        inventory = states[host].gpus
+        if inventory is None:
+            continue
+        try:
+            picked = select_gpus(inventory, cfg.gpus)
+        except GPUError as exc:
+            refusals.append(Refusal("gpus", f"{host}: {exc}", (host,)))
+            continue
+        if isinstance(picked, Unsatisfiable):
+            refusals.append(Refusal("gpus", picked.message(host), (host,)))
+    return refusals
 
 
 def _missing_image(

@@ -33,6 +33,9 @@ from orchestrator.containers.docker import (
     runtime_limits,
     validate_container_name,
 )
+from orchestrator.limits.cdi import SpecFile, spec_files
+from orchestrator.limits.gpus import GPU, parse_discovery
+from orchestrator.limits.gpus import MARKER as GPU_MARKER
 from orchestrator.remote.frames import FrameError, Section, parse_sections
 from orchestrator.remote.records import adopted_records, host_record
 from orchestrator.remote.runtime import ContainerRuntime, RuntimeName
@@ -73,6 +76,11 @@ class HostState:
     # ("NAME (cluster IDENTITY)"), so a start is refused before anything runs.
     sshd_port_busy: bool | None = None
     sshd_port_holders: tuple[str, ...] = ()
+    # The host's GPUs, when the probe listed them (a GPU request, a host that
+    # will launch); None: not listed (the prepare step discovers them).
+    gpus: tuple[GPU, ...] | None = None
+    # The CDI spec files the same listing printed (limits/cdi.py reads them).
+    cdi_specs: tuple[SpecFile, ...] = ()
     # The runtime the probe was sent to reach (the cluster's container.runtime;
     # docker_access says how it answered); rootless: the login user's podman.
     runtime_name: RuntimeName = "docker"
@@ -144,6 +152,8 @@ def probe_argv(
     sshd_port: int,
     marker_path: str,
     port_check: bool = False,
+    gpus: Literal["always", "stopped"] | None = None,
+    gpu_root: str = "/",
     runtime: ContainerRuntime | None = None,
 ) -> list[str]:
     """`sh -c PROBE cvs-probe ARG…` (remote/probe.sh): ready for an SSH exec
@@ -152,6 +162,8 @@ def probe_argv(
     `cfg` None probes docker access and the container only (no image tag).
     `port_check` (sshd wanted, network host): when the container is not
     running, whether its sshd port is taken on the host, and by whom.
+    `gpus`: list the host's GPUs (under `gpu_root`) on every host ("always":
+    all of them launch) or where the container does not run ("stopped").
     `runtime`: which runtime to reach (remote/runtime.py; default docker).
     """
     runtime = runtime or ContainerRuntime()
@@ -178,6 +190,11 @@ def probe_argv(
         remote.program("check"),
         holders_filter,
         holders_format,
+        *(
+            [gpus, remote.program("gpus"), gpu_root.rstrip("/"), GPU_MARKER]
+            if gpus is not None
+            else (["", "", "", ""] if runtime.flag else [])
+        ),
         *runtime.flag,
     )
 
@@ -356,6 +373,10 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
     }
     values.update(_capacity_facts(sections))  # capacity (issue 15)
     values.update(_port_facts(sections))  # sshd port taken on the host (network host)
+    listed = sections.get("gpus")
+    if listed is not None and listed.rc == 0:
+        values["gpus"] = tuple(parse_discovery(listed.stdout))
+        values["cdi_specs"] = tuple(spec_files(listed.stdout))
     try:
         objects = _inspect_objects(inspect.stdout)
     except DockerOutputError as exc:

@@ -1,7 +1,7 @@
-"""GPUs: discovery (script builder + parser), selection, vendor flags and env.
+"""GPUs: discovery (remote/gpus.sh's argv + parser), selection, vendor flags and env.
 
-Everything here is pure. The probe runs `discovery_command()` on each host and
-hands its stdout to `parse_discovery()`; `select_gpus()` decides which devices
+Everything here is pure. `up`'s prepare step runs `discovery_argv()` on each
+launching host and hands its stdout to `parse_discovery()`; `select_gpus()` decides which devices
 a container gets; `GPUSelection` turns that into `docker run` flags and the
 visible-devices variables the framework inside expects.
 

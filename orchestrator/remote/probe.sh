@@ -1,7 +1,8 @@
 # The probe: one round trip, what is on the host now (libs access.sh,
 # capacity.sh, listen.sh and records.sh prepended). Facts only; the plan decides.
 #
-#   probe.sh NAME IMAGE PORT MARKER CHECK HOLDERS_FILTER HOLDERS_FORMAT [RUNTIME]
+#   probe.sh NAME IMAGE PORT MARKER CHECK HOLDERS_FILTER HOLDERS_FORMAT \
+#            [GPUS_WHEN GPUS GPU_ROOT GPU_MARKER [RUNTIME]]
 #
 #   NAME    the container; IMAGE the image as `docker inspect` names it, or
 #           empty (docker access and the container only)
@@ -11,6 +12,10 @@
 #   HOLDERS_FILTER, HOLDERS_FORMAT  `docker ps` filter and format naming the
 #           cvs containers holding PORT on the host; empty filter: no port
 #           check (only an sshd on the host's network shares the port)
+#   GPUS_WHEN  when to list the host's GPUs (program GPUS, gpus.sh, with
+#           GPU_ROOT and GPU_MARKER): "always" (every host launches), "stopped"
+#           (only where the container does not run: never on the attach
+#           path), or empty (no GPU request)
 #   RUNTIME "" (docker), --podman or --podman-rootless (lib access.sh): podman
 #           answers the inspect through podman_inspect (lib podman.sh), and
 #           a rootless probe adds the host's cgroup facts (lib cgroup.sh)
@@ -38,7 +43,8 @@
 # where there is no base64); `@@cvs:done` last, so a truncated probe is told
 # from a finished one.
 name=$1 image=$2 port=$3 marker=$4 check=$5 holders_filter=$6 holders_format=$7
-cvs_runtime "${8:-}"
+gpus_when=${8:-} gpus=${9:-} gpu_root=${10:-} gpu_marker=${11:-}
+cvs_runtime "${12:-}"
 port_hex=$(printf '%04X' "$port")
 
 umask 077
@@ -172,6 +178,11 @@ case $pid in '' | 0 | *[!0-9]*) pid= ;; esac
 printf '@@cvs:facts %s %s %s\n' "${cid:--}" "${pid:--}" "${running:-no}"
 rec=
 if [ -n "$cid" ] && cvs_records_read "$cid"; then rec=1; fi
+
+# The GPUs, for the plan to select from, on hosts that will launch.
+if [ "$gpus_when" = always ] || { [ "$gpus_when" = stopped ] && [ -z "$running" ]; }; then
+  section gpus sh -c "$gpus" cvs-gpus "$gpu_root" "$gpu_marker"
+fi
 
 if [ -n "$running" ]; then
   # The PID is docker's, in dockerd's PID namespace: only when /proc/PID is

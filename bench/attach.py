@@ -1,6 +1,7 @@
 """Attach benchmark: what a persistent `up` with nothing to do, then `exec hostname`, costs.
 
     python bench/attach.py --sandbox-hosts 2 16          # throwaway sandbox(es) (root)
+    python bench/attach.py --sandbox-hosts 4 --runtime podman   # podman hosts (rootful)
     python bench/attach.py --cluster cluster.yaml         # an existing cluster
 
 Brings the persistent containers up first (cold start or attach, whatever the
@@ -15,8 +16,10 @@ hosts need), then, over fresh connections as a new `cvs` process would, runs
   only what this machine spent;
 - SSH round trips per host of the `up`: SSH channels opened (a channel carries
   one remote command; the locked probe is one held channel) and of the exec;
+- the first `up` of each size (a cold start from nothing: pull-free, the
+  image is on the hosts), once, before the attach runs;
 - docker CLI processes per host of the `up` and of the exec, counted for real
-  (sandbox only): every host's sshd puts a `docker` wrapper first on PATH
+  (docker sandbox only): every host's sshd puts a `docker` wrapper first on PATH
   that logs each invocation before running the real docker CLI; the wrapper
   is in place for one more run, not timed (a shell script per docker call
   would add its own cost to the timing).
@@ -194,7 +197,9 @@ def settle(limit: float = 0.15, timeout: float = 60.0) -> float:
 
 
 def measure(cluster: ClusterConfig, docker: DockerCalls, runs: int = RUNS) -> dict[str, Any]:
+    first = time.perf_counter()
     warm = anyio.run(up_once, cluster)
+    first_up = time.perf_counter() - first
     if not warm.ok:
         raise SystemExit(f"the first `up` failed: {warm.to_dict()}")
     busy = settle()
@@ -217,6 +222,10 @@ def measure(cluster: ClusterConfig, docker: DockerCalls, runs: int = RUNS) -> di
     ok = report.ok and all(r.ok for r in results.values())
     return {
         "hosts": len(hosts),
+        "runtime": cluster.container.runtime if cluster.container else "docker",
+        # The first `up`: a cold start when nothing was there (one run, not a median).
+        "first_up_seconds": round(first_up, 3),
+        "first_up_actions": sorted({o.action.kind for o in warm.outcomes.values()}),
         "seconds": round(statistics.median(seconds), 3),
         "seconds_min": round(min(seconds), 3),
         "seconds_max": round(max(seconds), 3),
@@ -236,12 +245,22 @@ def measure(cluster: ClusterConfig, docker: DockerCalls, runs: int = RUNS) -> di
 
 
 @contextmanager
-def counted_sandbox(hosts: int) -> Iterator[tuple[ClusterConfig, DockerCalls]]:
-    """A throwaway sandbox whose hosts log every docker CLI process they spawn."""
+def counted_sandbox(
+    hosts: int, runtime: str = "docker"
+) -> Iterator[tuple[ClusterConfig, DockerCalls]]:
+    """A throwaway sandbox whose hosts log every docker CLI process they spawn
+    (podman hosts: not counted; their sshd's environment is per login user)."""
     from orchestrator.sandbox import sandbox_down, sandbox_up
 
     with tempfile.TemporaryDirectory(prefix="cvs-bench-attach-") as tmp:
         directory = Path(tmp) / "sb"
+        if runtime == "podman":
+            try:
+                box = sandbox_up(directory, hosts, runtime="podman")
+                yield load_cluster(box.cluster_file), DockerCalls(None)
+            finally:
+                sandbox_down(directory)
+            return
         # Outside the 0700 temp dir: the sandbox's login user runs the wrapper.
         wrap = Path(tempfile.mkdtemp(prefix="cvs-bench-docker-", dir="/tmp"))
         try:
@@ -273,7 +292,9 @@ def report_text(result: dict[str, Any]) -> str:
         example = next(iter(result["docker_up"].values()))
         docker = f"per host max {up} in up ({' + '.join(example)}), {ex} in exec"
     return (
-        f"{result['hosts']:>3} hosts: attach up + exec hostname {result['seconds']:.3f} s "
+        f"{result['hosts']:>3} {result['runtime']} hosts: first up "
+        f"({'/'.join(result['first_up_actions'])}) {result['first_up_seconds']:.3f} s; "
+        f"attach up + exec hostname {result['seconds']:.3f} s "
         f"(median of {result['runs']}, {result['seconds_min']:.3f}..{result['seconds_max']:.3f}; "
         f"CPUs {result['busy_before']:.0%} busy before; "
         f"{result['cpu_ms_per_host']} ms of this machine's CPU per host); "
@@ -291,6 +312,12 @@ def main() -> int:
         "--sandbox-hosts", type=int, nargs="+", help="build one sandbox, measure these host counts"
     )
     parser.add_argument("--runs", type=int, default=RUNS, help=f"runs per size (default {RUNS})")
+    parser.add_argument(
+        "--runtime",
+        choices=("docker", "podman"),
+        default="docker",
+        help="the sandbox hosts' runtime (with --sandbox-hosts)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON line per size on stdout")
     args = parser.parse_args()
 
@@ -300,7 +327,7 @@ def main() -> int:
             measure(persistent(load_cluster(args.cluster)), DockerCalls(None), args.runs)
         )
     else:
-        with counted_sandbox(max(args.sandbox_hosts)) as (cluster, docker):
+        with counted_sandbox(max(args.sandbox_hosts), args.runtime) as (cluster, docker):
             for n in args.sandbox_hosts:
                 sized = persistent(cluster, n)
                 try:

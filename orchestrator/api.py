@@ -36,6 +36,7 @@ from orchestrator.containers.causes import (
     with_cause,
 )
 from orchestrator.containers.copy import Payload, Progress, copy_to_hosts, gather_from_hosts
+from orchestrator.containers.docker import normalize_image_id
 from orchestrator.containers.drift import cluster_expectations
 from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command
 from orchestrator.containers.probe import HostState
@@ -45,7 +46,7 @@ from orchestrator.errors import HostSelectionError as HostSelectionError
 from orchestrator.events import EventSink, Message, NullSink
 from orchestrator.limits.gpus import guard_visible_devices
 from orchestrator.limits.resources import EffectiveResources
-from orchestrator.remote.runtime import DockerRuntime
+from orchestrator.remote.runtime import ContainerRuntime, DockerRuntime
 from orchestrator.results import HostResult, exit_code_for
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.transport import SSHPool
@@ -269,6 +270,19 @@ class Cluster:
             return MappingProxyType({})
         return MappingProxyType(dict(self._locks.ready))
 
+    @property
+    def runtimes(self) -> Mapping[str, ContainerRuntime]:
+        """How to reach the runtime on every host: as this Cluster's `up` probed
+        it, else the cluster's runtime (container.runtime) for the host to find."""
+        cfg = self.config.container
+        unprobed = (
+            ContainerRuntime.unprobed(cfg.runtime, cfg.rootless)
+            if cfg is not None
+            else ContainerRuntime()
+        )
+        known = self.docker_runtimes
+        return MappingProxyType({h: known.get(h, unprobed) for h in self.hosts})
+
     async def copy_to(
         self,
         payload: Payload,
@@ -324,18 +338,15 @@ class Cluster:
         async def one(host: str) -> HostResult:
             return await self.pool.run(
                 host,
-                self.docker_runtimes.get(host, DockerRuntime()).read(inspect),
+                self.runtimes[host].read(inspect),
                 timeout=self.config.container.docker_timeout if self.config.container else 30,
                 stream_output=False,
                 label="image",
             )
 
         results = await fan_out(self.hosts, one, limit=self.config.concurrency.hosts)
-        return {
-            h: r.stdout.strip()
-            for h, r in results.items()
-            if r.ok and _IMAGE_ID_RE.fullmatch(r.stdout.strip())
-        }
+        ids = {h: normalize_image_id(r.stdout.strip()) for h, r in results.items() if r.ok}
+        return {h: i for h, i in ids.items() if _IMAGE_ID_RE.fullmatch(i)}
 
     async def status(self) -> list[HostStatus]:
         """One typed record per host: reachability, docker access, container state,
@@ -481,7 +492,7 @@ class Cluster:
                 workdir=workdir,
                 # Known running (this Cluster's `up`, or the probe above, under
                 # the lock held): no separate running check on the host.
-                runtime=ready.get(host),
+                runtime=ready.get(host) or self.runtimes[host],
             )
             result = await self.pool.run(
                 host, script, timeout=timeout, input=stdin, label="exec", on_timeout=lambda: kill

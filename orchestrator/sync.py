@@ -20,7 +20,7 @@ from orchestrator.config import ClusterConfig
 from orchestrator.containers.copy import Payload, Progress
 from orchestrator.containers.status import HostStatus
 from orchestrator.events import EventSink
-from orchestrator.remote.runtime import DockerRuntime
+from orchestrator.remote.runtime import ContainerRuntime, DockerRuntime
 from orchestrator.results import HostResult
 
 if TYPE_CHECKING:
@@ -102,6 +102,11 @@ class SyncCluster:
     def docker_runtimes(self) -> Mapping[str, DockerRuntime]:
         """How to reach docker on each host (see `Cluster.docker_runtimes`)."""
         return self._cluster.docker_runtimes
+
+    @property
+    def runtimes(self) -> Mapping[str, ContainerRuntime]:
+        """How to reach the runtime on every host (see `Cluster.runtimes`)."""
+        return self._cluster.runtimes
 
     def copy_to(
         self,

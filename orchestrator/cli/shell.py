@@ -30,14 +30,21 @@ LOGIN_SHELL = "if command -v bash >/dev/null 2>&1; then exec bash -i; else exec 
 def remote_command(cluster: ClusterConfig, *, host_os: bool, tty: bool, host: str = "") -> str:
     """What runs on the host: the shell, inside the container unless `host_os`."""
     from orchestrator.config import container_name
-    from orchestrator.containers.copy import in_container
+    from orchestrator.containers.copy import cluster_runtime, in_container
 
     # The cluster's `env` is not passed: its values are secrets, which never go in
     # an argv, and an interactive shell's stdin is the terminal, not a channel for them.
     argv = ["sh", "-c", LOGIN_SHELL]
     if host_os or cluster.container is None:
         return shlex.join(argv)
-    return in_container(container_name(cluster), argv, tty=tty, host=host, advice="run `cvs up`")
+    return in_container(
+        container_name(cluster),
+        argv,
+        tty=tty,
+        runtime=cluster_runtime(cluster),
+        host=host,
+        advice="run `cvs up`",
+    )
 
 
 def cmd_shell(args: argparse.Namespace) -> int:

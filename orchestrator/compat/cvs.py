@@ -32,7 +32,6 @@ from orchestrator.api import Cluster
 from orchestrator.config import CONTAINER_NAME_RE, ClusterConfig, container_name
 from orchestrator.errors import CvsError, PolicyRefused
 from orchestrator.events import EventSink, NullSink, TeeSink
-from orchestrator.remote.runtime import DockerRuntime
 from orchestrator.results import HostResult
 
 from .config import (
@@ -529,8 +528,7 @@ class CvsOrchestrator:
         # Docker as the probe found it on each host, else the host's own rule:
         # the adapter does not decide it.
         _, cluster = self._fleet()
-        known = cluster.docker_runtimes
-        commands = {h: shlex.join(known.get(h, DockerRuntime()).read(inspect)) for h in self.hosts}
+        commands = {h: shlex.join(cluster.runtimes[h].read(inspect)) for h in self.hosts}
         results = self._run(
             "verify_containers_running",
             commands,

@@ -3,7 +3,8 @@
 cvs passes exactly the selected GPUs' device nodes (`/dev/dri/renderD*` for
 AMD, `--gpus device=...` for NVIDIA). A `devices` entry naming the whole
 `/dev/dri`, another render or card node, `/dev/nvidiaN`, or `/dev` itself, or
-`privileged: true` (every host device) defeats that
+`privileged: true` (every host device), or a CDI GPU device
+(`amd.com/gpu=all`) defeats that
 subset silently; they are refused unless `gpus.allow_all_devices: true`.
 `/dev/kfd` and `/dev/nvidiactl`/`nvidia-uvm` are shared control nodes that a
 subset needs anyway: allowed.
@@ -26,8 +27,16 @@ def _host_path(spec: str) -> str:
     return spec.split(":", 1)[0].rstrip("/") or "/"
 
 
+# A CDI device reference (`amd.com/gpu=all`, `nvidia.com/gpu=0`): next to a
+# request cvs picks the CDI devices itself, so any GPU kind here could widen it.
+_CDI_GPU_RE = re.compile(r"[a-z0-9][a-z0-9.-]*\.[a-z]+/gpu=.+")
+
+
 def exposes_all_gpus(path: str) -> bool:
-    """True for a host path whose passthrough reaches GPUs outside a selected subset."""
+    """True for a host path (or CDI GPU device) whose passthrough reaches GPUs
+    outside a selected subset."""
+    if _CDI_GPU_RE.fullmatch(path):
+        return True
     p = path if path == "/" else path.rstrip("/")
     return p in ("/", "/dev") or bool(_GPU_NODE_RE.fullmatch(p))
 

@@ -404,6 +404,14 @@ class ContainerConfig(Model):
     mpi: MPIConfig = Field(default_factory=MPIConfig)
     resources: Resources = Field(default_factory=Resources)
     gpus: Literal["all"] | GPURequest | None = None
+    # The container runtime on every host (docs/design.md, "Runtimes"): docker
+    # (plain, else `sudo -n`) or podman (rootful: as root, else `sudo -n`;
+    # `rootless: true`, the login user's own podman, never sudo).
+    runtime: Literal["docker", "podman"] = "docker"
+    rootless: bool = False
+    # GPUs through CDI: auto (podman, when the host's CDI specs cover each
+    # selected GPU one to one), always (CDI or refuse), never (device nodes).
+    cdi: Literal["auto", "always", "never"] = "auto"
     # The setup script as read when the cluster file loaded (path, bytes): a
     # script removed or made unreadable later cannot fail a host midway.
     _setup_script_loaded: tuple[str, bytes] | None = PrivateAttr(default=None)
@@ -501,6 +509,15 @@ class ContainerConfig(Model):
 
     _size_in = field_validator("shm_size", mode="before")(_size_as_text)
     _size_ok = field_validator("shm_size")(_check_size)
+
+    @model_validator(mode="after")
+    def _rootless_is_podman(self) -> ContainerConfig:
+        if self.rootless and self.runtime != "podman":
+            raise ValueError(
+                "rootless: true needs runtime: podman (cvs drives rootless containers "
+                "through the login user's podman; rootless docker is not supported)"
+            )
+        return self
 
 
 HostEntry = Annotated[str | HostSpec, Field(union_mode="left_to_right")]

@@ -9,6 +9,7 @@ from typing import Any
 from orchestrator.config.documents import ConfigError
 from orchestrator.config.hostlist import abbreviate_hosts
 from orchestrator.config.model import CONTAINER_NAME_RE, ClusterConfig, ContainerConfig, Limits
+from orchestrator.config.rootless import rootless_notes
 
 # ---- derived views -----------------------------------------------------------
 
@@ -99,6 +100,8 @@ def cluster_warnings(cluster: ClusterConfig) -> list[str]:
             "silently orphan the old container; set container.name"
         )
     out += caps_warnings(cluster)
+    if container is not None:
+        out += rootless_notes(container)
     if cluster.ssh.host_key_policy == "off":
         out.append("ssh.host_key_policy is off: host keys are not checked at all")
     return out

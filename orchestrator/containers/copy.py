@@ -36,7 +36,7 @@ from orchestrator import remote
 from orchestrator.config import ClusterConfig, container_name
 from orchestrator.containers.exec import in_running_container
 from orchestrator.errors import ConnectError
-from orchestrator.remote.runtime import DockerRuntime
+from orchestrator.remote.runtime import ContainerRuntime, DockerRuntime
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.transport import SSHPool
@@ -57,7 +57,7 @@ def in_container(
     argv: Sequence[str],
     *,
     tty: bool = False,
-    runtime: DockerRuntime | None = None,
+    runtime: ContainerRuntime | None = None,
     host: str = "",
     advice: str = "",
 ) -> str:
@@ -66,6 +66,14 @@ def in_container(
     container is not running."""
     args = ["exec", "-i", *(["-t"] if tty else []), name, *argv]
     return in_running_container(name, args, runtime, host=host, advice=advice)
+
+
+def cluster_runtime(cluster: ClusterConfig) -> ContainerRuntime:
+    """The cluster's runtime on a host no probe of this invocation has seen."""
+    cfg = cluster.container
+    if cfg is None:
+        return ContainerRuntime()
+    return ContainerRuntime.unprobed(cfg.runtime, cfg.rootless)
 
 
 def _check_name(path: Path, root: Path) -> None:
@@ -172,7 +180,7 @@ def _wrap(
 ) -> str:
     if host_os or cluster.container is None:
         return shlex.join(argv)
-    return in_container(container_name(cluster), argv, runtime=runtime)
+    return in_container(container_name(cluster), argv, runtime=runtime or cluster_runtime(cluster))
 
 
 def _human(n: float) -> str:

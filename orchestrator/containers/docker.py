@@ -18,11 +18,12 @@ import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
 from orchestrator.config import CONTAINER_NAME_RE, IMAGE_REF_RE, ContainerConfig, Registry
+from orchestrator.limits.cdi import CDIDevice, cdi_run_args
 from orchestrator.limits.gpus import GPUSelection, guard_visible_devices
 from orchestrator.limits.resources import EffectiveResources, limits_drift
 
@@ -94,7 +95,13 @@ def _validate_label(key: str, value: str) -> None:
 
 def config_hash(cfg: ContainerConfig) -> str:
     """Short, stable hash of the container block (label value for drift checks)."""
-    text = json.dumps(cfg.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    data = cfg.model_dump(mode="json")
+    # Keys added with the runtime seam count only when set: a docker
+    # container started before them keeps its hash (no drift warning).
+    for key, default in (("runtime", "docker"), ("rootless", False), ("cdi", "auto")):
+        if data.get(key) == default:
+            data.pop(key, None)
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -152,20 +159,32 @@ def rm_id_argv(prefix: Sequence[str], container_id: str) -> list[str]:
 
 
 def remove_started_by_command(
-    prefix: Sequence[str], name: str, invocation: str, *, then: str | None = None
+    prefix: Sequence[str],
+    name: str,
+    invocation: str,
+    *,
+    then: str | None = None,
+    name_filter: str | None = None,
 ) -> str:
     """Shell text: remove the containers named `name` that `invocation` started.
 
     For rollback after an interrupted `docker run`, whose container ID never
     came back: the invocation label finds exactly what this invocation made.
     `then` (shell text, `$ids` set to the removed IDs) runs after a removal.
+    `name_filter`: the runtime's spelling of "exactly this name" (docker's
+    names start with '/', podman's do not; containers/runtime.py).
     """
     validate_container_name(name)
     if not re.fullmatch(r"[0-9a-f]{8,64}", invocation):
         raise ValueError(f"invalid invocation id {invocation!r}")
     docker = shlex.join(prefix)
     filters = shlex.join(
-        ["--filter", f"label={LABEL_INVOCATION}={invocation}", "--filter", f"name=^/{name}$"]
+        [
+            "--filter",
+            f"label={LABEL_INVOCATION}={invocation}",
+            "--filter",
+            name_filter or f"name=^/{name}$",
+        ]
     )
     return (
         f"ids=$({docker} ps -aq --no-trunc {filters}) || exit 1; "
@@ -181,13 +200,16 @@ def run_argv(
     *,
     resources: EffectiveResources | None = None,
     gpus: GPUSelection | None = None,
+    cdi: Sequence[CDIDevice] | None = None,
 ) -> list[str]:
     """`docker run -d …` for a long-lived container that idles on `sleep infinity`.
 
     The one place a container's run argv is assembled. `cfg.devices` is used
     as given: the caller filters it per host (only the devices present there).
     `resources` are the host's effective caps and `gpus` the host's GPU
-    selection (its devices and visible-devices env); `cfg.extra_args` (the
+    selection (its devices and visible-devices env); `cdi`, when the host's
+    GPUs go through CDI, the devices that carry exactly that selection
+    (`--device kind=name` instead of the device nodes); `cfg.extra_args` (the
     operator's escape hatch) follows them so it can override.
     """
     validate_container_name(name)
@@ -221,7 +243,7 @@ def run_argv(
     if resources is not None:
         argv += resources.docker_args()
     if gpus is not None:
-        argv += gpus.docker_args()
+        argv += cdi_run_args(cdi) if cdi else gpus.docker_args()
         for key, value in gpus.env().items():
             argv += ["-e", f"{key}={value}"]
     argv += list(cfg.extra_args)
@@ -427,7 +449,9 @@ class ContainerInfo:
         """
         if self.running and self.status == "running":
             return "running"
-        if self.status in ("exited", "created"):
+        # podman's words for the same: "stopped" (stopped, not yet cleaned
+        # up) and "configured" (created, never initialised).
+        if self.status in ("exited", "created", "stopped", "configured"):
             return "exited"
         return "other"
 
@@ -489,6 +513,38 @@ def _limits(host_config: Any) -> ContainerLimits:
     )
 
 
+def _sha256_id(value: Any) -> Any:
+    """An image ID as docker prints it: podman prints the 64 hex digits alone."""
+    if isinstance(value, str) and CONTAINER_ID_RE.fullmatch(value):
+        return f"sha256:{value}"
+    return value
+
+
+# podman's defaults (containers.conf) for what docker leaves unset: a
+# container started without `--pids-limit` / `--shm-size` reports these.
+PODMAN_DEFAULT_PIDS_LIMIT = 2048
+PODMAN_DEFAULT_SHM_BYTES = 65536000
+DOCKER_DEFAULT_SHM_BYTES = 64 * 1024 * 1024
+
+
+def runtime_limits(runtime: str, limits: ContainerLimits) -> ContainerLimits:
+    """Limits as docker reports them for the same request: podman's own defaults
+    for what was left unset read as unset (no false drift on an attach)."""
+    if runtime != "podman":
+        return limits
+    pids, shm = limits.pids_limit, limits.shm_size
+    return replace(
+        limits,
+        pids_limit=None if pids == PODMAN_DEFAULT_PIDS_LIMIT else pids,
+        shm_size=DOCKER_DEFAULT_SHM_BYTES if shm == PODMAN_DEFAULT_SHM_BYTES else shm,
+    )
+
+
+def normalize_image_id(value: str) -> str:
+    """An image ID as docker prints it: podman prints the 64 hex digits alone."""
+    return _sha256_id(value)  # type: ignore[no-any-return]
+
+
 def parse_container_inspect(text: str) -> ContainerInfo:
     """`docker inspect --type container NAME` output -> ContainerInfo."""
     obj = _first_object(text, "docker inspect")
@@ -497,7 +553,7 @@ def parse_container_inspect(text: str) -> ContainerInfo:
     if not isinstance(state, dict) or not isinstance(cid, str) or not cid:
         raise DockerOutputError("docker inspect: no container Id/State in the output")
     config: dict[str, Any] = obj["Config"] if isinstance(obj.get("Config"), dict) else {}
-    image_id = obj.get("Image")
+    image_id = _sha256_id(obj.get("Image"))
     started = state.get("StartedAt")
     return ContainerInfo(
         id=cid,
@@ -515,7 +571,7 @@ def parse_container_inspect(text: str) -> ContainerInfo:
 def parse_image_inspect(text: str) -> ImageInfo:
     """`docker image inspect REF` output -> ImageInfo."""
     obj = _first_object(text, "docker image inspect")
-    iid = obj.get("Id")
+    iid = _sha256_id(obj.get("Id"))
     if not isinstance(iid, str) or not iid:
         raise DockerOutputError("docker image inspect: no image Id in the output")
     return ImageInfo(

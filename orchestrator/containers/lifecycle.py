@@ -71,6 +71,7 @@ from orchestrator.containers.provision import (
 from orchestrator.errors import ExitCode, PolicyRefused, Refusal, UsageError
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.limits.capacity import fit_to_host
+from orchestrator.limits.cdi import CDIDevice, describe_devices, parse_specs, spec_files, use_cdi
 from orchestrator.limits.gpus import (
     GPU,
     GPUError,
@@ -86,6 +87,7 @@ from orchestrator.limits.resources import (
     cluster_effective_resources,
 )
 from orchestrator.remote import records
+from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.keys import ClusterKeys, default_state_dir
@@ -172,6 +174,9 @@ class Prepared:
     tag_repo_digests: tuple[str, ...] = ()
     devices: list[str] = field(default_factory=list)  # configured devices present here
     gpus: list[GPU] = field(default_factory=list)
+    cdi: list[CDIDevice] = field(default_factory=list)  # CDI devices the host publishes
+    cdi_problems: list[str] = field(default_factory=list)  # specs that could not be read
+    runtime_version: str | None = None  # asked only where CDI needs it (docker, cdi: always)
 
 
 @dataclass
@@ -256,6 +261,8 @@ class Lifecycle:
         self._script: SetupScript | None = None
         self.invocation = invocation or new_invocation_id()
         self.purpose = "up"  # what other invocations waiting on our locks are told
+        # Per launching host, the CDI devices its GPUs go through (_barrier).
+        self.cdi_devices: dict[str, tuple[CDIDevice, ...]] = {}
         self.locks = locks or host_locks(cluster, pool, sink)
 
     @property
@@ -286,6 +293,7 @@ class Lifecycle:
             port_check=self._sshd_on_host_network(),
             gpus=gpus,
             gpu_root=self.cluster.host(host).gpu_device_root or "/",
+            runtime=ContainerRuntime.unprobed(self.cfg.runtime, self.cfg.rootless),
         )
 
     def _sshd_on_host_network(self) -> bool:
@@ -479,8 +487,12 @@ class Lifecycle:
             tag_id, digests = info.id, tuple(info.repo_digests)
         devices = await self._present_devices(outcome)
         gpus: list[GPU] = []
+        cdi: list[CDIDevice] = []
+        problems: list[str] = []
+        version: str | None = None
         if cfg.gpus is not None and outcome.ok and state.gpus is not None:
             gpus = list(state.gpus)  # listed by the probe: no second look
+            cdi, problems = parse_specs(state.cdi_specs)
         elif cfg.gpus is not None and outcome.ok:
             root = self.cluster.host(host).gpu_device_root or "/"
             r = await self._cmd(
@@ -488,7 +500,13 @@ class Lifecycle:
             )
             if r is not None:
                 gpus = parse_discovery(r.stdout)
-        return Prepared(tag_id, digests, devices, gpus)
+                cdi, problems = parse_specs(spec_files(r.stdout))
+        if cfg.gpus is not None and cfg.cdi == "always" and cfg.runtime == "docker" and outcome.ok:
+            # Docker's CDI depends on the daemon's version: ask it only here.
+            argv = [*prefix, "version", "--format", "{{.Server.Version}}"]
+            v = await self._cmd(outcome, "version", argv)
+            version = v.stdout.strip() if v is not None else None
+        return Prepared(tag_id, digests, devices, gpus, cdi, problems, version)
 
     async def _present_devices(self, outcome: HostOutcome) -> list[str]:
         """The configured `devices` that exist on this host (`/dev/infiniband/*` expanded)."""
@@ -670,11 +688,38 @@ class Lifecycle:
                     continue
                 if isinstance(picked, Unsatisfiable):
                     reasons.append(picked.message(host))
-                else:
-                    selections[host] = picked
+                    continue
+                selections[host] = picked
+                why = self._decide_cdi(host, picked, prepared[host])
+                if why is not None:
+                    reasons.append(f"{host}: {why}")
         if reasons:
             raise PolicyRefused([*reasons, _changed_so_far(launching, outcomes)])
         return selections
+
+    def _decide_cdi(self, host: str, picked: GPUSelection, prepared: Prepared) -> str | None:
+        """CDI or device nodes for this host's GPUs (limits/cdi.py); a refusal, or None."""
+        decision = use_cdi(
+            self.cfg.cdi, self.cfg.runtime, prepared.runtime_version, picked, prepared.cdi
+        )
+        if isinstance(decision, str):
+            problems = "; ".join(prepared.cdi_problems)
+            return decision + (f" (unreadable CDI specs: {problems})" if problems else "")
+        if decision is not None:
+            self.cdi_devices[host] = decision
+            self.sink.emit(
+                Message(
+                    level="info", host=host, text=f"GPUs through CDI: {describe_devices(decision)}"
+                )
+            )
+            return None
+        if picked.gpus and picked.vendor == "nvidia" and self.cfg.runtime == "podman":
+            return (
+                "podman has no --gpus: NVIDIA GPUs reach a podman container through CDI; "
+                "publish CDI specs on the host (nvidia-ctk cdi generate) so that one CDI "
+                "device adds each GPU"
+            )
+        return None
 
     async def _host_pipeline(
         self,
@@ -707,7 +752,15 @@ class Lifecycle:
                 invocation=self.invocation,
                 sshd_port=self.cfg.sshd.port if sshd_wanted(self.cfg, len(self._hosts())) else None,
             )
-            argv = run_argv(prefix, cfg, self.name, labels, resources=resources, gpus=gpus)
+            argv = run_argv(
+                prefix,
+                cfg,
+                self.name,
+                labels,
+                resources=resources,
+                gpus=gpus,
+                cdi=self.cdi_devices.get(host),
+            )
             run = await self._cmd(
                 outcome, "run", argv, timeout=self.cfg.start_timeout, input=run_env_file(cfg, gpus)
             )
@@ -794,9 +847,13 @@ class Lifecycle:
         async def remove(host: str) -> None:
             # Only what this invocation started (its label), even when the
             # `docker run` was cut short before it told us the container ID.
-            prefix = states[host].runtime.prefix
+            runtime = states[host].runtime
             command = remove_started_by_command(
-                prefix, self.name, self.invocation, then=records.forget_listed_command()
+                runtime.prefix,
+                self.name,
+                self.invocation,
+                then=records.forget_listed_command(),
+                name_filter=runtime.name_filter(self.name),
             )
             r = await self.pool.run(
                 host,

@@ -42,6 +42,7 @@ from orchestrator.errors import Call, ExitCode, Option, Refusal, WayOut
 from orchestrator.limits.capacity import fit_to_host
 from orchestrator.limits.gpus import GPUError, Unsatisfiable, select_gpus
 from orchestrator.limits.resources import EffectiveResources
+from orchestrator.limits.rootless import rootless_cap_refusal
 
 # What `docker start` / `docker unpause` brings back with its overlay intact
 # (`_state_word`: created counts as exited).
@@ -441,6 +442,7 @@ def decide_plan(
     more = _sshd_port_conflicts(cfg, states, starting) if sshd else []
     fit_reasons, fit_warnings = _capacity(states, launching, resources)
     more += fit_reasons + _missing_image(cfg, states, launching)
+    more += _rootless_caps(states, launching, resources)
     more += _gpu_refusals(cfg, states, launching)
     warnings = [*plan.warnings, *fit_warnings]
     if more or plan.refused:
@@ -481,6 +483,24 @@ def _capacity(
             reasons.append(Refusal("capacity", fit.refusal, (host,)))
         warnings += [fit.warning] if fit.warning else []
     return reasons, warnings
+
+
+def _rootless_caps(
+    states: Mapping[str, HostState],
+    launching: list[str],
+    resources: Mapping[str, EffectiveResources] | None,
+) -> list[Refusal]:
+    """Rootless podman: caps a launching host cannot apply (limits/rootless.py),
+    from the cgroup facts its probe reported."""
+    out: list[Refusal] = []
+    for host in launching:
+        state = states[host]
+        if not state.rootless or resources is None or host not in resources:
+            continue
+        why = rootless_cap_refusal(host, resources[host], state.cgroup, state.cgroup_controllers)
+        if why is not None:
+            out.append(Refusal("rootless_caps", why, (host,)))
+    return out
 
 
 def _gpu_refusals(

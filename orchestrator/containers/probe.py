@@ -14,8 +14,8 @@ import io
 import json
 import re
 import tarfile
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -30,13 +30,15 @@ from orchestrator.containers.docker import (
     image_inspect_argv,
     parse_container_inspect,
     parse_image_inspect,
+    runtime_limits,
     validate_container_name,
 )
+from orchestrator.limits.cdi import SpecFile, spec_files
 from orchestrator.limits.gpus import GPU, parse_discovery
 from orchestrator.limits.gpus import MARKER as GPU_MARKER
 from orchestrator.remote.frames import FrameError, Section, parse_sections
 from orchestrator.remote.records import adopted_records, host_record
-from orchestrator.remote.runtime import DockerRuntime
+from orchestrator.remote.runtime import ContainerRuntime, RuntimeName
 
 DockerAccessMode = Literal["direct", "sudo", "none"]
 ContainerState = Literal["absent", "running", "exited", "other"]
@@ -79,6 +81,16 @@ class HostState:
     # The host's GPUs, when the probe listed them (a GPU request, a host that
     # will launch); None: not listed (the prepare step discovers them).
     gpus: tuple[GPU, ...] | None = None
+    # The CDI spec files the same listing printed (limits/cdi.py reads them).
+    cdi_specs: tuple[SpecFile, ...] = ()
+    # The runtime the probe was sent to reach (the cluster's container.runtime;
+    # docker_access says how it answered); rootless: the login user's podman.
+    runtime_name: RuntimeName = "docker"
+    rootless: bool = False
+    # Rootless only (None elsewhere): "v1" or "v2", and on v2 the controllers
+    # the login user's cgroup offers (what rootless podman can cap).
+    cgroup: str | None = None
+    cgroup_controllers: tuple[str, ...] = ()
 
     @classmethod
     def unreachable(cls, host: str, reason: str) -> HostState:
@@ -90,12 +102,12 @@ class HostState:
         return cls(host=host, error=reason, error_kind="docker_hung")
 
     @property
-    def runtime(self) -> DockerRuntime:
-        """How to reach docker on this host, as the probe found it (unknown:
-        the host decides on each command)."""
+    def runtime(self) -> ContainerRuntime:
+        """How to reach the runtime on this host, as the probe found it
+        (unknown: the host decides on each command)."""
         if self.docker_access in ("direct", "sudo"):
-            return DockerRuntime(self.docker_access)
-        return DockerRuntime()
+            return ContainerRuntime(self.docker_access, self.runtime_name, self.rootless)
+        return ContainerRuntime.unprobed(self.runtime_name, self.rootless)
 
     @property
     def known(self) -> bool:
@@ -149,6 +161,7 @@ def probe_argv(
     port_check: bool = False,
     gpus: Literal["always", "stopped"] | None = None,
     gpu_root: str = "/",
+    runtime: ContainerRuntime | None = None,
 ) -> list[str]:
     """`sh -c PROBE cvs-probe ARG…` (remote/probe.sh): ready for an SSH exec
     (`shlex.join`) whatever the login shell is.
@@ -158,7 +171,9 @@ def probe_argv(
     running, whether its sshd port is taken on the host, and by whom.
     `gpus`: list the host's GPUs (under `gpu_root`) on every host ("always":
     all of them launch) or where the container does not run ("stopped").
+    `runtime`: which runtime to reach (remote/runtime.py; default docker).
     """
+    runtime = runtime or ContainerRuntime()
     validate_container_name(name)
     if not 1 <= sshd_port <= 65535:
         raise ValueError(f"invalid sshd port {sshd_port}")
@@ -172,7 +187,7 @@ def probe_argv(
     holders_filter = holders_format = ""
     if port_check:
         holders_filter = f"label={LABEL_SSHD_PORT}={sshd_port}"
-        holders_format = "{{.Names}}\t{{.Label " + json.dumps(LABEL_MANAGED) + "}}"
+        holders_format = "{{.Names}}\t" + runtime.label_column(LABEL_MANAGED)
     return remote.argv(
         "probe",
         name,
@@ -185,8 +200,9 @@ def probe_argv(
         *(
             [gpus, remote.program("gpus"), gpu_root.rstrip("/"), GPU_MARKER]
             if gpus is not None
-            else []
+            else (["", "", "", ""] if runtime.flag else [])
         ),
+        *runtime.flag,
     )
 
 
@@ -225,13 +241,42 @@ def _marker_from_tar(raw: bytes) -> str | None:
     return None
 
 
-def _access_failure(host: str, direct: Section | None, sudo: Section | None) -> HostState:
+def _access_failure(
+    host: str,
+    direct: Section | None,
+    sudo: Section | None,
+    runtime: RuntimeName = "docker",
+    other: str | None = None,
+    rootless: bool = False,
+) -> HostState:
     texts = [s for s in (direct, sudo) if s is not None]
     kinds = [classify_docker_error(s.stderr or s.stdout, s.rc) for s in texts]
+    labels = [
+        label for label, s in ((runtime, direct), (f"sudo -n {runtime}", sudo)) if s is not None
+    ]
     detail = "; ".join(
         f"{label}: {_first_line(s.stderr or s.stdout) or f'exit {s.rc}'}"
-        for label, s in zip(("docker", "sudo -n docker"), texts, strict=False)
+        for label, s in zip(labels, texts, strict=True)
     )
+    state = (
+        _docker_access_failure(host, kinds, detail)
+        if runtime == "docker"
+        else _podman_access_failure(host, runtime, kinds, detail, rootless)
+    )
+    if other is None or state.error is None:
+        return state
+    # The other runtime is here: perhaps the cluster names the wrong one.
+    return replace(
+        state,
+        error=(
+            f"{state.error}; this host has {other}: a cluster runs one runtime on every "
+            f"host (image IDs, CLI spellings and GPU flags differ), so set "
+            f"container.runtime: {other} if every host runs it, or split the cluster"
+        ),
+    )
+
+
+def _docker_access_failure(host: str, kinds: Sequence[str], detail: str) -> HostState:
     if "daemon_down" in kinds:
         return HostState(
             host=host,
@@ -257,6 +302,52 @@ def _access_failure(host: str, direct: Section | None, sudo: Section | None) -> 
     )
 
 
+def _podman_access_failure(
+    host: str, runtime: RuntimeName, kinds: Sequence[str], detail: str, rootless: bool
+) -> HostState:
+    """No access to podman: the message names the runtime and the fix."""
+    if kinds and kinds[-1] == "not_installed":
+        return HostState(
+            host=host,
+            docker_access="none",
+            runtime_name=runtime,
+            error=f"{runtime} is not installed or not on PATH ({detail})",
+            error_kind="no_docker",
+        )
+    how = (
+        "rootless podman needs the login user's subuid/subgid ranges (/etc/subuid)"
+        if rootless
+        else f"log in as root or allow the login user passwordless `sudo -n {runtime}`"
+    )
+    return HostState(
+        host=host,
+        docker_access="none",
+        runtime_name=runtime,
+        error=f"no {runtime} access ({detail}); {how}",
+        error_kind="no_access",
+    )
+
+
+_CONTROLLER_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
+
+
+def _cgroup_facts(sections: Mapping[str, Section]) -> dict[str, object]:
+    """cgroup and cgroup_controllers from the cgroup frame (rootless only);
+    words from the host are kept only when they look like controller names."""
+    words = sections["cgroup"].stdout.split() if "cgroup" in sections else []
+    if not words or words[0] not in ("v1", "v2"):
+        return {}
+    controllers = tuple(w for w in words[1:] if _CONTROLLER_RE.fullmatch(w))
+    return {"cgroup": words[0], "cgroup_controllers": controllers}
+
+
+def _runtime_frame(sections: Mapping[str, Section]) -> tuple[RuntimeName, bool]:
+    """The runtime frame (podman only; none: docker)."""
+    words = sections["runtime"].stdout.split() if "runtime" in sections else []
+    runtime: RuntimeName = "podman" if words[:1] == ["podman"] else "docker"
+    return runtime, words[1:2] == ["rootless"]
+
+
 def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) -> HostState:
     """The probe's output on `host` -> HostState. Never raises on bad output."""
     try:
@@ -271,16 +362,28 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
     if not tried:
         return _garbled(host, "no docker inspect section", exit_status, stderr)
     answered = [m for m, sec in tried.items() if _answered(sec)]
+    runtime, rootless = _runtime_frame(sections)
     if not answered:
-        return _access_failure(host, tried.get("direct"), tried.get("sudo"))
+        other = sections["other"].stdout.strip() if "other" in sections else None
+        failed = _access_failure(
+            host, tried.get("direct"), tried.get("sudo"), runtime, other, rootless
+        )
+        return replace(failed, runtime_name=runtime, rootless=rootless)
     access: DockerAccessMode = "direct" if answered[0] == "direct" else "sudo"
     inspect = tried[answered[0]]
-    values: dict[str, object] = {"host": host, "docker_access": access}
+    values: dict[str, object] = {
+        "host": host,
+        "docker_access": access,
+        "runtime_name": runtime,
+        "rootless": rootless,
+        **_cgroup_facts(sections),
+    }
     values.update(_capacity_facts(sections))  # capacity (issue 15)
     values.update(_port_facts(sections))  # sshd port taken on the host (network host)
     listed = sections.get("gpus")
     if listed is not None and listed.rc == 0:
         values["gpus"] = tuple(parse_discovery(listed.stdout))
+        values["cdi_specs"] = tuple(spec_files(listed.stdout))
     try:
         objects = _inspect_objects(inspect.stdout)
     except DockerOutputError as exc:
@@ -322,7 +425,7 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
         and cinfo.image_id.startswith("sha256:"),
         labels=labels,
         started_at=cinfo.started_at,
-        host_config=cinfo.limits,
+        host_config=runtime_limits(runtime, cinfo.limits),
     )
     values.update(
         _in_container_facts(sections, running=cinfo.state == "running", container_id=cinfo.id)

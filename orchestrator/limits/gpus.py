@@ -52,6 +52,10 @@ AMD_SMI_QUERY = ["amd-smi", "static", "--json"]
 ROCM_SMI_QUERY = ["rocm-smi", "--showproductname", "--showmeminfo", "vram", "--showbus", "--json"]
 
 _RENDER_RE = re.compile(r"/dev/dri/renderD(\d+)$")
+# CDI spec files the discovery prints (remote/gpus.sh; limits/cdi.py reads
+# them): bounded, at most this many files of at most this many bytes.
+CDI_MAX_FILES = 32
+CDI_MAX_BYTES = 256 * 1024
 
 
 class GPUError(ValueError):
@@ -109,7 +113,9 @@ def discovery_argv(device_root: str = "/") -> list[str]:
     """`sh -c GPUS cvs-gpus ROOT MARKER` (remote/gpus.sh): the host's GPU facts
     in marked sections. `device_root` relocates /dev and /sys lookups (the
     sandbox's stand-in devices)."""
-    return remote.argv("gpus", device_root.rstrip("/"), MARKER)
+    return remote.argv(
+        "gpus", device_root.rstrip("/"), MARKER, str(CDI_MAX_FILES), str(CDI_MAX_BYTES)
+    )
 
 
 def parse_discovery(stdout: str) -> list[GPU]:
@@ -126,6 +132,11 @@ def parse_discovery(stdout: str) -> list[GPU]:
             info = _parse_rocm_smi("\n".join(sections.get("rocm-smi", [])))
         gpus += _amd_gpus(sections.get("render", []), info)
     return gpus
+
+
+def split_sections(stdout: str) -> dict[str, list[str]]:
+    """The discovery output's sections by name (`cdi PATH` for CDI specs)."""
+    return _split_sections(stdout)
 
 
 def _split_sections(stdout: str) -> dict[str, list[str]]:

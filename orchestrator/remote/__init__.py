@@ -15,7 +15,7 @@ attach path sends the probe on every `up`).
 
     frames.py   the `@@cvs:` output grammar: one parser for what the programs print
     records.py  the host's records of containers (provisioned, adopted)
-    runtime.py  how to reach the container runtime on a host (DockerRuntime)
+    runtime.py  how to reach the container runtime on a host (ContainerRuntime)
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from importlib import resources
 # Which libraries each program needs, in order. A program not named here
 # needs none.
 _LIBRARIES: dict[str, tuple[str, ...]] = {
-    "probe": ("access", "capacity", "listen", "records"),
+    "probe": ("access", "capacity", "listen", "records", "podman", "cgroup"),
     "check": ("listen",),
     "sshd": ("listen",),
     "record": ("records",),

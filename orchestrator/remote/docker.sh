@@ -1,11 +1,13 @@
-# Docker on a host whose access the probe has not found (lib access.sh
+# The runtime on a host whose access the probe has not found (lib access.sh
 # prepended): `cvs exec` and `cvs cp` without an `up`, reads by suites.
+# A leading --podman / --podman-rootless names podman (access.sh).
 #
 #   docker.sh read ARGS…               `docker ARGS`, a read: with each access
 #                                      in turn until one succeeds
 #   docker.sh running NAME MESSAGE ARGS…  `docker ARGS` once container NAME is
 #                                      found running (the same round trip);
 #                                      else MESSAGE on stderr, exit 125
+case $1 in --podman | --podman-rootless) cvs_runtime "$1"; shift ;; esac
 what=$1
 shift
 cvs_docker_order
@@ -22,7 +24,7 @@ case $what in
     # shellcheck disable=SC2154  # cvs_order: set by cvs_docker_order
     for m in $cvs_order; do
       if [ "$(cvs_docker "$m" inspect --type container -f '{{.State.Running}}' "$name" 2>/dev/null)" = true ]; then
-        if [ "$m" = direct ]; then exec docker "$@"; else exec sudo -n docker "$@"; fi
+        if [ "$m" = direct ]; then exec "$cvs_rt" "$@"; else exec sudo -n "$cvs_rt" "$@"; fi
       fi
     done
     printf '%s\n' "$message" >&2

@@ -28,7 +28,12 @@ FRAME = "@@cvs:"
 READY = FRAME + "ready"
 
 # One-line facts the probe prints as `@@cvs:TAG WORDS…`.
-LINE_FRAMES = frozenset({"args", "capacity", "facts", "adopted", "record", "listen", "port"})
+LINE_FRAMES = frozenset(
+    {"args", "capacity", "facts", "adopted", "record", "listen", "port"}
+    # podman hosts: which runtime answered, the other runtime where none did,
+    # rootless podman's cgroup facts (remote/runtime.py).
+    | {"runtime", "other", "cgroup"}
+)
 
 
 class FrameError(ValueError):

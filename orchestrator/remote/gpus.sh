@@ -1,13 +1,13 @@
 # The host's GPU facts, in marked sections (parsed by limits/gpus.py).
 #
-#   gpus.sh ROOT MARKER
+#   gpus.sh ROOT MARKER [MAXFILES MAXBYTES]
 #
 # ROOT relocates the /dev and /sys lookups (the sandbox's stand-in devices;
 # "" for /); the smi tools are run as they are. Missing tools are skipped
 # silently; a newline precedes every marker, so output without a final
 # newline cannot swallow one. The smi queries are mirrored by limits/gpus.py
 # (NVIDIA_QUERY, AMD_SMI_QUERY, ROCM_SMI_QUERY; a test compares them).
-r=$1 m=$2
+r=$1 m=$2 max_files=${3:-32} max_bytes=${4:-262144}
 section() { printf '\n%s %s\n' "$m" "$1"; }
 section kfd
 if [ -c "$r/dev/kfd" ]; then printf '%s\n' "$r/dev/kfd"; fi
@@ -37,5 +37,15 @@ elif command -v rocm-smi >/dev/null 2>&1; then
   section rocm-smi
   rocm-smi --showproductname --showmeminfo vram --showbus --json 2>/dev/null
 fi
+# CDI specs (limits/cdi.py): where the runtime reads them, not under ROOT.
+# Bounded: at most MAXFILES files, MAXBYTES bytes each.
+n=0
+for f in /etc/cdi/*.yaml /etc/cdi/*.json /var/run/cdi/*.yaml /var/run/cdi/*.json; do
+  if [ ! -f "$f" ] || [ ! -r "$f" ]; then continue; fi
+  n=$((n + 1))
+  [ "$n" -le "$max_files" ] || break
+  section "cdi $f"
+  head -c "$max_bytes" "$f"
+done
 section end
 exit 0

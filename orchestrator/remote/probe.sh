@@ -2,7 +2,7 @@
 # capacity.sh, listen.sh and records.sh prepended). Facts only; the plan decides.
 #
 #   probe.sh NAME IMAGE PORT MARKER CHECK HOLDERS_FILTER HOLDERS_FORMAT \
-#            [GPUS_WHEN GPUS GPU_ROOT GPU_MARKER]
+#            [GPUS_WHEN GPUS GPU_ROOT GPU_MARKER [RUNTIME]]
 #
 #   NAME    the container; IMAGE the image as `docker inspect` names it, or
 #           empty (docker access and the container only)
@@ -16,6 +16,9 @@
 #           GPU_ROOT and GPU_MARKER): "always" (every host launches), "stopped"
 #           (only where the container does not run: never on the attach
 #           path), or empty (no GPU request)
+#   RUNTIME "" (docker), --podman or --podman-rootless (lib access.sh): podman
+#           answers the inspect through podman_inspect (lib podman.sh), and
+#           a rootless probe adds the host's cgroup facts (lib cgroup.sh)
 #
 # On the host it:
 # 1. decides docker access: `docker inspect` works -> direct; else with
@@ -41,6 +44,7 @@
 # from a finished one.
 name=$1 image=$2 port=$3 marker=$4 check=$5 holders_filter=$6 holders_format=$7
 gpus_when=${8:-} gpus=${9:-} gpu_root=${10:-} gpu_marker=${11:-}
+cvs_runtime "${12:-}"
 port_hex=$(printf '%04X' "$port")
 
 umask 077
@@ -76,6 +80,15 @@ section() {
   return "$_rc"
 }
 printf '@@cvs:probe 3\n'
+# shellcheck disable=SC2154  # cvs_rt, cvs_rootless: set by cvs_runtime (access.sh)
+if [ "$cvs_rt" = podman ]; then
+  if [ -n "$cvs_rootless" ]; then
+    printf '@@cvs:runtime podman rootless\n'
+    cvs_cgroup_facts
+  else
+    printf '@@cvs:runtime podman rootful\n'
+  fi
+fi
 
 # Which docker to try first (access.sh): the socket's permissions say whether
 # plain `docker` can work, without spending a docker process to find out.
@@ -96,7 +109,9 @@ format='{{if index . "State"}}F {{index . "Id"}} {{.State.Pid}} {{.State.Running
 inspect_via() {
   _m=$1
   shift
-  if [ -n "$image" ]; then
+  if [ "$cvs_rt" = podman ]; then
+    _out=$(podman_inspect "$name" "$image" -- "$@" 2>&1 </dev/null 9<&-)
+  elif [ -n "$image" ]; then
     _out=$("$@" inspect --format "$format" "$name" "$image" 2>&1 </dev/null 9<&-)
   else
     _out=$("$@" inspect --format "$format" "$name" 2>&1 </dev/null 9<&-)
@@ -131,13 +146,19 @@ cvs_capacity /sys/devices/system/cpu/online /proc/meminfo
 via=
 # shellcheck disable=SC2154  # cvs_order: set by cvs_docker_order
 for m in $cvs_order; do
-  if [ "$m" = direct ]; then set -- docker; else set -- sudo -n docker; fi
+  if [ "$m" = direct ]; then set -- "$cvs_rt"; else set -- sudo -n "$cvs_rt"; fi
   if inspect_via "$m" "$@"; then
     via=$m
     break
   fi
 done
-[ -n "$via" ] || { printf '@@cvs:done\n'; exit 0; }
+if [ -z "$via" ]; then
+  # No access: is the other runtime here (the cluster may name the wrong one)?
+  if [ "$cvs_rt" = docker ]; then _other=podman; else _other=docker; fi
+  if command -v "$_other" >/dev/null 2>&1; then printf '@@cvs:other %s\n' "$_other"; fi
+  printf '@@cvs:done\n'
+  exit 0
+fi
 
 # The facts from the F line, each checked for its shape before any use.
 cid='' pid='' running=''

@@ -1,14 +1,41 @@
 """How to reach the container runtime on one host: the one place that knows.
 
-The probe finds it (plain `docker` when the socket lets the login user in,
-else `sudo -n docker`; remote/probe.sh) and every command on that host then
-uses it: `up`'s steps, `exec`, `cp`, the suites, the CVS adapter. Where no
-probe ran in this invocation, the host finds it itself with the same rule
-(remote/docker.sh, lib access.sh), in the same round trip as the command.
+One object per host says which runtime (`container.runtime`: docker or
+podman), how it is reached (`direct`: plain `docker`/`podman`; `sudo`: `sudo -n
+…`; `rootless`: the login user's own podman, plain and never sudo) and how
+the operations that differ between runtimes are spelled. The probe finds it
+(remote/probe.sh) and every command on that host then uses it: `up`'s steps,
+`exec`, `cp`, the suites, the CVS adapter. Where no probe ran in this
+invocation, the host finds it itself with the same rule (remote/docker.sh,
+lib access.sh), in the same round trip as the command.
+
+Rootful podman needs root: a login user that is not root reaches it through
+`sudo -n podman`, never plain `podman`, which would silently be that user's
+*rootless* podman with a container set of its own (an "absent" container that
+is only elsewhere). So rootless is asked for explicitly (`container.rootless`).
+
+| operation | docker | podman |
+|---|---|---|
+| probe inspect | `inspect NAME IMAGE` | `container inspect`, `image inspect` (*) |
+| name filter | `name=^/NAME$` | `name=^NAME$` (no leading slash) |
+| ps label column | `{{.Label "k"}}` | `{{index .Labels "k"}}` |
+| image IDs | `sha256:HEX` | bare `HEX` (the parsers add `sha256:`) |
+| NVIDIA GPUs | `--gpus device=…` | CDI only (podman 4 has no `--gpus`) |
+| CDI | docker 25+ with the `cdi` feature | built in |
+| limits unset | PidsLimit null, ShmSize 64 MiB | PidsLimit 2048, ShmSize 62.5 MiB (**) |
+
+(*) one podman template cannot meet a container and an image (remote/podman.sh).
+(**) containers.conf's defaults; containers/docker.py reads them as unset.
+
+A cluster runs one runtime on every host: image IDs, CLI spellings, GPU
+flags and in-container defaults differ, and one `cvs up` would start two
+kinds of container under one name. When a host cannot reach the cluster's
+runtime but has the other, the probe says so and the error names both.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -16,26 +43,36 @@ from typing import Literal
 from orchestrator import remote
 
 Access = Literal["direct", "sudo"]
+RuntimeName = Literal["docker", "podman"]
+RUNTIMES: tuple[RuntimeName, ...] = ("docker", "podman")
 
 # Shell text that goes before docker CLI calls on the hot paths (remote/access.sh
 # sets the same for the programs). Go's runtime sizes itself to the host's
 # cores: on a 128-core node a one-shot docker CLI sets up that many Ps (and GC
 # workers) for one API call. One is plenty, and measurably cheaper under load
 # (docs/design.md, "What an attach costs"). Exported to the docker CLI only:
-# `docker exec` passes no host variable into the container.
+# `docker exec` passes no host variable into the container. (podman is Go too.)
 DOCKER_CLI_ENV = "GOMAXPROCS=1; export GOMAXPROCS"
-
-_PREFIX: dict[Access, tuple[str, ...]] = {
-    "direct": ("docker",),
-    "sudo": ("sudo", "-n", "docker"),
-}
 
 
 @dataclass(frozen=True)
-class DockerRuntime:
+class ContainerRuntime:
     """`access` None: not probed here; the host decides on each command."""
 
     access: Access | None = None
+    name: RuntimeName = "docker"
+    rootless: bool = False
+
+    def __post_init__(self) -> None:
+        if self.name not in RUNTIMES:
+            raise ValueError(f"unknown container runtime {self.name!r} (docker or podman)")
+        if self.rootless and (self.name != "podman" or self.access == "sudo"):
+            raise ValueError("rootless is the login user's own podman: plain `podman`, no sudo")
+
+    @classmethod
+    def unprobed(cls, name: str = "docker", rootless: bool = False) -> ContainerRuntime:
+        """The cluster's runtime on a host no probe has seen in this invocation."""
+        return cls(None, name, rootless)  # type: ignore[arg-type]
 
     @property
     def known(self) -> bool:
@@ -43,26 +80,54 @@ class DockerRuntime:
 
     @property
     def prefix(self) -> list[str]:
-        """`docker` or `sudo -n docker` (ValueError when not known)."""
+        """`docker`, `sudo -n docker`, `podman` or `sudo -n podman` (ValueError
+        when not known)."""
         if self.access is None:
-            raise ValueError("the docker access on this host is not known (no probe)")
-        return list(_PREFIX[self.access])
+            raise ValueError(f"the {self.name} access on this host is not known (no probe)")
+        return ["sudo", "-n", self.name] if self.access == "sudo" else [self.name]
+
+    @property
+    def flag(self) -> list[str]:
+        """What tells remote/access.sh which runtime to reach ([] for docker:
+        docker hosts run the programs exactly as before the seam)."""
+        if self.name == "docker":
+            return []
+        return ["--podman-rootless" if self.rootless else "--podman"]
+
+    def describe(self) -> str:
+        if self.rootless:
+            return "podman (rootless)"
+        return " ".join(self.prefix) if self.known else self.name
 
     def argv(self, args: Sequence[str]) -> list[str]:
-        """`docker ARGS` as this host runs it (known access only)."""
+        """`RUNTIME ARGS` as this host runs it (known access only)."""
         return [*self.prefix, *args]
 
     def read(self, args: Sequence[str]) -> list[str]:
-        """`docker ARGS`, a read (inspect, ps): the probed access, else each
+        """`RUNTIME ARGS`, a read (inspect, ps): the probed access, else each
         access in turn on the host until one answers."""
         if self.access is not None:
             return self.argv(args)
-        return remote.argv("docker", "read", *args)
+        return remote.argv("docker", *self.flag, "read", *args)
 
     def when_running(self, name: str, args: Sequence[str], not_running: str) -> list[str]:
-        """`docker ARGS` once container `name` runs; else `not_running` on
+        """`RUNTIME ARGS` once container `name` runs; else `not_running` on
         stderr and exit 125. With a known access the check is the caller's
         (an `up` of this invocation probed the container under its lock)."""
         if self.access is not None:
             return self.argv(args)
-        return remote.argv("docker", "running", name, not_running, *args)
+        return remote.argv("docker", *self.flag, "running", name, not_running, *args)
+
+    def name_filter(self, name: str) -> str:
+        """`ps --filter` value matching exactly the container called `name`."""
+        return f"name=^/{name}$" if self.name == "docker" else f"name=^{name}$"
+
+    def label_column(self, key: str) -> str:
+        """`ps --format` text printing label `key`."""
+        if self.name == "docker":
+            return "{{.Label " + json.dumps(key) + "}}"
+        return "{{index .Labels " + json.dumps(key) + "}}"
+
+
+# The name every caller knew before podman: the same object.
+DockerRuntime = ContainerRuntime

@@ -32,10 +32,17 @@ from typing import Any
 
 import yaml
 
-from . import daemons, images, network, prereqs, procs
+from . import daemons, images, network, podman, prereqs, procs
 from .errors import SandboxError
 from .registry import SandboxRegistry, sandbox_registry
-from .users import DOCKER_USER, SUDOERS_FILE, ensure_users
+from .users import (
+    DOCKER_USER,
+    NO_DOCKER_USER,
+    SUDO_USER,
+    SUDOERS_FILE,
+    ensure_podman_sudo,
+    ensure_users,
+)
 
 Progress = Callable[[str], None]
 STATE_FILE = "sandbox.json"
@@ -63,6 +70,9 @@ class SandboxHost:
     dockerd_pid: int | None = None
     # Overrides on top of the generated sshd_config (see `set_sshd_option`).
     sshd_options: dict[str, str] = field(default_factory=dict)
+    # The container runtime this host runs: a dockerd of its own, or a podman
+    # store of its own (sandbox/podman.py).
+    runtime: str = "docker"
 
     @property
     def egress(self) -> bool:
@@ -95,6 +105,29 @@ class SandboxHost:
     @property
     def dockerd_pid_file(self) -> Path:
         return self.run_dir / "docker.pid"
+
+    @property
+    def podman_root(self) -> Path:
+        return self.host_dir / "podman"
+
+    @property
+    def podman_env(self) -> dict[str, str]:
+        """CONTAINERS_STORAGE_CONF / CONTAINERS_CONF of this host's podman."""
+        return podman.env_for(self.host_dir / "storage.conf", self.host_dir / "containers.conf")
+
+    @property
+    def rootless_dir(self) -> Path:
+        """The docker-group login user's rootless podman on this host: its own
+        store and configuration (in the run dir: that user must reach it)."""
+        return self.run_dir / "podman-rootless"
+
+    @property
+    def rootless_env(self) -> dict[str, str]:
+        d = self.rootless_dir
+        return {
+            **podman.env_for(d / "storage.conf", d / "containers.conf"),
+            "XDG_RUNTIME_DIR": str(d / "xdg"),
+        }
 
     # Written to sandbox.json for people and tools reading it; recomputed on load.
     DERIVED = ("sshd_config", "data_root", "exec_root", "docker_host")
@@ -187,6 +220,14 @@ class Sandbox:
         """argv prefix running the docker CLI against that host's dockerd from the root ns."""
         return ["docker", "--host", self._h(host).docker_host]
 
+    def runtime_argv(self, host: str | SandboxHost) -> list[str]:
+        """argv prefix for that host's runtime CLI: its dockerd's, or podman on
+        its store inside its network namespace (where its containers live)."""
+        h = self._h(host)
+        if h.runtime == "podman":
+            return podman.podman_argv(h.podman_env, h.netns)
+        return self.docker_argv(h)
+
     def ssh_argv(self, host: str | SandboxHost, user: str = DOCKER_USER) -> list[str]:
         """argv prefix for OpenSSH's client to that host, strict host-key checking."""
         h = self._h(host)
@@ -210,7 +251,22 @@ class Sandbox:
             docker_host=h.docker_host,
         )
         options.update(h.sshd_options)
-        h.sshd_config.write_text(daemons.render_sshd_config(options))
+        text = daemons.render_sshd_config(options)
+        if h.runtime == "podman":
+            # Per login user (sshd keeps the first SetEnv it reads, so the
+            # global one goes): the sudo user's rootful store, the docker
+            # group user's rootless store of its own.
+            base = options.pop("SetEnv")
+            text = daemons.render_sshd_config(options)
+            per_user = {
+                SUDO_USER: {**h.podman_env},
+                DOCKER_USER: {**h.rootless_env},
+                NO_DOCKER_USER: {},
+            }
+            for user, env in per_user.items():
+                words = " ".join([base, *(f"{k}={v}" for k, v in env.items())])
+                text += f"Match User {user}\n  SetEnv {words}\n"
+        h.sshd_config.write_text(text)
 
     def start_sshd(self, host: str | SandboxHost) -> None:
         h = self._h(host)
@@ -220,7 +276,8 @@ class Sandbox:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation dir
         log = h.host_dir / "sshd.log"
         hostname = h.name if h.netns else None  # the egress host shares the machine's
-        h.sshd_pid = procs.spawn(daemons.sshd_argv(h.sshd_config, h.netns, hostname), log)
+        argv = daemons.sshd_argv(h.sshd_config, h.netns, hostname, keep_sys=h.runtime == "podman")
+        h.sshd_pid = procs.spawn(argv, log)
         self.save()
         try:
             procs.wait_for(
@@ -296,6 +353,12 @@ class Sandbox:
 
     def stop_dockerd(self, host: str | SandboxHost, *, remove_containers: bool = False) -> None:
         h = self._h(host)
+        if h.runtime == "podman":
+            # No daemon: the containers (and runc's machine-wide state for them) go.
+            if remove_containers:
+                podman.remove_all_containers(h.podman_env, h.netns)
+                podman.remove_all_containers(h.rootless_env, h.netns, user=DOCKER_USER)
+            return
         marker = str(h.exec_root)
         if remove_containers and procs.is_ours(h.dockerd_pid, marker):
             _remove_all_containers(self.docker_argv(h))
@@ -311,10 +374,10 @@ class Sandbox:
 
     def import_skewed_image(self, host: str | SandboxHost, tag: str) -> str:
         """`docker import` the cached sshd rootfs as `tag` on that host: a new image ID."""
-        return images.import_rootfs(self.docker_argv(host), "sshd", tag)
+        return _sha256(images.import_rootfs(self.runtime_argv(host), "sshd", tag))
 
     def image_id(self, host: str | SandboxHost, tag: str) -> str:
-        return images.image_id(self.docker_argv(host), tag)
+        return _sha256(images.image_id(self.runtime_argv(host), tag))
 
     def registry(self) -> contextlib.AbstractContextManager[SandboxRegistry]:
         """A registry with htpasswd auth on this sandbox's bridge, for as long as
@@ -323,7 +386,13 @@ class Sandbox:
 
     def load_image(self, host: str | SandboxHost, tar: Path) -> None:
         """`docker load` a saved image tar on that host (same image ID everywhere)."""
-        procs.run([*self.docker_argv(host), "load", "-q", "-i", str(tar)])
+        procs.run([*self.runtime_argv(host), "load", "-q", "-i", str(tar)])
+
+
+def _sha256(image_id: str) -> str:
+    """An image ID as docker prints it (podman leaves out `sha256:`)."""
+    image_id = image_id.strip()
+    return image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"
 
 
 # -- building -------------------------------------------------------------
@@ -358,6 +427,11 @@ def _require_root() -> None:
 
 
 def _cluster_yaml(sb: Sandbox, hosts: list[SandboxHost], name: str, image: str) -> str:
+    podman_hosts = any(h.runtime == "podman" for h in hosts)
+    container: dict[str, Any] = {"image": image, "name": CONTAINER_NAME, "lifetime": "per_run"}
+    if podman_hosts:
+        # Rootful podman: the login user reaches it through `sudo -n podman`.
+        container["runtime"] = "podman"
     doc = {
         "name": name,
         "hosts": [
@@ -365,14 +439,14 @@ def _cluster_yaml(sb: Sandbox, hosts: list[SandboxHost], name: str, image: str) 
             for h in hosts
         ],
         "ssh": {
-            "user": DOCKER_USER,
+            "user": SUDO_USER if podman_hosts else DOCKER_USER,
             "identity_files": [str(sb.key_file)],
             "known_hosts": str(sb.known_hosts),
             "host_key_policy": "strict",
             "use_ssh_config": False,
         },
         # No `privileged`, no memlock ulimit: both fail on this machine.
-        "container": {"image": image, "name": CONTAINER_NAME, "lifetime": "per_run"},
+        "container": container,
     }
     header = (
         "# Sandbox cluster written by `cvs sandbox up`; removed by `cvs sandbox down`.\n"
@@ -381,9 +455,11 @@ def _cluster_yaml(sb: Sandbox, hosts: list[SandboxHost], name: str, image: str) 
     return header + yaml.safe_dump(doc, sort_keys=False)
 
 
-def _new_sandbox(directory: Path, hosts: int, egress_host: bool) -> Sandbox:
+def _new_sandbox(directory: Path, hosts: int, egress_host: bool, runtime: str) -> Sandbox:
     with network.global_lock():
         ensure_users()
+        if runtime == "podman":
+            ensure_podman_sudo()
         index = network.claim_index()
     run_dir = network.RUN_ROOT / str(index)
     members = []
@@ -398,6 +474,7 @@ def _new_sandbox(directory: Path, hosts: int, egress_host: bool) -> Sandbox:
                 veth=network.veth_name(index, number),
                 host_dir=directory / "hosts" / name,
                 run_dir=run_dir / name,
+                runtime=runtime,
             )
         )
     if egress_host:
@@ -440,14 +517,36 @@ def _prepare_keys(sb: Sandbox) -> None:
     sb.known_hosts.write_text("".join(lines))
 
 
-def _start_host(sb: Sandbox, h: SandboxHost, template: Path, progress: Progress) -> None:
-    images.seed_data_root(template, h.data_root)
+def _start_host(
+    sb: Sandbox, h: SandboxHost, template: Path, progress: Progress, podman_template: Path | None
+) -> None:
+    if h.runtime == "podman":
+        assert podman_template is not None
+        _prepare_podman(h, podman_template)
+    else:
+        images.seed_data_root(template, h.data_root)
     if h.netns is not None:
         number = int(h.name.removeprefix("node"))
         network.create_host_netns(sb.index, h.name, number)
+    if h.runtime == "podman":
+        sb.start_sshd(h)
+        progress(f"{h.name}: sshd at {h.address}:{h.port}, podman store {h.podman_root}")
+        return
     sb.start_dockerd(h)
     sb.start_sshd(h)
     progress(f"{h.name}: sshd at {h.address}:{h.port}, dockerd at {h.docker_host}")
+
+
+def _prepare_podman(h: SandboxHost, template: Path) -> None:
+    """The host's podman store (seeded from the template) and its two configs."""
+    podman.seed_store(template, h.podman_root)
+    h.run_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+    env = h.podman_env
+    Path(env["CONTAINERS_STORAGE_CONF"]).write_text(
+        podman.storage_conf(h.podman_root, h.run_dir / "podman-run")
+    )
+    Path(env["CONTAINERS_CONF"]).write_text(podman.containers_conf(h.run_dir / "podman-tmp"))
+    podman.prepare_rootless(h.rootless_dir, DOCKER_USER)
 
 
 def _parallel(fn: Callable[[SandboxHost], None], hosts: list[SandboxHost]) -> None:
@@ -467,11 +566,18 @@ def sandbox_up(
     *,
     egress_host: bool = False,
     progress: Progress | None = None,
+    runtime: str = "docker",
 ) -> Sandbox:
     """Build the sandbox in `directory` (created; must not hold a live sandbox).
 
+    `runtime` "podman": every node runs a podman store of its own instead of
+    a dockerd (rootful, reached by the sudo login user; sandbox/podman.py).
     On any failure (also Ctrl-C) everything created so far is torn down again.
     """
+    if runtime not in ("docker", "podman"):
+        raise SandboxError(f"runtime must be docker or podman, got {runtime!r}")
+    if runtime == "podman" and egress_host:
+        raise SandboxError("the egress host runs docker only; leave out egress_host for podman")
     directory = Path(directory).absolute()
     # Before anything changes: root, every command, every place written.
     prereqs.require(
@@ -487,13 +593,14 @@ def sandbox_up(
         )
     directory.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    sb = _new_sandbox(directory, hosts, egress_host)
+    sb = _new_sandbox(directory, hosts, egress_host, runtime)
     try:
         say(f"sandbox {sb.index}: bridge {sb.bridge}, {network.SUBNET_PREFIX}.{sb.index}.0/24")
         _prepare_keys(sb)
         network.create_bridge(sb.index)
         template = images.ensure_images(say)
-        _parallel(lambda h: _start_host(sb, h, template, say), sb.hosts)
+        podman_template = podman.ensure_template(say) if runtime == "podman" else None
+        _parallel(lambda h: _start_host(sb, h, template, say, podman_template), sb.hosts)
         if sb.nodes:
             sb.cluster_file.write_text(_cluster_yaml(sb, sb.nodes, "sandbox", images.SSHD_TAG))
         if sb.egress is not None:
@@ -555,7 +662,7 @@ def sandbox_down(directory: Path, progress: Progress | None = None) -> None:
             # Anything still inside a namespace we created was started by us.
             for pid in procs.run(["ip", "netns", "pids", h.netns], check=False).split():
                 procs.kill_now(int(pid))
-        for mount in procs.mounts_under([h.data_root, h.run_dir]):
+        for mount in procs.mounts_under([h.data_root, h.run_dir, h.podman_root]):
             procs.run(["umount", "-l", mount], check=False)
         # Tens of thousands of layer files per host: delete hosts in parallel.
         # --one-file-system: never descend into a mount that refused to go.

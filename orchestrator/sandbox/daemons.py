@@ -60,13 +60,20 @@ def in_own_uts(hostname: str, argv: list[str]) -> list[str]:
     return ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', hostname, *argv]
 
 
-def sshd_argv(config: Path, netns: str | None, hostname: str | None = None) -> list[str]:
+def sshd_argv(
+    config: Path, netns: str | None, hostname: str | None = None, *, keep_sys: bool = False
+) -> list[str]:
+    """`keep_sys`: enter the namespace with nsenter, keeping the machine's /sys
+    (podman hosts: each podman call runs runc itself, and `ip netns exec`'s
+    fresh /sys has no cgroup mounts, "no cgroup mount found in mountinfo")."""
     # -D keeps sshd in the foreground so the pid we spawn is the listener's.
     argv = [SSHD, "-D", "-e", "-f", str(config)]
     if hostname is not None:
         argv = in_own_uts(hostname, argv)
     if netns is None:
         return argv
+    if keep_sys:
+        return ["nsenter", f"--net=/var/run/netns/{netns}", *argv]
     return ["ip", "netns", "exec", netns, *argv]
 
 

@@ -57,3 +57,26 @@ def ensure_users() -> None:
     tmp.chmod(0o440)
     run(["visudo", "-cf", str(tmp)])
     tmp.rename(SUDOERS_FILE)
+
+
+PODMAN_SUDOERS_FILE = Path("/etc/sudoers.d/cvs-sandbox-podman")
+# Rootful podman for the sudo user: podman has no daemon, so the host's store
+# and configuration travel in the environment (sshd's SetEnv) and must
+# survive sudo's env_reset. A file of its own: sandboxes of other versions
+# rewrite the docker one.
+PODMAN_SUDOERS_TEXT = f"""\
+# Written by cvs sandbox (orchestrator/sandbox/users.py).
+Defaults:{SUDO_USER} env_keep += "CONTAINERS_CONF CONTAINERS_STORAGE_CONF"
+{SUDO_USER} ALL=(root) NOPASSWD: /usr/bin/podman
+"""
+
+
+def ensure_podman_sudo() -> None:
+    """The podman sudoers entry, if missing. Call under `global_lock`."""
+    if PODMAN_SUDOERS_FILE.exists() and PODMAN_SUDOERS_FILE.read_text() == PODMAN_SUDOERS_TEXT:
+        return
+    tmp = PODMAN_SUDOERS_FILE.with_suffix(".tmp")
+    tmp.write_text(PODMAN_SUDOERS_TEXT)
+    tmp.chmod(0o440)
+    run(["visudo", "-cf", str(tmp)])
+    tmp.rename(PODMAN_SUDOERS_FILE)

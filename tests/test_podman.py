@@ -1,0 +1,577 @@
+"""Podman as the container runtime, end to end on the sandbox (issue 24).
+
+A sandbox of its own whose three nodes run rootful podman (a store per host,
+reached by the sudo login user through `sudo -n podman`; sandbox/podman.py),
+driven through the real CLI. Each test has its own container name and
+removes its containers from every host afterwards, also on failure.
+
+CDI tests write spec files into the machine-wide /etc/cdi: uniquely named,
+removed after, and serialised with other runs by a lock file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from orchestrator.sandbox import DOCKER_USER, SSHD_TAG, Sandbox, sandbox_down, sandbox_up
+from orchestrator.sandbox.images import images_tar
+
+pytestmark = pytest.mark.sandbox
+
+THREE = ["node1", "node2", "node3"]
+CDI_DIR = Path("/etc/cdi")
+CDI_LOCK = Path("/run/cvs-sandbox-cdi.lock")
+
+
+def cvs(path: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", "-c", str(path), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CI": "1"},
+        timeout=timeout,
+        check=False,
+    )
+
+
+def cvs_json(path: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    proc = cvs(path, "--json", *args)
+    docs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    summaries = [d for d in docs if "exit_code" in d]
+    assert summaries, f"no JSON summary (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc.returncode, summaries[-1]
+
+
+def explain(proc: subprocess.CompletedProcess[str]) -> str:
+    return f"rc {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+
+
+@pytest.fixture(scope="module")
+def podman_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    if os.geteuid() != 0:
+        pytest.skip("sandbox tests need root")
+    if shutil.which("podman") is None:
+        pytest.skip("podman hosts need podman (apt-get install podman uidmap)")
+    directory = tmp_path_factory.mktemp("podman") / "sb"
+    try:
+        yield sandbox_up(directory, hosts=3, runtime="podman")
+    finally:
+        sandbox_down(directory)
+
+
+def podman(sb: Sandbox, host: str, *args: str, check: bool = True) -> str:
+    proc = subprocess.run(
+        [*sb.runtime_argv(host), *args], capture_output=True, text=True, timeout=120
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"podman {' '.join(args)} on {host}: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+def inspect(sb: Sandbox, host: str, name: str) -> dict[str, Any] | None:
+    proc = subprocess.run(
+        [*sb.runtime_argv(host), "container", "inspect", name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if proc.returncode != 0:
+        assert "no such container" in proc.stderr, proc.stderr
+        return None
+    return json.loads(proc.stdout)[0]
+
+
+def ids(sb: Sandbox, name: str, hosts: list[str] = THREE) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for host in hosts:
+        doc = inspect(sb, host, name)
+        out[host] = None if doc is None else doc["Id"]
+    return out
+
+
+class Lab:
+    def __init__(self, sb: Sandbox, directory: Path) -> None:
+        self.sb = sb
+        self.directory = directory
+        self.name = f"cvs-pm-{uuid.uuid4().hex[:8]}"
+        self.tags: list[str] = []
+        self._n = 0
+
+    def cluster(
+        self, *, lifetime: str, hosts: list[str] = THREE, sshd_port: int | None = None, **kw: Any
+    ) -> Path:
+        doc = yaml.safe_load(self.sb.cluster_file.read_text())
+        doc["name"] = self.name
+        doc["hosts"] = [h for h in doc["hosts"] if h["name"] in hosts]
+        doc["state_dir"] = str(self.directory / "state")
+        host_extra = kw.pop("host_extra", {})
+        doc["hosts"] = [{**h, **host_extra.get(h["name"], {})} for h in doc["hosts"]]
+        block = {**doc["container"], "name": self.name, "lifetime": lifetime, **kw}
+        block["sshd"] = {"enabled": False} if sshd_port is None else {"port": sshd_port}
+        doc["container"] = block
+        self._n += 1
+        path = self.directory / f"cluster{self._n}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
+
+    def clean(self) -> None:
+        for host in THREE:
+            podman(self.sb, host, "rm", "-f", "-t", "0", self.name, check=False)
+            for tag in self.tags:
+                podman(self.sb, host, "rmi", "-f", tag, check=False)
+
+
+@pytest.fixture
+def lab(podman_sandbox: Sandbox, tmp_path: Path) -> Iterator[Lab]:
+    lab = Lab(podman_sandbox, tmp_path)
+    try:
+        yield lab
+    finally:
+        lab.clean()
+
+
+# --- lifetimes -----------------------------------------------------------------
+
+
+def test_podman_cold_start_then_attach_keeps_the_same_containers(lab: Lab) -> None:
+    path = lab.cluster(lifetime="persistent")
+
+    rc, first = cvs_json(path, "up")
+    assert rc == 0, first
+    assert {h: v["action"] for h, v in first["hosts"].items()} == dict.fromkeys(THREE, "cold_start")
+    before = ids(lab.sb, lab.name)
+    assert all(before.values())
+    wrote = cvs(path, "exec", "--", "echo data > /root/keep")
+    assert wrote.returncode == 0, explain(wrote)
+
+    rc, second = cvs_json(path, "up")
+
+    assert rc == 0, second
+    assert {h: v["action"] for h, v in second["hosts"].items()} == dict.fromkeys(THREE, "attach")
+    assert all(v["steps"] == {} for v in second["hosts"].values()), second
+    assert ids(lab.sb, lab.name) == before
+    read = cvs(path, "exec", "--", "cat /root/keep")
+    assert read.returncode == 0 and read.stdout.count("data") == 3, explain(read)
+
+
+def test_podman_restart_after_a_stop_keeps_the_overlay(lab: Lab) -> None:
+    path = lab.cluster(lifetime="persistent")
+    assert cvs(path, "up").returncode == 0
+    assert cvs(path, "exec", "--", "echo kept > /root/keep").returncode == 0
+    before = ids(lab.sb, lab.name)
+    for host in THREE:
+        podman(lab.sb, host, "stop", "-t", "1", lab.name)
+
+    rc, report = cvs_json(path, "up")
+
+    assert rc == 0, report
+    assert {h: v["action"] for h, v in report["hosts"].items()} == dict.fromkeys(THREE, "restart")
+    assert ids(lab.sb, lab.name) == before
+    read = cvs(path, "exec", "--", "cat /root/keep")
+    assert read.stdout.count("kept") == 3, explain(read)
+
+
+def test_podman_partial_persistent_set_is_refused_and_nothing_changes(lab: Lab) -> None:
+    path = lab.cluster(lifetime="persistent")
+    assert cvs(path, "up").returncode == 0
+    podman(lab.sb, "node2", "rm", "-f", "-t", "0", lab.name)
+    before = ids(lab.sb, lab.name)
+
+    up = cvs(path, "up")
+
+    assert up.returncode == 4, explain(up)
+    assert "absent: node2" in up.stderr, up.stderr
+    assert ids(lab.sb, lab.name) == before
+
+
+# --- image identity ------------------------------------------------------------
+
+
+def test_podman_image_skew_is_refused_naming_host_and_image(lab: Lab) -> None:
+    tag = f"localhost/cvs-skew-{lab.name[-8:]}:test"
+    lab.tags.append(tag)
+    for host in THREE:
+        podman(lab.sb, host, "tag", SSHD_TAG, tag)
+    path = lab.cluster(lifetime="persistent", image=tag)
+    assert cvs(path, "up").returncode == 0
+    labels = inspect(lab.sb, "node1", lab.name)["Config"]["Labels"]  # type: ignore[index]
+    skewed = lab.sb.import_skewed_image("node1", tag)
+    podman(lab.sb, "node1", "rm", "-f", "-t", "0", lab.name)
+    label_args = [a for k, v in labels.items() for a in ("--label", f"{k}={v}")]
+    podman(lab.sb, "node1", "run", "-d", "--name", lab.name, "--network", "host",
+           *label_args, tag, "sleep", "infinity")  # fmt: skip
+    normal = lab.sb.image_id("node2", tag)
+    assert skewed != normal and skewed.startswith("sha256:")
+
+    up = cvs(path, "up")
+
+    assert up.returncode == 4, explain(up)
+    assert "image skew" in up.stderr
+    assert f"{skewed.removeprefix('sha256:')[:12]} on node1" in up.stderr, up.stderr
+    assert f"{normal.removeprefix('sha256:')[:12]} on node2, node3" in up.stderr
+
+
+def test_podman_cold_start_refuses_a_tag_that_names_different_images(lab: Lab) -> None:
+    tag = f"localhost/cvs-skew-{lab.name[-8:]}:cold"
+    lab.tags.append(tag)
+    skewed = lab.sb.import_skewed_image("node1", tag)
+    for host in ("node2", "node3"):
+        podman(lab.sb, host, "tag", SSHD_TAG, tag)
+    path = lab.cluster(lifetime="persistent", image=tag)
+
+    up = cvs(path, "up")
+
+    assert up.returncode == 4, explain(up)
+    assert "resolves to different images" in up.stderr, up.stderr
+    assert skewed.removeprefix("sha256:")[:12] in up.stderr
+    assert ids(lab.sb, lab.name) == dict.fromkeys(THREE)
+
+
+# --- ownership ---------------------------------------------------------------------
+
+
+def test_podman_per_run_labels_its_containers_and_down_removes_them_by_id(lab: Lab) -> None:
+    path = lab.cluster(lifetime="per_run")
+    assert cvs(path, "up").returncode == 0
+    for host in THREE:
+        doc = inspect(lab.sb, host, lab.name)
+        assert doc is not None and doc["Config"]["Labels"]["io.cvs.managed"]
+
+    down = cvs(path, "down")
+
+    assert down.returncode == 0, explain(down)
+    assert ids(lab.sb, lab.name) == dict.fromkeys(THREE)
+
+
+def test_podman_foreign_same_named_container_is_never_removed(lab: Lab) -> None:
+    podman(lab.sb, "node1", "run", "-d", "--name", lab.name, SSHD_TAG, "sleep", "infinity")
+    foreign = ids(lab.sb, lab.name, ["node1"])["node1"]
+    path = lab.cluster(lifetime="per_run")
+
+    up = cvs(path, "up")
+    down = cvs(path, "down")
+
+    assert up.returncode == 4 and "node1" in up.stderr, explain(up)
+    assert down.returncode == 0 and "not created by cvs" in down.stderr, explain(down)
+    assert ids(lab.sb, lab.name) == {"node1": foreign, "node2": None, "node3": None}
+
+
+# --- exec, provisioning, sshd, caps --------------------------------------------------
+
+
+def test_podman_exec_runs_in_each_container_and_passes_the_exit_code(lab: Lab) -> None:
+    path = lab.cluster(lifetime="per_run")
+    assert cvs(path, "up").returncode == 0
+
+    names = cvs(path, "exec", "--", "hostname")
+    failed = cvs(path, "exec", "--", "exit 3")
+
+    assert names.returncode == 0, explain(names)
+    assert {f"{h} | {h}" for h in THREE} <= set(names.stdout.splitlines())
+    assert failed.returncode == 1, explain(failed)
+
+
+def test_podman_provisioning_and_in_container_sshd_reach_the_peers(lab: Lab) -> None:
+    path = lab.cluster(lifetime="per_run", sshd_port=2461)
+    rc, report = cvs_json(path, "up")
+    assert rc == 0, report
+    assert all(v["steps"].get("sshd") == "ok" for v in report["hosts"].values()), report
+
+    hop = cvs(path, "exec", "--hosts", "node1", "--", "ssh -o BatchMode=yes node3 hostname")
+
+    assert hop.returncode == 0, explain(hop)
+    assert "node1 | node3" in hop.stdout.splitlines()
+    status = cvs_json(path, "status")[1]
+    assert {h: v["sshd"] for h, v in status["hosts"].items()} == dict.fromkeys(THREE, "listening")
+    assert {h: v["provisioned"] for h, v in status["hosts"].items()} == dict.fromkeys(THREE, "yes")
+
+
+def test_podman_resource_caps_reach_the_container_and_an_attach_sees_no_drift(lab: Lab) -> None:
+    path = lab.cluster(
+        lifetime="persistent", hosts=["node1"], resources={"memory": "256Mi", "pids": 300}
+    )
+    assert cvs(path, "up").returncode == 0
+    host_config = inspect(lab.sb, "node1", lab.name)["HostConfig"]  # type: ignore[index]
+    assert (host_config["Memory"], host_config["PidsLimit"]) == (256 * 1024**2, 300)
+
+    attach = cvs(path, "up")
+
+    assert attach.returncode == 0, explain(attach)
+    assert "drift" not in attach.stderr, attach.stderr
+
+
+def test_podman_unset_limits_are_not_read_as_drift(lab: Lab) -> None:
+    # podman's own defaults (PidsLimit 2048, ShmSize 62.5 MiB) are "unset".
+    path = lab.cluster(lifetime="persistent", hosts=["node1"])
+    assert cvs(path, "up").returncode == 0
+
+    attach = cvs(path, "up")
+
+    assert attach.returncode == 0 and "drift" not in attach.stderr, explain(attach)
+
+
+# --- a mixed fleet ---------------------------------------------------------------------
+
+
+def test_a_docker_cluster_on_podman_hosts_is_refused_naming_both_runtimes(lab: Lab) -> None:
+    path = lab.cluster(lifetime="persistent", runtime="docker")
+
+    up = cvs(path, "up")
+
+    assert up.returncode == 4, explain(up)
+    assert "docker daemon not reachable" in up.stderr, up.stderr
+    assert "this host has podman" in up.stderr and "container.runtime: podman" in up.stderr
+    assert ids(lab.sb, lab.name) == dict.fromkeys(THREE)
+
+
+# --- GPUs through CDI ------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def cdi_spec(devices: dict[str, list[str]], *, kind: str = "amd.com/gpu") -> Iterator[Path]:
+    """A CDI spec in /etc/cdi for the duration, under a lock other runs also
+    take: /etc/cdi is machine-wide, and two specs naming one device would
+    make both ambiguous."""
+    CDI_DIR.mkdir(parents=True, exist_ok=True)
+    with open(CDI_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        path = CDI_DIR / f"cvs-test-{uuid.uuid4().hex[:8]}.yaml"
+        spec = {
+            "cdiVersion": "0.5.0",
+            "kind": kind,
+            "devices": [
+                {
+                    "name": name,
+                    "containerEdits": {
+                        "deviceNodes": [
+                            {"path": "/dev/dri/" + Path(n).name, "hostPath": n} for n in nodes
+                        ],
+                    },
+                }
+                for name, nodes in devices.items()
+            ],
+            "containerEdits": {"env": ["ROCR_VISIBLE_DEVICES=7"]},
+        }
+        path.write_text(yaml.safe_dump(spec))
+        try:
+            yield path
+        finally:
+            path.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def device_root() -> Iterator[Path]:
+    """/dev/kfd and renderD128..130 as stand-ins (/dev/null's numbers)."""
+    root = Path(tempfile.mkdtemp(prefix="cvs-cdi-root-", dir="/tmp"))
+    root.chmod(0o755)
+    (root / "dev" / "dri").mkdir(parents=True)
+    os.mknod(root / "dev" / "kfd", 0o666 | 0o020000, os.makedev(1, 3))
+    for minor in (128, 129, 130):
+        os.mknod(root / "dev" / "dri" / f"renderD{minor}", 0o666 | 0o020000, os.makedev(1, 3))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_podman_gpus_go_through_cdi_names_and_the_container_sees_only_them(
+    lab: Lab, device_root: Path
+) -> None:
+    nodes = {str(i): [f"{device_root}/dev/dri/renderD{128 + i}"] for i in range(3)}
+    nodes["all"] = [n[0] for n in nodes.values()]
+    with cdi_spec(nodes):
+        path = lab.cluster(
+            lifetime="per_run",
+            hosts=["node1"],
+            gpus={"count": 2},
+            host_extra={"node1": {"gpu_device_root": str(device_root)}},
+        )
+        up = cvs(path, "up")
+        assert up.returncode == 0, explain(up)
+        assert "GPUs through CDI: amd.com/gpu=0,1" in up.stderr, up.stderr
+        create = inspect(lab.sb, "node1", lab.name)["Config"]["CreateCommand"]  # type: ignore[index]
+        inside = cvs(path, "exec", "--", "ls /dev/dri; echo ROCR=$ROCR_VISIBLE_DEVICES")
+
+    assert create[create.index("amd.com/gpu=0") - 1 :][:2] == ["--device", "amd.com/gpu=0"]
+    assert "amd.com/gpu=all" not in create
+    lines = [line.split(" | ", 1)[1] for line in inside.stdout.splitlines() if " | " in line]
+    assert [x for x in lines if x.startswith("renderD")] == ["renderD128", "renderD129"]
+    # The spec's own ROCR_VISIBLE_DEVICES (host numbering) loses to cvs's 0..N-1.
+    assert "ROCR=0,1" in lines, inside.stdout
+
+
+def test_cdi_always_without_a_covering_spec_refuses_before_anything_starts(
+    lab: Lab, device_root: Path
+) -> None:
+    path = lab.cluster(
+        lifetime="per_run",
+        hosts=["node1"],
+        gpus={"count": 1},
+        cdi="always",
+        host_extra={"node1": {"gpu_device_root": str(device_root)}},
+    )
+
+    up = cvs(path, "up")
+
+    assert up.returncode == 4, explain(up)
+    assert "container.cdi: always, but no CDI device" in up.stderr, up.stderr
+    assert ids(lab.sb, lab.name, ["node1"]) == {"node1": None}
+
+
+# --- rootless: the login user's own podman, no sudo -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def rootless_images(podman_sandbox: Sandbox) -> Iterator[str]:
+    """The sandbox images in the docker-group user's rootless store on node1,
+    loaded by that user over SSH (a rootless store's files belong to the
+    user's subordinate IDs: the root-owned template cannot be linked in)."""
+    with open(images_tar(), "rb") as tar:
+        proc = subprocess.run(
+            [*podman_sandbox.ssh_argv("node1", DOCKER_USER), "podman load -q"],
+            stdin=tar,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert proc.returncode == 0, proc.stderr
+    # The host's own rootless store, not one in the user's home shared by all.
+    home = Path(pwd.getpwnam(DOCKER_USER).pw_dir)
+    assert not (home / ".local" / "share" / "containers" / "storage").exists()
+    try:
+        yield "node1"
+    finally:
+        # podman's blob-info cache is all a rootless load leaves in the home.
+        shutil.rmtree(home / ".local" / "share" / "containers", ignore_errors=True)
+
+
+def rootless_cluster(lab: Lab, **container: Any) -> Path:
+    path = lab.cluster(lifetime="persistent", hosts=["node1"], rootless=True, **container)
+    doc = yaml.safe_load(path.read_text())
+    doc["ssh"]["user"] = DOCKER_USER
+    # This machine has no /dev/mqueue, which rootless `--ipc host` bind-mounts.
+    doc["container"]["ipc"] = None
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def rootless_ps(sb: Sandbox, name: str) -> str:
+    proc = subprocess.run(
+        [
+            *sb.ssh_argv("node1", DOCKER_USER),
+            f"podman ps -a --format '{{{{.ID}}}}' -f name=^{name}$",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return proc.stdout.strip()
+
+
+def test_rootless_podman_cold_starts_attaches_and_provisions_as_root_in_its_namespace(
+    lab: Lab, rootless_images: str
+) -> None:
+    path = rootless_cluster(lab)
+    try:
+        rc, first = cvs_json(path, "up")
+        assert rc == 0, first
+        assert first["hosts"]["node1"]["action"] == "cold_start"
+        assert first["hosts"]["node1"]["steps"].get("provision") == "ok"
+        started = rootless_ps(lab.sb, lab.name)
+        # The rootful store (sudo) does not have it: this is the user's own.
+        assert started and inspect(lab.sb, "node1", lab.name) is None
+
+        rc, second = cvs_json(path, "up")
+        inside = cvs(path, "exec", "--", "id -u; cat /proc/self/uid_map")
+
+        assert rc == 0 and second["hosts"]["node1"]["action"] == "attach", second
+        assert rootless_ps(lab.sb, lab.name) == started
+        lines = [ln.split(" | ", 1)[1].split() for ln in inside.stdout.splitlines() if " | " in ln]
+        assert lines[0] == ["0"]  # root inside ...
+        assert lines[1][:2] == ["0", str(pwd.getpwnam(DOCKER_USER).pw_uid)]  # ... is cvs outside
+    finally:
+        cvs(path, "down", "--force")
+
+
+def test_rootless_caps_the_host_cannot_apply_are_refused_before_anything_starts(
+    lab: Lab, rootless_images: str
+) -> None:
+    # This machine runs cgroups v1 (hybrid): rootless podman would ignore them.
+    path = rootless_cluster(lab, resources={"memory": "256Mi"})
+
+    validate = cvs(path, "validate")
+    up = cvs(path, "up")
+
+    assert "rootless: resources.memory apply only on cgroups v2" in validate.stderr
+    assert up.returncode == 4, explain(up)
+    assert "rootless podman cannot apply resources.memory on cgroups v1" in up.stderr
+    assert rootless_ps(lab.sb, lab.name) == ""
+
+
+# --- cp and image_tar ------------------------------------------------------------------
+
+
+def test_podman_cp_copies_into_every_container_checked_by_sha256(lab: Lab, tmp_path: Path) -> None:
+    path = lab.cluster(lifetime="per_run")
+    assert cvs(path, "up").returncode == 0
+    src = tmp_path / "payload.txt"
+    src.write_text("podman payload\n")
+
+    copied = cvs(path, "cp", str(src), "/opt/")
+    read = cvs(path, "exec", "--", "cat /opt/payload.txt")
+
+    assert copied.returncode == 0, explain(copied)
+    assert read.stdout.count("podman payload") == 3, explain(read)
+
+
+def test_podman_loads_image_tar_where_the_tag_is_missing(lab: Lab) -> None:
+    tag = f"localhost/cvs-tar-{lab.name[-8:]}:1"
+    lab.tags.append(tag)
+    podman(lab.sb, "node1", "tag", SSHD_TAG, tag)
+    tar = Path(tempfile.mkdtemp(prefix="cvs-tar-", dir="/tmp")) / "image.tar"
+    try:
+        podman(lab.sb, "node1", "save", "-o", str(tar), tag)
+        podman(lab.sb, "node1", "rmi", tag)
+        path = lab.cluster(lifetime="per_run", hosts=["node1", "node2"], image=tag)
+        doc = yaml.safe_load(path.read_text())
+        doc["container"].update(image_tar=str(tar), pull="never")
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+        rc, report = cvs_json(path, "up")
+
+        assert rc == 0, report
+        assert all(v["steps"].get("load") == "ok" for v in report["hosts"].values()), report
+        assert lab.sb.image_id("node1", tag) == lab.sb.image_id("node2", tag)
+    finally:
+        shutil.rmtree(tar.parent, ignore_errors=True)
+
+
+# --- suites --------------------------------------------------------------------------------
+
+
+def test_podman_install_then_test_suite_in_a_new_process_passes(lab: Lab, tmp_path: Path) -> None:
+    path = lab.cluster(lifetime="persistent")
+    install = cvs(path, "run", "install_demo", "--run-dir", str(tmp_path / "install"))
+    after = cvs(path, "run", "test_demo", "--run-dir", str(tmp_path / "after"))
+
+    assert install.returncode == 0, explain(install)
+    assert after.returncode == 0, explain(after)
+    doc = json.loads((tmp_path / "after" / "results.json").read_text())
+    # The report's image IDs read as docker prints them (podman's are bare hex).
+    image_ids = json.dumps(doc)
+    assert "sha256:" + lab.sb.image_id("node1", SSHD_TAG).removeprefix("sha256:") in image_ids

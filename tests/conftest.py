@@ -30,7 +30,7 @@ from orchestrator.sandbox import Sandbox, sandbox_down, sandbox_up
 
 # Fixtures that build a sandbox: a test using one is a sandbox test (`-m "not
 # sandbox"` builds none). `breakable`: test_heal's own sandbox, broken on purpose.
-SANDBOX_FIXTURES = {"sandbox", "egress_sandbox", "make_sandbox", "breakable"}
+SANDBOX_FIXTURES = {"sandbox", "egress_sandbox", "make_sandbox", "breakable", "faulty"}
 REQUIRED_TOOLS = ("ip", "nsenter", "dockerd", "sshd", "debootstrap", "ssh", "sudo")
 
 

@@ -81,6 +81,6 @@ def test_runs_show_gives_the_duration_the_live_summary_gave(
     outcome.finished = outcome.started + timedelta(seconds=0.3)
     live = verdict(outcome)
     assert " in 0.3s" in live
-    RunRecorder.create(tmp_path / "20250304T050607Z-test_x").finish(outcome)
+    RunRecorder.create(tmp_path / "20250304T050607Z-test_x").finish(outcome, report=write_report)
     assert main(["runs", "show", "latest", "--dir", str(tmp_path)]) == 0
     assert live in capsys.readouterr().out

@@ -132,3 +132,16 @@ def test_a_refusal_says_nothing_changed_once_and_never_when_something_did(
     err = capsys.readouterr().err
     assert "nothing was changed" not in err
     assert err.startswith("cvs: refused (no container changed; done before: image x:1 pulled")
+
+
+def test_cp_names_the_host_whose_container_is_not_running(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from orchestrator.config import load_cluster
+    from orchestrator.containers.copy import _wrap
+
+    path = Path(str(tmp_path)) / "c.yaml"
+    path.write_text("hosts: [node7]\nssh: {user: u}\ncontainer: {image: i:1, name: c1}\n")
+    script = _wrap(load_cluster(path, check_files=False), ["true"], False, host="node7")
+    assert "container c1 is not running on node7" in script
+    assert "running here" not in script

@@ -176,11 +176,17 @@ def compare(expected: dict[str, str], remote_lines: list[str], kind: str) -> str
 
 
 def _wrap(
-    cluster: ClusterConfig, argv: list[str], host_os: bool, runtime: DockerRuntime | None = None
+    cluster: ClusterConfig,
+    argv: list[str],
+    host_os: bool,
+    runtime: DockerRuntime | None = None,
+    *,
+    host: str = "",
 ) -> str:
     if host_os or cluster.container is None:
         return shlex.join(argv)
-    return in_container(container_name(cluster), argv, runtime=runtime or cluster_runtime(cluster))
+    name = container_name(cluster)
+    return in_container(name, argv, runtime=runtime or cluster_runtime(cluster), host=host)
 
 
 def _human(n: float) -> str:
@@ -285,7 +291,7 @@ async def copy_to_hosts(
     known = runtimes or {}
 
     async def one(host: str) -> HostResult:
-        script = _wrap(cluster, argv, host_os, known.get(host))
+        script = _wrap(cluster, argv, host_os, known.get(host), host=host)
         return await _copy_one(pool, host, script, payload, limit, progress)
 
     return await fan_out(list(hosts), one, limit=cluster.concurrency.hosts)
@@ -355,10 +361,11 @@ async def gather_from_hosts(
     name = os.path.basename(src.rstrip("/"))
     if not name or name in (".", "..") or "\n" in src or "\0" in src:
         raise CopyError(f"--from-host: {src!r} does not name a file")
-    script = _wrap(cluster, remote.argv("copy_send", src), host_os)
+    send = remote.argv("copy_send", src)
     limit = timeout if timeout is not None else cluster.ssh.command_timeout
 
     async def one(host: str) -> HostResult:
+        script = _wrap(cluster, send, host_os, host=host)
         return await _gather_one(pool, host, script, dest_dir / host / name, limit, progress)
 
     return await fan_out(list(hosts), one, limit=cluster.concurrency.hosts)

@@ -65,10 +65,12 @@ def test_a_renewed_lease_keeps_the_lock_until_stdin_closes(
     sh: tuple[str, ...], tmp_path: Path
 ) -> None:
     lock = tmp_path / "cvs-c-h.lock"
-    holder = hold(sh, lock, "1")
+    # 2 s: busybox's `test -nt` compares whole seconds, so a lease must span
+    # renewals in more than one second (the real one: 20 s, renewed every 5).
+    holder = hold(sh, lock, "2")
     try:
         assert holder.stdin is not None
-        for _ in range(12):  # 3.6 s: several leases long
+        for _ in range(20):  # 6 s: three leases long
             holder.stdin.write("renew\n")
             holder.stdin.flush()
             time.sleep(0.3)

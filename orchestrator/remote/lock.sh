@@ -88,7 +88,8 @@ watch_lease() {
   # that our holder line was rewritten since it last looked (each line on
   # stdin rewrites it), else it sends this shell TERM, whose trap releases.
   # (It starts after the program under the lock: this shell then only waits
-  # on stdin.)
+  # on stdin.) busybox's `test -nt` compares whole seconds: the lease must
+  # span several renewals (20 s against one every 5 s).
   (
     exec 9<&- </dev/null >/dev/null 2>&1
     while :; do

@@ -477,7 +477,7 @@ class Cluster:
             )
             for host, state in states.items():
                 if state.container == "running" and state.docker_access in ("direct", "sudo"):
-                    ready[host] = DockerRuntime(state.docker_access)
+                    ready[host] = state.runtime  # docker or podman, as probed
                 else:
                     before[host] = not_ready_result(host, state, name)
 

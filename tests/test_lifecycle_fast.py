@@ -136,3 +136,18 @@ def test_without_a_limit_the_hosts_pipelines_interleave() -> None:
     assert up(lifecycle(hosts)).ok
     order = [h for h, label, _ in hosts.calls if label in ("run", "setup", "verify")]
     assert order != sorted(order, key=HOSTS.index)
+
+
+def test_a_pull_failing_on_one_host_reports_no_host_ready_and_starts_nothing() -> None:
+    hosts = started_hosts(image_id=None)  # not on any host: each pulls first
+    hosts.answer("pull", lambda host, text: (1, "", "manifest unknown") if host == "h2" else None)
+    hosts.answer("image", lambda host, text: (0, f'[{{"Id": "{IMAGE_ID}"}}]', ""))
+    report = up(lifecycle(hosts, "persistent"))
+    assert "run" not in hosts.labels()
+    assert report.ready == []
+    for host in ("h1", "h3"):
+        # Its image arrived, but nothing was started there: never `ok`.
+        assert (
+            report.outcomes[host].summary == "cold_start NOT STARTED: the cold start failed on h2"
+        )
+    assert report.outcomes["h2"].summary.startswith("cold_start FAILED at pull")

@@ -217,7 +217,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     # Each host as it ended: a host whose start a rollback undid says so
     # (never `ok` for a container that no longer exists); failures fold by error.
     lines = {host: o.summary for host, o in report.outcomes.items() if o.ok}
-    failed = {host: o.summary for host, o in report.outcomes.items() if not o.ok}
+    # The one-line summary, then the error's output tail: folded and shown by
+    # the first line, while the tail is what names a cluster-file setting.
+    failed = {
+        host: "\n".join([o.summary, *(o.error or "").splitlines()[1:]])
+        for host, o in report.outcomes.items()
+        if not o.ok
+    }
     _write_host_lines(lines)
     _write_failures(failed, config)
     sys.stderr.write(f"up: {len(report.ready)}/{len(report.outcomes)} hosts ready\n")

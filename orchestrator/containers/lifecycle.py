@@ -137,6 +137,13 @@ class HostOutcome:
             self.ok = False
             self.error = f"rolled back: {why}"
 
+    def hold_back(self, why: str) -> None:
+        """Nothing was started here because another host's preparation failed
+        (a start goes everywhere or nowhere): not ready, and says why."""
+        if self.ok:
+            self.ok = False
+            self.error = f"not started: {why}"
+
     @property
     def summary(self) -> str:
         """One line: what the host ended as (`cold_start ok (pull, run)`,
@@ -147,6 +154,8 @@ class HostOutcome:
         first = (self.error or "failed").splitlines()[0]
         if self.rolled_back is not None and first.startswith("rolled back: "):
             return f"{kind} ROLLED BACK: {self.rolled_back}"
+        if first.startswith("not started: "):
+            return f"{kind} NOT STARTED: {first.removeprefix('not started: ')}"
         removed = " (rolled back)" if self.rolled_back is not None else ""
         return f"{kind} FAILED at {first}{removed}"
 
@@ -432,10 +441,10 @@ class Lifecycle:
     def _timeout_message(self, step: str, budget: StartBudget | None, timeout: float) -> str:
         """Which bound stopped `step`, and the setting that raises it."""
         if budget is not None:
+            shared = f", for {budget.covers} together" if " and " in budget.covers else ""
             return (
                 f"{step} did not finish within container.start_timeout "
-                f"({self.cfg.start_timeout:g}s, for {budget.covers} together): stopped, "
-                "nothing started on this host"
+                f"({self.cfg.start_timeout:g}s{shared}): stopped, nothing started on this host"
             )
         if timeout == self.cfg.start_timeout:
             return (
@@ -612,7 +621,14 @@ class Lifecycle:
 
         await fan_out(launching, prepare, limit=self.forks)
         if any(not outcomes[h].ok for h in launching):
-            # Nothing has started anywhere yet: stop here, report per host.
+            # Nothing has started anywhere yet: stop here, report per host. The
+            # hosts that got their image are not ready either (never `ok` for a
+            # container that was not started).
+            failed = ", ".join(h for h in launching if not outcomes[h].ok)
+            for host in launching:
+                outcomes[host].hold_back(
+                    f"the {plan.actions[host].kind.replace('_', ' ')} failed on {failed}"
+                )
             return UpReport(plan, outcomes)
         try:
             selections = self._barrier(launching, prepared, states, outcomes)

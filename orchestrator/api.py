@@ -477,7 +477,9 @@ class Cluster:
             )
             for host, state in states.items():
                 if state.container == "running" and state.docker_access in ("direct", "sudo"):
-                    ready[host] = DockerRuntime(state.docker_access)
+                    # The runtime the probe reached (docker or podman), not
+                    # just its access: `sudo -n docker` on a podman host fails.
+                    ready[host] = state.runtime
                 else:
                     before[host] = not_ready_result(host, state, name)
 

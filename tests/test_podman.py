@@ -17,9 +17,11 @@ import json
 import os
 import pwd
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +32,7 @@ import yaml
 
 from orchestrator.sandbox import DOCKER_USER, SSHD_TAG, Sandbox, sandbox_down, sandbox_up
 from orchestrator.sandbox.images import images_tar
+from orchestrator.sandbox.registry import SandboxRegistry
 
 pytestmark = pytest.mark.sandbox
 
@@ -575,3 +578,135 @@ def test_podman_install_then_test_suite_in_a_new_process_passes(lab: Lab, tmp_pa
     # The report's image IDs read as docker prints them (podman's are bare hex).
     image_ids = json.dumps(doc)
     assert "sha256:" + lab.sb.image_id("node1", SSHD_TAG).removeprefix("sha256:") in image_ids
+
+
+# --- registry login and pull ---------------------------------------------------------
+#
+# The sandbox registry serves plain HTTP; each podman host's registries.conf
+# marks the bridge's gateway address insecure and its logins go to an auth
+# file of its own (sandbox/podman.py): what cvs sends is unchanged.
+
+PUSHER = "node3"  # pushes the image; the registry tests use node1 and node2
+TWO = ["node1", "node2"]
+
+
+@pytest.fixture(scope="module")
+def podman_registry(podman_sandbox: Sandbox) -> Iterator[tuple[SandboxRegistry, str]]:
+    """The registry, holding the sandbox's sshd image as REGISTRY/cvs/sshd:1,
+    pushed by podman (the same image ID as the hosts' SSHD_TAG)."""
+    sb = podman_sandbox
+    with sb.registry() as reg:
+        ref = reg.ref("cvs/sshd", "1")
+        login = [*sb.runtime_argv(PUSHER), "login", "-u", reg.username, "--password-stdin"]
+        subprocess.run(
+            [*login, reg.address], input=reg.password, text=True, check=True, capture_output=True
+        )
+        podman(sb, PUSHER, "tag", SSHD_TAG, ref)
+        podman(sb, PUSHER, "push", "-q", ref)
+        podman(sb, PUSHER, "rmi", ref)
+        podman(sb, PUSHER, "logout", reg.address)
+        yield reg, ref
+
+
+def auth_file(sb: Sandbox, host: str) -> Path:
+    return Path(sb.host(host).podman_env["REGISTRY_AUTH_FILE"])
+
+
+@pytest.fixture
+def registry_lab(lab: Lab, podman_registry: tuple[SandboxRegistry, str]) -> Iterator[Lab]:
+    """A lab whose hosts forget the pulled image and their registry logins after."""
+    lab.tags.append(podman_registry[1])
+    try:
+        yield lab
+    finally:
+        for host in TWO:
+            auth_file(lab.sb, host).write_text("{}\n")
+
+
+def test_podman_cold_start_logs_in_and_pulls_on_hosts_lacking_the_image(
+    registry_lab: Lab, podman_registry: tuple[SandboxRegistry, str]
+) -> None:
+    lab, (reg, ref) = registry_lab, podman_registry
+    credentials = {"username": reg.username, "password_file": str(reg.password_file)}
+    path = lab.cluster(lifetime="persistent", hosts=TWO, image=ref, registry=credentials)
+
+    up = cvs(path, "--json", "up")
+
+    assert up.returncode == 0, explain(up)
+    report = [json.loads(x) for x in up.stdout.splitlines() if '"exit_code"' in x][-1]
+    for host in TWO:
+        steps = report["hosts"][host]["steps"]
+        assert steps["login"] == "ok" and steps["pull"] == "ok", steps
+        doc = inspect(lab.sb, host, lab.name)
+        assert doc is not None and doc["State"]["Running"], host
+        # The login is podman's own, on that host (its auth file names the registry).
+        assert reg.address in json.loads(auth_file(lab.sb, host).read_text())["auths"]
+    assert lab.sb.image_id("node1", ref) == lab.sb.image_id("node1", SSHD_TAG)
+    # The password went from its file to podman's stdin: never in output or records.
+    assert reg.password not in up.stdout + up.stderr
+    for record in (lab.directory / "state").rglob("*"):
+        if record.is_file():
+            assert reg.password not in record.read_text(errors="replace"), record
+
+
+def test_podman_pull_always_replaces_a_stale_local_tag_before_the_cold_start(
+    registry_lab: Lab, podman_registry: tuple[SandboxRegistry, str]
+) -> None:
+    lab, (reg, ref) = registry_lab, podman_registry
+    # Both hosts already have the tag, pointing at images of their own.
+    for host in TWO:
+        lab.sb.import_skewed_image(host, ref)
+    credentials = {"username": reg.username, "password_file": str(reg.password_file)}
+    path = lab.cluster(
+        lifetime="persistent", hosts=TWO, image=ref, registry=credentials, pull="always"
+    )
+
+    rc, report = cvs_json(path, "up")
+
+    assert rc == 0, report
+    wanted = lab.sb.image_id(PUSHER, SSHD_TAG)
+    for host in TWO:
+        assert report["hosts"][host]["steps"]["pull"] == "ok", report
+        doc = inspect(lab.sb, host, lab.name)
+        assert doc is not None and "sha256:" + doc["Image"].removeprefix("sha256:") == wanted
+
+
+@contextlib.contextmanager
+def stalling_registry(address: str) -> Iterator[str]:
+    """host:port of an endpoint that takes connections and never answers
+    (the kernel completes the handshake; nobody accepts)."""
+    with socket.socket() as listener:
+        listener.bind((address, 0))
+        listener.listen(16)
+        yield f"{address}:{listener.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("step", ["login", "pull"])
+def test_podman_login_or_pull_beyond_start_timeout_fails_that_host_and_starts_nothing(
+    registry_lab: Lab, podman_registry: tuple[SandboxRegistry, str], step: str
+) -> None:
+    lab, (reg, _) = registry_lab, podman_registry
+    with stalling_registry(reg.address.rsplit(":", 1)[0]) as stalled:
+        ref = f"{stalled}/cvs/sshd:1"
+        lab.tags.append(ref)
+        podman(lab.sb, "node1", "tag", SSHD_TAG, ref)  # node1 has it; node2 must get it
+        extra: dict[str, Any] = {}
+        if step == "login":
+            extra["registry"] = {
+                "username": reg.username,
+                "password_file": str(reg.password_file),
+                "server": stalled,
+            }
+        path = lab.cluster(lifetime="persistent", hosts=TWO, image=ref, start_timeout=2, **extra)
+        started = time.monotonic()
+        up = cvs(path, "up")
+        took = time.monotonic() - started
+
+    assert up.returncode == 1, explain(up)
+    failed = [line for line in up.stderr.splitlines() if "FAILED" in line]
+    assert len(failed) == 1 and failed[0].startswith(f"node2: cold_start FAILED at {step}"), failed
+    assert "did not finish within container.start_timeout (2s" in failed[0], explain(up)
+    assert took < 60, took  # bounded by the timeout, not by podman giving up
+    # Nothing half-started: no container on either host.
+    assert ids(lab.sb, lab.name, TWO) == dict.fromkeys(TWO)
+

@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 import yaml
+from terminal import Tmux
 
 from orchestrator.sandbox import DOCKER_USER, SSHD_TAG, Sandbox, sandbox_down, sandbox_up
 from orchestrator.sandbox.images import images_tar
@@ -37,6 +38,7 @@ from orchestrator.sandbox.registry import SandboxRegistry
 pytestmark = pytest.mark.sandbox
 
 THREE = ["node1", "node2", "node3"]
+REPO = Path(__file__).resolve().parent.parent
 CDI_DIR = Path("/etc/cdi")
 CDI_LOCK = Path("/run/cvs-sandbox-cdi.lock")
 
@@ -710,3 +712,67 @@ def test_podman_login_or_pull_beyond_start_timeout_fails_that_host_and_starts_no
     # Nothing half-started: no container on either host.
     assert ids(lab.sb, lab.name, TWO) == dict.fromkeys(TWO)
 
+
+# --- shell and the pytest plugin ----------------------------------------------------------
+
+
+@pytest.fixture
+def tmux() -> Iterator[Tmux]:
+    if shutil.which("tmux") is None:
+        pytest.skip("needs tmux")
+    t = Tmux(f"cvs-test-pm-{os.getpid()}")
+    try:
+        yield t
+    finally:
+        t("kill-server")
+
+
+def test_podman_shell_is_interactive_inside_the_hosts_container(lab: Lab, tmux: Tmux) -> None:
+    path = lab.cluster(lifetime="persistent", hosts=["node1", "node2"])
+    up = cvs(path, "up")
+    assert up.returncode == 0, explain(up)
+    podman(lab.sb, "node2", "exec", lab.name, "touch", "/tmp/in-node2-container")
+    command = (
+        f"PYTHONPATH={REPO} {sys.executable} -m orchestrator -c {path} shell node2; "
+        "echo SHELL-EXIT-$?; sleep 60"
+    )
+
+    tmux("new-session", "-d", "-s", "t", "-x", "160", "-y", "40", command)
+    tmux("send-keys", "-t", "t", "test -f /tmp/in-node2-container && echo MARK-$((40+2))", "Enter")
+    tmux.wait_for("MARK-42", timeout=60)
+    # podman's own mark inside its containers: this shell is in podman's container.
+    tmux("send-keys", "-t", "t", "test -f /run/.containerenv && echo PODMAN-$((1+1))", "Enter")
+    tmux.wait_for("PODMAN-2")
+    tmux("send-keys", "-t", "t", "tty; exit 3", "Enter")
+    screen = tmux.wait_for("SHELL-EXIT-3")
+
+    assert "/dev/pts/" in screen  # a real terminal inside the container
+
+
+PLUGIN_TESTS = """\
+def test_every_container_is_podmans(cluster):
+    results = cluster.exec("test -f /run/.containerenv && hostname")
+    assert {h: (r.ok, r.stdout.strip()) for h, r in results.items()} == {
+        h: (True, h) for h in cluster.hosts
+    }
+"""
+
+
+def test_podman_cluster_through_the_pytest_plugin_is_up_for_the_tests_and_down_after(
+    lab: Lab, tmp_path: Path
+) -> None:
+    path = lab.cluster(lifetime="per_run")
+    (tmp_path / "test_on_podman.py").write_text(PLUGIN_TESTS)
+    example = REPO / "orchestrator" / "examples" / "test_with_cluster.py"
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "--cvs-orchestrator-cluster", str(path), str(tmp_path / "test_on_podman.py"),
+         str(example)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False,
+    )  # fmt: skip
+
+    assert proc.returncode == 0, explain(proc)
+    assert "4 passed" in proc.stdout, explain(proc)
+    # per_run: the plugin took its containers down after the last test.
+    assert ids(lab.sb, lab.name) == dict.fromkeys(THREE)

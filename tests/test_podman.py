@@ -776,3 +776,52 @@ def test_podman_cluster_through_the_pytest_plugin_is_up_for_the_tests_and_down_a
     assert "4 passed" in proc.stdout, explain(proc)
     # per_run: the plugin took its containers down after the last test.
     assert ids(lab.sb, lab.name) == dict.fromkeys(THREE)
+
+
+# --- a mixed fleet, end to end ---------------------------------------------------------------
+
+
+def test_a_fleet_of_a_docker_host_and_a_podman_host_is_refused_before_anything_starts(
+    lab: Lab, make_sandbox: Any, tmp_path: Path
+) -> None:
+    """One host of a docker sandbox and one of the podman sandbox in one cluster
+    (`container.runtime: docker`): refused up front naming the podman host and
+    the fix, and the docker host, which could have started, is left untouched.
+
+    (The other way round, `runtime: podman` with a docker host, cannot be built
+    here: podman is installed machine-wide, so the docker host would answer
+    `sudo -n podman` with the machine's own store. The probe's message for a
+    host lacking podman is pinned in test_runtime.py.)"""
+    docker_sb: Sandbox = make_sandbox(hosts=1)
+    hosts = {"docker1": docker_sb.host("node1"), "podman1": lab.sb.host("node1")}
+    known = tmp_path / "known_hosts"
+    known.write_text(docker_sb.known_hosts.read_text() + lab.sb.known_hosts.read_text())
+    doc = yaml.safe_load(lab.sb.cluster_file.read_text())
+    doc["name"] = lab.name
+    doc["hosts"] = [{"name": n, "address": h.address, "port": h.port} for n, h in hosts.items()]
+    doc["ssh"].update(
+        identity_files=[str(docker_sb.key_file), str(lab.sb.key_file)], known_hosts=str(known)
+    )
+    doc["state_dir"] = str(tmp_path / "state")
+    doc["container"] = {
+        **doc["container"],
+        "name": lab.name,
+        "lifetime": "per_run",
+        "runtime": "docker",
+        "sshd": {"enabled": False},
+    }
+    path = tmp_path / "mixed.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    up = cvs(path, "up")
+
+    assert up.returncode == 4, explain(up)
+    assert "podman1" in up.stderr and "this host has podman" in up.stderr, explain(up)
+    assert "container.runtime: podman" in up.stderr, explain(up)
+    assert "docker1" not in up.stderr, explain(up)  # the docker host was fine
+    docker_inspect = subprocess.run(
+        [*docker_sb.docker_argv("node1"), "container", "inspect", lab.name],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert docker_inspect.returncode != 0 and "No such container" in docker_inspect.stderr
+    assert inspect(lab.sb, "node1", lab.name) is None

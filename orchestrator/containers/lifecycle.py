@@ -432,9 +432,12 @@ class Lifecycle:
     def _timeout_message(self, step: str, budget: StartBudget | None, timeout: float) -> str:
         """Which bound stopped `step`, and the setting that raises it."""
         if budget is not None:
+            # "for login and pull together" says the steps share the bound;
+            # a budget of one step is just the bound.
+            shared = f", for {budget.covers} together" if " and " in budget.covers else ""
             return (
                 f"{step} did not finish within container.start_timeout "
-                f"({self.cfg.start_timeout:g}s, for {budget.covers} together): stopped, "
+                f"({self.cfg.start_timeout:g}s{shared}): stopped, "
                 "nothing started on this host"
             )
         if timeout == self.cfg.start_timeout:

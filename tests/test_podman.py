@@ -683,6 +683,22 @@ def stalling_registry(address: str) -> Iterator[str]:
         yield f"{address}:{listener.getsockname()[1]}"
 
 
+def processes_naming(text: str, settle: float = 5.0) -> list[str]:
+    """Command lines on this machine (every sandbox host's processes are
+    here) that mention `text`, once they had `settle` seconds to end."""
+    deadline = time.monotonic() + settle
+    while True:
+        found = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            with contextlib.suppress(OSError):
+                words = cmdline.read_bytes().decode(errors="replace").split("\0")
+                if any(text in w for w in words):
+                    found.append(" ".join(words))
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
 @pytest.mark.parametrize("step", ["login", "pull"])
 def test_podman_login_or_pull_beyond_start_timeout_fails_that_host_and_starts_nothing(
     registry_lab: Lab, podman_registry: tuple[SandboxRegistry, str], step: str
@@ -703,8 +719,11 @@ def test_podman_login_or_pull_beyond_start_timeout_fails_that_host_and_starts_no
         started = time.monotonic()
         up = cvs(path, "up")
         took = time.monotonic() - started
+        # Still stalled: the host's podman was stopped, not left waiting on it.
+        lingering = processes_naming(stalled)
 
     assert up.returncode == 1, explain(up)
+    assert not lingering, lingering
     failed = [line for line in up.stderr.splitlines() if "FAILED" in line]
     assert len(failed) == 1 and failed[0].startswith(f"node2: cold_start FAILED at {step}"), failed
     assert "did not finish within container.start_timeout (2s" in failed[0], explain(up)

@@ -17,9 +17,11 @@ import json
 import os
 import pwd
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,13 +29,16 @@ from typing import Any
 
 import pytest
 import yaml
+from terminal import Tmux
 
 from orchestrator.sandbox import DOCKER_USER, SSHD_TAG, Sandbox, sandbox_down, sandbox_up
 from orchestrator.sandbox.images import images_tar
+from orchestrator.sandbox.registry import SandboxRegistry
 
 pytestmark = pytest.mark.sandbox
 
 THREE = ["node1", "node2", "node3"]
+REPO = Path(__file__).resolve().parent.parent
 CDI_DIR = Path("/etc/cdi")
 CDI_LOCK = Path("/run/cvs-sandbox-cdi.lock")
 
@@ -575,3 +580,267 @@ def test_podman_install_then_test_suite_in_a_new_process_passes(lab: Lab, tmp_pa
     # The report's image IDs read as docker prints them (podman's are bare hex).
     image_ids = json.dumps(doc)
     assert "sha256:" + lab.sb.image_id("node1", SSHD_TAG).removeprefix("sha256:") in image_ids
+
+
+# --- registry login and pull ---------------------------------------------------------
+#
+# The sandbox registry serves plain HTTP; each podman host's registries.conf
+# marks the bridge's gateway address insecure and its logins go to an auth
+# file of its own (sandbox/podman.py): what cvs sends is unchanged.
+
+PUSHER = "node3"  # pushes the image; the registry tests use node1 and node2
+TWO = ["node1", "node2"]
+
+
+@pytest.fixture(scope="module")
+def podman_registry(podman_sandbox: Sandbox) -> Iterator[tuple[SandboxRegistry, str]]:
+    """The registry, holding the sandbox's sshd image as REGISTRY/cvs/sshd:1,
+    pushed by podman (the same image ID as the hosts' SSHD_TAG)."""
+    sb = podman_sandbox
+    with sb.registry() as reg:
+        ref = reg.ref("cvs/sshd", "1")
+        login = [*sb.runtime_argv(PUSHER), "login", "-u", reg.username, "--password-stdin"]
+        subprocess.run(
+            [*login, reg.address], input=reg.password, text=True, check=True, capture_output=True
+        )
+        podman(sb, PUSHER, "tag", SSHD_TAG, ref)
+        podman(sb, PUSHER, "push", "-q", ref)
+        podman(sb, PUSHER, "rmi", ref)
+        podman(sb, PUSHER, "logout", reg.address)
+        yield reg, ref
+
+
+def auth_file(sb: Sandbox, host: str) -> Path:
+    return Path(sb.host(host).podman_env["REGISTRY_AUTH_FILE"])
+
+
+@pytest.fixture
+def registry_lab(lab: Lab, podman_registry: tuple[SandboxRegistry, str]) -> Iterator[Lab]:
+    """A lab whose hosts forget the pulled image and their registry logins after."""
+    lab.tags.append(podman_registry[1])
+    try:
+        yield lab
+    finally:
+        for host in TWO:
+            auth_file(lab.sb, host).write_text("{}\n")
+
+
+def test_podman_cold_start_logs_in_and_pulls_on_hosts_lacking_the_image(
+    registry_lab: Lab, podman_registry: tuple[SandboxRegistry, str]
+) -> None:
+    lab, (reg, ref) = registry_lab, podman_registry
+    credentials = {"username": reg.username, "password_file": str(reg.password_file)}
+    path = lab.cluster(lifetime="persistent", hosts=TWO, image=ref, registry=credentials)
+
+    up = cvs(path, "--json", "up")
+
+    assert up.returncode == 0, explain(up)
+    report = [json.loads(x) for x in up.stdout.splitlines() if '"exit_code"' in x][-1]
+    for host in TWO:
+        steps = report["hosts"][host]["steps"]
+        assert steps["login"] == "ok" and steps["pull"] == "ok", steps
+        doc = inspect(lab.sb, host, lab.name)
+        assert doc is not None and doc["State"]["Running"], host
+        # The login is podman's own, on that host (its auth file names the registry).
+        assert reg.address in json.loads(auth_file(lab.sb, host).read_text())["auths"]
+    assert lab.sb.image_id("node1", ref) == lab.sb.image_id("node1", SSHD_TAG)
+    # The password went from its file to podman's stdin: never in output or records.
+    assert reg.password not in up.stdout + up.stderr
+    for record in (lab.directory / "state").rglob("*"):
+        if record.is_file():
+            assert reg.password not in record.read_text(errors="replace"), record
+
+
+def test_podman_pull_always_replaces_a_stale_local_tag_before_the_cold_start(
+    registry_lab: Lab, podman_registry: tuple[SandboxRegistry, str]
+) -> None:
+    lab, (reg, ref) = registry_lab, podman_registry
+    # Both hosts already have the tag, pointing at images of their own.
+    for host in TWO:
+        lab.sb.import_skewed_image(host, ref)
+    credentials = {"username": reg.username, "password_file": str(reg.password_file)}
+    path = lab.cluster(
+        lifetime="persistent", hosts=TWO, image=ref, registry=credentials, pull="always"
+    )
+
+    rc, report = cvs_json(path, "up")
+
+    assert rc == 0, report
+    wanted = lab.sb.image_id(PUSHER, SSHD_TAG)
+    for host in TWO:
+        assert report["hosts"][host]["steps"]["pull"] == "ok", report
+        doc = inspect(lab.sb, host, lab.name)
+        assert doc is not None and "sha256:" + doc["Image"].removeprefix("sha256:") == wanted
+
+
+@contextlib.contextmanager
+def stalling_registry(address: str) -> Iterator[str]:
+    """host:port of an endpoint that takes connections and never answers
+    (the kernel completes the handshake; nobody accepts)."""
+    with socket.socket() as listener:
+        listener.bind((address, 0))
+        listener.listen(16)
+        yield f"{address}:{listener.getsockname()[1]}"
+
+
+def processes_naming(text: str, settle: float = 5.0) -> list[str]:
+    """Command lines on this machine (every sandbox host's processes are
+    here) that mention `text`, once they had `settle` seconds to end."""
+    deadline = time.monotonic() + settle
+    while True:
+        found = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            with contextlib.suppress(OSError):
+                words = cmdline.read_bytes().decode(errors="replace").split("\0")
+                if any(text in w for w in words):
+                    found.append(" ".join(words))
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("step", ["login", "pull"])
+def test_podman_login_or_pull_beyond_start_timeout_fails_that_host_and_starts_nothing(
+    registry_lab: Lab, podman_registry: tuple[SandboxRegistry, str], step: str
+) -> None:
+    lab, (reg, _) = registry_lab, podman_registry
+    with stalling_registry(reg.address.rsplit(":", 1)[0]) as stalled:
+        ref = f"{stalled}/cvs/sshd:1"
+        lab.tags.append(ref)
+        podman(lab.sb, "node1", "tag", SSHD_TAG, ref)  # node1 has it; node2 must get it
+        extra: dict[str, Any] = {}
+        if step == "login":
+            extra["registry"] = {
+                "username": reg.username,
+                "password_file": str(reg.password_file),
+                "server": stalled,
+            }
+        path = lab.cluster(lifetime="persistent", hosts=TWO, image=ref, start_timeout=2, **extra)
+        started = time.monotonic()
+        up = cvs(path, "up")
+        took = time.monotonic() - started
+        # Still stalled: the host's podman was stopped, not left waiting on it.
+        lingering = processes_naming(stalled)
+
+    assert up.returncode == 1, explain(up)
+    assert not lingering, lingering
+    failed = [line for line in up.stderr.splitlines() if "FAILED" in line]
+    assert len(failed) == 1 and failed[0].startswith(f"node2: cold_start FAILED at {step}"), failed
+    assert "did not finish within container.start_timeout (2s" in failed[0], explain(up)
+    assert took < 60, took  # bounded by the timeout, not by podman giving up
+    # Nothing half-started: no container on either host.
+    assert ids(lab.sb, lab.name, TWO) == dict.fromkeys(TWO)
+
+
+# --- shell and the pytest plugin ----------------------------------------------------------
+
+
+@pytest.fixture
+def tmux() -> Iterator[Tmux]:
+    if shutil.which("tmux") is None:
+        pytest.skip("needs tmux")
+    t = Tmux(f"cvs-test-pm-{os.getpid()}")
+    try:
+        yield t
+    finally:
+        t("kill-server")
+
+
+def test_podman_shell_is_interactive_inside_the_hosts_container(lab: Lab, tmux: Tmux) -> None:
+    path = lab.cluster(lifetime="persistent", hosts=["node1", "node2"])
+    up = cvs(path, "up")
+    assert up.returncode == 0, explain(up)
+    podman(lab.sb, "node2", "exec", lab.name, "touch", "/tmp/in-node2-container")
+    command = (
+        f"PYTHONPATH={REPO} {sys.executable} -m orchestrator -c {path} shell node2; "
+        "echo SHELL-EXIT-$?; sleep 60"
+    )
+
+    tmux("new-session", "-d", "-s", "t", "-x", "160", "-y", "40", command)
+    tmux("send-keys", "-t", "t", "test -f /tmp/in-node2-container && echo MARK-$((40+2))", "Enter")
+    tmux.wait_for("MARK-42", timeout=60)
+    # podman's own mark inside its containers: this shell is in podman's container.
+    tmux("send-keys", "-t", "t", "test -f /run/.containerenv && echo PODMAN-$((1+1))", "Enter")
+    tmux.wait_for("PODMAN-2")
+    tmux("send-keys", "-t", "t", "tty; exit 3", "Enter")
+    screen = tmux.wait_for("SHELL-EXIT-3")
+
+    assert "/dev/pts/" in screen  # a real terminal inside the container
+
+
+PLUGIN_TESTS = """\
+def test_every_container_is_podmans(cluster):
+    results = cluster.exec("test -f /run/.containerenv && hostname")
+    assert {h: (r.ok, r.stdout.strip()) for h, r in results.items()} == {
+        h: (True, h) for h in cluster.hosts
+    }
+"""
+
+
+def test_podman_cluster_through_the_pytest_plugin_is_up_for_the_tests_and_down_after(
+    lab: Lab, tmp_path: Path
+) -> None:
+    path = lab.cluster(lifetime="per_run")
+    (tmp_path / "test_on_podman.py").write_text(PLUGIN_TESTS)
+    example = REPO / "orchestrator" / "examples" / "test_with_cluster.py"
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "--cvs-orchestrator-cluster", str(path), str(tmp_path / "test_on_podman.py"),
+         str(example)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False,
+    )  # fmt: skip
+
+    assert proc.returncode == 0, explain(proc)
+    assert "4 passed" in proc.stdout, explain(proc)
+    # per_run: the plugin took its containers down after the last test.
+    assert ids(lab.sb, lab.name) == dict.fromkeys(THREE)
+
+
+# --- a mixed fleet, end to end ---------------------------------------------------------------
+
+
+def test_a_fleet_of_a_docker_host_and_a_podman_host_is_refused_before_anything_starts(
+    lab: Lab, make_sandbox: Any, tmp_path: Path
+) -> None:
+    """One host of a docker sandbox and one of the podman sandbox in one cluster
+    (`container.runtime: docker`): refused up front naming the podman host and
+    the fix, and the docker host, which could have started, is left untouched.
+
+    (The other way round, `runtime: podman` with a docker host, cannot be built
+    here: podman is installed machine-wide, so the docker host would answer
+    `sudo -n podman` with the machine's own store. The probe's message for a
+    host lacking podman is pinned in test_runtime.py.)"""
+    docker_sb: Sandbox = make_sandbox(hosts=1)
+    hosts = {"docker1": docker_sb.host("node1"), "podman1": lab.sb.host("node1")}
+    known = tmp_path / "known_hosts"
+    known.write_text(docker_sb.known_hosts.read_text() + lab.sb.known_hosts.read_text())
+    doc = yaml.safe_load(lab.sb.cluster_file.read_text())
+    doc["name"] = lab.name
+    doc["hosts"] = [{"name": n, "address": h.address, "port": h.port} for n, h in hosts.items()]
+    doc["ssh"].update(
+        identity_files=[str(docker_sb.key_file), str(lab.sb.key_file)], known_hosts=str(known)
+    )
+    doc["state_dir"] = str(tmp_path / "state")
+    doc["container"] = {
+        **doc["container"],
+        "name": lab.name,
+        "lifetime": "per_run",
+        "runtime": "docker",
+        "sshd": {"enabled": False},
+    }
+    path = tmp_path / "mixed.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    up = cvs(path, "up")
+
+    assert up.returncode == 4, explain(up)
+    assert "podman1" in up.stderr and "this host has podman" in up.stderr, explain(up)
+    assert "container.runtime: podman" in up.stderr, explain(up)
+    assert "docker1" not in up.stderr, explain(up)  # the docker host was fine
+    docker_inspect = subprocess.run(
+        [*docker_sb.docker_argv("node1"), "container", "inspect", lab.name],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert docker_inspect.returncode != 0 and "No such container" in docker_inspect.stderr
+    assert inspect(lab.sb, "node1", lab.name) is None

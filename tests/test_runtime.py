@@ -170,6 +170,28 @@ def test_a_docker_cluster_on_a_podman_host_is_refused_naming_both():
     assert "this host has podman" in state.error and "container.runtime: podman" in state.error
 
 
+def test_a_podman_cluster_on_a_docker_only_host_is_refused_naming_both():
+    # The sandbox cannot build this host (podman is installed machine-wide):
+    # the probe's own output for it, as remote/probe.sh prints it.
+    text = "\n".join(
+        [
+            "@@cvs:probe 2",
+            "@@cvs:runtime podman rootful",
+            "@@cvs:args c",
+            "@@cvs:section inspect.sudo 1 raw",  # sudo's exit code, not the shell's 127
+            "E sudo: podman: command not found",
+            "@@cvs:end inspect.sudo",
+            "@@cvs:other docker",
+            "@@cvs:done",
+        ]
+    )
+    state = parse_probe_output("n1", 0, text, "")
+    assert not state.known
+    assert state.error is not None and state.error_kind == "no_docker"
+    assert state.error.startswith("podman is not installed or not on PATH")
+    assert "this host has docker" in state.error and "container.runtime: docker" in state.error
+
+
 def test_no_sudo_for_podman_names_the_fix():
     text = "\n".join(
         [

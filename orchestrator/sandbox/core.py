@@ -112,8 +112,14 @@ class SandboxHost:
 
     @property
     def podman_env(self) -> dict[str, str]:
-        """CONTAINERS_STORAGE_CONF / CONTAINERS_CONF of this host's podman."""
-        return podman.env_for(self.host_dir / "storage.conf", self.host_dir / "containers.conf")
+        """CONTAINERS_STORAGE_CONF / CONTAINERS_CONF, registries and auth file of
+        this host's podman."""
+        return podman.env_for(
+            self.host_dir / "storage.conf",
+            self.host_dir / "containers.conf",
+            self.host_dir / "registries.conf",
+            self.run_dir / "podman-auth.json",
+        )
 
     @property
     def rootless_dir(self) -> Path:
@@ -125,7 +131,9 @@ class SandboxHost:
     def rootless_env(self) -> dict[str, str]:
         d = self.rootless_dir
         return {
-            **podman.env_for(d / "storage.conf", d / "containers.conf"),
+            **podman.env_for(
+                d / "storage.conf", d / "containers.conf", d / "registries.conf", d / "auth.json"
+            ),
             "XDG_RUNTIME_DIR": str(d / "xdg"),
         }
 
@@ -522,7 +530,7 @@ def _start_host(
 ) -> None:
     if h.runtime == "podman":
         assert podman_template is not None
-        _prepare_podman(h, podman_template)
+        _prepare_podman(h, podman_template, network.gateway_address(sb.index))
     else:
         images.seed_data_root(template, h.data_root)
     if h.netns is not None:
@@ -537,8 +545,10 @@ def _start_host(
     progress(f"{h.name}: sshd at {h.address}:{h.port}, dockerd at {h.docker_host}")
 
 
-def _prepare_podman(h: SandboxHost, template: Path) -> None:
-    """The host's podman store (seeded from the template) and its two configs."""
+def _prepare_podman(h: SandboxHost, template: Path, registry_host: str) -> None:
+    """The host's podman store (seeded from the template), its configs, and
+    the rootful and rootless registry settings (the sandbox registry on
+    `registry_host` is plain HTTP)."""
     podman.seed_store(template, h.podman_root)
     h.run_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
     env = h.podman_env
@@ -546,7 +556,9 @@ def _prepare_podman(h: SandboxHost, template: Path) -> None:
         podman.storage_conf(h.podman_root, h.run_dir / "podman-run")
     )
     Path(env["CONTAINERS_CONF"]).write_text(podman.containers_conf(h.run_dir / "podman-tmp"))
+    podman.write_registry_files(env, registry_host)
     podman.prepare_rootless(h.rootless_dir, DOCKER_USER)
+    podman.write_registry_files(h.rootless_env, registry_host, owner=DOCKER_USER)
 
 
 def _parallel(fn: Callable[[SandboxHost], None], hosts: list[SandboxHost]) -> None:

@@ -12,6 +12,14 @@ host's sshd points podman at, through the environment (`SetEnv`):
   1.8 fails here: "cgroups in hybrid mode not supported"), and the per-boot
   directory, locks and event log inside the host's run directory, so no two
   hosts (and nothing else on the machine) share podman state.
+- `CONTAINERS_REGISTRIES_CONF`: the sandbox registry's address (the bridge's
+  gateway, any port) marked `insecure`: it serves plain HTTP, which podman
+  otherwise refuses (dockerd's `insecure-registries` does the same for the
+  docker hosts). Sandbox configuration only: cvs sends the same commands.
+- `REGISTRY_AUTH_FILE`: where `podman login` keeps credentials. Without it
+  rootful podman writes the machine-wide /run/containers/0/auth.json, shared
+  by every sandbox host (and everything else on the machine). Podman 4.3's
+  pull fails on a named file that does not exist, so it starts as `{}`.
 
 The sshd of a podman host enters the namespace with `nsenter --net`, not
 `ip netns exec`: the latter mounts a fresh /sys without the cgroup
@@ -70,9 +78,45 @@ def containers_conf(tmp_dir: Path) -> str:
     )
 
 
-def env_for(storage: Path, containers: Path) -> dict[str, str]:
+def registries_conf(insecure_host: str) -> str:
+    # A location without a port matches every port on that address (podman
+    # compares prefixes up to ':' or '/'): the registry picks a free port at
+    # each start, and tests point at stalling endpoints on other ports.
+    return (
+        "# Written by cvs sandbox (orchestrator/sandbox/podman.py).\n"
+        "unqualified-search-registries = []\n"
+        "[[registry]]\n"
+        f'location = "{insecure_host}"\n'
+        "# The sandbox registry serves plain HTTP.\n"
+        "insecure = true\n"
+    )
+
+
+def env_for(
+    storage: Path,
+    containers: Path,
+    registries: Path | None = None,
+    auth_file: Path | None = None,
+) -> dict[str, str]:
     """What the host's sshd sets for every session (and sudo keeps)."""
-    return {"CONTAINERS_STORAGE_CONF": str(storage), "CONTAINERS_CONF": str(containers)}
+    env = {"CONTAINERS_STORAGE_CONF": str(storage), "CONTAINERS_CONF": str(containers)}
+    if registries is not None:
+        env["CONTAINERS_REGISTRIES_CONF"] = str(registries)
+    if auth_file is not None:
+        env["REGISTRY_AUTH_FILE"] = str(auth_file)
+    return env
+
+
+def write_registry_files(env: dict[str, str], insecure_host: str, owner: str | None = None) -> None:
+    """The registries.conf and the empty auth file `env` names (owned by
+    `owner`, a rootless user, who must be able to write its logins)."""
+    Path(env["CONTAINERS_REGISTRIES_CONF"]).write_text(registries_conf(insecure_host))
+    auth = Path(env["REGISTRY_AUTH_FILE"])
+    auth.write_text("{}\n")
+    auth.chmod(0o600)
+    if owner is not None:
+        pw = pwd.getpwnam(owner)
+        os.chown(auth, pw.pw_uid, pw.pw_gid)
 
 
 def podman_argv(env: dict[str, str], netns: str | None = None) -> list[str]:

@@ -69,14 +69,27 @@ PODMAN_SUDOERS_TEXT = f"""\
 Defaults:{SUDO_USER} env_keep += "CONTAINERS_CONF CONTAINERS_STORAGE_CONF"
 {SUDO_USER} ALL=(root) NOPASSWD: /usr/bin/podman
 """
+# The registry settings (sandbox/podman.py) in a file of their own: a
+# sandbox of an older version rewrites the file above to its own text, and
+# must not take these away from a sandbox running next to it.
+PODMAN_REGISTRY_SUDOERS_FILE = Path("/etc/sudoers.d/cvs-sandbox-podman-registry")
+PODMAN_REGISTRY_SUDOERS_TEXT = f"""\
+# Written by cvs sandbox (orchestrator/sandbox/users.py).
+Defaults:{SUDO_USER} env_keep += "CONTAINERS_REGISTRIES_CONF REGISTRY_AUTH_FILE"
+"""
 
 
 def ensure_podman_sudo() -> None:
-    """The podman sudoers entry, if missing. Call under `global_lock`."""
-    if PODMAN_SUDOERS_FILE.exists() and PODMAN_SUDOERS_FILE.read_text() == PODMAN_SUDOERS_TEXT:
+    """The podman sudoers entries, if missing. Call under `global_lock`."""
+    _ensure_sudoers(PODMAN_SUDOERS_FILE, PODMAN_SUDOERS_TEXT)
+    _ensure_sudoers(PODMAN_REGISTRY_SUDOERS_FILE, PODMAN_REGISTRY_SUDOERS_TEXT)
+
+
+def _ensure_sudoers(path: Path, text: str) -> None:
+    if path.exists() and path.read_text() == text:
         return
-    tmp = PODMAN_SUDOERS_FILE.with_suffix(".tmp")
-    tmp.write_text(PODMAN_SUDOERS_TEXT)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
     tmp.chmod(0o440)
     run(["visudo", "-cf", str(tmp)])
-    tmp.rename(PODMAN_SUDOERS_FILE)
+    tmp.rename(path)

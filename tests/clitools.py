@@ -80,3 +80,11 @@ def last_json(proc_or_text: subprocess.CompletedProcess[str] | str) -> dict[str,
 def cvs_on(cluster: Path | str, *args: str, **options: Any) -> subprocess.CompletedProcess[str]:
     """`cvs -c cluster args...`: for modules whose every call names its cluster file first."""
     return cvs(*args, cluster=cluster, **options)
+
+
+def json_lines(stdout: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(events, result) from `--json` output; the result is the last line."""
+    docs = json_docs(stdout)
+    result = last_json(stdout)
+    assert docs[-1] == result, f"the last JSON line is not the result:\n{stdout}"
+    return docs[:-1], result

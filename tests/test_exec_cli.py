@@ -16,11 +16,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from clitools import cvs as run_cvs
+from clitools import json_lines
 from test_transport import cluster_variant, sandbox_pids, wait_until
 
 from orchestrator.sandbox import Sandbox
@@ -30,22 +33,7 @@ NODES = ["node1", "node2", "node3", "node4"]
 CLI_ENV = {**os.environ, "CI": "1"}
 
 
-def cvs(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator", *args],
-        env=CLI_ENV,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def json_lines(stdout: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(events, final summary) from `--json` output."""
-    docs = [json.loads(line) for line in stdout.splitlines() if line.strip()]
-    assert docs, "no JSON output"
-    return docs[:-1], docs[-1]
+cvs = partial(run_cvs, base_env=CLI_ENV, cwd=REPO, timeout=120)
 
 
 def statuses(summary: dict[str, Any]) -> dict[str, str]:

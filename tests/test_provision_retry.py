@@ -6,14 +6,14 @@ a half-built container."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 import yaml
+from clitools import cvs as run_cvs
 
 from orchestrator.containers.provision import MARKER_PATH
 from orchestrator.sandbox import Sandbox
@@ -22,15 +22,7 @@ NAME = "cvs-t-prov-retry"
 REPO = Path(__file__).resolve().parent.parent
 
 
-def cvs(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "CI": "1"},
-        timeout=300,
-    )
+cvs = partial(run_cvs, cwd=REPO, timeout=300)
 
 
 def docker(sandbox: Sandbox, host: str, *args: str) -> subprocess.CompletedProcess[str]:

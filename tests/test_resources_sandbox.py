@@ -16,14 +16,16 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from clitools import cvs as run_cvs
+from clitools import last_json
 
 from orchestrator.sandbox import Sandbox
 
@@ -35,20 +37,7 @@ AMD, NVIDIA = "0x1002", "0x10de"
 # -- helpers ------------------------------------------------------------------
 
 
-def cvs(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "CI": "1"},
-        cwd=REPO,
-        timeout=timeout,
-    )
-
-
-def last_json(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    """The summary document: the last stdout line under --json (events come first)."""
-    return json.loads(result.stdout.strip().splitlines()[-1])
+cvs = partial(run_cvs, cwd=REPO, timeout=300)
 
 
 def write_cluster(

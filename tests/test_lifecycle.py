@@ -21,6 +21,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ import anyio
 import asyncssh
 import pytest
 import yaml
+from clitools import CVS, cvs_on, last_json
 
 from orchestrator.api import Cluster
 from orchestrator.cli import build_parser
@@ -35,7 +37,6 @@ from orchestrator.containers.docker import LABEL_MANAGED
 from orchestrator.events import CollectingSink, CommandStarted
 from orchestrator.sandbox import BASE_TAG, NO_DOCKER_USER, SSHD_TAG, SUDO_USER, Sandbox
 
-CVS = [sys.executable, "-m", "orchestrator"]
 THREE = ["node1", "node2", "node3"]
 CLI_TIMEOUT = 180
 
@@ -43,26 +44,14 @@ CLI_TIMEOUT = 180
 # --- helpers ---------------------------------------------------------------
 
 
-def cvs(cluster_file: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run the real CLI the way CI does (plain output, no TTY)."""
-    env = {**os.environ, "CI": "1"}
-    return subprocess.run(
-        [*CVS, "-c", str(cluster_file), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=CLI_TIMEOUT,
-        check=False,
-    )
+# The real CLI the way CI runs it (plain output, no TTY).
+cvs = partial(cvs_on, timeout=CLI_TIMEOUT)
 
 
 def cvs_json(cluster_file: Path, *args: str) -> tuple[int, dict[str, Any]]:
-    """`cvs --json ...`: the exit code and the last JSON document on stdout."""
+    """`cvs --json ...`: the exit code and the result document."""
     proc = cvs(cluster_file, "--json", *args)
-    docs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    summaries = [d for d in docs if "exit_code" in d]
-    assert summaries, f"no JSON summary (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    return proc.returncode, summaries[-1]
+    return proc.returncode, last_json(proc)
 
 
 def explain(proc: subprocess.CompletedProcess[str]) -> str:

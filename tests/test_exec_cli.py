@@ -24,7 +24,7 @@ import pytest
 import yaml
 from clitools import cvs as run_cvs
 from clitools import json_lines
-from test_transport import cluster_variant, sandbox_pids, wait_until
+from sandboxtools import cluster_variant, sandbox_pids, wait_until
 
 from orchestrator.sandbox import Sandbox
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import anyio
 import pytest
+from sandboxtools import cluster_variant, run_once, sshd_option
 from test_exec_cli import CLI_ENV, REPO, cvs, json_lines, statuses
-from test_transport import cluster_variant, run_once, sshd_option
 
 from orchestrator.config import load_cluster
 from orchestrator.sandbox import Sandbox

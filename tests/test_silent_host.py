@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from test_transport import wait_until
+from sandboxtools import wait_until
 
 from orchestrator.config import load_cluster
 from orchestrator.sandbox import Sandbox

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from sandboxtools import sandbox_pids, wait_until
 from test_suite_runs import cluster_variant, containers, cvs, results, write_suite
-from test_transport import sandbox_pids, wait_until
 
 from orchestrator.sandbox import Sandbox
 

@@ -22,7 +22,6 @@ NOT_YET_CVS = {
 NOT_YET_IMPORTS = {
     "test_cli_json.py",
     "test_cp.py",
-    "test_exec_cli.py",
     "test_faults.py",
     "test_heal.py",
     "test_images.py",
@@ -30,7 +29,6 @@ NOT_YET_IMPORTS = {
     "test_proxy_jump.py",
     "test_registry.py",
     "test_shell.py",
-    "test_silent_host.py",
     "test_streams_sandbox.py",
 }
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 import yaml
+from exectools import NODES, containers_up, cvs, yaml_container
 from sandboxtools import cluster_variant
-from test_exec_cli import NODES, containers_up, cvs, yaml_container
 
 from orchestrator.containers.copy import compare
 from orchestrator.sandbox import Sandbox

@@ -10,40 +10,28 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
-from clitools import cvs as run_cvs
 from clitools import json_lines
+from exectools import (
+    CLI_ENV,
+    NODES,
+    containers_up,
+    cvs,
+    statuses,
+    yaml_container,
+)
 from sandboxtools import cluster_variant, sandbox_pids, wait_until
 
 from orchestrator.sandbox import Sandbox
 
 REPO = Path(__file__).resolve().parent.parent
-NODES = ["node1", "node2", "node3", "node4"]
-CLI_ENV = {**os.environ, "CI": "1"}
-
-
-cvs = partial(run_cvs, base_env=CLI_ENV, cwd=REPO, timeout=120)
-
-
-def statuses(summary: dict[str, Any]) -> dict[str, str]:
-    return {host: r["status"] for host, r in summary["hosts"].items()}
-
-
-def yaml_container(sandbox: Sandbox, *, name: str) -> dict[str, Any]:
-    """The sandbox's container block under another container name."""
-    doc = yaml.safe_load(sandbox.cluster_file.read_text())
-    return {**doc["container"], "name": name, "lifetime": "per_run"}
 
 
 @contextlib.contextmanager
@@ -53,18 +41,6 @@ def sshd_stopped(sandbox: Sandbox, host: str) -> Iterator[None]:
         yield
     finally:
         sandbox.start_sshd(host)
-
-
-@contextlib.contextmanager
-def containers_up(cluster_file: Path) -> Iterator[None]:
-    """`cvs up` for the test, `cvs down` after it (also when up half-failed)."""
-    try:
-        up = cvs("up", "-c", str(cluster_file), timeout=300)
-        assert up.returncode == 0, up.stderr
-        yield
-    finally:
-        down = cvs("down", "-c", str(cluster_file), timeout=300)
-        assert down.returncode == 0, down.stderr
 
 
 def leftover_pidfiles(sandbox: Sandbox, name: str) -> list[str]:

@@ -17,8 +17,9 @@ from typing import Any
 
 import anyio
 import pytest
+from clitools import REPO, json_lines
+from exectools import CLI_ENV, cvs, statuses
 from sandboxtools import cluster_variant, run_once, sshd_option
-from test_exec_cli import CLI_ENV, REPO, cvs, json_lines, statuses
 
 from orchestrator.config import load_cluster
 from orchestrator.sandbox import Sandbox

@@ -21,12 +21,10 @@ NOT_YET_CVS = {
 }
 NOT_YET_IMPORTS = {
     "test_cli_json.py",
-    "test_cp.py",
     "test_faults.py",
     "test_heal.py",
     "test_images.py",
     "test_locks.py",
-    "test_proxy_jump.py",
     "test_registry.py",
     "test_shell.py",
     "test_streams_sandbox.py",

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 from sandboxtools import sandbox_pids, wait_until
-from test_suite_runs import cluster_variant, containers, cvs, results, write_suite
+from suitetools import cluster_variant, containers, cvs, results, write_suite
 
 from orchestrator.sandbox import Sandbox
 

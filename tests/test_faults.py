@@ -29,7 +29,7 @@ import yaml
 from clitools import CVS, last_json
 from clitools import cvs as run_cvs
 from conftest import _built
-from test_lifecycle import docker, explain
+from labtools import docker, explain
 
 from orchestrator.sandbox import SSHD_TAG, Sandbox
 from orchestrator.sandbox.network import gateway_address

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from clitools import cvs_on
 from conftest import _built
-from test_lifecycle import docker, explain
+from labtools import docker, explain
 
 from orchestrator.api import Cluster, ExecFailed, UpFailed
 from orchestrator.errors import CvsError

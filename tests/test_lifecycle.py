@@ -17,19 +17,16 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
 import asyncssh
 import pytest
-import yaml
-from clitools import CVS, cvs_on, last_json
+from clitools import CVS, last_json
+from labtools import CLI_TIMEOUT, THREE, Lab, cvs, docker, explain, inspect
 
 from orchestrator.api import Cluster
 from orchestrator.cli import build_parser
@@ -37,48 +34,13 @@ from orchestrator.containers.docker import LABEL_MANAGED
 from orchestrator.events import CollectingSink, CommandStarted
 from orchestrator.sandbox import BASE_TAG, NO_DOCKER_USER, SSHD_TAG, SUDO_USER, Sandbox
 
-THREE = ["node1", "node2", "node3"]
-CLI_TIMEOUT = 180
-
-
 # --- helpers ---------------------------------------------------------------
-
-
-# The real CLI the way CI runs it (plain output, no TTY).
-cvs = partial(cvs_on, timeout=CLI_TIMEOUT)
 
 
 def cvs_json(cluster_file: Path, *args: str) -> tuple[int, dict[str, Any]]:
     """`cvs --json ...`: the exit code and the result document."""
     proc = cvs(cluster_file, "--json", *args)
     return proc.returncode, last_json(proc)
-
-
-def explain(proc: subprocess.CompletedProcess[str]) -> str:
-    return f"rc {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-
-
-def docker(sandbox: Sandbox, host: str, *args: str, check: bool = True) -> str:
-    proc = subprocess.run(
-        [*sandbox.docker_argv(host), *args], capture_output=True, text=True, timeout=60
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"docker {' '.join(args)} on {host}: {proc.stderr.strip()}")
-    return proc.stdout.strip()
-
-
-def inspect(sandbox: Sandbox, host: str, name: str) -> dict[str, Any] | None:
-    """The container's `docker inspect` document on that host, None when absent."""
-    proc = subprocess.run(
-        [*sandbox.docker_argv(host), "inspect", "--type", "container", name],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if proc.returncode != 0:
-        assert "No such" in proc.stderr, proc.stderr
-        return None
-    return json.loads(proc.stdout)[0]
 
 
 def identities(sandbox: Sandbox, hosts: list[str], name: str) -> dict[str, tuple[str, str] | None]:
@@ -113,53 +75,6 @@ def in_container(sandbox: Sandbox, host: str, name: str, script: str) -> str:
 def run_steps(report: dict[str, Any]) -> int:
     """How many `docker run` steps an `up --json` report says it took."""
     return sum("run" in h["steps"] for h in report["hosts"].values())
-
-
-@dataclass
-class Lab:
-    """Cluster-file variants over the session sandbox, and what to clean up."""
-
-    sandbox: Sandbox
-    directory: Path
-    name: str = field(default_factory=lambda: f"cvs-lc-{uuid.uuid4().hex[:8]}")
-    tags: list[str] = field(default_factory=list)
-    _count: int = 0
-
-    def cluster(
-        self,
-        *,
-        lifetime: str,
-        hosts: list[str] | None = None,
-        image: str = SSHD_TAG,
-        user: str | None = None,
-        sshd_port: int | None = None,
-        **container: Any,
-    ) -> Path:
-        """A cluster file: the sandbox's, with our container name and the given changes."""
-        doc = yaml.safe_load(self.sandbox.cluster_file.read_text())
-        wanted = hosts or THREE
-        doc["hosts"] = [h for h in doc["hosts"] if h["name"] in wanted]
-        if user is not None:
-            doc["ssh"]["user"] = user
-        doc["state_dir"] = str(self.directory / "state")
-        block: dict[str, Any] = {"image": image, "name": self.name, "lifetime": lifetime}
-        block["sshd"] = {"enabled": False} if sshd_port is None else {"port": sshd_port}
-        block.update(container)
-        doc["container"] = block
-        self._count += 1
-        path = self.directory / f"cluster{self._count}.yaml"
-        path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        return path
-
-    def tag(self, host: str, source: str, tag: str) -> None:
-        docker(self.sandbox, host, "tag", source, tag)
-        self.tags.append(tag)
-
-    def clean(self) -> None:
-        for node in self.sandbox.nodes:
-            docker(self.sandbox, node.name, "rm", "-f", "-v", self.name, check=False)
-            for tag in set(self.tags):
-                docker(self.sandbox, node.name, "rmi", tag, check=False)
 
 
 @pytest.fixture

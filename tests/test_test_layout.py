@@ -19,11 +19,7 @@ NOT_YET_CVS = {
     "test_podman.py",
 }
 NOT_YET_IMPORTS = {
-    "test_faults.py",
     "test_heal.py",
-    "test_images.py",
-    "test_locks.py",
-    "test_registry.py",
     "test_shell.py",
 }
 

@@ -23,6 +23,7 @@ import pytest
 import yaml
 from clitools import cvs_on
 from conftest import _built
+from gpuroots import AMD, make_device_root
 from labtools import docker, explain
 
 from orchestrator.api import Cluster, ExecFailed, UpFailed
@@ -357,8 +358,6 @@ def test_status_exits_3_when_a_host_is_unreachable_even_with_another_dockerd_dow
 def test_user_visible_devices_env_never_widens_the_selected_gpus(
     lab: Lab, breakable: Sandbox, tmp_path: Path
 ) -> None:
-    from test_resources_sandbox import AMD, make_device_root
-
     root = make_device_root({m: AMD for m in range(128, 132)})  # four stand-in GPUs
     try:
         doc = yaml.safe_load(lab.cluster(lifetime="per_run").read_text())

@@ -19,7 +19,6 @@ NOT_YET_CVS = {
     "test_podman.py",
 }
 NOT_YET_IMPORTS = {
-    "test_heal.py",
     "test_shell.py",
 }
 

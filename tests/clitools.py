@@ -26,7 +26,7 @@ def cvs(
     cluster: Path | str | None = None,
     cwd: Path | str | None = None,
     env: Mapping[str, str] | None = None,
-    timeout: float = 120,
+    timeout: float | None = 120,
     ci: bool = True,
     base_env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clitools import cvs as run_cvs
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -678,14 +679,7 @@ def _env() -> dict[str, str]:
 
 
 def _cvs(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator", *args],
-        cwd=cwd,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_cvs(*args, cwd=cwd, base_env=_env(), timeout=timeout)
 
 
 def cvs_cluster_json(

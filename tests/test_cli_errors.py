@@ -9,13 +9,12 @@ tests/test_heal.py against the sandbox.
 from __future__ import annotations
 
 import errno
-import json
 import subprocess
 from pathlib import Path
 
 import anyio
 import pytest
-from clitools import cvs_on
+from clitools import cvs_on, last_json
 
 from orchestrator.cli import _first_expected, _report, main
 from orchestrator.errors import CvsError, ExitCode, PolicyRefused, UsageError
@@ -132,7 +131,7 @@ def test_refusals_from_several_hosts_tasks_are_one_json_result_with_every_reason
         {"node1": PolicyRefused(["node1: lock busy"]), "node2": PolicyRefused(["node2: no flock"])},
     )
     assert main(["up", "--json"]) == ExitCode.REFUSED
-    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    result = last_json(capsys.readouterr().out)
     assert (result["ok"], result["exit_code"]) == (False, ExitCode.REFUSED)
     assert result["refused"] == ["node1: lock busy", "node2: no flock"]
 

@@ -198,7 +198,7 @@ def test_the_runtime_going_away_under_exec_is_named_and_the_others_finish(lab: L
             proc.wait()
         lab.sb.start_dockerd("node2")
     assert proc.returncode == 1, out + err
-    hosts = json.loads(out.strip().splitlines()[-1])["hosts"]
+    hosts = last_json(out)["hosts"]
     assert hosts["node1"]["ok"] and hosts["node3"]["ok"], hosts
     error = hosts["node2"]["error"]
     assert "container runtime went away" in error or "container stopped" in error, error

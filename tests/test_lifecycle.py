@@ -425,7 +425,7 @@ def test_two_concurrent_persistent_ups_cold_start_exactly_once(lab: Lab, sandbox
         for _ in range(2)
     ]
     outputs = [p.communicate(timeout=CLI_TIMEOUT) for p in procs]
-    reports = [json.loads(out.splitlines()[-1]) for out, _ in outputs]
+    reports = [last_json(out) for out, _ in outputs]
 
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert sum(run_steps(r) for r in reports) == 3

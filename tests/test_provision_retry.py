@@ -5,7 +5,6 @@ a half-built container."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 from collections.abc import Iterator
 from functools import partial
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from clitools import cvs as run_cvs
+from clitools import last_json
 
 from orchestrator.containers.provision import MARKER_PATH
 from orchestrator.sandbox import Sandbox
@@ -84,7 +84,7 @@ def test_failed_provisioning_is_reported_and_retried_by_the_next_up(
     }
     second = cvs("--json", "up", "-c", str(cluster_file))
     assert second.returncode == 0, second.stderr
-    report = json.loads(second.stdout.strip().splitlines()[-1])
+    report = last_json(second)
     hosts = report["hosts"]
     assert {h: hosts[h]["action"] for h in hosts} == dict.fromkeys(hosts, "attach")
     assert "provision" in hosts["node2"]["steps"]

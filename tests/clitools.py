@@ -29,6 +29,7 @@ def cvs(
     timeout: float | None = 120,
     ci: bool = True,
     base_env: Mapping[str, str] | None = None,
+    input: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """`cvs [-c cluster] args...`, captured as text; never raises on a nonzero exit.
 
@@ -45,6 +46,7 @@ def cvs(
     full_env.update(env or {})
     return subprocess.run(
         argv,
+        input=input,
         capture_output=True,
         text=True,
         env=full_env,

@@ -12,13 +12,12 @@ import contextlib
 import json
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clitools import json_lines
+from clitools import CVS, json_lines
 from exectools import (
     CLI_ENV,
     NODES,
@@ -189,7 +188,7 @@ def test_exec_in_container_leaves_no_pidfile_behind(sandbox: Sandbox, tmp_path: 
 def test_ctrl_c_exits_130_promptly_and_stops_remote_commands(sandbox: Sandbox) -> None:
     sleep = ["sleep", "100"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "exec", "-c", str(sandbox.cluster_file),
+        [*CVS, "exec", "-c", str(sandbox.cluster_file),
          "--host-os", "--", *sleep],
         env=CLI_ENV, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

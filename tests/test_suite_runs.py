@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from browser import browser_skip_reason, open_page
-from clitools import REPO
+from clitools import CVS, REPO
 from suitetools import (
     NODES,
     cluster_variant,
@@ -225,7 +225,7 @@ def test_per_run_interrupted_exits_130_and_leaves_no_container(
     removed_after.append(cluster)
     suite = write_suite(tmp_path, "long", [{"name": "nap", "run": "sleep 120"}])
     run_dir = tmp_path / "r"
-    argv = [sys.executable, "-m", "orchestrator", "run", "-c", str(cluster), str(suite)]
+    argv = [*CVS, "run", "-c", str(cluster), str(suite)]
     proc = subprocess.Popen(
         [*argv, "--run-dir", str(run_dir)],
         cwd=tmp_path,

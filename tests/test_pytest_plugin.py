@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from _pytest.config.argparsing import Parser
+from clitools import CVS
 from clitools import cvs as run_cvs
 
 from orchestrator import pytest_plugin
@@ -227,7 +228,7 @@ def test_ctrl_c_during_cvs_run_stops_pytest_and_records_the_interruption(
     )
     (tmp_path / "config.json").write_text("{}")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "run", str(tmp_path / "suite_sleeps.py"),
+        [*CVS, "run", str(tmp_path / "suite_sleeps.py"),
          "--cluster_file", str(cluster), "--config_file", str(tmp_path / "config.json"),
          "--run-dir", str(tmp_path / "run")],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

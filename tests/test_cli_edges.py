@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
+from clitools import cvs as run_cvs
 
 from orchestrator.cli.parser import build_parser
 
@@ -85,12 +86,9 @@ def test_bash_completes_suite_names_and_run_ids(tmp_path: object) -> None:
     wrapper.chmod(0o755)
     (tmp / "elsewhere" / "20260101T000000Z-test_demo").mkdir(parents=True)
     (tmp / "runs" / "20250101T120000Z-install_demo").mkdir(parents=True)
-    script = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "completion", "bash"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    completion = run_cvs("completion", "bash", ci=False, timeout=None)
+    completion.check_returncode()
+    script = completion.stdout
     probe = (
         "source /dev/stdin; COMP_WORDS=(cvs run te); COMP_CWORD=2; _shtab_cvs; "
         'echo "${COMPREPLY[*]}"; '

@@ -9,34 +9,26 @@ tests/test_heal.py against the sandbox.
 from __future__ import annotations
 
 import errno
-import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import anyio
 import pytest
+from clitools import cvs_on, last_json
 
 from orchestrator.cli import _first_expected, _report, main
 from orchestrator.errors import CvsError, ExitCode, PolicyRefused, UsageError
 from orchestrator.ssh.fanout import fan_out
 
-CVS = [sys.executable, "-m", "orchestrator"]
 
-
-def cvs(tmp_path: Path, cluster: str | None, *args: str) -> subprocess.CompletedProcess[str]:
+def cvs_with_file(
+    tmp_path: Path, cluster: str | None, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """`cvs -c tmp_path/cluster.yaml args...`, the file written first unless `cluster` is None."""
     path = tmp_path / "cluster.yaml"
     if cluster is not None:
         path.write_text(cluster)
-    return subprocess.run(
-        [*CVS, "-c", str(path), *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "CI": "1"},
-        timeout=60,
-        check=False,
-    )
+    return cvs_on(path, *args, timeout=60)
 
 
 def one_line(proc: subprocess.CompletedProcess[str], code: int, *fragments: str) -> None:
@@ -51,19 +43,19 @@ def one_line(proc: subprocess.CompletedProcess[str], code: int, *fragments: str)
 def test_identity_file_that_is_not_a_key_exits_2_before_any_host(tmp_path: Path) -> None:
     (tmp_path / "key").write_text("not a key\n")
     cluster = "hosts: [{name: a, address: 192.0.2.1}]\nssh: {identity_files: [key]}\n"
-    proc = cvs(tmp_path, cluster, "exec", "--", "true")
+    proc = cvs_with_file(tmp_path, cluster, "exec", "--", "true")
     one_line(proc, 2, "ssh.identity_files", "key", "not a private key")
 
 
 def test_unreadable_identity_file_exits_2(tmp_path: Path) -> None:
     cluster = "hosts: [{name: a, address: 192.0.2.1}]\nssh: {identity_files: [/proc/1/mem]}\n"
-    proc = cvs(tmp_path, cluster, "exec", "--", "true")
+    proc = cvs_with_file(tmp_path, cluster, "exec", "--", "true")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "/proc/1/mem" in proc.stderr
 
 
 def test_missing_cluster_file_exits_2(tmp_path: Path) -> None:
-    one_line(cvs(tmp_path, None, "status"), 2, "cluster.yaml")
+    one_line(cvs_with_file(tmp_path, None, "status"), 2, "cluster.yaml")
 
 
 @pytest.mark.parametrize(
@@ -139,7 +131,7 @@ def test_refusals_from_several_hosts_tasks_are_one_json_result_with_every_reason
         {"node1": PolicyRefused(["node1: lock busy"]), "node2": PolicyRefused(["node2: no flock"])},
     )
     assert main(["up", "--json"]) == ExitCode.REFUSED
-    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    result = last_json(capsys.readouterr().out)
     assert (result["ok"], result["exit_code"]) == (False, ExitCode.REFUSED)
     assert result["refused"] == ["node1: lock busy", "node2: no flock"]
 

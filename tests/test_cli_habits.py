@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from clitools import cvs as run_cvs
 
 from orchestrator import __version__
 from orchestrator.cli import _apply_color, build_parser
@@ -30,14 +31,9 @@ REPO = Path(__file__).resolve().parent.parent
 CLUSTER = "name: lab\nhosts: ['node[01-12]', node14, login]\n"
 
 
-def cvs(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator", *args],
-        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def cvs_as_typed(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`cvs` as a user types it: no CI=1 added (terminal habits are the point here)."""
+    return run_cvs(*args, ci=False, env={"PYTHONPATH": str(REPO), **(env or {})}, timeout=120)
 
 
 def _subcommand_paths(parser: argparse.ArgumentParser, prefix: list[str]) -> list[list[str]]:
@@ -75,7 +71,7 @@ def test_help_imports_no_heavy_dependency() -> None:
 
 
 def test_version_prints_the_package_version() -> None:
-    proc = cvs("--version")
+    proc = cvs_as_typed("--version")
     assert proc.returncode == 0
     assert proc.stdout.strip() == f"cvs {__version__}"
 
@@ -134,10 +130,10 @@ def test_forks_and_limit_set_the_host_concurrency(tmp_path: Path) -> None:
     path = tmp_path / "cluster.yaml"
     path.write_text(CLUSTER)
     for flag in ("--forks", "--limit"):
-        proc = cvs("validate", "-c", str(path), flag, "3", "--json")
+        proc = cvs_as_typed("validate", "-c", str(path), flag, "3", "--json")
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout)["cluster"]["concurrency"]["hosts"] == 3
-    proc = cvs("validate", "-c", str(path), "--forks", "0")
+    proc = cvs_as_typed("validate", "-c", str(path), "--forks", "0")
     assert proc.returncode == 2 and "must be at least 1" in proc.stderr
 
 
@@ -242,7 +238,7 @@ def test_exec_group_on_a_terminal_colours_each_header(monkeypatch: pytest.Monkey
 
 
 def test_bash_completion_is_valid_bash_and_knows_the_commands() -> None:
-    proc = cvs("completion", "bash")
+    proc = cvs_as_typed("completion", "bash")
     assert proc.returncode == 0, proc.stderr
     check = subprocess.run(["bash", "-n"], input=proc.stdout, text=True, capture_output=True)
     assert check.returncode == 0, check.stderr
@@ -265,7 +261,7 @@ def test_bash_completes_host_names_from_the_cluster_file(tmp_path: Path) -> None
     wrapper = bindir / "cvs"  # the `cvs` the completion function calls: this tree's
     wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m orchestrator "$@"\n')
     wrapper.chmod(0o755)
-    script = cvs("completion", "bash").stdout
+    script = cvs_as_typed("completion", "bash").stdout
     probe = (
         'source /dev/stdin; COMP_WORDS=(cvs -c "$CLUSTER" shell node1); COMP_CWORD=4; '
         '_shtab_cvs; echo "${COMPREPLY[*]}"; '
@@ -282,7 +278,7 @@ def test_bash_completes_host_names_from_the_cluster_file(tmp_path: Path) -> None
 
 
 def test_zsh_completion_is_a_compdef_for_cvs(tmp_path: Path) -> None:
-    proc = cvs("completion", "zsh")
+    proc = cvs_as_typed("completion", "zsh")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("#compdef cvs")
     if not shutil.which("zsh"):  # .ci/bootstrap installs it
@@ -303,7 +299,7 @@ def test_zsh_completion_is_a_compdef_for_cvs(tmp_path: Path) -> None:
 
 
 def test_status_output_yaml_on_the_sandbox(sandbox: Any) -> None:
-    proc = cvs("status", "-c", str(sandbox.cluster_file), "-o", "yaml")
+    proc = cvs_as_typed("status", "-c", str(sandbox.cluster_file), "-o", "yaml")
     assert proc.returncode == 0, proc.stderr
     doc = yaml.safe_load(proc.stdout)
     assert list(doc["hosts"]) == ["node1", "node2", "node3", "node4"]
@@ -312,14 +308,14 @@ def test_status_output_yaml_on_the_sandbox(sandbox: Any) -> None:
 
 
 def test_status_output_wide_when_piped_is_aligned_text(sandbox: Any) -> None:
-    proc = cvs("status", "-c", str(sandbox.cluster_file), "-o", "wide")
+    proc = cvs_as_typed("status", "-c", str(sandbox.cluster_file), "-o", "wide")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0].split()[-2:] == ["limits", "drift"]
     assert "\x1b[" not in proc.stdout
 
 
 def test_exec_exclude_on_the_sandbox(sandbox: Any) -> None:
-    proc = cvs(
+    proc = cvs_as_typed(
         "exec",
         "-c",
         str(sandbox.cluster_file),
@@ -336,6 +332,8 @@ def test_exec_exclude_on_the_sandbox(sandbox: Any) -> None:
 
 
 def test_color_always_keeps_the_coloured_status_table_through_a_pipe(sandbox: Any) -> None:
-    proc = cvs("--color", "always", "status", "-c", str(sandbox.cluster_file), env={"CI": ""})
+    proc = cvs_as_typed(
+        "--color", "always", "status", "-c", str(sandbox.cluster_file), env={"CI": ""}
+    )
     assert proc.returncode == 0, proc.stderr
     assert "\x1b[" in proc.stdout and "┏━" in proc.stdout

@@ -10,7 +10,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from test_suite_runs import cluster_variant, cvs, write_suite
+from suitetools import cluster_variant, cvs, write_suite
 
 from orchestrator.sandbox import Sandbox
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clitools import cvs as run_cvs
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -555,11 +556,11 @@ def test_cvs_run_by_name_runs_an_extension_test(
         "CVS_EXTENSION_PKG_NAMES": "cvs_ext_demo",
         "PYTHONPATH": os.pathsep.join([str(REPO), str(STANDIN), str(tmp_path / "site")]),
     }
-    proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "--json", "run", "ext_check",
-         "--cluster_file", str(cluster), "--config_file", str(config),
-         "--run-dir", str(tmp_path / "run")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    proc = run_cvs(
+        "--json", "run", "ext_check",
+        "--cluster_file", str(cluster), "--config_file", str(config),
+        "--run-dir", str(tmp_path / "run"),
+        cwd=tmp_path, base_env=env, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads(proc.stdout)["test"] == "ext_check"
@@ -678,14 +679,7 @@ def _env() -> dict[str, str]:
 
 
 def _cvs(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator", *args],
-        cwd=cwd,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_cvs(*args, cwd=cwd, base_env=_env(), timeout=timeout)
 
 
 def cvs_cluster_json(

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 import yaml
-from test_exec_cli import NODES, containers_up, cvs, yaml_container
-from test_transport import cluster_variant
+from clitools import last_json
+from exectools import NODES, containers_up, cvs, yaml_container
+from sandboxtools import cluster_variant
 
 from orchestrator.containers.copy import compare
 from orchestrator.sandbox import Sandbox
@@ -95,7 +96,7 @@ def test_from_host_gathers_one_file_per_host(
     out = tmp_path / "collected"
     proc = cvs("cp", "-c", str(cp_cluster), "--from-host", "/tmp/who.txt", str(out), "--json")
     assert proc.returncode == 0, proc.stdout
-    summary = json.loads(proc.stdout.splitlines()[-1])
+    summary = last_json(proc)
     assert {h: r["status"] for h, r in summary["hosts"].items()} == dict.fromkeys(NODES, "ok")
     for host in NODES:
         assert (out / host / "who.txt").read_text() == f"from-{host}\n"

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import getpass
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from clitools import cvs as run_cvs
 
 from orchestrator.config import ConfigError, cvs_import_notes, load_cluster
 
@@ -187,12 +186,7 @@ def test_disabled_or_baremetal_container_block_is_ignored_with_a_note(tmp_path: 
 
 def test_validate_notes_cvs_defaults_and_the_tightening_yaml(tmp_path: Path) -> None:
     path = write(tmp_path, CONTAINER)
-    proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "validate", "-c", str(path), "--no-check-files"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_cvs("validate", "-c", str(path), "--no-check-files", ci=False, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "note: CVS runtime defaults in effect" in proc.stderr
     assert "SYS_ADMIN" in proc.stderr and "privileged" in proc.stderr

@@ -5,30 +5,23 @@ packaged default setup script, starts it, and the next `cvs up` attaches."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
-import sys
 import uuid
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import yaml
+from clitools import cvs_on
 
 from orchestrator.sandbox import BASE_TAG, Sandbox
 
 HOST = "egress1"
 
 
-def cvs(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    # apt-get update + install on a cold mirror can take minutes.
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator", "-c", str(path), *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "CI": "1"},
-        timeout=900,
-    )
+# apt-get update + install on a cold mirror can take minutes.
+cvs = partial(cvs_on, timeout=900)
 
 
 def report(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:

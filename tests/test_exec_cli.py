@@ -10,52 +10,27 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
-from test_transport import cluster_variant, sandbox_pids, wait_until
+from clitools import CVS, json_lines
+from exectools import (
+    CLI_ENV,
+    NODES,
+    containers_up,
+    cvs,
+    statuses,
+    yaml_container,
+)
+from sandboxtools import cluster_variant, sandbox_pids, wait_until
 
 from orchestrator.sandbox import Sandbox
 
 REPO = Path(__file__).resolve().parent.parent
-NODES = ["node1", "node2", "node3", "node4"]
-CLI_ENV = {**os.environ, "CI": "1"}
-
-
-def cvs(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator", *args],
-        env=CLI_ENV,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def json_lines(stdout: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(events, final summary) from `--json` output."""
-    docs = [json.loads(line) for line in stdout.splitlines() if line.strip()]
-    assert docs, "no JSON output"
-    return docs[:-1], docs[-1]
-
-
-def statuses(summary: dict[str, Any]) -> dict[str, str]:
-    return {host: r["status"] for host, r in summary["hosts"].items()}
-
-
-def yaml_container(sandbox: Sandbox, *, name: str) -> dict[str, Any]:
-    """The sandbox's container block under another container name."""
-    doc = yaml.safe_load(sandbox.cluster_file.read_text())
-    return {**doc["container"], "name": name, "lifetime": "per_run"}
 
 
 @contextlib.contextmanager
@@ -65,18 +40,6 @@ def sshd_stopped(sandbox: Sandbox, host: str) -> Iterator[None]:
         yield
     finally:
         sandbox.start_sshd(host)
-
-
-@contextlib.contextmanager
-def containers_up(cluster_file: Path) -> Iterator[None]:
-    """`cvs up` for the test, `cvs down` after it (also when up half-failed)."""
-    try:
-        up = cvs("up", "-c", str(cluster_file), timeout=300)
-        assert up.returncode == 0, up.stderr
-        yield
-    finally:
-        down = cvs("down", "-c", str(cluster_file), timeout=300)
-        assert down.returncode == 0, down.stderr
 
 
 def leftover_pidfiles(sandbox: Sandbox, name: str) -> list[str]:
@@ -225,7 +188,7 @@ def test_exec_in_container_leaves_no_pidfile_behind(sandbox: Sandbox, tmp_path: 
 def test_ctrl_c_exits_130_promptly_and_stops_remote_commands(sandbox: Sandbox) -> None:
     sleep = ["sleep", "100"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "exec", "-c", str(sandbox.cluster_file),
+        [*CVS, "exec", "-c", str(sandbox.cluster_file),
          "--host-os", "--", *sleep],
         env=CLI_ENV, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -16,7 +16,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -27,13 +26,14 @@ from typing import Any
 
 import pytest
 import yaml
+from clitools import CVS, last_json
+from clitools import cvs as run_cvs
 from conftest import _built
-from test_lifecycle import docker, explain
+from labtools import docker, explain
 
 from orchestrator.sandbox import SSHD_TAG, Sandbox
 from orchestrator.sandbox.network import gateway_address
 
-CVS = [sys.executable, "-m", "orchestrator"]
 NODES = ["node1", "node2", "node3"]
 
 
@@ -43,25 +43,11 @@ def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
         yield sb
 
 
-def cvs(
+def cvs_sub(
     cluster: Path, *args: str, timeout: float = 240, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CVS, *args[:1], "-c", str(cluster), *args[1:]],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "CI": "1"},
-        timeout=timeout,
-        check=False,
-        cwd=cwd,
-    )
-
-
-def last_json(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    docs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    found = [d for d in docs if "exit_code" in d and "event" not in d]
-    assert found, explain(proc)
-    return found[-1]
+    """`cvs SUBCOMMAND -c cluster ...`: the cluster file after the subcommand, as users write it."""
+    return run_cvs(*args[:1], "-c", str(cluster), *args[1:], timeout=timeout, cwd=cwd)
 
 
 class Lab:
@@ -129,18 +115,18 @@ def test_a_step_killed_by_the_oom_killer_says_out_of_memory_in_exec_and_the_run_
     lab: Lab,
 ) -> None:
     cluster = lab.cluster(resources={"memory": "64Mi"})
-    assert cvs(cluster, "up").returncode == 0
-    proc = cvs(cluster, "exec", "--hosts", "node2", "--json", "--", GREEDY)
+    assert cvs_sub(cluster, "up").returncode == 0
+    proc = cvs_sub(cluster, "exec", "--hosts", "node2", "--json", "--", GREEDY)
     assert proc.returncode == 1, explain(proc)
     result = last_json(proc)["hosts"]["node2"]
     assert result["exit_code"] == 137, result
     assert "out-of-memory killer" in result["error"], result
-    plain = cvs(cluster, "exec", "--hosts", "node2", "--", GREEDY)
+    plain = cvs_sub(cluster, "exec", "--hosts", "node2", "--", GREEDY)
     assert "out-of-memory killer" in plain.stderr, explain(plain)
 
     suite = write_suite(lab.directory, "greedy", [{"name": "alloc", "run": GREEDY}])
     run_dir = lab.directory / "run"
-    run = cvs(cluster, "run", str(suite), "--run-dir", str(run_dir), cwd=lab.directory)
+    run = cvs_sub(cluster, "run", str(suite), "--run-dir", str(run_dir), cwd=lab.directory)
     assert run.returncode == 1, explain(run)
     assert "alloc on node1: failed: exit 137, expected 0: killed by the out-of-memory" in (
         run.stdout + run.stderr
@@ -155,7 +141,7 @@ def test_a_step_killed_by_the_oom_killer_says_out_of_memory_in_exec_and_the_run_
 
 def test_a_container_stopped_under_a_step_is_named_in_the_run_record(lab: Lab) -> None:
     cluster = lab.cluster()
-    assert cvs(cluster, "up").returncode == 0
+    assert cvs_sub(cluster, "up").returncode == 0
     suite = write_suite(lab.directory, "long", [{"name": "nap", "run": "sleep 60"}])
     run_dir = lab.directory / "run"
     proc = subprocess.Popen(
@@ -194,7 +180,7 @@ def test_a_container_stopped_under_a_step_is_named_in_the_run_record(lab: Lab) -
 
 def test_the_runtime_going_away_under_exec_is_named_and_the_others_finish(lab: Lab) -> None:
     cluster = lab.cluster()
-    assert cvs(cluster, "up").returncode == 0
+    assert cvs_sub(cluster, "up").returncode == 0
     proc = subprocess.Popen(
         [*CVS, "exec", "-c", str(cluster), "--json", "--", "sleep 15"],
         env={**os.environ, "CI": "1"},
@@ -212,7 +198,7 @@ def test_the_runtime_going_away_under_exec_is_named_and_the_others_finish(lab: L
             proc.wait()
         lab.sb.start_dockerd("node2")
     assert proc.returncode == 1, out + err
-    hosts = json.loads(out.strip().splitlines()[-1])["hosts"]
+    hosts = last_json(out)["hosts"]
     assert hosts["node1"]["ok"] and hosts["node3"]["ok"], hosts
     error = hosts["node2"]["error"]
     assert "container runtime went away" in error or "container stopped" in error, error
@@ -250,8 +236,8 @@ def test_a_full_disk_on_one_host_rolls_back_and_no_host_is_reported_ready(lab: L
     node2 = lab.sb.host("node2")
     # Where `docker run` writes a new container's files on node2.
     with full_filesystem_under(node2.data_root / "containers", lab.directory):
-        proc = cvs(cluster, "up")
-        as_json = cvs(cluster, "up", "--json")
+        proc = cvs_sub(cluster, "up")
+        as_json = cvs_sub(cluster, "up", "--json")
     assert proc.returncode == 1, explain(proc)
     err = proc.stderr
     assert "no space left on device" in err.lower(), err
@@ -286,7 +272,7 @@ def frozen_dockerd(sb: Sandbox, host: str) -> Iterator[None]:
 
 def timed(cluster: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
     start = time.monotonic()
-    proc = cvs(cluster, *args, timeout=120)
+    proc = cvs_sub(cluster, *args, timeout=120)
     return proc, time.monotonic() - start
 
 
@@ -295,7 +281,7 @@ BOUND = "docker did not answer within container.docker_timeout (5s)"
 
 def test_a_frozen_dockerd_bounds_status_exec_up_and_down_naming_the_host(lab: Lab) -> None:
     cluster = lab.cluster()
-    assert cvs(cluster, "up").returncode == 0
+    assert cvs_sub(cluster, "up").returncode == 0
     # Generous against this shared 2-core machine; the bound itself is 5 s.
     limit = 5 + 20
     with frozen_dockerd(lab.sb, "node2"):
@@ -388,7 +374,7 @@ def test_a_registry_that_stalls_is_bounded_by_start_timeout_with_the_error_set(
             registry={"username": "bot", "password_file": str(password)},
         )
         start = time.monotonic()
-        proc = cvs(cluster, "up", "--json", timeout=120)
+        proc = cvs_sub(cluster, "up", "--json", timeout=120)
         took = time.monotonic() - start
     print(f"stalled registry: up took {took:.1f}s with start_timeout 8")
     assert proc.returncode == 1, explain(proc)
@@ -433,7 +419,7 @@ def test_a_lock_held_over_a_silent_network_is_freed_within_its_lease(lab: Lab) -
     from orchestrator.containers.locks import LEASE_SECONDS, RENEW_SECONDS
 
     cluster = lab.cluster()
-    assert cvs(cluster, "up").returncode == 0
+    assert cvs_sub(cluster, "up").returncode == 0
     proc = subprocess.Popen(
         [*CVS, "exec", "-c", str(cluster), "--", "sleep 60"],
         env={**os.environ, "CI": "1"},
@@ -460,7 +446,7 @@ def test_a_lock_held_over_a_silent_network_is_freed_within_its_lease(lab: Lab) -
     # The network is back and the dead invocation's holders are gone: both a
     # --no-wait and a waiting invocation see the lock free on every host.
     wait_for(lambda: all(lock_free(lab.lock_dir(h)) for h in NODES), 30, "the other locks")
-    down = cvs(cluster, "down", "--force", "--no-wait")
+    down = cvs_sub(cluster, "down", "--force", "--no-wait")
     assert down.returncode == 0, explain(down)
     assert not lock.exists()
 
@@ -506,7 +492,7 @@ def test_an_up_after_one_killed_mid_provisioning_stops_the_old_setup_script_firs
     finally:
         proc.kill()
         proc.wait()
-    again = cvs(cluster, "up")
+    again = cvs_sub(cluster, "up")
     assert again.returncode == 0, explain(again)
     assert "stopped a setup script still running from an interrupted" in again.stderr, explain(
         again

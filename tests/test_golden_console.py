@@ -16,13 +16,14 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 import yaml
+from clitools import cvs as run_cvs
 
 from orchestrator.sandbox import Sandbox
 
@@ -63,15 +64,8 @@ def check(scenario: str, proc: subprocess.CompletedProcess[str], *, name: str, t
     assert got == want, f"{path.name} differs (CVS_UPDATE_GOLDEN=1 rewrites it):\n{got}"
 
 
-def cvs(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "CI": "1", "COLUMNS": "200"},
-        cwd=REPO,
-        timeout=600,
-    )
+# Wide and plain (CI=1), so the golden text does not wrap or colour.
+cvs = partial(run_cvs, env={"COLUMNS": "200"}, cwd=REPO, timeout=600)
 
 
 def docker(sandbox: Sandbox, host: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -9,27 +9,28 @@ rotated) and restores it before it ends, also on failure. The session
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 import yaml
+from clitools import cvs_on
 from conftest import _built
-from test_lifecycle import docker, explain
+from gpuroots import AMD, make_device_root
+from labtools import docker, explain
 
 from orchestrator.api import Cluster, ExecFailed, UpFailed
 from orchestrator.errors import CvsError
 from orchestrator.sandbox import SSHD_TAG, Sandbox
 from orchestrator.sync import SyncCluster
 
-CVS = [sys.executable, "-m", "orchestrator"]
 THREE = ["node1", "node2", "node3"]
 
 
@@ -39,17 +40,7 @@ def breakable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
         yield sb
 
 
-def cvs(
-    cluster: Path, *args: str, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CVS, "-c", str(cluster), *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "CI": "1", **(env or {})},
-        timeout=240,
-        check=False,
-    )
+cvs = partial(cvs_on, timeout=240)
 
 
 def summary(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
@@ -367,8 +358,6 @@ def test_status_exits_3_when_a_host_is_unreachable_even_with_another_dockerd_dow
 def test_user_visible_devices_env_never_widens_the_selected_gpus(
     lab: Lab, breakable: Sandbox, tmp_path: Path
 ) -> None:
-    from test_resources_sandbox import AMD, make_device_root
-
     root = make_device_root({m: AMD for m in range(128, 132)})  # four stand-in GPUs
     try:
         doc = yaml.safe_load(lab.cluster(lifetime="per_run").read_text())

@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 import pytest
 import yaml
-from test_lifecycle import Lab, cvs, docker, explain, inspect
+from labtools import Lab, cvs, docker, explain, inspect
 
 from orchestrator.api import Cluster
 from orchestrator.config import load_cluster

@@ -7,33 +7,24 @@ Nothing here contacts a host: every case is refused before that.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from clitools import cvs_on
 
 from orchestrator.config import ConfigError
 from orchestrator.suites.model import parse_suite
 
-CVS = [sys.executable, "-m", "orchestrator"]
 # Never contacted: every case below fails before any connection.
 CLUSTER = "hosts: [{name: a, address: 192.0.2.1}]\ncontainer: {image: x, lifetime: per_run}\n"
 
 
-def cvs(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def cvs_in(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`cvs` in tmp_path on a cluster file naming a host nobody contacts."""
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(CLUSTER)
-    return subprocess.run(
-        [*CVS, "-c", str(cluster), *args],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "CI": "1"},
-        timeout=60,
-        check=False,
-    )
+    return cvs_on(cluster, *args, cwd=tmp_path, timeout=60)
 
 
 def assert_one_line_exit_2(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
@@ -48,26 +39,26 @@ def assert_one_line_exit_2(proc: subprocess.CompletedProcess[str], *fragments: s
 def test_exec_timeout_that_is_not_a_finite_positive_number_exits_2(
     tmp_path: Path, value: str
 ) -> None:
-    proc = cvs(tmp_path, "exec", f"--timeout={value}", "--", "true")
+    proc = cvs_in(tmp_path, "exec", f"--timeout={value}", "--", "true")
     assert_one_line_exit_2(proc, "--timeout", repr(value))
 
 
 def test_run_dir_that_is_a_file_exits_2_and_writes_nothing_beside_it(tmp_path: Path) -> None:
     target = tmp_path / "records"
     target.write_text("not a directory\n")
-    proc = cvs(tmp_path, "run", "test_demo", "--run-dir", str(target))
+    proc = cvs_in(tmp_path, "run", "test_demo", "--run-dir", str(target))
     assert_one_line_exit_2(proc, str(target), "not a directory")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.yaml", "records"]
 
 
 def test_run_dir_under_a_file_exits_2(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
-    proc = cvs(tmp_path, "run", "test_demo", "--run-dir", str(tmp_path / "file" / "run"))
+    proc = cvs_in(tmp_path, "run", "test_demo", "--run-dir", str(tmp_path / "file" / "run"))
     assert_one_line_exit_2(proc, "file/run", "a parent of it is a file")
 
 
 def test_run_dir_that_cannot_be_created_exits_2(tmp_path: Path) -> None:
-    proc = cvs(tmp_path, "run", "test_demo", "--run-dir", "/proc/1/cvs-run")
+    proc = cvs_in(tmp_path, "run", "test_demo", "--run-dir", "/proc/1/cvs-run")
     assert_one_line_exit_2(proc, "/proc/1/cvs-run", "cannot create it")
 
 
@@ -85,7 +76,7 @@ def test_suite_named_to_escape_runs_is_refused_before_anything_is_written(tmp_pa
     (suites / "escape.yaml").write_text(
         'name: "x/../../../escaped"\nsteps:\n  - {name: a, run: "true"}\n'
     )
-    proc = cvs(tmp_path, "run", "escape")
+    proc = cvs_in(tmp_path, "run", "escape")
     assert_one_line_exit_2(proc, "invalid suite name")
     assert not (tmp_path / "runs").exists() and not (tmp_path.parent / "escaped").exists()
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from clitools import cvs as run_cvs
 
 import orchestrator
 from orchestrator.api import Cluster
@@ -132,11 +133,7 @@ def test_expected_failures_are_cvs_errors_with_their_exit_code(
 
 def test_cli_turns_a_cvs_error_into_one_line_and_its_exit_code(tmp_path: Path) -> None:
     missing = tmp_path / "nope.yaml"
-    out = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "-c", str(missing), "validate"],
-        capture_output=True,
-        text=True,
-    )
+    out = run_cvs("validate", cluster=missing, ci=False, timeout=None)
     assert out.returncode == ExitCode.USAGE
     assert "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and str(missing) in out.stderr

@@ -17,17 +17,16 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
 import asyncssh
 import pytest
-import yaml
+from clitools import CVS, last_json
+from labtools import CLI_TIMEOUT, THREE, Lab, cvs, docker, explain, inspect
 
 from orchestrator.api import Cluster
 from orchestrator.cli import build_parser
@@ -35,61 +34,13 @@ from orchestrator.containers.docker import LABEL_MANAGED
 from orchestrator.events import CollectingSink, CommandStarted
 from orchestrator.sandbox import BASE_TAG, NO_DOCKER_USER, SSHD_TAG, SUDO_USER, Sandbox
 
-CVS = [sys.executable, "-m", "orchestrator"]
-THREE = ["node1", "node2", "node3"]
-CLI_TIMEOUT = 180
-
-
 # --- helpers ---------------------------------------------------------------
 
 
-def cvs(cluster_file: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run the real CLI the way CI does (plain output, no TTY)."""
-    env = {**os.environ, "CI": "1"}
-    return subprocess.run(
-        [*CVS, "-c", str(cluster_file), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=CLI_TIMEOUT,
-        check=False,
-    )
-
-
 def cvs_json(cluster_file: Path, *args: str) -> tuple[int, dict[str, Any]]:
-    """`cvs --json ...`: the exit code and the last JSON document on stdout."""
+    """`cvs --json ...`: the exit code and the result document."""
     proc = cvs(cluster_file, "--json", *args)
-    docs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    summaries = [d for d in docs if "exit_code" in d]
-    assert summaries, f"no JSON summary (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    return proc.returncode, summaries[-1]
-
-
-def explain(proc: subprocess.CompletedProcess[str]) -> str:
-    return f"rc {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-
-
-def docker(sandbox: Sandbox, host: str, *args: str, check: bool = True) -> str:
-    proc = subprocess.run(
-        [*sandbox.docker_argv(host), *args], capture_output=True, text=True, timeout=60
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"docker {' '.join(args)} on {host}: {proc.stderr.strip()}")
-    return proc.stdout.strip()
-
-
-def inspect(sandbox: Sandbox, host: str, name: str) -> dict[str, Any] | None:
-    """The container's `docker inspect` document on that host, None when absent."""
-    proc = subprocess.run(
-        [*sandbox.docker_argv(host), "inspect", "--type", "container", name],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if proc.returncode != 0:
-        assert "No such" in proc.stderr, proc.stderr
-        return None
-    return json.loads(proc.stdout)[0]
+    return proc.returncode, last_json(proc)
 
 
 def identities(sandbox: Sandbox, hosts: list[str], name: str) -> dict[str, tuple[str, str] | None]:
@@ -124,53 +75,6 @@ def in_container(sandbox: Sandbox, host: str, name: str, script: str) -> str:
 def run_steps(report: dict[str, Any]) -> int:
     """How many `docker run` steps an `up --json` report says it took."""
     return sum("run" in h["steps"] for h in report["hosts"].values())
-
-
-@dataclass
-class Lab:
-    """Cluster-file variants over the session sandbox, and what to clean up."""
-
-    sandbox: Sandbox
-    directory: Path
-    name: str = field(default_factory=lambda: f"cvs-lc-{uuid.uuid4().hex[:8]}")
-    tags: list[str] = field(default_factory=list)
-    _count: int = 0
-
-    def cluster(
-        self,
-        *,
-        lifetime: str,
-        hosts: list[str] | None = None,
-        image: str = SSHD_TAG,
-        user: str | None = None,
-        sshd_port: int | None = None,
-        **container: Any,
-    ) -> Path:
-        """A cluster file: the sandbox's, with our container name and the given changes."""
-        doc = yaml.safe_load(self.sandbox.cluster_file.read_text())
-        wanted = hosts or THREE
-        doc["hosts"] = [h for h in doc["hosts"] if h["name"] in wanted]
-        if user is not None:
-            doc["ssh"]["user"] = user
-        doc["state_dir"] = str(self.directory / "state")
-        block: dict[str, Any] = {"image": image, "name": self.name, "lifetime": lifetime}
-        block["sshd"] = {"enabled": False} if sshd_port is None else {"port": sshd_port}
-        block.update(container)
-        doc["container"] = block
-        self._count += 1
-        path = self.directory / f"cluster{self._count}.yaml"
-        path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        return path
-
-    def tag(self, host: str, source: str, tag: str) -> None:
-        docker(self.sandbox, host, "tag", source, tag)
-        self.tags.append(tag)
-
-    def clean(self) -> None:
-        for node in self.sandbox.nodes:
-            docker(self.sandbox, node.name, "rm", "-f", "-v", self.name, check=False)
-            for tag in set(self.tags):
-                docker(self.sandbox, node.name, "rmi", tag, check=False)
 
 
 @pytest.fixture
@@ -521,7 +425,7 @@ def test_two_concurrent_persistent_ups_cold_start_exactly_once(lab: Lab, sandbox
         for _ in range(2)
     ]
     outputs = [p.communicate(timeout=CLI_TIMEOUT) for p in procs]
-    reports = [json.loads(out.splitlines()[-1]) for out, _ in outputs]
+    reports = [last_json(out) for out, _ in outputs]
 
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert sum(run_steps(r) for r in reports) == 3

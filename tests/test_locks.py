@@ -18,7 +18,8 @@ from pathlib import Path
 import anyio
 import pytest
 import yaml
-from test_lifecycle import CVS, Lab, cvs, explain, inspect
+from clitools import CVS
+from labtools import Lab, cvs, explain, inspect
 
 from orchestrator.api import Cluster
 from orchestrator.containers.docker import LABEL_INVOCATION, LABEL_LIFETIME

@@ -5,15 +5,15 @@ a half-built container."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 import yaml
+from clitools import cvs as run_cvs
+from clitools import last_json
 
 from orchestrator.containers.provision import MARKER_PATH
 from orchestrator.sandbox import Sandbox
@@ -22,15 +22,7 @@ NAME = "cvs-t-prov-retry"
 REPO = Path(__file__).resolve().parent.parent
 
 
-def cvs(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "CI": "1"},
-        timeout=300,
-    )
+cvs = partial(run_cvs, cwd=REPO, timeout=300)
 
 
 def docker(sandbox: Sandbox, host: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -92,7 +84,7 @@ def test_failed_provisioning_is_reported_and_retried_by_the_next_up(
     }
     second = cvs("--json", "up", "-c", str(cluster_file))
     assert second.returncode == 0, second.stderr
-    report = json.loads(second.stdout.strip().splitlines()[-1])
+    report = last_json(second)
     hosts = report["hosts"]
     assert {h: hosts[h]["action"] for h in hosts} == dict.fromkeys(hosts, "attach")
     assert "provision" in hosts["node2"]["steps"]

@@ -9,16 +9,16 @@ from: `SSH_CONNECTION` names the bastion's address, not this machine's.
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from test_exec_cli import CLI_ENV, REPO, cvs, json_lines, statuses
-from test_transport import cluster_variant, run_once, sshd_option
+from clitools import REPO, json_lines
+from clitools import cvs as run_cvs
+from exectools import CLI_ENV, cvs, statuses
+from sandboxtools import cluster_variant, run_once, sshd_option
 
 from orchestrator.config import load_cluster
 from orchestrator.sandbox import Sandbox
@@ -201,15 +201,13 @@ def test_cvs_shell_jumps_with_the_clusters_identity_and_known_hosts(
         ssh={**ssh, "use_ssh_config": use_ssh_config},
     )
     env = {k: v for k, v in CLI_ENV.items() if k != "SSH_AUTH_SOCK"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "shell", "-c", str(path), "--host-os", "node2"],
+    proc = run_cvs(
+        "shell", "-c", str(path), "--host-os", "node2",
         input=CLIENT_ADDRESS + "\nexit 7\n",
-        env={**env, "HOME": str(home), "PYTHONPATH": str(REPO)},
+        base_env={**env, "HOME": str(home), "PYTHONPATH": str(REPO)},
         cwd=REPO,
-        capture_output=True,
-        text=True,
         timeout=60,
-    )
+    )  # fmt: skip
     assert proc.returncode == 7, proc.stderr
     assert proc.stdout.strip() == sandbox.host(BASTION).address
 

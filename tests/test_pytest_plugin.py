@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 from _pytest.config.argparsing import Parser
+from clitools import CVS
+from clitools import cvs as run_cvs
 
 from orchestrator import pytest_plugin
 from orchestrator.compat.logs import DEMOTED_LOGGER, quiet_ssh_library
@@ -158,12 +160,12 @@ def test_cvs_run_gives_pytest_an_interpreter_with_nothing_of_ours_loaded(
         json.dumps({"node_dict": {"10.0.0.1": {}}, "username": "u", "priv_key_file": str(key)})
     )
     (tmp_path / "config.json").write_text("{}")
-    proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "run", str(tmp_path / "suite_checks.py"),
-         "--cluster_file", str(cluster), "--config_file", str(tmp_path / "config.json"),
-         "--run-dir", str(tmp_path / "run")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(STANDIN)},  # CVS's factory, for the engine
+    proc = run_cvs(
+        "run", str(tmp_path / "suite_checks.py"),
+        "--cluster_file", str(cluster), "--config_file", str(tmp_path / "config.json"),
+        "--run-dir", str(tmp_path / "run"),
+        cwd=tmp_path, timeout=300, ci=False,
+        env={"PYTHONPATH": str(STANDIN)},  # CVS's factory, for the engine
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "while parsing the following warning configuration" not in proc.stderr
@@ -226,7 +228,7 @@ def test_ctrl_c_during_cvs_run_stops_pytest_and_records_the_interruption(
     )
     (tmp_path / "config.json").write_text("{}")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "run", str(tmp_path / "suite_sleeps.py"),
+        [*CVS, "run", str(tmp_path / "suite_sleeps.py"),
          "--cluster_file", str(cluster), "--config_file", str(tmp_path / "config.json"),
          "--run-dir", str(tmp_path / "run")],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

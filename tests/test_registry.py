@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_lifecycle import Lab, cvs, docker, explain, inspect
+from labtools import Lab, cvs, docker, explain, inspect
 
 from orchestrator.containers.docker import image_registry
 from orchestrator.sandbox import SSHD_TAG, Sandbox

@@ -12,43 +12,30 @@ reads for the PCI vendor; hosts point at them with `gpu_device_root`.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from clitools import cvs as run_cvs
+from clitools import last_json
+from gpuroots import AMD, NVIDIA, make_device_root
 
 from orchestrator.sandbox import Sandbox
 
 REPO = Path(__file__).resolve().parent.parent
 MiB = 1024**2
-AMD, NVIDIA = "0x1002", "0x10de"
 
 
 # -- helpers ------------------------------------------------------------------
 
 
-def cvs(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "CI": "1"},
-        cwd=REPO,
-        timeout=timeout,
-    )
-
-
-def last_json(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    """The summary document: the last stdout line under --json (events come first)."""
-    return json.loads(result.stdout.strip().splitlines()[-1])
+cvs = partial(run_cvs, cwd=REPO, timeout=300)
 
 
 def write_cluster(
@@ -330,26 +317,6 @@ def test_attaching_to_a_container_with_other_limits_warns_about_drift(
 
 
 # -- GPUs with stand-in device nodes ----------------------------------------------
-
-
-def make_device_root(render_vendors: dict[int, str]) -> Path:
-    """A device root with /dev/kfd, the given renderD<minor> nodes, and sysfs
-    entries giving each node a PCI address and vendor. World-readable: the
-    sandbox's login user runs the discovery script."""
-    root = Path(tempfile.mkdtemp(prefix="cvs-gpu-root-", dir="/tmp"))
-    root.chmod(0o755)
-    (root / "dev" / "dri").mkdir(parents=True)
-    os.mknod(root / "dev" / "kfd", 0o666 | 0o020000, os.makedev(1, 3))
-    for index, (minor, vendor) in enumerate(sorted(render_vendors.items())):
-        os.mknod(root / "dev" / "dri" / f"renderD{minor}", 0o666 | 0o020000, os.makedev(1, 3))
-        bdf = f"0000:{0xC1 + index:02x}:00.0"
-        device = root / "sys" / "devices" / "pci0000:00" / bdf
-        device.mkdir(parents=True)
-        (device / "vendor").write_text(vendor + "\n")
-        drm = root / "sys" / "class" / "drm" / f"renderD{minor}"
-        drm.mkdir(parents=True)
-        (drm / "device").symlink_to(os.path.relpath(device, drm))
-    return root
 
 
 @pytest.fixture(scope="module")

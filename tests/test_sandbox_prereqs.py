@@ -6,9 +6,9 @@ Nothing here builds a sandbox: every case is refused before anything changes.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
+
+from clitools import cvs as run_cvs
 
 from orchestrator.sandbox import prereqs
 
@@ -58,13 +58,8 @@ def test_sandbox_up_without_the_tools_exits_2_listing_them_and_changes_nothing(
     empty = tmp_path / "bin"
     empty.mkdir()
     directory = tmp_path / "sb"
-    proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "sandbox", "up", "--dir", str(directory)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PATH": str(empty)},
-        timeout=60,
-        check=False,
+    proc = run_cvs(
+        "sandbox", "up", "--dir", str(directory), env={"PATH": str(empty)}, ci=False, timeout=60
     )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr

@@ -15,13 +15,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from test_transport import wait_until
+from clitools import CVS
+from sandboxtools import wait_until
 
 from orchestrator.config import load_cluster
 from orchestrator.sandbox import Sandbox
@@ -82,7 +82,7 @@ def test_a_silent_host_is_reported_lost_within_the_bound_and_the_others_finish(
     silent, slow = sb.host("node3"), sb.host("node2")
     assert silent.netns and slow.netns
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "exec", "-c", str(sb.cluster_file),
+        [*CVS, "exec", "-c", str(sb.cluster_file),
          "--host-os", "--json", "--", *SLEEP],
         env={**os.environ, "CI": "1"}, cwd=REPO,
         stdout=subprocess.PIPE, stderr=(tmp_path / "stderr").open("w"), text=True,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from clitools import cvs as run_cvs
 
 from orchestrator.config import ConfigError, load_cluster
 from orchestrator.config.slurm import slurm_hosts
@@ -64,13 +64,7 @@ def test_bad_nodelist_names_the_variable(tmp_path: Path) -> None:
 
 def _cvs(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator", *args],
-        env={**full, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_cvs(*args, base_env=full, env=env, ci=False, timeout=60)
 
 
 def test_cli_hosts_from_slurm_inside_an_allocation(tmp_path: Path) -> None:

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_suite_runs import cluster_variant, containers, cvs, results, write_suite
-from test_transport import sandbox_pids, wait_until
+from clitools import CVS
+from sandboxtools import sandbox_pids, wait_until
+from suitetools import cluster_variant, containers, cvs, results, write_suite
 
 from orchestrator.sandbox import Sandbox
 
@@ -59,7 +60,7 @@ def test_exec_of_80mb_per_host_on_3_hosts_keeps_the_coordinator_under_150mib(
     # 80 MB per host, in lines of 999 characters.
     command = "head -c 80000000 /dev/zero | tr '\\0' x | fold -w 999"
     argv = [
-        sys.executable, "-m", "orchestrator", "exec", "-c", str(sandbox.cluster_file), "--json",
+        *CVS, "exec", "-c", str(sandbox.cluster_file), "--json",
         "--host-os", "--hosts", "node1,node2,node3", "--", command,
     ]  # fmt: skip
     out = tmp_path / "out.jsonl"
@@ -94,7 +95,7 @@ def test_exec_piped_from_a_terminal_puts_host_output_on_stdout(sandbox: Sandbox)
     primary, secondary = pty.openpty()
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "orchestrator", "exec", "-c", str(sandbox.cluster_file),
+            [*CVS, "exec", "-c", str(sandbox.cluster_file),
              "--host-os", "--", "hostname"],
             env=cli_env(TERM="xterm"), stdout=subprocess.PIPE, stderr=secondary, text=True,
             timeout=120,
@@ -109,7 +110,7 @@ def test_exec_piped_from_a_terminal_puts_host_output_on_stdout(sandbox: Sandbox)
 def test_exec_into_head_stops_the_remote_commands_and_exits_quietly(sandbox: Sandbox) -> None:
     endless = ["seq", "1", "900000000"]
     cvs_exec = shlex.join([
-        sys.executable, "-m", "orchestrator", "exec", "-c", str(sandbox.cluster_file),
+        *CVS, "exec", "-c", str(sandbox.cluster_file),
         "--host-os", "--", shlex.join(endless),
     ])  # fmt: skip
     proc = subprocess.run(
@@ -127,7 +128,7 @@ def test_exec_notices_its_reader_leave_while_the_command_prints_nothing(
 ) -> None:
     quiet = ["sleep", "473"]
     argv = [
-        sys.executable, "-m", "orchestrator", "exec", "-c", str(sandbox.cluster_file),
+        *CVS, "exec", "-c", str(sandbox.cluster_file),
         "--host-os", "--", f"echo ready; exec {shlex.join(quiet)}",
     ]  # fmt: skip
     proc = subprocess.Popen(
@@ -165,7 +166,7 @@ def test_run_into_head_stops_the_run_and_removes_its_per_run_containers(
     suite = write_suite(tmp_path, "chatty", [step])
     run_dir = tmp_path / "run"
     argv = [
-        sys.executable, "-m", "orchestrator", "run", "-c", str(cluster), str(suite),
+        *CVS, "run", "-c", str(cluster), str(suite),
         "--run-dir", str(run_dir),
     ]  # fmt: skip
     try:
@@ -240,7 +241,7 @@ def cpu_seconds_of(argv: list[str], *, terminal: bool) -> tuple[float, int, str]
 def test_live_view_in_a_terminal_costs_about_what_piped_output_costs(sandbox: Sandbox) -> None:
     # 2 hosts x `seq 6400`: redrawing per line cost 14 s of CPU in a terminal (0.6 s piped).
     argv = [
-        sys.executable, "-m", "orchestrator", "exec", "-c", str(sandbox.cluster_file),
+        *CVS, "exec", "-c", str(sandbox.cluster_file),
         "--host-os", "--hosts", "node1,node2", "--", "seq 6400",
     ]  # fmt: skip
     piped, code, text = cpu_seconds_of(argv, terminal=False)
@@ -325,7 +326,7 @@ def test_env_secret_reaches_commands_but_no_argv_record_or_output(
             assert SECRET.encode() not in p.read_bytes(), p
     assert run_dir.stat().st_mode & 0o777 == 0o700
     exec_proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "exec", "-c", str(cluster), "--json",
+        [*CVS, "exec", "-c", str(cluster), "--json",
          "--host-os", "--", 'test -n "$API_TOKEN"'],
         env=cli_env(), capture_output=True, text=True, timeout=120,
     )  # fmt: skip

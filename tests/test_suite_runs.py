@@ -9,7 +9,6 @@ on one host would both want its port), and removes its containers with
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,73 +16,24 @@ import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import jsonschema
 import pytest
-import yaml
 from browser import browser_skip_reason, open_page
+from clitools import CVS, REPO
+from suitetools import (
+    NODES,
+    cluster_variant,
+    containers,
+    cvs,
+    results,
+    suite_env,
+    write_suite,
+)
 
 from orchestrator.sandbox import DOCKER_USER, Sandbox
 
-REPO = Path(__file__).resolve().parents[1]
-SCHEMA = json.loads((REPO / "orchestrator" / "schemas" / "results.schema.json").read_text())
-NODES = ["node1", "node2", "node3", "node4"]
 # Every process's command line in a container (minbase images have no ps).
 LIST_COMMANDS = 'for p in /proc/[0-9]*; do tr "\\0" " " < $p/cmdline; echo; done'
-
-
-def cvs(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator", *args],
-        cwd=cwd,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("CVS_CLUSTER", "CVS_SUITES_PATH")}
-    return {**env, "PYTHONPATH": str(REPO), "CI": "1"}
-
-
-def cluster_variant(sb: Sandbox, directory: Path, name: str, lifetime: str) -> Path:
-    doc = yaml.safe_load(sb.cluster_file.read_text())
-    doc["container"].update({"name": name, "lifetime": lifetime, "sshd": {"enabled": False}})
-    path = directory / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
-
-
-def containers(sb: Sandbox, name: str) -> dict[str, str]:
-    """host -> container status, for hosts where a container of that name exists."""
-    found = {}
-    for host in NODES:
-        argv = [*sb.docker_argv(host), "ps", "-a", "--filter", f"name=^{name}$"]
-        out = subprocess.run(
-            [*argv, "--format", "{{.State}}"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        ).stdout.strip()
-        if out:
-            found[host] = out
-    return found
-
-
-def write_suite(directory: Path, name: str, steps: list[dict[str, Any]]) -> Path:
-    path = directory / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({"name": name, "steps": steps}))
-    return path
-
-
-def results(run_dir: Path) -> dict[str, Any]:
-    doc = json.loads((run_dir / "results.json").read_text())
-    jsonschema.Draft202012Validator(SCHEMA).validate(doc)
-    return doc
 
 
 @pytest.fixture
@@ -275,11 +225,11 @@ def test_per_run_interrupted_exits_130_and_leaves_no_container(
     removed_after.append(cluster)
     suite = write_suite(tmp_path, "long", [{"name": "nap", "run": "sleep 120"}])
     run_dir = tmp_path / "r"
-    argv = [sys.executable, "-m", "orchestrator", "run", "-c", str(cluster), str(suite)]
+    argv = [*CVS, "run", "-c", str(cluster), str(suite)]
     proc = subprocess.Popen(
         [*argv, "--run-dir", str(run_dir)],
         cwd=tmp_path,
-        env=_env(),
+        env=suite_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -324,7 +274,7 @@ def test_pytest_plugin_example_runs_against_the_sandbox(
     proc = subprocess.run(
         [*argv, "--cvs-orchestrator-cluster", str(cluster), "-p", "no:cacheprovider"],
         cwd=REPO,
-        env=_env(),
+        env=suite_env(),
         capture_output=True,
         text=True,
         timeout=240,

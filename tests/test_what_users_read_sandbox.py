@@ -28,14 +28,16 @@ import json
 import os
 import re
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from clitools import cvs as run_cvs
+from clitools import last_json
 
 from orchestrator.sandbox import SSHD_TAG, Sandbox
 
@@ -43,25 +45,13 @@ REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "cluster_samples"
 
 
-def cvs(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "CI": "1"},
-        cwd=REPO,
-        timeout=timeout,
-    )
+cvs = partial(run_cvs, cwd=REPO, timeout=600)
 
 
 def docker(sandbox: Sandbox, host: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*sandbox.docker_argv(host), *args], capture_output=True, text=True, timeout=120
     )
-
-
-def last_json(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture

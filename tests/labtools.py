@@ -1,0 +1,99 @@
+"""Helpers for container-lifecycle tests on the sandbox: the CLI as they run
+it, docker on a sandbox host, and `Lab` (cluster-file variants with their own
+container name, and the cleanup of what they leave).
+
+Not a test module (test modules import it, it imports none).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import yaml
+from clitools import cvs_on, explain
+
+from orchestrator.sandbox import SSHD_TAG, Sandbox
+
+THREE = ["node1", "node2", "node3"]
+CLI_TIMEOUT = 180
+__all__ = ["CLI_TIMEOUT", "THREE", "Lab", "cvs", "docker", "explain", "inspect"]
+
+
+# The real CLI the way CI runs it (plain output, no TTY).
+cvs = partial(cvs_on, timeout=CLI_TIMEOUT)
+
+
+def docker(sandbox: Sandbox, host: str, *args: str, check: bool = True) -> str:
+    proc = subprocess.run(
+        [*sandbox.docker_argv(host), *args], capture_output=True, text=True, timeout=60
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)} on {host}: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+def inspect(sandbox: Sandbox, host: str, name: str) -> dict[str, Any] | None:
+    """The container's `docker inspect` document on that host, None when absent."""
+    proc = subprocess.run(
+        [*sandbox.docker_argv(host), "inspect", "--type", "container", name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if proc.returncode != 0:
+        assert "No such" in proc.stderr, proc.stderr
+        return None
+    return json.loads(proc.stdout)[0]
+
+
+@dataclass
+class Lab:
+    """Cluster-file variants over the session sandbox, and what to clean up."""
+
+    sandbox: Sandbox
+    directory: Path
+    name: str = field(default_factory=lambda: f"cvs-lc-{uuid.uuid4().hex[:8]}")
+    tags: list[str] = field(default_factory=list)
+    _count: int = 0
+
+    def cluster(
+        self,
+        *,
+        lifetime: str,
+        hosts: list[str] | None = None,
+        image: str = SSHD_TAG,
+        user: str | None = None,
+        sshd_port: int | None = None,
+        **container: Any,
+    ) -> Path:
+        """A cluster file: the sandbox's, with our container name and the given changes."""
+        doc = yaml.safe_load(self.sandbox.cluster_file.read_text())
+        wanted = hosts or THREE
+        doc["hosts"] = [h for h in doc["hosts"] if h["name"] in wanted]
+        if user is not None:
+            doc["ssh"]["user"] = user
+        doc["state_dir"] = str(self.directory / "state")
+        block: dict[str, Any] = {"image": image, "name": self.name, "lifetime": lifetime}
+        block["sshd"] = {"enabled": False} if sshd_port is None else {"port": sshd_port}
+        block.update(container)
+        doc["container"] = block
+        self._count += 1
+        path = self.directory / f"cluster{self._count}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
+
+    def tag(self, host: str, source: str, tag: str) -> None:
+        docker(self.sandbox, host, "tag", source, tag)
+        self.tags.append(tag)
+
+    def clean(self) -> None:
+        for node in self.sandbox.nodes:
+            docker(self.sandbox, node.name, "rm", "-f", "-v", self.name, check=False)
+            for tag in set(self.tags):
+                docker(self.sandbox, node.name, "rmi", tag, check=False)

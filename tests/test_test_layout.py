@@ -1,0 +1,104 @@
+"""The test suite's own shape: one way to run the CLI, no test module importing another.
+
+A newcomer reads `clitools.cvs` once; a test module that imports another drags
+that module's fixtures and sandbox into its own collection. Shared helpers
+live in non-test modules (clitools.py, conftest.py, ...).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+TEST_MODULES = {p.stem for p in TESTS.glob("test_*.py")}
+THIS = Path(__file__).name
+
+# Not converted yet: test_podman.py and test_shell.py were being edited on
+# another branch when the rest moved (their helpers are in clitools.py,
+# exectools.py, sandboxtools.py now). Each entry must still break the rule,
+# so the lists only shrink.
+NOT_YET_CVS = {
+    "test_podman.py",
+}
+NOT_YET_SPELLED = {
+    "test_podman.py",
+}
+NOT_YET_IMPORTS = {
+    "test_shell.py",
+}
+
+
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+def imported_test_modules(path: Path) -> set[str]:
+    """Test modules `path` imports: `test_x`, `tests.test_x`, `from tests import test_x`."""
+    found: set[str] = set()
+    for node in ast.walk(_tree(path)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module is not None:
+            names = [node.module]
+            if node.module == "tests":
+                names += [alias.name for alias in node.names]
+        for name in names:
+            last = name.removeprefix("tests.")
+            if last in TEST_MODULES:
+                found.add(last)
+    return found
+
+
+def defines_cvs(path: Path) -> bool:
+    return any(
+        isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "cvs"
+        for node in ast.walk(_tree(path))
+    )
+
+
+def test_no_test_module_imports_another() -> None:
+    offenders = {
+        p.name: sorted(imported_test_modules(p))
+        for p in sorted(TESTS.glob("test_*.py"))
+        if imported_test_modules(p)
+    }
+    unexpected = {k: v for k, v in offenders.items() if k not in NOT_YET_IMPORTS}
+    assert not unexpected, (
+        f"test modules importing test modules: {unexpected}; "
+        "move what they share into a helper module (clitools.py) or conftest.py"
+    )
+    assert set(offenders) >= NOT_YET_IMPORTS, (
+        f"converted, drop from NOT_YET_IMPORTS: {sorted(NOT_YET_IMPORTS - set(offenders))}"
+    )
+
+
+def test_no_test_module_defines_its_own_cvs() -> None:
+    offenders = {p.name for p in TESTS.glob("test_*.py") if defines_cvs(p)}
+    unexpected = sorted(offenders - NOT_YET_CVS)
+    assert not unexpected, (
+        f"{unexpected} define their own cvs(); use clitools.cvs or clitools.cvs_on"
+    )
+    assert offenders >= NOT_YET_CVS, (
+        f"converted, drop from NOT_YET_CVS: {sorted(NOT_YET_CVS - offenders)}"
+    )
+
+
+def test_the_check_sees_both_import_spellings(tmp_path: Path) -> None:
+    sample = tmp_path / "test_sample.py"
+    sample.write_text("from test_lifecycle import cvs\nimport tests.test_exec_cli\n")
+    assert imported_test_modules(sample) == {"test_lifecycle", "test_exec_cli"}
+
+
+def test_no_test_module_spells_the_cli_command_itself() -> None:
+    """`[sys.executable, "-m", "orchestrator", ...]` lives in clitools (CVS, cvs)."""
+    spelled = 'sys.executable, "-m", "orchestrator"'
+    offenders = {
+        p.name for p in TESTS.glob("test_*.py") if p.name != THIS and spelled in p.read_text()
+    }
+    unexpected = sorted(offenders - NOT_YET_SPELLED)
+    assert not unexpected, f"{unexpected} spell the CLI; use clitools.cvs or clitools.CVS"
+    assert offenders >= NOT_YET_SPELLED, (
+        f"converted, drop from NOT_YET_SPELLED: {sorted(NOT_YET_SPELLED - offenders)}"
+    )

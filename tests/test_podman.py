@@ -24,11 +24,13 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from clitools import cvs_on, explain, last_json
 from terminal import Tmux
 
 from orchestrator.sandbox import DOCKER_USER, SSHD_TAG, Sandbox, sandbox_down, sandbox_up
@@ -43,27 +45,12 @@ CDI_DIR = Path("/etc/cdi")
 CDI_LOCK = Path("/run/cvs-sandbox-cdi.lock")
 
 
-def cvs(path: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator", "-c", str(path), *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "CI": "1"},
-        timeout=timeout,
-        check=False,
-    )
+cvs = partial(cvs_on, timeout=240)
 
 
 def cvs_json(path: Path, *args: str) -> tuple[int, dict[str, Any]]:
     proc = cvs(path, "--json", *args)
-    docs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    summaries = [d for d in docs if "exit_code" in d]
-    assert summaries, f"no JSON summary (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    return proc.returncode, summaries[-1]
-
-
-def explain(proc: subprocess.CompletedProcess[str]) -> str:
-    return f"rc {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc.returncode, last_json(proc)
 
 
 @pytest.fixture(scope="module")

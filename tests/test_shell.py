@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from exectools import containers_up, cvs, yaml_container
+from sandboxtools import cluster_variant
 from terminal import Tmux
-from test_exec_cli import containers_up, cvs, yaml_container
-from test_transport import cluster_variant
 
 from orchestrator.config import load_cluster
 from orchestrator.sandbox import Sandbox

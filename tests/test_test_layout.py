@@ -14,20 +14,6 @@ TESTS = Path(__file__).resolve().parent
 TEST_MODULES = {p.stem for p in TESTS.glob("test_*.py")}
 THIS = Path(__file__).name
 
-# Not converted yet: test_podman.py and test_shell.py were being edited on
-# another branch when the rest moved (their helpers are in clitools.py,
-# exectools.py, sandboxtools.py now). Each entry must still break the rule,
-# so the lists only shrink.
-NOT_YET_CVS = {
-    "test_podman.py",
-}
-NOT_YET_SPELLED = {
-    "test_podman.py",
-}
-NOT_YET_IMPORTS = {
-    "test_shell.py",
-}
-
 
 def _tree(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), filename=str(path))
@@ -64,25 +50,15 @@ def test_no_test_module_imports_another() -> None:
         for p in sorted(TESTS.glob("test_*.py"))
         if imported_test_modules(p)
     }
-    unexpected = {k: v for k, v in offenders.items() if k not in NOT_YET_IMPORTS}
-    assert not unexpected, (
-        f"test modules importing test modules: {unexpected}; "
+    assert not offenders, (
+        f"test modules importing test modules: {offenders}; "
         "move what they share into a helper module (clitools.py) or conftest.py"
-    )
-    assert set(offenders) >= NOT_YET_IMPORTS, (
-        f"converted, drop from NOT_YET_IMPORTS: {sorted(NOT_YET_IMPORTS - set(offenders))}"
     )
 
 
 def test_no_test_module_defines_its_own_cvs() -> None:
-    offenders = {p.name for p in TESTS.glob("test_*.py") if defines_cvs(p)}
-    unexpected = sorted(offenders - NOT_YET_CVS)
-    assert not unexpected, (
-        f"{unexpected} define their own cvs(); use clitools.cvs or clitools.cvs_on"
-    )
-    assert offenders >= NOT_YET_CVS, (
-        f"converted, drop from NOT_YET_CVS: {sorted(NOT_YET_CVS - offenders)}"
-    )
+    offenders = sorted(p.name for p in TESTS.glob("test_*.py") if defines_cvs(p))
+    assert not offenders, f"{offenders} define their own cvs(); use clitools.cvs or cvs_on"
 
 
 def test_the_check_sees_both_import_spellings(tmp_path: Path) -> None:
@@ -94,11 +70,7 @@ def test_the_check_sees_both_import_spellings(tmp_path: Path) -> None:
 def test_no_test_module_spells_the_cli_command_itself() -> None:
     """`[sys.executable, "-m", "orchestrator", ...]` lives in clitools (CVS, cvs)."""
     spelled = 'sys.executable, "-m", "orchestrator"'
-    offenders = {
+    offenders = sorted(
         p.name for p in TESTS.glob("test_*.py") if p.name != THIS and spelled in p.read_text()
-    }
-    unexpected = sorted(offenders - NOT_YET_SPELLED)
-    assert not unexpected, f"{unexpected} spell the CLI; use clitools.cvs or clitools.CVS"
-    assert offenders >= NOT_YET_SPELLED, (
-        f"converted, drop from NOT_YET_SPELLED: {sorted(NOT_YET_SPELLED - offenders)}"
     )
+    assert not offenders, f"{offenders} spell the CLI; use clitools.cvs or clitools.CVS"

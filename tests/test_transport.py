@@ -16,15 +16,13 @@ from typing import Any
 import anyio
 import asyncssh
 import pytest
-from sandboxtools import (  # noqa: F401 (cluster_variant: test_shell.py imports it from here)
+from sandboxtools import (
     cluster_variant,
     foreign_known_hosts,
     keygen,
     known_hosts_line,
     run_once,
-    sandbox_pids,
     sshd_option,
-    wait_until,
 )
 
 from orchestrator.config import ClusterConfig, load_cluster

@@ -37,6 +37,10 @@ RVS_CONFIG = Path("cvs/input/config_file/health/mi300_health_config.json")
 VLLM_CONFIG = Path("cvs/input/config_file/inference/vllm/mi300x_vllm_llama31-70b_fp8_single.json")
 UNREACHABLE = "ABORT: Host Unreachable Error"
 
+# Every test here installs the real CVS in venvs of its own (the package index,
+# about a minute) and most drive the sandbox: none belongs in the fast subset.
+pytestmark = pytest.mark.sandbox
+
 
 def _env(**extra: str) -> dict[str, str]:
     drop = ("CVS_CLUSTER", "CVS_ENGINE", "PYTHONPATH", "VIRTUAL_ENV")

@@ -52,10 +52,12 @@ def worker_ours(cluster_file: Path, reuse_rounds: int, forks: int | None) -> dic
     import anyio
     import yaml
 
+    from orchestrator.cli import collector
     from orchestrator.config import ClusterConfig
     from orchestrator.ssh.fanout import run_on_hosts
     from orchestrator.ssh.transport import SSHPool
 
+    collector.tune()  # as the `cvs` process does once its command's modules are in
     doc = yaml.safe_load(cluster_file.read_text())
     if forks is not None:
         doc["concurrency"] = {**doc.get("concurrency", {}), "hosts": forks}

@@ -739,3 +739,17 @@ def test_random_text_gives_config_or_config_error(text: str) -> None:
 def test_samples_directory_has_readme() -> None:
     assert (SAMPLES / "README.md").is_file()
     assert os.path.getsize(SAMPLES / "README.md") > 200
+
+
+def test_host_lookup_follows_a_copy_that_replaces_the_hosts() -> None:
+    hosts = [{"name": n} for n in ("a", "b", "c")]
+    cluster = ClusterConfig.model_validate({"hosts": hosts})
+    assert cluster.host("b").name == "b"
+
+    fewer = cluster.model_copy(update={"hosts": cluster.hosts[:1]})
+
+    assert fewer.host("a").name == "a"
+    with pytest.raises(KeyError):
+        fewer.host("b")
+    assert cluster.host("c").name == "c"
+    assert cluster == ClusterConfig.model_validate({"hosts": hosts})

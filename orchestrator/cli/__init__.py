@@ -68,6 +68,9 @@ def _is_tty(stream: object) -> bool:
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
+    # Called as the process's entry point (argv from sys.argv) the process is
+    # ours to tune; a caller passing argv in its own process keeps its settings.
+    process_owned = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = _parse(argv)
@@ -82,6 +85,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
     module_name, _, func_name = args.func.partition(":")
     try:
         handler = getattr(importlib.import_module(f"orchestrator.cli.{module_name}"), func_name)
+        if process_owned:
+            from orchestrator.cli import collector
+
+            collector.tune()  # after the imports: they are frozen, never scanned again
         return int(handler(args))
     except KeyboardInterrupt:
         sys.stderr.write("cvs: interrupted\n")

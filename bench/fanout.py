@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +161,11 @@ def loadavg() -> float:
 
 
 def measure(
-    which: str, cluster_file: Path, reuse_rounds: int, forks: int | None = None
+    which: str,
+    cluster_file: Path,
+    reuse_rounds: int,
+    forks: int | None = None,
+    sshd_cpu: Callable[[], float] | None = None,
 ) -> dict[str, Any]:
     """Two processes: one that only connects, runs `true` once and exits (its wall
     time is the fresh fan-out as a whole process: interpreter start, imports,
@@ -168,13 +173,21 @@ def measure(
     reused connections. A host that failed is counted (`ok`), not fatal: a
     collapse is a result."""
     load = loadavg()
+    farm_before = sshd_cpu() if sshd_cpu else None
     alone = run_worker(which, cluster_file, 0, forks)
     alone["load"] = load
+    if sshd_cpu and farm_before is not None:
+        time.sleep(0.5)  # the listeners reap the last connections' sshds
+        alone["sshd_cpu"] = sshd_cpu() - farm_before
+        # What the machine could do at best: all the CPU the fan-out cost
+        # (the farm's sshds and the client), spread over every core.
+        alone["floor"] = (alone["sshd_cpu"] + alone["fanout_cpu"]) / (os.cpu_count() or 1)
     if not reuse_rounds:
         return alone
     doc = run_worker(which, cluster_file, reuse_rounds, forks)
-    for key in ("wall", "cpu", "fanout_cpu", "ok", "load"):
-        doc[key] = alone[key]
+    for key in ("wall", "cpu", "fanout_cpu", "ok", "load", "sshd_cpu", "floor"):
+        if key in alone:
+            doc[key] = alone[key]
     doc["maxrss_kib"] = max(alone["maxrss_kib"], doc["maxrss_kib"])
     return doc
 
@@ -195,7 +208,9 @@ def fleet(hosts: int, rounds: int, reuse_rounds: int, modes: list[str]) -> list[
             for r in range(rounds):
                 # Alternate who goes first: the machine's state drifts during a run.
                 order = ("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")
-                got = {w: measure(w, cluster_file, reuse_rounds, forks) for w in order}
+                got = {
+                    w: measure(w, cluster_file, reuse_rounds, forks, farm.sshd_cpu) for w in order
+                }
                 rows.append((got["ours"], got["theirs"]))
                 o, t = got["ours"], got["theirs"]
                 print(
@@ -211,7 +226,11 @@ def fleet(hosts: int, rounds: int, reuse_rounds: int, modes: list[str]) -> list[
                     f"{t['maxrss_kib'] / 1024:.0f} MiB | "
                     f"load {o['load']:.1f}/{t['load']:.1f} | "
                     f"our window: peak {o['peak_in_flight']}, "
-                    f"{o['window_decreases']} decreases",
+                    f"{o['window_decreases']} decreases | "
+                    f"farm CPU per host {1000 * o['sshd_cpu'] / hosts:.1f} vs "
+                    f"{1000 * t['sshd_cpu'] / hosts:.1f} ms | "
+                    f"fresh / machine floor {o['fresh'] / o['floor']:.2f} vs "
+                    f"{t['fresh'] / t['floor']:.2f}",
                     flush=True,
                 )
             summaries.append(summarize(hosts, mode, rows))
@@ -226,7 +245,18 @@ def summarize(
         return statistics.median(values) if values else None
 
     summary: dict[str, Any] = {"hosts": hosts, "forks": mode, "rounds": len(rows)}
-    for key in ("fresh", "reused", "wall", "maxrss_kib", "cpu", "fanout_cpu", "ok", "load"):
+    for key in (
+        "fresh",
+        "reused",
+        "wall",
+        "maxrss_kib",
+        "cpu",
+        "fanout_cpu",
+        "ok",
+        "load",
+        "sshd_cpu",
+        "floor",
+    ):
         ours, theirs = med(0, key), med(1, key)
         summary[key] = {"ours": ours, "theirs": theirs}
         if ours is not None and theirs:
@@ -235,11 +265,16 @@ def summarize(
         summary["maxrss_kib"][f"{side}_per_host"] = summary["maxrss_kib"][side] / hosts
         summary["cpu"][f"{side}_per_host_ms"] = summary["cpu"][side] / hosts * 1000
         summary["fanout_cpu"][f"{side}_per_host_ms"] = summary["fanout_cpu"][side] / hosts * 1000
+        summary["sshd_cpu"][f"{side}_per_host_ms"] = summary["sshd_cpu"][side] / hosts * 1000
+        summary["floor"][f"{side}_fresh_over_floor"] = (
+            summary["fresh"][side] / summary["floor"][side]
+        )
     return summary
 
 
 def report(s: dict[str, Any]) -> str:
     m, c, f = s["maxrss_kib"], s["cpu"], s["fanout_cpu"]
+    d, fl = s["sshd_cpu"], s["floor"]
     rows = [
         (label, k, p)
         for label, k, p in (
@@ -264,6 +299,12 @@ def report(s: dict[str, Any]) -> str:
             f"| {f['theirs_per_host_ms']:.2f} ms | **{f['ratio']:.2f}** |",
             f"| CPU per host, whole process (user + system) | {c['ours_per_host_ms']:.2f} ms "
             f"| {c['theirs_per_host_ms']:.2f} ms | **{c['ratio']:.2f}** |",
+            f"| the farm's sshd CPU per host | {d['ours_per_host_ms']:.1f} ms "
+            f"| {d['theirs_per_host_ms']:.1f} ms | |",
+            f"| machine floor: (sshd + client CPU) / {os.cpu_count()} cores "
+            f"| {fl['ours']:.2f} s | {fl['theirs']:.2f} s | |",
+            f"| fresh fan-out / machine floor | {fl['ours_fresh_over_floor']:.2f} "
+            f"| {fl['theirs_fresh_over_floor']:.2f} | |",
             f"| peak RSS | {m['ours'] / 1024:.0f} MiB | {m['theirs'] / 1024:.0f} MiB "
             f"| **{m['ratio']:.2f}** |",
             f"| peak RSS per host | {m['ours_per_host']:.0f} KiB | {m['theirs_per_host']:.0f} KiB "

@@ -42,6 +42,17 @@ class LoopbackFarm:
     user: str = USER
     port: int = PORT
 
+    def sshd_cpu(self) -> float:
+        """CPU seconds (user + system) the farm's sshds spent serving connections:
+        each connection's sshd (and the shell it ran) is a child the listener
+        reaps, so its CPU lands in the listener's cutime/cstime."""
+        ticks = 0
+        for pid in self.pids:
+            with contextlib.suppress(OSError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                ticks += int(fields[13]) + int(fields[14])  # cutime, cstime
+        return ticks / os.sysconf("SC_CLK_TCK")
+
     def cluster_yaml(self, name: str = "loopback", **ssh_extra: object) -> Path:
         import yaml
 

@@ -87,7 +87,7 @@ from orchestrator.limits.resources import (
     cluster_effective_resources,
 )
 from orchestrator.remote import records
-from orchestrator.remote.runtime import ContainerRuntime
+from orchestrator.remote.runtime import ContainerRuntime, runtime_hung
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.keys import ClusterKeys, default_state_dir
@@ -431,12 +431,9 @@ class Lifecycle:
         return result
 
     def docker_hung(self, what: str) -> str:
-        """Why a docker call was given up on: the bound, its name, the suspect."""
-        return (
-            f"docker did not answer within container.docker_timeout "
-            f"({self.cfg.docker_timeout:g}s) on {what}: the container runtime on this host "
-            "is hung or overloaded (is dockerd stopped or frozen?); stopped"
-        )
+        """Why a runtime call was given up on: the runtime (docker or podman),
+        the bound, its name, the suspect."""
+        return runtime_hung(self.cfg.runtime, self.cfg.docker_timeout, what) + "; stopped"
 
     def _timeout_message(self, step: str, budget: StartBudget | None, timeout: float) -> str:
         """Which bound stopped `step`, and the setting that raises it."""
@@ -923,7 +920,7 @@ class Lifecycle:
                     label="remove",
                 )
                 if r.status == "timeout":
-                    r = replace(r, error=self.docker_hung("docker rm"))
+                    r = replace(r, error=self.docker_hung(f"{self.cfg.runtime} rm"))
                 self._step(host, "remove", "ok" if r.ok else "failed", r.error or "")
                 return r
 
@@ -945,6 +942,7 @@ def host_locks(cluster: ClusterConfig, pool: HostRunner, sink: EventSink) -> Hos
         head=cluster.head_host.name,
         wait_seconds=wait,
         probe_seconds=cfg.docker_timeout if cfg is not None else 30.0,
+        runtime=cfg.runtime if cfg is not None else "docker",
     )
 
 

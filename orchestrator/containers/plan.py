@@ -43,6 +43,7 @@ from orchestrator.limits.capacity import fit_to_host
 from orchestrator.limits.gpus import GPUError, Unsatisfiable, select_gpus
 from orchestrator.limits.resources import EffectiveResources
 from orchestrator.limits.rootless import rootless_cap_refusal
+from orchestrator.remote.runtime import daemon_word
 
 # What `docker start` / `docker unpause` brings back with its overlay intact
 # (`_state_word`: created counts as exited).
@@ -166,7 +167,16 @@ def _refusal(
     )
 
 
-def _unknown_reason(states: Mapping[str, HostState]) -> Refusal | None:
+def _reach_fix(cfg: ContainerConfig) -> str:
+    """What a host needs for cvs to read its container state, in the runtime's words."""
+    if cfg.runtime == "docker":
+        return "dockerd running, docker or passwordless `sudo -n docker` access"
+    if cfg.rootless:
+        return f"the login user's own {cfg.runtime} working (subuid/subgid ranges)"
+    return f"{cfg.runtime} installed, root or passwordless `sudo -n {cfg.runtime}` access"
+
+
+def _unknown_reason(cfg: ContainerConfig, states: Mapping[str, HostState]) -> Refusal | None:
     unknown = {h: s for h, s in states.items() if not s.known}
     if not unknown:
         return None
@@ -182,10 +192,7 @@ def _unknown_reason(states: Mapping[str, HostState]) -> Refusal | None:
         "treated as absent, so nothing was changed",
         tuple(unknown),
         (
-            WayOut(
-                "fix those hosts (reachable over SSH, dockerd running, docker or passwordless "
-                "`sudo -n docker` access)"
-            ),
+            WayOut(f"fix those hosts (reachable over SSH, {_reach_fix(cfg)})"),
             WayOut("remove them from the cluster file"),
         ),
     )
@@ -205,7 +212,7 @@ def _image_problems(
                 "image_unreadable",
                 f"cannot read the image of {label} on {_names(unreadable)}",
                 tuple(unreadable),
-                (WayOut("check it with `docker inspect` on those hosts"), REBUILD_WAY),
+                (WayOut(f"check it with `{cfg.runtime} inspect` on those hosts"), REBUILD_WAY),
             )
         )
     readable = {h: s for h, s in present.items() if s.container_image_readable}
@@ -249,6 +256,8 @@ def check_tag_identity(
     a repo digest (the same registry manifest can get different local IDs).
     """
     what = image or "the image"
+    # The runtime the hosts were probed with (one per cluster): its verbs in the fix.
+    rt = next((s.runtime_name for s in states.values()), "docker")
     reasons: list[Refusal] = []
     unknown = [h for h, s in states.items() if not s.known and s.tag_image_id is None]
     errors = [h for h, s in states.items() if s.tag_error and h not in unknown]
@@ -298,7 +307,7 @@ def check_tag_identity(
                     (
                         WayOut(
                             "make every host hold the same image (pull it from one registry, "
-                            "or `docker save` once and `docker load` on each host), then retry"
+                            f"or `{rt} save` once and `{rt} load` on each host), then retry"
                         ),
                     ),
                 )
@@ -407,7 +416,7 @@ def decide_plan(
             "derives from the image, so a tag bump would silently orphan the old containers; "
             "set `container.name`"
         )
-    unknown = _unknown_reason(states)
+    unknown = _unknown_reason(cfg, states)
     if unknown:
         return _refusal(cfg, states, ours, [unknown], warnings)
     if cfg.lifetime == "no_launch":
@@ -542,7 +551,7 @@ def _missing_image(
             f"image {cfg.image} is not on {_names(missing)} and container.pull is 'never'",
             tuple(missing),
             (
-                WayOut("load it there (docker load)"),
+                WayOut(f"load it there ({cfg.runtime} load)"),
                 WayOut("set container.image_tar"),
                 WayOut("allow pulling (container.pull)"),
             ),
@@ -744,8 +753,8 @@ def _plan_persistent(
                     WayOut("replace it on every host", options=(Option("force"),)),
                     WayOut(
                         "bring the other hosts back (restore it where it is missing; "
-                        f"`docker rm`/`docker start {cfg.name or 'NAME'}` where docker cannot "
-                        "resume it), then try again"
+                        f"`{cfg.runtime} rm`/`{cfg.runtime} start {cfg.name or 'NAME'}` where "
+                        f"{cfg.runtime} cannot resume it), then try again"
                     ),
                 ),
             )
@@ -792,8 +801,9 @@ def _plan_persistent(
     if stopped and len(stopped) < len(states):
         groups = _group((h, _state_word(states[h])) for h in stopped)
         warnings.append(
-            f"healing: {label} is {_grouped_text(groups)} (e.g. after a reboot or a dockerd "
-            "restart) while the others run: resuming it there, overlay kept"
+            f"healing: {label} is {_grouped_text(groups)} (e.g. after a reboot or a "
+            f"{daemon_word(cfg.runtime)} restart) while the others run: resuming it there, "
+            "overlay kept"
         )
     where = "everywhere" if common is not None else "here"
     if adopting:
@@ -821,7 +831,7 @@ def _plan_persistent(
             )
         else:
             paused = _state_word(state) == "paused"
-            how = "`docker unpause`" if paused else "`docker start`"
+            how = f"`{cfg.runtime} unpause`" if paused else f"`{cfg.runtime} start`"
             actions[host] = HostAction(
                 "restart",
                 f"persistent: {_state_word(state)} {where}, {how} (keeps the overlay); {why}",

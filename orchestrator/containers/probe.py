@@ -360,7 +360,7 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
 
     tried = {n.split(".", 1)[1]: sec for n, sec in sections.items() if n.startswith("inspect.")}
     if not tried:
-        return _garbled(host, "no docker inspect section", exit_status, stderr)
+        return _garbled(host, "no runtime inspect section", exit_status, stderr)
     answered = [m for m, sec in tried.items() if _answered(sec)]
     runtime, rootless = _runtime_frame(sections)
     if not answered:
@@ -385,7 +385,7 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
         values["gpus"] = tuple(parse_discovery(listed.stdout))
         values["cdi_specs"] = tuple(spec_files(listed.stdout))
     try:
-        objects = _inspect_objects(inspect.stdout)
+        objects = _inspect_objects(inspect.stdout, runtime)
     except DockerOutputError as exc:
         return HostState(**values, error=str(exc), error_kind="garbled")  # type: ignore[arg-type]
     missing = set(_NO_SUCH_RE.findall(inspect.stderr))
@@ -400,7 +400,7 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
     for arg in args:
         found[arg] = None if arg in missing or not queue else queue.pop(0)
     if len(args) > 1:
-        values.update(_image_facts(args[1], found.get(args[1]), inspect.stderr))
+        values.update(_image_facts(args[1], found.get(args[1]), inspect.stderr, runtime))
     cobj = found.get(name)
     if cobj is None or not _is_container(cobj, name):
         # Not found, or NAME resolved to something else (an image of that
@@ -428,7 +428,9 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
         host_config=runtime_limits(runtime, cinfo.limits),
     )
     values.update(
-        _in_container_facts(sections, running=cinfo.state == "running", container_id=cinfo.id)
+        _in_container_facts(
+            sections, running=cinfo.state == "running", container_id=cinfo.id, runtime=runtime
+        )
     )
     return HostState(**values)  # type: ignore[arg-type]
 
@@ -444,15 +446,17 @@ def _answered(section: Section) -> bool:
     return section.rc == 0 or bool(_NO_SUCH_RE.search(section.stderr))
 
 
-def _inspect_objects(text: str) -> list[dict[str, Any]]:
+def _inspect_objects(text: str, runtime: str = "docker") -> list[dict[str, Any]]:
     if not text.strip():
         return []
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise DockerOutputError(f"docker inspect: not JSON ({exc.msg} at char {exc.pos})") from None
+        raise DockerOutputError(
+            f"{runtime} inspect: not JSON ({exc.msg} at char {exc.pos})"
+        ) from None
     if not isinstance(data, list) or not all(isinstance(o, dict) for o in data):
-        raise DockerOutputError("docker inspect: expected a JSON list of objects")
+        raise DockerOutputError(f"{runtime} inspect: expected a JSON list of objects")
     return data
 
 
@@ -460,11 +464,13 @@ def _is_container(obj: Mapping[str, Any], name: str) -> bool:
     return isinstance(obj.get("State"), dict) and str(obj.get("Name", "")).lstrip("/") == name
 
 
-def _image_facts(arg: str, obj: Mapping[str, Any] | None, stderr: str) -> dict[str, object]:
+def _image_facts(
+    arg: str, obj: Mapping[str, Any] | None, stderr: str, runtime: str = "docker"
+) -> dict[str, object]:
     if obj is None:
         if arg in _NO_SUCH_RE.findall(stderr):
             return {}  # not on the host: tag_image_id None
-        return {"tag_error": f"docker inspect gave no answer for {arg}"}
+        return {"tag_error": f"{runtime} inspect gave no answer for {arg}"}
     if "State" in obj or "RootFS" not in obj:
         return {"tag_error": f"{arg} does not name an image here"}
     try:
@@ -490,7 +496,11 @@ def _port_facts(sections: Mapping[str, Section]) -> dict[str, object]:
 
 
 def _in_container_facts(
-    sections: Mapping[str, Section], *, running: bool, container_id: str | None
+    sections: Mapping[str, Section],
+    *,
+    running: bool,
+    container_id: str | None,
+    runtime: str = "docker",
 ) -> dict[str, object]:
     """sshd liveness and the provisioning marker: from the host's records and
     the container's socket table when the probe had them, else from the
@@ -516,7 +526,7 @@ def _in_container_facts(
             facts["provision_marker"] = _marker_value("\n".join(lines[2:]))
         return facts
     if ex is not None and ex.rc != 0 and running:
-        facts["exec_error"] = _first_line(ex.stderr) or f"docker exec exited {ex.rc}"
+        facts["exec_error"] = _first_line(ex.stderr) or f"{runtime} exec exited {ex.rc}"
     tar = sections.get("marker_tar")
     if tar is not None and tar.rc == 0 and "provision_marker" not in facts:
         facts["provision_marker"] = _marker_from_tar(tar.out)

@@ -206,6 +206,19 @@ def remove_all_containers(env: dict[str, str], netns: str | None, user: str | No
         run([*argv, "rm", "-a", "-f", "-t", "0"], check=False)
 
 
+def rootless_argv(env: dict[str, str], user: str) -> list[str]:
+    """argv prefix running `user`'s rootless podman on one host's store, from
+    the root namespace (as that user, never root: its files belong to the
+    user's subordinate IDs)."""
+    return ["runuser", "-u", user, "--", *podman_argv(env)]
+
+
+def load_rootless_images(env: dict[str, str], user: str) -> None:
+    """The sandbox images into `user`'s rootless store (same image IDs as the
+    rootful stores: `podman load` keeps the config digest)."""
+    run([*rootless_argv(env, user), "load", "-q", "-i", str(images.images_tar())])
+
+
 def prepare_rootless(directory: Path, user: str) -> None:
     """A rootless podman for `user`: store, run root and configuration in
     `directory`, owned by that user (its images are loaded by that user:

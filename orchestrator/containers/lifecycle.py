@@ -86,6 +86,7 @@ from orchestrator.limits.resources import (
     clamp_warnings,
     cluster_effective_resources,
 )
+from orchestrator.limits.rootless import device_group_access, wants_devices
 from orchestrator.remote import records
 from orchestrator.remote.runtime import ContainerRuntime, runtime_hung
 from orchestrator.results import HostResult
@@ -292,8 +293,18 @@ class Lifecycle:
         # select them: every host for per_run, else where none runs (never on
         # the attach path: it stays one docker process and nothing else).
         gpus: Literal["always", "stopped"] | None = None
+        when: Literal["always", "stopped"] = (
+            "always" if self.cfg.lifetime == "per_run" else "stopped"
+        )
         if self.cfg.gpus is not None and self.cfg.lifetime != "no_launch":
-            gpus = "always" if self.cfg.lifetime == "per_run" else "stopped"
+            gpus = when
+        # Rootless podman launching with devices: crun or runc decides whether
+        # `--group-add keep-groups` can give them (limits/rootless.py).
+        oci = (
+            when
+            if self.cfg.rootless and wants_devices(self.cfg) and self.cfg.lifetime != "no_launch"
+            else None
+        )
         return probe_argv(
             self.cfg,
             self.name,
@@ -303,6 +314,7 @@ class Lifecycle:
             gpus=gpus,
             gpu_root=self.cluster.host(host).gpu_device_root or "/",
             runtime=ContainerRuntime.unprobed(self.cfg.runtime, self.cfg.rootless),
+            oci=oci,
         )
 
     def _sshd_on_host_network(self) -> bool:
@@ -765,6 +777,13 @@ class Lifecycle:
                 invocation=self.invocation,
                 sshd_port=self.cfg.sshd.port if sshd_wanted(self.cfg, len(self._hosts())) else None,
             )
+            access = device_group_access(
+                host,
+                rootless=state.rootless,
+                wants_devices=wants_devices(self.cfg),
+                oci_runtime=state.oci_runtime,
+                group_add=tuple(str(g) for g in self.cfg.group_add),
+            )
             argv = run_argv(
                 prefix,
                 cfg,
@@ -773,6 +792,7 @@ class Lifecycle:
                 resources=resources,
                 gpus=gpus,
                 cdi=self.cdi_devices.get(host),
+                keep_groups=access.keep_groups,
             )
             run = await self._cmd(
                 outcome, "run", argv, timeout=self.cfg.start_timeout, input=run_env_file(cfg, gpus)

@@ -42,7 +42,11 @@ from orchestrator.errors import Call, ExitCode, Option, Refusal, WayOut
 from orchestrator.limits.capacity import fit_to_host
 from orchestrator.limits.gpus import GPUError, Unsatisfiable, select_gpus
 from orchestrator.limits.resources import EffectiveResources
-from orchestrator.limits.rootless import rootless_cap_refusal
+from orchestrator.limits.rootless import (
+    device_group_access,
+    rootless_cap_refusal,
+    wants_devices,
+)
 from orchestrator.remote.runtime import daemon_word
 
 # What `docker start` / `docker unpause` brings back with its overlay intact
@@ -453,7 +457,7 @@ def decide_plan(
     more += fit_reasons + _missing_image(cfg, states, launching)
     more += _rootless_caps(states, launching, resources)
     more += _gpu_refusals(cfg, states, launching)
-    warnings = [*plan.warnings, *fit_warnings]
+    warnings = [*plan.warnings, *fit_warnings, *_device_group_notes(cfg, states, launching)]
     if more or plan.refused:
         reasons = list(dict.fromkeys([*plan.refusals, *more]))
         return _refusal(cfg, states, ours, reasons, warnings)
@@ -510,6 +514,26 @@ def _rootless_caps(
         if why is not None:
             out.append(Refusal("rootless_caps", why, (host,)))
     return out
+
+
+def _device_group_notes(
+    cfg: ContainerConfig, states: Mapping[str, HostState], launching: list[str]
+) -> list[str]:
+    """Rootless podman launching with devices: how the container reaches them
+    (`--group-add keep-groups` on crun; on runc, or unknown, what it relies on)."""
+    notes = []
+    for host in launching:
+        state = states[host]
+        access = device_group_access(
+            host,
+            rootless=state.rootless,
+            wants_devices=wants_devices(cfg),
+            oci_runtime=state.oci_runtime,
+            group_add=tuple(str(g) for g in cfg.group_add),
+        )
+        if access.note is not None:
+            notes.append(access.note)
+    return notes
 
 
 def _gpu_refusals(

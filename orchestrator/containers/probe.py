@@ -91,6 +91,9 @@ class HostState:
     # the login user's cgroup offers (what rootless podman can cap).
     cgroup: str | None = None
     cgroup_controllers: tuple[str, ...] = ()
+    # Rootless podman launching with devices: the OCI runtime podman runs
+    # (crun, runc; None: not asked or unreadable), for `--group-add keep-groups`.
+    oci_runtime: str | None = None
 
     @classmethod
     def unreachable(cls, host: str, reason: str) -> HostState:
@@ -162,6 +165,7 @@ def probe_argv(
     gpus: Literal["always", "stopped"] | None = None,
     gpu_root: str = "/",
     runtime: ContainerRuntime | None = None,
+    oci: Literal["always", "stopped"] | None = None,
 ) -> list[str]:
     """`sh -c PROBE cvs-probe ARG…` (remote/probe.sh): ready for an SSH exec
     (`shlex.join`) whatever the login shell is.
@@ -172,6 +176,8 @@ def probe_argv(
     `gpus`: list the host's GPUs (under `gpu_root`) on every host ("always":
     all of them launch) or where the container does not run ("stopped").
     `runtime`: which runtime to reach (remote/runtime.py; default docker).
+    `oci`: rootless podman only, when to ask which OCI runtime podman runs
+    (as `gpus`: the device access a launch gets depends on it).
     """
     runtime = runtime or ContainerRuntime()
     validate_container_name(name)
@@ -203,6 +209,7 @@ def probe_argv(
             else (["", "", "", ""] if runtime.flag else [])
         ),
         *runtime.flag,
+        *([oci] if oci is not None and runtime.rootless else []),
     )
 
 
@@ -380,6 +387,7 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
     }
     values.update(_capacity_facts(sections))  # capacity (issue 15)
     values.update(_port_facts(sections))  # sshd port taken on the host (network host)
+    values.update(_oci_facts(sections))  # rootless podman: crun or runc
     listed = sections.get("gpus")
     if listed is not None and listed.rc == 0:
         values["gpus"] = tuple(parse_discovery(listed.stdout))
@@ -478,6 +486,18 @@ def _image_facts(
     except DockerOutputError as exc:
         return {"tag_error": str(exc)}
     return {"tag_image_id": info.id, "tag_repo_digests": info.repo_digests}
+
+
+_OCI_RUNTIME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _oci_facts(sections: Mapping[str, Section]) -> dict[str, object]:
+    """The OCI runtime's name (`podman info`), when asked and readable."""
+    oci = sections.get("oci_runtime")
+    if oci is None or oci.rc != 0:
+        return {}
+    name = oci.stdout.strip()
+    return {"oci_runtime": name} if _OCI_RUNTIME_RE.fullmatch(name) else {}
 
 
 def _port_facts(sections: Mapping[str, Section]) -> dict[str, object]:

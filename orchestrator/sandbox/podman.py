@@ -216,7 +216,13 @@ def rootless_argv(env: dict[str, str], user: str) -> list[str]:
 def load_rootless_images(env: dict[str, str], user: str) -> None:
     """The sandbox images into `user`'s rootless store (same image IDs as the
     rootful stores: `podman load` keeps the config digest)."""
-    run([*rootless_argv(env, user), "load", "-q", "-i", str(images.images_tar())])
+    # On stdin: the cache is root's, and the user may not open it.
+    argv = [*rootless_argv(env, user), "load", "-q"]
+    with open(images.images_tar(), "rb") as tar:
+        proc = subprocess.run(argv, stdin=tar, capture_output=True, check=False)
+    if proc.returncode != 0:
+        err = proc.stderr.decode(errors="replace").strip()
+        raise procs.CommandError(proc.returncode, argv, proc.stdout, err)
 
 
 def prepare_rootless(directory: Path, user: str) -> None:

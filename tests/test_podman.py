@@ -1057,3 +1057,50 @@ def test_cvs_sandbox_up_runtime_podman_rootless_builds_a_cluster_cvs_drives(
     finally:
         cli("sandbox", "down", "--dir", str(directory), timeout=300)
     assert not directory.exists() or not (directory / "sandbox.json").exists()
+
+
+# --- rootless GPUs: `--group-add keep-groups` is crun's, this machine runs runc --------------
+
+
+def rootless_inspect(sb: Sandbox, name: str, template: str) -> str:
+    proc = subprocess.run(
+        [*sb.ssh_argv("node1", DOCKER_USER), f"podman inspect --format '{template}' {name}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_rootless_gpus_on_runc_get_no_keep_groups_and_up_says_what_access_relies_on(
+    lab: Lab, rootless_images: str, device_root: Path
+) -> None:
+    path = rootless_cluster(
+        lab,
+        gpus={"count": 1},
+        cdi="never",
+        host_extra={"node1": {"gpu_device_root": str(device_root)}},
+    )
+    try:
+        validate = cvs(path, "validate")
+        up = cvs(path, "up")
+        inside = cvs(
+            path,
+            "exec",
+            "--",
+            "grep '^Groups:' /proc/self/status; : < /dev/dri/renderD128 && echo OPENED",
+        )
+
+        assert "`--group-add keep-groups`" in validate.stderr, explain(validate)
+        assert up.returncode == 0, explain(up)
+        said = " ".join(up.stderr.split())
+        assert "host node1: rootless podman: its OCI runtime is runc, which ignores" in said, said
+        assert "not sent" in said and "mode 0666" in said
+        create = json.loads(rootless_inspect(lab.sb, lab.name, "{{json .Config.CreateCommand}}"))
+        assert "keep-groups" not in create and "/dev/dri/renderD128" in " ".join(create)
+        lines = [ln.split(" | ", 1)[1] for ln in inside.stdout.splitlines() if " | " in ln]
+        # No supplementary group in the container; the 0666 stand-in opens anyway.
+        assert lines[0].split() == ["Groups:"] and "OPENED" in lines, inside.stdout
+    finally:
+        cvs(path, "down", "--force")

@@ -1104,3 +1104,83 @@ def test_rootless_gpus_on_runc_get_no_keep_groups_and_up_says_what_access_relies
         assert lines[0].split() == ["Groups:"] and "OPENED" in lines, inside.stdout
     finally:
         cvs(path, "down", "--force")
+
+
+# --- CVS's way in, on podman -------------------------------------------------------------------
+#
+# The CVS stand-in (tests/cvs_standin: CVS's import paths, suites written as
+# CVS's are) through `cvs run TEST --cluster_file --config_file`, with a CVS
+# cluster JSON whose `runtime.name` is podman: install in one process, the
+# checks (exec shapes, host handles, the stand-in mpirun over the provisioned
+# hostfile) in a second one, in the same persistent containers.
+
+STANDIN = REPO / "tests" / "cvs_standin"
+
+
+def cvs_compat(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("CVS_CLUSTER", "CVS_ENGINE")}
+    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{STANDIN}"
+    return cli(*args, cwd=cwd, base_env=env, timeout=400)
+
+
+def test_cvs_install_then_checks_in_a_new_process_on_podmans_persistent_containers(
+    lab: Lab, tmp_path: Path
+) -> None:
+    sb = lab.sb
+    nodes = [sb.host(h).address for h in THREE]
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(
+        json.dumps(
+            {
+                "orchestrator": "container",
+                "username": yaml.safe_load(sb.cluster_file.read_text())["ssh"]["user"],
+                "priv_key_file": str(sb.key_file),
+                "node_dict": {n: {"bmc_ip": "NA", "vpc_ip": n} for n in nodes},
+                "name": f"compat-{lab.name}",
+                "state_dir": str(tmp_path / "state"),
+                "ssh": {"known_hosts": str(sb.known_hosts), "use_ssh_config": False},
+                "container": {
+                    "image": SSHD_TAG,
+                    "name": lab.name,
+                    "enabled": True,
+                    "launch": True,
+                    "sshd": {"port": 2464},
+                    # CVS's runtime block naming podman; over CVS's defaults,
+                    # what this machine refuses (--privileged, memlock above 8 MiB).
+                    # With any --ulimit, podman raises nofile and nproc to their
+                    # maximum unless they are given too, which this machine
+                    # refuses as well (no CAP_SYS_RESOURCE): given, within its limits.
+                    "runtime": {
+                        "name": "podman",
+                        "args": {
+                            "privileged": False,
+                            "ulimit": ["memlock=8388608", "nofile=16384", "nproc=8192"],
+                        },
+                    },
+                },
+            }
+        )
+    )
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"compat": {"token": uuid.uuid4().hex}}))
+    files = ["--cluster_file", str(cluster), "--config_file", str(config)]
+    try:
+        install = cvs_compat(
+            "run", "compat_install", *files, "--run-dir", str(tmp_path / "i"), cwd=tmp_path
+        )
+        after = ids(sb, lab.name)
+        checks = cvs_compat(
+            "run", "compat_checks", *files, "--run-dir", str(tmp_path / "c"), cwd=tmp_path
+        )
+
+        assert install.returncode == 0 and "2 passed" in install.stdout, explain(install)
+        assert checks.returncode == 0 and "12 passed" in checks.stdout, explain(checks)
+        plans = [
+            json.loads((tmp_path / d / "results.json").read_text())["plan"] for d in ("i", "c")
+        ]
+        assert [{e["action"] for e in p.values()} for p in plans] == [{"cold_start"}, {"attach"}]
+        # podman's containers (the rootful store on each host), the same ones both times.
+        assert all(after.values()) and ids(sb, lab.name) == after
+    finally:
+        cvs_compat("down", "-c", str(cluster), "--force", cwd=tmp_path)
+    assert ids(sb, lab.name) == dict.fromkeys(THREE)

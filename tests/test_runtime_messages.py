@@ -239,3 +239,25 @@ def test_a_podman_run_error_hint_speaks_of_podman(tmp_path: Path, error: str) ->
 
     assert hint is not None, error
     assert "podman" in hint.fix and no_docker(hint.fix), hint.fix
+
+
+def test_podmans_own_nofile_maximum_is_named_when_only_another_ulimit_was_set(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(
+        "hosts: [node1]\ncontainer:\n  image: img:1\n  runtime: podman\n"
+        "  ulimits:\n    memlock: 8388608\n"
+    )
+    container = load_cluster(path, check_files=False).container
+    # What this machine printed for a CVS file's `ulimit: [memlock=8388608]` on podman.
+    error = (
+        "Error: runc: runc create failed: unable to start container process: error during "
+        "container init: error setting rlimits for ready process: error setting rlimit type 7: "
+        "operation not permitted: OCI permission denied"
+    )
+
+    hint = hint_for(error, container)
+
+    assert hint is not None and hint.key == "container.ulimits", hint
+    assert "podman raises nofile to its maximum" in hint.fix and "ulimits.nofile" in hint.fix

@@ -65,6 +65,8 @@ _Rule = tuple[re.Pattern[str], Callable[[re.Match[str], ContainerConfig], _Found
 
 def _ulimit(m: re.Match[str], cfg: ContainerConfig) -> _Found:
     name = RLIMITS.get(int(m.group(1)))
+    if name in ("nofile", "nproc") and cfg.runtime == "podman" and name not in cfg.ulimits:
+        return _podman_implied_ulimit(name, cfg)
     if name is None or name not in cfg.ulimits:
         return None
     value = str(cfg.ulimits[name])
@@ -80,6 +82,21 @@ def _ulimit(m: re.Match[str], cfg: ContainerConfig) -> _Found:
 
 
 _ULIMIT_FLAGS = {"memlock": "l", "nofile": "n", "stack": "s", "nproc": "u", "core": "c"}
+
+
+def _podman_implied_ulimit(name: str, cfg: ContainerConfig) -> _Found:
+    """podman 4 sets nofile and nproc to their maximum (1048576) whenever any
+    --ulimit is given and those two are not: the file never said them."""
+    if not cfg.ulimits:
+        return None
+    given = ", ".join(f"{k}={v}" for k, v in cfg.ulimits.items())
+    return (
+        "container.ulimits",
+        given,
+        f"with any ulimit set, podman raises {name} to its maximum (1048576) unless it is "
+        f"given too, and this host does not allow that: set ulimits.{name} to a value the "
+        f"host allows (`ulimit -H -{_ULIMIT_FLAGS[name]}` there shows it)",
+    )
 
 
 def _group(m: re.Match[str], cfg: ContainerConfig) -> _Found:

@@ -261,3 +261,25 @@ def test_podmans_own_nofile_maximum_is_named_when_only_another_ulimit_was_set(
 
     assert hint is not None and hint.key == "container.ulimits", hint
     assert "podman raises nofile to its maximum" in hint.fix and "ulimits.nofile" in hint.fix
+
+
+def test_the_status_tables_access_column_is_named_for_the_clusters_runtime() -> None:
+    import io
+
+    from orchestrator.containers.status import HostStatus
+    from orchestrator.render import print_status_table
+
+    def row(runtime: str) -> HostStatus:
+        return HostStatus(
+            "n1", True, "sudo", "running", None, None, "off", "yes", None, runtime=runtime
+        )
+
+    tables = {}
+    for runtime in ("docker", "podman"):
+        out = io.StringIO()
+        print_status_table([row(runtime)], wide=True, plain=True, out=out)
+        tables[runtime] = out.getvalue().splitlines()[0].split()
+
+    assert tables["docker"][:3] == ["host", "reachable", "docker"]
+    assert tables["podman"][:3] == ["host", "reachable", "podman"]
+    assert row("podman").to_dict()["docker"] == "sudo"  # the --json key stays

@@ -154,9 +154,11 @@ def test_the_plan_of_a_rootless_gpu_launch_on_runc_says_keep_groups_is_not_sent(
     runc = decide_plan(cfg, {"n1": _launching("runc")})
     crun = decide_plan(cfg, {"n1": _launching("crun")})
 
-    assert not runc.refused
+    assert not runc.refused and not crun.refused
     assert any("ignores `--group-add keep-groups`" in w for w in runc.warnings), runc.warnings
     assert not any("keep-groups" in w for w in crun.warnings), crun.warnings
+    # The decision is the plan's: the run step only follows it.
+    assert (runc.actions["n1"].keep_groups, crun.actions["n1"].keep_groups) == (False, True)
 
 
 def test_validate_says_keep_groups_is_crun_only_and_what_runc_hosts_rely_on() -> None:

@@ -1184,3 +1184,33 @@ def test_cvs_install_then_checks_in_a_new_process_on_podmans_persistent_containe
     finally:
         cvs_compat("down", "-c", str(cluster), "--force", cwd=tmp_path)
     assert ids(sb, lab.name) == dict.fromkeys(THREE)
+
+
+# --- why a command died: the diagnosis asks podman ----------------------------------------
+
+
+def test_a_podman_container_stopped_under_exec_is_named_from_podmans_own_facts(lab: Lab) -> None:
+    path = lab.cluster(lifetime="persistent", hosts=TWO)
+    assert cvs(path, "up").returncode == 0
+    running = start_cvs(path, "--json", "exec", "--", "echo begun; sleep 60")
+    try:
+        deadline = time.monotonic() + 120
+        # The command runs in node2's container once its sleep is there.
+        probe = ["exec", lab.name, "sh", "-c", "grep -l 'sleep 60' /proc/[0-9]*/cmdline"]
+        while podman(lab.sb, "node2", *probe, check=False) == "":
+            assert time.monotonic() < deadline, "the command never started on node2"
+            time.sleep(0.5)
+        time.sleep(1)
+        podman(lab.sb, "node2", "stop", "-t", "1", lab.name)
+        out, err = running.communicate(timeout=180)
+    finally:
+        if running.poll() is None:
+            running.kill()
+            running.wait()
+
+    hosts = last_json(out)["hosts"]
+    assert running.returncode == 1 and hosts["node1"]["ok"], out + err
+    error = hosts["node2"]["error"]
+    # podman's facts: its status word, its times read (so "while the command ran").
+    assert "the container stopped while the command ran (now exited" in error, error
+    assert "docker" not in error, error

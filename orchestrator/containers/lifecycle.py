@@ -86,7 +86,7 @@ from orchestrator.limits.resources import (
     clamp_warnings,
     cluster_effective_resources,
 )
-from orchestrator.limits.rootless import device_group_access, wants_devices
+from orchestrator.limits.rootless import wants_devices
 from orchestrator.remote import records
 from orchestrator.remote.runtime import ContainerRuntime, runtime_hung
 from orchestrator.results import HostResult
@@ -777,13 +777,6 @@ class Lifecycle:
                 invocation=self.invocation,
                 sshd_port=self.cfg.sshd.port if sshd_wanted(self.cfg, len(self._hosts())) else None,
             )
-            access = device_group_access(
-                host,
-                rootless=state.rootless,
-                wants_devices=wants_devices(self.cfg),
-                oci_runtime=state.oci_runtime,
-                group_add=tuple(str(g) for g in self.cfg.group_add),
-            )
             argv = run_argv(
                 prefix,
                 cfg,
@@ -792,7 +785,7 @@ class Lifecycle:
                 resources=resources,
                 gpus=gpus,
                 cdi=self.cdi_devices.get(host),
-                keep_groups=access.keep_groups,
+                keep_groups=action.keep_groups,  # the plan's, from the probed OCI runtime
             )
             run = await self._cmd(
                 outcome, "run", argv, timeout=self.cfg.start_timeout, input=run_env_file(cfg, gpus)

@@ -73,6 +73,9 @@ class HostAction:
     start_sshd: bool = False  # (re)start the in-container sshd after this action
     unpause: bool = False  # restart = `docker unpause` (paused) instead of `docker start`
     adopt: bool = False  # attach to a container cvs did not start, recording ownership first
+    # Rootless podman on crun, with devices: `--group-add keep-groups` in the
+    # run argv instead of container.group_add (limits/rootless.py).
+    keep_groups: bool = False
 
     @property
     def launches(self) -> bool:
@@ -457,11 +460,13 @@ def decide_plan(
     more += fit_reasons + _missing_image(cfg, states, launching)
     more += _rootless_caps(states, launching, resources)
     more += _gpu_refusals(cfg, states, launching)
-    warnings = [*plan.warnings, *fit_warnings, *_device_group_notes(cfg, states, launching)]
+    group_notes, keep = _device_group_access(cfg, states, launching)
+    warnings = [*plan.warnings, *fit_warnings, *group_notes]
     if more or plan.refused:
         reasons = list(dict.fromkeys([*plan.refusals, *more]))
         return _refusal(cfg, states, ours, reasons, warnings)
-    return replace(plan, warnings=warnings)
+    actions = {h: replace(a, keep_groups=h in keep) for h, a in plan.actions.items()}
+    return replace(plan, actions=_frozen(actions), warnings=warnings)
 
 
 def _would_launch(
@@ -516,12 +521,14 @@ def _rootless_caps(
     return out
 
 
-def _device_group_notes(
+def _device_group_access(
     cfg: ContainerConfig, states: Mapping[str, HostState], launching: list[str]
-) -> list[str]:
+) -> tuple[list[str], set[str]]:
     """Rootless podman launching with devices: how the container reaches them
-    (`--group-add keep-groups` on crun; on runc, or unknown, what it relies on)."""
-    notes = []
+    (`--group-add keep-groups` on crun; on runc, or unknown, what it relies
+    on). (notes, the hosts whose run gets keep-groups)."""
+    notes: list[str] = []
+    keep: set[str] = set()
     for host in launching:
         state = states[host]
         access = device_group_access(
@@ -533,7 +540,9 @@ def _device_group_notes(
         )
         if access.note is not None:
             notes.append(access.note)
-    return notes
+        if access.keep_groups:
+            keep.add(host)
+    return notes, keep
 
 
 def _gpu_refusals(

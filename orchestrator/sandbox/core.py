@@ -135,6 +135,9 @@ class SandboxHost:
                 d / "storage.conf", d / "containers.conf", d / "registries.conf", d / "auth.json"
             ),
             "XDG_RUNTIME_DIR": str(d / "xdg"),
+            # podman's blob-info cache, otherwise in the user's home and left
+            # behind by every sandbox that loads images there.
+            "XDG_DATA_HOME": str(d / "data"),
         }
 
     # Written to sandbox.json for people and tools reading it; recomputed on load.

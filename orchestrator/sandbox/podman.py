@@ -231,7 +231,7 @@ def prepare_rootless(directory: Path, user: str) -> None:
     a rootless store's files belong to the user's subordinate IDs, so the
     root-owned template cannot be linked in)."""
     pw = pwd.getpwnam(user)
-    for sub in ("", "root", "run", "tmp", "xdg"):
+    for sub in ("", "root", "run", "tmp", "xdg", "data"):
         path = directory / sub
         path.mkdir(mode=0o700 if sub else 0o755, parents=True, exist_ok=True)
         os.chown(path, pw.pw_uid, pw.pw_gid)

@@ -37,3 +37,22 @@ def test_sandbox_runtime_names_only_the_runtimes_there_are(tmp_path: Path) -> No
 
     assert proc.returncode == 2, explain(proc)
     assert "invalid choice: 'enroot'" in proc.stderr and "docker" in proc.stderr
+
+
+def test_a_podman_sandbox_checks_for_podman_and_a_rootless_one_for_uidmap(tmp_path: Path) -> None:
+    from orchestrator.sandbox import prereqs
+
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    needs = {**prereqs.PODMAN_COMMANDS, **prereqs.ROOTLESS_COMMANDS}
+
+    docker = prereqs.check(tmp_path / "sb", [], path_env=str(empty), is_root=lambda: True)
+    rootless = prereqs.check(
+        tmp_path / "sb", [], path_env=str(empty), is_root=lambda: True, commands=needs
+    )
+
+    assert "podman" not in docker.missing
+    found = {**rootless.missing, **dict.fromkeys(rootless.off_path, "")}
+    assert {"podman", "newuidmap", "newgidmap"} <= set(found)
+    if "newuidmap" in rootless.missing:
+        assert "uidmap" in rootless.install_command()

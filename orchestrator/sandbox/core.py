@@ -608,9 +608,14 @@ def sandbox_up(
         raise SandboxError("the egress host runs docker only; leave out egress_host for podman")
     directory = Path(directory).absolute()
     # Before anything changes: root, every command, every place written.
+    extra = {
+        **(prereqs.PODMAN_COMMANDS if runtime == "podman" else {}),
+        **(prereqs.ROOTLESS_COMMANDS if rootless else {}),
+    }
     prereqs.require(
         directory,
         [network.RUN_ROOT, network.NETNS_DIR, images.cache_dir(), SUDOERS_FILE.parent],
+        extra,
     )
     say = progress or _quiet
     if hosts < (0 if egress_host else 1) or hosts > 250:

@@ -2,6 +2,7 @@
 
     python bench/attach.py --sandbox-hosts 2 16          # throwaway sandbox(es) (root)
     python bench/attach.py --sandbox-hosts 4 --runtime podman   # podman hosts (rootful)
+    python bench/attach.py --sandbox-hosts 4 --runtime podman --rootless
     python bench/attach.py --cluster cluster.yaml         # an existing cluster
 
 Brings the persistent containers up first (cold start or attach, whatever the
@@ -131,6 +132,13 @@ class DockerCalls:
         return {h: now[h][len(before[h]) :] for h in now}
 
 
+def runtime_label(cluster: ClusterConfig) -> str:
+    c = cluster.container
+    if c is None:
+        return "docker"
+    return f"{c.runtime} (rootless)" if c.rootless else c.runtime
+
+
 def persistent(cluster: ClusterConfig, hosts: int | None = None) -> ClusterConfig:
     if cluster.container is None:
         raise SystemExit("the cluster file has no container block")
@@ -222,7 +230,7 @@ def measure(cluster: ClusterConfig, docker: DockerCalls, runs: int = RUNS) -> di
     ok = report.ok and all(r.ok for r in results.values())
     return {
         "hosts": len(hosts),
-        "runtime": cluster.container.runtime if cluster.container else "docker",
+        "runtime": runtime_label(cluster),
         # The first `up`: a cold start when nothing was there (one run, not a median).
         "first_up_seconds": round(first_up, 3),
         "first_up_actions": sorted({o.action.kind for o in warm.outcomes.values()}),
@@ -246,17 +254,18 @@ def measure(cluster: ClusterConfig, docker: DockerCalls, runs: int = RUNS) -> di
 
 @contextmanager
 def counted_sandbox(
-    hosts: int, runtime: str = "docker"
+    hosts: int, runtime: str = "docker", rootless: bool = False
 ) -> Iterator[tuple[ClusterConfig, DockerCalls]]:
     """A throwaway sandbox whose hosts log every docker CLI process they spawn
-    (podman hosts: not counted; their sshd's environment is per login user)."""
+    (podman hosts: not counted; their sshd's environment is per login user).
+    `rootless`: the login user's own podman on each host (images loaded there)."""
     from orchestrator.sandbox import sandbox_down, sandbox_up
 
     with tempfile.TemporaryDirectory(prefix="cvs-bench-attach-") as tmp:
         directory = Path(tmp) / "sb"
         if runtime == "podman":
             try:
-                box = sandbox_up(directory, hosts, runtime="podman")
+                box = sandbox_up(directory, hosts, runtime="podman", rootless=rootless)
                 yield load_cluster(box.cluster_file), DockerCalls(None)
             finally:
                 sandbox_down(directory)
@@ -318,8 +327,15 @@ def main() -> int:
         default="docker",
         help="the sandbox hosts' runtime (with --sandbox-hosts)",
     )
+    parser.add_argument(
+        "--rootless",
+        action="store_true",
+        help="with --runtime podman: the login user's own rootless podman on each host",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON line per size on stdout")
     args = parser.parse_args()
+    if args.rootless and (args.runtime != "podman" or args.cluster is not None):
+        parser.error("--rootless builds rootless podman sandbox hosts: add --runtime podman")
 
     results: list[dict[str, Any]] = []
     if args.cluster is not None:
@@ -327,7 +343,10 @@ def main() -> int:
             measure(persistent(load_cluster(args.cluster)), DockerCalls(None), args.runs)
         )
     else:
-        with counted_sandbox(max(args.sandbox_hosts), args.runtime) as (cluster, docker):
+        with counted_sandbox(max(args.sandbox_hosts), args.runtime, args.rootless) as (
+            cluster,
+            docker,
+        ):
             for n in args.sandbox_hosts:
                 sized = persistent(cluster, n)
                 try:

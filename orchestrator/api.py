@@ -503,7 +503,7 @@ class Cluster:
                     " is not running here", f" is not running on {host}"
                 )
                 return replace(result, error=error)
-            return await self._explain(host, name, result)
+            return await self._explain(host, name, result, ready.get(host) or self.runtimes[host])
 
         try:
             return await fan_out(selected, one, limit=self.config.concurrency.hosts)
@@ -511,7 +511,9 @@ class Cluster:
             if own_lock:
                 await locks.release(selected)
 
-    async def _explain(self, host: str, name: str, result: HostResult) -> HostResult:
+    async def _explain(
+        self, host: str, name: str, result: HostResult, runtime: ContainerRuntime
+    ) -> HostResult:
         """`result` with its cause named when cvs can tell it (containers/causes.py):
         from the output (out of memory, full disk), else, after what looks like a
         kill, from one more docker call about the container (stopped, restarted,
@@ -523,14 +525,14 @@ class Cluster:
             bound = self.config.container.docker_timeout
             answer = await self.pool.run(
                 host,
-                diagnosis_command(name),
+                diagnosis_command(name, runtime),
                 timeout=bound,
                 stream_output=False,
                 label="diagnose",
             )
             if answer.status == "timeout":
-                cause = hung_cause(bound)
+                cause = hung_cause(bound, runtime.name)
             elif answer.reached:
-                facts = read_diagnosis(answer.stdout)
-                cause = container_cause(facts, elapsed=result.duration)
+                facts = read_diagnosis(answer.stdout, runtime.name)
+                cause = container_cause(facts, elapsed=result.duration, runtime=runtime.name)
         return with_cause(result, cause)

@@ -351,7 +351,7 @@ def _status_errors(rows: Sequence[HostStatus], out: IO[str] | None = None) -> No
 def print_status(rows: Sequence[HostStatus], *, plain: bool) -> None:
     """The `cvs status` table; probe errors follow on stderr, one line per host."""
     if plain:
-        data = [STATUS_HEADERS] + [status_cells(r) for r in rows]
+        data = [_header_labels(STATUS_HEADERS, rows)] + [status_cells(r) for r in rows]
         widths = [max(len(r[i]) for r in data) for i in range(len(STATUS_HEADERS))]
         for line in data:
             sys.stdout.write(
@@ -392,10 +392,18 @@ def status_columns(*, wide: bool) -> list[str]:
     return list(STATUS_HEADERS) if wide else list(STATUS_NARROW)
 
 
+def _header_labels(columns: Sequence[str], rows: Sequence[HostStatus]) -> list[str]:
+    """Column headers as shown: the access column is named for the cluster's
+    runtime (`podman` on a podman cluster; the cells' keys stay the same)."""
+    runtimes = {r.runtime for r in rows}
+    access = runtimes.pop() if len(runtimes) == 1 else "docker"
+    return [access if c == "docker" else c for c in columns]
+
+
 def status_table(rows: Sequence[HostStatus], *, wide: bool = False) -> Table:
     """`cvs status` as a rich table, state and health colour-coded per cell."""
     columns = status_columns(wide=wide)
-    table = Table(*columns, header_style="bold")
+    table = Table(*_header_labels(columns, rows), header_style="bold")
     for row in rows:
         cells = dict(zip(STATUS_HEADERS, status_cells(row), strict=True))
         if not wide and cells["drift"] not in ("-", UNKNOWN):
@@ -428,7 +436,7 @@ def print_status_table(
     if plain:
         columns = status_columns(wide=wide)
         index = [STATUS_HEADERS.index(c) for c in columns]
-        data = [columns] + [[status_cells(r)[i] for i in index] for r in rows]
+        data = [_header_labels(columns, rows)] + [[status_cells(r)[i] for i in index] for r in rows]
         widths = [max(len(r[i]) for r in data) for i in range(len(columns))]
         for line in data:
             cells = (c.ljust(w) for c, w in zip(line, widths, strict=True))

@@ -209,3 +209,25 @@ def test_gpu_subset_in_a_cvs_file_points_to_the_native_format(tmp_path: Path) ->
     data["container"]["gpus"] = {"count": 2}
     with pytest.raises(ConfigError, match="use the native format"):
         load_cluster(write(tmp_path, data), check_files=False)
+
+
+def test_cvs_runtime_name_podman_is_our_podman_runtime_with_the_same_args(tmp_path: Path) -> None:
+    data = json.loads(json.dumps(CONTAINER))
+    data["container"]["runtime"]["name"] = "podman"
+    data["container"]["rootless"] = True  # ours, next to CVS's block
+
+    c = load_cluster(write(tmp_path, data), check_files=False).container
+
+    assert c is not None and (c.runtime, c.rootless) == ("podman", True)
+    assert c.privileged is True and c.devices == ["/dev/kfd", "/dev/dri", "/dev/infiniband"]
+
+
+@pytest.mark.parametrize("name", ["enroot", "Docker", ""])
+def test_a_cvs_runtime_name_we_do_not_run_is_refused_naming_both_we_do(
+    tmp_path: Path, name: str
+) -> None:
+    data = json.loads(json.dumps(CONTAINER))
+    data["container"]["runtime"]["name"] = name
+
+    with pytest.raises(ConfigError, match="only 'docker' and 'podman' are supported"):
+        load_cluster(write(tmp_path, data), check_files=False)

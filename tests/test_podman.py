@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import pwd
+import re
 import shutil
 import socket
 import subprocess
@@ -30,7 +31,8 @@ from typing import Any
 
 import pytest
 import yaml
-from clitools import cvs_on, explain, last_json
+from clitools import CVS, cvs_on, explain, last_json
+from clitools import cvs as cli
 from terminal import Tmux
 
 from orchestrator.sandbox import DOCKER_USER, SSHD_TAG, Sandbox, sandbox_down, sandbox_up
@@ -831,3 +833,384 @@ def test_a_fleet_of_a_docker_host_and_a_podman_host_is_refused_before_anything_s
     )  # fmt: skip
     assert docker_inspect.returncode != 0 and "No such container" in docker_inspect.stderr
     assert inspect(lab.sb, "node1", lab.name) is None
+
+
+# --- MPI between podman containers ----------------------------------------------------------
+#
+# The sandbox images carry no MPI launcher (a minbase Debian with openssh-server;
+# its netns hosts have no route to install one, and an MPI flavour would grow the
+# machine-wide image cache every sandbox shares). What mpirun needs from cvs is
+# what this step does by hand: read the hostfile, reach every peer's container
+# over the in-container sshd (the configured port, strict host keys), and from
+# each peer reach back: every container's client side and every sshd.
+
+MPI_HOP = r"""
+set -eu
+head=$(hostname)
+n=0
+while read -r peer slots; do
+  echo "rank-host $(ssh -n "$peer" "echo \$(hostname) \$(ssh -n $head hostname)") $slots"
+  n=$((n+1))
+done < "$CVS_MPI_HOSTFILE"
+echo "np=$CVS_MPI_NP hosts=$CVS_MPI_HOSTS reached=$n"
+"""
+
+
+def sshd_pids(sb: Sandbox, name: str) -> dict[str, str]:
+    return {h: podman(sb, h, "exec", name, "cat", "/run/cvs-sshd.pid") for h in THREE}
+
+
+def test_podman_mpi_step_reaches_every_peer_from_the_hostfile_and_sshd_is_kept(
+    lab: Lab, tmp_path: Path
+) -> None:
+    path = lab.cluster(lifetime="persistent", sshd_port=2463)
+    suite = tmp_path / "mpi_hop.yaml"
+    suite.write_text(
+        yaml.safe_dump({"name": "mpi_hop", "steps": [{"name": "hop", "run": MPI_HOP, "mpi": True}]})
+    )
+    try:
+        up = cvs(path, "up")
+        assert up.returncode == 0, explain(up)
+        pids = sshd_pids(lab.sb, lab.name)
+        # The sshd listens on the configured port, nowhere else.
+        conf = podman(lab.sb, "node2", "exec", lab.name, "cat", "/etc/ssh/cvs_sshd_config")
+        assert "Port 2463" in conf.splitlines()
+
+        run = cvs(path, "run", str(suite), "--run-dir", str(tmp_path / "run"))
+        again = cvs(path, "up")
+
+        assert run.returncode == 0, explain(run)
+        doc = json.loads((tmp_path / "run" / "results.json").read_text())
+        hosts = doc["steps"][0]["hosts"]
+        assert list(hosts) == ["node1"]  # once, on the head container
+        tail = hosts["node1"]["tail"].splitlines()
+        # Every peer in the hostfile, in order, answered by name, and reached back.
+        assert [ln for ln in tail if ln.startswith("rank-host")] == [
+            f"rank-host {h} node1 slots=1" for h in THREE
+        ], tail
+        assert "np=3 hosts=node1,node2,node3 reached=3" in tail, tail
+        # A second `up` attaches and leaves each running sshd alone.
+        assert again.returncode == 0, explain(again)
+        assert sshd_pids(lab.sb, lab.name) == pids
+    finally:
+        cvs(path, "down", "--force")
+
+
+# --- locks -------------------------------------------------------------------------------------
+#
+# The lock lives on the host, outside the runtime (containers/locks.py): the
+# same directory and holder lines on podman hosts as on docker hosts.
+
+
+def lock_dirs(name: str) -> list[Path]:
+    return sorted(Path("/tmp").glob(f"cvs-{name}-*.lock"))
+
+
+def start_cvs(path: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*CVS, "-c", str(path), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1"},
+    )
+
+
+def wait_for_holders(name: str, hosts: list[str], count: int = 1, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        held = [len(list(Path(f"/tmp/cvs-{name}-{h}.lock").glob("h.*"))) for h in hosts]
+        if all(n >= count for n in held):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"nobody took the locks on {hosts} within {timeout}s")
+
+
+def test_podman_two_concurrent_ups_take_turns_one_cold_start_one_attach(lab: Lab) -> None:
+    path = lab.cluster(lifetime="persistent", hosts=TWO)
+    try:
+        first, second = (start_cvs(path, "--json", "up") for _ in range(2))
+        outs = [p.communicate(timeout=300) for p in (first, second)]
+
+        reports = [json.loads(out.splitlines()[-1]) for out, _ in outs]
+        assert [p.returncode for p in (first, second)] == [0, 0], outs
+        actions = sorted(tuple(sorted({v["action"] for v in r["hosts"].values()})) for r in reports)
+        # One started the containers; the other waited, then found them running.
+        assert actions == [("attach",), ("cold_start",)], reports
+        # The one that attached waited for the other's cold start, and said so
+        # (--json: cvs's messages are events on stdout). Both may have waited:
+        # contended, each takes the locks again in order, head host first.
+        attached = next(
+            out + err
+            for (out, err), r in zip(outs, reports, strict=True)
+            if {v["action"] for v in r["hosts"].values()} == {"attach"}
+        )
+        waited = rf"waiting for the lock on container {lab.name} held by .*\bup\b"
+        assert re.search(waited, attached), attached
+        assert len({i for i in ids(lab.sb, lab.name, TWO).values()}) == 2  # one per host
+        assert lock_dirs(lab.name) == []
+    finally:
+        cvs(path, "down", "--force")
+
+
+def test_podman_down_waits_for_an_exec_and_no_wait_is_refused_naming_it(lab: Lab) -> None:
+    path = lab.cluster(lifetime="persistent", hosts=TWO)
+    assert cvs(path, "up").returncode == 0
+    stamp = "date +%s.%N; sleep 8; date +%s.%N"
+    running = start_cvs(path, "exec", "--", stamp)
+    wait_for_holders(lab.name, TWO)
+
+    waiting = start_cvs(path, "down", "--force")
+    refused = cvs(path, "down", "--force", "--no-wait")
+    out, err = running.communicate(timeout=300)
+    down_out, down_err = waiting.communicate(timeout=300)
+
+    assert running.returncode == 0, out + err  # nothing removed its container under it
+    assert out.count("node") >= 4, out
+    assert refused.returncode == 4, explain(refused)
+    assert "held" in refused.stderr and "exec" in refused.stderr, refused.stderr
+    assert waiting.returncode == 0, down_out + down_err
+    said = down_out + down_err
+    assert "waiting for the lock" in said and "exec" in said, said
+    assert ids(lab.sb, lab.name, TWO) == dict.fromkeys(TWO)
+    assert lock_dirs(lab.name) == []
+
+
+# --- a hung podman: messages name podman -----------------------------------------------------
+#
+# Podman has no daemon to SIGSTOP. What hangs a podman host is a podman call
+# stuck behind another holding the host's state: here the test holds the
+# exclusive flock(2) that podman 4.3 takes on its state database
+# (GRAPHROOT/libpod/bolt_state.db, bbolt's own lock) for every call, as a
+# stuck `podman` process would.
+
+HUNG_BOUND = "podman did not answer within container.docker_timeout (5s)"
+
+
+@contextlib.contextmanager
+def held_podman_state(sb: Sandbox, host: str) -> Iterator[None]:
+    graph_root = podman(sb, host, "info", "--format", "{{.Store.GraphRoot}}")
+    with open(Path(graph_root) / "libpod" / "bolt_state.db", "rb") as db:
+        fcntl.flock(db, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(db, fcntl.LOCK_UN)
+
+
+def test_a_hung_podman_bounds_status_exec_and_up_and_names_podman_not_docker(lab: Lab) -> None:
+    path = lab.cluster(lifetime="persistent", hosts=TWO, docker_timeout=5)
+    assert cvs(path, "up").returncode == 0
+    limit = 5 + 25  # the bound is 5 s; generous against this shared 2-core machine
+    with held_podman_state(lab.sb, "node2"):
+        started = time.monotonic()
+        status = cvs(path, "status")
+        t_status = time.monotonic() - started
+        started = time.monotonic()
+        execd = cvs(path, "--json", "exec", "--", "hostname")
+        t_exec = time.monotonic() - started
+        up = cvs(path, "up")
+
+    assert status.returncode == 1 and t_status < limit, explain(status)
+    assert "node2" in status.stderr and HUNG_BOUND in status.stderr, explain(status)
+    assert execd.returncode == 1 and t_exec < limit, explain(execd)
+    hosts = last_json(execd)["hosts"]
+    assert hosts["node1"]["ok"] and HUNG_BOUND in hosts["node2"]["error"], hosts
+    assert up.returncode == 4 and HUNG_BOUND in up.stderr, explain(up)
+    said = status.stderr + execd.stdout + execd.stderr + up.stderr
+    assert "podman has no daemon" in said
+    assert "dockerd" not in said and "docker did not answer" not in said, said
+    # Once podman answers again, so does the cluster, and no lock stayed behind.
+    assert cvs(path, "exec", "--", "true").returncode == 0
+    assert lock_dirs(lab.name) == []
+
+
+# --- `cvs sandbox up --runtime podman --rootless` ------------------------------------------
+
+
+def test_cvs_sandbox_up_runtime_podman_rootless_builds_a_cluster_cvs_drives(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "sb"
+    try:
+        built = cli(
+            "sandbox", "up", "--runtime", "podman", "--rootless", "--hosts", "1",
+            "--dir", str(directory), timeout=600,
+        )  # fmt: skip
+        assert built.returncode == 0, explain(built)
+        cluster = Path(built.stdout.strip().splitlines()[-1])
+        doc = yaml.safe_load(cluster.read_text())
+        assert doc["ssh"]["user"] == DOCKER_USER  # no sudo: the user's own podman
+        assert (doc["container"]["runtime"], doc["container"]["rootless"]) == ("podman", True)
+        doc["container"]["sshd"] = {"enabled": False}
+        doc["state_dir"] = str(tmp_path / "state")
+        cluster.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+        rc, report = cvs_json(cluster, "up")
+        inside = cvs(cluster, "exec", "--", "test -f /run/.containerenv && cat /proc/self/uid_map")
+
+        assert rc == 0 and report["hosts"]["node1"]["action"] == "cold_start", report
+        assert inside.returncode == 0, explain(inside)
+        # Root inside is the login user outside: a rootless container.
+        mapped = inside.stdout.split(" | ", 1)[1].split()
+        assert mapped[:2] == ["0", str(pwd.getpwnam(DOCKER_USER).pw_uid)], inside.stdout
+    finally:
+        cli("sandbox", "down", "--dir", str(directory), timeout=300)
+    assert not directory.exists() or not (directory / "sandbox.json").exists()
+
+
+# --- rootless GPUs: `--group-add keep-groups` is crun's, this machine runs runc --------------
+
+
+def rootless_inspect(sb: Sandbox, name: str, template: str) -> str:
+    proc = subprocess.run(
+        [*sb.ssh_argv("node1", DOCKER_USER), f"podman inspect --format '{template}' {name}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_rootless_gpus_on_runc_get_no_keep_groups_and_up_says_what_access_relies_on(
+    lab: Lab, rootless_images: str, device_root: Path
+) -> None:
+    path = rootless_cluster(
+        lab,
+        gpus={"count": 1},
+        cdi="never",
+        host_extra={"node1": {"gpu_device_root": str(device_root)}},
+    )
+    try:
+        validate = cvs(path, "validate")
+        up = cvs(path, "up")
+        inside = cvs(
+            path,
+            "exec",
+            "--",
+            "grep '^Groups:' /proc/self/status; : < /dev/dri/renderD128 && echo OPENED",
+        )
+
+        assert "`--group-add keep-groups`" in validate.stderr, explain(validate)
+        assert up.returncode == 0, explain(up)
+        said = " ".join(up.stderr.split())
+        assert "host node1: rootless podman: its OCI runtime is runc, which ignores" in said, said
+        assert "not sent" in said and "mode 0666" in said
+        create = json.loads(rootless_inspect(lab.sb, lab.name, "{{json .Config.CreateCommand}}"))
+        assert "keep-groups" not in create and "/dev/dri/renderD128" in " ".join(create)
+        lines = [ln.split(" | ", 1)[1] for ln in inside.stdout.splitlines() if " | " in ln]
+        # No supplementary group in the container; the 0666 stand-in opens anyway.
+        assert lines[0].split() == ["Groups:"] and "OPENED" in lines, inside.stdout
+    finally:
+        cvs(path, "down", "--force")
+
+
+# --- CVS's way in, on podman -------------------------------------------------------------------
+#
+# The CVS stand-in (tests/cvs_standin: CVS's import paths, suites written as
+# CVS's are) through `cvs run TEST --cluster_file --config_file`, with a CVS
+# cluster JSON whose `runtime.name` is podman: install in one process, the
+# checks (exec shapes, host handles, the stand-in mpirun over the provisioned
+# hostfile) in a second one, in the same persistent containers.
+
+STANDIN = REPO / "tests" / "cvs_standin"
+
+
+def cvs_compat(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("CVS_CLUSTER", "CVS_ENGINE")}
+    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{STANDIN}"
+    return cli(*args, cwd=cwd, base_env=env, timeout=400)
+
+
+def test_cvs_install_then_checks_in_a_new_process_on_podmans_persistent_containers(
+    lab: Lab, tmp_path: Path
+) -> None:
+    sb = lab.sb
+    nodes = [sb.host(h).address for h in THREE]
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(
+        json.dumps(
+            {
+                "orchestrator": "container",
+                "username": yaml.safe_load(sb.cluster_file.read_text())["ssh"]["user"],
+                "priv_key_file": str(sb.key_file),
+                "node_dict": {n: {"bmc_ip": "NA", "vpc_ip": n} for n in nodes},
+                "name": f"compat-{lab.name}",
+                "state_dir": str(tmp_path / "state"),
+                "ssh": {"known_hosts": str(sb.known_hosts), "use_ssh_config": False},
+                "container": {
+                    "image": SSHD_TAG,
+                    "name": lab.name,
+                    "enabled": True,
+                    "launch": True,
+                    "sshd": {"port": 2464},
+                    # CVS's runtime block naming podman; over CVS's defaults,
+                    # what this machine refuses (--privileged, memlock above 8 MiB).
+                    # With any --ulimit, podman raises nofile and nproc to their
+                    # maximum unless they are given too, which this machine
+                    # refuses as well (no CAP_SYS_RESOURCE): given, within its limits.
+                    "runtime": {
+                        "name": "podman",
+                        "args": {
+                            "privileged": False,
+                            "ulimit": ["memlock=8388608", "nofile=16384", "nproc=8192"],
+                        },
+                    },
+                },
+            }
+        )
+    )
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"compat": {"token": uuid.uuid4().hex}}))
+    files = ["--cluster_file", str(cluster), "--config_file", str(config)]
+    try:
+        install = cvs_compat(
+            "run", "compat_install", *files, "--run-dir", str(tmp_path / "i"), cwd=tmp_path
+        )
+        after = ids(sb, lab.name)
+        checks = cvs_compat(
+            "run", "compat_checks", *files, "--run-dir", str(tmp_path / "c"), cwd=tmp_path
+        )
+
+        assert install.returncode == 0 and "2 passed" in install.stdout, explain(install)
+        assert checks.returncode == 0 and "12 passed" in checks.stdout, explain(checks)
+        plans = [
+            json.loads((tmp_path / d / "results.json").read_text())["plan"] for d in ("i", "c")
+        ]
+        assert [{e["action"] for e in p.values()} for p in plans] == [{"cold_start"}, {"attach"}]
+        # podman's containers (the rootful store on each host), the same ones both times.
+        assert all(after.values()) and ids(sb, lab.name) == after
+    finally:
+        cvs_compat("down", "-c", str(cluster), "--force", cwd=tmp_path)
+    assert ids(sb, lab.name) == dict.fromkeys(THREE)
+
+
+# --- why a command died: the diagnosis asks podman ----------------------------------------
+
+
+def test_a_podman_container_stopped_under_exec_is_named_from_podmans_own_facts(lab: Lab) -> None:
+    path = lab.cluster(lifetime="persistent", hosts=TWO)
+    assert cvs(path, "up").returncode == 0
+    running = start_cvs(path, "--json", "exec", "--", "echo begun; sleep 60")
+    try:
+        deadline = time.monotonic() + 120
+        # The command runs in node2's container once its sleep is there.
+        probe = ["exec", lab.name, "sh", "-c", "grep -l 'sleep 60' /proc/[0-9]*/cmdline"]
+        while podman(lab.sb, "node2", *probe, check=False) == "":
+            assert time.monotonic() < deadline, "the command never started on node2"
+            time.sleep(0.5)
+        time.sleep(1)
+        podman(lab.sb, "node2", "stop", "-t", "1", lab.name)
+        out, err = running.communicate(timeout=180)
+    finally:
+        if running.poll() is None:
+            running.kill()
+            running.wait()
+
+    hosts = last_json(out)["hosts"]
+    assert running.returncode == 1 and hosts["node1"]["ok"], out + err
+    error = hosts["node2"]["error"]
+    # podman's facts: its status word, its times read (so "while the command ran").
+    assert "the container stopped while the command ran (now exited" in error, error
+    assert "docker" not in error, error

@@ -391,6 +391,19 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--egress", action="store_true", help="add a host whose containers reach Debian mirrors"
     )
+    up.add_argument(
+        "--runtime",
+        choices=["docker", "podman"],
+        default="docker",
+        help="what runs each host's containers: a dockerd of its own (default), or a podman "
+        "store of its own (rootful, reached with `sudo -n podman`)",
+    )
+    up.add_argument(
+        "--rootless",
+        action="store_true",
+        help="with --runtime podman: the cluster file drives the login user's own rootless "
+        "podman (the images are loaded into each node's rootless store)",
+    )
     down = sandbox_sub.add_parser(
         "down",
         parents=[common],

@@ -25,7 +25,23 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         if args.sandbox_command == "up":
             if args.hosts < 1:
                 raise UsageError("cvs sandbox up: --hosts must be at least 1")
-            box = sandbox_up(directory, args.hosts, egress_host=args.egress, progress=progress)
+            if args.rootless and args.runtime != "podman":
+                raise UsageError(
+                    "cvs sandbox up: --rootless is rootless podman; add --runtime podman"
+                )
+            if args.egress and args.runtime != "docker":
+                raise UsageError(
+                    "cvs sandbox up: the --egress host runs docker only; leave out --egress "
+                    "or --runtime podman"
+                )
+            box = sandbox_up(
+                directory,
+                args.hosts,
+                egress_host=args.egress,
+                progress=progress,
+                runtime=args.runtime,
+                rootless=args.rootless,
+            )
             if args.lifetime != "per_run":
                 _set_sandbox_lifetime(box.cluster_file, args.lifetime)
             if args.json:

@@ -10,6 +10,10 @@ A CVS file means here what it means under CVS (its cluster-file reference,
   ignores the block; `launch` true is `persistent` (started if absent, kept),
   false `no_launch` (only verified).
 - `runtime.args.registry.server` empty is Docker Hub, as in CVS's runtime.
+- `runtime.name` is `docker` (CVS's) or `podman` (ours: CVS ships docker
+  only): it becomes `container.runtime`, and the same `args` apply (podman
+  takes docker's run flags). Rootless podman is our own `container.rootless`
+  next to it, which CVS ignores.
 - `runtime.args` is merged with CVS's built-in defaults (an empty `args`
   gives an RDMA-ready, privileged container): list arguments are appended to
   the defaults, scalars override them.
@@ -202,10 +206,11 @@ def _runtime_args(block: dict[str, Any], located: Located) -> dict[str, Any]:
         if not _cvs_comment(key) and key not in ("name", "args"):
             raise _unknown(located, ["container", "runtime"], key, {"name", "args"})
     name = runtime.get("name", "docker")
-    if name != "docker":
+    if name not in ("docker", "podman"):
         raise ConfigError(
             located.error(
-                ["container", "runtime", "name"], f"only 'docker' is supported, got {name!r}"
+                ["container", "runtime", "name"],
+                f"only 'docker' and 'podman' are supported, got {name!r}",
             )
         )
     args = runtime.get("args") or {}
@@ -250,7 +255,10 @@ def _cvs_container(block: Any, located: Located, notes: list[str]) -> Any:
         if not _cvs_comment(k) and k not in ("runtime", "enabled", "launch")
     }
     out["lifetime"] = lifetime
-    args = _runtime_args(block, located)
+    args = _runtime_args(block, located)  # validates runtime.name too
+    runtime = block.get("runtime")
+    if isinstance(runtime, dict) and runtime.get("name") == "podman":
+        out["runtime"] = "podman"
     for ours, value in args.items():
         if ours in out:
             if ours == "env" and isinstance(value, dict) and isinstance(out["env"], dict):

@@ -53,9 +53,12 @@ def rootless_notes(cfg: ContainerConfig) -> list[str]:
         )
     if cfg.devices or cfg.gpus is not None:
         out.append(
-            "rootless: device nodes (GPUs) must be openable by the login user (video/render "
-            "groups); podman's `--group-add keep-groups` keeps those groups in the container "
-            "but needs the crun runtime (runc refuses it)"
+            "rootless: the container holds none of the login user's groups unless podman "
+            "runs crun: there `up` sends `--group-add keep-groups` (the user's video/render "
+            "groups open the GPU nodes; it replaces container.group_add, podman takes no other "
+            "group next to it); runc ignores that flag, so on runc hosts it is not sent and the "
+            "device nodes must open without a group (mode 0666, or owned by the user). `up` "
+            "says which per host (the probe asks podman for its OCI runtime)"
         )
     if cfg.ipc == "host":
         out.append("rootless: ipc: host needs /dev/mqueue mounted on the host")

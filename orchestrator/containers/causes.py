@@ -10,9 +10,10 @@ restarted. What cvs can tell, it tells, from two kinds of facts:
   stderr; a `No space left on device` anywhere in the output names a full
   disk;
 - after a failure that looks like a kill (no exit status, 125, 128+N), one
-  more round trip (remote/diagnose.sh) asks docker about the container: stopped
-  (and `State.OOMKilled`), started again during the command, removed, or
-  docker itself gone or hung.
+  more round trip (remote/diagnose.sh) asks the host's runtime (docker or
+  podman, as the cluster names it) about the container: stopped (and
+  `State.OOMKilled`), started again during the command, removed, or the
+  runtime itself gone or hung. Every message names that runtime.
 
 The decisions are pure functions of those facts (tested table by table);
 `diagnosis_command` is the only IO-facing piece, and it only builds text.
@@ -26,6 +27,7 @@ from datetime import datetime
 
 from orchestrator import remote
 from orchestrator.containers.docker import validate_container_name
+from orchestrator.remote.runtime import ContainerRuntime, runtime_hung
 from orchestrator.results import HostResult
 
 # The wrapper's line (exec.py `_RUN`): the prefix, then the counter's values.
@@ -33,7 +35,9 @@ OOM_LINE = "cvs: out of memory:"
 _NO_SPACE_RE = re.compile(r"no space left on device", re.IGNORECASE)
 _DAEMON_GONE_RE = re.compile(
     r"cannot connect to the docker daemon|is the docker daemon running|"
-    r"error during connect|connection refused",
+    r"error during connect|connection refused|"
+    # podman: its binary or its store gone from under it.
+    r"podman: (?:command )?not found|executable file not found",
     re.IGNORECASE,
 )
 _DOCKER_TIME_RE = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)")
@@ -44,7 +48,7 @@ _SLACK_SECONDS = 2.0
 
 @dataclass(frozen=True)
 class ContainerFacts:
-    """What docker said about the container after a failed command."""
+    """What the runtime said about the container after a failed command."""
 
     now: float | None = None  # the host's clock (epoch seconds)
     container_id: str | None = None
@@ -54,13 +58,15 @@ class ContainerFacts:
     started_at: float | None = None  # epoch seconds, None when never
     finished_at: float | None = None
     restarts: int = 0
-    error: str | None = None  # docker could not say, and why
+    error: str | None = None  # the runtime could not say, and why
 
 
-def diagnosis_command(name: str) -> list[str]:
-    """argv for the host: remote/diagnose.sh NAME."""
+def diagnosis_command(name: str, runtime: ContainerRuntime | None = None) -> list[str]:
+    """argv for the host: remote/diagnose.sh [--podman|--podman-rootless] NAME
+    (the runtime's flag: a podman host's diagnosis asks podman, not docker)."""
     validate_container_name(name)
-    return remote.argv("diagnose", name)
+    flag = runtime.flag if runtime is not None else []
+    return remote.argv("diagnose", *flag, name)
 
 
 def wants_diagnosis(result: HostResult) -> bool:
@@ -83,8 +89,9 @@ def _epoch(text: str) -> float | None:
         return None
 
 
-def read_diagnosis(text: str) -> ContainerFacts:
-    """Parse diagnose.sh's lines (unknown lines are ignored)."""
+def read_diagnosis(text: str, runtime: str = "docker") -> ContainerFacts:
+    """Parse diagnose.sh's lines (unknown lines are ignored); `runtime` names
+    who did not answer."""
     now: float | None = None
     for line in text.splitlines():
         word, _, rest = line.partition(" ")
@@ -94,7 +101,7 @@ def read_diagnosis(text: str) -> ContainerFacts:
             except ValueError:
                 now = None
         elif word == "error":
-            return ContainerFacts(now=now, error=rest.strip()[:300] or "docker failed")
+            return ContainerFacts(now=now, error=rest.strip()[:300] or f"{runtime} failed")
         elif word == "state":
             parts = rest.split()
             if len(parts) < 7:
@@ -110,7 +117,7 @@ def read_diagnosis(text: str) -> ContainerFacts:
                 finished_at=_epoch(finished),
                 restarts=int(restarts) if restarts.isdigit() else 0,
             )
-    return ContainerFacts(now=now, error="no answer from docker")
+    return ContainerFacts(now=now, error=f"no answer from {runtime}")
 
 
 def output_cause(stdout: str, stderr: str) -> str | None:
@@ -127,23 +134,26 @@ def output_cause(stdout: str, stderr: str) -> str | None:
     return None
 
 
-def container_cause(facts: ContainerFacts, *, elapsed: float) -> str | None:
-    """What happened to the container (or its runtime) under a command that
-    ran for `elapsed` seconds and just failed; None when nothing did."""
+def container_cause(
+    facts: ContainerFacts, *, elapsed: float, runtime: str = "docker"
+) -> str | None:
+    """What happened to the container (or its runtime, `docker` or `podman`)
+    under a command that ran for `elapsed` seconds and just failed; None when
+    nothing did."""
     if facts.error is not None:
         if "no such container" in facts.error.lower():
             return "the container was removed while the command ran"
         if _DAEMON_GONE_RE.search(facts.error):
             return (
-                "the container runtime went away: docker on this host does not answer "
+                f"the container runtime went away: {runtime} on this host does not answer "
                 f"({facts.error}); `cvs status` tells when it is back"
             )
-        return f"docker could not say what happened to the container ({facts.error})"
+        return f"{runtime} could not say what happened to the container ({facts.error})"
     began = None if facts.now is None else facts.now - elapsed - _SLACK_SECONDS
     if facts.status != "running":
         if facts.oom_killed:
             return (
-                "the container was killed by the out-of-memory killer (docker: OOMKilled): "
+                f"the container was killed by the out-of-memory killer ({runtime}: OOMKilled): "
                 "its memory limit was reached"
             )
         when = ""
@@ -156,7 +166,7 @@ def container_cause(facts: ContainerFacts, *, elapsed: float) -> str | None:
         )
     if facts.started_at is not None and began is not None and facts.started_at >= began:
         return (
-            "the container restarted while the command ran (docker started it again"
+            f"the container restarted while the command ran ({runtime} started it again"
             + (f", restart count {facts.restarts}" if facts.restarts else "")
             + "); what the command had started in it was killed"
         )
@@ -171,12 +181,8 @@ def with_cause(result: HostResult, cause: str | None) -> HostResult:
     return replace(result, error=f"{base}: {cause}")
 
 
-def hung_cause(seconds: float) -> str:
-    return (
-        f"docker did not answer within container.docker_timeout ({seconds:g}s) when cvs "
-        "asked what happened to the container: the container runtime on this host is hung "
-        "(is dockerd stopped or frozen?)"
-    )
+def hung_cause(seconds: float, runtime: str = "docker") -> str:
+    return runtime_hung(runtime, seconds, "the diagnosis (what happened to the container)")
 
 
 __all__ = [

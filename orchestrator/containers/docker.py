@@ -201,6 +201,7 @@ def run_argv(
     resources: EffectiveResources | None = None,
     gpus: GPUSelection | None = None,
     cdi: Sequence[CDIDevice] | None = None,
+    keep_groups: bool = False,
 ) -> list[str]:
     """`docker run -d …` for a long-lived container that idles on `sleep infinity`.
 
@@ -210,7 +211,9 @@ def run_argv(
     selection (its devices and visible-devices env); `cdi`, when the host's
     GPUs go through CDI, the devices that carry exactly that selection
     (`--device kind=name` instead of the device nodes); `cfg.extra_args` (the
-    operator's escape hatch) follows them so it can override.
+    operator's escape hatch) follows them so it can override. `keep_groups`
+    (rootless podman on crun, limits/rootless.py): `--group-add keep-groups`
+    instead of `cfg.group_add` (podman takes no other group next to it).
     """
     validate_container_name(name)
     validate_image_ref(cfg.image)
@@ -229,8 +232,11 @@ def run_argv(
         argv += ["--cap-add", cap]
     for opt in cfg.security_opt:
         argv += ["--security-opt", opt]
-    for group in cfg.group_add:
-        argv += ["--group-add", str(group)]
+    if keep_groups:
+        argv += ["--group-add", "keep-groups"]
+    else:
+        for group in cfg.group_add:
+            argv += ["--group-add", str(group)]
     for key, limit in cfg.ulimits.items():
         argv += ["--ulimit", f"{key}={limit}"]
     for volume in cfg.volumes:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from orchestrator.config import ContainerConfig
+from orchestrator.remote.runtime import daemon_word
 
 # Linux's RLIMIT_* numbers (asm-generic/resource.h), as runc reports them.
 RLIMITS = {
@@ -64,6 +65,8 @@ _Rule = tuple[re.Pattern[str], Callable[[re.Match[str], ContainerConfig], _Found
 
 def _ulimit(m: re.Match[str], cfg: ContainerConfig) -> _Found:
     name = RLIMITS.get(int(m.group(1)))
+    if name in ("nofile", "nproc") and cfg.runtime == "podman" and name not in cfg.ulimits:
+        return _podman_implied_ulimit(name, cfg)
     if name is None or name not in cfg.ulimits:
         return None
     value = str(cfg.ulimits[name])
@@ -71,13 +74,29 @@ def _ulimit(m: re.Match[str], cfg: ContainerConfig) -> _Found:
         f"container.ulimits.{name}",
         value,
         f"this host does not allow raising {name} to {'unlimited' if value == '-1' else value} "
-        "(its dockerd runs without CAP_SYS_RESOURCE, or under a lower hard limit): set a "
+        f"(its {daemon_word(cfg.runtime)} runs without CAP_SYS_RESOURCE, or under a lower "
+        "hard limit): set a "
         f"value the host allows (`ulimit -H -{_ULIMIT_FLAGS.get(name, 'a')}` there shows it) "
         "or remove the key",
     )
 
 
 _ULIMIT_FLAGS = {"memlock": "l", "nofile": "n", "stack": "s", "nproc": "u", "core": "c"}
+
+
+def _podman_implied_ulimit(name: str, cfg: ContainerConfig) -> _Found:
+    """podman 4 sets nofile and nproc to their maximum (1048576) whenever any
+    --ulimit is given and those two are not: the file never said them."""
+    if not cfg.ulimits:
+        return None
+    given = ", ".join(f"{k}={v}" for k, v in cfg.ulimits.items())
+    return (
+        "container.ulimits",
+        given,
+        f"with any ulimit set, podman raises {name} to its maximum (1048576) unless it is "
+        f"given too, and this host does not allow that: set ulimits.{name} to a value the "
+        f"host allows (`ulimit -H -{_ULIMIT_FLAGS[name]}` there shows it)",
+    )
 
 
 def _group(m: re.Match[str], cfg: ContainerConfig) -> _Found:
@@ -88,7 +107,8 @@ def _group(m: re.Match[str], cfg: ContainerConfig) -> _Found:
     return (
         f"container.group_add[{index}]",
         group,
-        f"the image has no group {group!r} (docker looks names up inside the container): "
+        f"the image has no group {group!r} ({cfg.runtime} looks names up inside the "
+        "container): "
         f"give its numeric GID instead (`getent group {group}` on the host shows it) or "
         "remove it",
     )
@@ -110,8 +130,8 @@ def _device(m: re.Match[str], cfg: ContainerConfig) -> _Found:
         return None
     return (
         *found,
-        "docker could not open this device on the host (gone, or not a device node): fix "
-        "the path or remove it",
+        f"{cfg.runtime} could not open this device on the host (gone, or not a device node): "
+        "fix the path or remove it",
     )
 
 
@@ -122,7 +142,7 @@ def _capability(m: re.Match[str], cfg: ContainerConfig) -> _Found:
             return (
                 f"container.cap_add[{index}]",
                 name,
-                "docker does not know this capability: use a name from capabilities(7) "
+                f"{cfg.runtime} does not know this capability: use a name from capabilities(7) "
                 "without CAP_ (SYS_PTRACE, IPC_LOCK), or remove it",
             )
     return None
@@ -135,8 +155,8 @@ def _security_opt(m: re.Match[str], cfg: ContainerConfig) -> _Found:
             return (
                 f"container.security_opt[{index}]",
                 opt,
-                "this host's docker cannot apply it (an unknown option, a profile that does "
-                "not exist there, or AppArmor/SELinux not enabled): fix or remove it",
+                f"this host's {cfg.runtime} cannot apply it (an unknown option, a profile that "
+                "does not exist there, or AppArmor/SELinux not enabled): fix or remove it",
             )
     return None
 
@@ -161,7 +181,7 @@ def _shm_size(m: re.Match[str], cfg: ContainerConfig) -> _Found:
     return (
         key,
         value,
-        "docker refused this size, or the host has less memory for /dev/shm: lower it",
+        f"{cfg.runtime} refused this size, or the host has less memory for /dev/shm: lower it",
     )
 
 
@@ -178,8 +198,8 @@ def _runtime(m: re.Match[str], cfg: ContainerConfig) -> _Found:
     return (
         key,
         value,
-        f"this host's dockerd has no runtime {name!r} (`docker info` lists the ones it has): "
-        "install and register it there, or remove the setting",
+        f"this host's {daemon_word(cfg.runtime)} has no runtime {name!r} (`{cfg.runtime} info` "
+        "lists the ones it has): install and register it there, or remove the setting",
     )
 
 
@@ -189,7 +209,8 @@ def _privileged(m: re.Match[str], cfg: ContainerConfig) -> _Found:
     return (
         "container.privileged",
         "true",
-        "this host's docker cannot start privileged containers (its dockerd lacks the "
+        f"this host's {cfg.runtime} cannot start privileged containers (its "
+        f"{daemon_word(cfg.runtime)} lacks the "
         "capabilities, e.g. in a user namespace or a nested container): set privileged: "
         "false and grant what the tests need with devices, cap_add and group_add",
     )
@@ -201,7 +222,7 @@ def _caps(m: re.Match[str], cfg: ContainerConfig) -> _Found:
     return (
         "container.cap_add",
         ", ".join(cfg.cap_add),
-        "this host's docker cannot grant these capabilities (its own bounding set lacks "
+        f"this host's {cfg.runtime} cannot grant these capabilities (its own bounding set lacks "
         "them, e.g. in a nested container): remove the ones it lacks",
     )
 

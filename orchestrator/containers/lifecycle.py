@@ -86,8 +86,9 @@ from orchestrator.limits.resources import (
     clamp_warnings,
     cluster_effective_resources,
 )
+from orchestrator.limits.rootless import wants_devices
 from orchestrator.remote import records
-from orchestrator.remote.runtime import ContainerRuntime
+from orchestrator.remote.runtime import ContainerRuntime, runtime_hung
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.keys import ClusterKeys, default_state_dir
@@ -292,8 +293,18 @@ class Lifecycle:
         # select them: every host for per_run, else where none runs (never on
         # the attach path: it stays one docker process and nothing else).
         gpus: Literal["always", "stopped"] | None = None
+        when: Literal["always", "stopped"] = (
+            "always" if self.cfg.lifetime == "per_run" else "stopped"
+        )
         if self.cfg.gpus is not None and self.cfg.lifetime != "no_launch":
-            gpus = "always" if self.cfg.lifetime == "per_run" else "stopped"
+            gpus = when
+        # Rootless podman launching with devices: crun or runc decides whether
+        # `--group-add keep-groups` can give them (limits/rootless.py).
+        oci = (
+            when
+            if self.cfg.rootless and wants_devices(self.cfg) and self.cfg.lifetime != "no_launch"
+            else None
+        )
         return probe_argv(
             self.cfg,
             self.name,
@@ -303,6 +314,7 @@ class Lifecycle:
             gpus=gpus,
             gpu_root=self.cluster.host(host).gpu_device_root or "/",
             runtime=ContainerRuntime.unprobed(self.cfg.runtime, self.cfg.rootless),
+            oci=oci,
         )
 
     def _sshd_on_host_network(self) -> bool:
@@ -431,12 +443,9 @@ class Lifecycle:
         return result
 
     def docker_hung(self, what: str) -> str:
-        """Why a docker call was given up on: the bound, its name, the suspect."""
-        return (
-            f"docker did not answer within container.docker_timeout "
-            f"({self.cfg.docker_timeout:g}s) on {what}: the container runtime on this host "
-            "is hung or overloaded (is dockerd stopped or frozen?); stopped"
-        )
+        """Why a runtime call was given up on: the runtime (docker or podman),
+        the bound, its name, the suspect."""
+        return runtime_hung(self.cfg.runtime, self.cfg.docker_timeout, what) + "; stopped"
 
     def _timeout_message(self, step: str, budget: StartBudget | None, timeout: float) -> str:
         """Which bound stopped `step`, and the setting that raises it."""
@@ -776,6 +785,7 @@ class Lifecycle:
                 resources=resources,
                 gpus=gpus,
                 cdi=self.cdi_devices.get(host),
+                keep_groups=action.keep_groups,  # the plan's, from the probed OCI runtime
             )
             run = await self._cmd(
                 outcome, "run", argv, timeout=self.cfg.start_timeout, input=run_env_file(cfg, gpus)
@@ -923,7 +933,7 @@ class Lifecycle:
                     label="remove",
                 )
                 if r.status == "timeout":
-                    r = replace(r, error=self.docker_hung("docker rm"))
+                    r = replace(r, error=self.docker_hung(f"{self.cfg.runtime} rm"))
                 self._step(host, "remove", "ok" if r.ok else "failed", r.error or "")
                 return r
 
@@ -945,6 +955,7 @@ def host_locks(cluster: ClusterConfig, pool: HostRunner, sink: EventSink) -> Hos
         head=cluster.head_host.name,
         wait_seconds=wait,
         probe_seconds=cfg.docker_timeout if cfg is not None else 30.0,
+        runtime=cfg.runtime if cfg is not None else "docker",
     )
 
 

@@ -57,7 +57,7 @@ from orchestrator.containers.probe import HostState, parse_probe_output
 from orchestrator.errors import ConnectError, Option, PolicyRefused, Refusal, WayOut
 from orchestrator.events import EventSink, Message
 from orchestrator.remote.frames import FRAME, READY, split_lock_frames
-from orchestrator.remote.runtime import DockerRuntime
+from orchestrator.remote.runtime import DockerRuntime, runtime_hung
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.seam import HostRunner
 
@@ -159,6 +159,7 @@ class HostLocks:
         head: str,
         wait_seconds: float,
         probe_seconds: float = 30.0,
+        runtime: str = "docker",
     ) -> None:
         self.pool = pool
         self.sink = sink
@@ -168,6 +169,7 @@ class HostLocks:
         # The probe under the lock runs docker (container.docker_timeout): a
         # frozen dockerd must not hold the invocation, nor the lock, forever.
         self.probe_seconds = probe_seconds
+        self.runtime = runtime  # docker or podman: what a hang message names
         self.description = holder_description("cvs")
         self.mode: Mode | None = None
         self._held: dict[str, tuple[contextlib.AsyncExitStack, Any]] = {}
@@ -320,11 +322,7 @@ class HostLocks:
             else:
                 probe_hung = False
         if probe_hung and scope.cancelled_caught:
-            why = (
-                f"docker did not answer within container.docker_timeout "
-                f"({self.probe_seconds:g}s) on the probe: the container runtime on this host "
-                "is hung or overloaded (is dockerd stopped or frozen?)"
-            )
+            why = runtime_hung(self.runtime, self.probe_seconds, "the probe")
             return LockAnswer(host, "held", holders, HostState.hung(host, why))
         status, _, rest = split_lock_frames("".join(lines))
         kind, _, detail = (status or "").partition(" ")

@@ -42,7 +42,12 @@ from orchestrator.errors import Call, ExitCode, Option, Refusal, WayOut
 from orchestrator.limits.capacity import fit_to_host
 from orchestrator.limits.gpus import GPUError, Unsatisfiable, select_gpus
 from orchestrator.limits.resources import EffectiveResources
-from orchestrator.limits.rootless import rootless_cap_refusal
+from orchestrator.limits.rootless import (
+    device_group_access,
+    rootless_cap_refusal,
+    wants_devices,
+)
+from orchestrator.remote.runtime import daemon_word
 
 # What `docker start` / `docker unpause` brings back with its overlay intact
 # (`_state_word`: created counts as exited).
@@ -68,6 +73,9 @@ class HostAction:
     start_sshd: bool = False  # (re)start the in-container sshd after this action
     unpause: bool = False  # restart = `docker unpause` (paused) instead of `docker start`
     adopt: bool = False  # attach to a container cvs did not start, recording ownership first
+    # Rootless podman on crun, with devices: `--group-add keep-groups` in the
+    # run argv instead of container.group_add (limits/rootless.py).
+    keep_groups: bool = False
 
     @property
     def launches(self) -> bool:
@@ -166,7 +174,16 @@ def _refusal(
     )
 
 
-def _unknown_reason(states: Mapping[str, HostState]) -> Refusal | None:
+def _reach_fix(cfg: ContainerConfig) -> str:
+    """What a host needs for cvs to read its container state, in the runtime's words."""
+    if cfg.runtime == "docker":
+        return "dockerd running, docker or passwordless `sudo -n docker` access"
+    if cfg.rootless:
+        return f"the login user's own {cfg.runtime} working (subuid/subgid ranges)"
+    return f"{cfg.runtime} installed, root or passwordless `sudo -n {cfg.runtime}` access"
+
+
+def _unknown_reason(cfg: ContainerConfig, states: Mapping[str, HostState]) -> Refusal | None:
     unknown = {h: s for h, s in states.items() if not s.known}
     if not unknown:
         return None
@@ -182,10 +199,7 @@ def _unknown_reason(states: Mapping[str, HostState]) -> Refusal | None:
         "treated as absent, so nothing was changed",
         tuple(unknown),
         (
-            WayOut(
-                "fix those hosts (reachable over SSH, dockerd running, docker or passwordless "
-                "`sudo -n docker` access)"
-            ),
+            WayOut(f"fix those hosts (reachable over SSH, {_reach_fix(cfg)})"),
             WayOut("remove them from the cluster file"),
         ),
     )
@@ -205,7 +219,7 @@ def _image_problems(
                 "image_unreadable",
                 f"cannot read the image of {label} on {_names(unreadable)}",
                 tuple(unreadable),
-                (WayOut("check it with `docker inspect` on those hosts"), REBUILD_WAY),
+                (WayOut(f"check it with `{cfg.runtime} inspect` on those hosts"), REBUILD_WAY),
             )
         )
     readable = {h: s for h, s in present.items() if s.container_image_readable}
@@ -249,6 +263,8 @@ def check_tag_identity(
     a repo digest (the same registry manifest can get different local IDs).
     """
     what = image or "the image"
+    # The runtime the hosts were probed with (one per cluster): its verbs in the fix.
+    rt = next((s.runtime_name for s in states.values()), "docker")
     reasons: list[Refusal] = []
     unknown = [h for h, s in states.items() if not s.known and s.tag_image_id is None]
     errors = [h for h, s in states.items() if s.tag_error and h not in unknown]
@@ -298,7 +314,7 @@ def check_tag_identity(
                     (
                         WayOut(
                             "make every host hold the same image (pull it from one registry, "
-                            "or `docker save` once and `docker load` on each host), then retry"
+                            f"or `{rt} save` once and `{rt} load` on each host), then retry"
                         ),
                     ),
                 )
@@ -407,7 +423,7 @@ def decide_plan(
             "derives from the image, so a tag bump would silently orphan the old containers; "
             "set `container.name`"
         )
-    unknown = _unknown_reason(states)
+    unknown = _unknown_reason(cfg, states)
     if unknown:
         return _refusal(cfg, states, ours, [unknown], warnings)
     if cfg.lifetime == "no_launch":
@@ -444,11 +460,13 @@ def decide_plan(
     more += fit_reasons + _missing_image(cfg, states, launching)
     more += _rootless_caps(states, launching, resources)
     more += _gpu_refusals(cfg, states, launching)
-    warnings = [*plan.warnings, *fit_warnings]
+    group_notes, keep = _device_group_access(cfg, states, launching)
+    warnings = [*plan.warnings, *fit_warnings, *group_notes]
     if more or plan.refused:
         reasons = list(dict.fromkeys([*plan.refusals, *more]))
         return _refusal(cfg, states, ours, reasons, warnings)
-    return replace(plan, warnings=warnings)
+    actions = {h: replace(a, keep_groups=h in keep) for h, a in plan.actions.items()}
+    return replace(plan, actions=_frozen(actions), warnings=warnings)
 
 
 def _would_launch(
@@ -503,6 +521,30 @@ def _rootless_caps(
     return out
 
 
+def _device_group_access(
+    cfg: ContainerConfig, states: Mapping[str, HostState], launching: list[str]
+) -> tuple[list[str], set[str]]:
+    """Rootless podman launching with devices: how the container reaches them
+    (`--group-add keep-groups` on crun; on runc, or unknown, what it relies
+    on). (notes, the hosts whose run gets keep-groups)."""
+    notes: list[str] = []
+    keep: set[str] = set()
+    for host in launching:
+        state = states[host]
+        access = device_group_access(
+            host,
+            rootless=state.rootless,
+            wants_devices=wants_devices(cfg),
+            oci_runtime=state.oci_runtime,
+            group_add=tuple(str(g) for g in cfg.group_add),
+        )
+        if access.note is not None:
+            notes.append(access.note)
+        if access.keep_groups:
+            keep.add(host)
+    return notes, keep
+
+
 def _gpu_refusals(
     cfg: ContainerConfig, states: Mapping[str, HostState], launching: list[str]
 ) -> list[Refusal]:
@@ -542,7 +584,7 @@ def _missing_image(
             f"image {cfg.image} is not on {_names(missing)} and container.pull is 'never'",
             tuple(missing),
             (
-                WayOut("load it there (docker load)"),
+                WayOut(f"load it there ({cfg.runtime} load)"),
                 WayOut("set container.image_tar"),
                 WayOut("allow pulling (container.pull)"),
             ),
@@ -744,8 +786,8 @@ def _plan_persistent(
                     WayOut("replace it on every host", options=(Option("force"),)),
                     WayOut(
                         "bring the other hosts back (restore it where it is missing; "
-                        f"`docker rm`/`docker start {cfg.name or 'NAME'}` where docker cannot "
-                        "resume it), then try again"
+                        f"`{cfg.runtime} rm`/`{cfg.runtime} start {cfg.name or 'NAME'}` where "
+                        f"{cfg.runtime} cannot resume it), then try again"
                     ),
                 ),
             )
@@ -792,8 +834,9 @@ def _plan_persistent(
     if stopped and len(stopped) < len(states):
         groups = _group((h, _state_word(states[h])) for h in stopped)
         warnings.append(
-            f"healing: {label} is {_grouped_text(groups)} (e.g. after a reboot or a dockerd "
-            "restart) while the others run: resuming it there, overlay kept"
+            f"healing: {label} is {_grouped_text(groups)} (e.g. after a reboot or a "
+            f"{daemon_word(cfg.runtime)} restart) while the others run: resuming it there, "
+            "overlay kept"
         )
     where = "everywhere" if common is not None else "here"
     if adopting:
@@ -821,7 +864,7 @@ def _plan_persistent(
             )
         else:
             paused = _state_word(state) == "paused"
-            how = "`docker unpause`" if paused else "`docker start`"
+            how = f"`{cfg.runtime} unpause`" if paused else f"`{cfg.runtime} start`"
             actions[host] = HostAction(
                 "restart",
                 f"persistent: {_state_word(state)} {where}, {how} (keeps the overlay); {why}",

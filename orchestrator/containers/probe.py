@@ -91,6 +91,9 @@ class HostState:
     # the login user's cgroup offers (what rootless podman can cap).
     cgroup: str | None = None
     cgroup_controllers: tuple[str, ...] = ()
+    # Rootless podman launching with devices: the OCI runtime podman runs
+    # (crun, runc; None: not asked or unreadable), for `--group-add keep-groups`.
+    oci_runtime: str | None = None
 
     @classmethod
     def unreachable(cls, host: str, reason: str) -> HostState:
@@ -162,6 +165,7 @@ def probe_argv(
     gpus: Literal["always", "stopped"] | None = None,
     gpu_root: str = "/",
     runtime: ContainerRuntime | None = None,
+    oci: Literal["always", "stopped"] | None = None,
 ) -> list[str]:
     """`sh -c PROBE cvs-probe ARG…` (remote/probe.sh): ready for an SSH exec
     (`shlex.join`) whatever the login shell is.
@@ -172,6 +176,8 @@ def probe_argv(
     `gpus`: list the host's GPUs (under `gpu_root`) on every host ("always":
     all of them launch) or where the container does not run ("stopped").
     `runtime`: which runtime to reach (remote/runtime.py; default docker).
+    `oci`: rootless podman only, when to ask which OCI runtime podman runs
+    (as `gpus`: the device access a launch gets depends on it).
     """
     runtime = runtime or ContainerRuntime()
     validate_container_name(name)
@@ -203,6 +209,7 @@ def probe_argv(
             else (["", "", "", ""] if runtime.flag else [])
         ),
         *runtime.flag,
+        *([oci] if oci is not None and runtime.rootless else []),
     )
 
 
@@ -360,7 +367,7 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
 
     tried = {n.split(".", 1)[1]: sec for n, sec in sections.items() if n.startswith("inspect.")}
     if not tried:
-        return _garbled(host, "no docker inspect section", exit_status, stderr)
+        return _garbled(host, "no runtime inspect section", exit_status, stderr)
     answered = [m for m, sec in tried.items() if _answered(sec)]
     runtime, rootless = _runtime_frame(sections)
     if not answered:
@@ -380,12 +387,13 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
     }
     values.update(_capacity_facts(sections))  # capacity (issue 15)
     values.update(_port_facts(sections))  # sshd port taken on the host (network host)
+    values.update(_oci_facts(sections))  # rootless podman: crun or runc
     listed = sections.get("gpus")
     if listed is not None and listed.rc == 0:
         values["gpus"] = tuple(parse_discovery(listed.stdout))
         values["cdi_specs"] = tuple(spec_files(listed.stdout))
     try:
-        objects = _inspect_objects(inspect.stdout)
+        objects = _inspect_objects(inspect.stdout, runtime)
     except DockerOutputError as exc:
         return HostState(**values, error=str(exc), error_kind="garbled")  # type: ignore[arg-type]
     missing = set(_NO_SUCH_RE.findall(inspect.stderr))
@@ -400,7 +408,7 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
     for arg in args:
         found[arg] = None if arg in missing or not queue else queue.pop(0)
     if len(args) > 1:
-        values.update(_image_facts(args[1], found.get(args[1]), inspect.stderr))
+        values.update(_image_facts(args[1], found.get(args[1]), inspect.stderr, runtime))
     cobj = found.get(name)
     if cobj is None or not _is_container(cobj, name):
         # Not found, or NAME resolved to something else (an image of that
@@ -428,7 +436,9 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
         host_config=runtime_limits(runtime, cinfo.limits),
     )
     values.update(
-        _in_container_facts(sections, running=cinfo.state == "running", container_id=cinfo.id)
+        _in_container_facts(
+            sections, running=cinfo.state == "running", container_id=cinfo.id, runtime=runtime
+        )
     )
     return HostState(**values)  # type: ignore[arg-type]
 
@@ -444,15 +454,17 @@ def _answered(section: Section) -> bool:
     return section.rc == 0 or bool(_NO_SUCH_RE.search(section.stderr))
 
 
-def _inspect_objects(text: str) -> list[dict[str, Any]]:
+def _inspect_objects(text: str, runtime: str = "docker") -> list[dict[str, Any]]:
     if not text.strip():
         return []
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise DockerOutputError(f"docker inspect: not JSON ({exc.msg} at char {exc.pos})") from None
+        raise DockerOutputError(
+            f"{runtime} inspect: not JSON ({exc.msg} at char {exc.pos})"
+        ) from None
     if not isinstance(data, list) or not all(isinstance(o, dict) for o in data):
-        raise DockerOutputError("docker inspect: expected a JSON list of objects")
+        raise DockerOutputError(f"{runtime} inspect: expected a JSON list of objects")
     return data
 
 
@@ -460,11 +472,13 @@ def _is_container(obj: Mapping[str, Any], name: str) -> bool:
     return isinstance(obj.get("State"), dict) and str(obj.get("Name", "")).lstrip("/") == name
 
 
-def _image_facts(arg: str, obj: Mapping[str, Any] | None, stderr: str) -> dict[str, object]:
+def _image_facts(
+    arg: str, obj: Mapping[str, Any] | None, stderr: str, runtime: str = "docker"
+) -> dict[str, object]:
     if obj is None:
         if arg in _NO_SUCH_RE.findall(stderr):
             return {}  # not on the host: tag_image_id None
-        return {"tag_error": f"docker inspect gave no answer for {arg}"}
+        return {"tag_error": f"{runtime} inspect gave no answer for {arg}"}
     if "State" in obj or "RootFS" not in obj:
         return {"tag_error": f"{arg} does not name an image here"}
     try:
@@ -472,6 +486,18 @@ def _image_facts(arg: str, obj: Mapping[str, Any] | None, stderr: str) -> dict[s
     except DockerOutputError as exc:
         return {"tag_error": str(exc)}
     return {"tag_image_id": info.id, "tag_repo_digests": info.repo_digests}
+
+
+_OCI_RUNTIME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _oci_facts(sections: Mapping[str, Section]) -> dict[str, object]:
+    """The OCI runtime's name (`podman info`), when asked and readable."""
+    oci = sections.get("oci_runtime")
+    if oci is None or oci.rc != 0:
+        return {}
+    name = oci.stdout.strip()
+    return {"oci_runtime": name} if _OCI_RUNTIME_RE.fullmatch(name) else {}
 
 
 def _port_facts(sections: Mapping[str, Section]) -> dict[str, object]:
@@ -490,7 +516,11 @@ def _port_facts(sections: Mapping[str, Section]) -> dict[str, object]:
 
 
 def _in_container_facts(
-    sections: Mapping[str, Section], *, running: bool, container_id: str | None
+    sections: Mapping[str, Section],
+    *,
+    running: bool,
+    container_id: str | None,
+    runtime: str = "docker",
 ) -> dict[str, object]:
     """sshd liveness and the provisioning marker: from the host's records and
     the container's socket table when the probe had them, else from the
@@ -516,7 +546,7 @@ def _in_container_facts(
             facts["provision_marker"] = _marker_value("\n".join(lines[2:]))
         return facts
     if ex is not None and ex.rc != 0 and running:
-        facts["exec_error"] = _first_line(ex.stderr) or f"docker exec exited {ex.rc}"
+        facts["exec_error"] = _first_line(ex.stderr) or f"{runtime} exec exited {ex.rc}"
     tar = sections.get("marker_tar")
     if tar is not None and tar.rc == 0 and "provision_marker" not in facts:
         facts["provision_marker"] = _marker_from_tar(tar.out)

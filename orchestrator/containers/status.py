@@ -37,6 +37,9 @@ class HostStatus:
     limits: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     drift: tuple[str, ...] = ()  # where the container differs from the config now
     error: str | None = None  # why the probe could not tell
+    # The cluster's runtime: what the table calls the access column (the
+    # `--json` key stays "docker", the schema's name for it).
+    runtime: str = "docker"
 
     @property
     def probed(self) -> bool:
@@ -113,6 +116,7 @@ def host_status(
         limits=MappingProxyType(limits),
         drift=tuple(drift),
         error=state.error,
+        runtime=state.runtime_name,
     )
 
 

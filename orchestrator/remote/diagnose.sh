@@ -3,14 +3,23 @@
 # a command in the container ended with no exit status, or one that docker or
 # a signal gives (125, 128+N). Lib access.sh prepended.
 #
-#   diagnose.sh NAME
+#   diagnose.sh [--podman|--podman-rootless] NAME
 #
 #   now EPOCH                  the host's clock, to place StartedAt/FinishedAt
 #   state ID STATUS OOMKILLED EXITCODE STARTEDAT FINISHEDAT RESTARTS
-#   error TEXT                 docker could not say (daemon down, no such container)
+#   error TEXT                 the runtime could not say (daemon down, no such container)
+case $1 in --podman | --podman-rootless) cvs_runtime "$1"; shift ;; esac
 name=$1
 printf 'now %s\n' "$(date +%s)"
-fmt='{{.Id}} {{.State.Status}} {{.State.OOMKilled}} {{.State.ExitCode}} {{.State.StartedAt}} {{.State.FinishedAt}} {{.RestartCount}}'
+# Times as docker prints them (RFC 3339, one word): podman's are Go times,
+# whose default text has spaces in it, so podman formats them.
+# shellcheck disable=SC2154  # cvs_rt: set by cvs_runtime (access.sh)
+if [ "$cvs_rt" = podman ]; then
+  t='.Format "2006-01-02T15:04:05.000000000Z07:00"'
+  fmt="{{.Id}} {{.State.Status}} {{.State.OOMKilled}} {{.State.ExitCode}} {{.State.StartedAt$t}} {{.State.FinishedAt$t}} {{.RestartCount}}"
+else
+  fmt='{{.Id}} {{.State.Status}} {{.State.OOMKilled}} {{.State.ExitCode}} {{.State.StartedAt}} {{.State.FinishedAt}} {{.RestartCount}}'
+fi
 cvs_docker_order
 first=
 # shellcheck disable=SC2154  # cvs_order: set by cvs_docker_order
@@ -22,5 +31,5 @@ for m in $cvs_order; do
   # The first access's answer is the one to report (sudo's refusal says less).
   [ -n "$first" ] || first=$out
 done
-# One line: docker's message may span several.
+# One line: the runtime's message may span several.
 printf 'error %s\n' "$(printf '%s' "$first" | tr '\n' ' ')"

@@ -2,7 +2,7 @@
 # capacity.sh, listen.sh and records.sh prepended). Facts only; the plan decides.
 #
 #   probe.sh NAME IMAGE PORT MARKER CHECK HOLDERS_FILTER HOLDERS_FORMAT \
-#            [GPUS_WHEN GPUS GPU_ROOT GPU_MARKER [RUNTIME]]
+#            [GPUS_WHEN GPUS GPU_ROOT GPU_MARKER [RUNTIME [OCI_WHEN]]]
 #
 #   NAME    the container; IMAGE the image as `docker inspect` names it, or
 #           empty (docker access and the container only)
@@ -19,6 +19,9 @@
 #   RUNTIME "" (docker), --podman or --podman-rootless (lib access.sh): podman
 #           answers the inspect through podman_inspect (lib podman.sh), and
 #           a rootless probe adds the host's cgroup facts (lib cgroup.sh)
+#   OCI_WHEN  rootless podman with devices: when to ask podman which OCI
+#           runtime it runs (crun keeps the login user's groups; runc
+#           cannot): "always", "stopped" or empty, as GPUS_WHEN
 #
 # On the host it:
 # 1. decides docker access: `docker inspect` works -> direct; else with
@@ -45,6 +48,7 @@
 name=$1 image=$2 port=$3 marker=$4 check=$5 holders_filter=$6 holders_format=$7
 gpus_when=${8:-} gpus=${9:-} gpu_root=${10:-} gpu_marker=${11:-}
 cvs_runtime "${12:-}"
+oci_when=${13:-}
 port_hex=$(printf '%04X' "$port")
 
 umask 077
@@ -182,6 +186,12 @@ if [ -n "$cid" ] && cvs_records_read "$cid"; then rec=1; fi
 # The GPUs, for the plan to select from, on hosts that will launch.
 if [ "$gpus_when" = always ] || { [ "$gpus_when" = stopped ] && [ -z "$running" ]; }; then
   section gpus sh -c "$gpus" cvs-gpus "$gpu_root" "$gpu_marker"
+fi
+# Rootless podman that will launch a container with devices: its OCI runtime.
+if [ -n "$cvs_rootless" ] &&
+    { [ "$oci_when" = always ] || { [ "$oci_when" = stopped ] && [ -z "$running" ]; }; }; then
+  # shellcheck disable=SC2016  # a Go template, not shell
+  section oci_runtime "$@" info --format '{{.Host.OCIRuntime.Name}}'
 fi
 
 if [ -n "$running" ]; then

@@ -131,3 +131,34 @@ class ContainerRuntime:
 
 # The name every caller knew before podman: the same object.
 DockerRuntime = ContainerRuntime
+
+
+# --- what messages call the runtime --------------------------------------------------
+#
+# Every message about a runtime that failed, hung or has to be asked names the
+# cluster's runtime: a podman host told "is dockerd stopped?" is sent to look
+# for a daemon it does not have. One place says how each runtime is named.
+
+
+def daemon_word(name: str) -> str:
+    """What runs the containers on the host: `dockerd`, or `podman` (no daemon:
+    each `podman` call opens the store itself)."""
+    return "dockerd" if name == "docker" else name
+
+
+def hung_suspect(name: str) -> str:
+    """Where to look when the runtime does not answer."""
+    if name == "docker":
+        return "is dockerd stopped or frozen?"
+    return (
+        f"{name} has no daemon: is a {name} process stuck holding its storage lock, or its "
+        "OCI runtime (runc/crun) or conmon hung?"
+    )
+
+
+def runtime_hung(name: str, seconds: float, what: str) -> str:
+    """Why a runtime call was given up on: the runtime, the bound, the call, the suspect."""
+    return (
+        f"{name} did not answer within container.docker_timeout ({seconds:g}s) on {what}: "
+        f"the container runtime on this host is hung or overloaded ({hung_suspect(name)})"
+    )

@@ -135,6 +135,9 @@ class SandboxHost:
                 d / "storage.conf", d / "containers.conf", d / "registries.conf", d / "auth.json"
             ),
             "XDG_RUNTIME_DIR": str(d / "xdg"),
+            # podman's blob-info cache, otherwise in the user's home and left
+            # behind by every sandbox that loads images there.
+            "XDG_DATA_HOME": str(d / "data"),
         }
 
     # Written to sandbox.json for people and tools reading it; recomputed on load.
@@ -434,12 +437,19 @@ def _require_root() -> None:
         )
 
 
-def _cluster_yaml(sb: Sandbox, hosts: list[SandboxHost], name: str, image: str) -> str:
+def _cluster_yaml(
+    sb: Sandbox, hosts: list[SandboxHost], name: str, image: str, *, rootless: bool = False
+) -> str:
     podman_hosts = any(h.runtime == "podman" for h in hosts)
     container: dict[str, Any] = {"image": image, "name": CONTAINER_NAME, "lifetime": "per_run"}
     if podman_hosts:
         # Rootful podman: the login user reaches it through `sudo -n podman`.
         container["runtime"] = "podman"
+    if rootless:
+        # The docker-group user's own podman, no sudo. This machine has no
+        # /dev/mqueue, which a rootless `--ipc host` bind-mounts.
+        container.update(rootless=True, ipc=None)
+    user = DOCKER_USER if rootless or not podman_hosts else SUDO_USER
     doc = {
         "name": name,
         "hosts": [
@@ -447,7 +457,7 @@ def _cluster_yaml(sb: Sandbox, hosts: list[SandboxHost], name: str, image: str) 
             for h in hosts
         ],
         "ssh": {
-            "user": SUDO_USER if podman_hosts else DOCKER_USER,
+            "user": user,
             "identity_files": [str(sb.key_file)],
             "known_hosts": str(sb.known_hosts),
             "host_key_policy": "strict",
@@ -579,22 +589,33 @@ def sandbox_up(
     egress_host: bool = False,
     progress: Progress | None = None,
     runtime: str = "docker",
+    rootless: bool = False,
 ) -> Sandbox:
     """Build the sandbox in `directory` (created; must not hold a live sandbox).
 
     `runtime` "podman": every node runs a podman store of its own instead of
     a dockerd (rootful, reached by the sudo login user; sandbox/podman.py).
+    `rootless` (podman only): the cluster file logs in as the docker-group
+    user and drives that user's own rootless podman, whose store on every
+    node gets the sandbox images (a `podman load` per node, as that user).
     On any failure (also Ctrl-C) everything created so far is torn down again.
     """
     if runtime not in ("docker", "podman"):
         raise SandboxError(f"runtime must be docker or podman, got {runtime!r}")
+    if rootless and runtime != "podman":
+        raise SandboxError("rootless is podman's: use runtime podman with rootless")
     if runtime == "podman" and egress_host:
         raise SandboxError("the egress host runs docker only; leave out egress_host for podman")
     directory = Path(directory).absolute()
     # Before anything changes: root, every command, every place written.
+    extra = {
+        **(prereqs.PODMAN_COMMANDS if runtime == "podman" else {}),
+        **(prereqs.ROOTLESS_COMMANDS if rootless else {}),
+    }
     prereqs.require(
         directory,
         [network.RUN_ROOT, network.NETNS_DIR, images.cache_dir(), SUDOERS_FILE.parent],
+        extra,
     )
     say = progress or _quiet
     if hosts < (0 if egress_host else 1) or hosts > 250:
@@ -613,8 +634,12 @@ def sandbox_up(
         template = images.ensure_images(say)
         podman_template = podman.ensure_template(say) if runtime == "podman" else None
         _parallel(lambda h: _start_host(sb, h, template, say, podman_template), sb.hosts)
+        if rootless:
+            say(f"loading the images into {DOCKER_USER}'s rootless podman on each node")
+            _parallel(lambda h: podman.load_rootless_images(h.rootless_env, DOCKER_USER), sb.nodes)
         if sb.nodes:
-            sb.cluster_file.write_text(_cluster_yaml(sb, sb.nodes, "sandbox", images.SSHD_TAG))
+            text = _cluster_yaml(sb, sb.nodes, "sandbox", images.SSHD_TAG, rootless=rootless)
+            sb.cluster_file.write_text(text)
         if sb.egress is not None:
             assert sb.egress_cluster_file is not None
             # The base image: the default setup script apt-installs openssh-server here.

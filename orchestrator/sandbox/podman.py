@@ -206,13 +206,32 @@ def remove_all_containers(env: dict[str, str], netns: str | None, user: str | No
         run([*argv, "rm", "-a", "-f", "-t", "0"], check=False)
 
 
+def rootless_argv(env: dict[str, str], user: str) -> list[str]:
+    """argv prefix running `user`'s rootless podman on one host's store, from
+    the root namespace (as that user, never root: its files belong to the
+    user's subordinate IDs)."""
+    return ["runuser", "-u", user, "--", *podman_argv(env)]
+
+
+def load_rootless_images(env: dict[str, str], user: str) -> None:
+    """The sandbox images into `user`'s rootless store (same image IDs as the
+    rootful stores: `podman load` keeps the config digest)."""
+    # On stdin: the cache is root's, and the user may not open it.
+    argv = [*rootless_argv(env, user), "load", "-q"]
+    with open(images.images_tar(), "rb") as tar:
+        proc = subprocess.run(argv, stdin=tar, capture_output=True, check=False)
+    if proc.returncode != 0:
+        err = proc.stderr.decode(errors="replace").strip()
+        raise procs.CommandError(proc.returncode, argv, proc.stdout, err)
+
+
 def prepare_rootless(directory: Path, user: str) -> None:
     """A rootless podman for `user`: store, run root and configuration in
     `directory`, owned by that user (its images are loaded by that user:
     a rootless store's files belong to the user's subordinate IDs, so the
     root-owned template cannot be linked in)."""
     pw = pwd.getpwnam(user)
-    for sub in ("", "root", "run", "tmp", "xdg"):
+    for sub in ("", "root", "run", "tmp", "xdg", "data"):
         path = directory / sub
         path.mkdir(mode=0o700 if sub else 0o755, parents=True, exist_ok=True)
         os.chown(path, pw.pw_uid, pw.pw_gid)

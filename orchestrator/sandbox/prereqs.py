@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +41,15 @@ REQUIRED_COMMANDS: dict[str, str] = {
     "tar": "tar",
     "cp": "coreutils",
     "rm": "coreutils",
+}
+
+# Podman hosts (`--runtime podman`): the CLI, and for `--rootless` the user
+# namespace helpers and the user switch that loads each node's images.
+PODMAN_COMMANDS: dict[str, str] = {"podman": "podman"}
+ROOTLESS_COMMANDS: dict[str, str] = {
+    "newuidmap": "uidmap",
+    "newgidmap": "uidmap",
+    "runuser": "util-linux",
 }
 
 
@@ -109,10 +118,13 @@ def check(
     *,
     path_env: str | None = None,
     is_root: Callable[[], bool] = lambda: os.geteuid() == 0,
+    commands: Mapping[str, str] | None = None,
 ) -> Problems:
-    """Everything `sandbox up` in `directory` would trip over, found without changing anything."""
+    """Everything `sandbox up` in `directory` would trip over, found without changing
+    anything. `commands`: what this sandbox needs beyond REQUIRED_COMMANDS."""
     env_path = path_env if path_env is not None else os.environ.get("PATH", "")
-    absent = {cmd: pkg for cmd, pkg in REQUIRED_COMMANDS.items() if not _found(cmd, env_path)}
+    needed = {**REQUIRED_COMMANDS, **(commands or {})}
+    absent = {cmd: pkg for cmd, pkg in needed.items() if not _found(cmd, env_path)}
     # `su` without `-` leaves root with a user's PATH: installed is not missing.
     off_path = tuple(c for c in absent if _found(c, SBIN_DIRS))
     missing = {c: p for c, p in absent.items() if c not in off_path}
@@ -124,8 +136,10 @@ def check(
     return Problems(not is_root(), missing, unwritable, off_path)
 
 
-def require(directory: Path, write_paths: Iterable[Path]) -> None:
+def require(
+    directory: Path, write_paths: Iterable[Path], commands: Mapping[str, str] | None = None
+) -> None:
     """Raise SandboxError (exit 2) listing every unmet prerequisite."""
-    problems = check(directory, write_paths)
+    problems = check(directory, write_paths, commands=commands)
     if problems:
         raise SandboxError(problems.message())

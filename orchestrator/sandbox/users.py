@@ -77,12 +77,23 @@ PODMAN_REGISTRY_SUDOERS_TEXT = f"""\
 # Written by cvs sandbox (orchestrator/sandbox/users.py).
 Defaults:{SUDO_USER} env_keep += "CONTAINERS_REGISTRIES_CONF REGISTRY_AUTH_FILE"
 """
+# A sandbox host's name (its sshd's UTS namespace: node1, ...) resolves
+# nowhere, and sudo (built --with-fqdn) looks it up on every call, printing
+# "sudo: unable to resolve host node1" into the output of every command that
+# goes through `sudo -n podman`, which CVS-shaped results (stdout and stderr
+# as one string) then carry. Sandbox configuration only.
+PODMAN_FQDN_SUDOERS_FILE = Path("/etc/sudoers.d/cvs-sandbox-podman-fqdn")
+PODMAN_FQDN_SUDOERS_TEXT = f"""\
+# Written by cvs sandbox (orchestrator/sandbox/users.py).
+Defaults:{SUDO_USER} !fqdn
+"""
 
 
 def ensure_podman_sudo() -> None:
     """The podman sudoers entries, if missing. Call under `global_lock`."""
     _ensure_sudoers(PODMAN_SUDOERS_FILE, PODMAN_SUDOERS_TEXT)
     _ensure_sudoers(PODMAN_REGISTRY_SUDOERS_FILE, PODMAN_REGISTRY_SUDOERS_TEXT)
+    _ensure_sudoers(PODMAN_FQDN_SUDOERS_FILE, PODMAN_FQDN_SUDOERS_TEXT)
 
 
 def _ensure_sudoers(path: Path, text: str) -> None:

@@ -33,6 +33,14 @@ from orchestrator.sandbox import Sandbox, sandbox_down, sandbox_up
 SANDBOX_FIXTURES = {"sandbox", "egress_sandbox", "make_sandbox", "breakable", "faulty"}
 REQUIRED_TOOLS = ("ip", "nsenter", "dockerd", "sshd", "debootstrap", "ssh", "sudo")
 
+# The pytests these tests start (`cvs run`'s child, plain pytest in a temporary
+# directory) run small suites that never use hypothesis, a test dependency
+# whose pytest plugin costs each of them about a second of CPU at start (most
+# of what such a test spends). They inherit this; our own session has read it.
+os.environ["PYTEST_ADDOPTS"] = " ".join(
+    filter(None, [os.environ.get("PYTEST_ADDOPTS"), "-p no:hypothesispytest"])
+)
+
 
 def _skip_reason() -> str | None:
     if os.geteuid() != 0:

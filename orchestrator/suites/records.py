@@ -46,6 +46,13 @@ StepHostStatus = Literal[
 StepStatus = Literal["ok", "failed", "skipped"]
 
 
+def plan_rows(report: Any) -> dict[str, dict[str, str]]:
+    """host -> {action, reason} from an `UpReport` (its plan's per-host actions),
+    as a run record keeps them."""
+    actions: Any = getattr(getattr(report, "plan", None), "actions", {}) or {}
+    return {h: {"action": str(a.kind), "reason": str(a.reason)} for h, a in actions.items()}
+
+
 @dataclass(frozen=True)
 class StepHostOutcome:
     """One step on one host, judged against the step's `expect`."""

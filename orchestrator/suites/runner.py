@@ -17,7 +17,6 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,6 +42,7 @@ from orchestrator.suites.records import (
     StepHostOutcome,
     StepHostStatus,
     StepOutcome,
+    plan_rows,
 )
 from orchestrator.suites.report import write_report
 
@@ -163,12 +163,6 @@ def skipped_step(
         continue_on_failure=step.continue_on_failure,
         results={h: StepHostOutcome(host=h, status=status, reason=reason) for h in hosts},
     )
-
-
-def plan_rows(report: Any) -> dict[str, dict[str, str]]:
-    """host -> {action, reason} from an `UpReport` (its plan's per-host actions)."""
-    actions: Mapping[str, Any] = getattr(getattr(report, "plan", None), "actions", {}) or {}
-    return {h: {"action": str(a.kind), "reason": str(a.reason)} for h, a in actions.items()}
 
 
 def up_failure(report: Any, cluster: ClusterConfig | None = None) -> tuple[ExitCode, str] | None:

@@ -30,7 +30,7 @@ from orchestrator.config.documents import key_lines
 from orchestrator.config.hostlist import compress_hostlist
 from orchestrator.containers.copy import CopyError, Payload
 from orchestrator.containers.hints import hint_for
-from orchestrator.errors import ExitCode, PolicyRefused
+from orchestrator.errors import Call, ExitCode, Phrase, PolicyRefused
 from orchestrator.errortext import fold_errors
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.results import HostResult
@@ -175,12 +175,21 @@ def up_failure(report: Any, cluster: ClusterConfig | None = None) -> tuple[ExitC
     failed = {h: o.error or "failed" for h, o in report.outcomes.items() if not o.ok}
     groups = fold_errors(failed)
     hosts, text = groups[0]
-    more = f" (and {len(groups) - 1} other error(s): cvs up shows them)" if len(groups) > 1 else ""
-    # The error's tail (docker's own words) is kept, up to a readable length.
-    line = f"up failed on {compress_hostlist(hosts)}: {_clip(text, 400)}{more}"
-    hint = _setting_hint(failed[hosts[0]], cluster)
+    first = failed[hosts[0]]
+    more = (
+        Phrase(f" (and {len(groups) - 1} other error(s): ", Call("up"), " shows them)")
+        if len(groups) > 1
+        else ""
+    )
+    # The error's tail (docker's own words) is kept, up to a readable length;
+    # as the host said it (a Phrase stays one) when folding changed nothing.
+    shown = _clip(text, 400)
+    if shown == first:
+        shown = first
+    line = Phrase(f"up failed on {compress_hostlist(hosts)}: ", shown, more)
+    hint = _setting_hint(first, cluster)
     if hint:
-        line += f"; fix: {hint}"
+        line = Phrase(line, f"; fix: {hint}")
     return ExitCode(report.exit_code) or ExitCode.FAILED, line
 
 
@@ -451,6 +460,8 @@ async def _down(
                 )
             )
     if scope.cancelled_caught:
-        text = f"down did not finish within {DOWN_TIMEOUT:g}s; run `cvs down` to clean up"
+        text = Phrase(
+            f"down did not finish within {DOWN_TIMEOUT:g}s; run ", Call("down"), " to clean up"
+        )
         outcome.warnings.append(text)
         sink.emit(Message(level="error", text=text))

@@ -58,6 +58,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.sandbox)
 
 
+@pytest.fixture(autouse=True)
+def _no_sandbox_without_the_mark(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`-m "not sandbox"` builds no sandbox: a test without the mark that starts
+    building one (sandbox_up, past its argument checks) fails at once, saying
+    so, before anything is created."""
+    if request.node.get_closest_marker("sandbox") is not None:
+        return
+    from orchestrator.sandbox import core
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(
+            f"{request.node.nodeid} builds a sandbox without the sandbox mark: take it "
+            f"from a sandbox fixture ({', '.join(sorted(SANDBOX_FIXTURES))}) or mark the test"
+        )
+
+    monkeypatch.setattr(core, "_new_sandbox", refuse)
+
+
 def _sigterm_as_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 

@@ -94,21 +94,22 @@ def _strings(tree: ast.Module) -> list[ast.Constant]:
     ]
 
 
-def core_modules() -> list[Path]:
-    return [
-        p
+@cache
+def core_modules() -> tuple[tuple[str, ast.Module], ...]:
+    """(path under the package, parsed) of every module below the CLI."""
+    return tuple(
+        (p.relative_to(PACKAGE).as_posix(), ast.parse(p.read_text()))
         for p in sorted(PACKAGE.rglob("*.py"))
         if p.relative_to(PACKAGE).parts[0] not in CLI_ONLY_PACKAGES
-    ]
+    )
 
 
 def test_no_module_below_the_cli_spells_a_cli_flag_or_command() -> None:
     flag_re, command_re = cli_words()
     found = []
-    for path in core_modules():
-        rel = path.relative_to(PACKAGE).as_posix()
+    for rel, tree in core_modules():
         allowed = ALLOWED.get(rel, (set(), ""))[0]
-        for node in _strings(ast.parse(path.read_text())):
+        for node in _strings(tree):
             for match in [*flag_re.finditer(node.value), *command_re.finditer(node.value)]:
                 if "*" not in allowed and match.group(0) not in allowed:
                     found.append(f"{rel}:{node.lineno}: {match.group(0)!r} in {node.value!r}")
@@ -133,8 +134,8 @@ def test_the_lint_finds_a_flag_and_a_command_in_plain_text() -> None:
 def _named(kind: str) -> set[str]:
     """The first argument of every `Option(...)` / `Param(...)` the core writes."""
     names = set()
-    for path in core_modules():
-        for node in ast.walk(ast.parse(path.read_text())):
+    for _, tree in core_modules():
+        for node in ast.walk(tree):
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Name)

@@ -36,7 +36,6 @@ from orchestrator.suites.report import (
     summary_rows,
     verdict,
 )
-from orchestrator.suites.runner import new_outcome, resolve_step_hosts, run_suite
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -68,6 +67,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     if not args.suite:
         raise UsageError("cvs run: name a suite (cvs run SUITE), or list them with cvs run --list")
+    # Only a suite run needs the SSH stack (`cvs run TEST` hands over to pytest,
+    # `--list` reads files): imported here, a third of a second off the others.
+    from orchestrator.suites.runner import new_outcome, resolve_step_hosts, run_suite
+
     ref = find_suite(args.suite)
     suite = load_suite(ref.path)
     cluster_file = Path(os.path.abspath(cluster_path(args)))

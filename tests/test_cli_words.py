@@ -118,6 +118,24 @@ def test_no_module_below_the_cli_spells_a_cli_flag_or_command() -> None:
     )
 
 
+def test_the_cli_only_modules_allowed_their_words_have_only_the_cli_as_a_caller() -> None:
+    # compat/runner.py is `cvs run TEST` (it starts compat/pytest_child.py):
+    # were anything below the CLI to call it, its words would reach an API user.
+    callers = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            module = node.module or ""
+            if node.level:  # relative: from the importing module's package
+                package = rel.split("/")[: -node.level]
+                module = ".".join(["orchestrator", *package, module])
+            if module in ("orchestrator.compat.runner", "orchestrator.compat.pytest_child"):
+                callers.add(rel)
+    assert callers == {"cli/run.py", "compat/runner.py"}, callers
+
+
 def test_the_lint_finds_a_flag_and_a_command_in_plain_text() -> None:
     # The scan above would see what it is for.
     flag_re, command_re = cli_words()

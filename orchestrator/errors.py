@@ -284,14 +284,16 @@ def _restyled(value: Any, style: Style) -> Any:
         return value.render(style)
     if isinstance(value, str | int | float | bytes) or value is None:
         return value
-    if type(value) is dict:
-        return {k: _restyled(v, style) for k, v in value.items()}
-    if type(value) is MappingProxyType:
-        return MappingProxyType({k: _restyled(v, style) for k, v in value.items()})
-    if type(value) is list:
-        return [_restyled(v, style) for v in value]
-    if type(value) is tuple:
-        return tuple(_restyled(v, style) for v in value)
+    if type(value) in (dict, MappingProxyType):
+        items = {k: _restyled(v, style) for k, v in value.items()}
+        if all(items[k] is v for k, v in value.items()):
+            return value  # nothing to render: the same object, not a copy
+        return items if type(value) is dict else MappingProxyType(items)
+    if type(value) in (list, tuple):
+        new = [_restyled(v, style) for v in value]
+        if all(n is v for n, v in zip(new, value, strict=True)):
+            return value
+        return new if type(value) is list else tuple(new)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         changed = {}
         for f in dataclasses.fields(value):

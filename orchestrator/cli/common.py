@@ -256,7 +256,7 @@ async def _cancel_when_reader_leaves(scope: Any) -> None:
 
 # The API keyword each flag sets (errors.Option): what a refusal's ways out,
 # and any errors.Phrase, are rendered as here. A keyword without a flag never
-# reaches one (tests/test_layout.py checks every one the core names).
+# reaches one (tests/test_cli_words.py checks every one the core names).
 _FLAGS: dict[tuple[str, bool], str] = {
     ("force", True): "--force",
     ("adopt", True): "--adopt",
@@ -268,7 +268,6 @@ _PARAMS: dict[str, str] = {
     "hosts": "--hosts",
     "hosts_from": "--hosts-from",
     "run_dir": "--run-dir",
-    "src": "--from-host",
 }
 
 

@@ -41,7 +41,7 @@ from orchestrator.containers.drift import cluster_expectations
 from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command
 from orchestrator.containers.probe import HostState
 from orchestrator.containers.status import HostStatus, host_status
-from orchestrator.errors import CvsError, UsageError
+from orchestrator.errors import CvsError, Param, Phrase, UsageError
 from orchestrator.errors import HostSelectionError as HostSelectionError
 from orchestrator.events import EventSink, Message, NullSink
 from orchestrator.limits.gpus import guard_visible_devices
@@ -72,7 +72,7 @@ def select_hosts(cluster: ClusterConfig, pattern: str | None) -> list[str]:
         return _select(names, pattern, head=cluster.head_host.name)
     except SelectionError as exc:
         raise HostSelectionError(
-            f"--hosts {pattern!r}: {exc} (hosts: {abbreviate_hosts(names)})"
+            Phrase(Param("hosts"), f" {pattern!r}: {exc} (hosts: {abbreviate_hosts(names)})")
         ) from None
 
 

@@ -7,12 +7,17 @@ README's exit-code table is tested against `ExitCode` (tests/test_layout.py).
 
 from __future__ import annotations
 
+import copy as _copy
+import dataclasses
 import errno
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
-from typing import Literal, Protocol
+from types import MappingProxyType
+from typing import Any, Literal, Protocol, TypeVar, cast
+
+T = TypeVar("T")
 
 
 class ExitCode(IntEnum):
@@ -155,8 +160,16 @@ class WayOut:
     calls: tuple[Call, ...] = ()
 
 
+@dataclass(frozen=True)
+class Param:
+    """A parameter named by itself (`run_dir`, `hosts`): what a value given to
+    it is; the CLI shows its flag (`--run-dir`)."""
+
+    name: str
+
+
 class Style(Protocol):
-    """How a refusal's options and calls are shown: as keyword arguments (the
+    """How options, parameters and calls are shown: as keyword arguments (the
     API, `API_STYLE`) or as flags and commands (the CLI's style)."""
 
     def again(self, options: Sequence[Option]) -> str:
@@ -167,6 +180,14 @@ class Style(Protocol):
         """Other calls, in order ("`down(force=True)` then `up()`")."""
         ...
 
+    def option(self, option: Option) -> str:
+        """One option on its own ("force=True")."""
+        ...
+
+    def param(self, param: Param) -> str:
+        """A parameter's name ("run_dir")."""
+        ...
+
 
 class _ApiStyle:
     def again(self, options: Sequence[Option]) -> str:
@@ -175,12 +196,118 @@ class _ApiStyle:
     def calls(self, calls: Sequence[Call]) -> str:
         return " then ".join(f"`{c.name}({_keywords(c.options)})`" for c in calls)
 
+    def option(self, option: Option) -> str:
+        return _keywords([option])
+
+    def param(self, param: Param) -> str:
+        return param.name
+
 
 def _keywords(options: Sequence[Option]) -> str:
     return ", ".join(f"{o.name}={o.value}" for o in options)
 
 
 API_STYLE: Style = _ApiStyle()
+
+
+# --- text that names the API: data, like refusals ---------------------------------
+
+# A piece of a Phrase: text, or what the Style renders (a tuple: calls in order).
+Part = str | Option | Param | Call | tuple[Call, ...]
+
+
+def _render(parts: Iterable[Part], style: Style) -> str:
+    out = []
+    for part in parts:
+        if isinstance(part, str):
+            out.append(part)
+        elif isinstance(part, Option):
+            out.append(style.option(part))
+        elif isinstance(part, Param):
+            out.append(style.param(part))
+        elif isinstance(part, Call):
+            out.append(style.calls([part]))
+        else:
+            out.append(style.calls(part))
+    return "".join(out)
+
+
+class Phrase(str):
+    """A warning, a reason or an error message that names options, parameters
+    or calls of the API: `Phrase(Option("force"), ": replacing it")`.
+
+    A str whose value is the API's words ("force=True: replacing it"), so a
+    Python caller reads, prints and logs it as it is; it keeps its parts, so
+    the CLI renders the same sentence with its flags and commands
+    (`render(style)`, `restyled`): "--force: replacing it". As
+    markupsafe.Markup is a str that knows it is HTML. Formatting one into
+    other text (f-strings, `+`) keeps only the API's words: compose them with
+    Phrase(...) instead, which takes Phrases among its parts."""
+
+    parts: tuple[Part, ...]
+
+    def __new__(cls, *parts: Part) -> Phrase:
+        flat: list[Part] = []
+        for part in parts:
+            if isinstance(part, Phrase):
+                flat.extend(part.parts)
+            else:
+                flat.append(part)
+        self = super().__new__(cls, _render(flat, API_STYLE))
+        self.parts = tuple(flat)
+        return self
+
+    def render(self, style: Style = API_STYLE) -> str:
+        return _render(self.parts, style)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # copy, deepcopy (dataclasses.asdict) and pickle keep the parts.
+        return (Phrase, self.parts)
+
+
+def say(text: str, style: Style) -> str:
+    """`text` in `style`'s words (a plain str is already in everyone's)."""
+    return text.render(style) if isinstance(text, Phrase) else text
+
+
+def restyled(value: T, style: Style) -> T:
+    """`value` with every Phrase in it rendered in `style`: through dicts (and
+    read-only views of them), lists, tuples and dataclass instances (copied,
+    never changed in place); anything else is kept as it is. What the CLI
+    applies to what the API hands it, at its boundary, before it prints or
+    writes JSON."""
+    return cast(T, _restyled(value, style))
+
+
+def _restyled(value: Any, style: Style) -> Any:
+    if isinstance(value, Phrase):
+        return value.render(style)
+    if isinstance(value, str | int | float | bytes) or value is None:
+        return value
+    if type(value) in (dict, MappingProxyType):
+        items = {k: _restyled(v, style) for k, v in value.items()}
+        if all(items[k] is v for k, v in value.items()):
+            return value  # nothing to render: the same object, not a copy
+        return items if type(value) is dict else MappingProxyType(items)
+    if type(value) in (list, tuple):
+        new = [_restyled(v, style) for v in value]
+        if all(n is v for n, v in zip(new, value, strict=True)):
+            return value
+        return new if type(value) is list else tuple(new)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changed = {}
+        for f in dataclasses.fields(value):
+            old = getattr(value, f.name, None)
+            new = _restyled(old, style)
+            if new is not old:
+                changed[f.name] = new
+        if not changed:
+            return value
+        copy = _copy.copy(value)
+        for name, new in changed.items():
+            object.__setattr__(copy, name, new)  # frozen ones too: a fresh copy
+        return copy
+    return value
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any, Literal, Protocol
 
+from orchestrator.errors import API_STYLE, Style, restyled
 from orchestrator.errortext import SeenErrors
 from orchestrator.results import HostResult
 
@@ -106,6 +107,12 @@ class Message(Event):
     host: str | None = None
 
 
+def in_words(event: Event, style: Style) -> Event:
+    """`event` with its Phrases (errors.Phrase) in `style`'s words; an output
+    line (the hot path, and never one) as it is."""
+    return event if isinstance(event, OutputLine) else restyled(event, style)
+
+
 class EventSink(Protocol):
     def emit(self, event: Event) -> None: ...
 
@@ -188,11 +195,13 @@ class JsonLinesSink(_PipeWriter):
     def __init__(self, stream: IO[str], *, output: bool = True) -> None:
         self.stream = stream
         self.output = output
+        self.style: Style = API_STYLE  # whose words its messages are in (the CLI sets its own)
         self._lock = threading.Lock()
 
     def emit(self, event: Event) -> None:
         if not self.output and isinstance(event, OutputLine):
             return
+        event = in_words(event, self.style)
         with self._lock:
             self._put(self.stream, json.dumps(event.to_dict(), default=str) + "\n")
 
@@ -216,9 +225,10 @@ class PlainSink(_PipeWriter):
         self.seen = SeenErrors()
         # False when the command reports connect failures itself (`cvs status`).
         self.connect_failures = True
+        self.style: Style = API_STYLE  # whose words its messages are in (the CLI sets its own)
 
     def emit(self, event: Event) -> None:
-        line = self.render(event)
+        line = self.render(in_words(event, self.style))
         if line is not None:
             if isinstance(event, OutputLine):
                 self._put(self.stream, line + "\n")

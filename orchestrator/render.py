@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.config.hostlist import compress_hostlist
+from orchestrator.errors import API_STYLE, Style
 from orchestrator.errortext import SeenErrors, fold_errors
 from orchestrator.events import (
     CommandFinished,
@@ -26,6 +27,7 @@ from orchestrator.events import (
     HostStep,
     Message,
     OutputLine,
+    in_words,
 )
 from orchestrator.results import HostResult
 
@@ -128,6 +130,7 @@ class RichSink:
         self.seen = SeenErrors()
         # False when the command reports connect failures itself (`cvs status`).
         self.connect_failures = True
+        self.style: Style = API_STYLE  # whose words its messages are in (the CLI sets its own)
         self.redraws = 0
         self._inline = self.err.is_terminal and self.console.is_terminal
         self._lock = threading.RLock()
@@ -172,6 +175,7 @@ class RichSink:
                 self.err.print(text)
 
     def emit(self, event: Event) -> None:
+        event = in_words(event, self.style)
         with self._lock:
             self._emit(event)
 

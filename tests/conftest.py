@@ -33,6 +33,14 @@ from orchestrator.sandbox import Sandbox, sandbox_down, sandbox_up
 SANDBOX_FIXTURES = {"sandbox", "egress_sandbox", "make_sandbox", "breakable", "faulty"}
 REQUIRED_TOOLS = ("ip", "nsenter", "dockerd", "sshd", "debootstrap", "ssh", "sudo")
 
+# The pytests these tests start (`cvs run`'s child, plain pytest in a temporary
+# directory) run small suites that never use hypothesis, a test dependency
+# whose pytest plugin costs each of them about a second of CPU at start (most
+# of what such a test spends). They inherit this; our own session has read it.
+os.environ["PYTEST_ADDOPTS"] = " ".join(
+    filter(None, [os.environ.get("PYTEST_ADDOPTS"), "-p no:hypothesispytest"])
+)
+
 
 def _skip_reason() -> str | None:
     if os.geteuid() != 0:
@@ -48,6 +56,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if SANDBOX_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.sandbox)
+
+
+@pytest.fixture(autouse=True)
+def _no_sandbox_without_the_mark(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`-m "not sandbox"` builds no sandbox: a test without the mark that starts
+    building one (sandbox_up, past its argument checks) fails at once, saying
+    so, before anything is created."""
+    if request.node.get_closest_marker("sandbox") is not None:
+        return
+    from orchestrator.sandbox import core
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(
+            f"{request.node.nodeid} builds a sandbox without the sandbox mark: take it "
+            f"from a sandbox fixture ({', '.join(sorted(SANDBOX_FIXTURES))}) or mark the test"
+        )
+
+    monkeypatch.setattr(core, "_new_sandbox", refuse)
 
 
 def _sigterm_as_interrupt(signum: int, frame: object) -> None:

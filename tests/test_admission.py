@@ -68,8 +68,10 @@ def test_a_timeout_of_the_next_round_halves_it_again() -> None:
 def test_dead_hosts_beside_fast_ones_do_not_shrink_the_window() -> None:
     # Half the fleet times out (hosts down, sshds hung), the other half
     # connects in 50 ms: our side is not overloaded, the window must not
-    # drop to its minimum (5000 hosts x 10 s / 4 would take hours).
-    window = AimdWindow(connect_timeout=10, initial=64)
+    # drop to its minimum (5000 hosts x 10 s / 4 would take hours). A
+    # 5000-host fleet's window (not the default 100 000): the rounds are as
+    # many, each of them fleet-sized rather than a hundred thousand handshakes.
+    window = AimdWindow(connect_timeout=10, initial=64, maximum=5000)
     for _ in range(20):
         tickets = fill(window)
         for n, t in enumerate(tickets):
@@ -105,7 +107,7 @@ def test_a_far_away_fleet_is_not_mistaken_for_a_loaded_coordinator() -> None:
     # Every handshake takes 3 s (a slow WAN) with connect_timeout 10: the
     # threshold follows the fastest handshake seen, and the window grows.
     assert slow_threshold(10, 3.0) == 9.0
-    window = AimdWindow(connect_timeout=10, initial=4)
+    window = AimdWindow(connect_timeout=10, initial=4, maximum=5000)  # a 5000-host fleet
     for _ in range(20):
         tickets = fill(window)
         for t in tickets:

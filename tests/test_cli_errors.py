@@ -14,7 +14,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from clitools import cvs_on, last_json
+from clitools import cvs_in_process, last_json
 
 from orchestrator.cli import _first_expected, _report, main
 from orchestrator.errors import CvsError, ExitCode, PolicyRefused, UsageError
@@ -24,11 +24,12 @@ from orchestrator.ssh.fanout import fan_out
 def cvs_with_file(
     tmp_path: Path, cluster: str | None, *args: str
 ) -> subprocess.CompletedProcess[str]:
-    """`cvs -c tmp_path/cluster.yaml args...`, the file written first unless `cluster` is None."""
+    """`cvs -c tmp_path/cluster.yaml args...`, the file written first unless
+    `cluster` is None (in this process: these fail before any host is contacted)."""
     path = tmp_path / "cluster.yaml"
     if cluster is not None:
         path.write_text(cluster)
-    return cvs_on(path, *args, timeout=60)
+    return cvs_in_process(*args, cluster=path)
 
 
 def one_line(proc: subprocess.CompletedProcess[str], code: int, *fragments: str) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from clitools import cvs_in_process
 from suitetools import cluster_variant, cvs, write_suite
 
 from orchestrator.sandbox import Sandbox
@@ -74,7 +75,7 @@ def test_cp_json_follows_the_schema(cluster: Path) -> None:
 
 
 def test_a_missing_cluster_file_is_a_json_error_line(tmp_path: Path) -> None:
-    proc = cvs("status", "-c", str(tmp_path / "absent.yaml"), "--json", cwd=tmp_path)
+    proc = cvs_in_process("status", "-c", str(tmp_path / "absent.yaml"), "--json", cwd=tmp_path)
     assert proc.returncode == 2
     _, result = checked_lines(proc.stdout)
     assert result["ok"] is False and "absent.yaml" in result["error"]

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clitools import cvs as run_cvs
+from clitools import cvs_in_process
 
 from orchestrator.config import ConfigError, cvs_import_notes, load_cluster
 
@@ -186,7 +186,7 @@ def test_disabled_or_baremetal_container_block_is_ignored_with_a_note(tmp_path: 
 
 def test_validate_notes_cvs_defaults_and_the_tightening_yaml(tmp_path: Path) -> None:
     path = write(tmp_path, CONTAINER)
-    proc = run_cvs("validate", "-c", str(path), "--no-check-files", ci=False, timeout=60)
+    proc = cvs_in_process("validate", "-c", str(path), "--no-check-files", ci=False)
     assert proc.returncode == 0, proc.stderr
     assert "note: CVS runtime defaults in effect" in proc.stderr
     assert "SYS_ADMIN" in proc.stderr and "privileged" in proc.stderr

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clitools import CVS, json_lines
+from clitools import CVS, cvs_in_process, json_lines
 from exectools import (
     CLI_ENV,
     NODES,
@@ -214,7 +214,7 @@ def test_ctrl_c_exits_130_promptly_and_stops_remote_commands(sandbox: Sandbox) -
 
 
 def test_validate_cvs_format_sample_shows_its_hosts() -> None:
-    proc = cvs("validate", "-c", "cluster_samples/cvs_cluster.json", "--no-check-files")
+    proc = cvs_in_process("validate", "-c", "cluster_samples/cvs_cluster.json", "--no-check-files")
     assert proc.returncode == 0, proc.stderr
     for address in ("10.0.0.1", "10.0.0.2", "10.0.0.3"):
         assert address in proc.stdout
@@ -243,7 +243,7 @@ def test_validate_malformed_file_exits_2_with_one_line(
 ) -> None:
     path = tmp_path / "cluster.yaml"
     path.write_text(text)
-    proc = cvs("validate", "-c", str(path))
+    proc = cvs_in_process("validate", "-c", str(path))
     assert proc.returncode == 2
     assert proc.stdout == ""
     lines = proc.stderr.splitlines()

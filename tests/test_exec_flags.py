@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from clitools import cvs as run_cvs
+from clitools import cvs_in_process
 from pydantic import ValidationError
 
 from orchestrator.containers.exec import container_command
@@ -61,6 +61,6 @@ def test_bad_exec_flags_are_usage_errors(tmp_path: Path, args: list[str], messag
     path = tmp_path / "c.yaml"
     # 192.0.2.1 never answers: the error must come before any connection.
     path.write_text("hosts: [{name: h, address: 192.0.2.1}]\ncontainer: {image: x}\n")
-    proc = run_cvs("exec", *args, "--", "true", cluster=path, ci=False, timeout=60)
+    proc = cvs_in_process("exec", *args, "--", "true", cluster=path, ci=False)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr

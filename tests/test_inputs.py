@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from clitools import cvs_on
+from clitools import cvs_in_process
 
 from orchestrator.config import ConfigError
 from orchestrator.suites.model import parse_suite
@@ -21,10 +21,11 @@ CLUSTER = "hosts: [{name: a, address: 192.0.2.1}]\ncontainer: {image: x, lifetim
 
 
 def cvs_in(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """`cvs` in tmp_path on a cluster file naming a host nobody contacts."""
+    """`cvs` in tmp_path on a cluster file naming a host nobody contacts (in this
+    process: what is checked here is decided before any host is)."""
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(CLUSTER)
-    return cvs_on(cluster, *args, cwd=tmp_path, timeout=60)
+    return cvs_in_process(*args, cluster=cluster, cwd=tmp_path)
 
 
 def assert_one_line_exit_2(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:

@@ -9,11 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from plan_states import CLUSTER, IMG_A, IMG_B, OTHER_SHA, SHA, cfg, host, kinds, states
 
-from orchestrator.cli.common import cli_reasons
+from orchestrator.cli.common import cli_reasons, cli_text
 from orchestrator.config import ContainerConfig
 from orchestrator.containers.docker import LABEL_CONFIG_HASH, managed_labels
 from orchestrator.containers.plan import (
-    REBUILD_COMMAND,
     check_tag_identity,
     decide_down,
     decide_plan,
@@ -21,6 +20,7 @@ from orchestrator.containers.plan import (
 from orchestrator.containers.probe import HostState
 
 REBUILD = "`cvs down --force && cvs up`"  # the way out, as the CLI shows it
+API_REBUILD = "`down(force=True)` then `up()`"  # the same, as a Python caller reads it
 
 
 # --- the lifetime table, row by row ------------------------------------------
@@ -184,14 +184,16 @@ def test_stale_container_warns_with_rebuild_command_and_attaches() -> None:
     assert not plan.refused
     assert kinds(plan) == {"h1": "attach", "h2": "attach"}
     (warning,) = plan.warnings
-    assert "stale" in warning and "h1, h2" in warning and REBUILD_COMMAND in warning
+    assert "stale" in warning and "h1, h2" in warning and API_REBUILD in warning
     assert "bbbbbbbbbbbb" in warning
+    assert REBUILD in cli_text(warning) and "force=True" not in cli_text(warning)
 
 
 def test_stale_under_no_launch_does_not_suggest_cvs_rebuild() -> None:
     plan = decide_plan(cfg("no_launch"), states(host("h1", R, tag=IMG_B)))
     assert not plan.refused
-    assert "stale" in plan.warnings[0] and REBUILD_COMMAND not in plan.warnings[0]
+    assert "stale" in plan.warnings[0] and API_REBUILD not in plan.warnings[0]
+    assert REBUILD not in cli_text(plan.warnings[0])
 
 
 def test_tag_check_waits_for_the_pull_when_pull_is_always() -> None:
@@ -267,7 +269,8 @@ def test_attach_with_other_script_warns_and_leaves_it() -> None:
     assert not any(a.provision for a in plan.actions.values())
     (warning,) = plan.warnings
     assert "provisioned with 222222222222" in warning and "config says 111111111111" in warning
-    assert "cvs up --reprovision" in warning and "h1" in warning and "h2" not in warning
+    assert "`up(reprovision=True)`" in warning and "h1" in warning and "h2" not in warning
+    assert "`cvs up --reprovision`" in cli_text(warning)
 
 
 def test_reprovision_runs_the_script_on_every_kept_container() -> None:
@@ -361,7 +364,8 @@ def test_down(lifetime: str, force: bool, expect: dict[str, str]) -> None:
 
 def test_down_keeps_foreign_and_says_how_to_remove_it() -> None:
     plan = decide_down(cfg("per_run"), states(host("h1", R, ours=False)))
-    assert any("--force" in w and "h1" in w for w in plan.warnings)
+    assert any("`down(force=True)` removes it" in w and "h1" in w for w in plan.warnings)
+    assert any("`cvs down --force` removes it" in cli_text(w) for w in plan.warnings)
 
 
 def test_down_skips_unknown_hosts_and_reports_them() -> None:
@@ -510,7 +514,8 @@ def test_down_leftovers_name_unknown_and_failed_hosts_and_how_to_finish() -> Non
     )
     assert set(left) == {"h2", "h3"}
     assert "may still be there" in left["h2"] and "connection refused" in left["h2"]
-    assert "rerun `cvs down --force`" in left["h2"]
+    assert "rerun `down(force=True)`" in left["h2"]
+    assert "rerun `cvs down --force`" in cli_text(left["h2"])
     assert "removing it failed (dockerd gone)" in left["h3"]
 
 
@@ -527,4 +532,5 @@ def test_down_leftovers_list_kept_containers_with_the_reason() -> None:
 
     plan = decide_down(cfg("persistent"), states(host("h1", R)))
     (text,) = down_leftovers(cfg("persistent"), plan, {}, force=False).values()
-    assert "kept" in text and "--force" in text
+    assert "kept" in text and "`down(force=True)` removes" in text
+    assert "`cvs down --force` removes" in cli_text(text)

@@ -73,9 +73,8 @@ def test_a_conftest_registering_cvs_options_keeps_them_with_our_plugin_loaded(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 passed" in proc.stdout
-    assert "cvs-orchestrator" in _pytest(tmp_path, "--version", "--version").stdout + (
-        _pytest(tmp_path, "--version", "--version").stderr
-    )
+    version = _pytest(tmp_path, "--version", "--version")
+    assert "cvs-orchestrator" in version.stdout + version.stderr
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestDeprecationWarning")  # Parser() is private

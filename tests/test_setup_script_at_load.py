@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from clitools import cvs as run_cvs
+from clitools import cvs_in_process
 
 from orchestrator.config import ConfigError, load_cluster
 from orchestrator.config import loader as config_loader
@@ -29,7 +29,7 @@ def cluster_file(tmp_path: Path, script: str | None) -> Path:
 def test_missing_setup_script_is_exit_2_before_any_host_is_contacted(tmp_path: Path) -> None:
     path = cluster_file(tmp_path, "gone.sh")
     started = time.monotonic()
-    proc = run_cvs("up", "-c", str(path), ci=False, timeout=60)
+    proc = cvs_in_process("up", "-c", str(path), ci=False)
     assert proc.returncode == 2, proc.stderr
     assert time.monotonic() - started < 20  # no connection attempt (it would take 30 s)
     lines = proc.stderr.strip().splitlines()

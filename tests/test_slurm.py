@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from clitools import cvs as run_cvs
+from clitools import cvs_in_process
 
 from orchestrator.config import ConfigError, load_cluster
 from orchestrator.config.slurm import slurm_hosts
@@ -64,7 +64,7 @@ def test_bad_nodelist_names_the_variable(tmp_path: Path) -> None:
 
 def _cvs(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    return run_cvs(*args, base_env=full, env=env, ci=False, timeout=60)
+    return cvs_in_process(*args, base_env=full, env=env, ci=False)
 
 
 def test_cli_hosts_from_slurm_inside_an_allocation(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from browser import browser_skip_reason, open_page
-from clitools import CVS, REPO
+from clitools import CVS, REPO, cvs_in_process
 from suitetools import (
     NODES,
     cluster_variant,
@@ -304,7 +304,7 @@ def test_pytest_plugin_example_runs_against_the_sandbox(
 )
 def test_malformed_suite_exits_2_with_one_line(tmp_path: Path, text: str, expected: str) -> None:
     (tmp_path / "bad.yaml").write_text(text)
-    proc = cvs("run", "-c", "/nonexistent/cluster.yaml", "./bad.yaml", cwd=tmp_path)
+    proc = cvs_in_process("run", "-c", "/nonexistent/cluster.yaml", "./bad.yaml", cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stdout == ""
     lines = proc.stderr.splitlines()
@@ -312,7 +312,7 @@ def test_malformed_suite_exits_2_with_one_line(tmp_path: Path, text: str, expect
 
 
 def test_unknown_suite_name_exits_2_naming_where_it_looked(tmp_path: Path) -> None:
-    proc = cvs("run", "-c", "/nonexistent/cluster.yaml", "no_such_suite", cwd=tmp_path)
+    proc = cvs_in_process("run", "-c", "/nonexistent/cluster.yaml", "no_such_suite", cwd=tmp_path)
     assert proc.returncode == 2
     (line,) = proc.stderr.splitlines()
     assert "unknown suite 'no_such_suite': looked in " in line
@@ -322,7 +322,7 @@ def test_unknown_suite_name_exits_2_naming_where_it_looked(tmp_path: Path) -> No
 def test_run_list_shows_names_descriptions_and_sources(tmp_path: Path) -> None:
     (tmp_path / "suites").mkdir()
     write_suite(tmp_path / "suites", "mine", [{"name": "a", "run": "true"}])
-    proc = cvs("run", "--list", cwd=tmp_path)
+    proc = cvs_in_process("run", "--list", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     rows = {line.split()[0]: line for line in proc.stdout.splitlines()[1:]}
     assert {"mine", "install_demo", "test_demo"} <= set(rows)

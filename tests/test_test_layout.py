@@ -8,7 +8,13 @@ live in non-test modules (clitools.py, conftest.py, ...).
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import SandboxError
+from orchestrator.sandbox import sandbox_up
 
 TESTS = Path(__file__).resolve().parent
 TEST_MODULES = {p.stem for p in TESTS.glob("test_*.py")}
@@ -65,6 +71,18 @@ def test_the_check_sees_both_import_spellings(tmp_path: Path) -> None:
     sample = tmp_path / "test_sample.py"
     sample.write_text("from test_lifecycle import cvs\nimport tests.test_exec_cli\n")
     assert imported_test_modules(sample) == {"test_lifecycle", "test_exec_cli"}
+
+
+def test_a_test_without_the_sandbox_mark_cannot_build_one(tmp_path: Path) -> None:
+    # conftest's guard: the fast subset (`-m "not sandbox"`) builds no sandbox.
+    if os.geteuid() != 0:
+        pytest.skip("sandbox_up refuses non-root before it would build anything")
+    try:
+        with pytest.raises(AssertionError, match="builds a sandbox without the sandbox mark"):
+            sandbox_up(tmp_path / "sb", hosts=1)
+    except SandboxError as exc:  # this machine lacks a tool: it stops before building too
+        pytest.skip(str(exc))
+    assert not any((tmp_path / "sb").glob("*"))
 
 
 def test_no_test_module_spells_the_cli_command_itself() -> None:

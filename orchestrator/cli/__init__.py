@@ -102,11 +102,14 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
         return print_refusal(args, exc)
     except CvsError as exc:
-        sys.stderr.write(f"cvs: {exc}\n")
+        from orchestrator.cli.common import cli_message
+
+        message = cli_message(exc)
+        sys.stderr.write(f"cvs: {message}\n")
         if args.json:
             from orchestrator.cli.common import write_json_result
 
-            write_json_result(args, ok=False, exit_code=exc.exit_code, error=str(exc))
+            write_json_result(args, ok=False, exit_code=exc.exit_code, error=message)
         return exc.exit_code
     except BaseExceptionGroup as group:
         # A task group (per-host fan-out) wraps what the hosts' tasks raised: the
@@ -207,7 +210,9 @@ def _report(exc: BaseException, args: argparse.Namespace | None = None) -> int:
     if isinstance(exc, KeyboardInterrupt):
         message, code = "interrupted", ExitCode.INTERRUPTED
     elif isinstance(exc, CvsError):
-        message, code = str(exc), exc.exit_code
+        from orchestrator.cli.common import cli_message
+
+        message, code = cli_message(exc), exc.exit_code
     else:
         assert isinstance(exc, OSError)
         where = f": {exc.filename}" if exc.filename else ""

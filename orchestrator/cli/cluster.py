@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from orchestrator.cli.common import (
+    CLI_STYLE,
     chosen_hosts,
     cli_reasons,
     cluster_path,
@@ -24,7 +25,7 @@ from orchestrator.cli.common import (
     write_json_result,
 )
 from orchestrator.containers.exec import NOT_RUNNING_EXIT
-from orchestrator.errors import ExitCode, UsageError
+from orchestrator.errors import ExitCode, UsageError, restyled
 from orchestrator.events import wants_plain
 from orchestrator.results import HostResult, exit_code_for
 
@@ -101,7 +102,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if results is None:
         sys.stderr.write("cvs: stdout closed by its reader: remote commands stopped\n")
         return ExitCode.INTERRUPTED
-    results = {h: _with_the_way_out(r) for h, r in results.items()}
+    results = {h: _with_the_way_out(r) for h, r in restyled(results, CLI_STYLE).items()}
     code = exit_code_for(list(results.values()))
     if args.json:
         print_json_summary(args, results, code)
@@ -308,6 +309,7 @@ def cmd_down(args: argparse.Namespace) -> int:
         {h: (r.ok, r.error or r.status) for h, r in results.items()},
         force=args.force,
     )
+    left = restyled(left, CLI_STYLE)
     if args.json:
         write_json_result(
             args,

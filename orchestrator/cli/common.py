@@ -13,7 +13,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
-from orchestrator.errors import Call, ExitCode, Option, PolicyRefused, Refusal, UsageError
+from orchestrator.errors import (
+    Call,
+    ExitCode,
+    Option,
+    Param,
+    PolicyRefused,
+    Refusal,
+    UsageError,
+    restyled,
+    say,
+)
 from orchestrator.events import EventSink, JsonLinesSink, PlainSink, wants_plain
 from orchestrator.results import HostResult
 
@@ -77,7 +87,7 @@ def chosen_hosts(cluster: Any, args: argparse.Namespace) -> list[str]:
         try:
             dropped.update(select_hosts(cluster, part))
         except UsageError as exc:
-            raise UsageError(str(exc).replace("--hosts", "--exclude", 1)) from None
+            raise UsageError(cli_message(exc).replace("--hosts", "--exclude", 1)) from None
     left = [h for h in hosts if h not in dropped]
     if not left:
         raise UsageError(f"--exclude {exclude!r} leaves no host (selected: {len(hosts)})")
@@ -90,7 +100,9 @@ def make_sink(args: argparse.Namespace, *, output: bool = True, cluster: Any = N
     messages go to stderr either way). With `cluster`, the text sinks know the
     hosts' addresses, so an error naming them prints once, not once per host."""
     if args.json:
-        return JsonLinesSink(sys.stdout, output=output)
+        json_sink = JsonLinesSink(sys.stdout, output=output)
+        json_sink.style = CLI_STYLE
+        return json_sink
     sink: PlainSink | Any
     if wants_plain(sys.stdout):
         sink = PlainSink(verbose=args.verbose, output=output)
@@ -98,6 +110,7 @@ def make_sink(args: argparse.Namespace, *, output: bool = True, cluster: Any = N
         from orchestrator.render import RichSink
 
         sink = RichSink(verbose=args.verbose, output=output)
+    sink.style = CLI_STYLE
     if cluster is not None:
         sink.seen.aliases = host_aliases(cluster)
     return sink
@@ -127,6 +140,7 @@ def write_json_result(
         "error": error,
         **fields,
     }
+    doc = restyled(doc, CLI_STYLE)
     sys.stdout.write(json.dumps(doc, default=str) + "\n")
     sys.stdout.flush()
 
@@ -181,7 +195,8 @@ def run_with_cluster(
 
     async def main() -> _T:
         async with Cluster.open(cluster_cfg, sink=sink) as cluster:
-            return await work(cluster)
+            # What the API hands back, in the CLI's words from here on.
+            return restyled(await work(cluster), CLI_STYLE)
 
     try:
         import anyio
@@ -239,18 +254,36 @@ async def _cancel_when_reader_leaves(scope: Any) -> None:
 
 # --- refusals, as the CLI says them ----------------------------------------------
 
-# The API keyword each flag sets (errors.Option): what a refusal's ways out are
-# rendered as here. A keyword without a flag never reaches a refusal.
+# The API keyword each flag sets (errors.Option): what a refusal's ways out,
+# and any errors.Phrase, are rendered as here. A keyword without a flag never
+# reaches one (tests/test_cli_words.py checks every one the core names).
 _FLAGS: dict[tuple[str, bool], str] = {
     ("force", True): "--force",
     ("adopt", True): "--adopt",
     ("reprovision", True): "--reprovision",
     ("wait", False): "--no-wait",
 }
+# The API parameter each flag gives a value to (errors.Param).
+_PARAMS: dict[str, str] = {
+    "hosts": "--hosts",
+    "hosts_from": "--hosts-from",
+    "run_dir": "--run-dir",
+}
 
 
 class CliStyle:
-    """Refusals' options as flags and their calls as `cvs` commands (errors.Style)."""
+    """Options as flags, parameters as the flags that set them and calls as
+    `cvs` commands (errors.Style): refusals, warnings, reasons, messages."""
+
+    def option(self, option: Option) -> str:
+        flag = _FLAGS.get((option.name, option.value))
+        if flag is None:  # the flag that turns it off, said as "without"
+            off = _FLAGS.get((option.name, not option.value))
+            return f"without {off}" if off else f"{option.name}={option.value}"
+        return flag
+
+    def param(self, param: Param) -> str:
+        return _PARAMS.get(param.name, param.name)
 
     def again(self, options: Sequence[Option]) -> str:
         on = [_FLAGS[(o.name, o.value)] for o in options if (o.name, o.value) in _FLAGS]
@@ -268,6 +301,18 @@ class CliStyle:
 
 
 CLI_STYLE = CliStyle()
+
+
+def cli_text(text: str) -> str:
+    """A message from below the CLI (a plain str, or an errors.Phrase) in its words."""
+    return say(text, CLI_STYLE)
+
+
+def cli_message(exc: BaseException) -> str:
+    """An error's one line in the CLI's words (its message may be an errors.Phrase)."""
+    if len(exc.args) == 1 and isinstance(exc.args[0], str):
+        return cli_text(exc.args[0])
+    return str(exc)
 
 
 def cli_reasons(refusals: Sequence[Refusal]) -> list[str]:

@@ -11,9 +11,16 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from orchestrator.cli.common import chosen_hosts, load, make_sink, print_json_summary
-from orchestrator.errors import UsageError
-from orchestrator.events import PlainSink, wants_plain
+from orchestrator.cli.common import (
+    CLI_STYLE,
+    chosen_hosts,
+    cli_message,
+    load,
+    make_sink,
+    print_json_summary,
+)
+from orchestrator.errors import UsageError, restyled
+from orchestrator.events import EventSink, PlainSink, wants_plain
 from orchestrator.results import HostResult, exit_code_for
 
 if TYPE_CHECKING:
@@ -67,7 +74,13 @@ def cmd_cp(args: argparse.Namespace) -> int:
     show = not args.json and not wants_plain(sys.stderr)
     # The progress bar is the live view: a second live display (the rich sink's
     # host rows) would fight it for the terminal, so only lines go beside it.
-    sink = PlainSink(output=False) if show else make_sink(args, output=False)
+    sink: EventSink
+    if show:
+        plain = PlainSink(output=False)
+        plain.style = CLI_STYLE
+        sink = plain
+    else:
+        sink = make_sink(args, output=False)
     payload = None
     try:
         if not args.from_host:
@@ -100,9 +113,9 @@ def cmd_cp(args: argparse.Namespace) -> int:
                         progress=bar,
                     )
 
-        results = anyio.run(main)
+        results = restyled(anyio.run(main), CLI_STYLE)
     except CopyError as exc:
-        raise UsageError(f"cvs cp: {exc}") from None
+        raise UsageError(f"cvs cp: {cli_message(exc)}") from None
     finally:
         sink.close()
         if payload is not None:

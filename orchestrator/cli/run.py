@@ -18,13 +18,14 @@ from typing import IO, TypedDict
 import anyio
 
 from orchestrator.cli.common import (
+    CLI_STYLE,
     cluster_path,
     load,
     make_sink,
     while_stdout_is_read,
     write_json_result,
 )
-from orchestrator.errors import ExitCode, UsageError
+from orchestrator.errors import ExitCode, UsageError, restyled
 from orchestrator.events import TeeSink
 from orchestrator.suites.model import SHIPPED_PACKAGE, find_suite, list_suites, load_suite
 from orchestrator.suites.records import RunOutcome, RunRecorder, default_run_dir, results_document
@@ -35,7 +36,6 @@ from orchestrator.suites.report import (
     summary_rows,
     verdict,
 )
-from orchestrator.suites.runner import new_outcome, resolve_step_hosts, run_suite
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -67,6 +67,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     if not args.suite:
         raise UsageError("cvs run: name a suite (cvs run SUITE), or list them with cvs run --list")
+    # Only a suite run needs the SSH stack (`cvs run TEST` hands over to pytest,
+    # `--list` reads files): imported here, a third of a second off the others.
+    from orchestrator.suites.runner import new_outcome, resolve_step_hosts, run_suite
+
     ref = find_suite(args.suite)
     suite = load_suite(ref.path)
     cluster_file = Path(os.path.abspath(cluster_path(args)))
@@ -77,6 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         recorder = RunRecorder.create(default_run_dir(suite.name), unique=True)
     outcome = new_outcome(suite, cluster, str(cluster_file))
+    recorder.style = CLI_STYLE  # the record in the words of whoever ran it
     screen = make_sink(args, cluster=cluster)
     sink = TeeSink(screen, recorder.events_sink())
 
@@ -117,7 +122,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             doc["error"] = str(recorder.failure)
         write_json_result(args, **doc)
     else:
-        print_report(outcome, recorder, sys.stdout)
+        print_report(restyled(outcome, CLI_STYLE), recorder, sys.stdout)
     if recorder.failure is not None:
         sys.stderr.write(f"cvs: {recorder.failure}\n")
     return outcome.exit_code

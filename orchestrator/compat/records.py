@@ -32,9 +32,9 @@ from orchestrator.suites.records import (
     RunRecorder,
     StepHostOutcome,
     StepOutcome,
+    plan_rows,
     results_document,
 )
-from orchestrator.suites.runner import plan_rows
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 

@@ -25,6 +25,7 @@ from orchestrator.config.gpu_devices import gpu_subset_problems
 from orchestrator.config.hostlist import HostlistError, expand_hostlist
 from orchestrator.config.model import ClusterConfig, ContainerConfig, HostSpec
 from orchestrator.config.slurm import HOST_SOURCES, slurm_hosts
+from orchestrator.errors import Param, Phrase
 
 # ---- hosts -----------------------------------------------------------------
 
@@ -96,8 +97,9 @@ def _hosts_from_source(
 ) -> dict[str, Any]:
     """`hosts: {from: slurm}` (or `--hosts-from slurm`): the host names of the allocation."""
     raw = data.get("hosts")
+    where: str
     if hosts_from is not None:
-        where = f"--hosts-from {hosts_from}"
+        where = Phrase(Param("hosts_from"), f" {hosts_from}")
     elif isinstance(raw, dict) and "name" not in raw:
         extra = sorted(str(k) for k in raw if k != "from")
         if extra:
@@ -112,7 +114,10 @@ def _hosts_from_source(
         return data
     if hosts_from not in HOST_SOURCES:
         raise ConfigError(
-            f"--hosts-from {hosts_from!r}: unknown host source (known: {', '.join(HOST_SOURCES)})"
+            Phrase(
+                Param("hosts_from"),
+                f" {hosts_from!r}: unknown host source (known: {', '.join(HOST_SOURCES)})",
+            )
         )
     return {**data, "hosts": slurm_hosts(env, where=where)}
 
@@ -275,7 +280,7 @@ def cluster_from_data(
                 # A CVS file cannot drop CVS's default devices (lists only append).
                 message += (
                     " (CVS's runtime defaults include privileged and /dev/dri: use the native "
-                    "format, which `cvs validate` prints, to hold a GPU subset)"
+                    "format to hold a GPU subset)"
                 )
             raise ConfigError(located.error(key, message))
     return _resolve_paths(cluster, base_dir, located, check_files)

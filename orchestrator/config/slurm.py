@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from orchestrator.config.documents import ConfigError
 from orchestrator.config.hostlist import HostlistError, expand_hostlist, split_patterns
+from orchestrator.errors import Phrase
 
 # SLURM_NODELIST is the older name; both are set inside allocations today.
 NODELIST_VARIABLES = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
@@ -35,9 +36,12 @@ def slurm_hosts(env: Mapping[str, str], *, where: str) -> list[str]:
     found = slurm_nodelist(env)
     if found is None:
         raise ConfigError(
-            f"{where}: hosts come from Slurm, but SLURM_JOB_NODELIST is not set: run cvs "
-            "inside an allocation (salloc -N2 cvs ..., or in an sbatch script), or list hosts "
-            "in the cluster file"
+            Phrase(
+                where,
+                ": hosts come from Slurm, but SLURM_JOB_NODELIST is not set: run cvs "
+                "inside an allocation (salloc -N2 cvs ..., or in an sbatch script), or list "
+                "hosts in the cluster file",
+            )
         )
     variable, value = found
     names: list[str] = []
@@ -45,5 +49,7 @@ def slurm_hosts(env: Mapping[str, str], *, where: str) -> list[str]:
         for part in split_patterns(value):
             names.extend(expand_hostlist(part))
     except HostlistError as exc:
-        raise ConfigError(f"{where}: {variable}={value!r} is not a hostlist: {exc}") from None
+        raise ConfigError(
+            Phrase(where, f": {variable}={value!r} is not a hostlist: {exc}")
+        ) from None
     return list(dict.fromkeys(names))  # a node named twice is one host

@@ -27,6 +27,7 @@ from datetime import datetime
 
 from orchestrator import remote
 from orchestrator.containers.docker import validate_container_name
+from orchestrator.errors import Call, Phrase
 from orchestrator.remote.runtime import ContainerRuntime, runtime_hung
 from orchestrator.results import HostResult
 
@@ -144,9 +145,11 @@ def container_cause(
         if "no such container" in facts.error.lower():
             return "the container was removed while the command ran"
         if _DAEMON_GONE_RE.search(facts.error):
-            return (
+            return Phrase(
                 f"the container runtime went away: {runtime} on this host does not answer "
-                f"({facts.error}); `cvs status` tells when it is back"
+                f"({facts.error}); ",
+                Call("status"),
+                " tells when it is back",
             )
         return f"{runtime} could not say what happened to the container ({facts.error})"
     began = None if facts.now is None else facts.now - elapsed - _SLACK_SECONDS
@@ -160,9 +163,11 @@ def container_cause(
         if facts.finished_at is not None and began is not None and facts.finished_at >= began:
             when = " while the command ran"
         code = "" if facts.exit_code is None else f", its main process exited {facts.exit_code}"
-        return (
+        return Phrase(
             f"the container stopped{when} (now {facts.status}{code}; a runtime restart or "
-            "a host reboot does this): `cvs up` starts it again, keeping its overlay"
+            "a host reboot does this): ",
+            Call("up"),
+            " starts it again, keeping its overlay",
         )
     if facts.started_at is not None and began is not None and facts.started_at >= began:
         return (
@@ -178,7 +183,7 @@ def with_cause(result: HostResult, cause: str | None) -> HostResult:
     if cause is None:
         return result
     base = result.error or result.status
-    return replace(result, error=f"{base}: {cause}")
+    return replace(result, error=Phrase(base, ": ", cause))
 
 
 def hung_cause(seconds: float, runtime: str = "docker") -> str:

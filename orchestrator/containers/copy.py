@@ -360,7 +360,7 @@ async def gather_from_hosts(
     """Fetch the file `src` from every host into `dest_dir/<host>/<name of src>`."""
     name = os.path.basename(src.rstrip("/"))
     if not name or name in (".", "..") or "\n" in src or "\0" in src:
-        raise CopyError(f"--from-host: {src!r} does not name a file")
+        raise CopyError(f"cannot fetch {src!r}: it does not name a file")
     send = remote.argv("copy_send", src)
     limit = timeout if timeout is not None else cluster.ssh.command_timeout
 

@@ -55,6 +55,7 @@ from orchestrator.containers.docker import (
 from orchestrator.containers.drift import limits_drift
 from orchestrator.containers.locks import HostLocks, Mode
 from orchestrator.containers.plan import (
+    DOWN_FORCE,
     HostAction,
     Plan,
     check_tag_identity,
@@ -68,7 +69,7 @@ from orchestrator.containers.provision import (
     ensure_sshd,
     run_setup_script,
 )
-from orchestrator.errors import ExitCode, PolicyRefused, Refusal, UsageError
+from orchestrator.errors import ExitCode, Phrase, PolicyRefused, Refusal, UsageError
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.limits.capacity import fit_to_host
 from orchestrator.limits.cdi import CDIDevice, describe_devices, parse_specs, spec_files, use_cdi
@@ -136,7 +137,7 @@ class HostOutcome:
         self.rolled_back = why
         if self.ok:
             self.ok = False
-            self.error = f"rolled back: {why}"
+            self.error = Phrase("rolled back: ", why)
 
     def hold_back(self, why: str) -> None:
         """Nothing was started here because another host's preparation failed
@@ -897,8 +898,12 @@ class Lifecycle:
                 outcome.roll_back(why)
             else:
                 outcome.roll_back(
-                    f"{why}; removing its container failed ({r.error or r.status}): "
-                    "`cvs down --force` once the host answers"
+                    Phrase(
+                        why,
+                        f"; removing its container failed ({r.error or r.status}): ",
+                        DOWN_FORCE,
+                        " once the host answers",
+                    )
                 )
             self._step(host, "rollback", "ok" if r.ok else "failed", outcome.rolled_back or "")
 

@@ -100,12 +100,13 @@ def lock_command(
     wait: float | None,
     description: str,
     probe: Sequence[str] | None = None,
-    lease: int | None = LEASE_SECONDS,
+    lease: float | None = LEASE_SECONDS,
 ) -> str:
     """The remote command (remote/lock.sh): lock `path` (waiting up to `wait` s,
     None = not at all), run `probe` while holding it, then hold until stdin
     closes, or until no line came on stdin for `lease` seconds (None: no
-    lease; `LeaseRenewer` keeps it). `probe` is a program's argv, `sh -c
+    lease; `LeaseRenewer` keeps it; a fraction of a second is for tests: the
+    host's sleep(1) must take it). `probe` is a program's argv, `sh -c
     PROGRAM $0 ARG…`: it runs in the lock's shell (a subshell; no new process)."""
     seconds = "no" if wait is None else str(max(0, int(wait)))
     flag = "s" if mode == "shared" else "x"
@@ -114,7 +115,8 @@ def lock_command(
         if list(probe[:2]) != ["sh", "-c"] or len(probe) < 4:
             raise ValueError("the program run under the lock must be `sh -c PROGRAM NAME ARG…`")
         then = [probe[2], *probe[4:]]
-    held_for = "none" if lease is None else str(max(1, int(lease)))
+    # 20 stays "20" (what any sleep(1) takes), 0.5 is "0.5"; never 0.
+    held_for = "none" if lease is None else f"{max(0.1, lease):.3f}".rstrip("0").rstrip(".")
     return shlex.join(remote.argv("lock", path, flag, seconds, description, held_for, *then))
 
 

@@ -38,7 +38,7 @@ from orchestrator.containers.docker import (
 )
 from orchestrator.containers.docker import short_id as _short
 from orchestrator.containers.probe import HostState
-from orchestrator.errors import Call, ExitCode, Option, Refusal, WayOut
+from orchestrator.errors import Call, ExitCode, Option, Phrase, Refusal, WayOut
 from orchestrator.limits.capacity import fit_to_host
 from orchestrator.limits.gpus import GPUError, Unsatisfiable, select_gpus
 from orchestrator.limits.resources import EffectiveResources
@@ -56,12 +56,15 @@ RESUMABLE = frozenset({"running", "exited", "paused"})
 ActionKind = Literal["attach", "cold_start", "restart", "replace", "verify", "remove", "none"]
 
 # Remove it everywhere, then start again: the way out of what only a fresh
-# start fixes. A refusal names it as data (errors.Call); the CLI shows it as
-# `cvs down --force && cvs up`, the API as calls.
-REBUILD = (Call("down", (Option("force"),)), Call("up"))
+# start fixes. Refusals and warnings name it as data (errors.Call, in an
+# errors.Phrase); the CLI shows it as `cvs down --force && cvs up`, the API as
+# calls.
+FORCE = Option("force")
+REBUILD = (Call("down", (FORCE,)), Call("up"))
 REBUILD_WAY = WayOut("remove it everywhere and start again", calls=REBUILD)
-# Warnings are still text, in the CLI's words (not yet data like refusals).
-REBUILD_COMMAND = "cvs down --force && cvs up"
+DOWN_FORCE = Call("down", (FORCE,))
+# A container cvs did not start, which only `force` removes.
+FOREIGN = Phrase("foreign (", FORCE, ")")
 
 
 @dataclass(frozen=True)
@@ -244,11 +247,14 @@ def _image_problems(
         fix = (
             "recreate those containers to pick it up (no_launch: cvs does not)"
             if no_launch
-            else f"to rebuild: `{REBUILD_COMMAND}`"
+            else Phrase("to rebuild: ", REBUILD)
         )
         warnings.append(
-            f"stale: {label} on {_names(hosts)} runs {', '.join(sorted(running))} but "
-            f"{cfg.image} now resolves to {_short(tag_id)}; {fix}"
+            Phrase(
+                f"stale: {label} on {_names(hosts)} runs {', '.join(sorted(running))} but "
+                f"{cfg.image} now resolves to {_short(tag_id)}; ",
+                fix,
+            )
         )
     return reasons, warnings
 
@@ -354,9 +360,12 @@ def _provisioning(
             mismatched.append((host, marker))
         else:
             decisions[host] = (False, "provisioned")
-    warnings = [
-        f"{_label(cfg)} on {_names(hosts)} was provisioned with {_short(marker)}, config says "
-        f"{_short(script_sha256)} — run `cvs up --reprovision`"
+    warnings: list[str] = [
+        Phrase(
+            f"{_label(cfg)} on {_names(hosts)} was provisioned with {_short(marker)}, config "
+            f"says {_short(script_sha256)} — run ",
+            Call("up", (Option("reprovision"),)),
+        )
         for marker, hosts in _group(mismatched).items()
     ]
     return decisions, warnings
@@ -373,8 +382,11 @@ def _drift_warning(
     if not drifted:
         return []
     return [
-        f"config drift: {_label(cfg)} on {_names(drifted)} was created from a different "
-        f"container config; to apply the current one: `{REBUILD_COMMAND}`"
+        Phrase(
+            f"config drift: {_label(cfg)} on {_names(drifted)} was created from a different "
+            "container config; to apply the current one: ",
+            REBUILD,
+        )
     ]
 
 
@@ -703,13 +715,13 @@ def _fresh_actions(
     for host, state in states.items():
         if state.container == "absent":
             actions[host] = HostAction(
-                "cold_start", f"{why}: absent, start fresh", provision=True, start_sshd=sshd
+                "cold_start", Phrase(why, ": absent, start fresh"), provision=True, start_sshd=sshd
             )
         else:
-            whose = "our" if ours[host] else "foreign (--force)"
+            whose = "our" if ours[host] else FOREIGN
             actions[host] = HostAction(
                 "replace",
-                f"{why}: remove {whose} {_state_word(state)} container, start fresh",
+                Phrase(why, ": remove ", whose, f" {_state_word(state)} container, start fresh"),
                 remove_first=True,
                 provision=True,
                 start_sshd=sshd,
@@ -738,7 +750,10 @@ def _plan_per_run(
     if reasons:
         return _refusal(cfg, states, ours, reasons, warnings)
     if foreign:
-        warnings = [*warnings, f"--force: replacing foreign containers on {_names(foreign)}"]
+        warnings = [
+            *warnings,
+            Phrase(FORCE, f": replacing foreign containers on {_names(foreign)}"),
+        ]
     actions = _fresh_actions(states, ours, sshd=sshd, why="per_run")
     return Plan(cfg.lifetime, _frozen(actions), warnings=warnings)
 
@@ -809,10 +824,13 @@ def _plan_persistent(
         present = [h for h, s in states.items() if s.container != "absent"]
         warnings = [
             *warnings,
-            f"--force: replacing {label} on {_names(present)} instead of refusing "
-            "(their overlays are lost)",
+            Phrase(
+                FORCE,
+                f": replacing {label} on {_names(present)} instead of refusing "
+                "(their overlays are lost)",
+            ),
         ]
-        actions = _fresh_actions(states, ours, sshd=sshd, why="persistent --force")
+        actions = _fresh_actions(states, ours, sshd=sshd, why=Phrase("persistent ", FORCE))
         return Plan(cfg.lifetime, _frozen(actions), warnings=warnings)
     if common == "absent":
         actions = {
@@ -841,8 +859,11 @@ def _plan_persistent(
     where = "everywhere" if common is not None else "here"
     if adopting:
         warnings.append(
-            f"--adopt: taking over {label} on {_names(adopting)} (not started by cvs); "
-            "ownership is recorded on each host, the container is kept as it is"
+            Phrase(
+                Option("adopt"),
+                f": taking over {label} on {_names(adopting)} (not started by cvs); "
+                "ownership is recorded on each host, the container is kept as it is",
+            )
         )
     actions = {}
     for host, state in states.items():
@@ -902,7 +923,7 @@ def decide_down(
             f"could not tell the state of {label} on {_names(unknown)}; nothing was done there"
         )
     if cfg.lifetime == "no_launch" and force:
-        warnings.append("--force has no effect under no_launch: cvs never removes those")
+        warnings.append(Phrase(FORCE, " has no effect under no_launch: cvs never removes those"))
     kept_foreign: list[str] = []
     kept_persistent: list[str] = []
     for host, state in states.items():
@@ -916,26 +937,40 @@ def decide_down(
         elif cfg.lifetime == "no_launch":
             actions[host] = HostAction("none", "no_launch: cvs never removes containers")
         elif cfg.lifetime == "persistent" and not force:
-            actions[host] = HostAction("none", "persistent: kept (`cvs down --force` removes)")
+            actions[host] = HostAction(
+                "none", Phrase("persistent: kept (", DOWN_FORCE, " removes)")
+            )
         elif cfg.lifetime == "per_run" and state.labels.get(LABEL_LIFETIME) == "persistent":
             actions[host] = HostAction("none", "labelled persistent: a per_run down keeps it")
             kept_persistent.append(host)
         elif ours or force:
-            whose = "our" if ours else "foreign (--force)"
-            actions[host] = HostAction("remove", f"remove {whose} {_state_word(state)} container")
+            whose = "our" if ours else FOREIGN
+            actions[host] = HostAction(
+                "remove", Phrase("remove ", whose, f" {_state_word(state)} container")
+            )
         else:
-            actions[host] = HostAction("none", "not created by cvs: kept (--force removes)")
+            actions[host] = HostAction(
+                "none", Phrase("not created by cvs: kept (", FORCE, " removes)")
+            )
             kept_foreign.append(host)
     if kept_persistent:
         warnings.append(
-            f"{label} on {_names(kept_persistent)} is labelled {LABEL_LIFETIME}=persistent: a "
-            "per_run cluster never removes a persistent container, not even with --force; "
-            "remove it with the persistent cluster's `cvs down --force`"
+            Phrase(
+                f"{label} on {_names(kept_persistent)} is labelled {LABEL_LIFETIME}=persistent: "
+                "a per_run cluster never removes a persistent container, not even with ",
+                FORCE,
+                "; remove it with the persistent cluster's ",
+                DOWN_FORCE,
+            )
         )
     if kept_foreign:
         warnings.append(
-            f"{label} on {_names(kept_foreign)} was not created by cvs for cluster "
-            f"{cluster_name!r}: kept; `cvs down --force` removes it"
+            Phrase(
+                f"{label} on {_names(kept_foreign)} was not created by cvs for cluster "
+                f"{cluster_name!r}: kept; ",
+                DOWN_FORCE,
+                " removes it",
+            )
         )
     return Plan(cfg.lifetime, _frozen(actions), warnings=warnings, unknown_hosts=tuple(unknown))
 
@@ -956,23 +991,27 @@ def down_leftovers(
     `cvs down` (nothing else changes in between) finishes the job there.
     """
     label = _label(cfg)
-    again = "cvs down --force" if force else "cvs down"
+    again = DOWN_FORCE if force else Call("down")
     left: dict[str, str] = {}
     unknown = set(plan.unknown_hosts)
     for host, action in plan.actions.items():
         if host in unknown:
             why = action.reason.removeprefix("state unknown: ")
-            left[host] = (
+            left[host] = Phrase(
                 f"{label} may still be there (state unknown: {why}); nothing was done there: "
-                f"rerun `{again}` once the host is reachable"
+                "rerun ",
+                again,
+                " once the host is reachable",
             )
         elif action.kind == "remove":
             ok, error = removed.get(host, (False, "not attempted"))
             if not ok:
-                left[host] = (
-                    f"{label} is still there: removing it failed ({error or 'failed'}); "
-                    f"rerun `{again}`"
+                left[host] = Phrase(
+                    f"{label} is still there: removing it failed (",
+                    error or "failed",
+                    "); rerun ",
+                    again,
                 )
         elif action.kind == "none" and action.reason != "absent":
-            left[host] = f"{label} kept: {action.reason}"
+            left[host] = Phrase(f"{label} kept: ", action.reason)
     return left

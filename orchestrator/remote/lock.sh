@@ -11,10 +11,11 @@
 # stdin converts the lock (flock converts in place, never blocks here: we hold
 # it exclusively).
 #
-# The lease (issue 22): LEASE seconds ("none": no lease). The coordinator
-# writes a line (`renew`) every few seconds (containers/locks.py,
-# LeaseRenewer); a watcher lets go of the lock when none came for LEASE
-# seconds. A coordinator that died, or whose packets no longer arrive (a
+# The lease (issue 22): LEASE seconds ("none": no lease; a fraction is
+# allowed where sleep(1) takes one, as GNU's and busybox's do: the tests
+# shrink it). The coordinator writes a line (`renew`) every few seconds
+# (containers/locks.py, LeaseRenewer); a watcher lets go of the lock when none
+# came for LEASE seconds. A coordinator that died, or whose packets no longer arrive (a
 # silent network: the host's sshd notices the dead connection only after
 # minutes to hours), so holds the lock LEASE seconds at most after its last
 # word. A write to a channel that is gone (SIGPIPE) releases too.
@@ -78,25 +79,25 @@ release() {
       [ "$lock" -ef "/proc/$$/fd/9" ]; then
     rm -rf "$lock"
   else
-    rm -f "$info" "$lock/r.$$"
+    rm -f "$info" "$token"
   fi
 }
 # shellcheck disable=SC2317  # a background job
 watch_lease() {
   # The watcher keeps no descriptor of ours: not the lock (fd 9: the lock
-  # must go with this shell), not the channel. Every LEASE seconds it checks
-  # that our holder line was rewritten since it last looked (each line on
-  # stdin rewrites it), else it sends this shell TERM, whose trap releases.
+  # must go with this shell), not the channel. Each line on stdin lays down a
+  # token (r.PID); every LEASE seconds the watcher takes it (rm: unlink is
+  # atomic, and fails when there is none), and when there was none, no line
+  # came for a whole lease: it sends this shell TERM, whose trap releases.
   # (It starts after the program under the lock: this shell then only waits
-  # on stdin.) busybox's `test -nt` compares whole seconds: the lease must
-  # span several renewals (20 s against one every 5 s).
+  # on stdin.) No file times are compared: busybox's `test -nt` counts whole
+  # seconds, which would tie the lease to seconds too.
   (
     exec 9<&- </dev/null >/dev/null 2>&1
     while :; do
-      : >"$lock/r.$$"
       sleep "$lease"
       kill -0 "$$" || exit 0
-      [ "$info" -nt "$lock/r.$$" ] || { kill -TERM "$$"; exit 0; }
+      rm "$token" || { kill -TERM "$$"; exit 0; }
     done
   ) &
   watcher=$!
@@ -117,7 +118,7 @@ else
     exit 0
   fi
 fi
-info="$lock/h.$$"
+info="$lock/h.$$" token="$lock/r.$$"
 trap release EXIT
 trap 'exit 129' HUP
 trap 'exit 130' INT
@@ -137,8 +138,9 @@ fi
 echo '@@cvs:ready'
 case $lease in none) ;; *) watch_lease ;; esac
 while read -r cmd; do
-  # Any line renews the lease (the holder line's time is the lease's).
-  printf '%s\n' "$desc" >"$info" 2>/dev/null
+  # Any line renews the lease: it lays down the token the watcher takes.
+  # (`true`, a regular builtin: a failed redirection on `:` ends the shell.)
+  true 2>/dev/null >"$token"
   case $cmd in
     shared) flock -s 9 && echo '@@cvs:lock held s' ;;
   esac

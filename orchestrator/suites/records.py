@@ -31,10 +31,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any, Literal, TypedDict
 
-from orchestrator.errors import ExitCode
+from orchestrator.errors import API_STYLE, ExitCode, Param, Phrase, Style, restyled
 from orchestrator.errors import RecordError as RecordError
 from orchestrator.errors import RunDirError as RunDirError
-from orchestrator.events import Event, OutputLine
+from orchestrator.events import Event, OutputLine, in_words
 from orchestrator.results import CONNECTION_STATUSES, HostResult
 
 RESULTS_SCHEMA_VERSION = 1
@@ -44,6 +44,14 @@ StepHostStatus = Literal[
     "ok", "failed", "timeout", "unreachable", "auth", "host_key", "skipped", "interrupted"
 ]
 StepStatus = Literal["ok", "failed", "skipped"]
+
+
+def plan_rows(report: Any) -> dict[str, dict[str, str]]:
+    """host -> {action, reason} from an `UpReport` (its plan's per-host actions),
+    as a run record keeps them."""
+    actions: Any = getattr(getattr(report, "plan", None), "actions", {}) or {}
+    # The reason as it is (an errors.Phrase stays one: the record's style renders it).
+    return {h: {"action": str(a.kind), "reason": a.reason} for h, a in actions.items()}
 
 
 @dataclass(frozen=True)
@@ -419,6 +427,9 @@ class RunRecorder:
         self._logs: dict[str, tuple[str, IO[str] | None]] = {}
         self.failure: RecordError | None = None
         self.on_failure: Callable[[], None] | None = None
+        # Whose words the record's messages are in (errors.Phrase): the API's,
+        # or the CLI's for a run the CLI started (it sets its own).
+        self.style: Style = API_STYLE
 
     @classmethod
     def create(cls, run_dir: Path, *, unique: bool = False) -> RunRecorder:
@@ -436,8 +447,11 @@ class RunRecorder:
                 if not unique:
                     # An existing file is never silently swapped for FILE-2.
                     raise RunDirError(
-                        f"run directory {candidate}: exists and is not a directory; "
-                        "give a directory path to --run-dir"
+                        Phrase(
+                            f"run directory {candidate}: exists and is not a directory; "
+                            "give a directory path to ",
+                            Param("run_dir"),
+                        )
                     ) from None
                 n += 1
                 candidate = run_dir.with_name(f"{run_dir.name}-{n}")
@@ -505,6 +519,7 @@ class RunRecorder:
         with self._writing(self.events_path):
             if self._events is None:
                 self._events = _open_private(self.events_path)
+            event = in_words(event, self.style)
             self._events.write(json.dumps(event.to_dict(), default=str) + "\n")
             self._events.flush()
 
@@ -587,10 +602,10 @@ class RunRecorder:
             return
         # The report first: if it cannot be written, results.json says so.
         try:
-            os.chmod(report(self.run_dir, outcome), FILE_MODE)
+            os.chmod(report(self.run_dir, restyled(outcome, self.style)), FILE_MODE)
         except Exception as exc:
             outcome.warnings.append(f"report.html not written: {type(exc).__name__}: {exc}")
-        doc = results_document(outcome)
+        doc = restyled(results_document(outcome), self.style)
         doc["run_dir"] = str(self.run_dir)
         with self._writing(self.results_path):
             _write_atomic(self.results_path, json.dumps(doc, indent=2) + "\n")

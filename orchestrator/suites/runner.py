@@ -17,7 +17,6 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,7 +30,7 @@ from orchestrator.config.documents import key_lines
 from orchestrator.config.hostlist import compress_hostlist
 from orchestrator.containers.copy import CopyError, Payload
 from orchestrator.containers.hints import hint_for
-from orchestrator.errors import ExitCode, PolicyRefused
+from orchestrator.errors import Call, ExitCode, Phrase, PolicyRefused
 from orchestrator.errortext import fold_errors
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.results import HostResult
@@ -43,6 +42,7 @@ from orchestrator.suites.records import (
     StepHostOutcome,
     StepHostStatus,
     StepOutcome,
+    plan_rows,
 )
 from orchestrator.suites.report import write_report
 
@@ -165,12 +165,6 @@ def skipped_step(
     )
 
 
-def plan_rows(report: Any) -> dict[str, dict[str, str]]:
-    """host -> {action, reason} from an `UpReport` (its plan's per-host actions)."""
-    actions: Mapping[str, Any] = getattr(getattr(report, "plan", None), "actions", {}) or {}
-    return {h: {"action": str(a.kind), "reason": str(a.reason)} for h, a in actions.items()}
-
-
 def up_failure(report: Any, cluster: ClusterConfig | None = None) -> tuple[ExitCode, str] | None:
     """(exit code, one line) when `up` left some host not ready, else None: the
     largest group of hosts with the same error (`errortext.fold_errors`), and
@@ -181,12 +175,21 @@ def up_failure(report: Any, cluster: ClusterConfig | None = None) -> tuple[ExitC
     failed = {h: o.error or "failed" for h, o in report.outcomes.items() if not o.ok}
     groups = fold_errors(failed)
     hosts, text = groups[0]
-    more = f" (and {len(groups) - 1} other error(s): cvs up shows them)" if len(groups) > 1 else ""
-    # The error's tail (docker's own words) is kept, up to a readable length.
-    line = f"up failed on {compress_hostlist(hosts)}: {_clip(text, 400)}{more}"
-    hint = _setting_hint(failed[hosts[0]], cluster)
+    first = failed[hosts[0]]
+    more = (
+        Phrase(f" (and {len(groups) - 1} other error(s): ", Call("up"), " shows them)")
+        if len(groups) > 1
+        else ""
+    )
+    # The error's tail (docker's own words) is kept, up to a readable length;
+    # as the host said it (a Phrase stays one) when folding changed nothing.
+    shown = _clip(text, 400)
+    if shown == first:
+        shown = first
+    line = Phrase(f"up failed on {compress_hostlist(hosts)}: ", shown, more)
+    hint = _setting_hint(first, cluster)
     if hint:
-        line += f"; fix: {hint}"
+        line = Phrase(line, f"; fix: {hint}")
     return ExitCode(report.exit_code) or ExitCode.FAILED, line
 
 
@@ -457,6 +460,8 @@ async def _down(
                 )
             )
     if scope.cancelled_caught:
-        text = f"down did not finish within {DOWN_TIMEOUT:g}s; run `cvs down` to clean up"
+        text = Phrase(
+            f"down did not finish within {DOWN_TIMEOUT:g}s; run ", Call("down"), " to clean up"
+        )
         outcome.warnings.append(text)
         sink.emit(Message(level="error", text=text))

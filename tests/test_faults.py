@@ -438,7 +438,9 @@ def test_a_lock_held_over_a_silent_network_is_freed_within_its_lease(lab: Lab) -
             # Ours gives up too, the invocation long dead on our side:
             proc.kill()
             proc.wait()
-        assert freed <= LEASE_SECONDS + RENEW_SECONDS + 10, freed
+        # Within the lease of the last renewal, which came before the drop
+        # (plus the poll's and a loaded machine's slack).
+        assert freed <= LEASE_SECONDS + 3, freed
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -66,6 +66,12 @@ Mode = Literal["shared", "exclusive"]
 # channel; a holder on the host that hears nothing for LEASE_SECONDS lets go.
 RENEW_SECONDS = 5.0
 LEASE_SECONDS = 20
+# The holder looks for a renewal LEASE_TICKS times a lease and lets go after
+# LEASE_TICKS - 1 looks in a row found none: (3/4, 1] of the lease after the
+# last renewal, never more (looking once a lease would give up to two). At
+# 20 s and a renewal every 5 s: a coordinator silent for up to 15 s keeps its
+# locks, and one gone for good frees them within 20 s of its last word.
+LEASE_TICKS = 4
 LOCK_ROOT = "/tmp"
 _HOST_PART_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _DESCRIPTION_UNSAFE = re.compile(r"[^A-Za-z0-9@._:/ ()+=,-]")
@@ -115,9 +121,13 @@ def lock_command(
         if list(probe[:2]) != ["sh", "-c"] or len(probe) < 4:
             raise ValueError("the program run under the lock must be `sh -c PROGRAM NAME ARG…`")
         then = [probe[2], *probe[4:]]
-    # 20 stays "20" (what any sleep(1) takes), 0.5 is "0.5"; never 0.
-    held_for = "none" if lease is None else f"{max(0.1, lease):.3f}".rstrip("0").rstrip(".")
+    held_for = "none" if lease is None else f"{_seconds(lease / LEASE_TICKS)}:{LEASE_TICKS - 1}"
     return shlex.join(remote.argv("lock", path, flag, seconds, description, held_for, *then))
+
+
+def _seconds(value: float) -> str:
+    """What any sleep(1) takes: 5 stays "5", 0.15 is "0.15"; never 0."""
+    return f"{max(0.01, value):.3f}".rstrip("0").rstrip(".")
 
 
 # --- reading the holder's answer ---------------------------------------------

@@ -11,14 +11,17 @@
 # stdin converts the lock (flock converts in place, never blocks here: we hold
 # it exclusively).
 #
-# The lease (issue 22): LEASE seconds ("none": no lease; a fraction is
-# allowed where sleep(1) takes one, as GNU's and busybox's do: the tests
-# shrink it). The coordinator writes a line (`renew`) every few seconds
-# (containers/locks.py, LeaseRenewer); a watcher lets go of the lock when none
-# came for LEASE seconds. A coordinator that died, or whose packets no longer arrive (a
-# silent network: the host's sshd notices the dead connection only after
-# minutes to hours), so holds the lock LEASE seconds at most after its last
-# word. A write to a channel that is gone (SIGPIPE) releases too.
+# The lease (issue 22): LEASE is `TICK:EMPTY` ("none": no lease). The
+# coordinator writes a line (`renew`) every few seconds (containers/locks.py,
+# LeaseRenewer); a watcher looks every TICK seconds (a fraction is allowed
+# where sleep(1) takes one, as GNU's and busybox's do: the tests shrink it)
+# and lets go of the lock after EMPTY looks in a row that found no line since
+# the one before. The lock is therefore let go (EMPTY, EMPTY + 1] ticks after
+# the last line: with 5:3, 15 to 20 s. A coordinator that died, or whose
+# packets no longer arrive (a silent network: the host's sshd notices the dead
+# connection only after minutes to hours), so holds the lock that long at
+# most after its last word. A write to a channel that is gone (SIGPIPE)
+# releases too.
 #
 # Frames: `@@cvs:lock held s|x | busy | waiting | timeout | noflock | error
 # TEXT`, `@@cvs:holder LINE`, then `@@cvs:ready`.
@@ -27,6 +30,7 @@
 # shellcheck disable=SC3013
 lock=$1 mode=$2 wait=$3 desc=$4 lease=$5
 shift 5
+tick=${lease%%:*} empty=${lease#*:}
 if ! command -v flock >/dev/null 2>&1; then
   echo '@@cvs:lock noflock'
   exit 0
@@ -86,18 +90,20 @@ release() {
 watch_lease() {
   # The watcher keeps no descriptor of ours: not the lock (fd 9: the lock
   # must go with this shell), not the channel. Each line on stdin lays down a
-  # token (r.PID); every LEASE seconds the watcher takes it (rm: unlink is
-  # atomic, and fails when there is none), and when there was none, no line
-  # came for a whole lease: it sends this shell TERM, whose trap releases.
-  # (It starts after the program under the lock: this shell then only waits
-  # on stdin.) No file times are compared: busybox's `test -nt` counts whole
-  # seconds, which would tie the lease to seconds too.
+  # token (r.PID); every TICK seconds the watcher takes it (rm: unlink is
+  # atomic, and fails when there is none); after EMPTY looks in a row without
+  # one it sends this shell TERM, whose trap releases. (It starts after the
+  # program under the lock: this shell then only waits on stdin.) No file
+  # times are compared: busybox's `test -nt` counts whole seconds, which would
+  # tie the lease to seconds too.
   (
     exec 9<&- </dev/null >/dev/null 2>&1
+    missed=0
     while :; do
-      sleep "$lease"
+      sleep "$tick"
       kill -0 "$$" || exit 0
-      rm "$token" || { kill -TERM "$$"; exit 0; }
+      if rm "$token"; then missed=0; else missed=$((missed + 1)); fi
+      [ "$missed" -lt "$empty" ] || { kill -TERM "$$"; exit 0; }
     done
   ) &
   watcher=$!

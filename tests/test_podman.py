@@ -1212,5 +1212,8 @@ def test_a_podman_container_stopped_under_exec_is_named_from_podmans_own_facts(l
     assert running.returncode == 1 and hosts["node1"]["ok"], out + err
     error = hosts["node2"]["error"]
     # podman's facts: its status word, its times read (so "while the command ran").
-    assert "the container stopped while the command ran (now exited" in error, error
+    # Podman says "stopped" until its cleanup process has run, "exited" after:
+    # which one depends on when the diagnosis asks.
+    said = re.search(r"the container stopped while the command ran \(now (exited|stopped)", error)
+    assert said, error
     assert "docker" not in error, error

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import uuid
 from dataclasses import dataclass, field
 from functools import partial
@@ -22,7 +23,16 @@ from orchestrator.sandbox import SSHD_TAG, Sandbox
 
 THREE = ["node1", "node2", "node3"]
 CLI_TIMEOUT = 180
-__all__ = ["CLI_TIMEOUT", "THREE", "Lab", "cvs", "docker", "explain", "inspect"]
+__all__ = [
+    "CLI_TIMEOUT",
+    "THREE",
+    "Lab",
+    "cvs",
+    "docker",
+    "explain",
+    "inspect",
+    "wait_for_holders",
+]
 
 
 # The real CLI the way CI runs it (plain output, no TTY).
@@ -30,26 +40,39 @@ cvs = partial(cvs_on, timeout=CLI_TIMEOUT)
 
 
 def docker(sandbox: Sandbox, host: str, *args: str, check: bool = True) -> str:
+    """The host's container runtime CLI (its dockerd's, or its podman) run with `args`."""
     proc = subprocess.run(
-        [*sandbox.docker_argv(host), *args], capture_output=True, text=True, timeout=60
+        [*sandbox.runtime_argv(host), *args], capture_output=True, text=True, timeout=120
     )
     if check and proc.returncode != 0:
-        raise AssertionError(f"docker {' '.join(args)} on {host}: {proc.stderr.strip()}")
+        raise AssertionError(f"{' '.join(args)} on {host}: {proc.stderr.strip()}")
     return proc.stdout.strip()
 
 
 def inspect(sandbox: Sandbox, host: str, name: str) -> dict[str, Any] | None:
-    """The container's `docker inspect` document on that host, None when absent."""
+    """The container's inspect document on that host (docker or podman), None when absent."""
     proc = subprocess.run(
-        [*sandbox.docker_argv(host), "inspect", "--type", "container", name],
+        [*sandbox.runtime_argv(host), "container", "inspect", name],
         capture_output=True,
         text=True,
         timeout=60,
     )
     if proc.returncode != 0:
-        assert "No such" in proc.stderr, proc.stderr
+        assert "no such" in proc.stderr.lower(), proc.stderr
         return None
     return json.loads(proc.stdout)[0]
+
+
+def wait_for_holders(name: str, hosts: list[str], count: int = 1, timeout: float = 120) -> None:
+    """Until `count` invocations hold the lock on every host (their holder lines
+    in the lock directories: the sandbox's hosts share this machine's /tmp)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        held = [len(list(Path(f"/tmp/cvs-{name}-{h}.lock").glob("h.*"))) for h in hosts]
+        if all(n >= count for n in held):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"nobody took the locks on {hosts} within {timeout}s")
 
 
 @dataclass

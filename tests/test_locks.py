@@ -19,7 +19,7 @@ import anyio
 import pytest
 import yaml
 from clitools import CVS
-from labtools import Lab, cvs, explain, inspect
+from labtools import Lab, cvs, explain, inspect, wait_for_holders
 
 from orchestrator.api import Cluster
 from orchestrator.containers.docker import LABEL_INVOCATION, LABEL_LIFETIME
@@ -56,18 +56,6 @@ def finish(proc: subprocess.Popen[str], timeout: float = 180) -> tuple[int, str,
 
 def lock_dirs(name: str) -> list[Path]:
     return sorted(Path("/tmp").glob(f"cvs-{name}-*.lock"))
-
-
-def wait_for_holders(name: str, hosts: list[str], count: int = 1, timeout: float = 90) -> None:
-    """Until `count` invocations hold the lock on every host (their holder lines
-    in the lock directories: the sandbox's hosts share this machine's /tmp)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        held = [len(list(Path(f"/tmp/cvs-{name}-{h}.lock").glob("h.*"))) for h in hosts]
-        if all(n >= count for n in held):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"nobody took the locks on {hosts} within {timeout}s")
 
 
 def suite(directory: Path, name: str, run: str) -> Path:

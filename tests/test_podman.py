@@ -33,6 +33,8 @@ import pytest
 import yaml
 from clitools import CVS, cvs_on, explain, last_json
 from clitools import cvs as cli
+from labtools import docker as podman
+from labtools import inspect, wait_for_holders
 from terminal import Tmux
 
 from orchestrator.sandbox import DOCKER_USER, SSHD_TAG, Sandbox, sandbox_down, sandbox_up
@@ -66,28 +68,6 @@ def podman_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox
         yield sandbox_up(directory, hosts=3, runtime="podman")
     finally:
         sandbox_down(directory)
-
-
-def podman(sb: Sandbox, host: str, *args: str, check: bool = True) -> str:
-    proc = subprocess.run(
-        [*sb.runtime_argv(host), *args], capture_output=True, text=True, timeout=120
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"podman {' '.join(args)} on {host}: {proc.stderr.strip()}")
-    return proc.stdout.strip()
-
-
-def inspect(sb: Sandbox, host: str, name: str) -> dict[str, Any] | None:
-    proc = subprocess.run(
-        [*sb.runtime_argv(host), "container", "inspect", name],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if proc.returncode != 0:
-        assert "no such container" in proc.stderr, proc.stderr
-        return None
-    return json.loads(proc.stdout)[0]
 
 
 def ids(sb: Sandbox, name: str, hosts: list[str] = THREE) -> dict[str, str | None]:
@@ -914,16 +894,6 @@ def start_cvs(path: Path, *args: str) -> subprocess.Popen[str]:
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1"},
     )
-
-
-def wait_for_holders(name: str, hosts: list[str], count: int = 1, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        held = [len(list(Path(f"/tmp/cvs-{name}-{h}.lock").glob("h.*"))) for h in hosts]
-        if all(n >= count for n in held):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"nobody took the locks on {hosts} within {timeout}s")
 
 
 def test_podman_two_concurrent_ups_take_turns_one_cold_start_one_attach(lab: Lab) -> None:

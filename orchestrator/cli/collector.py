@@ -8,8 +8,8 @@ a full one, which walks every live object, each time the survivors grow by a
 quarter: at 3000 hosts the collector took 3.4 s of the coordinator's 7.3 s of
 CPU (bench, docs/design.md "Fleet scale"), and its share grows with the fleet.
 
-`tune()` freezes what is alive after start-up (modules, classes, the parsed
-config: permanent, never scanned again) and makes young collections rarer.
+`tune()` freezes what is alive after start-up (modules, classes, the
+argument parser: permanent, never scanned again) and makes young collections rarer.
 Cyclic garbage is still collected, later and in bigger batches; memory stays
 bounded by the same rule as before (a collection per N allocations), with N
 larger. This is the process's own setting: the CLI calls it, the library never

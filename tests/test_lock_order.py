@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
+
 from orchestrator.containers.locks import HostLocks
 from orchestrator.errors import PolicyRefused
 from orchestrator.events import NullSink

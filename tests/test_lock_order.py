@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import shlex
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -26,7 +26,7 @@ from orchestrator.events import NullSink
 
 
 class _Out:
-    def __init__(self, lines: Any) -> None:
+    def __init__(self, lines: Callable[[], Awaitable[str]]) -> None:
         self._lines = lines
 
     async def readline(self) -> str:

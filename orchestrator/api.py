@@ -10,6 +10,7 @@ One `Cluster` holds one SSH connection per host for its whole life.
 from __future__ import annotations
 
 import re
+import secrets
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -38,7 +39,7 @@ from orchestrator.containers.causes import (
 from orchestrator.containers.copy import Payload, Progress, copy_to_hosts, gather_from_hosts
 from orchestrator.containers.docker import normalize_image_id
 from orchestrator.containers.drift import cluster_expectations
-from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command
+from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command, pidfile_of
 from orchestrator.containers.probe import HostState
 from orchestrator.containers.status import HostStatus, host_status
 from orchestrator.errors import CvsError, Param, Phrase, UsageError
@@ -484,9 +485,11 @@ class Cluster:
         async def one(host: str) -> HostResult:
             if host in before:
                 return before[host]
+            token = secrets.token_hex(6)
             script, kill, stdin = container_command(
                 name,
                 command,
+                token=token,
                 env=container_env,
                 user=as_user,
                 workdir=workdir,
@@ -503,7 +506,8 @@ class Cluster:
                     " is not running here", f" is not running on {host}"
                 )
                 return replace(result, error=error)
-            return await self._explain(host, name, result, ready.get(host) or self.runtimes[host])
+            runtime = ready.get(host) or self.runtimes[host]
+            return await self._explain(host, name, result, runtime, pidfile_of(token))
 
         try:
             return await fan_out(selected, one, limit=self.config.concurrency.hosts)
@@ -512,7 +516,12 @@ class Cluster:
                 await locks.release(selected)
 
     async def _explain(
-        self, host: str, name: str, result: HostResult, runtime: ContainerRuntime
+        self,
+        host: str,
+        name: str,
+        result: HostResult,
+        runtime: ContainerRuntime,
+        pidfile: str | None = None,
     ) -> HostResult:
         """`result` with its cause named when cvs can tell it (containers/causes.py):
         from the output (out of memory, full disk), else, after what looks like a
@@ -525,7 +534,7 @@ class Cluster:
             bound = self.config.container.docker_timeout
             answer = await self.pool.run(
                 host,
-                diagnosis_command(name, runtime),
+                diagnosis_command(name, runtime, pidfile),
                 timeout=bound,
                 stream_output=False,
                 label="diagnose",
@@ -534,5 +543,10 @@ class Cluster:
                 cause = hung_cause(bound, runtime.name)
             elif answer.reached:
                 facts = read_diagnosis(answer.stdout, runtime.name)
-                cause = container_cause(facts, elapsed=result.duration, runtime=runtime.name)
+                cause = container_cause(
+                    facts,
+                    elapsed=result.duration,
+                    runtime=runtime.name,
+                    exit_code=result.exit_code,
+                )
         return with_cause(result, cause)

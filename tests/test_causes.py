@@ -38,7 +38,10 @@ def facts(**kw: object) -> ContainerFacts:
     ("given", "expected"),
     [
         (facts(), None),
-        (facts(started_at=NOW - 5), "the container restarted while the command ran"),
+        (
+            facts(started_at=NOW - 5, pidfile_left=True, command_started=NOW - 20),
+            "the container restarted while the command ran",
+        ),
         (facts(status="exited", exit_code=137, finished_at=NOW - 1), "stopped while the command"),
         (facts(status="exited", oom_killed=True), "out-of-memory killer (docker: OOMKilled)"),
         (facts(status="exited", finished_at=NOW - 3600), "the container stopped (now exited"),
@@ -60,6 +63,44 @@ def test_container_cause_names_what_happened_to_the_container(
         assert cause is None
     else:
         assert cause is not None and expected in cause, cause
+
+
+@pytest.mark.parametrize(
+    ("given", "code"),
+    [
+        # Started a second before the command; the command removed its pidfile.
+        (facts(started_at=NOW - 2, pidfile_left=False, command_started=None), 255),
+        (facts(started_at=NOW - 2, pidfile_left=False, command_started=None), 137),
+        # The pidfile left behind, but the container started before the command.
+        (facts(started_at=NOW - 30, pidfile_left=True, command_started=NOW - 20), 255),
+        # Nothing read in the container (an older host, exec refused).
+        (facts(started_at=NOW - 5), 137),
+    ],
+)
+def test_no_restart_is_said_without_the_evidence_of_one(given: ContainerFacts, code: int) -> None:
+    cause = container_cause(given, elapsed=30, exit_code=code)
+    assert cause is None or "restarted while" not in cause, cause
+
+
+def test_an_exit_code_past_128_is_named_as_a_signal_only_beside_the_containers_facts() -> None:
+    kept = facts(started_at=NOW - 3600, pidfile_left=False)
+    assert container_cause(kept, elapsed=30, exit_code=255) is None
+    said = container_cause(kept, elapsed=30, exit_code=137)
+    assert said == (
+        "what a shell reports for a process killed by signal 9 (SIGKILL); "
+        "the container kept running (not restarted, not stopped)"
+    )
+
+
+def test_read_diagnosis_reads_the_pidfile_line() -> None:
+    state = "state " + "a" * 64 + " running false 0 2027-01-15T08:00:00Z 0001-01-01T00:00:00Z 0"
+    left = read_diagnosis(f"now 1800000000\n{state}\npidfile left 1799999990.25\n")
+    assert left.pidfile_left is True and left.command_started == 1799999990.25
+    busybox = read_diagnosis(f"now 1\n{state}\npidfile left 1799999990\n")
+    assert busybox.command_started == 1799999990.0
+    gone = read_diagnosis(f"now 1\n{state}\npidfile gone\n")
+    assert gone.pidfile_left is False and gone.command_started is None
+    assert read_diagnosis(f"now 1\n{state}\n").pidfile_left is None
 
 
 def test_read_diagnosis_parses_docker_times_and_flags() -> None:

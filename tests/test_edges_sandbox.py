@@ -8,6 +8,7 @@ failure.
 from __future__ import annotations
 
 import contextlib
+import socket
 import subprocess
 import threading
 import time
@@ -23,6 +24,7 @@ from conftest import _built
 from labtools import docker
 
 from orchestrator.sandbox import SSHD_TAG, Sandbox
+from orchestrator.sandbox.network import gateway_address
 
 NODES = ["node1", "node2", "node3"]
 
@@ -109,3 +111,61 @@ def test_exit_255_a_kill_and_a_real_restart_get_three_different_true_answers(lab
     left = docker(lab.sb, "node1", "exec", lab.name, "sh", "-c", "ls /tmp/.cvs-exec-* || true")
     assert ".pid" not in left, left
 
+
+
+# --- finding 9: nothing left running on a host after a bounded step gives up ---------
+
+
+@contextlib.contextmanager
+def silent_server(address: str) -> Iterator[int]:
+    """A TCP server that accepts and never says a word (a stalled registry)."""
+    server = socket.socket()
+    server.bind((address, 0))
+    server.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(server.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(5)
+        for conn in held:
+            conn.close()
+        server.close()
+
+
+def processes_naming(text: str) -> list[str]:
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True)
+    return [line for line in ps.stdout.splitlines() if text in line and "ps -eo" not in line]
+
+
+def test_a_login_that_stalls_leaves_no_docker_login_running_on_any_host(lab: Lab) -> None:
+    password = Path(f"/tmp/{lab.name}-registry-pass")  # readable by the hosts' login user
+    password.write_text("secret\n")
+    password.chmod(0o644)
+    gateway = gateway_address(lab.sb.index)
+    with contextlib.ExitStack() as stack:
+        stack.callback(password.unlink, missing_ok=True)
+        port = stack.enter_context(silent_server(gateway))
+        cluster = lab.cluster(
+            image=f"{gateway}:{port}/cvs/stalled:1",
+            start_timeout=5,
+            sshd={"enabled": False},
+            registry={"username": "bot", "password_file": str(password)},
+        )
+        proc = cvs_on(cluster, "up", "--json")
+        assert proc.returncode == 1, explain(proc)
+        assert "login did not finish within container.start_timeout" in proc.stdout, explain(proc)
+        # The hosts share this machine's process table: each host's login ran here.
+        time.sleep(1)  # what a KILL left is reaped by then
+        left = processes_naming(f"login --username bot --password-stdin {gateway}:{port}")
+    assert left == [], left

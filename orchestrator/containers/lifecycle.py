@@ -37,6 +37,7 @@ from orchestrator.containers.causes import output_cause
 from orchestrator.containers.docker import (
     CONTAINER_ID_RE,
     LABEL_INVOCATION,
+    bounded_argv,
     config_hash,
     image_inspect_argv,
     load_argv,
@@ -423,6 +424,7 @@ class Lifecycle:
         self._step(outcome.host, step, "started")
         if budget is not None:
             timeout = budget.left()
+            command = bounded_argv(command)  # nothing left running when it gives up
         elif timeout is None:
             timeout = self.cfg.docker_timeout
         result = await self.pool.run(

@@ -50,6 +50,7 @@ PROGRAMS = frozenset(
         "copy_send",
         "gpus",
         "diagnose",
+        "bounded",
     }
 )
 

@@ -42,6 +42,7 @@ from orchestrator.containers.drift import cluster_expectations
 from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command, pidfile_of
 from orchestrator.containers.probe import HostState
 from orchestrator.containers.status import HostStatus, host_status
+from orchestrator.containers.subset import narrowed
 from orchestrator.errors import CvsError, Param, Phrase, UsageError
 from orchestrator.errors import HostSelectionError as HostSelectionError
 from orchestrator.events import EventSink, Message, NullSink
@@ -194,11 +195,19 @@ class Cluster:
         return lifecycle
 
     async def plan(
-        self, *, force: bool = False, reprovision: bool = False, adopt: bool = False
+        self,
+        *,
+        force: bool = False,
+        reprovision: bool = False,
+        adopt: bool = False,
+        only: Sequence[str] | None = None,
     ) -> Plan:
-        """What `up` would do on each host (nothing is changed, nothing locked)."""
+        """What `up` would do on each host, or on the hosts `only` (decided
+        over every host, as `up(only=...)` does); nothing is changed, nothing
+        locked."""
         lc = self._lifecycle()
-        return lc.decide(await lc.probe_all(), force=force, reprovision=reprovision, adopt=adopt)
+        plan = lc.decide(await lc.probe_all(), force=force, reprovision=reprovision, adopt=adopt)
+        return plan if only is None else narrowed(plan, only, lc.name)
 
     async def up(
         self,
@@ -208,8 +217,11 @@ class Cluster:
         check: bool = True,
         adopt: bool = False,
         wait: bool = True,
+        only: Sequence[str] | None = None,
     ) -> UpReport:
-        """Bring containers to the state the lifetime policy asks for.
+        """Bring containers to the state the lifetime policy asks for (on
+        every host, or on the hosts `only`: the plan is still decided over
+        every host, so a subset never makes what the whole would refuse).
 
         Raises `PolicyRefused` (nothing changed on any host) when the policy
         or image identity forbids it, or when another invocation holds a
@@ -223,7 +235,9 @@ class Cluster:
         """
         lifecycle = self._lifecycle()
         self._guard_gpu_env(dict(lifecycle.cfg.env))  # warns; run_argv drops them
-        report = await lifecycle.up(force=force, reprovision=reprovision, adopt=adopt, wait=wait)
+        report = await lifecycle.up(
+            force=force, reprovision=reprovision, adopt=adopt, wait=wait, only=only
+        )
         if check and not report.ok:
             raise UpFailed(report)
         return report

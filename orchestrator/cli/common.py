@@ -94,6 +94,14 @@ def chosen_hosts(cluster: Any, args: argparse.Namespace) -> list[str]:
     return left
 
 
+def only_hosts(cluster: Any, args: argparse.Namespace) -> list[str] | None:
+    """The hosts --hosts/-x pick, or None without either: for the commands that
+    decide over the whole cluster and act on a part (`up`, `plan`)."""
+    if getattr(args, "hosts", None) or getattr(args, "exclude", None):
+        return chosen_hosts(cluster, args)
+    return None
+
+
 def make_sink(args: argparse.Namespace, *, output: bool = True, cluster: Any = None) -> EventSink:
     """JSON lines with --json; else the mode follows stdout, where host output goes:
     the live view on a terminal, `host | line` text when piped (cvs's own

@@ -70,6 +70,7 @@ from orchestrator.containers.provision import (
     ensure_sshd,
     run_setup_script,
 )
+from orchestrator.containers.subset import narrowed
 from orchestrator.errors import ExitCode, Phrase, PolicyRefused, Refusal, UsageError
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.limits.capacity import fit_to_host
@@ -559,8 +560,11 @@ class Lifecycle:
         reprovision: bool = False,
         adopt: bool = False,
         wait: bool = True,
+        only: Sequence[str] | None = None,
     ) -> UpReport:
-        """Lock, probe, decide, act. On return the hosts stay locked SHARED (the
+        """Lock, probe, decide, act. `only`: act on these hosts alone, the plan
+        decided over every host (containers/subset.py: `--hosts` changes where,
+        never what the rules allow). On return the hosts stay locked SHARED (the
         containers are in use until `self.locks` is released); on an exception
         nothing stays locked.
 
@@ -579,9 +583,11 @@ class Lifecycle:
         try:
             states = await self.lock_and_probe("shared", wait=wait, purpose=self.purpose)
             plan = self.decide(states, force=force, reprovision=reprovision, adopt=adopt)
+            plan = plan if only is None else narrowed(plan, only, self.name)
             if plan.changes and not plan.refused:
                 states = await self.lock_and_probe("exclusive", wait=wait, purpose=self.purpose)
                 plan = self.decide(states, force=force, reprovision=reprovision, adopt=adopt)
+                plan = plan if only is None else narrowed(plan, only, self.name)
             for w in plan.warnings:
                 self.sink.emit(Message(level="warning", text=w))
             resources = self._fit_to_hosts(states, resources)

@@ -1,0 +1,73 @@
+"""`up --hosts`: the plan decided over every host, acted on some (issue 30).
+
+A persistent set lives on every host of the cluster. `--hosts` picks where
+`up` acts; it never changes what the rules allow: the plan is decided over
+every host's probed state (the same partial-set and image-identity rules as
+a plain `up`, the same refusal), then narrowed to the chosen hosts. What a
+plain `up` would start on other hosts too is refused here: starting it on the
+chosen ones alone would make a partial persistent set. A host this `up` does
+start is set up as the whole cluster's member (sshd, keys and hostfile for
+every host), since the lifecycle still knows the whole cluster.
+
+Pure: a Plan in, a Plan out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from orchestrator.containers.plan import Plan
+from orchestrator.errors import Call, Param, Phrase, Refusal, WayOut
+
+
+def _names(hosts: Sequence[str]) -> str:
+    return ", ".join(hosts)
+
+
+def _whole_ways(plan: Plan) -> Plan:
+    """The refusal as a plain `up` gives it, its ways out true for this one:
+    "the same call again with --force" would keep `--hosts` (and be refused for
+    the partial set it would make), so each becomes the whole `up` it means."""
+    refusals = [
+        replace(
+            r,
+            ways_out=tuple(
+                WayOut(w.text, calls=(Call("up", w.options),)) if w.options else w
+                for w in r.ways_out
+            ),
+        )
+        for r in plan.refusals
+    ]
+    return replace(plan, refusals=refusals)
+
+
+def narrowed(plan: Plan, only: Sequence[str], container: str) -> Plan:
+    """`plan` (decided over every host) acting on the hosts in `only` alone,
+    or refused, with nothing changed anywhere, when acting on them alone
+    would leave a partial persistent set."""
+    chosen = set(only)
+    if plan.refused:
+        return _whole_ways(plan) if chosen < set(plan.actions) else plan
+    if plan.lifetime == "persistent":
+        inside = [h for h, a in plan.actions.items() if h in chosen and a.launches]
+        outside = [h for h, a in plan.actions.items() if h not in chosen and a.launches]
+        if inside and outside:
+            refusal = Refusal(
+                "partial_set_hosts",
+                Phrase(
+                    f"lifetime persistent: container {container} would start on "
+                    f"{_names(inside)} only (",
+                    Param("hosts"),
+                    f"), while {_names(outside)} need the same start: a persistent set "
+                    "lives on every host",
+                ),
+                tuple(inside + outside),
+                (WayOut("start it on every host at once", calls=(Call("up"),)),),
+            )
+            return replace(plan, refused=True, refusals=[refusal])
+    actions = {h: a for h, a in plan.actions.items() if h in chosen}
+    return replace(plan, actions=actions)
+
+
+__all__ = ["narrowed"]

@@ -1,0 +1,51 @@
+"""Issue 30, finding 2, the pure part: `up --hosts` decides over every host
+and acts on the chosen ones; it never makes what a plain `up` would refuse.
+The real hosts are in tests/test_edges_sandbox.py."""
+
+from __future__ import annotations
+
+from plan_states import cfg, host, kinds, states
+
+from orchestrator.cli.common import CLI_STYLE
+from orchestrator.containers.plan import decide_plan
+from orchestrator.containers.subset import narrowed
+
+
+def test_a_missing_member_of_a_persistent_set_is_refused_as_a_plain_up_refuses_it() -> None:
+    probed = states(host("n1", "running"), host("n2", "running"), host("n3", "absent"))
+    whole = decide_plan(cfg("persistent"), probed)
+    plan = narrowed(whole, ["n3"], "ctr")
+    assert plan.refused and [r.kind for r in plan.refusals] == [r.kind for r in whole.refusals]
+    text = plan.refusals[0].render(CLI_STYLE)
+    # Every way out is true for this command: none is "the same again with --force",
+    # which would keep --hosts and be refused.
+    assert "rerun with" not in text and "(`cvs up --force`)" in text, text
+
+
+def test_a_fresh_persistent_set_is_not_started_on_part_of_the_hosts() -> None:
+    probed = states(host("n1", "absent"), host("n2", "absent"), host("n3", "absent"))
+    plan = narrowed(decide_plan(cfg("persistent"), probed), ["n3"], "ctr")
+    assert plan.refused and [r.kind for r in plan.refusals] == ["partial_set_hosts"]
+    text = plan.refusals[0].render(CLI_STYLE)
+    assert "would start on n3 only (--hosts), while n1, n2 need the same start" in text, text
+    assert text.endswith("start it on every host at once (`cvs up`)"), text
+
+
+def test_force_on_part_of_a_persistent_set_is_refused_rather_than_mixing_images() -> None:
+    probed = states(host("n1", "running"), host("n2", "running"), host("n3", "absent"))
+    plan = narrowed(decide_plan(cfg("persistent"), probed, force=True), ["n3"], "ctr")
+    assert plan.refused and [r.kind for r in plan.refusals] == ["partial_set_hosts"]
+
+
+def test_a_stopped_member_is_resumed_on_the_chosen_host_alone() -> None:
+    probed = states(
+        host("n1", "running"), host("n2", "running"), host("n3", "exited", status="exited")
+    )
+    plan = narrowed(decide_plan(cfg("persistent"), probed), ["n3"], "ctr")
+    assert not plan.refused and kinds(plan) == {"n3": "restart"}
+
+
+def test_per_run_containers_start_on_the_chosen_hosts() -> None:
+    probed = states(host("n1", "absent"), host("n2", "absent"), host("n3", "absent"))
+    plan = narrowed(decide_plan(cfg("per_run"), probed), ["n2", "n3"], "ctr")
+    assert not plan.refused and kinds(plan) == {"n2": "cold_start", "n3": "cold_start"}

@@ -8,6 +8,7 @@ failure.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import threading
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
-from clitools import cvs_on, explain, last_json
+from clitools import CVS, cvs_on, explain, last_json
 from conftest import _built
 from labtools import docker
 
@@ -112,7 +113,6 @@ def test_exit_255_a_kill_and_a_real_restart_get_three_different_true_answers(lab
     assert ".pid" not in left, left
 
 
-
 # --- finding 9: nothing left running on a host after a bounded step gives up ---------
 
 
@@ -169,3 +169,62 @@ def test_a_login_that_stalls_leaves_no_docker_login_running_on_any_host(lab: Lab
         time.sleep(1)  # what a KILL left is reaped by then
         left = processes_naming(f"login --username bot --password-stdin {gateway}:{port}")
     assert left == [], left
+
+
+# --- finding 2: --hosts never makes a partial persistent set -------------------------
+
+
+def test_hosts_cannot_start_a_missing_member_alone_and_a_resumed_one_gets_its_sshd(
+    lab: Lab,
+) -> None:
+    cluster = lab.cluster(start_timeout=120)
+    assert cvs_on(cluster, "up").returncode == 0
+    docker(lab.sb, "node3", "rm", "-f", lab.name)
+    plan = cvs_on(cluster, "plan", "--hosts", "node3")
+    up = cvs_on(cluster, "up", "--hosts", "node3")
+    assert plan.returncode == up.returncode == 4, explain(plan) + explain(up)
+    for proc in (plan, up):
+        assert "not present and resumable on every host" in proc.stderr, explain(proc)
+        assert "rerun with --force" not in proc.stderr, explain(proc)
+    assert "(`cvs up --force`)" in up.stderr, explain(up)
+    assert docker(lab.sb, "node3", "ps", "-aq", "--filter", f"name=^/{lab.name}$") == ""
+
+    # A member stopped (a reboot) is resumed on the chosen host alone, like the others.
+    assert cvs_on(cluster, "up", "--force").returncode == 0
+    docker(lab.sb, "node3", "stop", "-t", "1", lab.name)
+    healed = cvs_on(cluster, "up", "--hosts", "node3")
+    assert healed.returncode == 0, explain(healed)
+    assert "up: 1/1 hosts ready" in healed.stderr, explain(healed)
+    rows = last_json(cvs_on(cluster, "status", "--json"))["hosts"]
+    assert all(rows[h]["sshd"] == "listening" for h in NODES), rows
+    # Peers reach it: node1's container logs in to node3's sshd with the cluster's key.
+    ssh = cvs_on(cluster, "exec", "--hosts", "node1", "--", "ssh", "node3", "hostname")
+    assert ssh.returncode == 0, explain(ssh)
+
+    down = cvs_on(cluster, "down", "--force", "--hosts", "node3")
+    assert down.returncode == 0, explain(down)
+    assert "nothing left anywhere" not in down.stderr, explain(down)
+    assert "down: removed on 1 of the 1 chosen host(s)" in down.stderr, explain(down)
+    assert "not looked at (outside --hosts): node[1-2]" in down.stderr, explain(down)
+
+
+# --- finding 3: two overlapping --hosts invocations never wait on each other ---------
+
+
+def test_two_overlapping_hosts_subsets_changing_containers_both_finish(lab: Lab) -> None:
+    cluster = lab.cluster(sshd={"enabled": False}, start_timeout=90)
+    assert cvs_on(cluster, "up").returncode == 0
+    procs = [
+        subprocess.Popen(
+            [*CVS, "up", "-c", str(cluster), "--reprovision", *extra],
+            env={**os.environ, "CI": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for extra in ([], ["--hosts", "node2,node3"], ["--hosts", "node3,node1"])
+    ]
+    outs = [p.communicate(timeout=240) for p in procs]
+    codes = [p.returncode for p in procs]
+    # A deadlock would end in a lock timeout (exit 4, "still held after waiting 90s").
+    assert codes == [0, 0, 0], "\n".join(o + e for o, e in outs)

@@ -350,6 +350,18 @@ def _status_errors(rows: Sequence[HostStatus], out: IO[str] | None = None) -> No
             if not explained and (not r.probed or r.docker is None):
                 note, explained = f"; {UNKNOWN_NOTE}", True
             sys.stderr.write(f"{r.host}: {r.error}{note}\n")
+            continue
+        # No error, yet a `?` (an exited container: no sshd or marker to ask): why.
+        cells = dict(zip(STATUS_HEADERS, status_cells(r), strict=True))
+        unknown = [k for k in STATUS_NARROW if cells[k] == UNKNOWN]
+        if unknown:
+            state = cells["state"]
+            why = (
+                f"not known while the container is {state} (`cvs up` starts it again)"
+                if state != "running"
+                else "not known: the probe could not tell"
+            )
+            sys.stderr.write(f"{r.host}: {', '.join(unknown)} {why}\n")
 
 
 def print_status(rows: Sequence[HostStatus], *, plain: bool) -> None:

@@ -4,7 +4,13 @@ tests/test_faults.py; these pin the decisions table by table."""
 
 from __future__ import annotations
 
+import io
+import json
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
+from outcomes import failing_outcome
 
 from orchestrator.containers.causes import (
     OOM_LINE,
@@ -19,6 +25,7 @@ from orchestrator.containers.lifecycle import HostOutcome, UpReport
 from orchestrator.containers.plan import HostAction, Plan
 from orchestrator.results import HostResult
 from orchestrator.suites.model import Step
+from orchestrator.suites.records import StepOutcome
 from orchestrator.suites.runner import judge
 
 NOW = 1_800_000_000.0
@@ -189,3 +196,33 @@ def test_the_json_of_a_rolled_back_up_agrees_with_the_console() -> None:
     assert "rolled back on a, c" in doc["error"]
     assert doc["hosts"]["a"]["ok"] is False
     assert doc["hosts"]["a"]["rolled_back"] == "the cold start failed on b"
+
+
+def test_a_step_reason_keeps_the_causes_call_for_the_clis_words(tmp_path: Path) -> None:
+    """Issue 30, finding 8: the cause's `up()` was sliced into plain text, so
+    `cvs run`'s console and results.json said `up()` where the CLI says `cvs up`."""
+    from orchestrator.cli.common import CLI_STYLE
+    from orchestrator.cli.run import print_report
+    from orchestrator.errors import restyled
+    from orchestrator.suites.records import RunRecorder
+    from orchestrator.suites.report import write_report
+
+    stopped = facts(status="exited", exit_code=137, finished_at=NOW - 1)
+    cause = container_cause(stopped, elapsed=30)
+    result = with_cause(HostResult("node2", "failed", exit_code=137, error="exit code 137"), cause)
+    judged = judge(Step.model_validate({"name": "nap", "run": "sleep 60"}), result)
+    assert "`up()` starts it again" in (judged.reason or "")  # the API's words, for the API
+    outcome = replace(
+        failing_outcome(),
+        steps=[StepOutcome(name="nap", hosts=["node2"], results={"node2": judged})],
+    )
+    recorder = RunRecorder.create(tmp_path / "run")
+    recorder.style = CLI_STYLE  # as `cvs run` sets it
+    recorder.finish(outcome, report=write_report)
+    saved = json.loads((tmp_path / "run" / "results.json").read_text())
+    reason = saved["steps"][0]["hosts"]["node2"]["reason"]
+    console = io.StringIO()
+    print_report(restyled(outcome, CLI_STYLE), recorder, console)
+    for text in (reason, console.getvalue()):
+        assert "`cvs up` starts it again, keeping its overlay" in text, text
+        assert "up()" not in text, text

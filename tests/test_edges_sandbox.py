@@ -194,7 +194,7 @@ def test_hosts_cannot_start_a_missing_member_alone_and_a_resumed_one_gets_its_ss
     docker(lab.sb, "node3", "stop", "-t", "1", lab.name)
     healed = cvs_on(cluster, "up", "--hosts", "node3")
     assert healed.returncode == 0, explain(healed)
-    assert "up: 1/1 hosts ready" in healed.stderr, explain(healed)
+    assert "up: 1/1 hosts ready" in healed.stdout, explain(healed)
     rows = last_json(cvs_on(cluster, "status", "--json"))["hosts"]
     assert all(rows[h]["sshd"] == "listening" for h in NODES), rows
     # Peers reach it: node1's container logs in to node3's sshd with the cluster's key.
@@ -203,9 +203,9 @@ def test_hosts_cannot_start_a_missing_member_alone_and_a_resumed_one_gets_its_ss
 
     down = cvs_on(cluster, "down", "--force", "--hosts", "node3")
     assert down.returncode == 0, explain(down)
-    assert "nothing left anywhere" not in down.stderr, explain(down)
-    assert "down: removed on 1 of the 1 chosen host(s)" in down.stderr, explain(down)
-    assert "not looked at (outside --hosts): node[1-2]" in down.stderr, explain(down)
+    assert "nothing left anywhere" not in down.stdout, explain(down)
+    assert "down: removed on 1 of the 1 chosen host(s)" in down.stdout, explain(down)
+    assert "not looked at (outside --hosts): node[1-2]" in down.stdout, explain(down)
 
 
 # --- finding 3: two overlapping --hosts invocations never wait on each other ---------

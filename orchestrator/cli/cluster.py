@@ -239,7 +239,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     }
     _write_host_lines(lines)
     _write_failures(failed, config)
-    sys.stderr.write(f"up: {len(report.ready)}/{len(report.outcomes)} hosts ready\n")
+    sys.stdout.write(f"up: {len(report.ready)}/{len(report.outcomes)} hosts ready\n")
     return report.exit_code
 
 
@@ -256,10 +256,10 @@ def _write_failures(failed: dict[str, str], config: Any) -> None:
     hints = _hinter(config)
     for hosts, text in failure_groups(failed, host_aliases(config)):
         where = hosts[0] if len(hosts) == 1 else f"{compress_hosts(hosts)} ({len(hosts)})"
-        sys.stderr.write(f"{where}: {text}\n")
+        sys.stdout.write(f"{where}: {text}\n")
         hint = hints(failed[hosts[0]])
         if hint:
-            sys.stderr.write(f"  fix: {hint}\n")
+            sys.stdout.write(f"  fix: {hint}\n")
 
 
 def _hinter(config: Any) -> Any:
@@ -293,14 +293,15 @@ FOLD_ABOVE = 20
 
 
 def _write_host_lines(lines: dict[str, str]) -> None:
+    """Each host's result: the command's output, stdout (docs/cli-output.md)."""
     if len(lines) <= FOLD_ABOVE:
         for host, text in lines.items():
-            sys.stderr.write(f"{host}: {text}\n")
+            sys.stdout.write(f"{host}: {text}\n")
         return
     from orchestrator.render import compress_hosts, failure_groups
 
     for hosts, text in failure_groups(lines):
-        sys.stderr.write(f"{compress_hosts(hosts)} ({len(hosts)}): {text}\n")
+        sys.stdout.write(f"{compress_hosts(hosts)} ({len(hosts)}): {text}\n")
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -334,8 +335,7 @@ def cmd_down(args: argparse.Namespace) -> int:
             not_looked_at=outside,
         )
         return code
-    for w in plan.warnings:
-        sys.stderr.write(f"warning: {w}\n")
+    # The plan's warnings were said as it was made (the lifecycle's events): once.
     lines: dict[str, str] = {}
     for host, action in plan.actions.items():
         r = results.get(host)
@@ -352,13 +352,13 @@ def cmd_down(args: argparse.Namespace) -> int:
         tail = "nothing left on them\n"
     else:
         tail = "nothing left anywhere\n"
-    sys.stderr.write(f"down: removed on {len(removed)}{where}; {tail}")
+    sys.stdout.write(f"down: removed on {len(removed)}{where}; {tail}")
     for host, text in left.items():
-        sys.stderr.write(f"  {host}: {text}\n")
+        sys.stdout.write(f"  {host}: {text}\n")
     if outside:
         from orchestrator.render import compress_hosts
 
-        sys.stderr.write(
+        sys.stdout.write(
             f"  not looked at (outside --hosts): {compress_hosts(outside)} "
             "(`cvs status` shows what runs there)\n"
         )

@@ -445,6 +445,11 @@ class BackgroundWriter:
             except ValueError:
                 broken = True
 
+    @property
+    def broken(self) -> bool:
+        """Its reader went away (a write failed): what comes next is dropped."""
+        return self._error is not None
+
     def drain(self) -> None:
         with self._cv:
             self._closed = True

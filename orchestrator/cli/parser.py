@@ -122,6 +122,7 @@ exit codes: 0 ok · 1 a command failed on some host · 2 usage or config error �
 3 some host unreachable · 4 refused by policy · 130 interrupted
 
 Start here:  cvs sandbox up --hosts 4      # a local 4-host cluster, prints its cluster.yaml
+             cvs -c /tmp/cvs-sandbox/cluster.yaml up       # start its containers
              cvs -c /tmp/cvs-sandbox/cluster.yaml exec -- hostname
 """
 
@@ -378,6 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
         "up",
         parents=[common],
         help="build the sandbox",
+        description="Build a sandbox cluster of --hosts hosts under --dir: a network namespace, "
+        "an sshd and a container runtime per host, the images loaded on each, and a "
+        "cluster.yaml that drives them (its path is printed). Needs root.",
         epilog="example: cvs sandbox up --hosts 3 --lifetime persistent",
     )
     up.add_argument("--hosts", type=host_count, default=4, help="number of hosts (default 4)")
@@ -408,6 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
         "down",
         parents=[common],
         help="remove everything it made",
+        description="Remove the sandbox under --dir: its hosts' containers, daemons, sshds, "
+        "network namespaces, bridge and files; what other sandboxes use stays.",
         epilog="example: cvs sandbox down --dir /tmp/cvs-sandbox",
     )
     down.add_argument("--dir", help=f"where it lives (default {DEFAULT_SANDBOX_DIR})")
@@ -468,6 +474,9 @@ def add_tools_parsers(sub: _Subparsers, common: argparse.ArgumentParser) -> None
         "show",
         parents=[common],
         help="print one run",
+        description="Print one past run: suite, cluster, image, start time, the step x host "
+        "table and each failure's reason. --json: the run's results.json under `run` (its "
+        "verdict: run.ok, run.exit_code); the top-level ok and exit_code are this command's.",
         epilog="example: cvs runs show latest",
     )
     run = show.add_argument(

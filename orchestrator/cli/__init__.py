@@ -138,6 +138,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
         message = cli_message(exc)
         sys.stderr.write(f"cvs: {message}\n")
+        problems = getattr(exc, "problems", [])
+        if len(problems) > 1 and (args.verbose or args.command_name == "validate"):
+            for line in problems:  # every one, the first again among them
+                sys.stderr.write(f"  - {line}\n")
         if args.json:
             from orchestrator.cli.common import write_json_result
 

@@ -17,6 +17,7 @@ from orchestrator.containers.causes import (
     ContainerFacts,
     container_cause,
     output_cause,
+    pull_cause,
     read_diagnosis,
     wants_diagnosis,
     with_cause,
@@ -226,3 +227,42 @@ def test_a_step_reason_keeps_the_causes_call_for_the_clis_words(tmp_path: Path) 
     for text in (reason, console.getvalue()):
         assert "`cvs up` starts it again, keeping its overlay" in text, text
         assert "up()" not in text, text
+
+
+@pytest.mark.parametrize(
+    ("image", "output", "expected"),
+    [
+        (
+            "reg.example:5000/team/img:9",
+            "Error response from daemon: manifest for reg.example:5000/team/img:9 not found: "
+            "manifest unknown: manifest unknown\n",
+            "image reg.example:5000/team/img:9 not found: reg.example:5000 has no such image",
+        ),
+        (
+            "cvs-sandbox:shhd",
+            "Error response from daemon: pull access denied for cvs-sandbox, repository does "
+            "not exist or may require 'docker login': denied: requested access to the resource "
+            "is denied\n",
+            "image cvs-sandbox:shhd not found: docker.io has no such image or tag",
+        ),
+        (
+            "reg.example/img:1",
+            'Error response from daemon: Head "https://reg.example/v2/img/manifests/1": '
+            "unauthorized: authentication required\n",
+            "reg.example refused image reg.example/img:1",
+        ),
+        (
+            "cvs-sandbox:shhd",
+            'Error response from daemon: Get "https://registry-1.docker.io/v2/": dial tcp: '
+            "lookup registry-1.docker.io: no such host\n",
+            "image cvs-sandbox:shhd is not on the host, and docker.io was not reached to pull it",
+        ),
+    ],
+    ids=["manifest-unknown", "hub-denied", "unauthorized", "unreached"],
+)
+def test_a_failed_pull_names_the_image_and_what_the_registry_said(
+    image: str, output: str, expected: str
+) -> None:
+    said = pull_cause(image, output)
+    assert said.startswith(expected), said
+    assert "Error response from daemon" not in said, said

@@ -8,6 +8,7 @@ failure.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -228,3 +229,82 @@ def test_two_overlapping_hosts_subsets_changing_containers_both_finish(lab: Lab)
     codes = [p.returncode for p in procs]
     # A deadlock would end in a lock timeout (exit 4, "still held after waiting 90s").
     assert codes == [0, 0, 0], "\n".join(o + e for o, e in outs)
+
+
+# --- finding 6: an image that does not exist is named -------------------------------
+
+
+def test_up_names_an_image_the_registry_does_not_have_as_not_found(lab: Lab) -> None:
+    with lab.sb.registry() as reg:
+        image = reg.ref("cvs/no-such-image", "1")
+        cluster = lab.cluster(
+            image=image,
+            sshd={"enabled": False},
+            registry={"username": reg.username, "password_file": str(reg.password_file)},
+        )
+        plan = cvs_on(cluster, "plan")
+        up = cvs_on(cluster, "up")
+    assert plan.returncode == 0, explain(plan)
+    assert f"image {image} is on none of node1, node2, node3: up pulls it from" in plan.stderr
+    assert up.returncode == 1, explain(up)
+    summary = [line for line in up.stdout.splitlines() if "FAILED at pull" in line]
+    assert summary == [
+        f"node[1-3] (3): cold_start FAILED at pull: image {image} not found: {reg.address} has "
+        f"no such image or tag (manifest for {image} not found: manifest unknown: manifest "
+        "unknown)"
+    ], explain(up)
+
+
+# --- finding 11: cvs shell on a container that is not there -------------------------
+
+
+def test_shell_on_an_absent_container_says_so_and_exits_1(lab: Lab) -> None:
+    cluster = lab.cluster()
+    proc = cvs_on(cluster, "shell", "node2", input="")
+    assert proc.returncode == 1, explain(proc)
+    assert proc.stderr.strip() == (
+        f"cvs: container {lab.name} is not running on node2 (run `cvs up`)"
+    ), explain(proc)
+
+
+# --- finding 8: the CLI's words in `cvs run`'s console and results.json -------------
+
+
+def test_a_step_whose_container_stopped_tells_cvs_up_in_the_console_and_results(
+    lab: Lab,
+) -> None:
+    cluster = lab.cluster(sshd={"enabled": False})
+    assert cvs_on(cluster, "up").returncode == 0
+    suite = lab.directory / "nap.yaml"
+    suite.write_text(yaml.safe_dump({"name": "nap", "steps": [{"name": "nap", "run": "sleep 60"}]}))
+    run_dir = lab.directory / "run"
+    proc = subprocess.Popen(
+        [*CVS, "run", "-c", str(cluster), str(suite), "--run-dir", str(run_dir)],
+        cwd=lab.directory,
+        env={**os.environ, "CI": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        events = run_dir / "events.jsonl"
+        deadline = time.monotonic() + 120
+        while '"step": "nap", "status": "started"' not in (
+            events.read_text() if events.exists() else ""
+        ):
+            assert time.monotonic() < deadline, "the step never started"
+            time.sleep(0.2)
+        time.sleep(2)
+        docker(lab.sb, "node3", "stop", "-t", "1", lab.name)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, out + err
+    reason = json.loads((run_dir / "results.json").read_text())["steps"][0]["hosts"]["node3"][
+        "reason"
+    ]
+    for text in (reason, out):
+        assert "`cvs up` starts it again" in text, text
+        assert "up()" not in text, text

@@ -49,3 +49,16 @@ def test_per_run_containers_start_on_the_chosen_hosts() -> None:
     probed = states(host("n1", "absent"), host("n2", "absent"), host("n3", "absent"))
     plan = narrowed(decide_plan(cfg("per_run"), probed), ["n2", "n3"], "ctr")
     assert not plan.refused and kinds(plan) == {"n2": "cold_start", "n3": "cold_start"}
+
+
+def test_plan_names_an_image_on_no_host_and_pull_never_as_not_found() -> None:
+    """Issue 30, finding 6: `plan` named nothing for a tag no host has."""
+    absent = states(
+        host("n1", "absent", tag=None), host("n2", "absent", tag=None), host("n3", "absent")
+    )
+    never = decide_plan(cfg("persistent", pull="never"), absent)
+    assert never.refused and "image img:1 not found on n1, n2" in never.reasons[0]
+    nowhere = states(*(host(h, "absent", tag=None) for h in ("n1", "n2", "n3")))
+    pulled = decide_plan(cfg("persistent"), nowhere)
+    assert not pulled.refused
+    assert "image img:1 is on none of n1, n2, n3: up pulls it from docker.io" in pulled.warnings

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from orchestrator import remote
-from orchestrator.containers.docker import validate_container_name
+from orchestrator.containers.docker import image_registry, validate_container_name
 from orchestrator.errors import Call, Phrase
 from orchestrator.remote.runtime import ContainerRuntime, runtime_hung
 from orchestrator.results import HostResult
@@ -161,6 +161,44 @@ def output_cause(stdout: str, stderr: str) -> str | None:
     return None
 
 
+_PULL_NOT_FOUND = re.compile(
+    r"manifest unknown|manifest for \S+ not found|not found: manifest|repository does not exist|"
+    r"name unknown|no such image|image not known|\bnot found\b",
+    re.IGNORECASE,
+)
+_PULL_REFUSED = re.compile(
+    r"unauthorized|authentication required|access denied|denied:|forbidden|\b40[13]\b",
+    re.IGNORECASE,
+)
+_PULL_UNREACHED = re.compile(
+    r"no such host|network is unreachable|connection refused|i/o timeout|"
+    r"handshake timeout|dial tcp|no route to host|server misbehaving",
+    re.IGNORECASE,
+)
+_DAEMON_PREFIX = re.compile(r"^(?:Error response from daemon:|Error:|error:)\s*", re.IGNORECASE)
+
+
+def pull_cause(image: str, output: str) -> str:
+    """Why `docker pull IMAGE` (or podman's) failed, naming the image and the
+    registry it went to: not found there, refused by it, or not reached;
+    `output` is what the pull printed (its last line says it)."""
+    registry = image_registry(image) or "docker.io"
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    detail = _DAEMON_PREFIX.sub("", lines[-1])[:300] if lines else "no message"
+    # Docker Hub answers "pull access denied ... repository does not exist" for
+    # both a missing and a private image: not found, and says so.
+    if _PULL_NOT_FOUND.search(detail):
+        return f"image {image} not found: {registry} has no such image or tag ({detail})"
+    if _PULL_REFUSED.search(detail):
+        return f"{registry} refused image {image} ({detail})"
+    if _PULL_UNREACHED.search(detail):
+        return (
+            f"image {image} is not on the host, and {registry} was not reached to pull it "
+            f"({detail})"
+        )
+    return f"image {image} could not be pulled from {registry} ({detail})"
+
+
 def container_cause(
     facts: ContainerFacts,
     *,
@@ -254,6 +292,7 @@ __all__ = [
     "diagnosis_command",
     "hung_cause",
     "output_cause",
+    "pull_cause",
     "read_diagnosis",
     "wants_diagnosis",
     "with_cause",

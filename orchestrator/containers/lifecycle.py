@@ -33,7 +33,7 @@ from orchestrator.config import (
     sshd_wanted,
 )
 from orchestrator.config.hostlist import abbreviate_hosts
-from orchestrator.containers.causes import output_cause
+from orchestrator.containers.causes import output_cause, pull_cause
 from orchestrator.containers.docker import (
     CONTAINER_ID_RE,
     LABEL_INVOCATION,
@@ -440,6 +440,12 @@ class Lifecycle:
                 # The cause when the output names one (a full disk), not just the code.
                 cause = output_cause(result.stdout, result.stderr)
                 message += f": {cause}" if cause else ""
+                if step == "pull" and cause is None:
+                    # The image and the registry named once, with its words (issue 30).
+                    message = pull_cause(self.cfg.image, result.stderr or result.stdout)
+                    outcome.fail(step, replace(result, stdout="", stderr=""), message)
+                    self._step(outcome.host, step, "failed", message)
+                    return None
             outcome.fail(step, result, message)
             self._step(outcome.host, step, "failed", result.tail(5) or message)
             return None

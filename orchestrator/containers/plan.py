@@ -34,6 +34,7 @@ from orchestrator.containers.docker import (
     LABEL_CONFIG_HASH,
     LABEL_LIFETIME,
     LABEL_MANAGED,
+    image_registry,
     is_ours,
 )
 from orchestrator.containers.docker import short_id as _short
@@ -473,7 +474,7 @@ def decide_plan(
     more += _rootless_caps(states, launching, resources)
     more += _gpu_refusals(cfg, states, launching)
     group_notes, keep = _device_group_access(cfg, states, launching)
-    warnings = [*plan.warnings, *fit_warnings, *group_notes]
+    warnings = [*plan.warnings, *fit_warnings, *group_notes, *_pull_notes(cfg, states, launching)]
     if more or plan.refused:
         reasons = list(dict.fromkeys([*plan.refusals, *more]))
         return _refusal(cfg, states, ours, reasons, warnings)
@@ -593,7 +594,7 @@ def _missing_image(
     return [
         Refusal(
             "image_missing",
-            f"image {cfg.image} is not on {_names(missing)} and container.pull is 'never'",
+            f"image {cfg.image} not found on {_names(missing)} and container.pull is 'never'",
             tuple(missing),
             (
                 WayOut(f"load it there ({cfg.runtime} load)"),
@@ -602,6 +603,19 @@ def _missing_image(
             ),
         )
     ]
+
+
+def _pull_notes(
+    cfg: ContainerConfig, states: Mapping[str, HostState], launching: list[str]
+) -> list[str]:
+    """The tag on no launching host: `up` pulls it, from the registry it names
+    (a tag that does not exist there fails the pull, named `not found`)."""
+    if cfg.pull == "never" or cfg.image_tar is not None or not launching:
+        return []
+    if any(states[h].tag_image_id is not None or states[h].tag_error for h in launching):
+        return []
+    registry = image_registry(cfg.image) or "docker.io"
+    return [f"image {cfg.image} is on none of {_names(launching)}: up pulls it from {registry}"]
 
 
 def _sshd_port_conflicts(

@@ -62,3 +62,20 @@ def test_plan_names_an_image_on_no_host_and_pull_never_as_not_found() -> None:
     pulled = decide_plan(cfg("persistent"), nowhere)
     assert not pulled.refused
     assert "image img:1 is on none of n1, n2, n3: up pulls it from docker.io" in pulled.warnings
+
+
+def test_a_persistent_set_under_a_per_run_file_is_one_refusal_with_true_ways_out() -> None:
+    """Issue 30, finding 7: two refusals (one offering --force, which the other
+    says never works) and `not created by cvs`, which was false."""
+    from orchestrator.containers.docker import managed_labels
+
+    labels = managed_labels("cvs", lifetime="persistent")
+    probed = states(*(host(h, "running", labels=labels) for h in ("n1", "n2", "n3")))
+    plan = decide_plan(cfg("per_run"), probed, cluster_name="cvs")
+    assert [r.kind for r in plan.refusals] == ["persistent_kept"], plan.reasons
+    text = plan.refusals[0].render(CLI_STYLE)
+    assert "--force to" not in text and "rerun" not in text, text
+    assert "whose container.lifetime is persistent" in text, text
+    assert {a.reason for a in plan.actions.values()} == {
+        "running (created by cvs for cluster 'cvs', lifetime persistent)"
+    }

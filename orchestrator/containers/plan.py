@@ -149,7 +149,17 @@ def _describe(state: HostState, ours: bool) -> str:
         return f"state unknown: {state.error or 'probe failed'}"
     if state.container == "absent":
         return "absent"
-    return f"{_state_word(state)} ({'ours' if ours else 'not created by cvs'})"
+    return f"{_state_word(state)} ({'ours' if ours else _whose(state)})"
+
+
+def _whose(state: HostState) -> str:
+    """Who made a container that is not this cluster's for this lifetime, as
+    its labels say (`not created by cvs` only when none says cvs did)."""
+    owner = state.labels.get(LABEL_MANAGED)
+    if not owner:
+        return "not created by cvs"
+    lifetime = state.labels.get(LABEL_LIFETIME)
+    return f"created by cvs for cluster {owner!r}" + (f", lifetime {lifetime}" if lifetime else "")
 
 
 def _label(cfg: ContainerConfig) -> str:
@@ -709,8 +719,11 @@ def _persistent_reason(cfg: ContainerConfig, hosts: list[str]) -> Refusal:
         "cluster never removes a persistent container, not even when forced",
         tuple(hosts),
         (
+            # This per_run file's `down --force` keeps it too: the way out is the
+            # persistent file's (or this one set back to persistent).
             WayOut(
-                "remove it with the persistent cluster's down",
+                "remove it with a cluster file whose container.lifetime is persistent "
+                "(this one set back to persistent will do)",
                 calls=(Call("down", (Option("force"),)),),
             ),
             WayOut("choose another `container.name`"),
@@ -753,9 +766,13 @@ def _plan_per_run(
     sshd: bool,
     cluster_name: str,
 ) -> Plan:
-    foreign = [h for h, s in states.items() if s.container != "absent" and not ours[h]]
-    reasons: list[Refusal] = []
     kept = _persistent_labelled(states)
+    # One refusal per cause: a persistent container is refused as one (never
+    # removed, not even forced), not also as foreign (which --force would replace).
+    foreign = [
+        h for h, s in states.items() if s.container != "absent" and not ours[h] and h not in kept
+    ]
+    reasons: list[Refusal] = []
     if kept:
         reasons.append(_persistent_reason(cfg, kept))
     if foreign and not force:

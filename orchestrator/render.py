@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.config.hostlist import compress_hostlist
-from orchestrator.errors import API_STYLE, Style
+from orchestrator.errors import API_STYLE, Call, Phrase, Style
 from orchestrator.errortext import SeenErrors, fold_errors
 from orchestrator.events import (
     CommandFinished,
@@ -340,7 +340,9 @@ def status_cells(status: HostStatus) -> list[str]:
     return [cells[h] for h in STATUS_HEADERS]
 
 
-def _status_errors(rows: Sequence[HostStatus], out: IO[str] | None = None) -> None:
+def _status_errors(
+    rows: Sequence[HostStatus], out: IO[str] | None = None, style: Style = API_STYLE
+) -> None:
     """Each host's reason on stderr, `HOST: reason`; the first one also says
     what the table's `?` means (once: the table's rows stay one per host)."""
     explained = False
@@ -356,15 +358,18 @@ def _status_errors(rows: Sequence[HostStatus], out: IO[str] | None = None) -> No
         unknown = [k for k in STATUS_NARROW if cells[k] == UNKNOWN]
         if unknown:
             state = cells["state"]
-            why = (
-                f"not known while the container is {state} (`cvs up` starts it again)"
+            why: str = (
+                Phrase(
+                    f"not known while the container is {state} (", Call("up"), " starts it again)"
+                )
                 if state != "running"
                 else "not known: the probe could not tell"
             )
-            sys.stderr.write(f"{r.host}: {', '.join(unknown)} {why}\n")
+            said = why.render(style) if isinstance(why, Phrase) else why
+            sys.stderr.write(f"{r.host}: {', '.join(unknown)} {said}\n")
 
 
-def print_status(rows: Sequence[HostStatus], *, plain: bool) -> None:
+def print_status(rows: Sequence[HostStatus], *, plain: bool, style: Style = API_STYLE) -> None:
     """The `cvs status` table; probe errors follow on stderr, one line per host."""
     if plain:
         data = [_header_labels(STATUS_HEADERS, rows)] + [status_cells(r) for r in rows]
@@ -378,7 +383,7 @@ def print_status(rows: Sequence[HostStatus], *, plain: bool) -> None:
         for r in rows:
             table.add_row(*status_cells(r))
         Console().print(table)
-    _status_errors(rows)
+    _status_errors(rows, style=style)
 
 
 # ---- cvs status -o table|wide: a colour-coded table -------------------------------------
@@ -445,9 +450,11 @@ def print_status_table(
     wide: bool,
     plain: bool,
     out: IO[str] | None = None,
+    style: Style = API_STYLE,
 ) -> None:
     """The `cvs status` table on stdout: rich and coloured on a terminal, aligned text
-    otherwise (pipes, CI, NO_COLOR); probe errors follow on stderr."""
+    otherwise (pipes, CI, NO_COLOR); probe errors follow on stderr (calls named
+    in `style`'s words)."""
     out = out or sys.stdout
     if plain:
         columns = status_columns(wide=wide)
@@ -459,7 +466,7 @@ def print_status_table(
             out.write("  ".join(cells).rstrip() + "\n")
     else:
         Console(file=out).print(status_table(rows, wide=wide))
-    _status_errors(rows, out)
+    _status_errors(rows, out, style)
 
 
 # ---- cvs exec --group on a terminal: one coloured header per group -----------------------

@@ -86,6 +86,7 @@ def test_a_question_mark_for_an_exited_container_comes_with_its_reason(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Issue 30: `?` with no reason for an exited container."""
+    from orchestrator.cli.common import CLI_STYLE
     from orchestrator.render import print_status
 
     exited = HostState(
@@ -101,7 +102,7 @@ def test_a_question_mark_for_an_exited_container_comes_with_its_reason(
         )
         for s in (HEALTHY, exited)
     ]
-    print_status(rows, plain=True)
+    print_status(rows, plain=True, style=CLI_STYLE)
     out, err = capsys.readouterr()
     table = dict(line.split(None, 1) for line in out.splitlines()[1:])
     assert "?" in table["node3"], out

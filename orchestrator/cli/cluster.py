@@ -401,5 +401,5 @@ def cmd_status(args: argparse.Namespace) -> int:
     # --color always (FORCE_COLOR) keeps the coloured table through a pipe: `| less -R`.
     forced = bool(os.environ.get("FORCE_COLOR")) and not os.environ.get("NO_COLOR")
     plain = wants_plain(sys.stdout) and not forced
-    print_status_table(rows, wide=output == "wide", plain=plain)
+    print_status_table(rows, wide=output == "wide", plain=plain, style=CLI_STYLE)
     return code

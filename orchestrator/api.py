@@ -42,7 +42,7 @@ from orchestrator.containers.drift import cluster_expectations
 from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command, pidfile_of
 from orchestrator.containers.probe import HostState
 from orchestrator.containers.status import HostStatus, host_status
-from orchestrator.containers.subset import narrowed
+from orchestrator.containers.subset import deciding, narrowed, unread
 from orchestrator.errors import CvsError, Param, Phrase, UsageError
 from orchestrator.errors import HostSelectionError as HostSelectionError
 from orchestrator.events import EventSink, Message, NullSink
@@ -206,8 +206,9 @@ class Cluster:
         over every host, as `up(only=...)` does); nothing is changed, nothing
         locked."""
         lc = self._lifecycle()
-        plan = lc.decide(await lc.probe_all(), force=force, reprovision=reprovision, adopt=adopt)
-        return plan if only is None else narrowed(plan, only, lc.name)
+        probed = await lc.probe_all()
+        plan = lc.decide(deciding(probed, only), force=force, reprovision=reprovision, adopt=adopt)
+        return plan if only is None else narrowed(plan, only, lc.name, unread(probed, only))
 
     async def up(
         self,

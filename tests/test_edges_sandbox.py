@@ -92,7 +92,17 @@ def test_exit_255_a_kill_and_a_real_restart_get_three_different_true_answers(lab
     killed = exec_error(cluster, "kill -9 $$")
 
     def restart() -> None:
-        time.sleep(3)
+        # Once the command runs in the container (its pidfile is there), not
+        # after a guessed delay: a loaded machine starts the CLI late.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            found = docker(
+                lab.sb, "node1", "exec", lab.name, "sh", "-c", "ls /tmp/.cvs-exec-*.pid || true"
+            )
+            if ".pid" in found:
+                break
+            time.sleep(0.3)
+        time.sleep(1)
         docker(lab.sb, "node1", "restart", "-t", "1", lab.name)
 
     thread = threading.Thread(target=restart)

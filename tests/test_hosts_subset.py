@@ -79,3 +79,19 @@ def test_a_persistent_set_under_a_per_run_file_is_one_refusal_with_true_ways_out
     assert {a.reason for a in plan.actions.values()} == {
         "running (created by cvs for cluster 'cvs', lifetime persistent)"
     }
+
+
+def test_a_host_left_out_that_cannot_be_read_does_not_stop_an_attach_but_stops_a_start() -> None:
+    """`-x node3` while node3 is down: the others keep working; a fresh set is not
+    started next to a host whose state nobody knows."""
+    from orchestrator.containers.subset import deciding, unread
+
+    running = states(host("n1", "running"), host("n2", "running"), host("n3", None))
+    plan = decide_plan(cfg("persistent"), deciding(running, ["n1", "n2"]))
+    plan = narrowed(plan, ["n1", "n2"], "ctr", unread(running, ["n1", "n2"]))
+    assert not plan.refused and kinds(plan) == {"n1": "attach", "n2": "attach"}
+
+    fresh = states(host("n1", "absent"), host("n2", "absent"), host("n3", None))
+    plan = decide_plan(cfg("persistent"), deciding(fresh, ["n1", "n2"]))
+    plan = narrowed(plan, ["n1", "n2"], "ctr", unread(fresh, ["n1", "n2"]))
+    assert plan.refused and "while n3 need the same start or cannot be read" in plan.reasons[0]

@@ -70,7 +70,7 @@ from orchestrator.containers.provision import (
     ensure_sshd,
     run_setup_script,
 )
-from orchestrator.containers.subset import narrowed
+from orchestrator.containers.subset import deciding, narrowed, unread
 from orchestrator.errors import ExitCode, Phrase, PolicyRefused, Refusal, UsageError
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.limits.capacity import fit_to_host
@@ -588,12 +588,15 @@ class Lifecycle:
             self.sink.emit(Message(level="warning", text=w))
         try:
             states = await self.lock_and_probe("shared", wait=wait, purpose=self.purpose)
-            plan = self.decide(states, force=force, reprovision=reprovision, adopt=adopt)
-            plan = plan if only is None else narrowed(plan, only, self.name)
+            plan = self._decide_for(states, only, force, reprovision, adopt)
             if plan.changes and not plan.refused:
-                states = await self.lock_and_probe("exclusive", wait=wait, purpose=self.purpose)
-                plan = self.decide(states, force=force, reprovision=reprovision, adopt=adopt)
-                plan = plan if only is None else narrowed(plan, only, self.name)
+                # Exclusive where it acts (`only`); the other hosts' states stay
+                # what the shared round read, and nothing is done there.
+                fresh = await self.lock_and_probe(
+                    "exclusive", wait=wait, purpose=self.purpose, hosts=only
+                )
+                states = {**states, **fresh}
+                plan = self._decide_for(states, only, force, reprovision, adopt)
             for w in plan.warnings:
                 self.sink.emit(Message(level="warning", text=w))
             resources = self._fit_to_hosts(states, resources)
@@ -617,6 +620,20 @@ class Lifecycle:
         except BaseException:
             await self.locks.release()
             raise
+
+    def _decide_for(
+        self,
+        states: Mapping[str, HostState],
+        only: Sequence[str] | None,
+        force: bool,
+        reprovision: bool,
+        adopt: bool,
+    ) -> Plan:
+        """The plan over every host, acting on `only` when given (containers/subset.py)."""
+        plan = self.decide(
+            deciding(states, only), force=force, reprovision=reprovision, adopt=adopt
+        )
+        return plan if only is None else narrowed(plan, only, self.name, unread(states, only))
 
     def _fit_to_hosts(
         self, states: Mapping[str, HostState], resources: dict[str, EffectiveResources]

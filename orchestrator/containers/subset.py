@@ -14,15 +14,33 @@ Pure: a Plan in, a Plan out.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from orchestrator.containers.plan import Plan
+from orchestrator.containers.probe import HostState
 from orchestrator.errors import Call, Param, Phrase, Refusal, WayOut
 
 
 def _names(hosts: Sequence[str]) -> str:
     return ", ".join(hosts)
+
+
+def unread(states: Mapping[str, HostState], only: Sequence[str] | None) -> list[str]:
+    """The hosts left out of `only` whose state could not be read."""
+    chosen = set(only or ())
+    return [h for h, s in states.items() if h not in chosen and not s.known]
+
+
+def deciding(states: Mapping[str, HostState], only: Sequence[str] | None) -> dict[str, HostState]:
+    """The hosts a plan for `only` is decided over: every host whose state is
+    known, and the chosen ones whatever their state. A host left out whose
+    state cannot be read (down, unreachable: often why it was left out) is
+    left out of the decision too; a chosen one refuses as it always does."""
+    if only is None:
+        return dict(states)
+    chosen = set(only)
+    return {h: s for h, s in states.items() if h in chosen or s.known}
 
 
 def _whole_ways(plan: Plan) -> Plan:
@@ -42,16 +60,19 @@ def _whole_ways(plan: Plan) -> Plan:
     return replace(plan, refusals=refusals)
 
 
-def narrowed(plan: Plan, only: Sequence[str], container: str) -> Plan:
-    """`plan` (decided over every host) acting on the hosts in `only` alone,
-    or refused, with nothing changed anywhere, when acting on them alone
-    would leave a partial persistent set."""
+def narrowed(plan: Plan, only: Sequence[str], container: str, unknown: Sequence[str] = ()) -> Plan:
+    """`plan` (decided over every host, `deciding`) acting on the hosts in
+    `only` alone, or refused, with nothing changed anywhere, when acting on
+    them alone would leave a partial persistent set. `unknown`: hosts left
+    out whose state could not be read (a start next to them is refused: the
+    set may be missing there)."""
     chosen = set(only)
     if plan.refused:
         return _whole_ways(plan) if chosen < set(plan.actions) else plan
     if plan.lifetime == "persistent":
         inside = [h for h, a in plan.actions.items() if h in chosen and a.launches]
         outside = [h for h, a in plan.actions.items() if h not in chosen and a.launches]
+        outside += [h for h in unknown if h not in chosen and h not in outside]
         if inside and outside:
             refusal = Refusal(
                 "partial_set_hosts",
@@ -59,8 +80,8 @@ def narrowed(plan: Plan, only: Sequence[str], container: str) -> Plan:
                     f"lifetime persistent: container {container} would start on "
                     f"{_names(inside)} only (",
                     Param("hosts"),
-                    f"), while {_names(outside)} need the same start: a persistent set "
-                    "lives on every host",
+                    f"), while {_names(outside)} need the same start or cannot be read: a "
+                    "persistent set lives on every host",
                 ),
                 tuple(inside + outside),
                 (WayOut("start it on every host at once", calls=(Call("up"),)),),
@@ -70,4 +91,4 @@ def narrowed(plan: Plan, only: Sequence[str], container: str) -> Plan:
     return replace(plan, actions=actions)
 
 
-__all__ = ["narrowed"]
+__all__ = ["deciding", "narrowed", "unread"]

@@ -311,7 +311,7 @@ def _subparsers(parser: argparse.ArgumentParser) -> argparse._SubParsersAction[A
 
 
 def _command(name: str, parser: argparse.ArgumentParser, summary: str) -> list[str]:
-    out = [f"## {name}", ""]
+    out = [f"### {name}", ""]
     if summary:
         out += [_cell(summary[0].upper() + summary[1:]) + ".", ""]
     own = _own_actions(parser)
@@ -337,7 +337,7 @@ def cli_reference() -> str:
     parser = build_parser()
     common = _common_options(subcommand=False)
     out = [
-        "## Common options",
+        "### Common options",
         "",
         "Every command but `completion` takes these, before or after the command's name.",
         "",

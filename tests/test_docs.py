@@ -19,6 +19,7 @@ from typing import Any
 import doctools
 import pytest
 import yaml
+from clitools import cvs_in_process
 from doctools import NOT_RUN, NOT_VALIDATED, README, ROOT, fenced_blocks, readme_shell_blocks
 from pydantic import BaseModel, Field
 
@@ -168,13 +169,7 @@ def test_every_yaml_example_loads(page: Path, before: str, body: str, tmp_path: 
         return
     path = tmp_path / "cluster.yaml"
     path.write_text(body)
-    out = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "validate", "-c", str(path), "--no-check-files"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PATH": "/usr/bin:/bin", "CI": "1", "HOME": str(tmp_path)},
-    )
+    out = cvs_in_process("validate", "--no-check-files", cluster=path)
     assert out.returncode == 0, out.stderr
 
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from clitools import cvs
 from conftest import _skip_reason
 from doctools import runnable_readme_blocks
 
@@ -46,12 +47,6 @@ def test_readme_shell_block_runs_as_written(line: int, body: str, tmp_path: Path
         )
     finally:
         if (tmp_path / "sandbox").exists():
-            subprocess.run(
-                [sys.executable, "-m", "orchestrator", "sandbox", "down", "--dir", "sandbox"],
-                cwd=tmp_path,
-                env=env,
-                capture_output=True,
-                timeout=300,
-            )
+            cvs("sandbox", "down", "--dir", "sandbox", cwd=tmp_path, timeout=300)
     if "cvs run test_demo" in body:
         assert len(list((tmp_path / "runs").iterdir())) == 2, "install_demo and test_demo"

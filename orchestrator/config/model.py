@@ -344,7 +344,8 @@ class SSHConfig(Model):
         default=600.0,
         gt=0,
         allow_inf_nan=False,
-        description="Default seconds for one remote command (`cvs exec --timeout` overrides it)",
+        description="Default seconds for one remote command (a timeout given for a command "
+        "overrides it)",
     )
     max_channels: int = Field(
         default=8,
@@ -390,8 +391,8 @@ class Concurrency(Model):
     hosts: int = Field(
         default=256,
         ge=1,
-        description="Hosts worked on at once (`--forks`); the fleet size is safe: handshakes "
-        "are admitted adaptively",
+        description="Hosts worked on at once; the fleet size is safe: handshakes are admitted "
+        "adaptively",
     )
 
 
@@ -777,7 +778,7 @@ class ClusterConfig(Model):
     cvs_notes: list[str] = Field(
         default_factory=list,
         description="Set by the CVS-JSON import: what CVS's own rules put into effect, for "
-        "`cvs validate`",
+        "validation's report",
         json_schema_extra=SET_BY_LOADER,
     )
 

@@ -85,7 +85,10 @@ class CopySpec(Model):
     """A `copy:` step: SRC (relative to the suite file) to DEST on each of the step's hosts."""
 
     src: str = Field(description="A local file or directory, relative to the suite file")
-    dest: str = Field(description="Where it goes on each host, like `cvs cp`'s DEST")
+    dest: str = Field(
+        description="Where it goes on each host: inside it when it is a directory or ends "
+        "with /, else the new name"
+    )
 
     @field_validator("src", "dest")
     @classmethod

@@ -42,7 +42,6 @@ from orchestrator.containers.drift import cluster_expectations
 from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command, pidfile_of
 from orchestrator.containers.probe import HostState
 from orchestrator.containers.status import HostStatus, host_status
-from orchestrator.containers.subset import deciding, narrowed, unread
 from orchestrator.errors import CvsError, Param, Phrase, UsageError
 from orchestrator.errors import HostSelectionError as HostSelectionError
 from orchestrator.events import EventSink, Message, NullSink
@@ -201,14 +200,13 @@ class Cluster:
         reprovision: bool = False,
         adopt: bool = False,
         only: Sequence[str] | None = None,
+        heal: bool = False,
     ) -> Plan:
         """What `up` would do on each host, or on the hosts `only` (decided
         over every host, as `up(only=...)` does); nothing is changed, nothing
         locked."""
         lc = self._lifecycle()
-        probed = await lc.probe_all()
-        plan = lc.decide(deciding(probed, only), force=force, reprovision=reprovision, adopt=adopt)
-        return plan if only is None else narrowed(plan, only, lc.name, unread(probed, only))
+        return lc.decide_for(await lc.probe_all(), only, force, reprovision, adopt, heal)
 
     async def up(
         self,
@@ -219,10 +217,13 @@ class Cluster:
         adopt: bool = False,
         wait: bool = True,
         only: Sequence[str] | None = None,
+        heal: bool = False,
     ) -> UpReport:
         """Bring containers to the state the lifetime policy asks for (on
         every host, or on the hosts `only`: the plan is still decided over
         every host, so a subset never makes what the whole would refuse).
+        `heal` (persistent): start the container where it is missing while
+        every other host runs it, from the same image, instead of refusing.
 
         Raises `PolicyRefused` (nothing changed on any host) when the policy
         or image identity forbids it, or when another invocation holds a
@@ -237,7 +238,7 @@ class Cluster:
         lifecycle = self._lifecycle()
         self._guard_gpu_env(dict(lifecycle.cfg.env))  # warns; run_argv drops them
         report = await lifecycle.up(
-            force=force, reprovision=reprovision, adopt=adopt, wait=wait, only=only
+            force=force, reprovision=reprovision, adopt=adopt, wait=wait, only=only, heal=heal
         )
         if check and not report.ok:
             raise UpFailed(report)

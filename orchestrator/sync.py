@@ -62,11 +62,14 @@ class SyncCluster:
         reprovision: bool = False,
         adopt: bool = False,
         only: Sequence[str] | None = None,
+        heal: bool = False,
     ) -> Plan:
         """What `up` would do on each host, or on the hosts `only` (nothing is
         changed, nothing locked)."""
         return self._portal.call(
-            lambda: self._cluster.plan(force=force, reprovision=reprovision, adopt=adopt, only=only)
+            lambda: self._cluster.plan(
+                force=force, reprovision=reprovision, adopt=adopt, only=only, heal=heal
+            )
         )
 
     def up(
@@ -78,6 +81,7 @@ class SyncCluster:
         adopt: bool = False,
         wait: bool = True,
         only: Sequence[str] | None = None,
+        heal: bool = False,
     ) -> UpReport:
         """Bring containers to the state the lifetime policy asks for (see `Cluster.up`:
         raises `UpFailed` when a host did not end ready, unless `check=False`; `only`:
@@ -90,6 +94,7 @@ class SyncCluster:
                 adopt=adopt,
                 wait=wait,
                 only=only,
+                heal=heal,
             )
         )
 

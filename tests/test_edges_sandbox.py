@@ -29,6 +29,8 @@ from orchestrator.sandbox import SSHD_TAG, Sandbox
 from orchestrator.sandbox.network import gateway_address
 
 NODES = ["node1", "node2", "node3"]
+# `edges` builds a sandbox: every test here is a sandbox test (`-m "not sandbox"` skips them).
+pytestmark = pytest.mark.sandbox
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +187,7 @@ def test_a_login_that_stalls_leaves_no_docker_login_running_on_any_host(lab: Lab
 # --- finding 2: --hosts never makes a partial persistent set -------------------------
 
 
-def test_hosts_cannot_start_a_missing_member_alone_and_a_resumed_one_gets_its_sshd(
+def test_hosts_never_starts_a_missing_member_alone_unless_healing_and_it_ends_like_the_others(
     lab: Lab,
 ) -> None:
     cluster = lab.cluster(start_timeout=120)
@@ -200,8 +202,18 @@ def test_hosts_cannot_start_a_missing_member_alone_and_a_resumed_one_gets_its_ss
     assert "(`cvs up --force`)" in up.stderr, explain(up)
     assert docker(lab.sb, "node3", "ps", "-aq", "--filter", f"name=^/{lab.name}$") == ""
 
+    # Said explicitly, --heal starts it there alone, like the others: provisioned,
+    # sshd listening, its peers reach it.
+    healed = cvs_on(cluster, "up", "--hosts", "node3", "--heal")
+    assert healed.returncode == 0, explain(healed)
+    assert "node3: cold_start ok (run, provision, sshd, verify)" in healed.stdout, explain(healed)
+    rows = last_json(cvs_on(cluster, "status", "--json"))["hosts"]
+    assert all(rows[h]["sshd"] == "listening" for h in NODES), rows
+    assert all(rows[h]["provisioned"] == "yes" for h in NODES), rows
+    ssh = cvs_on(cluster, "exec", "--hosts", "node1", "--", "ssh", "node3", "hostname")
+    assert ssh.returncode == 0, explain(ssh)
+
     # A member stopped (a reboot) is resumed on the chosen host alone, like the others.
-    assert cvs_on(cluster, "up", "--force").returncode == 0
     docker(lab.sb, "node3", "stop", "-t", "1", lab.name)
     healed = cvs_on(cluster, "up", "--hosts", "node3")
     assert healed.returncode == 0, explain(healed)

@@ -7,7 +7,8 @@ from __future__ import annotations
 from plan_states import cfg, host, kinds, states
 
 from orchestrator.cli.common import CLI_STYLE
-from orchestrator.containers.plan import decide_plan
+from orchestrator.containers.plan import Plan, decide_plan
+from orchestrator.containers.probe import HostState
 from orchestrator.containers.subset import narrowed
 
 
@@ -95,3 +96,42 @@ def test_a_host_left_out_that_cannot_be_read_does_not_stop_an_attach_but_stops_a
     plan = decide_plan(cfg("persistent"), deciding(fresh, ["n1", "n2"]))
     plan = narrowed(plan, ["n1", "n2"], "ctr", unread(fresh, ["n1", "n2"]))
     assert plan.refused and "while n3 need the same start or cannot be read" in plan.reasons[0]
+
+
+# --- up --heal: the explicit way to complete a running persistent set ---------------
+
+
+def heal_plan(probed: dict[str, HostState], only: list[str] | None, **kw: object) -> Plan:
+    from orchestrator.containers.subset import deciding, healed, unread
+
+    config = cfg("persistent", **kw)
+    plan = decide_plan(config, deciding(probed, only), cluster_name="cvs")
+    plan = healed(plan, deciding(probed, only), only, config, sshd=True, cluster_name="cvs")
+    return plan if only is None else narrowed(plan, only, "ctr", unread(probed, only))
+
+
+def test_heal_starts_a_missing_member_alone_with_sshd_and_the_sets_image() -> None:
+    probed = states(host("n1", "running"), host("n2", "running"), host("n3", "absent"))
+    for only in (["n3"], None):
+        plan = heal_plan(probed, only)
+        assert not plan.refused, plan.reasons
+        assert plan.actions["n3"].kind == "cold_start" and plan.actions["n3"].start_sshd
+        assert plan.actions["n3"].provision
+        assert all(a.kind == "attach" for h, a in plan.actions.items() if h != "n3")
+        assert any("starting container ctr on n3, where it is missing" in w for w in plan.warnings)
+
+
+def test_heal_refuses_a_tag_that_is_not_the_sets_image() -> None:
+    from plan_states import IMG_B
+
+    probed = states(host("n1", "running"), host("n2", "running"), host("n3", "absent", tag=IMG_B))
+    plan = heal_plan(probed, ["n3"])
+    assert plan.refused and [r.kind for r in plan.refusals] == ["heal_image"]
+    assert "(`cvs up --force`)" in plan.refusals[0].render(CLI_STYLE)
+
+
+def test_heal_leaves_other_refusals_alone() -> None:
+    probed = states(host("n1", "running"), host("n2", "absent"), host("n3", "absent", ours=False))
+    assert heal_plan(probed, ["n2"]).refused
+    nothing_missing = states(host("n1", "running"), host("n2", "running"))
+    assert kinds(heal_plan(nothing_missing, ["n2"])) == {"n2": "attach"}

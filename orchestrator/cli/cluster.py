@@ -167,6 +167,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             reprovision=args.reprovision,
             adopt=args.adopt,
             only=only_hosts(c.config, args),
+            heal=args.heal,
         ),
     )
     reasons = cli_reasons(plan.refusals)
@@ -216,6 +217,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             adopt=args.adopt,
             wait=not args.no_wait,
             only=only_hosts(cluster.config, args),
+            heal=args.heal,
         )
         return cluster.config, report
 

@@ -269,6 +269,7 @@ _FLAGS: dict[tuple[str, bool], str] = {
     ("force", True): "--force",
     ("adopt", True): "--adopt",
     ("reprovision", True): "--reprovision",
+    ("heal", True): "--heal",
     ("wait", False): "--no-wait",
 }
 # The API parameter each flag gives a value to (errors.Param).

@@ -295,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="plan as `up --force` would")
     p.add_argument("--reprovision", action="store_true", help="plan as `up --reprovision` would")
     p.add_argument("--adopt", action="store_true", help="plan as `up --adopt` would")
+    p.add_argument("--heal", action="store_true", help="plan as `up --heal` would")
     add_host_selection(p, narrows=True)
     p.set_defaults(func="cluster:cmd_plan")
 
@@ -322,6 +323,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="persistent: take over running same-named containers cvs did not start (e.g. "
         "CVS's), after the image check, instead of refusing; ownership is recorded per host",
+    )
+    p.add_argument(
+        "--heal",
+        action="store_true",
+        help="persistent: start the container where it is missing while every other host "
+        "runs it, from the same image (instead of refusing the partial set); with --hosts, "
+        "only on those hosts",
     )
     p.add_argument("--no-wait", action="store_true", help=NO_WAIT_HELP)
     add_host_selection(p, narrows=True)

@@ -70,7 +70,7 @@ from orchestrator.containers.provision import (
     ensure_sshd,
     run_setup_script,
 )
-from orchestrator.containers.subset import deciding, narrowed, unread
+from orchestrator.containers.subset import deciding, healed, narrowed, unread
 from orchestrator.errors import ExitCode, Phrase, PolicyRefused, Refusal, UsageError
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.limits.capacity import fit_to_host
@@ -567,10 +567,13 @@ class Lifecycle:
         adopt: bool = False,
         wait: bool = True,
         only: Sequence[str] | None = None,
+        heal: bool = False,
     ) -> UpReport:
         """Lock, probe, decide, act. `only`: act on these hosts alone, the plan
         decided over every host (containers/subset.py: `--hosts` changes where,
-        never what the rules allow). On return the hosts stay locked SHARED (the
+        never what the rules allow). `heal`: a persistent set missing on some
+        of those hosts while the others run it is started there (same image).
+        On return the hosts stay locked SHARED (the
         containers are in use until `self.locks` is released); on an exception
         nothing stays locked.
 
@@ -588,7 +591,7 @@ class Lifecycle:
             self.sink.emit(Message(level="warning", text=w))
         try:
             states = await self.lock_and_probe("shared", wait=wait, purpose=self.purpose)
-            plan = self._decide_for(states, only, force, reprovision, adopt)
+            plan = self.decide_for(states, only, force, reprovision, adopt, heal)
             if plan.changes and not plan.refused:
                 # Exclusive where it acts (`only`); the other hosts' states stay
                 # what the shared round read, and nothing is done there.
@@ -596,7 +599,7 @@ class Lifecycle:
                     "exclusive", wait=wait, purpose=self.purpose, hosts=only
                 )
                 states = {**states, **fresh}
-                plan = self._decide_for(states, only, force, reprovision, adopt)
+                plan = self.decide_for(states, only, force, reprovision, adopt, heal)
             for w in plan.warnings:
                 self.sink.emit(Message(level="warning", text=w))
             resources = self._fit_to_hosts(states, resources)
@@ -621,18 +624,22 @@ class Lifecycle:
             await self.locks.release()
             raise
 
-    def _decide_for(
+    def decide_for(
         self,
         states: Mapping[str, HostState],
         only: Sequence[str] | None,
         force: bool,
         reprovision: bool,
         adopt: bool,
+        heal: bool = False,
     ) -> Plan:
-        """The plan over every host, acting on `only` when given (containers/subset.py)."""
-        plan = self.decide(
-            deciding(states, only), force=force, reprovision=reprovision, adopt=adopt
-        )
+        """The plan over every host, acting on `only` when given, completing a
+        persistent set where it is missing with `heal` (containers/subset.py)."""
+        chosen = deciding(states, only)
+        plan = self.decide(chosen, force=force, reprovision=reprovision, adopt=adopt)
+        if heal:
+            wanted = sshd_wanted(self.cfg, len(self.cluster.hosts))
+            plan = healed(plan, chosen, only, self.cfg, sshd=wanted, cluster_name=self.identity)
         return plan if only is None else narrowed(plan, only, self.name, unread(states, only))
 
     def _fit_to_hosts(

@@ -789,6 +789,19 @@ def _plan_per_run(
     return Plan(cfg.lifetime, _frozen(actions), warnings=warnings)
 
 
+def _heal_way(by_state: Mapping[str, list[str]]) -> tuple[WayOut, ...]:
+    """`up --heal` (containers/subset.py): where it is only missing while the
+    other hosts have it, running or resumable."""
+    if "absent" in by_state and set(by_state) - {"absent"} <= RESUMABLE:
+        return (
+            WayOut(
+                "start it where it is missing, from the image the others run",
+                options=(Option("heal"),),
+            ),
+        )
+    return ()
+
+
 def _plan_persistent(
     cfg: ContainerConfig,
     states: Mapping[str, HostState],
@@ -830,6 +843,7 @@ def _plan_persistent(
                 (
                     REBUILD_WAY,
                     WayOut("replace it on every host", options=(Option("force"),)),
+                    *_heal_way(by_state),
                     WayOut(
                         "bring the other hosts back (restore it where it is missing; "
                         f"`{cfg.runtime} rm`/`{cfg.runtime} start {cfg.name or 'NAME'}` where "

@@ -17,9 +17,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from orchestrator.containers.plan import Plan
+from orchestrator.config import ContainerConfig
+from orchestrator.containers.docker import is_ours
+from orchestrator.containers.plan import RESUMABLE, HostAction, Plan
 from orchestrator.containers.probe import HostState
-from orchestrator.errors import Call, Param, Phrase, Refusal, WayOut
+from orchestrator.errors import Call, Option, Param, Phrase, Refusal, WayOut
 
 
 def _names(hosts: Sequence[str]) -> str:
@@ -51,7 +53,9 @@ def _whole_ways(plan: Plan) -> Plan:
         replace(
             r,
             ways_out=tuple(
-                WayOut(w.text, calls=(Call("up", w.options),)) if w.options else w
+                WayOut(w.text, calls=(Call("up", w.options),))
+                if w.options and w.options != (Option("heal"),)
+                else w  # --heal goes with --hosts: the same command again is right
                 for w in r.ways_out
             ),
         )
@@ -91,4 +95,75 @@ def narrowed(plan: Plan, only: Sequence[str], container: str, unknown: Sequence[
     return replace(plan, actions=actions)
 
 
-__all__ = ["deciding", "narrowed", "unread"]
+__all__ = ["deciding", "healed", "narrowed", "unread"]
+
+
+def healed(
+    plan: Plan,
+    states: Mapping[str, HostState],
+    only: Sequence[str] | None,
+    cfg: ContainerConfig,
+    *,
+    sshd: bool,
+    cluster_name: str,
+) -> Plan:
+    """`up --heal`: a persistent set missing on some chosen hosts while every
+    other host runs it is completed there, and only there, with the image the
+    set runs, instead of refused. Anything else the plan refused stays
+    refused; a chosen host whose tag is not that image is refused (the way
+    out: that image there, or `up --force` everywhere)."""
+    if not plan.refused or {r.kind for r in plan.refusals} != {"not_resumable"}:
+        return plan
+    chosen = set(only) if only is not None else set(states)
+    missing = [h for h in states if h in chosen and states[h].container == "absent"]
+    present = [h for h in states if h not in missing]
+    if not missing or not present:
+        return plan
+    for h in present:
+        s = states[h]
+        mine = is_ours(s.labels, cluster_name, lifetime=cfg.lifetime)
+        if not (s.known and s.container in RESUMABLE and mine):
+            return plan  # not a running set with holes: heal does not apply
+    images = {states[h].container_image_id for h in present}
+    if len(images) != 1 or None in images:
+        return plan
+    (image,) = images
+    skewed = [h for h in missing if states[h].tag_image_id != image]
+    if skewed or cfg.pull == "always":
+        why = (
+            f"the tag resolves to another image, or is not there, on {_names(skewed)}"
+            if skewed
+            else "container.pull is 'always': a pull could fetch another image"
+        )
+        refusal = Refusal(
+            "heal_image",
+            f"lifetime persistent: healing would start container {cfg.name or 'NAME'} on "
+            f"{_names(missing)} from {cfg.image}, but the set runs image {str(image)[:19]} "
+            f"and {why}",
+            tuple(missing),
+            (
+                WayOut(f"put that image there ({cfg.runtime} load), then heal again"),
+                WayOut("replace it on every host", calls=(Call("up", (Option("force"),)),)),
+            ),
+        )
+        return replace(plan, refusals=[refusal])
+    actions = {
+        h: HostAction(
+            "cold_start",
+            "persistent: missing here while the others run it: heal, same image",
+            provision=True,
+            start_sshd=sshd,
+        )
+        if h in missing
+        else HostAction("attach", "persistent: running, attach")
+        for h in states
+        if h in chosen
+    }
+    warning = Phrase(
+        Option("heal"),
+        f": starting container {cfg.name or 'NAME'} on {_names(missing)}, where it is missing "
+        "while the other hosts run it (the same image)",
+    )
+    return replace(
+        plan, refused=False, refusals=[], actions=actions, warnings=[*plan.warnings, warning]
+    )

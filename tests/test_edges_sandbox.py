@@ -199,6 +199,7 @@ def test_hosts_never_starts_a_missing_member_alone_unless_healing_and_it_ends_li
     for proc in (plan, up):
         assert "not present and resumable on every host" in proc.stderr, explain(proc)
         assert "rerun with --force" not in proc.stderr, explain(proc)
+        assert "rerun with --heal" in proc.stderr, explain(proc)
     assert "(`cvs up --force`)" in up.stderr, explain(up)
     assert docker(lab.sb, "node3", "ps", "-aq", "--filter", f"name=^/{lab.name}$") == ""
 

@@ -19,8 +19,9 @@ def test_a_missing_member_of_a_persistent_set_is_refused_as_a_plain_up_refuses_i
     assert plan.refused and [r.kind for r in plan.refusals] == [r.kind for r in whole.refusals]
     text = plan.refusals[0].render(CLI_STYLE)
     # Every way out is true for this command: none is "the same again with --force",
-    # which would keep --hosts and be refused.
-    assert "rerun with" not in text and "(`cvs up --force`)" in text, text
+    # which would keep --hosts and be refused; --heal is (it goes with --hosts).
+    assert "rerun with --force" not in text and "(`cvs up --force`)" in text, text
+    assert "rerun with --heal to start it where it is missing" in text, text
 
 
 def test_a_fresh_persistent_set_is_not_started_on_part_of_the_hosts() -> None:

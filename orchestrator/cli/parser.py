@@ -404,6 +404,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --runtime podman: the cluster file drives the login user's own rootless "
         "podman (the images are loaded into each node's rootless store)",
     )
+    up.add_argument(
+        "--mpi",
+        action="store_true",
+        help="the cluster file's image has Debian 12's Open MPI and mpi4py (built once, "
+        "cached; see docs/mpi.md)",
+    )
     down = sandbox_sub.add_parser(
         "down",
         parents=[common],

@@ -41,6 +41,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
                 progress=progress,
                 runtime=args.runtime,
                 rootless=args.rootless,
+                mpi=args.mpi,
             )
             if args.lifetime != "per_run":
                 _set_sandbox_lifetime(box.cluster_file, args.lifetime)

@@ -555,6 +555,13 @@ def _start_host(
     progress(f"{h.name}: sshd at {h.address}:{h.port}, dockerd at {h.docker_host}")
 
 
+def _load_mpi_image(h: SandboxHost, sb: Sandbox, tar: Path, rootless: bool) -> None:
+    if rootless:
+        podman.load_rootless_images(h.rootless_env, DOCKER_USER, tar)
+    else:
+        sb.load_image(h, tar)
+
+
 def _prepare_podman(h: SandboxHost, template: Path, registry_host: str) -> None:
     """The host's podman store (seeded from the template), its configs, and
     the rootful and rootless registry settings (the sandbox registry on
@@ -590,6 +597,7 @@ def sandbox_up(
     progress: Progress | None = None,
     runtime: str = "docker",
     rootless: bool = False,
+    mpi: bool = False,
 ) -> Sandbox:
     """Build the sandbox in `directory` (created; must not hold a live sandbox).
 
@@ -598,6 +606,8 @@ def sandbox_up(
     `rootless` (podman only): the cluster file logs in as the docker-group
     user and drives that user's own rootless podman, whose store on every
     node gets the sandbox images (a `podman load` per node, as that user).
+    `mpi`: the cluster file's image is `images.MPI_TAG` (Open MPI, mpi4py),
+    built once and cached, loaded on every node.
     On any failure (also Ctrl-C) everything created so far is torn down again.
     """
     if runtime not in ("docker", "podman"):
@@ -633,12 +643,17 @@ def sandbox_up(
         network.create_bridge(sb.index)
         template = images.ensure_images(say)
         podman_template = podman.ensure_template(say) if runtime == "podman" else None
+        mpi_tar = images.ensure_mpi_image(say) if mpi else None
         _parallel(lambda h: _start_host(sb, h, template, say, podman_template), sb.hosts)
         if rootless:
             say(f"loading the images into {DOCKER_USER}'s rootless podman on each node")
             _parallel(lambda h: podman.load_rootless_images(h.rootless_env, DOCKER_USER), sb.nodes)
+        if mpi_tar is not None:
+            say(f"loading {images.MPI_TAG} on each node")
+            _parallel(lambda h: _load_mpi_image(h, sb, mpi_tar, rootless), sb.nodes)
         if sb.nodes:
-            text = _cluster_yaml(sb, sb.nodes, "sandbox", images.SSHD_TAG, rootless=rootless)
+            image = images.MPI_TAG if mpi else images.SSHD_TAG
+            text = _cluster_yaml(sb, sb.nodes, "sandbox", image, rootless=rootless)
             sb.cluster_file.write_text(text)
         if sb.egress is not None:
             assert sb.egress_cluster_file is not None

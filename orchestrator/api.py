@@ -246,7 +246,10 @@ class Cluster:
         if head not in ready:
             return None, [f"{head}: the head's container is not up (up first)"]
         per_peer, bound = mpi_check_bound(self.config)
-        peers = mpi.mpi_order(self.config)[1:]
+        # Peers only where cvs runs the containers' sshd: otherwise how ranks
+        # reach each other is the image's business.
+        wanted = sshd_wanted(container, len(self.config.hosts))
+        peers = mpi.mpi_order(self.config)[1:] if wanted else []
         argv = mpi_check_argv(
             ready[head].prefix,
             container_name(self.config),

@@ -225,8 +225,8 @@ class MPICheck:
         for peer, why in self.peers_failed:
             out.append(
                 f"{peer}: its container's sshd did not answer `ssh {peer} true` from {head}'s "
-                f"container within {seconds:g}s ({why}): an MPI launch there would fail; "
-                f"`cvs up` restarts a stopped sshd, `cvs status` shows the container"
+                f"container ({why}; each peer gets {seconds:g}s): an MPI launch would fail "
+                "there; `cvs up` restarts a stopped sshd, `cvs status` shows the container"
             )
         return out
 

@@ -248,7 +248,7 @@ class Cluster:
         per_peer, bound = mpi_check_bound(self.config)
         # Peers only where cvs runs the containers' sshd: otherwise how ranks
         # reach each other is the image's business.
-        wanted = sshd_wanted(container, len(self.config.hosts))
+        wanted = sshd_wanted(container, len(self.config.hosts)) and container.network == "host"
         peers = mpi.mpi_order(self.config)[1:] if wanted else []
         argv = mpi_check_argv(
             ready[head].prefix,

@@ -696,6 +696,8 @@ class Lifecycle:
         A peer that does not is not ready, named with ssh's reason. Only after
         some sshd was (re)started: an attach changed nothing."""
         head = self.cluster.head_host.name
+        if not self._sshd_on_host_network():
+            return  # the peers' addresses are the hosts': only host networking reaches them
         if not any(step == "sshd" for o in outcomes.values() for step, _ in o.steps):
             return
         if head not in outcomes or not outcomes[head].ok:

@@ -291,7 +291,18 @@ class Cluster:
                 self.pool, host, prefix, name, self.config, keys, lifecycle.gpu_counts
             )
 
-        return await fan_out(self.hosts, one, limit=self.config.concurrency.hosts)
+        results = await fan_out(self.hosts, one, limit=self.config.concurrency.hosts)
+        if len(self.hosts) < 2 or not all(r.ok for r in results.values()):
+            return results
+        # As `up` does: every peer's sshd answers the head with the expected key.
+        found, problems = await self.mpi_check(need_mpirun=False)
+        if found is None:
+            head = self.config.head_host.name
+            results[head] = replace(results[head], status="failed", error="; ".join(problems))
+            return results
+        for (peer, _), problem in zip(found.peers_failed, problems, strict=True):
+            results[peer] = replace(results[peer], status="failed", error=problem)
+        return results
 
     async def down(
         self, *, force: bool = False, wait: bool = True, own_only: bool = False

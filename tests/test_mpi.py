@@ -241,3 +241,59 @@ def test_mpi_step_on_an_image_without_open_mpi_fails_naming_image_and_mpirun(
     assert proc.returncode == 1, proc.stdout + proc.stderr
     reason = results(run_dir)["steps"][0]["hosts"]["node1"]["reason"]
     assert reason.startswith(f"image {SSHD_TAG} has no Open MPI: `mpirun` is not on the PATH")
+
+
+def test_a_job_through_cvs_orch_exec_with_cvs_own_mpirun_line(box: MPIBox) -> None:
+    # What CVS's OrchestratorFactory returns under this engine (compat.cvs),
+    # from a CVS cluster file: setup_containers, setup_sshd, then CVS's RCCL
+    # line through orch.exec on the head, as CVS's suites run it.
+    import json
+    import logging
+    from types import SimpleNamespace
+
+    from orchestrator.compat.cvs import CvsOrchestrator
+
+    if box.runtime != "docker":
+        pytest.skip("CVS's runtime section here is docker's")
+    nodes = [h.address for h in box.sandbox.nodes]
+    doc = {
+        "orchestrator": "container",
+        "username": "cvs",
+        "priv_key_file": str(box.sandbox.key_file),
+        "password": None,
+        "head_node_dict": {"mgmt_ip": nodes[0]},
+        "node_dict": {n: {"bmc_ip": "NA", "vpc_ip": n} for n in nodes},
+        "name": "mpi-cvs-orch",
+        "state_dir": str(box.directory / "cvs-state"),
+        "ssh": {"known_hosts": str(box.sandbox.known_hosts), "use_ssh_config": False},
+        "container": {
+            "image": MPI_TAG,
+            "name": "cvs-orch-mpi",
+            "enabled": True,
+            "launch": True,
+            "sshd": {"port": 2296},
+            "runtime": {
+                "name": "docker",
+                "args": {"privileged": False, "ulimit": ["memlock=8388608"]},
+            },
+        },
+    }
+    path = box.directory / "cvs-orch.json"
+    path.write_text(json.dumps(doc))
+    keys = {k: doc[k] for k in ("orchestrator", "node_dict", "username", "priv_key_file")}
+    keys.update(password=None, head_node_dict=doc["head_node_dict"], container=doc["container"])
+    orch = CvsOrchestrator(
+        logging.getLogger("cvs-mpi"), SimpleNamespace(**keys), cluster_file=str(path)
+    )
+    try:
+        assert orch.setup_containers()
+        assert orch.setup_sshd()
+        line = RCCL_LINE.format(hf=HOSTFILE)
+        out = orch.exec(line, hosts=[nodes[0]], print_console=False)
+        assert set(out) == {nodes[0]}
+        # The hostfile names the hosts as CVS does (addresses); each container
+        # knows itself by its host's name.
+        assert sorted(re.findall(r"^(node\d)$", out[nodes[0]], re.MULTILINE)) == THREE
+    finally:
+        orch.teardown_containers()
+        orch.close()

@@ -220,13 +220,13 @@ class MPICheck:
             out.append(
                 f"image {image} has no Open MPI: `mpirun` is not on the PATH in {head}'s "
                 "container, and an mpi step needs it: use an image with Open MPI "
-                "(Debian: openmpi-bin; the sandbox: `cvs sandbox up --mpi`)"
+                "(Debian: openmpi-bin; docs/mpi.md)"
             )
         for peer, why in self.peers_failed:
             out.append(
                 f"{peer}: its container's sshd did not answer `ssh {peer} true` from {head}'s "
                 f"container ({why}; each peer gets {seconds:g}s): an MPI launch would fail "
-                "there; `cvs up` restarts a stopped sshd, `cvs status` shows the container"
+                "there (bringing the containers up again restarts a stopped sshd)"
             )
         return out
 

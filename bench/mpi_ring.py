@@ -19,8 +19,9 @@ ringtest` with one rank per host, runs two ways:
 
 Both go over the same veth pair and bridge: the figures show what the
 container set-up adds to the data path (the containers share the hosts'
-network: `network: host`). Per size, the median of `--repeat` runs of
-`--loops` loops (after warm-up loops); a loop is one message per rank around
+network: `network: host`). Per size, the median of `--repeat` runs
+(the two ways take turns) of a fixed number of loops after 5 warm-up
+loops; a loop is one message per rank around
 the ring, so one hop takes time / (loops * 2). Latency: 1-byte messages,
 the time of one hop. Bandwidth: bytes / time of one hop.
 """
@@ -52,7 +53,7 @@ AGENT = HERE / "mpi_netns_agent.sh"
 CVS = [sys.executable, "-m", "orchestrator"]
 HOST_PYTHON = "/usr/bin/python3"  # Debian's, where python3-mpi4py is
 # (label, message bytes, loops): latency with 1 byte, bandwidth with 1 and 16 MiB.
-SIZES = [("latency", 1, 2000), ("bandwidth", 1 << 20, 100), ("bandwidth", 16 << 20, 10)]
+SIZES = [("latency", 1, 500), ("bandwidth", 1 << 20, 50), ("bandwidth", 16 << 20, 10)]
 _TIME_RE = re.compile(r"time for (\d+) loops = (\S+) seconds \((\d+) processes, (\d+) bytes\)")
 
 
@@ -106,21 +107,29 @@ def in_namespaces(sb: Sandbox, directory: Path) -> Callable[[int, int], float]:
     return one
 
 
-def measure(job: Callable[[int, int], float], repeat: int) -> list[dict[str, Any]]:
-    rows = []
+def measure(
+    jobs: dict[str, Callable[[int, int], float]], repeat: int
+) -> dict[str, list[dict[str, Any]]]:
+    """Per size, the ways take turns (one run of each, `repeat` times): a
+    busy machine slows both alike instead of whichever ran while it was."""
+    rows: dict[str, list[dict[str, Any]]] = {way: [] for way in jobs}
     for label, size, loops in SIZES:
-        times = [job(size, loops) for _ in range(repeat)]
-        hop = statistics.median(times) / (loops * 2)
-        rows.append(
-            {
-                "what": label,
-                "bytes": size,
-                "loops": loops,
-                "hop_us": round(hop * 1e6, 1),
-                "mb_per_s": round(size / hop / 1e6, 1),
-                "runs_s": [round(t, 4) for t in times],
-            }
-        )
+        times: dict[str, list[float]] = {way: [] for way in jobs}
+        for _ in range(repeat):
+            for way, job in jobs.items():
+                times[way].append(job(size, loops))
+        for way, runs in times.items():
+            hop = statistics.median(runs) / (loops * 2)
+            rows[way].append(
+                {
+                    "what": label,
+                    "bytes": size,
+                    "loops": loops,
+                    "hop_us": round(hop * 1e6, 1),
+                    "mb_per_s": round(size / hop / 1e6, 1),
+                    "runs_s": [round(t, 4) for t in runs],
+                }
+            )
     return rows
 
 
@@ -148,13 +157,17 @@ def main() -> int:
     cluster = persistent_cluster(sb)
     try:
         run([*CVS, "up", "-c", str(cluster)])
+        load_before = os.getloadavg()
+        jobs = {"containers": in_containers(cluster), "namespaces": in_namespaces(sb, directory)}
+        rows = measure(jobs, args.repeat)
         report = {
             "started": started,
-            "machine": f"{os.uname().nodename}, {os.cpu_count()} CPUs, load "
-            + " ".join(f"{x:.2f}" for x in os.getloadavg()),
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "machine": f"{os.uname().nodename}, {os.cpu_count()} CPUs",
+            "load_before": [round(x, 2) for x in load_before],
+            "load_after": [round(x, 2) for x in os.getloadavg()],
             "runtime": args.runtime,
-            "containers": measure(in_containers(cluster), args.repeat),
-            "namespaces": measure(in_namespaces(sb, directory), args.repeat),
+            **rows,
         }
     finally:
         subprocess.run([*CVS, "down", "-c", str(cluster), "--force"], capture_output=True)
@@ -163,7 +176,10 @@ def main() -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"{report['machine']}; {args.runtime} hosts; started {started}")
+    print(
+        f"{report['machine']}; {args.runtime} hosts; {started} .. {report['finished']}; "
+        f"load {report['load_before']} .. {report['load_after']}"
+    )
     print(f"{'':12} {'size':>9} {'containers':>22} {'namespaces':>22}")
     for c, n in zip(report["containers"], report["namespaces"], strict=True):
         size = f"{c['bytes']}B"

@@ -498,8 +498,8 @@ class MPIConfig(Model):
 
     slots: int | None = Field(
         default=None,
-        description="Slots per host written in the MPI hostfile (at least 1); unset: the GPUs the host's "
-        "container got (1 without GPUs)",
+        description="Slots per host written in the MPI hostfile (at least 1); unset: the "
+        "GPUs the host's container got (1 without GPUs)",
     )
     hostfile: str = Field(
         default="/etc/cvs/hostfile",

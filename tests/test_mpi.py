@@ -205,6 +205,30 @@ def test_mpi_step_fails_naming_the_peer_whose_sshd_was_killed(box: MPIBox) -> No
         assert again.returncode == 0, again.stdout + again.stderr
 
 
+def test_mpi_step_fails_naming_the_peer_whose_sshd_shows_another_host_key(box: MPIBox) -> None:
+    key = "/etc/ssh/cvs_ssh_host_ed25519_key"
+    swap = f"rm -f {key} {key}.pub && ssh-keygen -q -t ed25519 -N '' -f {key} && "
+    swap += "kill -HUP $(cat /run/cvs-sshd.pid)"  # sshd re-reads its host key
+    steps = [
+        {"name": "new-key", "hosts": "node2", "run": swap},
+        {"name": "ring", "mpi": True, "run": 'mpirun -np "$CVS_MPI_NP" hostname'},
+    ]
+    suite = write_suite(box.directory, "mpi-key", steps)
+    run_dir = box.directory / "run-key"
+    proc = cvs("run", "-c", str(box.cluster), str(suite), "--run-dir", str(run_dir), timeout=300)
+    try:
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        reason = results(run_dir)["steps"][1]["hosts"]["node1"]["reason"]
+        assert reason.startswith("node2: its container's sshd did not answer `ssh node2 true`")
+        assert "Host key verification failed" in reason
+    finally:
+        # A dead sshd is restarted by the next `up`, with the key cvs gave it.
+        stop = [*box.sandbox.runtime_argv("node2"), "exec", "cvs-sandbox", "sh", "-c"]
+        subprocess.run([*stop, "kill $(cat /run/cvs-sshd.pid)"], check=True, timeout=60)
+        again = cvs("up", cluster=box.cluster, timeout=300)
+        assert again.returncode == 0, again.stdout + again.stderr
+
+
 def test_up_is_not_ready_when_a_peer_sshd_does_not_answer(box: MPIBox) -> None:
     # Packets to node3's in-container sshd dropped (no RST): `up` must not
     # call the cluster ready, and must say which peer within a bound.

@@ -113,3 +113,10 @@ def test_validate_refuses_bad_mpi_settings(
 def test_validate_accepts_slots_within_the_cpus(tmp_path: Path) -> None:
     code, err = validate(tmp_path, "{slots: 4}", "{cpus: 4}")
     assert code == 0, err
+
+
+def test_slots_above_a_host_cpu_count_are_named_at_up() -> None:
+    (warning,) = mpi.slots_warnings(cluster(mpi={"slots": 8}), {"a": 16, "b": 4, "c": None})
+    assert warning.startswith("mpi.slots 8 is more than the CPUs of b (b: 4)")
+    capped = cluster(mpi={"slots": 2}, resources={"cpus": 2})
+    assert mpi.slots_warnings(capped, {"a": 1}) == []  # resources.cpus decides (validate)

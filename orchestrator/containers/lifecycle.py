@@ -587,6 +587,9 @@ class Lifecycle:
                 plan = self.decide(states, force=force, reprovision=reprovision, adopt=adopt)
             for w in plan.warnings:
                 self.sink.emit(Message(level="warning", text=w))
+            cpus = {h: s.cpu_count for h, s in states.items()}
+            for w in mpi.slots_warnings(self.cluster, cpus):
+                self.sink.emit(Message(level="warning", text=w))
             resources = self._fit_to_hosts(states, resources)
             for host in plan.hosts("attach", "restart"):
                 # Keeping a container keeps its limits; say where they are not

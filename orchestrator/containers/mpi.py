@@ -253,3 +253,21 @@ def parse_mpi_check(stdout: str) -> MPICheck:
         elif word == "hostfile":
             hostfile.append(rest)
     return MPICheck(mpirun, missing, ssh_missing, tuple(ok), tuple(failed), tuple(hostfile))
+
+
+def slots_warnings(cluster: ClusterConfig, cpu_counts: Mapping[str, int | None]) -> list[str]:
+    """`mpi.slots` above a host's CPU count (probed) where `resources.cpus`
+    does not cap the container (then `validate` has refused it already).
+    Open MPI trusts the hostfile's slots, so the ranks would share cores."""
+    container = cluster.container
+    if container is None or container.mpi.slots is None or container.resources.cpus is not None:
+        return []
+    slots = container.mpi.slots
+    over = sorted(h for h, n in cpu_counts.items() if n is not None and slots > n)
+    if not over:
+        return []
+    counts = ", ".join(f"{h}: {cpu_counts[h]}" for h in over)
+    return [
+        f"mpi.slots {slots} is more than the CPUs of {', '.join(over)} ({counts}): a job "
+        "filling the hostfile puts busy-polling ranks on shared cores there; lower mpi.slots"
+    ]

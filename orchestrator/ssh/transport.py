@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 import anyio
-import asyncssh
 
 from orchestrator.config import ClusterConfig, HostSpec, jump_hops
 from orchestrator.config.units import parse_size
@@ -44,6 +43,7 @@ from orchestrator.results import HostResult, Status
 from orchestrator.ssh.admission import AdmissionGate, AimdWindow
 from orchestrator.ssh.envpass import env_block, env_reader, new_token
 from orchestrator.ssh.keys import load_identities, strict_known_hosts
+from orchestrator.ssh.libsearch import asyncssh
 from orchestrator.ssh.output import LineSplitter, StreamTail, as_result_text
 from orchestrator.ssh.sshconfig import config_route, sshd_key
 

@@ -306,6 +306,10 @@ class Concurrency(Model):
     # they adapt to what the coordinator completes (ssh/admission.py), so
     # setting it to the fleet size cannot cause a congestion collapse.
     hosts: int = Field(default=256, ge=1)
+    # Coordinator processes for the per-host work of a large fan-out
+    # (ssh/workers.py): unset, as many as the cores once the fleet is large
+    # enough to pay for them; 1, always one process. Above the cores: clamped.
+    workers: int | None = Field(default=None, ge=1)
 
 
 class Registry(Model):

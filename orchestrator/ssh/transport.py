@@ -248,6 +248,8 @@ class SSHPool:
         self._cluster_jump: _JumpChain | None = None
         self._config_jumps: dict[str, _JumpChain] = {}
         self.jump_connects = 0  # handshakes with jump hosts that succeeded (for the tests)
+        # Run first when the pool closes: the worker processes (ssh/workers.py).
+        self.closers: list[Callable[[], Awaitable[None]]] = []
 
     async def __aenter__(self) -> SSHPool:
         if self.cluster.ssh.identity_files:
@@ -259,6 +261,8 @@ class SSHPool:
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
+            while self.closers:
+                await self.closers.pop()()
             for link in self._links.values():
                 link.conn.close()
             for link in self._links.values():

@@ -76,6 +76,8 @@ def worker_ours(
             t0, c0 = time.perf_counter(), time.process_time()
             first = await run_on_hosts(pool, hosts, "true")
             fresh, fanout_cpu = time.perf_counter() - t0, time.process_time() - c0
+            # Worker processes (concurrency.workers): their CPU so far, start-up included.
+            fanout_cpu += fleet_stats(pool).get("cpu_ms", 0) / 1000
             reused, bad = [], [r for r in first.values() if not r.ok]
             for _ in range(reuse_rounds):
                 t1 = time.perf_counter()
@@ -94,6 +96,7 @@ def worker_ours(
                 "window_decreases": pool.admission.window.decreases
                 + spread.get("window_decreases", 0),
                 "workers": spread.get("workers", 1),
+                "workers_maxrss_kib": spread.get("maxrss_kib", 0),
                 "ok": len(hosts) - len([r for r in first.values() if not r.ok]),
             }
 
@@ -400,8 +403,11 @@ def main() -> int:
         import resource
 
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        doc["maxrss_kib"] = usage.ru_maxrss
-        doc["cpu"] = usage.ru_utime + usage.ru_stime
+        # Worker processes count too: their peak RSS summed (each reported its
+        # own), their CPU from the children's usage (reaped when the pool closed).
+        doc["maxrss_kib"] = usage.ru_maxrss + doc.pop("workers_maxrss_kib", 0)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        doc["cpu"] = usage.ru_utime + usage.ru_stime + children.ru_utime + children.ru_stime
         print(json.dumps(doc))
         return 0
     modes = [m.strip() for m in args.forks.split(",")]

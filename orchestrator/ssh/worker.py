@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import gc
 import os
+import resource
 import sys
+import time
 from collections.abc import Mapping
 from typing import IO, Any
 
@@ -70,6 +72,9 @@ async def _run(
             "connects": pool.connects,
             "peak_in_flight": pool.admission.peak_in_flight,
             "window_decreases": pool.admission.window.decreases,
+            # This process's own cost so far (for the benchmark's CPU and memory).
+            "cpu_ms": int(time.process_time() * 1000),
+            "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         }
         write_frame(out, ("done", rid, stats))
 

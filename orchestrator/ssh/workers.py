@@ -356,6 +356,6 @@ def fleet_stats(pool: Any) -> dict[str, int]:
     fleet = _FLEETS.get(pool)
     if fleet is None:
         return {}
-    keys = ("connects", "peak_in_flight", "window_decreases")
+    keys = ("connects", "peak_in_flight", "window_decreases", "cpu_ms", "maxrss_kib")
     totals = {k: sum(s.get(k, 0) for s in fleet.stats.values()) for k in keys}
     return {**totals, "workers": len(fleet.workers)}

@@ -51,6 +51,13 @@ def test_a_fleet_smaller_than_the_cores_uses_no_workers() -> None:
     assert worker_count(WORKERS_FROM, None, WORKERS_FROM) == 1
 
 
+def test_by_default_two_or_three_cores_use_one_process_at_any_size() -> None:
+    # Measured on 2 cores: workers gained nothing at 1000 hosts (docs/performance.md).
+    assert worker_count(100_000, None, 2) == 1
+    assert worker_count(100_000, None, 3) == 1
+    assert worker_count(100_000, None, 4) == 4
+
+
 def test_one_core_means_one_process_whatever_is_asked() -> None:
     assert worker_count(5000, 8, 1) == 1
 

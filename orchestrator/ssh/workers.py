@@ -15,9 +15,14 @@ before.
   worker, so `concurrency.handshakes` per sshd and one bastion connection
   still hold; each worker works on its share of `concurrency.hosts`.
 - **When**: `worker_count`, pure. `concurrency.workers` unset: as many as
-  the cores, once the fleet has `WORKERS_FROM` hosts and more hosts than
-  cores; 1: always one process; above the cores: clamped (with a warning).
-  Never with `ssh.proxy_jump` (every worker would open the bastion).
+  the cores, once the fleet has `WORKERS_FROM` hosts, more hosts than cores,
+  and the machine `WORKERS_MIN_CORES` cores (on 2 cores it did not pay);
+  1: always one process; N: N (at most the cores, else clamped with a
+  warning, and at most the hosts). Never with `ssh.proxy_jump` (every
+  worker would open the bastion).
+- **What**: `run_on_hosts` (`cvs exec --host-os`, the API's `exec` on the
+  hosts, the benchmark). `up`, `status`, `down` and in-container `exec`
+  (locks, probes, held processes) still run in one process.
 - **Faults**: a worker that dies is named, its hosts' results say they were
   lost with it, the other workers' hosts finish. Cancelling (Ctrl-C, a
   caller's timeout) asks each worker to cancel the request, which ends its
@@ -55,11 +60,17 @@ from orchestrator.events import CommandFinished, EventSink, Message
 from orchestrator.results import HostResult
 from orchestrator.ssh.seam import Command
 
-# The fleet size from which the fan-out is spread over worker processes when
-# `concurrency.workers` is unset. Below it one process finishes before
-# workers would have started (a worker's start, imports included, costs
-# ~0.3 s of CPU; a fresh connection ~3 ms: 100 hosts per worker start).
+# When `concurrency.workers` is unset, workers are used from this fleet size,
+# on a machine with at least WORKERS_MIN_CORES cores. Measured on 2 cores
+# (docs/performance.md): two workers cost 1.1-1.4 s more CPU than one process
+# (two more interpreters' start and imports, every event pickled once more)
+# and gained nothing at 1000 hosts (the farm's sshds and the parent share the
+# same two cores), lost 0.7 s at 240. So on 2-3 cores: never by default.
+# Above, a worker's start (~0.4 s of CPU) is paid back by ~130 fresh
+# handshakes moved off the parent's core (3 ms each on the 16-core machine):
+# 512 hosts is an estimate from those figures, not measured on 16 cores.
 WORKERS_FROM = 512
+WORKERS_MIN_CORES = 4
 # How long a cancelled request may take to end its remote processes.
 CANCEL_GRACE = 10.0
 _HEADER = struct.Struct("!I")
@@ -70,7 +81,7 @@ def worker_count(hosts: int, configured: int | None, cores: int, *, jump: bool =
     if jump or hosts < 2 or cores < 2:
         return 1
     if configured is None:
-        if hosts < WORKERS_FROM or hosts <= cores:
+        if hosts < WORKERS_FROM or hosts <= cores or cores < WORKERS_MIN_CORES:
             return 1
         return cores
     return max(1, min(configured, cores, hosts))

@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 import pytest
 import yaml
+from clitools import CVS
 
 from orchestrator.config import ClusterConfig, cluster_warnings, load_cluster
 from orchestrator.config.documents import ConfigError
@@ -263,7 +264,7 @@ def test_ctrl_c_on_cvs_exec_exits_130_and_ends_every_workers_remote_processes(
     path.write_text(yaml.safe_dump(doc))
     marker = f"sleep 62.{uuid.uuid4().int % 10**6}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "exec", "-c", str(path), "--host-os", marker],
+        [*CVS, "exec", "-c", str(path), "--host-os", marker],
         env={**os.environ, "CI": "1", "PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

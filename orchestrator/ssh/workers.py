@@ -133,6 +133,9 @@ class _Worker:
         self.dead: str | None = None  # how it ended, once it has
         assert process.stdout is not None
         self._stdout = BufferedByteReceiveStream(process.stdout)
+        # A frame's size, read while its body was not yet (a cancelled read
+        # keeps its place: the body's bytes stay in the buffered stream).
+        self._size: int | None = None
 
     @property
     def name(self) -> str:
@@ -141,7 +144,11 @@ class _Worker:
     async def send(self, message: object) -> None:
         assert self.process.stdin is not None
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        # Whole frames only: a cancelled write would leave the worker half of one.
+        with (
+            anyio.CancelScope(shield=True),
+            contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError),
+        ):
             await self.process.stdin.send(_HEADER.pack(len(data)) + data)
 
     async def pump(self, rid: int, request: _Request, sink: EventSink, label: str) -> None:
@@ -149,8 +156,11 @@ class _Worker:
         every host it still owed a result is reported lost with it, by name."""
         try:
             while not request.done and self.dead is None:
-                (size,) = _HEADER.unpack(await self._stdout.receive_exactly(_HEADER.size))
-                message = pickle.loads(await self._stdout.receive_exactly(size))
+                if self._size is None:
+                    header = await self._stdout.receive_exactly(_HEADER.size)
+                    (self._size,) = _HEADER.unpack(header)
+                message = pickle.loads(await self._stdout.receive_exactly(self._size))
+                self._size = None
                 if message[0] == "event":
                     sink.emit(message[1])
                 elif message[0] == "result" and message[1] == rid:
@@ -215,6 +225,7 @@ class WorkerFleet:
         # Each worker's pool's figures, as its last request ended.
         self.stats: dict[_Worker, dict[str, int]] = {}
         self._next_id = 0
+        self.closed = False
         # One fan-out at a time through the workers (each speaks to one reader).
         self._lock = anyio.Lock()
 
@@ -224,6 +235,8 @@ class WorkerFleet:
         total = sum(len(s) for s in plan)
         argv = [sys.executable, "-m", "orchestrator.ssh.worker"]
         for index, shard in enumerate(plan, 1):
+            if self.closed:
+                break
             # A file, not a pipe: a worker's stderr never blocks it (closed in aclose).
             stderr = tempfile.TemporaryFile()  # noqa: SIM115
             process = await anyio.open_process(argv, stderr=stderr, start_new_session=True)
@@ -292,6 +305,7 @@ class WorkerFleet:
 
     async def aclose(self) -> None:
         """Ask every worker to close its connections and exit; wait for them."""
+        self.closed = True
         with anyio.CancelScope(shield=True):
             for worker in self.workers:
                 await worker.send(("close",))
@@ -345,7 +359,7 @@ async def fleet_for(pool: Any, hosts: Sequence[str]) -> WorkerFleet | None:
     if not isinstance(pool, SSHPool):
         return None  # a scripted stand-in (tests): one process
     fleet = _FLEETS.get(pool)
-    if fleet is not None:
+    if fleet is not None and not fleet.closed:
         return fleet if all(h in fleet.assigned for h in hosts) else None
     cluster: ClusterConfig = pool.cluster
     configured = cluster.concurrency.workers
@@ -356,9 +370,9 @@ async def fleet_for(pool: Any, hosts: Sequence[str]) -> WorkerFleet | None:
         pool.sink.emit(Message(level="warning", text=workers_clamped(configured)))
     fleet = WorkerFleet(cluster, pool.sink, pool.output_tail)
     everyone = list(dict.fromkeys([*hosts, *(h.name for h in cluster.hosts)]))
-    await fleet.start(shards(_sshd_groups(cluster, everyone), count))
     _FLEETS[pool] = fleet
-    pool.closers.append(fleet.aclose)
+    pool.closers.append(fleet.aclose)  # also what a failed start started
+    await fleet.start(shards(_sshd_groups(cluster, everyone), count))
     return fleet
 
 

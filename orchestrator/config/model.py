@@ -399,7 +399,7 @@ class Concurrency(Model):
     workers: int | None = Field(
         default=None,
         ge=1,
-        description="Coordinator processes sharing a large fan-out (cvs exec --host-os), "
+        description="Coordinator processes sharing a large fan-out of commands on the hosts, "
         "each with its own connections; unset: one per core for 512 hosts or more on 4 "
         "cores or more, else one; 1: always one; above the cores: clamped, with a warning",
     )

@@ -293,3 +293,49 @@ def test_workers_above_the_cores_are_clamped_with_a_warning(
     assert len(workers._FLEETS[pool].workers) == 2
     warnings = [e for e in events if isinstance(e, Message) and e.level == "warning"]
     assert any("concurrency.workers is 64" in e.text for e in warnings)
+
+
+PARENT = """
+import sys, anyio, yaml
+from orchestrator.config import ClusterConfig
+from orchestrator.ssh.fanout import run_on_hosts
+from orchestrator.ssh.transport import SSHPool
+doc = yaml.safe_load(open(sys.argv[1]).read())
+doc["concurrency"]["workers"] = 2
+cfg = ClusterConfig.model_validate(doc)
+async def main():
+    async with SSHPool(cfg) as pool:
+        await run_on_hosts(pool, [h.name for h in cfg.hosts], sys.argv[2])
+anyio.run(main)
+"""
+
+
+@needs_root
+def test_a_parent_that_goes_away_leaves_no_worker_and_no_remote_process(farm_file: Path) -> None:
+    marker = f"sleep 63.{uuid.uuid4().int % 10**6}"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(farm_file), marker],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert wait_until(lambda: len(remote_pids(marker)) == HOSTS, 60), parent.poll()
+        children = subprocess.run(
+            ["pgrep", "-f", "orchestrator.ssh.worker"], capture_output=True, text=True
+        ).stdout.split()
+        mine = [p for p in children if Path(f"/proc/{p}/stat").exists() and _ppid(p) == parent.pid]
+        assert len(mine) == 2
+        parent.kill()
+        parent.wait()
+        assert wait_until(lambda: not remote_pids(marker), 15), remote_pids(marker)
+        assert wait_until(lambda: not any(Path(f"/proc/{p}").exists() for p in mine), 15)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+def _ppid(pid: str) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1

@@ -62,7 +62,7 @@ from orchestrator.ssh.seam import Command
 
 # When `concurrency.workers` is unset, workers are used from this fleet size,
 # on a machine with at least WORKERS_MIN_CORES cores. Measured on 2 cores
-# (docs/performance.md): two workers cost 1.1-1.4 s more CPU than one process
+# (docs/performance.md): two workers cost 0.7-1.2 s more CPU than one process
 # (two more interpreters' start and imports, every event pickled once more)
 # and gained nothing at 1000 hosts (the farm's sshds and the parent share the
 # same two cores), lost 0.7 s at 240. So on 2-3 cores: never by default.

@@ -394,6 +394,15 @@ class Concurrency(Model):
         description="Hosts worked on at once; the fleet size is safe: handshakes are admitted "
         "adaptively",
     )
+    # ssh/workers.py: when unset, workers only from WORKERS_FROM hosts on a
+    # machine with WORKERS_MIN_CORES cores (on 2 cores they did not pay).
+    workers: int | None = Field(
+        default=None,
+        ge=1,
+        description="Coordinator processes sharing a large fan-out of commands on the hosts, "
+        "each with its own connections; unset: one per core for 512 hosts or more on 4 "
+        "cores or more, else one; 1: always one; above the cores: clamped, with a warning",
+    )
 
 
 class Registry(Model):

@@ -404,6 +404,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --runtime podman: the cluster file drives the login user's own rootless "
         "podman (the images are loaded into each node's rootless store)",
     )
+    up.add_argument(
+        "--slurm",
+        action="store_true",
+        help="also run a real Slurm over the hosts (munge, slurmctld, one slurmd per host); "
+        "source DIR/slurm.env to use sinfo, srun, salloc, sbatch, scontrol",
+    )
+    up.add_argument(
+        "--gpus",
+        type=int,
+        default=0,
+        metavar="K",
+        help="K stand-in GPUs per host (a device root the cluster file names; with --slurm "
+        "declared as gres gpu:K)",
+    )
     down = sandbox_sub.add_parser(
         "down",
         parents=[common],

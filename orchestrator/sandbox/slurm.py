@@ -161,7 +161,8 @@ def slurm_conf(
         "SlurmdUser=root",
         "MailProg=/bin/true",
         "MpiDefault=none",
-        # A job past its time limit is killed at once (cvs's holders get 5 s to remove their container).
+        # A job past its time limit is killed at once; its steps get 5 s
+        # between SIGTERM and SIGKILL (cvs's holders remove their container).
         "KillWait=5",
         "OverTimeLimit=0",
         f"StateSaveLocation={p.state}",

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
+import signal
 import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from clitools import last_json
+from sandboxtools import cluster_variant
 
+from orchestrator.config.slurm import SCONTROL_TIMEOUT
 from orchestrator.sandbox import Sandbox, SandboxError, sandbox_down
 from orchestrator.sandbox import slurm as slurm_sb
 from orchestrator.sandbox.procs import pids_mentioning
@@ -16,12 +25,25 @@ from orchestrator.sandbox.procs import pids_mentioning
 MakeSandbox = Callable[..., Sandbox]
 
 
-def slurm(sb: Sandbox, *argv: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-    """A Slurm client command against the sandbox's controller (as slurm.env does)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CVS_"))}
+def containers(sb: Sandbox, host: str, *filters: str) -> list[dict[str, Any]]:
+    """`docker inspect` of every container on that host (optionally filtered)."""
+    argv = [*sb.docker_argv(host), "ps", "-aq", *(f"--filter={f}" for f in filters)]
+    ids = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()
+    if not ids:
+        return []
+    out = subprocess.run([*sb.docker_argv(host), "inspect", *ids], capture_output=True, text=True)
+    return list(json.loads(out.stdout))
+
+
+def slurm(
+    sb: Sandbox, *argv: str, timeout: float = 60.0, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """A Slurm client command against the sandbox's controller (as slurm.env
+    does), plus `env`; none of this process's own SLURM_* or CVS_* variables."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CVS_"))}
     return subprocess.run(
         list(argv),
-        env={**env, **sb.slurm_env()},
+        env={**base, **sb.slurm_env(), **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -89,3 +111,109 @@ def test_a_slurmd_that_never_registers_fails_up_and_leaves_nothing(
     directory = tmp_path / "sb0"
     assert not (directory / "sandbox.json").exists()
     assert pids_mentioning(str(directory / "slurm")) == []
+
+
+# ---------------------------------------------------------------- cvs in a job
+
+CVS = f"{shlex.quote(sys.executable)} -m orchestrator"
+
+
+def in_job(
+    sb: Sandbox,
+    script: str,
+    *salloc_args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 300.0,
+) -> subprocess.CompletedProcess[str]:
+    """`salloc ARGS sh -c SCRIPT` on the sandbox's Slurm: the script runs on this
+    machine inside the allocation (SLURM_JOB_ID, SLURM_JOB_NODELIST set), with
+    $CVS the cvs under test."""
+    return slurm(
+        sb, "salloc", *salloc_args, "sh", "-c", f"CVS={shlex.quote(CVS)}\n{script}",
+        timeout=timeout, env=env,
+    )  # fmt: skip
+
+
+def slurm_file(sb: Sandbox, directory: Path, **changes: Any) -> Path:
+    """The sandbox's cluster file with `hosts: {from: slurm}` (no addresses)."""
+    return cluster_variant(sb, directory, hosts={"from": "slurm"}, **changes)
+
+
+def test_hosts_from_slurm_are_the_jobs_nodes_at_their_nodeaddr(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    cluster = slurm_file(slurm_sandbox, tmp_path)
+    proc = in_job(
+        slurm_sandbox,
+        f'$CVS -c {cluster} exec --host-os --json -- sh -c "hostname; echo \\$SSH_CONNECTION"\n'
+        'echo "job=$SLURM_JOB_ID"',
+        "-N2",
+    )
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.rsplit("job=", 1)[1].strip()
+    result = last_json(proc.stdout.rsplit("job=", 1)[0])
+    assert result["slurm_job"] == job
+    for name in ("node1", "node2"):
+        out = result["hosts"][name]["stdout"]
+        assert out.split()[0] == name  # its own UTS namespace
+        assert slurm_sandbox.host(name).address in out  # reached at Slurm's NodeAddr
+
+
+def test_outside_a_job_hosts_from_slurm_is_one_line_and_exit_2(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    cluster = slurm_file(slurm_sandbox, tmp_path)
+    proc = slurm(slurm_sandbox, *CVS.split(" "), "-c", str(cluster), "up")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "SLURM_JOB_ID is not set" in proc.stderr
+
+
+def test_a_job_that_has_ended_is_refused_and_nothing_starts(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    cluster = slurm_file(slurm_sandbox, tmp_path)
+    done = in_job(slurm_sandbox, 'echo "job=$SLURM_JOB_ID"', "-N1")
+    job = done.stdout.rsplit("job=", 1)[1].strip()
+    env = {"SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": "node1"}
+    proc = slurm(slurm_sandbox, *CVS.split(" "), "-c", str(cluster), "up", env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert f"job {job} is " in proc.stderr and "not running" in proc.stderr
+    for h in slurm_sandbox.nodes:
+        assert containers(slurm_sandbox, h.name) == []
+
+
+def test_a_slurmctld_that_does_not_answer_is_named_within_the_bound(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    cluster = slurm_file(slurm_sandbox, tmp_path)
+    ctld = slurm_sandbox.slurm_pids["slurmctld"]
+    env = {"SLURM_JOB_ID": "999999", "SLURM_JOB_NODELIST": "node1"}
+    os.kill(ctld, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        proc = slurm(slurm_sandbox, *CVS.split(" "), "-c", str(cluster), "up", env=env)
+        took = time.monotonic() - started
+    finally:
+        os.kill(ctld, signal.SIGCONT)
+    assert proc.returncode == 2, proc.stderr
+    assert "slurmctld did not answer `scontrol show job -d 999999`" in proc.stderr
+    assert took < 5 * SCONTROL_TIMEOUT
+
+
+def test_no_slurm_variables_reach_the_containers_unless_the_cluster_env_names_them(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    cluster = slurm_file(slurm_sandbox, tmp_path, env={"PMIX_MCA_named": "kept"})
+    proc = in_job(
+        slurm_sandbox,
+        f"$CVS -c {cluster} up >/dev/null || exit 1\n"
+        f"$CVS -c {cluster} exec -- env; rc=$?\n"
+        f"$CVS -c {cluster} down >/dev/null; exit $rc",
+        "-N2",
+        env={"PMIX_RANK": "0", "PMI_SIZE": "2", "SLURM_MPI_TYPE": "pmix"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    names = {line.split("|", 1)[-1].strip().split("=", 1)[0] for line in proc.stdout.splitlines()}
+    assert "PMIX_MCA_named" in names
+    leaked = sorted(n for n in names if n.startswith(("SLURM_", "PMI_", "PMIX_")))
+    assert leaked == ["PMIX_MCA_named"]

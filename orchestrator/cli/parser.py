@@ -150,7 +150,8 @@ def _common_options(*, subcommand: bool) -> argparse.ArgumentParser:
         "--hosts-from",
         choices=["slurm"],
         metavar="SOURCE",
-        help="take the hosts from SOURCE instead of the file: slurm (SLURM_JOB_NODELIST)",
+        help="take the hosts from SOURCE instead of the file: slurm (the running job's "
+        "nodes and addresses, asked of scontrol)",
         **unset,
     )
     common.add_argument(

@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.config.slurm import SlurmJob
 from orchestrator.config.units import parse_size
 
 Lifetime = Literal["no_launch", "per_run", "persistent"]
@@ -549,6 +550,9 @@ class ClusterConfig(Model):
     # Set by the CVS-JSON import: what CVS's own rules put into effect (its
     # runtime defaults, enabled/launch, orchestrator), for `cvs validate`.
     cvs_notes: list[str] = Field(default_factory=list)
+    # Set by the loader when the hosts come from a running Slurm job (its ID,
+    # nodes, addresses and per-node GPU indices; config/slurm.py).
+    slurm: SlurmJob | None = None
 
     @field_validator("env")
     @classmethod

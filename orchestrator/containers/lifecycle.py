@@ -777,6 +777,8 @@ class Lifecycle:
                 lifetime=self.cfg.lifetime,
                 invocation=self.invocation,
                 sshd_port=self.cfg.sshd.port if sshd_wanted(self.cfg, len(self._hosts())) else None,
+                slurm_job=self.cluster.slurm.job_id if self.cluster.slurm else None,
+                gpus=tuple(g.index for g in gpus.gpus) if gpus is not None else None,
             )
             argv = run_argv(
                 prefix,

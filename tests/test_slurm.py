@@ -7,19 +7,28 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from clitools import cvs_in_process
+from plan_states import CLUSTER, cfg, host, kinds, states
 
-from orchestrator.config import ConfigError, load_cluster
+from orchestrator.config import ConfigError, GPURequest, load_cluster
 from orchestrator.config.slurm import (
+    SlurmJob,
+    SlurmNode,
     parse_gpu_indices,
     parse_job,
     parse_node_addresses,
     query_job,
     slurm_hosts,
 )
+from orchestrator.containers.docker import LABEL_GPUS, managed_labels
+from orchestrator.containers.plan import decide_plan
+from orchestrator.containers.probe import HostState
+from orchestrator.limits.gpus import GPU, GPUSelection, Unsatisfiable
+from orchestrator.limits.slurm_gpus import select_in_job
 
 SLURM_FILE = "name: alloc\nhosts: {from: slurm}\nssh: {user: cvsuser}\n"
 LISTED_FILE = "name: listed\nhosts: [a1, a2]\n"
@@ -184,3 +193,80 @@ def test_cli_hosts_from_slurm_outside_an_allocation_exits_2(tmp_path: Path) -> N
     assert proc.returncode == 2
     assert proc.stderr.startswith("cvs: --hosts-from slurm: hosts come from Slurm")
     assert "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------- GPUs from the allocation
+
+AMD4 = tuple(GPU("amd", i, render_node=f"/dev/dri/renderD{128 + i}") for i in range(4))
+
+
+def job(**gpus: tuple[int, ...]) -> SlurmJob:
+    return SlurmJob(
+        "7", tuple(SlurmNode(n, f"10.0.0.{k}", g) for k, (n, g) in enumerate(gpus.items()))
+    )
+
+
+def test_inside_a_job_the_container_gets_the_allocated_gpus_not_the_lowest() -> None:
+    picked = select_in_job(AMD4, GPURequest(count=2), (2, 3), "7")
+    assert isinstance(picked, GPUSelection)
+    assert [g.index for g in picked.gpus] == [2, 3]
+    assert picked.env() == {"ROCR_VISIBLE_DEVICES": "0,1"}  # its own numbering
+
+
+def test_all_inside_a_job_is_all_the_job_holds_there() -> None:
+    picked = select_in_job(AMD4, "all", (1, 3), "7")
+    assert isinstance(picked, GPUSelection) and [g.index for g in picked.gpus] == [1, 3]
+
+
+def test_asking_more_than_the_allocation_names_both() -> None:
+    picked = select_in_job(AMD4, GPURequest(count=4), (2, 3), "7")
+    assert isinstance(picked, Unsatisfiable)
+    text = picked.message("node1")
+    assert "needs 4" in text and "2 GPU(s) Slurm allocated job 7 here (IDX 2-3)" in text
+
+
+def test_a_job_without_gpus_on_the_node_is_refused_when_gpus_are_asked() -> None:
+    picked = select_in_job(AMD4, GPURequest(count=1), (), "7")
+    assert isinstance(picked, Unsatisfiable) and "no GPUs on this node" in picked.reason
+
+
+def test_outside_a_job_selection_is_as_before() -> None:
+    picked = select_in_job(AMD4, GPURequest(count=2), None)
+    assert isinstance(picked, GPUSelection) and [g.index for g in picked.gpus] == [0, 1]
+
+
+def test_plan_refuses_a_count_beyond_the_allocation() -> None:
+    st = states(host("node1", "absent"))
+    st = {h: replace(s, gpus=AMD4) for h, s in st.items()}
+    plan = decide_plan(cfg("per_run", gpus={"count": 4}), st, slurm=job(node1=(2, 3)))
+    assert plan.refused and [r.kind for r in plan.refusals] == ["gpus"]
+
+
+def _kept(name: str, gpus: str) -> HostState:
+    labels = managed_labels(CLUSTER, lifetime="persistent", gpus=None) | {LABEL_GPUS: gpus}
+    return host(name, "running", labels=labels)
+
+
+def test_persistent_container_with_other_gpus_than_the_job_is_refused_per_node() -> None:
+    st = states(_kept("node1", "0,1"), _kept("node2", "2,3"))
+    c = cfg("persistent", gpus={"count": 2})
+    plan = decide_plan(c, st, slurm=job(node1=(2, 3), node2=(2, 3)))
+    assert plan.refused and plan.exit_code == 4
+    (refusal,) = plan.refusals
+    assert refusal.kind == "slurm_gpus" and refusal.hosts == ("node1",)
+    assert "node1: container has GPUs 0-1, job 7 was allocated 2-3" in refusal.reason
+    assert "force" in refusal.render()
+
+
+def test_persistent_container_with_the_jobs_gpus_attaches() -> None:
+    st = states(_kept("node1", "2,3"))
+    plan = decide_plan(cfg("persistent", gpus={"count": 2}), st, slurm=job(node1=(2, 3)))
+    assert not plan.refused and kinds(plan) == {"node1": "attach"}
+
+
+def test_force_recreates_a_persistent_container_with_the_wrong_gpus() -> None:
+    st = states(_kept("node1", "0,1"))
+    c = cfg("persistent", gpus={"count": 2})
+    plan = decide_plan(c, st, slurm=job(node1=(2, 3)), force=True)
+    assert not plan.refused and kinds(plan) == {"node1": "replace"}
+    assert plan.actions["node1"].remove_first

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from clitools import last_json
 from sandboxtools import cluster_variant
 
@@ -217,3 +218,74 @@ def test_no_slurm_variables_reach_the_containers_unless_the_cluster_env_names_th
     assert "PMIX_MCA_named" in names
     leaked = sorted(n for n in names if n.startswith(("SLURM_", "PMI_", "PMIX_")))
     assert leaked == ["PMIX_MCA_named"]
+
+
+# ------------------------------------------------------- GPUs from the allocation
+
+
+def gpu_file(sb: Sandbox, directory: Path, name: str, **container: Any) -> Path:
+    """The sandbox's file (node names and device roots) with a GPU request and
+    a container name of its own; run with --hosts-from slurm."""
+    doc = yaml.safe_load(sb.cluster_file.read_text())
+    doc["container"].update({"name": name, "gpus": {"count": 2}, **container})
+    return cluster_variant(sb, directory, container=doc["container"])
+
+
+def devices(sb: Sandbox, host: str, name: str) -> list[str]:
+    """The host paths of the render nodes docker handed that container."""
+    (info,) = containers(sb, host, f"name=^{name}$")
+    return sorted(
+        Path(d["PathOnHost"]).name
+        for d in info["HostConfig"]["Devices"]
+        if "renderD" in d["PathOnHost"]
+    )
+
+
+def test_two_jobs_sharing_a_node_get_the_disjoint_gpus_slurm_gave_each(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for n in ("a", "b"):
+            cluster = gpu_file(slurm_sandbox, tmp_path / n, f"cvs-job-{n}")
+            script = (
+                f"$CVS -c {cluster} --hosts-from slurm up --json > {tmp_path}/up-{n}.json\n"
+                "[ $? = 0 ] || exit 1\n"
+                f"echo $SLURM_JOB_ID > {tmp_path}/ready-{n}\n"
+                f"while [ ! -e {tmp_path}/release ]; do sleep 0.2; done\n"
+                f"$CVS -c {cluster} --hosts-from slurm down"
+            )
+            argv = ["salloc", "-N1", "-w", "node1", "--gres=gpu:2", "sh", "-c",
+                    f"CVS={shlex.quote(CVS)}\n{script}"]  # fmt: skip
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CVS_"))}
+            env.update(slurm_sandbox.slurm_env())
+            out = subprocess.PIPE
+            procs.append(subprocess.Popen(argv, env=env, text=True, stdout=out, stderr=out))
+            deadline = time.monotonic() + 240
+            while not (tmp_path / f"ready-{n}").exists():
+                assert procs[-1].poll() is None, procs[-1].communicate()[0]
+                assert time.monotonic() < deadline, f"job {n} did not come up"
+                time.sleep(0.5)
+        got = {n: devices(slurm_sandbox, "node1", f"cvs-job-{n}") for n in ("a", "b")}
+        jobs = {n: (tmp_path / f"ready-{n}").read_text().strip() for n in ("a", "b")}
+    finally:
+        (tmp_path / "release").touch()
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    # Slurm's first job on the node got IDX 0-1, the second 2-3: so do their containers.
+    assert got == {"a": ["renderD128", "renderD129"], "b": ["renderD130", "renderD131"]}
+    for n in ("a", "b"):
+        assert last_json((tmp_path / f"up-{n}.json").read_text())["slurm_job"] == jobs[n]
+
+
+def test_a_gpu_count_beyond_the_allocation_is_refused_and_nothing_starts(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    cluster = gpu_file(slurm_sandbox, tmp_path, "cvs-too-many", gpus={"count": 3})
+    proc = in_job(
+        slurm_sandbox, f"$CVS -c {cluster} --hosts-from slurm up", "-N1", "-w", "node2",
+        "--gres=gpu:2",
+    )  # fmt: skip
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "Slurm allocated job" in proc.stdout + proc.stderr
+    assert containers(slurm_sandbox, "node2", "name=cvs-too-many") == []

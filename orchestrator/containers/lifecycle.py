@@ -80,7 +80,6 @@ from orchestrator.limits.gpus import (
     Unsatisfiable,
     discovery_argv,
     parse_discovery,
-    select_gpus,
 )
 from orchestrator.limits.resources import (
     EffectiveResources,
@@ -88,6 +87,7 @@ from orchestrator.limits.resources import (
     cluster_effective_resources,
 )
 from orchestrator.limits.rootless import wants_devices
+from orchestrator.limits.slurm_gpus import select_for_host
 from orchestrator.remote import records
 from orchestrator.remote.runtime import ContainerRuntime, runtime_hung
 from orchestrator.results import HostResult
@@ -396,6 +396,7 @@ class Lifecycle:
             adopt=adopt,
             cluster_name=self.identity,
             resources=cluster_effective_resources(self.cluster),
+            slurm=self.cluster.slurm,
         )
 
     # -- acting ---------------------------------------------------------
@@ -708,7 +709,9 @@ class Lifecycle:
         if self.cfg.gpus is not None:
             for host in launching:
                 try:
-                    picked = select_gpus(prepared[host].gpus, self.cfg.gpus)
+                    picked = select_for_host(
+                        prepared[host].gpus, self.cfg.gpus, host, self.cluster.slurm
+                    )
                 except GPUError as exc:
                     reasons.append(f"{host}: {exc}")
                     continue

@@ -21,7 +21,7 @@ from sandboxtools import cluster_variant
 from orchestrator.config.slurm import SCONTROL_TIMEOUT
 from orchestrator.sandbox import Sandbox, SandboxError, sandbox_down
 from orchestrator.sandbox import slurm as slurm_sb
-from orchestrator.sandbox.procs import pids_mentioning
+from orchestrator.sandbox.procs import cmdline, pids_mentioning
 
 MakeSandbox = Callable[..., Sandbox]
 
@@ -289,3 +289,156 @@ def test_a_gpu_count_beyond_the_allocation_is_refused_and_nothing_starts(
     assert proc.returncode == 4, proc.stdout + proc.stderr
     assert "Slurm allocated job" in proc.stdout + proc.stderr
     assert containers(slurm_sandbox, "node2", "name=cvs-too-many") == []
+
+
+# ------------------------------------------------------- containers that end with the job
+
+JOB_LABEL = "io.cvs.slurm-job"
+
+
+def sbatch(sb: Sandbox, tmp_path: Path, script: str, *args: str) -> str:
+    """Submit SCRIPT (with $CVS set) as a batch job on both nodes; its job ID."""
+    path = tmp_path / "job.sh"
+    path.write_text(f"#!/bin/sh\nCVS={shlex.quote(CVS)}\n{script}\n")
+    proc = slurm(
+        sb, "sbatch", "--parsable", "-N2", "-o", str(tmp_path / "job.out"), *args, str(path)
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split(";")[0]
+
+
+def job_state(sb: Sandbox, job: str) -> str:
+    out = slurm(sb, "scontrol", "show", "job", job).stdout
+    return next((w.split("=", 1)[1] for w in out.split() if w.startswith("JobState=")), "")
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> float:
+    """Poll; the seconds it took. Fails naming `what` after `timeout`."""
+    started = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - started < timeout, f"timed out waiting for {what}"
+        time.sleep(0.25)
+    return time.monotonic() - started
+
+
+def job_containers(sb: Sandbox, job: str) -> dict[str, int]:
+    return {h.name: len(containers(sb, h.name, f"label={JOB_LABEL}={job}")) for h in sb.nodes}
+
+
+def up_in_batch(sb: Sandbox, tmp_path: Path, then: str, *args: str, lifetime: str = "") -> str:
+    """A batch job that brings the sandbox's containers up, marks it, then runs
+    `then`; returns the job ID once its containers run on both nodes."""
+    changes: dict[str, Any] = {}
+    if lifetime:
+        doc = yaml.safe_load(sb.cluster_file.read_text())
+        changes["container"] = {**doc["container"], "lifetime": lifetime, "name": "cvs-kept"}
+    cluster = cluster_variant(sb, tmp_path / "c", **changes)
+    flag = tmp_path / "up.done"
+    script = f"$CVS -c {cluster} --hosts-from slurm up || exit 1\ntouch {flag}\n{then}"
+    job = sbatch(sb, tmp_path, script, *args)
+    wait_until(
+        lambda: flag.exists() or job_state(sb, job) not in ("PENDING", "RUNNING"),
+        240,
+        f"job {job}'s cvs up",
+    )
+    assert flag.exists(), (tmp_path / "job.out").read_text()
+    assert job_containers(sb, job) == {"node1": 1, "node2": 1}
+    return job
+
+
+def test_per_run_containers_go_within_30s_of_scancel(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    job = up_in_batch(slurm_sandbox, tmp_path, "sleep 600")
+    assert slurm(slurm_sandbox, "scancel", job).returncode == 0
+    took = wait_until(
+        lambda: job_containers(slurm_sandbox, job) == {"node1": 0, "node2": 0}, 30, "removal"
+    )
+    print(f"containers gone {took:.1f}s after the job's end")
+    assert took < 30
+
+
+def test_per_run_containers_go_within_30s_of_the_time_limit(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    job = up_in_batch(slurm_sandbox, tmp_path, "sleep 600", "--time=1")
+    wait_until(lambda: job_state(slurm_sandbox, job) != "RUNNING", 150, "the time limit")
+    took = wait_until(
+        lambda: job_containers(slurm_sandbox, job) == {"node1": 0, "node2": 0}, 30, "removal"
+    )
+    print(f"containers gone {took:.1f}s after the job's end")
+    assert took < 30
+    wait_until(lambda: job_state(slurm_sandbox, job) != "COMPLETING", 60, "the job's end")
+    assert job_state(slurm_sandbox, job) == "TIMEOUT"
+
+
+def test_per_run_containers_go_when_the_jobs_cvs_is_sigkilled(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    marker = str(tmp_path / "c" / "cluster.yaml")
+    job = up_in_batch(
+        slurm_sandbox, tmp_path, f"$CVS -c {marker} --hosts-from slurm exec -- sleep 600"
+    )
+
+    def the_exec() -> list[int]:
+        return [p for p in pids_mentioning(marker) if "exec" in cmdline(p)]
+
+    wait_until(the_exec, 60, "the job's cvs exec")
+    for pid in the_exec():
+        os.kill(pid, signal.SIGKILL)
+    took = wait_until(
+        lambda: job_containers(slurm_sandbox, job) == {"node1": 0, "node2": 0}, 60, "removal"
+    )
+    print(f"containers gone {took:.1f}s after the job's end")
+    assert took < 30
+    assert job_state(slurm_sandbox, job) != "RUNNING"
+
+
+def test_a_persistent_container_outlives_its_job(slurm_sandbox: Sandbox, tmp_path: Path) -> None:
+    job = up_in_batch(slurm_sandbox, tmp_path, "true", lifetime="persistent")
+    try:
+        wait_until(lambda: job_state(slurm_sandbox, job) == "COMPLETED", 60, "the job's end")
+        time.sleep(10)  # past KillWait: a holder, were there one, would have acted
+        assert job_containers(slurm_sandbox, job) == {"node1": 1, "node2": 1}
+        (info,) = containers(slurm_sandbox, "node1", f"label={JOB_LABEL}={job}")
+        assert info["State"]["Running"] is True
+        assert info["Config"]["Labels"]["io.cvs.lifetime"] == "persistent"
+    finally:
+        for h in slurm_sandbox.nodes:
+            subprocess.run([*slurm_sandbox.docker_argv(h), "rm", "-f", "cvs-kept"], check=False)
+
+
+def test_the_epilog_removes_only_that_jobs_per_run_containers_and_never_fails(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    script = tmp_path / "epilog.sh"
+    proc = subprocess.run(
+        [*CVS.split(" "), "slurm", "epilog", "--install", str(script)], check=False
+    )
+    assert proc.returncode == 0
+    text = script.read_text()
+    for word in ("scontrol", "squeue", "srun", "sbatch", "scancel", "sacct"):
+        assert word not in text.replace("Slurm command", "")
+    h = slurm_sandbox.host("node1")
+    docker = slurm_sandbox.docker_argv(h)
+    image = "cvs-sandbox:sshd"
+
+    def start(name: str, job: str, lifetime: str) -> None:
+        labels = ["--label", f"{JOB_LABEL}={job}", "--label", f"io.cvs.lifetime={lifetime}"]
+        argv = [*docker, "run", "-d", "--name", name, *labels, image, "sleep", "600"]
+        subprocess.run(argv, check=True, capture_output=True)
+
+    names = {"ep-mine": ("4242", "per_run"), "ep-kept": ("4242", "persistent"),
+             "ep-other": ("4243", "per_run")}  # fmt: skip
+    try:
+        for name, (job, lifetime) in names.items():
+            start(name, job, lifetime)
+        env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "4242", "DOCKER_HOST": h.docker_host}
+        ns = ["nsenter", f"--net=/var/run/netns/{h.netns}"]
+        first = subprocess.run([*ns, "sh", str(script)], env=env, capture_output=True, timeout=60)
+        again = subprocess.run([*ns, "sh", str(script)], env=env, capture_output=True, timeout=60)
+        left = {c["Name"].lstrip("/") for c in containers(slurm_sandbox, "node1", "name=ep-")}
+    finally:
+        subprocess.run([*docker, "rm", "-f", *names], check=False, capture_output=True)
+    assert (first.returncode, again.returncode) == (0, 0)
+    assert left == {"ep-kept", "ep-other"}

@@ -518,3 +518,25 @@ def add_tools_parsers(sub: _Subparsers, common: argparse.ArgumentParser) -> None
     )
     p.add_argument("shell", choices=["bash", "zsh"], metavar="SHELL", help="bash or zsh")
     p.set_defaults(func="completion:cmd_completion")
+
+    p = sub.add_parser(
+        "slurm",
+        help="what cvs ships for Slurm sites (the epilog)",
+        description="Slurm helpers. Inside a job cvs needs nothing installed: per_run "
+        "containers end with the job through a holder step. The epilog is for sites that "
+        "also want them removed after a node failure.",
+        epilog="example: cvs slurm epilog --install /etc/slurm/epilog.d/cvs.sh",
+    )
+    slurm_sub: _Subparsers = p.add_subparsers(
+        dest="slurm_command", metavar="epilog", required=True, parser_class=Parser
+    )
+    ep = slurm_sub.add_parser(
+        "epilog",
+        help="print (or --install) the Slurm epilog that removes a job's per_run containers",
+        epilog="examples:\n"
+        "  cvs slurm epilog                                  # print it\n"
+        "  cvs slurm epilog --install /etc/slurm/epilog.d/cvs.sh",
+        formatter_class=raw,
+    )
+    ep.add_argument("--install", metavar="PATH", help="write it to PATH (mode 0755)")
+    p.set_defaults(func="slurm:cmd_slurm")

@@ -53,6 +53,7 @@ from orchestrator.containers.docker import (
     unpause_argv,
 )
 from orchestrator.containers.drift import limits_drift
+from orchestrator.containers.jobend import tie_to_job
 from orchestrator.containers.locks import HostLocks, Mode
 from orchestrator.containers.plan import (
     DOWN_FORCE,
@@ -594,6 +595,7 @@ class Lifecycle:
             if plan.refused:
                 raise PolicyRefused(plan.refusals)
             report = await self._execute(plan, states, resources)
+            await self._tie_to_slurm_job(report, states)
             await self.locks.downgrade()
             self.locks.ready = {
                 h: states[h].runtime
@@ -604,6 +606,21 @@ class Lifecycle:
         except BaseException:
             await self.locks.release()
             raise
+
+    async def _tie_to_slurm_job(self, report: UpReport, states: Mapping[str, HostState]) -> None:
+        """Inside a Slurm job, the per_run containers this `up` started end
+        with the job (containers/jobend.py); a persistent one never does."""
+        job = self.cluster.slurm
+        if job is None or self.cfg.lifetime != "per_run":
+            return
+        ids = {
+            h: o.container_id
+            for h, o in report.outcomes.items()
+            if o.ok and o.container_id and o.action.launches and states[h].runtime.known
+        }
+        prefixes = {h: states[h].runtime.prefix for h in ids}
+        for warning in await tie_to_job(job, ids, prefixes):
+            self.sink.emit(Message(level="warning", text=warning))
 
     def _fit_to_hosts(
         self, states: Mapping[str, HostState], resources: dict[str, EffectiveResources]

@@ -709,7 +709,7 @@ def _start_slurm(sb: Sandbox, say: Progress) -> None:
         for h in sb.nodes
     ]
     p = sb.slurm_paths
-    slurm_sb.prepare(p, sb.index, nodes, sb.gpus, sb.slurm_env_file)
+    slurm_sb.prepare(p, sb.index, nodes, sb.gpus, sb.slurm_env_file, sb.run_dir)
 
     def record(name: str, pid: int) -> None:
         sb.slurm_pids[name] = pid

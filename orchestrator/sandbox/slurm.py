@@ -70,6 +70,10 @@ class SlurmPaths:
         return self.run_dir / "munge.sock"
 
     @property
+    def task_prolog(self) -> Path:
+        return self.directory / "task_prolog.sh"
+
+    @property
     def state(self) -> Path:
         return self.directory / "state"
 
@@ -171,6 +175,10 @@ def slurm_conf(
         f"SlurmdPidFile={p.run_dir}/slurmd-%n.pid",
         f"SlurmctldLogFile={p.log('slurmctld')}",
         f"SlurmdLogFile={p.directory}/slurmd-%n.log",
+        # Each sandbox host's dockerd listens on a socket of its own; the task
+        # prolog makes it a step's DOCKER_HOST, as /var/run/docker.sock is on
+        # a real node (sshd's SetEnv does the same for ssh sessions).
+        f"TaskProlog={p.task_prolog}",
     ]
     if gpus:
         lines.append("GresTypes=gpu")
@@ -202,8 +210,22 @@ def env_file_text(p: SlurmPaths) -> str:
     )
 
 
+def task_prolog_text(run_dir: Path) -> str:
+    """Prints `export DOCKER_HOST=...` for the node the task runs on."""
+    return (
+        "#!/bin/sh\n"
+        "# Written by `cvs sandbox up --slurm`: each step's DOCKER_HOST is its node's dockerd.\n"
+        f'echo "export DOCKER_HOST=unix://{run_dir}/$SLURMD_NODENAME/docker.sock"\n'
+    )
+
+
 def prepare(
-    p: SlurmPaths, index: int, nodes: list[SlurmNodeSpec], gpus: int, env_file: Path
+    p: SlurmPaths,
+    index: int,
+    nodes: list[SlurmNodeSpec],
+    gpus: int,
+    env_file: Path,
+    hosts_run_dir: Path,
 ) -> None:
     """Config, munge key, state and spool directories, `env_file`."""
     for d in (p.directory, p.state, p.spool):
@@ -217,6 +239,8 @@ def prepare(
     if gpus:
         p.gres_conf.write_text(gres_conf(nodes, gpus))
     env_file.write_text(env_file_text(p))
+    p.task_prolog.write_text(task_prolog_text(hosts_run_dir))
+    p.task_prolog.chmod(0o755)
 
 
 def munged_argv(p: SlurmPaths) -> list[str]:

@@ -442,3 +442,42 @@ def test_the_epilog_removes_only_that_jobs_per_run_containers_and_never_fails(
         subprocess.run([*docker, "rm", "-f", *names], check=False, capture_output=True)
     assert (first.returncode, again.returncode) == (0, 0)
     assert left == {"ep-kept", "ep-other"}
+
+
+# ------------------------------------------------------- a persistent container, a new job's GPUs
+
+
+def test_a_persistent_container_refuses_a_job_with_other_gpus_and_attaches_with_the_same(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    cluster = gpu_file(slurm_sandbox, tmp_path / "c", "cvs-pgpu", lifetime="persistent")
+    up = f"$CVS -c {cluster} --hosts-from slurm up --json"
+    alloc = ("-N1", "-w", "node1", "--gres=gpu:2")
+    blocker: subprocess.Popen[str] | None = None
+    try:
+        first = in_job(slurm_sandbox, up, *alloc)  # node1 free: IDX 0-1
+        assert first.returncode == 0, first.stdout + first.stderr
+        # Another job holds 0-1 now: the next one is given 2-3.
+        hold = f"touch {tmp_path}/held; while [ ! -e {tmp_path}/release ]; do sleep 0.2; done"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CVS_"))}
+        env.update(slurm_sandbox.slurm_env())
+        quiet = subprocess.DEVNULL
+        argv = ["salloc", *alloc, "sh", "-c", hold]
+        blocker = subprocess.Popen(argv, env=env, text=True, stdout=quiet, stderr=quiet)
+        wait_until((tmp_path / "held").exists, 120, "the blocking job")
+        second = in_job(slurm_sandbox, up, *alloc)
+        (tmp_path / "release").touch()
+        blocker.wait(timeout=120)
+        third = in_job(slurm_sandbox, up, *alloc)  # 0-1 again
+    finally:
+        (tmp_path / "release").touch()
+        if blocker is not None and blocker.poll() is None:
+            blocker.wait(timeout=120)
+        for h in slurm_sandbox.nodes:
+            subprocess.run([*slurm_sandbox.docker_argv(h), "rm", "-f", "cvs-pgpu"], check=False)
+    assert second.returncode == 4, second.stdout + second.stderr
+    result = last_json(second.stdout)
+    assert "container has GPUs 0-1, job" in result["error"]
+    assert "was allocated 2-3" in result["error"] and "--force" in result["error"]
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert last_json(third.stdout)["ok"] is True

@@ -481,3 +481,20 @@ def test_a_persistent_container_refuses_a_job_with_other_gpus_and_attaches_with_
     assert "was allocated 2-3" in result["error"] and "--force" in result["error"]
     assert third.returncode == 0, third.stdout + third.stderr
     assert last_json(third.stdout)["ok"] is True
+
+
+def test_a_node_of_the_job_cvs_cannot_reach_is_named_and_nothing_starts(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    container = yaml.safe_load(slurm_sandbox.cluster_file.read_text())["container"]
+    cluster = slurm_file(slurm_sandbox, tmp_path, container={**container, "name": "cvs-unr"})
+    slurm_sandbox.stop_sshd("node2")
+    try:
+        proc = in_job(slurm_sandbox, f"$CVS -c {cluster} up", "-N2")
+    finally:
+        slurm_sandbox.start_sshd("node2")
+    # A host whose state cannot be told is never taken for empty: refused, exit 4.
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "node2 ! unreachable: connection refused" in proc.stderr
+    assert "refused, nothing was changed" in proc.stderr
+    assert containers(slurm_sandbox, "node1", "name=cvs-unr") == []

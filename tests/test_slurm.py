@@ -5,6 +5,8 @@ from the sandbox's Slurm 22.05; the real thing is in test_slurm_sandbox.py."""
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 from collections.abc import Sequence
 from dataclasses import replace
@@ -14,6 +16,7 @@ import pytest
 from clitools import cvs_in_process
 from plan_states import CLUSTER, cfg, host, kinds, states
 
+from orchestrator import remote
 from orchestrator.config import ConfigError, GPURequest, load_cluster
 from orchestrator.config.slurm import (
     SlurmJob,
@@ -25,6 +28,7 @@ from orchestrator.config.slurm import (
     slurm_hosts,
 )
 from orchestrator.containers.docker import LABEL_GPUS, managed_labels
+from orchestrator.containers.jobend import holder_argv
 from orchestrator.containers.plan import decide_plan
 from orchestrator.containers.probe import HostState
 from orchestrator.limits.gpus import GPU, GPUSelection, Unsatisfiable
@@ -270,3 +274,55 @@ def test_force_recreates_a_persistent_container_with_the_wrong_gpus() -> None:
     plan = decide_plan(c, st, slurm=job(node1=(2, 3)), force=True)
     assert not plan.refused and kinds(plan) == {"node1": "replace"}
     assert plan.actions["node1"].remove_first
+
+
+# ------------------------------------------------------- the holder and the epilog (sh)
+
+CID = "c" * 64
+
+
+@pytest.mark.parametrize("shell", ["dash", "sh"])
+def test_the_holder_removes_its_nodes_container_by_id_on_sigterm(
+    shell: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "runtime.log"
+    runtime = ["sh", "-c", f'echo "$@" >> {log}', "runtime"]
+    argv = remote.argv("slurm_holder", f"node2={'d' * 64}", f"node1={CID}", "--", *runtime)
+    env = {"PATH": os.environ["PATH"], "SLURMD_NODENAME": "node1"}
+    proc = subprocess.Popen([shell, *argv[1:]], env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == f"ready node1 {CID}\n"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert out == f"removed node1 {CID}\n"
+    assert log.read_text() == f"rm -f -v {CID}\n"  # its own container, by ID, nothing else
+
+
+def test_a_holder_on_a_node_it_holds_nothing_for_exits_at_once() -> None:
+    argv = remote.argv("slurm_holder", f"node2={CID}", "--", "docker")
+    env = {"PATH": os.environ["PATH"], "SLURMD_NODENAME": "node1"}
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "no container for node 'node1'" in proc.stderr
+
+
+def test_the_holder_step_is_one_overlapping_task_per_node_of_the_job() -> None:
+    job = SlurmJob("42", (SlurmNode("n1", "a"), SlurmNode("n2", "b"), SlurmNode("n3", "c")))
+    argv = holder_argv(job, {"n3": CID, "n1": CID}, ["sudo", "-n", "docker"])
+    assert argv[:8] == [
+        "srun", "--jobid=42", "--overlap", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
+        "--nodelist=n1,n3", "--job-name=cvs-holder",
+    ]  # fmt: skip
+    assert argv[-3:] == ["sudo", "-n", "docker"]
+
+
+def test_the_epilog_exits_0_outside_a_job_and_without_a_runtime(tmp_path: Path) -> None:
+    script = tmp_path / "epilog.sh"
+    script.write_text(remote.source("slurm_epilog"))
+    for env in ({}, {"SLURM_JOB_ID": "12"}, {"SLURM_JOB_ID": "12; rm -rf /"}):
+        proc = subprocess.run(
+            [shutil.which("dash") or "/bin/sh", str(script)],
+            env={"PATH": str(tmp_path), **env},
+            capture_output=True,
+        )
+        assert proc.returncode == 0, proc.stderr

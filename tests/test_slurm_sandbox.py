@@ -465,7 +465,8 @@ def test_a_persistent_container_refuses_a_job_with_other_gpus_and_attaches_with_
         argv = ["salloc", *alloc, "sh", "-c", hold]
         blocker = subprocess.Popen(argv, env=env, text=True, stdout=quiet, stderr=quiet)
         wait_until((tmp_path / "held").exists, 120, "the blocking job")
-        second = in_job(slurm_sandbox, up, *alloc)
+        plan = f"$CVS -c {cluster} --hosts-from slurm plan >/dev/null 2>&1; echo plan=$?"
+        second = in_job(slurm_sandbox, f"{plan}\n{up}", *alloc)
         (tmp_path / "release").touch()
         blocker.wait(timeout=120)
         third = in_job(slurm_sandbox, up, *alloc)  # 0-1 again
@@ -476,6 +477,7 @@ def test_a_persistent_container_refuses_a_job_with_other_gpus_and_attaches_with_
         for h in slurm_sandbox.nodes:
             subprocess.run([*slurm_sandbox.docker_argv(h), "rm", "-f", "cvs-pgpu"], check=False)
     assert second.returncode == 4, second.stdout + second.stderr
+    assert "plan=4\n" in second.stdout  # plan refuses as up does
     result = last_json(second.stdout)
     assert "container has GPUs 0-1, job" in result["error"]
     assert "was allocated 2-3" in result["error"] and "--force" in result["error"]

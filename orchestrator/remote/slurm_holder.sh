@@ -20,9 +20,7 @@ if [ -z "$me" ] || [ -z "$id" ] || [ $# -eq 0 ]; then
   exit 2
 fi
 case $id in *[!0-9a-f]*) echo "cvs-holder: bad container ID" >&2; exit 2 ;; esac
-pid=
 release() {
-  [ -n "$pid" ] && kill "$pid" 2>/dev/null
   "$@" rm -f -v "$id" >/dev/null 2>&1
   echo "removed $me $id"
   exit 0
@@ -30,8 +28,9 @@ release() {
 # "$@" is the runtime's argv from here on (never shifted again).
 trap 'release "$@"' TERM INT HUP
 echo "ready $me $id"
+# A short sleep in the foreground: the trap runs within a second of the
+# signal, and no background sleep is left behind (one killed while it is
+# still between fork and exec would miss the signal).
 while :; do
-  sleep 3600 &
-  pid=$!
-  wait "$pid"
+  sleep 1
 done

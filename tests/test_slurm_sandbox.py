@@ -500,3 +500,9 @@ def test_a_node_of_the_job_cvs_cannot_reach_is_named_and_nothing_starts(
     assert "node2 ! unreachable: connection refused" in proc.stderr
     assert "refused, nothing was changed" in proc.stderr
     assert containers(slurm_sandbox, "node1", "name=cvs-unr") == []
+
+
+def test_a_podman_sandbox_runs_slurm_too(make_sandbox: MakeSandbox) -> None:
+    sb = make_sandbox(hosts=1, slurm=True, runtime="podman")
+    proc = slurm(sb, "srun", "-N1", "sh", "-c", 'echo "$SLURMD_NODENAME"')
+    assert (proc.returncode, proc.stdout) == (0, "node1\n"), proc.stderr

@@ -8,6 +8,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -506,3 +507,48 @@ def test_a_podman_sandbox_runs_slurm_too(make_sandbox: MakeSandbox) -> None:
     sb = make_sandbox(hosts=1, slurm=True, runtime="podman")
     proc = slurm(sb, "srun", "-N1", "sh", "-c", 'echo "$SLURMD_NODENAME"')
     assert (proc.returncode, proc.stdout) == (0, "node1\n"), proc.stderr
+
+
+# ------------------------------------------------------- CVS's view of the same job
+
+CVS_TARBALL = Path(__file__).resolve().parents[2] / "shared" / "peers" / "cvs-main-dddd9143.tar.gz"
+# CVS's own scheduler module (cvs/core/scheduler.py, no dependencies): what it
+# detects, whether it counts as inside a job, and the run ID its RunLayout takes.
+CVS_PROBE = """
+import importlib.util, os, sys
+spec = importlib.util.spec_from_file_location("cvs_scheduler", sys.argv[1])
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+managed = m.is_managed_compute()
+run_id = os.environ["SLURM_JOB_ID"] if managed else "local"
+print("cvs", m.detect_scheduler().value, managed, run_id)
+"""
+
+
+def test_cvs_and_cvs_orchestrator_name_the_same_job_inside_an_srun_step(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    if not CVS_TARBALL.exists():
+        pytest.skip(f"{CVS_TARBALL} is absent (the real CVS: ../shared/peers/README.md)")
+    with tarfile.open(CVS_TARBALL) as tar:
+        member = tar.getmember("cvs-main-dddd9143/cvs/core/scheduler.py")
+        (tmp_path / "scheduler.py").write_bytes(tar.extractfile(member).read())  # type: ignore[union-attr]
+    (tmp_path / "probe.py").write_text(CVS_PROBE)
+    probe = f"python3 {tmp_path}/probe.py {tmp_path}/scheduler.py"
+    cluster = slurm_file(slurm_sandbox, tmp_path / "c")
+    ours = f"$CVS -c {cluster} exec --host-os --json -- true"
+    both = f'{probe}; {ours} | tail -n 1; echo "job=$SLURM_JOB_ID"'
+    # salloc alone: no step, CVS counts itself outside a job; inside `srun`
+    # it takes SLURM_JOB_ID as its run ID, the job ID cvs-orchestrator records.
+    bare = in_job(slurm_sandbox, both, "-N2")
+    step = in_job(slurm_sandbox, f"export CVS; srun -N1 -n1 sh -c {shlex.quote(both)}", "-N2")
+    for proc in (bare, step):
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    for proc, cvs_run_id in ((bare, "local"), (step, None)):
+        job = proc.stdout.rsplit("job=", 1)[1].strip()
+        lines = proc.stdout.splitlines()
+        cvs_line = next(line for line in lines if line.startswith("cvs "))
+        assert cvs_line == f"cvs slurm {cvs_run_id is None} {cvs_run_id or job}"
+        assert any(line.startswith("{") for line in lines), proc.stdout + proc.stderr
+        result = json.loads(next(line for line in lines if line.startswith("{")))
+        assert result["slurm_job"] == job

@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.config.slurm import SlurmJob
 from orchestrator.config.units import parse_size
 
 Lifetime = Literal["no_launch", "per_run", "persistent"]
@@ -788,6 +789,12 @@ class ClusterConfig(Model):
         default_factory=list,
         description="Set by the CVS-JSON import: what CVS's own rules put into effect, for "
         "validation's report",
+        json_schema_extra=SET_BY_LOADER,
+    )
+    slurm: SlurmJob | None = Field(
+        default=None,
+        description="Set by the loader when the hosts come from a running Slurm job: its ID, "
+        "nodes, their addresses and the GPU indices it holds on each",
         json_schema_extra=SET_BY_LOADER,
     )
 

@@ -54,6 +54,7 @@ from orchestrator.containers.docker import (
     unpause_argv,
 )
 from orchestrator.containers.drift import limits_drift
+from orchestrator.containers.jobend import tie_to_job
 from orchestrator.containers.locks import HostLocks, Mode
 from orchestrator.containers.plan import (
     DOWN_FORCE,
@@ -83,7 +84,6 @@ from orchestrator.limits.gpus import (
     Unsatisfiable,
     discovery_argv,
     parse_discovery,
-    select_gpus,
 )
 from orchestrator.limits.resources import (
     EffectiveResources,
@@ -91,6 +91,7 @@ from orchestrator.limits.resources import (
     cluster_effective_resources,
 )
 from orchestrator.limits.rootless import wants_devices
+from orchestrator.limits.slurm_gpus import select_for_host
 from orchestrator.remote import records
 from orchestrator.remote.runtime import ContainerRuntime, runtime_hung
 from orchestrator.results import HostResult
@@ -401,6 +402,7 @@ class Lifecycle:
             adopt=adopt,
             cluster_name=self.identity,
             resources=cluster_effective_resources(self.cluster),
+            slurm=self.cluster.slurm,
         )
 
     # -- acting ---------------------------------------------------------
@@ -601,6 +603,7 @@ class Lifecycle:
             if plan.refused:
                 raise PolicyRefused(plan.refusals)
             report = await self._execute(plan, states, resources)
+            await self._tie_to_slurm_job(report, states)
             await self.locks.downgrade()
             self.locks.ready = {
                 h: states[h].runtime
@@ -611,6 +614,21 @@ class Lifecycle:
         except BaseException:
             await self.locks.release()
             raise
+
+    async def _tie_to_slurm_job(self, report: UpReport, states: Mapping[str, HostState]) -> None:
+        """Inside a Slurm job, the per_run containers this `up` started end
+        with the job (containers/jobend.py); a persistent one never does."""
+        job = self.cluster.slurm
+        if job is None or self.cfg.lifetime != "per_run":
+            return
+        ids = {
+            h: o.container_id
+            for h, o in report.outcomes.items()
+            if o.ok and o.container_id and o.action.launches and states[h].runtime.known
+        }
+        prefixes = {h: states[h].runtime.prefix for h in ids}
+        for warning in await tie_to_job(job, ids, prefixes):
+            self.sink.emit(Message(level="warning", text=warning))
 
     def _fit_to_hosts(
         self, states: Mapping[str, HostState], resources: dict[str, EffectiveResources]
@@ -760,7 +778,9 @@ class Lifecycle:
         if self.cfg.gpus is not None:
             for host in launching:
                 try:
-                    picked = select_gpus(prepared[host].gpus, self.cfg.gpus)
+                    picked = select_for_host(
+                        prepared[host].gpus, self.cfg.gpus, host, self.cluster.slurm
+                    )
                 except GPUError as exc:
                     reasons.append(f"{host}: {exc}")
                     continue
@@ -829,6 +849,8 @@ class Lifecycle:
                 lifetime=self.cfg.lifetime,
                 invocation=self.invocation,
                 sshd_port=self.cfg.sshd.port if sshd_wanted(self.cfg, len(self._hosts())) else None,
+                slurm_job=self.cluster.slurm.job_id if self.cluster.slurm else None,
+                gpus=tuple(g.index for g in gpus.gpus) if gpus is not None else None,
             )
             argv = run_argv(
                 prefix,

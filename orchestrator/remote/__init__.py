@@ -51,6 +51,8 @@ PROGRAMS = frozenset(
         "gpus",
         "diagnose",
         "mpi_check",
+        "slurm_holder",
+        "slurm_epilog",
     }
 )
 

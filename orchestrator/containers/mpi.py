@@ -11,10 +11,15 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from orchestrator.config import ClusterConfig, HostSpec
 from orchestrator.config.model import GPURequest
-from orchestrator.ssh.keys import ClusterKeys
+
+if TYPE_CHECKING:
+    # Types only: importing keys loads asyncssh, which commands that never
+    # connect (`validate`, reading container_env) must not pay for.
+    from orchestrator.ssh.keys import ClusterKeys
 
 # Where things go inside a container (root's home comes from the container).
 SSHD_CONFIG_PATH = "/etc/ssh/cvs_sshd_config"

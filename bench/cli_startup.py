@@ -54,12 +54,14 @@ COMMANDS: dict[str, list[str]] = {
 
 
 def time_once(args: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """(wall ms, user + system CPU ms) of one whole process."""
+    """(wall ms, user + system CPU ms) of one whole process, run in the tree it
+    times (`python -m` puts the working directory first on sys.path)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run(
         [sys.executable, *args],
         env=env,
+        cwd=env["PYTHONPATH"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         check=True,

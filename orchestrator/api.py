@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from orchestrator.containers.lifecycle import Lifecycle, UpReport
     from orchestrator.containers.locks import HostLocks
     from orchestrator.containers.plan import Plan
+    from orchestrator.containers.sshexec import SSHExec
 
 
 _IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
@@ -149,6 +150,8 @@ class Cluster:
         self._invocation: str | None = None
         # What a waiting invocation is told this one is doing (e.g. "run SUITE").
         self.purpose = "up"
+        # Commands in the containers through their sshd (containers/sshexec.py).
+        self._ssh_exec: SSHExec | None = None
 
     @classmethod
     @asynccontextmanager
@@ -163,6 +166,8 @@ class Cluster:
             try:
                 yield cluster
             finally:
+                if cluster._ssh_exec is not None:
+                    await cluster._ssh_exec.aclose()
                 await cluster.release_locks()
 
     async def release_locks(self) -> None:
@@ -259,6 +264,16 @@ class Cluster:
         `own_only` removes only containers this Cluster's `up` started.
         """
         return await self._lifecycle().down(force=force, wait=wait, own_only=own_only)
+
+    @property
+    def ssh_exec(self) -> SSHExec:
+        """The containers' sshd path of this Cluster's commands (one connection
+        per container, opened on first use; `.connections.counters` counts)."""
+        if self._ssh_exec is None:
+            from orchestrator.containers.sshexec import SSHExec
+
+            self._ssh_exec = SSHExec(self.config, self.pool, self.sink)
+        return self._ssh_exec
 
     @property
     def docker_runtimes(self) -> Mapping[str, DockerRuntime]:
@@ -484,6 +499,19 @@ class Cluster:
         async def one(host: str) -> HostResult:
             if host in before:
                 return before[host]
+            runtime = ready.get(host) or self.runtimes[host]
+            # Through the container's sshd when it runs; None: docker exec.
+            via_sshd = await self.ssh_exec.run(
+                host,
+                command,
+                runtime=runtime,
+                env=container_env,
+                user=as_user,
+                workdir=workdir,
+                timeout=timeout,
+            )
+            if via_sshd is not None:
+                return await self._explain(host, name, via_sshd, runtime)
             script, kill, stdin = container_command(
                 name,
                 command,

@@ -365,6 +365,9 @@ class SSHDConfig(Model):
     port: int = Field(default=2224, ge=1, le=65535)
     # auto: start it when the cluster has more than one host.
     enabled: Literal["auto", True, False] = "auto"
+    # Commands in the containers (exec, suite steps) go through this sshd
+    # when it runs (containers/sshexec.py); false: always `docker exec`.
+    exec: bool = True
 
 
 class MPIConfig(Model):

@@ -46,6 +46,7 @@ PROGRAMS = frozenset(
         "sshd",
         "kill_tree",
         "run",
+        "ssh_run",
         "copy_receive",
         "copy_send",
         "gpus",

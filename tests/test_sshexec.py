@@ -110,15 +110,29 @@ def test_podman_env_is_the_containers_own() -> None:
     assert env == {"PATH": "/opt/bin:/usr/bin", "A": "b=c"}
 
 
+def test_podman_exec_on_the_hosts_uts_namespace_has_no_hostname_its_inspect_shows() -> None:
+    config = {"Env": ["HOSTNAME=node1", "A=b"], "Hostname": "node1"}
+    podman = ContainerRuntime("sudo", "podman")
+    on_host = _facts(Config=config, HostConfig={"NetworkMode": "host"})
+    assert exec_env(on_host, podman, {}) == {"A": "b"}
+    private = _facts(Config=config, HostConfig={"NetworkMode": "bridge", "UTSMode": "private"})
+    assert exec_env(private, podman, {})["HOSTNAME"] == "node1"
+
+
 def test_values_travel_on_stdin_never_in_the_command_line() -> None:
     cmd = ssh_command(["echo", "hi"], {"SECRET": "s3cr3t value"}, workdir="/w", token="ab12")
     assert "s3cr3t" not in cmd.script
     assert "export SECRET='s3cr3t value'" in (cmd.stdin or "")
     words = shlex.split(cmd.script)
-    assert words[:5] == ["sh", "-c", remote.program("ssh_run"), "cvs-ssh_run", "/w"]
-    assert words[5:8] == ["sh", "-c", remote.program("run")]
+    assert words[:6] == ["sh", "-c", remote.program("ssh_run"), "cvs-ssh_run", "/w", "126"]
+    assert words[6:9] == ["sh", "-c", remote.program("run")]
     assert words[-2:] == ["echo", "hi"]
     assert cmd.kill == shlex.join(remote.argv("kill_tree", "/tmp/.cvs-exec-ab12.pid"))
+
+
+def test_a_directory_it_cannot_enter_exits_as_the_runtime_would() -> None:
+    words = shlex.split(ssh_command("true", {}, workdir="/w", runtime="podman").script)
+    assert words[4:6] == ["/w", "127"]
 
 
 def test_a_relative_working_directory_is_refused() -> None:

@@ -151,11 +151,12 @@ def test_the_same_command_gives_the_same_result_through_the_sshd_and_exec(
     assert _shape(via_sshd) == _shape(via_exec)
 
 
-def test_a_missing_working_directory_fails_with_docker_exit_126_on_both(lab: Lab) -> None:
+def test_a_missing_working_directory_fails_with_the_runtimes_exit_code_on_both(lab: Lab) -> None:
     via_sshd, _, _ = run(lab, "pwd", workdir="/no/such/dir")
     via_exec, _, _ = run(lab, "pwd", workdir="/no/such/dir", via_sshd=False)
+    code = {"docker": 126, "podman": 127}[lab.runtime]
     for results in (via_sshd, via_exec):
-        assert {(r.status, r.exit_code) for r in results.values()} == {("failed", 126)}
+        assert {(r.status, r.exit_code) for r in results.values()} == {("failed", code)}
         # (docker 20.10 prints its OCI error on stdout)
         assert all("/no/such/dir" in r.stdout + r.stderr for r in results.values())
 
@@ -202,8 +203,16 @@ def test_cancelling_ends_the_command_in_the_container(lab: Lab, via_sshd: bool) 
     async def main() -> None:
         async with Cluster.open(lab.cluster_file) as cluster:
             cluster.ssh_exec.enabled = via_sshd
-            with anyio.move_on_after(2):
-                await cluster.exec("sleep 4343")
+            async with anyio.create_task_group() as tg:
+
+                async def interrupt_once_running() -> None:
+                    while len(_processes(lab.sb, b"sleep\x004343")) < len(HOSTS):
+                        await anyio.sleep(0.05)
+                    tg.cancel_scope.cancel()  # what Ctrl-C does to the CLI's task
+
+                tg.start_soon(interrupt_once_running)
+                with anyio.fail_after(60):
+                    await cluster.exec("sleep 4343")
             assert _channels(cluster) == (len(HOSTS) if via_sshd else 0)
 
     anyio.run(main)
@@ -345,6 +354,7 @@ def test_a_thousand_steps_use_one_connection_per_container_and_leak_no_channel(
 
     async def main() -> dict[str, Any]:
         async with Cluster.open(lab.cluster_file) as cluster:
+            await cluster.up()  # attach: the lock held for every step, as a suite holds it
             for _ in range(steps):
                 results = await cluster.exec("true")
                 assert all(r.ok for r in results.values())

@@ -80,6 +80,7 @@ class ExecFacts:
     env: tuple[tuple[str, str], ...]  # Config.Env, in order
     hostname: str
     network_mode: str
+    uts_mode: str  # HostConfig.UTSMode ("host": the host's hostname)
     addresses: tuple[str, ...]  # IPv4 addresses on its networks (bridge)
     sshd_port: int | None  # the port it was started with (label), None: not labelled
 
@@ -133,6 +134,7 @@ def parse_exec_facts(text: str) -> ExecFacts:
         env=tuple(env),
         hostname=_str(config.get("Hostname")),
         network_mode=_str(_obj(obj.get("HostConfig")).get("NetworkMode")),
+        uts_mode=_str(_obj(obj.get("HostConfig")).get("UTSMode")),
         addresses=tuple(dict.fromkeys(a for a in addresses if _ipv4(a))),
         sshd_port=int(port_label) if port_label.isdigit() else None,
     )
@@ -171,15 +173,24 @@ def exec_env(
     the command's own `extra` (the cluster's env, `exec --env`): docker puts
     its default PATH and the container's HOSTNAME first, then the container's
     Env (the image's ENV, container.env, cvs's visible-devices variables);
-    podman keeps all of that in the container's Env itself."""
+    podman keeps all of that in the container's Env itself, where its
+    `inspect` also shows a HOSTNAME that its exec does not give a container
+    on the host's UTS namespace (host networking: seen with podman 4.3)."""
     env: dict[str, str] = {}
     if runtime.name == "docker":
         env["PATH"] = DEFAULT_PATH
         if facts.hostname:
             env["HOSTNAME"] = facts.hostname
     env.update(facts.env)
+    host_uts = facts.uts_mode == "host" or (not facts.uts_mode and facts.network_mode == "host")
+    if runtime.name == "podman" and host_uts:
+        env.pop("HOSTNAME", None)
     env.update(extra)
     return env
+
+
+# What `RUNTIME exec -w DIR` exits with when DIR cannot be entered.
+NO_WORKDIR_EXIT = {"docker": 126, "podman": 127}
 
 
 def ssh_command(
@@ -187,6 +198,7 @@ def ssh_command(
     env: Mapping[str, str],
     *,
     workdir: str,
+    runtime: str = "docker",
     token: str | None = None,
 ) -> ContainerCommand:
     """Shell text for the container's sshd (its login shell reads it), the
@@ -199,7 +211,8 @@ def ssh_command(
     argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
     env_token = new_token()
     run = remote.argv("run", pidfile, env_token, *argv)
-    script = shlex.join(remote.argv("ssh_run", workdir, *run))
+    no_workdir = str(NO_WORKDIR_EXIT.get(runtime, 126))
+    script = shlex.join(remote.argv("ssh_run", workdir, no_workdir, *run))
     kill = shlex.join(remote.argv("kill_tree", pidfile))
     return ContainerCommand(script, kill, env_block(env, env_token))
 
@@ -325,7 +338,10 @@ class SSHExec:
         if ep is None:
             return None
         cmd = ssh_command(
-            command, exec_env(facts, runtime, env), workdir=workdir or facts.workdir or "/"
+            command,
+            exec_env(facts, runtime, env),
+            workdir=workdir or facts.workdir or "/",
+            runtime=runtime.name,
         )
         bound = self.config.ssh.command_timeout if timeout is None else timeout
         was_open = host in self._worked

@@ -80,7 +80,6 @@ class ExecFacts:
     env: tuple[tuple[str, str], ...]  # Config.Env, in order
     hostname: str
     network_mode: str
-    uts_mode: str  # HostConfig.UTSMode ("host": the host's hostname)
     addresses: tuple[str, ...]  # IPv4 addresses on its networks (bridge)
     sshd_port: int | None  # the port it was started with (label), None: not labelled
 
@@ -134,7 +133,6 @@ def parse_exec_facts(text: str) -> ExecFacts:
         env=tuple(env),
         hostname=_str(config.get("Hostname")),
         network_mode=_str(_obj(obj.get("HostConfig")).get("NetworkMode")),
-        uts_mode=_str(_obj(obj.get("HostConfig")).get("UTSMode")),
         addresses=tuple(dict.fromkeys(a for a in addresses if _ipv4(a))),
         sshd_port=int(port_label) if port_label.isdigit() else None,
     )
@@ -173,18 +171,17 @@ def exec_env(
     the command's own `extra` (the cluster's env, `exec --env`): docker puts
     its default PATH and the container's HOSTNAME first, then the container's
     Env (the image's ENV, container.env, cvs's visible-devices variables);
-    podman keeps all of that in the container's Env itself, where its
-    `inspect` also shows a HOSTNAME that its exec does not give a container
-    on the host's UTS namespace (host networking: seen with podman 4.3)."""
+    podman keeps all of that in the container's Env itself, to which its
+    `inspect` adds HOSTNAME (the container's hostname) that its exec does
+    not give (podman 4.3, seen on the sandbox): dropped when it is that one."""
     env: dict[str, str] = {}
     if runtime.name == "docker":
         env["PATH"] = DEFAULT_PATH
         if facts.hostname:
             env["HOSTNAME"] = facts.hostname
     env.update(facts.env)
-    host_uts = facts.uts_mode == "host" or (not facts.uts_mode and facts.network_mode == "host")
-    if runtime.name == "podman" and host_uts:
-        env.pop("HOSTNAME", None)
+    if runtime.name == "podman" and env.get("HOSTNAME") == facts.hostname:
+        del env["HOSTNAME"]
     env.update(extra)
     return env
 

@@ -228,6 +228,12 @@ class Cluster:
         lifecycle = self._lifecycle()
         self._guard_gpu_env(dict(lifecycle.cfg.env))  # warns; run_argv drops them
         report = await lifecycle.up(force=force, reprovision=reprovision, adopt=adopt, wait=wait)
+        for host, outcome in report.outcomes.items():
+            state = lifecycle.locks.states.get(host)
+            if outcome.ok and outcome.action.kind == "attach" and state is not None:
+                # Attached: the probe's inspect holds what commands through the
+                # container's sshd need; no inspect of their own.
+                self.ssh_exec.known(host, state.exec_facts)
         if check and not report.ok:
             raise UpFailed(report)
         return report
@@ -493,6 +499,7 @@ class Cluster:
             for host, state in states.items():
                 if state.container == "running" and state.docker_access in ("direct", "sudo"):
                     ready[host] = state.runtime  # docker or podman, as probed
+                    self.ssh_exec.known(host, state.exec_facts)
                 else:
                     before[host] = not_ready_result(host, state, name)
 

@@ -44,10 +44,9 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
-import asyncssh
 
 from orchestrator import remote
 from orchestrator.config import ClusterConfig, container_name, sshd_wanted
@@ -57,10 +56,13 @@ from orchestrator.containers.exec import ContainerCommand
 from orchestrator.events import EventSink, Message
 from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
-from orchestrator.ssh.container_channel import ContainerConnections, Endpoint, NotStarted
 from orchestrator.ssh.envpass import env_block, new_token
-from orchestrator.ssh.keys import USER_KEY_FILE, default_state_dir
-from orchestrator.ssh.transport import SSHPool
+
+if TYPE_CHECKING:
+    import asyncssh
+
+    from orchestrator.ssh.container_channel import ContainerConnections, Endpoint, NotStarted
+    from orchestrator.ssh.transport import SSHPool
 
 # What docker puts first in an exec's environment when the image sets no PATH
 # (the daemon's `CreateDaemonEnvironment`); HOSTNAME is the container's.
@@ -110,7 +112,12 @@ def parse_exec_facts(text: str) -> ExecFacts:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"inspect printed no JSON ({exc})") from None
-    obj = _obj(data[0] if isinstance(data, list) and data else data)
+    return exec_facts_of(_obj(data[0] if isinstance(data, list) and data else data))
+
+
+def exec_facts_of(obj: Mapping[str, Any]) -> ExecFacts:
+    """ExecFacts from one container's inspect object (the probe has it too);
+    ValueError when it is not a container's."""
     config, state = _obj(obj.get("Config")), _obj(obj.get("State"))
     if not _str(obj.get("Id")) or not state:
         raise ValueError("inspect printed no container Id/State")
@@ -218,6 +225,10 @@ def read_keys(state_dir: Path, hosts: Sequence[str]) -> tuple[asyncssh.SSHKey, d
     """The cluster's user key and each host's sshd public key (`ssh-ed25519
     AAAA`), as `cvs up` left them; nothing is created (OSError, ValueError
     when they are missing or unreadable)."""
+    import asyncssh
+
+    from orchestrator.ssh.keys import USER_KEY_FILE
+
     keys_dir = state_dir / "keys"
     user = asyncssh.import_private_key((keys_dir / USER_KEY_FILE).read_text())
     public: dict[str, str] = {}
@@ -250,11 +261,14 @@ class SSHExec:
             return False
         if not sshd_wanted(container, len(self.config.hosts)):
             return False
+        from orchestrator.ssh.container_channel import ContainerConnections
+        from orchestrator.ssh.keys import default_state_dir
+
         try:
             key, self._host_keys = read_keys(
                 default_state_dir(self.config), [h.name for h in self.config.hosts]
             )
-        except (OSError, ValueError, asyncssh.KeyImportError):
+        except (OSError, ValueError):  # asyncssh's KeyImportError is a ValueError
             return False  # no keys here: this state directory never brought it up
         self.connections = ContainerConnections(self.pool, key, sink=self.sink)
         return True
@@ -293,6 +307,12 @@ class SSHExec:
         except ValueError:
             return None
 
+    def known(self, host: str, facts: ExecFacts | None) -> None:
+        """Facts read under this invocation's lock (the probe's inspect): no
+        inspect of its own for this host."""
+        if facts is not None and host not in self._facts:
+            self._facts[host] = facts
+
     async def facts(self, host: str, runtime: ContainerRuntime) -> ExecFacts | None:
         """The container's facts, read once per invocation (None: unreadable)."""
         if host not in self._facts:
@@ -307,6 +327,8 @@ class SSHExec:
         key = self._host_keys.get(host)
         if container is None or address is None or key is None:
             return None
+        from orchestrator.ssh.container_channel import Endpoint
+
         port = facts.sshd_port or container.sshd.port
         return Endpoint(host, address, port, username, key, facts.container_id)
 
@@ -327,6 +349,8 @@ class SSHExec:
         module's header says)."""
         if not self.enabled or host in self.off or self.connections is None:
             return None
+        from orchestrator.ssh.container_channel import NotStarted
+
         facts = await self.facts(host, runtime)
         if facts is None or not facts.running:
             return None  # the docker path reports it, as it always did

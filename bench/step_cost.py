@@ -36,7 +36,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -56,19 +55,16 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def variant(source: Path, directory: Path, hosts: int, path: str) -> Path:
-    """The cluster file on its first `hosts` hosts, persistent, with the bench's
-    own container name and state directory, commands through `path`."""
+    """The cluster file on its first `hosts` hosts, persistent, commands
+    through `path` (its container name and state directory as they are: an
+    existing cluster's containers are attached to, with their keys)."""
     doc = yaml.safe_load(source.read_text())
     doc["hosts"] = doc["hosts"][:hosts]
     doc.pop("head", None)
-    doc["state_dir"] = str(directory / "state")
+    if doc.get("state_dir"):
+        doc["state_dir"] = str((source.parent / str(doc["state_dir"])).resolve())
     sshd = {**(doc["container"].get("sshd") or {}), "exec": path == "sshd"}
-    doc["container"] = {
-        **doc["container"],
-        "lifetime": "persistent",
-        "name": doc["container"].get("name") or "cvs-bench-step",
-        "sshd": sshd,
-    }
+    doc["container"] = {**doc["container"], "lifetime": "persistent", "sshd": sshd}
     out = directory / f"cluster-{hosts}-{path}.yaml"
     out.write_text(yaml.safe_dump(doc, sort_keys=False))
     return out
@@ -221,11 +217,7 @@ def text(r: dict[str, Any]) -> str:
 def run_all(source: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     work = Path(tempfile.mkdtemp(prefix="cvs-bench-step-work-", dir="/tmp"))
     work.chmod(0o755)
-    name = f"cvs-bench-{uuid.uuid4().hex[:6]}"
-    doc = yaml.safe_load(source.read_text())
-    doc["container"]["name"] = name
-    named = work / "source.yaml"
-    named.write_text(yaml.safe_dump(doc, sort_keys=False))
+    named = source
     widest = max([*args.sizes, args.suite_hosts or 0])
     first = variant(named, work, widest, "sshd")
     anyio.run(_attach, first)  # cold start (or attach) everywhere once
@@ -245,7 +237,8 @@ def run_all(source: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
             results.append(
                 measure_suite(cluster, args.suite_hosts, path, suite, args.runs, args.suite_steps)
             )
-    anyio.run(_down, first)
+    if args.sandbox_hosts:
+        anyio.run(_down, first)
     return results
 
 

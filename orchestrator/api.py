@@ -227,6 +227,8 @@ class Cluster:
         """
         lifecycle = self._lifecycle()
         self._guard_gpu_env(dict(lifecycle.cfg.env))  # warns; run_argv drops them
+        # The containers' sshd connections open while the probe runs.
+        self.ssh_exec.warm_up(self.hosts)
         report = await lifecycle.up(force=force, reprovision=reprovision, adopt=adopt, wait=wait)
         for host, outcome in report.outcomes.items():
             state = lifecycle.locks.states.get(host)
@@ -490,6 +492,7 @@ class Cluster:
         ready = dict(locks.ready)
         before: dict[str, HostResult] = {}
         if own_lock:
+            self.ssh_exec.warm_up(selected)
             # Lock and probe in one round trip, as `up` does: the probe's docker
             # call is bounded (container.docker_timeout), so a frozen dockerd is
             # named here instead of hanging the command's own `docker inspect`.

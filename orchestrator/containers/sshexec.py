@@ -38,6 +38,8 @@ for kill_tree.sh, the OOM line, the exit status).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import secrets
 import shlex
@@ -253,6 +255,7 @@ class SSHExec:
         self._facts_lock: dict[str, anyio.Lock] = {}
         self.off: dict[str, str] = {}  # host -> why it takes docker exec (said once)
         self._worked: set[str] = set()  # hosts where a command ran through the sshd
+        self._warming: dict[str, asyncio.Task[bool]] = {}  # warm_up's connects
         self.enabled = self._start()
 
     def _start(self) -> bool:
@@ -274,6 +277,11 @@ class SSHExec:
         return True
 
     async def aclose(self) -> None:
+        for task in self._warming.values():
+            task.cancel()
+        for task in self._warming.values():
+            with contextlib.suppress(BaseException):
+                await task
         if self.connections is not None:
             await self.connections.aclose()
 
@@ -306,6 +314,39 @@ class SSHExec:
             return parse_exec_facts(result.stdout)
         except ValueError:
             return None
+
+    def warm_up(self, hosts: Sequence[str]) -> None:
+        """Start connecting to these hosts' container sshds now, in the
+        background, while the caller's lock and probe round trip runs: the
+        endpoint the cluster file implies (host networking, sshd.port, root or
+        container.user). A command whose facts say otherwise connects anew;
+        a container that is not there (a cold start) costs a refused
+        connection, said nowhere."""
+        container = self.config.container
+        if not self.enabled or self.connections is None or container is None:
+            return
+        if container.network != "host":
+            return  # the address comes with the probe's facts
+        user = container.user or "root"
+        if user in ("0", "root"):
+            user = "root"
+        elif ":" in user or user.isdigit():
+            return
+        from orchestrator.ssh.container_channel import Endpoint
+
+        loop = asyncio.get_running_loop()
+        for host in hosts:
+            key = self._host_keys.get(host)
+            if key is None or host in self.off or host in self._warming:
+                continue
+            ep = Endpoint(host, "127.0.0.1", container.sshd.port, user, key)
+            self._warming[host] = loop.create_task(self.connections.warm(ep))
+
+    async def _warmed(self, host: str) -> None:
+        task = self._warming.get(host)
+        if task is not None and not task.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(task)
 
     def known(self, host: str, facts: ExecFacts | None) -> None:
         """Facts read under this invocation's lock (the probe's inspect): no
@@ -365,6 +406,7 @@ class SSHExec:
             runtime=runtime.name,
         )
         bound = self.config.ssh.command_timeout if timeout is None else timeout
+        await self._warmed(host)
         was_open = host in self._worked
         for attempt in (1, 2):
             try:

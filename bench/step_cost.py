@@ -142,6 +142,48 @@ def measure_attach(cluster_file: Path, hosts: int, path: str, runs: int) -> dict
     }
 
 
+def cvs_cluster_json(cluster_file: Path, directory: Path) -> Path:
+    """A CVS main cluster file for the same hosts and the same running
+    container (CVS attaches to it by name)."""
+    doc = yaml.safe_load(cluster_file.read_text())
+    ssh = doc.get("ssh") or {}
+    addresses = [h.get("address") or h["name"] for h in doc["hosts"]]
+    cvs = {
+        "orchestrator": "container",
+        "username": ssh.get("user") or os.environ.get("USER", "root"),
+        "priv_key_file": (ssh.get("identity_files") or ["~/.ssh/id_ed25519"])[0],
+        "node_dict": {a: {"bmc_ip": "NA", "vpc_ip": a} for a in addresses},
+        "container": {
+            "image": doc["container"]["image"],
+            "name": doc["container"]["name"],
+            "lifetime": "persistent",
+            "runtime": {"name": "docker", "args": {}},
+        },
+    }
+    path = directory / f"cvs-{len(addresses)}.json"
+    path.write_text(json.dumps(cvs, indent=1))
+    return path
+
+
+def measure_cvs(
+    cluster_file: Path, hosts: int, python: Path, steps: int, runs: int
+) -> dict[str, Any]:
+    """CVS main's own exec and attach (bench/cvs_main_exec.py, in CVS's venv)."""
+    cvs_json = cvs_cluster_json(cluster_file, cluster_file.parent)
+    child = REPO / "bench" / "cvs_main_exec.py"
+    proc = subprocess.run(
+        [str(python), str(child), str(cvs_json), str(steps), str(runs)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"CVS main failed: {proc.stderr[-2000:]}")
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"what": "cvs", "path": "cvs-main", "hosts": hosts, **got}
+
+
 def suite_file(directory: Path, steps: int) -> Path:
     doc = {
         "name": "step_cost",
@@ -208,6 +250,13 @@ def text(r: dict[str, Any]) -> str:
             f"{r['s']:.3f} s median ({r['s_min']:.3f}..{r['s_max']:.3f}, {r['runs']} runs); "
             f"machine CPU {r['machine_cpu_ms_per_host']} ms per host\n"
         )
+    if r["what"] == "cvs":
+        return (
+            f"cvs     {r['hosts']:>2} hosts main: orch.exec true {r['exec_ms']:.1f} ms median "
+            f"(min {r['exec_ms_min']:.1f}, {r['steps']} steps); attach (setup_containers + "
+            f"exec hostname) {r['attach_s']:.3f} s median (min {r['attach_s_min']:.3f}, "
+            f"{r['runs']} runs)\n"
+        )
     return (
         f"suite   {r['hosts']:>2} hosts {r['path']:>4}: cvs run, {r['steps']} steps, "
         f"{r['s']:.2f} s median ({r['s_min']:.2f}..{r['s_max']:.2f}, {r['runs']} runs)\n"
@@ -230,6 +279,10 @@ def run_all(source: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     for n in args.attach_sizes:
         for path in PATHS:
             results.append(measure_attach(variant(named, work, n, path), n, path, args.runs))
+    if args.cvs_python:
+        n = min(args.sizes)
+        cluster = variant(named, work, n, "sshd")
+        results.append(measure_cvs(cluster, n, args.cvs_python, args.steps, args.runs))
     if args.suite_hosts:
         suite = suite_file(work, args.suite_steps)
         for path in PATHS:
@@ -258,6 +311,11 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5, help="attach and suite runs (default 5)")
     parser.add_argument("--suite-hosts", type=int, default=0, help="hosts of the suite run")
     parser.add_argument("--suite-steps", type=int, default=100)
+    parser.add_argument(
+        "--cvs-python",
+        type=Path,
+        help="the Python of a venv with the real CVS main installed: time its exec and attach",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON line per measurement")
     args = parser.parse_args()
     if args.cluster is not None:

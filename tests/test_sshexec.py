@@ -137,3 +137,13 @@ def test_a_directory_it_cannot_enter_exits_as_the_runtime_would() -> None:
 def test_a_relative_working_directory_is_refused() -> None:
     with pytest.raises(ValueError, match="absolute"):
         ssh_command("true", {}, workdir="tmp")
+
+
+def test_how_commands_reach_the_container_is_not_part_of_its_config_hash() -> None:
+    from orchestrator.config import ContainerConfig
+    from orchestrator.containers.docker import config_hash
+
+    on = ContainerConfig(image="img:1")
+    off = ContainerConfig(image="img:1", sshd={"exec": False})
+    other_port = ContainerConfig(image="img:1", sshd={"port": 2299})
+    assert config_hash(on) == config_hash(off) != config_hash(other_port)

@@ -147,3 +147,41 @@ def test_how_commands_reach_the_container_is_not_part_of_its_config_hash() -> No
     off = ContainerConfig(image="img:1", sshd={"exec": False})
     other_port = ContainerConfig(image="img:1", sshd={"port": 2299})
     assert config_hash(on) == config_hash(off) != config_hash(other_port)
+
+
+class _Channel:
+    """What `_coalesce_writes` wraps: records the writes that reach the channel."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes | str] = []
+
+    def write(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    def write_eof(self) -> None:
+        self.sent.append("eof")
+
+    def close(self) -> None:
+        self.sent.append("close")
+
+    def abort(self) -> None:
+        self.sent.append("abort")
+
+
+def test_tunnel_writes_of_one_loop_turn_leave_as_one_message() -> None:
+    import anyio
+
+    from orchestrator.ssh.container_channel import _coalesce_writes
+
+    async def main() -> list[bytes | str]:
+        chan = _Channel()
+        _coalesce_writes(chan)
+        chan.write(b"ignore-packet")
+        chan.write(b"real-packet")
+        assert chan.sent == []  # nothing until the loop turns
+        await anyio.sleep(0)
+        chan.write(b"later")
+        chan.close()  # what ends the channel sends what is pending first
+        return chan.sent
+
+    assert anyio.run(main) == [b"ignore-packetreal-packet", b"later", "close"]

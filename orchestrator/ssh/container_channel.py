@@ -250,8 +250,15 @@ class ContainerConnections:
         A failure here is nobody's: the command that needs it tries again."""
         try:
             link = await self._link(ep, counted=False)
+            # A keepalive request: a round trip that runs nothing in the
+            # container (this runs before the caller holds its lock). asyncssh
+            # has no public call for one; without it, `true` does the same.
+            request = getattr(link.conn, "_make_global_request", None)
             with anyio.move_on_after(bound), contextlib.suppress(asyncssh.Error, OSError):
-                await link.conn.run("true", check=False)
+                if request is not None:
+                    await request(b"keepalive@openssh.com")
+                else:
+                    await link.conn.run("true", check=False)
         except NotStarted:
             return False
         return True

@@ -55,6 +55,7 @@ from orchestrator.config import ClusterConfig, container_name, sshd_wanted
 from orchestrator.config.model import WORKDIR_RE
 from orchestrator.containers.docker import LABEL_SSHD_PORT, validate_container_name
 from orchestrator.containers.exec import ContainerCommand
+from orchestrator.errors import Call, Phrase
 from orchestrator.events import EventSink, Message
 from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
@@ -289,14 +290,13 @@ class SSHExec:
         if host in self.off:
             return
         self.off[host] = why
-        self.sink.emit(
-            Message(
-                level="warning",
-                host=host,
-                text=f"{host}: {why}; commands in its container go through "
-                f"`{runtime.name} exec` for the rest of this invocation",
-            )
+        text = Phrase(
+            f"{host}: ",
+            why,
+            f"; commands in its container go through `{runtime.name} exec` "
+            "for the rest of this invocation",
         )
+        self.sink.emit(Message(level="warning", host=host, text=text))
 
     async def _read_facts(self, host: str, runtime: ContainerRuntime) -> ExecFacts | None:
         assert self.config.container is not None
@@ -439,15 +439,17 @@ class SSHExec:
             return exc.reason
         now = await self._read_facts(host, runtime)
         if now is None:
-            return f"{exc.reason} (and the container could not be inspected)"
+            return Phrase(exc.reason, " (and the container could not be inspected)")
         if now.container_id != before.container_id:
-            return f"{exc.reason}: the container was replaced (now {now.container_id[:12]})"
+            return Phrase(exc.reason, f": the container was replaced (now {now.container_id[:12]})")
         if not now.running:
-            return f"{exc.reason}: the container is not running"
+            return Phrase(exc.reason, ": the container is not running")
         if now.started_at != before.started_at:
             self._facts[host] = now
-            return (
-                f"{exc.reason}: the container restarted at {now.started_at} "
-                "(its sshd, started by cvs up, did not come back; `cvs up` starts it)"
+            return Phrase(
+                exc.reason,
+                f": the container restarted at {now.started_at} (its sshd did not come back; ",
+                Call("up"),
+                " starts it)",
             )
-        return f"{exc.reason}: its sshd stopped (the container still runs)"
+        return Phrase(exc.reason, ": its sshd stopped (the container still runs)")

@@ -34,6 +34,7 @@ from typing import Any, Literal, cast
 import anyio
 import asyncssh
 
+from orchestrator.errors import Call, Option, Phrase
 from orchestrator.events import CommandFinished, CommandStarted, EventSink, NullSink
 from orchestrator.results import HostResult, Status
 from orchestrator.ssh.output import as_result_text
@@ -170,10 +171,11 @@ def _reason(exc: BaseException, ep: Endpoint, timeout: float) -> str:
     where = f"the container's sshd ({ep.address}:{ep.port} on {ep.host})"
     kind = _kind(exc)
     if kind == "host_key":
-        return (
+        return Phrase(
             f"{where} offered a host key other than the one cvs gave it: refused "
-            "(the container was replaced or reprovisioned by someone else; "
-            "`cvs up --reprovision` installs this cluster's keys again)"
+            "(the container was replaced or reprovisioned by someone else; ",
+            Call("up", (Option("reprovision"),)),
+            " installs this cluster's keys again)",
         )
     if kind == "auth":
         return f"{where} refused the cluster key for user {ep.username}"

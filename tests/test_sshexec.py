@@ -124,8 +124,10 @@ def test_values_travel_on_stdin_never_in_the_command_line() -> None:
     assert "export SECRET='s3cr3t value'" in (cmd.stdin or "")
     words = shlex.split(cmd.script)
     assert words[:6] == ["sh", "-c", remote.program("ssh_run"), "cvs-ssh_run", "/w", "126"]
-    assert words[6:9] == ["sh", "-c", remote.program("run")]
+    assert words[6] == "/tmp/.cvs-exec-ab12.pid"
     assert words[-2:] == ["echo", "hi"]
+    # ssh_run.sh's session set-up, then run.sh, in one shell
+    assert remote.program("ssh_run").endswith(remote.program("run"))
     assert cmd.kill == shlex.join(remote.argv("kill_tree", "/tmp/.cvs-exec-ab12.pid"))
 
 

@@ -210,16 +210,15 @@ def ssh_command(
 ) -> ContainerCommand:
     """Shell text for the container's sshd (its login shell reads it), the
     kill for a timeout, and stdin (the env block): remote/ssh_run.sh, then
-    remote/run.sh as on the docker path."""
+    remote/run.sh as on the docker path, in one shell."""
     if not WORKDIR_RE.fullmatch(workdir):
         raise ValueError(f"invalid working directory {workdir!r} (an absolute path)")
     token = token or secrets.token_hex(6)
     pidfile = f"/tmp/.cvs-exec-{token}.pid"
     argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
     env_token = new_token()
-    run = remote.argv("run", pidfile, env_token, *argv)
     no_workdir = str(NO_WORKDIR_EXIT.get(runtime, 126))
-    script = shlex.join(remote.argv("ssh_run", workdir, no_workdir, *run))
+    script = shlex.join(remote.argv("ssh_run", workdir, no_workdir, pidfile, env_token, *argv))
     kill = shlex.join(remote.argv("kill_tree", pidfile))
     return ContainerCommand(script, kill, env_block(env, env_token))
 

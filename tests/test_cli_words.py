@@ -47,7 +47,11 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
         "CVS's own pytest options (its conftest.py registers them): the names a CVS suite's "
         "files are given by, under pytest as under `cvs run`",
     ),
-    "limits/gpus.py": ({"--json"}, "amd-smi's and rocm-smi's argv, run on the hosts"),
+    "limits/gpus.py": (
+        {"--json", "--gpus"},
+        "amd-smi's and rocm-smi's argv, run on the hosts; docker's own --gpus flag",
+    ),
+    "containers/lifecycle.py": ({"--gpus"}, "docker's own --gpus flag, which podman lacks"),
 }
 # The sandbox is a developer's tool with one caller, `cvs sandbox` (and tests):
 # its messages are that command's.

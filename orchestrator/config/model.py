@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.config.slurm import SlurmJob
 from orchestrator.config.units import parse_size
 
 Lifetime = Literal["no_launch", "per_run", "persistent"]
@@ -394,6 +395,15 @@ class Concurrency(Model):
         description="Hosts worked on at once; the fleet size is safe: handshakes are admitted "
         "adaptively",
     )
+    # ssh/workers.py: when unset, workers only from WORKERS_FROM hosts on a
+    # machine with WORKERS_MIN_CORES cores (on 2 cores they did not pay).
+    workers: int | None = Field(
+        default=None,
+        ge=1,
+        description="Coordinator processes sharing a large fan-out of commands on the hosts, "
+        "each with its own connections; unset: one per core for 512 hosts or more on 4 "
+        "cores or more, else one; 1: always one; above the cores: clamped, with a warning",
+    )
 
 
 class Registry(Model):
@@ -499,11 +509,38 @@ class SSHDConfig(Model):
 
 
 class MPIConfig(Model):
-    slots: int = Field(default=1, ge=1, description="Slots per host written in the MPI hostfile")
+    """Open MPI between the containers (docs/mpi.md)."""
+
+    slots: int | None = Field(
+        default=None,
+        description="Slots per host written in the MPI hostfile (at least 1); unset: the "
+        "GPUs the host's container got (1 without GPUs)",
+    )
     hostfile: str = Field(
         default="/etc/cvs/hostfile",
-        description="Where the MPI hostfile is written in each container",
+        description="Where the MPI hostfile is written in each container (an absolute path)",
     )
+
+    @field_validator("slots")
+    @classmethod
+    def _slots(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(
+                f"mpi.slots must be at least 1, got {v} (leave it out to use the GPUs "
+                "each container gets)"
+            )
+        return v
+
+    @field_validator("hostfile")
+    @classmethod
+    def _hostfile(cls, v: str) -> str:
+        # It goes to the in-container installer's argv and into MPI command lines.
+        if not re.fullmatch(r"/[A-Za-z0-9_./+-]*[A-Za-z0-9_+-]", v) or "/../" in f"{v}/":
+            raise ValueError(
+                f"mpi.hostfile must be an absolute path inside the container "
+                f"(letters, digits, '_', '.', '+', '-'), got {v!r}: e.g. /etc/cvs/hostfile"
+            )
+        return v
 
 
 class ContainerConfig(Model):
@@ -716,6 +753,17 @@ class ContainerConfig(Model):
     _size_ok = field_validator("shm_size")(_check_size)
 
     @model_validator(mode="after")
+    def _slots_fit_cpus(self) -> ContainerConfig:
+        cpus = self.resources.cpus
+        slots = self.mpi.slots
+        if slots is not None and cpus is not None and slots > cpus:
+            raise ValueError(
+                f"mpi.slots {slots} is more than the container's CPUs (resources.cpus "
+                f"{cpus:g}): lower mpi.slots or raise resources.cpus"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _rootless_is_podman(self) -> ContainerConfig:
         if self.rootless and self.runtime != "podman":
             raise ValueError(
@@ -784,6 +832,12 @@ class ClusterConfig(Model):
         default_factory=list,
         description="Set by the CVS-JSON import: what CVS's own rules put into effect, for "
         "validation's report",
+        json_schema_extra=SET_BY_LOADER,
+    )
+    slurm: SlurmJob | None = Field(
+        default=None,
+        description="Set by the loader when the hosts come from a running Slurm job: its ID, "
+        "nodes, their addresses and the GPU indices it holds on each",
         json_schema_extra=SET_BY_LOADER,
     )
 

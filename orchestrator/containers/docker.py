@@ -23,6 +23,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from orchestrator.config import CONTAINER_NAME_RE, IMAGE_REF_RE, ContainerConfig, Registry
+from orchestrator.containers.mpi import RUN_AS_ROOT_ENV, runs_as_root
 from orchestrator.limits.cdi import CDIDevice, cdi_run_args
 from orchestrator.limits.gpus import GPUSelection, guard_visible_devices
 from orchestrator.limits.resources import EffectiveResources, limits_drift
@@ -43,6 +44,12 @@ LABEL_INVOCATION = "io.cvs.invocation"
 # The port its in-container sshd listens on: with network host another
 # cluster's probe names this container when that port is taken.
 LABEL_SSHD_PORT = "io.cvs.sshd-port"
+# The Slurm job whose invocation started it (hosts from Slurm): a per_run
+# container goes when that job ends (containers/jobend.py, `cvs slurm epilog`).
+LABEL_SLURM_JOB = "io.cvs.slurm-job"
+# The host's GPU indices it was given ("2,3"): a later job compares them with
+# its own allocation before attaching.
+LABEL_GPUS = "io.cvs.gpus"
 CONTAINER_ID_RE = re.compile(r"[0-9a-f]{64}")  # a full container ID, as docker prints it
 
 # Docker's zero time: what StartedAt holds for a container never started.
@@ -116,6 +123,8 @@ def managed_labels(
     lifetime: str | None = None,
     invocation: str | None = None,
     sshd_port: int | None = None,
+    slurm_job: str | None = None,
+    gpus: tuple[int, ...] | None = None,
 ) -> dict[str, str]:
     """The labels `run_argv` should get so `is_ours` recognises the container.
 
@@ -131,6 +140,10 @@ def managed_labels(
         labels[LABEL_INVOCATION] = invocation
     if sshd_port is not None:
         labels[LABEL_SSHD_PORT] = str(int(sshd_port))
+    if slurm_job is not None:
+        labels[LABEL_SLURM_JOB] = slurm_job
+    if gpus:
+        labels[LABEL_GPUS] = ",".join(str(int(i)) for i in gpus)
     return labels
 
 
@@ -261,8 +274,10 @@ def run_argv(
 
 
 def container_env(cfg: ContainerConfig, gpus: GPUSelection | None = None) -> dict[str, str]:
-    """`container.env` as the container gets it."""
-    env = dict(cfg.env)
+    """`container.env` as the container gets it: after Open MPI's run-as-root
+    variables where commands run as root (`mpi.RUN_AS_ROOT_ENV`; a key in
+    container.env wins)."""
+    env = {**(RUN_AS_ROOT_ENV if runs_as_root(cfg.user) else {}), **cfg.env}
     if gpus is not None and gpus.gpus:
         # A visible-devices variable in container.env must not widen the subset
         # (the API warns about it; here it is only dropped).

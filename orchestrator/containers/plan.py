@@ -30,8 +30,10 @@ from typing import Literal
 from orchestrator.config import ContainerConfig, Lifetime, sshd_wanted
 from orchestrator.config.hostlist import MAX_NAMED_HOSTS as _MAX_NAMED_HOSTS
 from orchestrator.config.hostlist import abbreviate_hosts as _names
+from orchestrator.config.slurm import SlurmJob
 from orchestrator.containers.docker import (
     LABEL_CONFIG_HASH,
+    LABEL_GPUS,
     LABEL_LIFETIME,
     LABEL_MANAGED,
     is_ours,
@@ -40,13 +42,14 @@ from orchestrator.containers.docker import short_id as _short
 from orchestrator.containers.probe import HostState
 from orchestrator.errors import Call, ExitCode, Option, Phrase, Refusal, WayOut
 from orchestrator.limits.capacity import fit_to_host
-from orchestrator.limits.gpus import GPUError, Unsatisfiable, select_gpus
+from orchestrator.limits.gpus import GPUError, Unsatisfiable
 from orchestrator.limits.resources import EffectiveResources
 from orchestrator.limits.rootless import (
     device_group_access,
     rootless_cap_refusal,
     wants_devices,
 )
+from orchestrator.limits.slurm_gpus import gpu_mismatch, gpu_mismatch_refusal, select_for_host
 from orchestrator.remote.runtime import daemon_word
 
 # What `docker start` / `docker unpause` brings back with its overlay intact
@@ -405,6 +408,7 @@ def decide_plan(
     config_hash: str | None = None,
     adopt: bool = False,
     resources: Mapping[str, EffectiveResources] | None = None,
+    slurm: SlurmJob | None = None,
 ) -> Plan:
     """What `cvs up` does on each host, or a refusal (exit 4) with reasons:
     every reason the probed facts already show, at once (`up` refuses while
@@ -422,6 +426,10 @@ def decide_plan(
     `script_sha256` is the sha256 of the setup script the config asks for
     (compared with each kept container's marker); `config_hash` the value of
     the config-hash label new containers get (compared for drift warnings).
+
+    `slurm`: the running job the hosts came from: a launching host's GPUs are
+    chosen among the ones Slurm allocated the job there, and a kept
+    persistent container must hold exactly those (limits/slurm_gpus.py).
     """
     ours = {
         h: s.container not in (None, "absent")
@@ -471,7 +479,10 @@ def decide_plan(
     fit_reasons, fit_warnings = _capacity(states, launching, resources)
     more += fit_reasons + _missing_image(cfg, states, launching)
     more += _rootless_caps(states, launching, resources)
-    more += _gpu_refusals(cfg, states, launching)
+    more += _gpu_refusals(cfg, states, launching, slurm)
+    if not plan.refused and slurm is not None:
+        plan, mismatch = _slurm_gpu_check(cfg, states, plan, slurm, force=force, sshd=sshd)
+        more += mismatch
     group_notes, keep = _device_group_access(cfg, states, launching)
     warnings = [*plan.warnings, *fit_warnings, *group_notes]
     if more or plan.refused:
@@ -557,8 +568,44 @@ def _device_group_access(
     return notes, keep
 
 
+def _slurm_gpu_check(
+    cfg: ContainerConfig,
+    states: Mapping[str, HostState],
+    plan: Plan,
+    slurm: SlurmJob,
+    *,
+    force: bool,
+    sshd: bool,
+) -> tuple[Plan, list[Refusal]]:
+    """Kept containers (attach, restart) whose GPUs are not the job's: a
+    refusal, or with `force` a replacement there."""
+    kept = plan.hosts("attach", "restart")
+    found = [
+        m
+        for h in kept
+        if (m := gpu_mismatch(h, states[h].labels, cfg.gpus, slurm, LABEL_GPUS)) is not None
+    ]
+    if not found:
+        return plan, []
+    if not force:
+        return plan, [gpu_mismatch_refusal(found, slurm.job_id, _label(cfg))]
+    actions = dict(plan.actions)
+    for m in found:
+        actions[m.host] = HostAction(
+            "replace",
+            Phrase(FORCE, f": its GPUs are not job {slurm.job_id}'s, start fresh"),
+            remove_first=True,
+            provision=True,
+            start_sshd=sshd,
+        )
+    return replace(plan, actions=_frozen(actions)), []
+
+
 def _gpu_refusals(
-    cfg: ContainerConfig, states: Mapping[str, HostState], launching: list[str]
+    cfg: ContainerConfig,
+    states: Mapping[str, HostState],
+    launching: list[str],
+    slurm: SlurmJob | None = None,
 ) -> list[Refusal]:
     """A GPU request a launching host cannot meet, from the GPUs the probe
     listed there (a host whose GPUs were not listed is left to `up`)."""
@@ -570,7 +617,7 @@ def _gpu_refusals(
         if inventory is None:
             continue
         try:
-            picked = select_gpus(inventory, cfg.gpus)
+            picked = select_for_host(inventory, cfg.gpus, host, slurm)
         except GPUError as exc:
             refusals.append(Refusal("gpus", f"{host}: {exc}", (host,)))
             continue

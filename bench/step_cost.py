@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -292,6 +293,7 @@ def run_all(source: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
             )
     if args.sandbox_hosts:
         anyio.run(_down, first)
+    shutil.rmtree(work, ignore_errors=True)
     return results
 
 

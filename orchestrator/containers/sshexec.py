@@ -289,8 +289,7 @@ class SSHExec:
         if host in self.off:
             return
         self.off[host] = why
-        text = Phrase(
-            f"{host}: ",
+        text = Phrase(  # the renderers put the host first
             why,
             f"; commands in its container go through `{runtime.name} exec` "
             "for the rest of this invocation",

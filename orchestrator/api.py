@@ -36,27 +36,28 @@ from orchestrator.containers.causes import (
     wants_diagnosis,
     with_cause,
 )
-from orchestrator.containers.copy import Payload, Progress, copy_to_hosts, gather_from_hosts
 from orchestrator.containers.docker import normalize_image_id
-from orchestrator.containers.drift import cluster_expectations
 from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command, pidfile_of
-from orchestrator.containers.probe import HostState
-from orchestrator.containers.status import HostStatus, host_status
 from orchestrator.errors import CvsError, Param, Phrase, UsageError
 from orchestrator.errors import HostSelectionError as HostSelectionError
 from orchestrator.events import EventSink, Message, NullSink
 from orchestrator.limits.gpus import guard_visible_devices
-from orchestrator.limits.resources import EffectiveResources
 from orchestrator.remote.runtime import ContainerRuntime, DockerRuntime
 from orchestrator.results import HostResult, exit_code_for
 from orchestrator.ssh.fanout import fan_out, run_on_hosts
 from orchestrator.ssh.transport import SSHPool
 
 if TYPE_CHECKING:
+    # Imported where used: `cvs exec` needs none of copy, probe, status or drift
+    # (tests/test_startup.py).
+    from orchestrator.containers.copy import Payload, Progress
     from orchestrator.containers.lifecycle import Lifecycle, UpReport
     from orchestrator.containers.locks import HostLocks
     from orchestrator.containers.mpi import MPICheck
     from orchestrator.containers.plan import Plan
+    from orchestrator.containers.probe import HostState
+    from orchestrator.containers.sshexec import SSHExec
+    from orchestrator.containers.status import HostStatus
 
 
 _IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
@@ -151,6 +152,8 @@ class Cluster:
         self._invocation: str | None = None
         # What a waiting invocation is told this one is doing (e.g. "run SUITE").
         self.purpose = "up"
+        # Commands in the containers through their sshd (containers/sshexec.py).
+        self._ssh_exec: SSHExec | None = None
 
     @classmethod
     @asynccontextmanager
@@ -165,6 +168,8 @@ class Cluster:
             try:
                 yield cluster
             finally:
+                if cluster._ssh_exec is not None:
+                    await cluster._ssh_exec.aclose()
                 await cluster.release_locks()
 
     async def release_locks(self) -> None:
@@ -238,9 +243,17 @@ class Cluster:
         """
         lifecycle = self._lifecycle()
         self._guard_gpu_env(dict(lifecycle.cfg.env))  # warns; run_argv drops them
+        # The containers' sshd connections open while the probe runs.
+        self.ssh_exec.warm_up(self.hosts)
         report = await lifecycle.up(
             force=force, reprovision=reprovision, adopt=adopt, wait=wait, only=only, heal=heal
         )
+        for host, outcome in report.outcomes.items():
+            state = lifecycle.locks.states.get(host)
+            if outcome.ok and outcome.action.kind == "attach" and state is not None:
+                # Attached: the probe's inspect holds what commands through the
+                # container's sshd need; no inspect of their own.
+                self.ssh_exec.known(host, state.exec_facts)
         if check and not report.ok:
             raise UpFailed(report)
         return report
@@ -331,6 +344,16 @@ class Cluster:
         return await self._lifecycle().down(force=force, wait=wait, own_only=own_only)
 
     @property
+    def ssh_exec(self) -> SSHExec:
+        """The containers' sshd path of this Cluster's commands (one connection
+        per container, opened on first use; `.connections.counters` counts)."""
+        if self._ssh_exec is None:
+            from orchestrator.containers.sshexec import SSHExec
+
+            self._ssh_exec = SSHExec(self.config, self.pool, self.sink)
+        return self._ssh_exec
+
+    @property
     def docker_runtimes(self) -> Mapping[str, DockerRuntime]:
         """How to reach docker on each host whose container this Cluster's `up`
         left running (probed under the lock it still holds). A host missing
@@ -366,6 +389,8 @@ class Cluster:
         """Copy `payload` (a file, or a directory as one tar stream) to `dest` on
         every selected host at once, into the container unless `host_os`; each
         host's copy is checked by sha256 (containers/copy.py)."""
+        from orchestrator.containers.copy import copy_to_hosts
+
         return await copy_to_hosts(
             self.pool,
             self.config,
@@ -389,6 +414,8 @@ class Cluster:
         progress: Progress | None = None,
     ) -> dict[str, HostResult]:
         """Fetch the file `src` from every selected host into `dest_dir/<host>/`."""
+        from orchestrator.containers.copy import gather_from_hosts
+
         return await gather_from_hosts(
             self.pool,
             self.config,
@@ -421,6 +448,10 @@ class Cluster:
     async def status(self) -> list[HostStatus]:
         """One typed record per host: reachability, docker access, container state,
         image and tag IDs, sshd, provisioning, effective limits and drift."""
+        from orchestrator.containers.drift import cluster_expectations
+        from orchestrator.containers.status import host_status
+        from orchestrator.limits.resources import EffectiveResources
+
         lc = self._lifecycle()
         states = await lc.probe_all()
         script_sha256 = lc.script().sha256
@@ -538,6 +569,7 @@ class Cluster:
         ready = dict(locks.ready)
         before: dict[str, HostResult] = {}
         if own_lock:
+            self.ssh_exec.warm_up(selected)
             # Lock and probe in one round trip, as `up` does: the probe's docker
             # call is bounded (container.docker_timeout), so a frozen dockerd is
             # named here instead of hanging the command's own `docker inspect`.
@@ -547,13 +579,28 @@ class Cluster:
             for host, state in states.items():
                 if state.container == "running" and state.docker_access in ("direct", "sudo"):
                     ready[host] = state.runtime  # docker or podman, as probed
+                    self.ssh_exec.known(host, state.exec_facts)
                 else:
                     before[host] = not_ready_result(host, state, name)
 
         async def one(host: str) -> HostResult:
             if host in before:
                 return before[host]
-            token = secrets.token_hex(6)
+            runtime = ready.get(host) or self.runtimes[host]
+            # Through the container's sshd when it runs; None: docker exec.
+            token = secrets.token_hex(6)  # its pidfile: evidence for a diagnosis
+            via_sshd = await self.ssh_exec.run(
+                host,
+                command,
+                runtime=runtime,
+                env=container_env,
+                user=as_user,
+                workdir=workdir,
+                timeout=timeout,
+                token=token,
+            )
+            if via_sshd is not None:
+                return await self._explain(host, name, via_sshd, runtime, pidfile_of(token))
             script, kill, stdin = container_command(
                 name,
                 command,
@@ -563,7 +610,7 @@ class Cluster:
                 workdir=workdir,
                 # Known running (this Cluster's `up`, or the probe above, under
                 # the lock held): no separate running check on the host.
-                runtime=ready.get(host) or self.runtimes[host],
+                runtime=runtime,
             )
             result = await self.pool.run(
                 host, script, timeout=timeout, input=stdin, label="exec", on_timeout=lambda: kill
@@ -574,7 +621,6 @@ class Cluster:
                     " is not running here", f" is not running on {host}"
                 )
                 return replace(result, error=error)
-            runtime = ready.get(host) or self.runtimes[host]
             return await self._explain(host, name, result, runtime, pidfile_of(token))
 
         try:

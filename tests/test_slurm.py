@@ -276,6 +276,22 @@ def test_force_recreates_a_persistent_container_with_the_wrong_gpus() -> None:
     assert plan.actions["node1"].remove_first
 
 
+def test_an_unreachable_node_of_the_job_is_told_to_leave_the_allocation_not_the_file() -> None:
+    st = states(host("node1", "absent"), host("node2", None))
+    plan = decide_plan(cfg("per_run"), st, slurm=job(node1=(), node2=()))
+    (refusal,) = plan.refusals
+    ways = [w.text for w in refusal.ways_out]
+    assert refusal.kind == "unknown_state" and refusal.hosts == ("node2",)
+    assert any("`salloc -x node2`" in w and "`sbatch --exclude=node2`" in w for w in ways)
+    assert any("job 7" in w for w in ways) and not any("cluster file" in w for w in ways)
+
+
+def test_an_unreachable_host_of_the_file_is_still_told_to_remove_it_from_the_file() -> None:
+    plan = decide_plan(cfg("per_run"), states(host("node1", "absent"), host("node2", None)))
+    ways = [w.text for r in plan.refusals for w in r.ways_out]
+    assert "remove them from the cluster file" in ways and not any("salloc" in w for w in ways)
+
+
 # ------------------------------------------------------- the holder and the epilog (sh)
 
 CID = "c" * 64

@@ -500,6 +500,7 @@ def test_a_node_of_the_job_cvs_cannot_reach_is_named_and_nothing_starts(
     assert proc.returncode == 4, proc.stdout + proc.stderr
     assert "node2 ! unreachable: connection refused" in proc.stderr
     assert "refused, nothing was changed" in proc.stderr
+    assert "salloc -x node2" in proc.stderr  # Slurm gave it: leave it out of the job
     assert containers(slurm_sandbox, "node1", "name=cvs-unr") == []
 
 

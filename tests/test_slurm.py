@@ -19,7 +19,6 @@ from plan_states import CLUSTER, cfg, host, kinds, states
 
 from orchestrator import remote
 from orchestrator.config import ConfigError, GPURequest, container_name, load_cluster
-from orchestrator.config.views import job_container_name
 from orchestrator.config.slurm import (
     SlurmJob,
     SlurmNode,
@@ -29,6 +28,7 @@ from orchestrator.config.slurm import (
     query_job,
     slurm_hosts,
 )
+from orchestrator.config.views import job_container_name
 from orchestrator.containers.docker import LABEL_GPUS, managed_labels
 from orchestrator.containers.jobend import holder_argv
 from orchestrator.containers.plan import decide_plan

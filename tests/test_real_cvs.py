@@ -600,6 +600,7 @@ def test_cvs_suites_in_an_srun_step_name_the_job_in_cvs_run_dir_and_our_records(
         assert sorted(p.name for p in (tmp_path / "ws" / way / "cvs_runs").iterdir()) == [job], (
             logs[way]
         )
+    print(f"job {job}: CVS's run dirs", {w: [job] for w in WAYS}, "exit codes", rcs)
     # Ours: the same job in every run's results.json...
     records = {
         "install": tmp_path / "install" / "results.json",

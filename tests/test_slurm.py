@@ -341,7 +341,7 @@ def test_an_unreachable_node_of_the_job_is_told_to_leave_the_allocation_not_the_
     (refusal,) = plan.refusals
     ways = [w.text for w in refusal.ways_out]
     assert refusal.kind == "unknown_state" and refusal.hosts == ("node2",)
-    assert any("`salloc -x node2`" in w and "`sbatch --exclude=node2`" in w for w in ways)
+    assert any("`salloc -x node2`" in w and "`sbatch -x node2`" in w for w in ways)
     assert any("job 7" in w for w in ways) and not any("cluster file" in w for w in ways)
 
 

@@ -198,7 +198,8 @@ def _leave_out(unknown: Mapping[str, HostState], slurm: SlurmJob | None) -> WayO
         nodes += ",..."
     return WayOut(
         f"leave them out of the allocation: they come from Slurm job {slurm.job_id}, so ask "
-        f"for one without them (`salloc -x {nodes}`, `sbatch --exclude={nodes}`)"
+        f"for one without them (Slurm's exclude option: `salloc -x {nodes}`, "
+        f"`sbatch -x {nodes}`)"
     )
 
 

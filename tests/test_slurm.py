@@ -172,6 +172,28 @@ def test_inside_a_job_a_per_run_container_is_named_for_the_job(tmp_path: Path) -
     assert container_name(load_cluster(_plain(tmp_path))) == "rvs"
 
 
+def test_a_cvs_suite_asking_the_container_name_gets_the_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import logging
+    from types import SimpleNamespace
+
+    from orchestrator.compat.cvs import CvsOrchestrator
+    from orchestrator.config import loader
+
+    monkeypatch.setattr(loader, "query_job", lambda env, *, where, run: job(node1=()))
+    cluster = _cvs_file(tmp_path, ["node1"])
+    keys = json.loads(cluster.read_text())
+    keys.update(priv_key_file=str(cluster), password=None, head_node_dict=None)
+    cvs_keys = {k: keys[k] for k in ("orchestrator", "node_dict", "username", "priv_key_file",
+                                     "password", "head_node_dict", "container")}  # fmt: skip
+    orch = CvsOrchestrator(logging.getLogger("t"), SimpleNamespace(**cvs_keys),
+                           cluster_file=str(cluster))  # fmt: skip
+    # CVS's own rule (megatron_single asks it), over the container config it is given.
+    assert orch.get_container_name(orch.container_config, "img:1") == "rvs-j7"
+    assert orch.hosts == ["node1"]
+
+
 def _plain(tmp_path: Path) -> Path:
     path = tmp_path / "plain.yaml"
     path.write_text("name: p\nhosts: [a1]\ncontainer: {image: img:1, name: rvs}\n")

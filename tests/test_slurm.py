@@ -148,6 +148,13 @@ def test_a_cvs_file_with_hosts_from_slurm_keeps_node_dict_at_slurms_addresses(
     assert cluster.slurm is not None and cluster.slurm.job_id == "7"
 
 
+def test_hosts_from_on_the_command_line_and_in_a_cvs_file_agree(tmp_path: Path) -> None:
+    path = _cvs_file(tmp_path, ["node1"])
+    run = fake_scontrol()
+    cluster = load_cluster(path, hosts_from="slurm", env=IN_JOB, slurm_run=run, check_files=False)
+    assert [h.name for h in cluster.hosts] == ["node1"] and cluster.slurm is not None
+
+
 def test_a_cvs_node_dict_naming_a_node_outside_the_job_is_one_line(tmp_path: Path) -> None:
     path = _cvs_file(tmp_path, ["node1", "node9"])
     with pytest.raises(ConfigError, match=r"node_dict lists 'node9', which is not a node of "

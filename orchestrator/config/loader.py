@@ -271,7 +271,8 @@ def cluster_from_data(
     if cvs_nodes:
         data = _from_cvs(data, located)
         located = Located(source, None)
-        hosts_from = data.pop("hosts_from", None) if hosts_from is None else hosts_from
+        in_file = data.pop("hosts_from", None)  # the command line's --hosts-from wins
+        hosts_from = in_file if hosts_from is None else hosts_from
     else:
         # `x-...` top-level keys are free for YAML anchors to hang on (the
         # docker compose convention): `x-caps: &caps {max_cpus: 8}`.

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from orchestrator.containers.locks import HostLocks
     from orchestrator.containers.mpi import MPICheck
     from orchestrator.containers.plan import Plan
+    from orchestrator.containers.sshexec import SSHExec
 
 
 _IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
@@ -150,6 +151,8 @@ class Cluster:
         self._invocation: str | None = None
         # What a waiting invocation is told this one is doing (e.g. "run SUITE").
         self.purpose = "up"
+        # Commands in the containers through their sshd (containers/sshexec.py).
+        self._ssh_exec: SSHExec | None = None
 
     @classmethod
     @asynccontextmanager
@@ -164,6 +167,8 @@ class Cluster:
             try:
                 yield cluster
             finally:
+                if cluster._ssh_exec is not None:
+                    await cluster._ssh_exec.aclose()
                 await cluster.release_locks()
 
     async def release_locks(self) -> None:
@@ -223,7 +228,15 @@ class Cluster:
         """
         lifecycle = self._lifecycle()
         self._guard_gpu_env(dict(lifecycle.cfg.env))  # warns; run_argv drops them
+        # The containers' sshd connections open while the probe runs.
+        self.ssh_exec.warm_up(self.hosts)
         report = await lifecycle.up(force=force, reprovision=reprovision, adopt=adopt, wait=wait)
+        for host, outcome in report.outcomes.items():
+            state = lifecycle.locks.states.get(host)
+            if outcome.ok and outcome.action.kind == "attach" and state is not None:
+                # Attached: the probe's inspect holds what commands through the
+                # container's sshd need; no inspect of their own.
+                self.ssh_exec.known(host, state.exec_facts)
         if check and not report.ok:
             raise UpFailed(report)
         return report
@@ -312,6 +325,16 @@ class Cluster:
         `own_only` removes only containers this Cluster's `up` started.
         """
         return await self._lifecycle().down(force=force, wait=wait, own_only=own_only)
+
+    @property
+    def ssh_exec(self) -> SSHExec:
+        """The containers' sshd path of this Cluster's commands (one connection
+        per container, opened on first use; `.connections.counters` counts)."""
+        if self._ssh_exec is None:
+            from orchestrator.containers.sshexec import SSHExec
+
+            self._ssh_exec = SSHExec(self.config, self.pool, self.sink)
+        return self._ssh_exec
 
     @property
     def docker_runtimes(self) -> Mapping[str, DockerRuntime]:
@@ -521,6 +544,7 @@ class Cluster:
         ready = dict(locks.ready)
         before: dict[str, HostResult] = {}
         if own_lock:
+            self.ssh_exec.warm_up(selected)
             # Lock and probe in one round trip, as `up` does: the probe's docker
             # call is bounded (container.docker_timeout), so a frozen dockerd is
             # named here instead of hanging the command's own `docker inspect`.
@@ -530,12 +554,26 @@ class Cluster:
             for host, state in states.items():
                 if state.container == "running" and state.docker_access in ("direct", "sudo"):
                     ready[host] = state.runtime  # docker or podman, as probed
+                    self.ssh_exec.known(host, state.exec_facts)
                 else:
                     before[host] = not_ready_result(host, state, name)
 
         async def one(host: str) -> HostResult:
             if host in before:
                 return before[host]
+            runtime = ready.get(host) or self.runtimes[host]
+            # Through the container's sshd when it runs; None: docker exec.
+            via_sshd = await self.ssh_exec.run(
+                host,
+                command,
+                runtime=runtime,
+                env=container_env,
+                user=as_user,
+                workdir=workdir,
+                timeout=timeout,
+            )
+            if via_sshd is not None:
+                return await self._explain(host, name, via_sshd, runtime)
             script, kill, stdin = container_command(
                 name,
                 command,

@@ -108,6 +108,9 @@ def config_hash(cfg: ContainerConfig) -> str:
     for key, default in (("runtime", "docker"), ("rootless", False), ("cdi", "auto")):
         if data.get(key) == default:
             data.pop(key, None)
+    if isinstance(data.get("sshd"), dict):
+        # How commands reach the container (sshd.exec), not the container.
+        data["sshd"].pop("exec", None)
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

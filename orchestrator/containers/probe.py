@@ -10,6 +10,7 @@ Anything it cannot read becomes `error` with the container state unknown
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import re
@@ -33,6 +34,7 @@ from orchestrator.containers.docker import (
     runtime_limits,
     validate_container_name,
 )
+from orchestrator.containers.sshexec import ExecFacts, exec_facts_of
 from orchestrator.limits.cdi import SpecFile, spec_files
 from orchestrator.limits.gpus import GPU, parse_discovery
 from orchestrator.limits.gpus import MARKER as GPU_MARKER
@@ -94,6 +96,9 @@ class HostState:
     # Rootless podman launching with devices: the OCI runtime podman runs
     # (crun, runc; None: not asked or unreadable), for `--group-add keep-groups`.
     oci_runtime: str | None = None
+    # The container's environment, user, working directory and network, for
+    # commands through its sshd (containers/sshexec.py); not compared.
+    exec_facts: ExecFacts | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def unreachable(cls, host: str, reason: str) -> HostState:
@@ -435,6 +440,8 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
         started_at=cinfo.started_at,
         host_config=runtime_limits(runtime, cinfo.limits),
     )
+    with contextlib.suppress(ValueError):
+        values["exec_facts"] = exec_facts_of(cobj)
     values.update(
         _in_container_facts(
             sections, running=cinfo.state == "running", container_id=cinfo.id, runtime=runtime

@@ -10,6 +10,7 @@ One `Cluster` holds one SSH connection per host for its whole life.
 from __future__ import annotations
 
 import re
+import secrets
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -36,7 +37,7 @@ from orchestrator.containers.causes import (
     with_cause,
 )
 from orchestrator.containers.docker import normalize_image_id
-from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command
+from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command, pidfile_of
 from orchestrator.errors import CvsError, Param, Phrase, UsageError
 from orchestrator.errors import HostSelectionError as HostSelectionError
 from orchestrator.events import EventSink, Message, NullSink
@@ -199,11 +200,19 @@ class Cluster:
         return lifecycle
 
     async def plan(
-        self, *, force: bool = False, reprovision: bool = False, adopt: bool = False
+        self,
+        *,
+        force: bool = False,
+        reprovision: bool = False,
+        adopt: bool = False,
+        only: Sequence[str] | None = None,
+        heal: bool = False,
     ) -> Plan:
-        """What `up` would do on each host (nothing is changed, nothing locked)."""
+        """What `up` would do on each host, or on the hosts `only` (decided
+        over every host, as `up(only=...)` does); nothing is changed, nothing
+        locked."""
         lc = self._lifecycle()
-        return lc.decide(await lc.probe_all(), force=force, reprovision=reprovision, adopt=adopt)
+        return lc.decide_for(await lc.probe_all(), only, force, reprovision, adopt, heal)
 
     async def up(
         self,
@@ -213,8 +222,14 @@ class Cluster:
         check: bool = True,
         adopt: bool = False,
         wait: bool = True,
+        only: Sequence[str] | None = None,
+        heal: bool = False,
     ) -> UpReport:
-        """Bring containers to the state the lifetime policy asks for.
+        """Bring containers to the state the lifetime policy asks for (on
+        every host, or on the hosts `only`: the plan is still decided over
+        every host, so a subset never makes what the whole would refuse).
+        `heal` (persistent): start the container where it is missing while
+        every other host runs it, from the same image, instead of refusing.
 
         Raises `PolicyRefused` (nothing changed on any host) when the policy
         or image identity forbids it, or when another invocation holds a
@@ -230,7 +245,9 @@ class Cluster:
         self._guard_gpu_env(dict(lifecycle.cfg.env))  # warns; run_argv drops them
         # The containers' sshd connections open while the probe runs.
         self.ssh_exec.warm_up(self.hosts)
-        report = await lifecycle.up(force=force, reprovision=reprovision, adopt=adopt, wait=wait)
+        report = await lifecycle.up(
+            force=force, reprovision=reprovision, adopt=adopt, wait=wait, only=only, heal=heal
+        )
         for host, outcome in report.outcomes.items():
             state = lifecycle.locks.states.get(host)
             if outcome.ok and outcome.action.kind == "attach" and state is not None:
@@ -571,6 +588,7 @@ class Cluster:
                 return before[host]
             runtime = ready.get(host) or self.runtimes[host]
             # Through the container's sshd when it runs; None: docker exec.
+            token = secrets.token_hex(6)  # its pidfile: evidence for a diagnosis
             via_sshd = await self.ssh_exec.run(
                 host,
                 command,
@@ -579,18 +597,20 @@ class Cluster:
                 user=as_user,
                 workdir=workdir,
                 timeout=timeout,
+                token=token,
             )
             if via_sshd is not None:
-                return await self._explain(host, name, via_sshd, runtime)
+                return await self._explain(host, name, via_sshd, runtime, pidfile_of(token))
             script, kill, stdin = container_command(
                 name,
                 command,
+                token=token,
                 env=container_env,
                 user=as_user,
                 workdir=workdir,
                 # Known running (this Cluster's `up`, or the probe above, under
                 # the lock held): no separate running check on the host.
-                runtime=ready.get(host) or self.runtimes[host],
+                runtime=runtime,
             )
             result = await self.pool.run(
                 host, script, timeout=timeout, input=stdin, label="exec", on_timeout=lambda: kill
@@ -601,7 +621,7 @@ class Cluster:
                     " is not running here", f" is not running on {host}"
                 )
                 return replace(result, error=error)
-            return await self._explain(host, name, result, ready.get(host) or self.runtimes[host])
+            return await self._explain(host, name, result, runtime, pidfile_of(token))
 
         try:
             return await fan_out(selected, one, limit=self.config.concurrency.hosts)
@@ -610,7 +630,12 @@ class Cluster:
                 await locks.release(selected)
 
     async def _explain(
-        self, host: str, name: str, result: HostResult, runtime: ContainerRuntime
+        self,
+        host: str,
+        name: str,
+        result: HostResult,
+        runtime: ContainerRuntime,
+        pidfile: str | None = None,
     ) -> HostResult:
         """`result` with its cause named when cvs can tell it (containers/causes.py):
         from the output (out of memory, full disk), else, after what looks like a
@@ -623,7 +648,7 @@ class Cluster:
             bound = self.config.container.docker_timeout
             answer = await self.pool.run(
                 host,
-                diagnosis_command(name, runtime),
+                diagnosis_command(name, runtime, pidfile),
                 timeout=bound,
                 stream_output=False,
                 label="diagnose",
@@ -632,5 +657,10 @@ class Cluster:
                 cause = hung_cause(bound, runtime.name)
             elif answer.reached:
                 facts = read_diagnosis(answer.stdout, runtime.name)
-                cause = container_cause(facts, elapsed=result.duration, runtime=runtime.name)
+                cause = container_cause(
+                    facts,
+                    elapsed=result.duration,
+                    runtime=runtime.name,
+                    exit_code=result.exit_code,
+                )
         return with_cause(result, cause)

@@ -322,6 +322,7 @@ class Refusal:
     ways_out: tuple[WayOut, ...] = ()
 
     def render(self, style: Style = API_STYLE) -> str:
+        reason = self.reason.render(style) if isinstance(self.reason, Phrase) else self.reason
         ways = []
         for way in self.ways_out:
             if way.options:
@@ -331,8 +332,8 @@ class Refusal:
             else:
                 ways.append(way.text)
         if not ways:
-            return self.reason
-        return f"{self.reason}: {', or '.join(ways)}"
+            return reason
+        return f"{reason}: {', or '.join(ways)}"
 
 
 class PolicyRefused(CvsError):

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
 
 from orchestrator.config.hostlist import compress_hostlist
-from orchestrator.errors import API_STYLE, Style
+from orchestrator.errors import API_STYLE, Call, Phrase, Style
 from orchestrator.errortext import SeenErrors, fold_errors
 from orchestrator.events import (
     CommandFinished,
@@ -354,7 +354,9 @@ def status_cells(status: HostStatus) -> list[str]:
     return [cells[h] for h in STATUS_HEADERS]
 
 
-def _status_errors(rows: Sequence[HostStatus], out: IO[str] | None = None) -> None:
+def _status_errors(
+    rows: Sequence[HostStatus], out: IO[str] | None = None, style: Style = API_STYLE
+) -> None:
     """Each host's reason on stderr, `HOST: reason`; the first one also says
     what the table's `?` means (once: the table's rows stay one per host)."""
     explained = False
@@ -364,9 +366,24 @@ def _status_errors(rows: Sequence[HostStatus], out: IO[str] | None = None) -> No
             if not explained and (not r.probed or r.docker is None):
                 note, explained = f"; {UNKNOWN_NOTE}", True
             sys.stderr.write(f"{r.host}: {r.error}{note}\n")
+            continue
+        # No error, yet a `?` (an exited container: no sshd or marker to ask): why.
+        cells = dict(zip(STATUS_HEADERS, status_cells(r), strict=True))
+        unknown = [k for k in STATUS_NARROW if cells[k] == UNKNOWN]
+        if unknown:
+            state = cells["state"]
+            why: str = (
+                Phrase(
+                    f"not known while the container is {state} (", Call("up"), " starts it again)"
+                )
+                if state != "running"
+                else "not known: the probe could not tell"
+            )
+            said = why.render(style) if isinstance(why, Phrase) else why
+            sys.stderr.write(f"{r.host}: {', '.join(unknown)} {said}\n")
 
 
-def print_status(rows: Sequence[HostStatus], *, plain: bool) -> None:
+def print_status(rows: Sequence[HostStatus], *, plain: bool, style: Style = API_STYLE) -> None:
     """The `cvs status` table; probe errors follow on stderr, one line per host."""
     if plain:
         data = [_header_labels(STATUS_HEADERS, rows)] + [status_cells(r) for r in rows]
@@ -383,7 +400,7 @@ def print_status(rows: Sequence[HostStatus], *, plain: bool) -> None:
         for r in rows:
             table.add_row(*status_cells(r))
         Console().print(table)
-    _status_errors(rows)
+    _status_errors(rows, style=style)
 
 
 # ---- cvs status -o table|wide: a colour-coded table -------------------------------------
@@ -453,9 +470,11 @@ def print_status_table(
     wide: bool,
     plain: bool,
     out: IO[str] | None = None,
+    style: Style = API_STYLE,
 ) -> None:
     """The `cvs status` table on stdout: rich and coloured on a terminal, aligned text
-    otherwise (pipes, CI, NO_COLOR); probe errors follow on stderr."""
+    otherwise (pipes, CI, NO_COLOR); probe errors follow on stderr (calls named
+    in `style`'s words)."""
     out = out or sys.stdout
     if plain:
         columns = status_columns(wide=wide)
@@ -469,7 +488,7 @@ def print_status_table(
         from rich.console import Console
 
         Console(file=out).print(status_table(rows, wide=wide))
-    _status_errors(rows, out)
+    _status_errors(rows, out, style)
 
 
 # ---- cvs exec --group on a terminal: one coloured header per group -----------------------

@@ -57,10 +57,21 @@ class SyncCluster:
     def hosts(self) -> list[str]:
         return self._cluster.hosts
 
-    def plan(self, *, force: bool = False, reprovision: bool = False, adopt: bool = False) -> Plan:
-        """What `up` would do on each host (nothing is changed, nothing locked)."""
+    def plan(
+        self,
+        *,
+        force: bool = False,
+        reprovision: bool = False,
+        adopt: bool = False,
+        only: Sequence[str] | None = None,
+        heal: bool = False,
+    ) -> Plan:
+        """What `up` would do on each host, or on the hosts `only` (nothing is
+        changed, nothing locked)."""
         return self._portal.call(
-            lambda: self._cluster.plan(force=force, reprovision=reprovision, adopt=adopt)
+            lambda: self._cluster.plan(
+                force=force, reprovision=reprovision, adopt=adopt, only=only, heal=heal
+            )
         )
 
     def up(
@@ -71,12 +82,21 @@ class SyncCluster:
         check: bool = True,
         adopt: bool = False,
         wait: bool = True,
+        only: Sequence[str] | None = None,
+        heal: bool = False,
     ) -> UpReport:
         """Bring containers to the state the lifetime policy asks for (see `Cluster.up`:
-        raises `UpFailed` when a host did not end ready, unless `check=False`)."""
+        raises `UpFailed` when a host did not end ready, unless `check=False`; `only`:
+        act on these hosts, decided over every host)."""
         return self._portal.call(
             lambda: self._cluster.up(
-                force=force, reprovision=reprovision, check=check, adopt=adopt, wait=wait
+                force=force,
+                reprovision=reprovision,
+                check=check,
+                adopt=adopt,
+                wait=wait,
+                only=only,
+                heal=heal,
             )
         )
 

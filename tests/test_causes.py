@@ -4,13 +4,20 @@ tests/test_faults.py; these pin the decisions table by table."""
 
 from __future__ import annotations
 
+import io
+import json
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
+from outcomes import failing_outcome
 
 from orchestrator.containers.causes import (
     OOM_LINE,
     ContainerFacts,
     container_cause,
     output_cause,
+    pull_cause,
     read_diagnosis,
     wants_diagnosis,
     with_cause,
@@ -19,6 +26,7 @@ from orchestrator.containers.lifecycle import HostOutcome, UpReport
 from orchestrator.containers.plan import HostAction, Plan
 from orchestrator.results import HostResult
 from orchestrator.suites.model import Step
+from orchestrator.suites.records import StepOutcome
 from orchestrator.suites.runner import judge
 
 NOW = 1_800_000_000.0
@@ -38,7 +46,10 @@ def facts(**kw: object) -> ContainerFacts:
     ("given", "expected"),
     [
         (facts(), None),
-        (facts(started_at=NOW - 5), "the container restarted while the command ran"),
+        (
+            facts(started_at=NOW - 5, pidfile_left=True, command_started=NOW - 20),
+            "the container restarted while the command ran",
+        ),
         (facts(status="exited", exit_code=137, finished_at=NOW - 1), "stopped while the command"),
         (facts(status="exited", oom_killed=True), "out-of-memory killer (docker: OOMKilled)"),
         (facts(status="exited", finished_at=NOW - 3600), "the container stopped (now exited"),
@@ -60,6 +71,44 @@ def test_container_cause_names_what_happened_to_the_container(
         assert cause is None
     else:
         assert cause is not None and expected in cause, cause
+
+
+@pytest.mark.parametrize(
+    ("given", "code"),
+    [
+        # Started a second before the command; the command removed its pidfile.
+        (facts(started_at=NOW - 2, pidfile_left=False, command_started=None), 255),
+        (facts(started_at=NOW - 2, pidfile_left=False, command_started=None), 137),
+        # The pidfile left behind, but the container started before the command.
+        (facts(started_at=NOW - 30, pidfile_left=True, command_started=NOW - 20), 255),
+        # Nothing read in the container (an older host, exec refused).
+        (facts(started_at=NOW - 5), 137),
+    ],
+)
+def test_no_restart_is_said_without_the_evidence_of_one(given: ContainerFacts, code: int) -> None:
+    cause = container_cause(given, elapsed=30, exit_code=code)
+    assert cause is None or "restarted while" not in cause, cause
+
+
+def test_an_exit_code_past_128_is_named_as_a_signal_only_beside_the_containers_facts() -> None:
+    kept = facts(started_at=NOW - 3600, pidfile_left=False)
+    assert container_cause(kept, elapsed=30, exit_code=255) is None
+    said = container_cause(kept, elapsed=30, exit_code=137)
+    assert said == (
+        "what a shell reports for a process killed by signal 9 (SIGKILL); "
+        "the container kept running (not restarted, not stopped)"
+    )
+
+
+def test_read_diagnosis_reads_the_pidfile_line() -> None:
+    state = "state " + "a" * 64 + " running false 0 2027-01-15T08:00:00Z 0001-01-01T00:00:00Z 0"
+    left = read_diagnosis(f"now 1800000000\n{state}\npidfile left 1799999990.25\n")
+    assert left.pidfile_left is True and left.command_started == 1799999990.25
+    busybox = read_diagnosis(f"now 1\n{state}\npidfile left 1799999990\n")
+    assert busybox.command_started == 1799999990.0
+    gone = read_diagnosis(f"now 1\n{state}\npidfile gone\n")
+    assert gone.pidfile_left is False and gone.command_started is None
+    assert read_diagnosis(f"now 1\n{state}\n").pidfile_left is None
 
 
 def test_read_diagnosis_parses_docker_times_and_flags() -> None:
@@ -148,3 +197,72 @@ def test_the_json_of_a_rolled_back_up_agrees_with_the_console() -> None:
     assert "rolled back on a, c" in doc["error"]
     assert doc["hosts"]["a"]["ok"] is False
     assert doc["hosts"]["a"]["rolled_back"] == "the cold start failed on b"
+
+
+def test_a_step_reason_keeps_the_causes_call_for_the_clis_words(tmp_path: Path) -> None:
+    """Issue 30, finding 8: the cause's `up()` was sliced into plain text, so
+    `cvs run`'s console and results.json said `up()` where the CLI says `cvs up`."""
+    from orchestrator.cli.common import CLI_STYLE
+    from orchestrator.cli.run import print_report
+    from orchestrator.errors import restyled
+    from orchestrator.suites.records import RunRecorder
+    from orchestrator.suites.report import write_report
+
+    stopped = facts(status="exited", exit_code=137, finished_at=NOW - 1)
+    cause = container_cause(stopped, elapsed=30)
+    result = with_cause(HostResult("node2", "failed", exit_code=137, error="exit code 137"), cause)
+    judged = judge(Step.model_validate({"name": "nap", "run": "sleep 60"}), result)
+    assert "`up()` starts it again" in (judged.reason or "")  # the API's words, for the API
+    outcome = replace(
+        failing_outcome(),
+        steps=[StepOutcome(name="nap", hosts=["node2"], results={"node2": judged})],
+    )
+    recorder = RunRecorder.create(tmp_path / "run")
+    recorder.style = CLI_STYLE  # as `cvs run` sets it
+    recorder.finish(outcome, report=write_report)
+    saved = json.loads((tmp_path / "run" / "results.json").read_text())
+    reason = saved["steps"][0]["hosts"]["node2"]["reason"]
+    console = io.StringIO()
+    print_report(restyled(outcome, CLI_STYLE), recorder, console)
+    for text in (reason, console.getvalue()):
+        assert "`cvs up` starts it again, keeping its overlay" in text, text
+        assert "up()" not in text, text
+
+
+@pytest.mark.parametrize(
+    ("image", "output", "expected"),
+    [
+        (
+            "reg.example:5000/team/img:9",
+            "Error response from daemon: manifest for reg.example:5000/team/img:9 not found: "
+            "manifest unknown: manifest unknown\n",
+            "image reg.example:5000/team/img:9 not found: reg.example:5000 has no such image",
+        ),
+        (
+            "cvs-sandbox:shhd",
+            "Error response from daemon: pull access denied for cvs-sandbox, repository does "
+            "not exist or may require 'docker login': denied: requested access to the resource "
+            "is denied\n",
+            "image cvs-sandbox:shhd not found: docker.io has no such image or tag",
+        ),
+        (
+            "reg.example/img:1",
+            'Error response from daemon: Head "https://reg.example/v2/img/manifests/1": '
+            "unauthorized: authentication required\n",
+            "reg.example refused image reg.example/img:1",
+        ),
+        (
+            "cvs-sandbox:shhd",
+            'Error response from daemon: Get "https://registry-1.docker.io/v2/": dial tcp: '
+            "lookup registry-1.docker.io: no such host\n",
+            "image cvs-sandbox:shhd is not on the host, and docker.io was not reached to pull it",
+        ),
+    ],
+    ids=["manifest-unknown", "hub-denied", "unauthorized", "unreached"],
+)
+def test_a_failed_pull_names_the_image_and_what_the_registry_said(
+    image: str, output: str, expected: str
+) -> None:
+    said = pull_cause(image, output)
+    assert said.startswith(expected), said
+    assert "Error response from daemon" not in said, said

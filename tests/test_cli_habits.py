@@ -20,7 +20,7 @@ from clitools import cvs as run_cvs
 
 from orchestrator import __version__
 from orchestrator.cli import _apply_color, build_parser
-from orchestrator.cli.common import chosen_hosts
+from orchestrator.cli.common import CLI_STYLE, chosen_hosts
 from orchestrator.config import load_cluster
 from orchestrator.containers.status import HostStatus
 from orchestrator.errors import UsageError
@@ -189,13 +189,15 @@ def test_status_table_on_a_terminal_colours_the_state(monkeypatch: pytest.Monkey
 
 def test_status_plain_wide_has_every_column(capsys: pytest.CaptureFixture[str]) -> None:
     out = io.StringIO()
-    print_status_table(_statuses(), wide=True, plain=True, out=out)
+    print_status_table(_statuses(), wide=True, plain=True, out=out, style=CLI_STYLE)
     header = out.getvalue().splitlines()[0].split()
     assert header == STATUS_HEADERS
     assert "\x1b[" not in out.getvalue()
     # `?` (what could not be probed) is explained once, with the first reason;
     # stderr keeps one `HOST: reason` line per host, the table one row per host.
+    # An exited container's `?` says why too (issue 30).
     assert capsys.readouterr().err == (
+        "node2: sshd not known while the container is exited (`cvs up` starts it again)\n"
         "node3: connection refused; ? in the table: not known, for this reason\n"
     )
     assert len(out.getvalue().splitlines()) == 4

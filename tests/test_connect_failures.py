@@ -92,11 +92,13 @@ def connect_once(config: ClusterConfig) -> tuple[HostResult, float, ConnectFaile
 
 
 def test_connection_refused_is_reported_at_once_without_retries() -> None:
-    result, elapsed, failed = connect_once(cluster(closed_port(), connect_timeout=3))
+    result, elapsed, failed = connect_once(cluster(closed_port(), connect_timeout=30))
     assert result.status == "unreachable"
     assert (result.error or "").startswith("connection refused"), result.error
     assert failed.attempts == 1
-    assert elapsed < 1.0
+    # At once: far from the 30 s a wait or a retry would take. (Bounds here are
+    # 5x what a loaded 2-core machine measured, or more: issue 30.)
+    assert elapsed < 10.0
 
 
 def test_a_server_that_accepts_and_never_speaks_times_out_once_within_the_budget() -> None:
@@ -110,22 +112,22 @@ def test_a_server_that_accepts_and_never_speaks_times_out_once_within_the_budget
     assert error.startswith("connect timed out after 1s"), error
     assert "TCP connection was accepted but the SSH handshake did not finish" in error
     assert failed.attempts == 1
-    assert elapsed < 1 + 1.0
+    assert elapsed < 1 + 5.0  # bounded by connect_timeout, not the server's 30 s
 
 
 def test_a_1mb_banner_is_a_protocol_error_not_retried() -> None:
     def chatty(conn: socket.socket) -> None:
         with contextlib.suppress(OSError):
             conn.sendall(b"x" * (1 << 20) + b"\r\n")
-            time.sleep(5)
+            time.sleep(30)
 
     with server(chatty) as port:
-        result, elapsed, failed = connect_once(cluster(port, connect_timeout=3))
+        result, elapsed, failed = connect_once(cluster(port, connect_timeout=30))
     error = result.error or ""
     assert result.status == "unreachable"
     assert error.startswith("SSH protocol error"), error
     assert failed.attempts == 1
-    assert elapsed < 3.0
+    assert elapsed < 10.0  # the banner's error, not the 30 s timeout
 
 
 def test_resets_are_retried_within_one_budget_and_say_so() -> None:
@@ -142,8 +144,9 @@ def test_resets_are_retried_within_one_budget_and_say_so() -> None:
     assert error.startswith("connection reset by the server"), error
     assert failed.attempts > 1
     assert error.endswith("(retried within the 1.2s connect budget)"), error
-    # The budget bounds the whole connect, not each attempt.
-    assert elapsed < 1.2 + 1.0
+    # The budget bounds the whole connect, not each attempt (50 retries'
+    # back-off would take far longer than this).
+    assert elapsed < 1.2 + 5.0
 
 
 @pytest.mark.parametrize("budget", [1.5])
@@ -158,7 +161,7 @@ def test_timeouts_are_retried_only_while_the_budget_lasts(budget: float) -> None
     assert (result.error or "").startswith("connect timed out"), result.error
     # 1 s, then the half second left: two attempts, never a third.
     assert failed.attempts == 2
-    assert elapsed < budget + 1.0
+    assert elapsed < budget + 5.0
 
 
 def test_time_queued_for_admission_does_not_count_against_connect_timeout() -> None:

@@ -55,7 +55,7 @@ def test_file_lands_in_every_container_with_its_checksum(
         assert got == hashlib.sha256(PAYLOAD).hexdigest()
         mode = in_container(sandbox, host, "stat", "-c", "%a", "/opt/drop/blob.bin").stdout
         assert mode.strip() == "750"
-    assert "4 hosts: 4 ok" in proc.stderr
+    assert "4 hosts: 4 ok" in proc.stdout  # the result: stdout (docs/cli-output.md)
 
 
 def test_directory_to_selected_hosts_minus_excluded(
@@ -109,8 +109,8 @@ def test_from_host_missing_file_fails_that_host_with_the_reason(
         "cp", "-c", str(cp_cluster), "--hosts", "node2", "--from-host", "/nope", str(tmp_path)
     )
     assert proc.returncode == 1
-    assert "node2  failed: /nope: not a regular file" in proc.stderr
-    assert not (tmp_path / "node2" / "nope").exists()
+    assert "node2  failed: /nope: not a regular file" in proc.stdout
+    assert not (tmp_path / "node2").exists()  # no empty host directory left behind
 
 
 def test_host_os_copies_onto_the_host(cp_cluster: Path, sandbox: Sandbox, tmp_path: Path) -> None:
@@ -131,7 +131,7 @@ def test_missing_source_is_exit_2_with_one_line(cp_cluster: Path, tmp_path: Path
     proc = cvs("cp", "-c", str(cp_cluster), str(tmp_path / "missing"), "/opt/")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f"cvs: cvs cp: {tmp_path / 'missing'}: No such file or directory"
+        f"cvs: cp: {tmp_path / 'missing'}: No such file or directory"
     ]
 
 
@@ -243,7 +243,7 @@ def test_an_unwritable_destination_fails_that_host_with_the_remote_reason(
     src.write_bytes(PAYLOAD * 16)
     proc = cvs("cp", "-c", str(cp_cluster), "--hosts", "node2", str(src), "/proc/nope/")
     assert proc.returncode == 1, proc.stderr
-    line = next(x for x in proc.stderr.splitlines() if x.startswith("node2"))
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("node2"))
     assert "failed:" in line and "/proc/nope" in line, line
 
 

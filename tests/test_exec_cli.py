@@ -118,11 +118,13 @@ def test_exec_timeout_returns_in_about_the_timeout_and_kills_remote_sleeps(
     assert proc.returncode == 1, proc.stderr
     events, summary = json_lines(proc.stdout)
     assert statuses(summary) == dict.fromkeys(NODES, "timeout")
-    assert all(2.0 <= r["duration"] < 6.0 for r in summary["hosts"].values())
+    # About the 2 s timeout, far from the 30 s sleep: bounds with a margin a
+    # loaded 2-core machine cannot eat (issue 30).
+    assert all(2.0 <= r["duration"] < 12.0 for r in summary["hosts"].values())
     # Measured from the first remote start, not from the fork: the CLI's own
     # start-up (imports) grows with the machine's load, not with the timeout.
     first_start = min(e["ts"] for e in events if e["event"] == "CommandStarted")
-    assert exited - first_start < 6.0
+    assert exited - first_start < 15.0
     assert wait_until(lambda: not sandbox_pids(sandbox, sleep), timeout=1.0), (
         f"left running: {sandbox_pids(sandbox, sleep)}"
     )
@@ -198,7 +200,7 @@ def test_ctrl_c_exits_130_promptly_and_stops_remote_commands(sandbox: Sandbox) -
         signalled = time.monotonic()
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=10)
-        assert time.monotonic() - signalled < 2.0
+        assert time.monotonic() - signalled < 8.0  # promptly: the sleeps had 100 s to go
         assert proc.returncode == 130, stderr
         assert "interrupted" in stderr
         assert wait_until(lambda: not sandbox_pids(sandbox, sleep), timeout=1.0), (

@@ -239,7 +239,7 @@ def test_a_full_disk_on_one_host_rolls_back_and_no_host_is_reported_ready(lab: L
         proc = cvs_sub(cluster, "up")
         as_json = cvs_sub(cluster, "up", "--json")
     assert proc.returncode == 1, explain(proc)
-    err = proc.stderr
+    err = proc.stdout + proc.stderr  # results on stdout, progress on stderr
     assert "no space left on device" in err.lower(), err
     # The two hosts rolled back for the same reason: one folded line names both.
     assert "node[1,3] (2): cold_start ROLLED BACK: the cold start failed on node2" in err, err

@@ -126,7 +126,7 @@ def test_persistent_cold_start_then_attach_keeps_container_and_costs_one_round_t
     assert wrote.returncode == 0, explain(wrote)
     down = cvs(path, "down")
     assert down.returncode == 0, explain(down)
-    assert "persistent: kept" in down.stderr
+    assert "persistent: kept" in down.stdout  # the result: stdout (docs/cli-output.md)
     assert identities(sandbox, THREE, lab.name) == before
 
     # The attach `up`, through the API so its SSH channels can be counted.
@@ -310,7 +310,7 @@ def test_persistent_up_warns_about_stale_containers_with_rebuild_command_and_att
     assert "warning: stale:" in up.stderr, up.stderr
     assert "node1, node2, node3" in up.stderr
     assert "cvs down --force && cvs up" in up.stderr
-    assert up.stderr.count("attach ok") == 3, up.stderr
+    assert up.stdout.count("attach ok") == 3, up.stdout
     assert identities(sandbox, THREE, lab.name) == before
     status = cvs_json(path, "status")[1]
     assert [r["stale"] for r in status["hosts"].values()] == [True, True, True]
@@ -373,7 +373,7 @@ def test_per_run_never_removes_a_foreign_same_named_container_without_force(
     assert up.returncode == 4, explain(up)
     assert "node1" in up.stderr and "--force" in up.stderr
     assert down.returncode == 0, explain(down)
-    assert "not created by cvs" in down.stderr
+    assert "not created by cvs" in down.stdout + down.stderr
     assert identities(sandbox, THREE, lab.name) == {"node1": foreign, "node2": None, "node3": None}
 
     forced = cvs(path, "down", "--force")
@@ -602,4 +602,4 @@ def test_second_login_user_takes_the_lock_first_user_created(
     second = cvs(lab.cluster(lifetime="persistent", hosts=["node1"], user="cvssudo"), "up")
 
     assert second.returncode == 0, explain(second)
-    assert "attach" in second.stderr
+    assert "attach" in second.stdout

@@ -59,7 +59,7 @@ def test_up_report_for_a_large_fleet_folds_hosts_with_the_same_outcome(
     lines = {f"lo{n}": "attach ok (probe)" for n in range(1, 1000)}
     lines["lo1000"] = "cold FAILED at run: exit code 125"
     _write_host_lines(lines)
-    assert capsys.readouterr().err.splitlines() == [
+    assert capsys.readouterr().out.splitlines() == [
         "lo[1-999] (999): attach ok (probe)",
         "lo1000 (1): cold FAILED at run: exit code 125",
     ]
@@ -80,17 +80,15 @@ def test_five_thousand_hosts_get_a_bounded_summary_that_counts_every_failure() -
         sink.emit(
             CommandFinished(host=h, result=HostResult(h, "failed", exit_code=1, error=f"e{n}"))
         )
-    started = time.monotonic()
     lines = [line.plain for line in progress_lines(sink.hosts, now=time.monotonic())]
-    drawn_in = time.monotonic() - started
     sink.close()
     assert lines[0] == "5000 hosts: 4900 done (4000 ok, 900 failed) · 100 running · 0 connecting"
     assert lines[2] == "600 failed: unreachable: connection refused (gpu[4001-4600])"
     # Five groups shown, the other 296 hosts counted in one line: 8 lines in all.
     assert lines[-1] == "296 more failed with 296 other errors"
     assert len(lines) == 8
-    # Drawn 10 times a second on the live thread: it must stay cheap at this size.
-    assert drawn_in < 0.1, drawn_in
+    # What one redraw costs at this size is measured in bench/live_view.py, not
+    # here: on a shared 2-core machine the load decides wall time (issue 30).
 
 
 def test_the_report_folds_hosts_by_error_too_not_by_status_alone() -> None:

@@ -82,7 +82,7 @@ def test_pull_never_on_a_host_without_the_image_refuses_naming_it(
     path = lab.cluster(lifetime="persistent", hosts=TWO, image=ref, pull="never")
     up = cvs(path, "up")
     assert up.returncode == 4, explain(up)
-    assert "is not on node2 and container.pull is 'never'" in up.stderr
+    assert "not found on node2 and container.pull is 'never'" in up.stderr
     assert all(inspect(lab.sandbox, h, lab.name) is None for h in TWO)
 
 

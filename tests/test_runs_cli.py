@@ -84,3 +84,15 @@ def test_runs_show_gives_the_duration_the_live_summary_gave(
     RunRecorder.create(tmp_path / "20250304T050607Z-test_x").finish(outcome, report=write_report)
     assert main(["runs", "show", "latest", "--dir", str(tmp_path)]) == 0
     assert live in capsys.readouterr().out
+
+
+def test_runs_show_json_keeps_the_runs_verdict_apart_from_this_commands_success(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 30: a failed run read back fine is `ok: true, exit_code: 0` at the
+    top (this command), its own verdict under `run`."""
+    make_runs(tmp_path)
+    assert main(["runs", "show", "20250304T050607Z-test_x", "--dir", str(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["command"], doc["ok"], doc["exit_code"], doc["error"]) == ("runs", True, 0, None)
+    assert (doc["run"]["ok"], doc["run"]["exit_code"]) == (False, 1), doc["run"]

@@ -60,7 +60,14 @@ CAUSES = [
     ContainerFacts(now=NOW, error="Cannot connect to the Docker daemon at unix:///x"),
     ContainerFacts(now=NOW, error="Error: something else"),
     ContainerFacts(now=NOW, container_id="a" * 64, status="exited", oom_killed=True),
-    ContainerFacts(now=NOW, container_id="a" * 64, status="running", started_at=NOW - 5),
+    ContainerFacts(
+        now=NOW,
+        container_id="a" * 64,
+        status="running",
+        started_at=NOW - 5,
+        pidfile_left=True,
+        command_started=NOW - 20,
+    ),
 ]
 
 

@@ -80,3 +80,31 @@ def test_what_could_not_be_probed_is_null_never_a_guess() -> None:
 def test_a_probed_host_without_a_container_says_so_not_unknown() -> None:
     doc = row(HostState(host="node2", docker_access="direct", container="absent")).to_dict()
     assert (doc["stale"], doc["provisioned"], doc["drift"], doc["image"]) == (False, "no", [], None)
+
+
+def test_a_question_mark_for_an_exited_container_comes_with_its_reason(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 30: `?` with no reason for an exited container."""
+    from orchestrator.cli.common import CLI_STYLE
+    from orchestrator.render import print_status
+
+    exited = HostState(
+        host="node3", docker_access="direct", container="exited", container_status="exited"
+    )
+    rows = [
+        host_status(
+            s,
+            resources=EffectiveResources(),
+            sshd_wanted=True,
+            script_sha256="a" * 64,
+            config_hash="h",
+        )
+        for s in (HEALTHY, exited)
+    ]
+    print_status(rows, plain=True, style=CLI_STYLE)
+    out, err = capsys.readouterr()
+    table = dict(line.split(None, 1) for line in out.splitlines()[1:])
+    assert "?" in table["node3"], out
+    (reason,) = [line for line in err.splitlines() if line.startswith("node3: ")]
+    assert "not known while the container is exited (`cvs up` starts it again)" in reason, err

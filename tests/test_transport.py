@@ -71,8 +71,9 @@ def test_wrong_key_fails_fast_as_auth_without_retries(sandbox: Sandbox, tmp_path
     assert "authentication failed" in (results["node1"].error or "")
     [failed] = sink.of(ConnectFailed)
     assert failed.attempts == 1
-    # The retry backoff alone would add seconds; a single handshake takes ~0.1 s.
-    assert elapsed < 2.0
+    # One attempt (counted above); a single handshake takes ~0.1 s idle, and a
+    # loaded machine gets a 5x margin over what it measured (issue 30).
+    assert elapsed < 5.0
 
 
 def test_changed_host_key_fails_as_host_key_under_strict(sandbox: Sandbox, tmp_path: Path) -> None:

@@ -170,7 +170,7 @@ def test_a_fresh_up_of_a_sample_file_shows_no_drift_until_something_changes(
         again = cvs("up", "-c", str(path))
         assert again.returncode == 0, again.stderr
         assert "drift" not in again.stderr, again.stderr
-        assert again.stderr.count("attach ok") == 2, again.stderr
+        assert again.stdout.count("attach ok") == 2, again.stdout
 
         # Behind cvs's back: a limit changed on one host shows, in both.
         first = next(iter(status["hosts"]))
@@ -210,7 +210,7 @@ def test_a_docker_error_from_a_setting_names_it_once_with_the_fix(
         )
         up = cvs("up", "-c", str(path))
         assert up.returncode == 1, up.stderr
-        err = up.stderr
+        err = up.stdout + up.stderr  # results on stdout, progress on stderr
         # One summary line for the three hosts, then the setting, its line and the fix.
         assert re.search(r"^node\[1-3\] \(3\): cold_start FAILED at run: ", err, re.M), err
         assert f"  fix: {key} (" in err and f":{line + 1}): " in err, err

@@ -8,6 +8,7 @@ become messages and exit codes in one place: `main` (codes: errors.ExitCode).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import gc
 import importlib
@@ -60,12 +61,43 @@ def _main_with_writers(argv: Sequence[str] | None) -> int:
             writer = BackgroundWriter(stream)
             setattr(sys, name, writer)
             writers.append(writer)
+    out = sys.stdout if isinstance(sys.stdout, BackgroundWriter) else None
+    said = False
     try:
         return _main(argv)
+    except BrokenPipeError:
+        if out is None or not out.broken:
+            raise
+        said = True
+        return _stdout_closed()
     finally:
         sys.stdout, sys.stderr = saved
         for writer in writers:
             writer.drain()
+        if out is not None and out.broken:
+            if not said:  # found only by the writer, after the command returned
+                _stdout_closed()
+            _discard_stdout()
+
+
+def _stdout_closed() -> int:
+    """Whoever read our stdout went away (`cvs status | head -1`): one line on
+    stderr, no traceback, whatever the command (the work itself was done or
+    stopped as the command does it; only its output was cut)."""
+    from orchestrator.errors import ExitCode
+
+    with contextlib.suppress(OSError):
+        sys.stderr.write("cvs: stdout closed by its reader: the rest of the output was dropped\n")
+    return ExitCode.INTERRUPTED
+
+
+def _discard_stdout() -> None:
+    """Point fd 1 at /dev/null: what Python still holds for the closed pipe
+    is flushed there at exit instead of printing `Exception ignored`."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def _our_commands() -> list[str]:
@@ -122,6 +154,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
         message = cli_message(exc)
         sys.stderr.write(f"cvs: {message}\n")
+        problems = getattr(exc, "problems", [])
+        if len(problems) > 1 and (args.verbose or args.command_name == "validate"):
+            for line in problems:  # every one, the first again among them
+                sys.stderr.write(f"  - {line}\n")
         if args.json:
             from orchestrator.cli.common import write_json_result
 
@@ -131,6 +167,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
         # A task group (per-host fan-out) wraps what the hosts' tasks raised: the
         # expected errors inside are reported as if raised alone, without a traceback.
         leaves = _leaves(group)
+        pipe = next((e for e in leaves if isinstance(e, BrokenPipeError)), None)
+        if pipe is not None:
+            raise pipe from None  # main() tells a closed stdout from other pipes
         errors = [exc for exc in leaves if isinstance(exc, CvsError)]
         if len(errors) == len(leaves):
             return _report_all(errors, args)
@@ -138,6 +177,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
         if leaf is None:
             raise
         return _report(leaf, args)
+    except BrokenPipeError:
+        raise  # main() tells a closed stdout from other pipes
     except OSError as exc:
         return _report(exc, args)
 

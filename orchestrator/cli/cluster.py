@@ -19,6 +19,7 @@ from orchestrator.cli.common import (
     host_aliases,
     load,
     make_sink,
+    only_hosts,
     print_json_summary,
     run_with_cluster,
     while_stdout_is_read,
@@ -158,9 +159,16 @@ def _env_args(pairs: list[str]) -> dict[str, str]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    args.narrow_hosts = False  # decided over every host, shown for the chosen ones
     plan = run_with_cluster(
         args,
-        lambda c: c.plan(force=args.force, reprovision=args.reprovision, adopt=args.adopt),
+        lambda c: c.plan(
+            force=args.force,
+            reprovision=args.reprovision,
+            adopt=args.adopt,
+            only=only_hosts(c.config, args),
+            heal=args.heal,
+        ),
     )
     reasons = cli_reasons(plan.refusals)
     if args.json:
@@ -208,8 +216,14 @@ def cmd_up(args: argparse.Namespace) -> int:
             check=False,
             adopt=args.adopt,
             wait=not args.no_wait,
+            only=only_hosts(cluster.config, args),
+            heal=args.heal,
         )
         return cluster.config, report
+
+    # --hosts: decided over every host (the same rules as a plain `up`),
+    # acted on the chosen ones (containers/subset.py).
+    args.narrow_hosts = False
 
     config, report = run_with_cluster(args, up)
     if args.json:
@@ -227,7 +241,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     }
     _write_host_lines(lines)
     _write_failures(failed, config)
-    sys.stderr.write(f"up: {len(report.ready)}/{len(report.outcomes)} hosts ready\n")
+    sys.stdout.write(f"up: {len(report.ready)}/{len(report.outcomes)} hosts ready\n")
     return report.exit_code
 
 
@@ -244,10 +258,10 @@ def _write_failures(failed: dict[str, str], config: Any) -> None:
     hints = _hinter(config)
     for hosts, text in failure_groups(failed, host_aliases(config)):
         where = hosts[0] if len(hosts) == 1 else f"{compress_hosts(hosts)} ({len(hosts)})"
-        sys.stderr.write(f"{where}: {text}\n")
+        sys.stdout.write(f"{where}: {text}\n")
         hint = hints(failed[hosts[0]])
         if hint:
-            sys.stderr.write(f"  fix: {hint}\n")
+            sys.stdout.write(f"  fix: {hint}\n")
 
 
 def _hinter(config: Any) -> Any:
@@ -281,14 +295,15 @@ FOLD_ABOVE = 20
 
 
 def _write_host_lines(lines: dict[str, str]) -> None:
+    """Each host's result: the command's output, stdout (docs/cli-output.md)."""
     if len(lines) <= FOLD_ABOVE:
         for host, text in lines.items():
-            sys.stderr.write(f"{host}: {text}\n")
+            sys.stdout.write(f"{host}: {text}\n")
         return
     from orchestrator.render import compress_hosts, failure_groups
 
     for hosts, text in failure_groups(lines):
-        sys.stderr.write(f"{compress_hosts(hosts)} ({len(hosts)}): {text}\n")
+        sys.stdout.write(f"{compress_hosts(hosts)} ({len(hosts)}): {text}\n")
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -299,6 +314,7 @@ def cmd_down(args: argparse.Namespace) -> int:
         plan, results = await cluster.down(force=args.force, wait=not args.no_wait)
         return cluster.config.container, plan, results
 
+    outside = _outside_selection(args)
     container, plan, results = run_with_cluster(args, down)
     code = exit_code_for(list(results.values())) if results else ExitCode.OK
     if plan.unknown_hosts:
@@ -318,24 +334,50 @@ def cmd_down(args: argparse.Namespace) -> int:
             warnings=plan.warnings,
             hosts={h: {"action": a.kind, "reason": a.reason} for h, a in plan.actions.items()},
             left=left,
+            not_looked_at=outside,
         )
         return code
-    for w in plan.warnings:
-        sys.stderr.write(f"warning: {w}\n")
+    # The plan's warnings were said as it was made (the lifecycle's events): once.
     lines: dict[str, str] = {}
     for host, action in plan.actions.items():
         r = results.get(host)
+        if r is None and host in left:
+            continue  # said once, below, with what is left there
         done = "" if r is None else (" ok" if r.ok else f" FAILED: {r.error}")
         lines[host] = f"{action.reason}{done}"
     _write_host_lines(lines)
     removed = [h for h, r in results.items() if r.ok]
-    sys.stderr.write(
-        f"down: removed on {len(removed)} host(s); "
-        + (f"left on {len(left)}:\n" if left else "nothing left anywhere\n")
-    )
+    where = " host(s)" if not outside else f" of the {len(plan.actions)} chosen host(s)"
+    if left:
+        tail = f"left on {len(left)}:\n"
+    elif outside:
+        tail = "nothing left on them\n"
+    else:
+        tail = "nothing left anywhere\n"
+    sys.stdout.write(f"down: removed on {len(removed)}{where}; {tail}")
     for host, text in left.items():
-        sys.stderr.write(f"  {host}: {text}\n")
+        sys.stdout.write(f"  {host}: {text}\n")
+    if outside:
+        from orchestrator.render import compress_hosts
+
+        sys.stdout.write(
+            f"  not looked at (outside --hosts): {compress_hosts(outside)} "
+            "(`cvs status` shows what runs there)\n"
+        )
     return code
+
+
+def _outside_selection(args: argparse.Namespace) -> list[str]:
+    """The cluster's hosts that --hosts/-x leave out (none without either)."""
+    if not (getattr(args, "hosts", None) or getattr(args, "exclude", None)):
+        return []
+    narrow, args.narrow_hosts = getattr(args, "narrow_hosts", False), False
+    try:
+        full = load(args)
+    finally:
+        args.narrow_hosts = narrow
+    chosen = set(chosen_hosts(full, args))
+    return [h.name for h in full.hosts if h.name not in chosen]
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -361,5 +403,5 @@ def cmd_status(args: argparse.Namespace) -> int:
     # --color always (FORCE_COLOR) keeps the coloured table through a pipe: `| less -R`.
     forced = bool(os.environ.get("FORCE_COLOR")) and not os.environ.get("NO_COLOR")
     plain = wants_plain(sys.stdout) and not forced
-    print_status_table(rows, wide=output == "wide", plain=plain)
+    print_status_table(rows, wide=output == "wide", plain=plain, style=CLI_STYLE)
     return code

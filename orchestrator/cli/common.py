@@ -97,6 +97,14 @@ def chosen_hosts(cluster: Any, args: argparse.Namespace) -> list[str]:
     return left
 
 
+def only_hosts(cluster: Any, args: argparse.Namespace) -> list[str] | None:
+    """The hosts --hosts/-x pick, or None without either: for the commands that
+    decide over the whole cluster and act on a part (`up`, `plan`)."""
+    if getattr(args, "hosts", None) or getattr(args, "exclude", None):
+        return chosen_hosts(cluster, args)
+    return None
+
+
 def make_sink(args: argparse.Namespace, *, output: bool = True, cluster: Any = None) -> EventSink:
     """JSON lines with --json; else the mode follows stdout, where host output goes:
     the live view on a terminal, `host | line` text when piped (cvs's own
@@ -265,6 +273,7 @@ _FLAGS: dict[tuple[str, bool], str] = {
     ("force", True): "--force",
     ("adopt", True): "--adopt",
     ("reprovision", True): "--reprovision",
+    ("heal", True): "--heal",
     ("wait", False): "--no-wait",
 }
 # The API parameter each flag gives a value to (errors.Param).
@@ -440,6 +449,11 @@ class BackgroundWriter:
                 broken, self._error = True, exc  # the reader went away: drop the rest
             except ValueError:
                 broken = True
+
+    @property
+    def broken(self) -> bool:
+        """Its reader went away (a write failed): what comes next is dropped."""
+        return self._error is not None
 
     def drain(self) -> None:
         with self._cv:

@@ -115,7 +115,7 @@ def cmd_cp(args: argparse.Namespace) -> int:
 
         results = restyled(anyio.run(main), CLI_STYLE)
     except CopyError as exc:
-        raise UsageError(f"cvs cp: {cli_message(exc)}") from None
+        raise UsageError(f"cp: {cli_message(exc)}") from None
     finally:
         sink.close()
         if payload is not None:
@@ -124,12 +124,12 @@ def cmd_cp(args: argparse.Namespace) -> int:
     if args.json:
         print_json_summary(args, results, code)
         return code
+    # The command's result, each host's and the count: stdout (docs/cli-output.md).
     width = max(len(h) for h in results)
     for host, r in results.items():
         text = r.stdout if r.ok else f"{r.status}: {r.error}"
-        stream = sys.stdout if r.ok else sys.stderr
-        stream.write(f"{host:<{width}}  {text}\n")
+        sys.stdout.write(f"{host:<{width}}  {text}\n")
     from orchestrator.render import summary_line
 
-    sys.stderr.write(summary_line(results) + "\n")
+    sys.stdout.write(summary_line(results) + "\n")
     return code

@@ -122,6 +122,7 @@ exit codes: 0 ok · 1 a command failed on some host · 2 usage or config error �
 3 some host unreachable · 4 refused by policy · 130 interrupted
 
 Start here:  cvs sandbox up --hosts 4      # a local 4-host cluster, prints its cluster.yaml
+             cvs -c /tmp/cvs-sandbox/cluster.yaml up       # start its containers
              cvs -c /tmp/cvs-sandbox/cluster.yaml exec -- hostname
 """
 
@@ -295,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="plan as `up --force` would")
     p.add_argument("--reprovision", action="store_true", help="plan as `up --reprovision` would")
     p.add_argument("--adopt", action="store_true", help="plan as `up --adopt` would")
+    p.add_argument("--heal", action="store_true", help="plan as `up --heal` would")
     add_host_selection(p, narrows=True)
     p.set_defaults(func="cluster:cmd_plan")
 
@@ -322,6 +324,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="persistent: take over running same-named containers cvs did not start (e.g. "
         "CVS's), after the image check, instead of refusing; ownership is recorded per host",
+    )
+    p.add_argument(
+        "--heal",
+        action="store_true",
+        help="persistent: start the container where it is missing while every other host "
+        "runs it, from the same image (instead of refusing the partial set); with --hosts, "
+        "only on those hosts",
     )
     p.add_argument("--no-wait", action="store_true", help=NO_WAIT_HELP)
     add_host_selection(p, narrows=True)
@@ -384,6 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
         "up",
         parents=[common],
         help="build the sandbox",
+        description="Build a sandbox cluster of --hosts hosts under --dir: a network namespace, "
+        "an sshd and a container runtime per host, the images loaded on each, and a "
+        "cluster.yaml that drives them (its path is printed). Needs root.",
         epilog="example: cvs sandbox up --hosts 3 --lifetime persistent",
     )
     up.add_argument(
@@ -436,6 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
         "down",
         parents=[common],
         help="remove everything it made",
+        description="Remove the sandbox under --dir: its hosts' containers, daemons, sshds, "
+        "network namespaces, bridge and files; what other sandboxes use stays.",
         epilog="example: cvs sandbox down --dir /tmp/cvs-sandbox",
     )
     down.add_argument("--dir", help=f"where it lives (default {DEFAULT_SANDBOX_DIR})")
@@ -500,6 +514,9 @@ def add_tools_parsers(sub: _Subparsers, common: argparse.ArgumentParser) -> None
         "show",
         parents=[common],
         help="print one run",
+        description="Print one past run: suite, cluster, image, start time, the step x host "
+        "table and each failure's reason. --json: the run's results.json under `run` (its "
+        "verdict: run.ok, run.exit_code); the top-level ok and exit_code are this command's.",
         epilog="example: cvs runs show latest",
     )
     run = show.add_argument(

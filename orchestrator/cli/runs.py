@@ -134,8 +134,10 @@ def _show(args: argparse.Namespace, base: Path) -> int:
         raise UsageError(f"{path}: {run.problem}")
     o = run.outcome
     if args.json:
+        # This command's success at the top (it read the run); the run's own
+        # verdict, its `ok` and `exit_code` among them, under `run`.
         doc = json.loads((path / "results.json").read_text("utf-8"))
-        write_json_result(args, **doc)
+        write_json_result(args, ok=True, exit_code=ExitCode.OK, run=doc)
         return ExitCode.OK
     out = sys.stdout
     out.write(f"suite:    {o.suite} ({o.suite_file})\n")

@@ -18,7 +18,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from orchestrator.cli.common import load
-from orchestrator.errors import UsageError
+from orchestrator.errors import ExitCode, UsageError
 
 if TYPE_CHECKING:
     from orchestrator.config import ClusterConfig
@@ -27,14 +27,22 @@ if TYPE_CHECKING:
 LOGIN_SHELL = "if command -v bash >/dev/null 2>&1; then exec bash -i; else exec sh -i; fi"
 
 
-def remote_command(cluster: ClusterConfig, *, host_os: bool, tty: bool, host: str = "") -> str:
-    """What runs on the host: the shell, inside the container unless `host_os`."""
+def remote_command(
+    cluster: ClusterConfig,
+    *,
+    host_os: bool,
+    tty: bool,
+    host: str = "",
+    command: list[str] | None = None,
+) -> str:
+    """What runs on the host: the shell (or `command`), inside the container
+    unless `host_os`."""
     from orchestrator.config import container_name
     from orchestrator.containers.copy import cluster_runtime, in_container
 
     # The cluster's `env` is not passed: its values are secrets, which never go in
     # an argv, and an interactive shell's stdin is the terminal, not a channel for them.
-    argv = ["sh", "-c", LOGIN_SHELL]
+    argv = command or ["sh", "-c", LOGIN_SHELL]
     if host_os or cluster.container is None:
         return shlex.join(argv)
     return in_container(
@@ -45,6 +53,34 @@ def remote_command(cluster: ClusterConfig, *, host_os: bool, tty: bool, host: st
         host=host,
         advice="run `cvs up`",
     )
+
+
+def _not_running(cluster: ClusterConfig, host: str) -> str | None:
+    """The host's one line when the container does not run there (checked
+    first, in a round trip of its own: once ssh has the terminal, its exit
+    status is the shell's, and a shell may exit 125 too); None otherwise,
+    also when the check itself cannot tell (ssh then says why)."""
+    import subprocess
+
+    from orchestrator.containers.exec import NOT_RUNNING_EXIT
+    from orchestrator.ssh.openssh import openssh_argv
+
+    check = remote_command(cluster, host_os=False, tty=False, host=host, command=["true"])
+    try:
+        done = subprocess.run(
+            openssh_argv(cluster, host, check, tty=False),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=cluster.ssh.command_timeout,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    said = done.stderr.strip().splitlines()
+    if done.returncode == NOT_RUNNING_EXIT and said and said[-1].startswith("container "):
+        return said[-1]
+    return None
 
 
 def cmd_shell(args: argparse.Namespace) -> int:
@@ -58,6 +94,11 @@ def cmd_shell(args: argparse.Namespace) -> int:
     if shutil.which("ssh") is None:
         raise UsageError("cvs shell: needs OpenSSH's client (`ssh`) on PATH")
     tty = sys.stdin.isatty()
+    if not args.host_os and cluster.container is not None:
+        absent = _not_running(cluster, args.host)
+        if absent is not None:
+            sys.stderr.write(f"cvs: {absent}\n")
+            return ExitCode.FAILED
     remote = remote_command(cluster, host_os=args.host_os, tty=tty, host=args.host)
     argv = openssh_argv(cluster, args.host, remote, tty=tty)
     sys.stdout.flush()

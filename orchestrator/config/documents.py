@@ -455,6 +455,10 @@ def validation_lines(
     walked = [_ErrorPath(tuple(e["loc"]), root) for e in errors]
     for w in walked:
         w.path = user_path(w.path)
+    # The real mistake first: an unknown key (`imgae:`) is usually why a
+    # required one (`image:`) reads as missing, and its suggestion says the fix.
+    order = sorted(range(len(errors)), key=lambda i: errors[i]["type"] != "extra_forbidden")
+    errors, walked = [errors[i] for i in order], [walked[i] for i in order]
     lines: list[str] = []
     done_unions: set[tuple[str, ...]] = set()
     for err, where in zip(errors, walked, strict=True):
@@ -496,11 +500,15 @@ def validation_lines(
 
 
 def first_problem(lines: list[str]) -> ConfigError:
+    """The first problem in one line, the count of the others; every one of
+    them in `problems` (what `cvs validate` and `-v` list)."""
     first = lines[0]
     more = len(lines) - 1
     if more:
         first += f" (and {more} more problem{'s' if more > 1 else ''})"
-    return ConfigError(first)
+    error = ConfigError(first)
+    error.problems = list(lines)  # type: ignore[attr-defined]
+    return error
 
 
 # ---- where each key was written (for hints about runtime errors) ----------

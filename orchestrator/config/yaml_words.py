@@ -67,8 +67,37 @@ def _levels(lines: list[str], index: int) -> list[tuple[int, str]]:
     return levels
 
 
+def _is_item(line: str) -> bool:
+    stripped = line.strip()
+    return stripped == "-" or stripped.startswith("- ")
+
+
+def _sibling_item(lines: list[str], index: int) -> int | None:
+    """The list item above a list item at `index`: the nearest line above that
+    is one, unless a key less indented than both comes first (another block)."""
+    here = _indent(lines[index])
+    for i in range(index - 1, -1, -1):
+        if not _content(lines, i):
+            continue
+        if _is_item(lines[i]):
+            return i
+        if _indent(lines[i]) < here and _indent(lines[i]) == 0:
+            return None
+    return None
+
+
 def _indentation(lines: list[str], index: int) -> str:
     here = _indent(lines[index])
+    if _is_item(lines[index]):
+        # A list item goes with the items of its list: the advice names them,
+        # not the keys inside the item above.
+        sibling = _sibling_item(lines, index)
+        if sibling is not None and _indent(lines[sibling]) != here:
+            return (
+                f"this list item is indented {here} spaces, unlike the list it is in: "
+                f"indent it {_indent(lines[sibling])} spaces, like the item on line "
+                f"{sibling + 1} ({lines[sibling].strip()!r})"
+            )
     prev = _previous(lines, index)
     if prev is not None and here > _indent(lines[prev]) and not _opens_block(lines[prev]):
         return (

@@ -22,11 +22,12 @@ The decisions are pure functions of those facts (tested table by table);
 from __future__ import annotations
 
 import re
+import signal
 from dataclasses import dataclass, replace
 from datetime import datetime
 
 from orchestrator import remote
-from orchestrator.containers.docker import validate_container_name
+from orchestrator.containers.docker import image_registry, validate_container_name
 from orchestrator.errors import Call, Phrase
 from orchestrator.remote.runtime import ContainerRuntime, runtime_hung
 from orchestrator.results import HostResult
@@ -42,6 +43,7 @@ _DAEMON_GONE_RE = re.compile(
     re.IGNORECASE,
 )
 _DOCKER_TIME_RE = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)")
+_STAMP_RE = re.compile(r"\d+(?:\.\d+)?")
 # Clocks: StartedAt and `date +%s` come from the same host; this is only the
 # slack for the round trips between our measuring the step and its start.
 _SLACK_SECONDS = 2.0
@@ -60,14 +62,27 @@ class ContainerFacts:
     finished_at: float | None = None
     restarts: int = 0
     error: str | None = None  # the runtime could not say, and why
+    # The command's pidfile (remote/run.sh), read in the running container:
+    # True when it was left behind (run.sh itself was killed), False when the
+    # command ended and removed it, None when not looked at.
+    pidfile_left: bool | None = None
+    command_started: float | None = None  # the pidfile's mtime: when the command began
 
 
-def diagnosis_command(name: str, runtime: ContainerRuntime | None = None) -> list[str]:
+_PIDFILE_RE = re.compile(r"/tmp/\.cvs-exec-[0-9a-f]{1,64}\.pid")
+
+
+def diagnosis_command(
+    name: str, runtime: ContainerRuntime | None = None, pidfile: str | None = None
+) -> list[str]:
     """argv for the host: remote/diagnose.sh [--podman|--podman-rootless] NAME
-    (the runtime's flag: a podman host's diagnosis asks podman, not docker)."""
+    [PIDFILE] (the runtime's flag: a podman host's diagnosis asks podman, not
+    docker; PIDFILE: the failed command's, exec.py, read in the container)."""
     validate_container_name(name)
+    if pidfile is not None and not _PIDFILE_RE.fullmatch(pidfile):
+        raise ValueError(f"invalid pidfile {pidfile!r}")
     flag = runtime.flag if runtime is not None else []
-    return remote.argv("diagnose", *flag, name)
+    return remote.argv("diagnose", *flag, name, *([pidfile] if pidfile else []))
 
 
 def wants_diagnosis(result: HostResult) -> bool:
@@ -94,9 +109,20 @@ def read_diagnosis(text: str, runtime: str = "docker") -> ContainerFacts:
     """Parse diagnose.sh's lines (unknown lines are ignored); `runtime` names
     who did not answer."""
     now: float | None = None
+    found: ContainerFacts | None = None
     for line in text.splitlines():
         word, _, rest = line.partition(" ")
-        if word == "now":
+        if word == "pidfile" and found is not None:
+            what, _, when = rest.partition(" ")
+            stamp = _STAMP_RE.match(when.strip())
+            found = replace(
+                found,
+                pidfile_left=what == "left",
+                command_started=float(stamp.group()) if stamp and what == "left" else None,
+            )
+        elif found is not None:
+            continue
+        elif word == "now":
             try:
                 now = float(rest)
             except ValueError:
@@ -108,7 +134,7 @@ def read_diagnosis(text: str, runtime: str = "docker") -> ContainerFacts:
             if len(parts) < 7:
                 break
             cid, status, oom, code, started, finished, restarts = parts[:7]
-            return ContainerFacts(
+            found = ContainerFacts(
                 now=now,
                 container_id=cid,
                 status=status,
@@ -118,7 +144,7 @@ def read_diagnosis(text: str, runtime: str = "docker") -> ContainerFacts:
                 finished_at=_epoch(finished),
                 restarts=int(restarts) if restarts.isdigit() else 0,
             )
-    return ContainerFacts(now=now, error=f"no answer from {runtime}")
+    return found or ContainerFacts(now=now, error=f"no answer from {runtime}")
 
 
 def output_cause(stdout: str, stderr: str) -> str | None:
@@ -135,12 +161,54 @@ def output_cause(stdout: str, stderr: str) -> str | None:
     return None
 
 
+_PULL_NOT_FOUND = re.compile(
+    r"manifest unknown|manifest for \S+ not found|not found: manifest|repository does not exist|"
+    r"name unknown|no such image|image not known|\bnot found\b",
+    re.IGNORECASE,
+)
+_PULL_REFUSED = re.compile(
+    r"unauthorized|authentication required|access denied|denied:|forbidden|\b40[13]\b",
+    re.IGNORECASE,
+)
+_PULL_UNREACHED = re.compile(
+    r"no such host|network is unreachable|connection refused|i/o timeout|"
+    r"handshake timeout|dial tcp|no route to host|server misbehaving",
+    re.IGNORECASE,
+)
+_DAEMON_PREFIX = re.compile(r"^(?:Error response from daemon:|Error:|error:)\s*", re.IGNORECASE)
+
+
+def pull_cause(image: str, output: str) -> str:
+    """Why `docker pull IMAGE` (or podman's) failed, naming the image and the
+    registry it went to: not found there, refused by it, or not reached;
+    `output` is what the pull printed (its last line says it)."""
+    registry = image_registry(image) or "docker.io"
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    detail = _DAEMON_PREFIX.sub("", lines[-1])[:300] if lines else "no message"
+    # Docker Hub answers "pull access denied ... repository does not exist" for
+    # both a missing and a private image: not found, and says so.
+    if _PULL_NOT_FOUND.search(detail):
+        return f"image {image} not found: {registry} has no such image or tag ({detail})"
+    if _PULL_REFUSED.search(detail):
+        return f"{registry} refused image {image} ({detail})"
+    if _PULL_UNREACHED.search(detail):
+        return (
+            f"image {image} is not on the host, and {registry} was not reached to pull it "
+            f"({detail})"
+        )
+    return f"image {image} could not be pulled from {registry} ({detail})"
+
+
 def container_cause(
-    facts: ContainerFacts, *, elapsed: float, runtime: str = "docker"
+    facts: ContainerFacts,
+    *,
+    elapsed: float,
+    runtime: str = "docker",
+    exit_code: int | None = None,
 ) -> str | None:
     """What happened to the container (or its runtime, `docker` or `podman`)
-    under a command that ran for `elapsed` seconds and just failed; None when
-    nothing did."""
+    under a command that ran for `elapsed` seconds and just failed with
+    `exit_code`; None when nothing did (or nothing read on the host says)."""
     if facts.error is not None:
         if "no such container" in facts.error.lower():
             return "the container was removed while the command ran"
@@ -169,13 +237,40 @@ def container_cause(
             Call("up"),
             " starts it again, keeping its overlay",
         )
-    if facts.started_at is not None and began is not None and facts.started_at >= began:
+    return _running_cause(facts, elapsed=elapsed, runtime=runtime, exit_code=exit_code)
+
+
+def _running_cause(
+    facts: ContainerFacts, *, elapsed: float, runtime: str, exit_code: int | None
+) -> str | None:
+    """The container runs now. It restarted under the command only when the
+    evidence says so: the command's pidfile was left behind (run.sh itself was
+    killed) and the container started after the command did. An exit code
+    alone (255, 137) says nothing about the container."""
+    started, begun = facts.started_at, facts.command_started
+    if facts.pidfile_left and started is not None and begun is not None and started > begun:
         return (
             f"the container restarted while the command ran ({runtime} started it again"
             + (f", restart count {facts.restarts}" if facts.restarts else "")
             + "); what the command had started in it was killed"
         )
-    return None
+    # Started before the command began: before its pidfile, or before the
+    # earliest the command can have started (now - elapsed, our clock's span).
+    kept = started is not None and (
+        (begun is not None and started <= begun)
+        or (facts.now is not None and started < facts.now - elapsed)
+    )
+    if not kept or exit_code is None or not 128 < exit_code < 128 + 65:
+        return None
+    number = exit_code - 128
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"signal {number}"
+    return (
+        f"what a shell reports for a process killed by signal {number} ({name}); "
+        "the container kept running (not restarted, not stopped)"
+    )
 
 
 def with_cause(result: HostResult, cause: str | None) -> HostResult:
@@ -197,6 +292,7 @@ __all__ = [
     "diagnosis_command",
     "hung_cause",
     "output_cause",
+    "pull_cause",
     "read_diagnosis",
     "wants_diagnosis",
     "with_cause",

@@ -17,6 +17,7 @@ local ones. A file that differs fails that host.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shlex
@@ -305,10 +306,32 @@ async def _gather_one(
     timeout: float,
     progress: Progress | None,
 ) -> HostResult:
-    start = time.monotonic()
-    digest = hashlib.sha256()
+    # A host directory this copy makes goes again when the copy fails: a
+    # missing file must not leave an empty DEST/<host>/ that reads as a result.
+    made = not target.parent.exists()
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.part")
+    try:
+        result = await _gather_into(pool, host, script, target, partial, timeout, progress)
+    finally:
+        if made and not target.exists():
+            partial.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                target.parent.rmdir()
+    return result
+
+
+async def _gather_into(
+    pool: SSHPool,
+    host: str,
+    script: str,
+    target: Path,
+    partial: Path,
+    timeout: float,
+    progress: Progress | None,
+) -> HostResult:
+    start = time.monotonic()
+    digest = hashlib.sha256()
     try:
         async with pool.held_process(host, script, encoding=None) as process:
             process.stdin.write_eof()

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
+from orchestrator import remote
 from orchestrator.config import CONTAINER_NAME_RE, IMAGE_REF_RE, ContainerConfig, Registry
 from orchestrator.containers.mpi import RUN_AS_ROOT_ENV, runs_as_root
 from orchestrator.limits.cdi import CDIDevice, cdi_run_args
@@ -371,6 +372,14 @@ def login_command(prefix: Sequence[str], registry: Registry, image: str | None =
     server = registry.server or (image_registry(image) if image else None)
     argv = login_argv(prefix, registry.username, server)
     return f"{shlex.join(argv)} < {shlex.quote(registry.password_file)}"
+
+
+def bounded_argv(command: str | Sequence[str]) -> list[str]:
+    """`command` (an argv, or shell text built from quoted pieces) run by
+    remote/bounded.sh: a timeout's TERM then stops all of it, the docker CLI
+    included (a plain `docker login` outlived its timeout)."""
+    inner = ["sh", "-c", command] if isinstance(command, str) else list(command)
+    return remote.argv("bounded", *inner)
 
 
 def exec_argv(

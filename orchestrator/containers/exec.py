@@ -26,8 +26,13 @@ from orchestrator.ssh.envpass import env_block, new_token
 NOT_RUNNING_EXIT = 125
 
 
-def _pidfile(token: str) -> str:
+def pidfile_of(token: str) -> str:
+    """Where run.sh records the command's pid in the container (and leaves it
+    behind only when it was killed itself: containers/causes.py reads it)."""
     return f"/tmp/.cvs-exec-{token}.pid"
+
+
+_pidfile = pidfile_of
 
 
 def not_running_message(name: str, host: str = "", advice: str = "") -> str:

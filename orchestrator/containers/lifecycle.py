@@ -34,10 +34,11 @@ from orchestrator.config import (
 )
 from orchestrator.config.hostlist import abbreviate_hosts
 from orchestrator.containers import mpi
-from orchestrator.containers.causes import output_cause
+from orchestrator.containers.causes import output_cause, pull_cause
 from orchestrator.containers.docker import (
     CONTAINER_ID_RE,
     LABEL_INVOCATION,
+    bounded_argv,
     config_hash,
     image_inspect_argv,
     load_argv,
@@ -73,6 +74,7 @@ from orchestrator.containers.provision import (
     mpi_check_bound,
     run_setup_script,
 )
+from orchestrator.containers.subset import deciding, healed, narrowed, unread
 from orchestrator.errors import ExitCode, Phrase, PolicyRefused, Refusal, UsageError
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.limits.capacity import fit_to_host
@@ -430,6 +432,7 @@ class Lifecycle:
         self._step(outcome.host, step, "started")
         if budget is not None:
             timeout = budget.left()
+            command = bounded_argv(command)  # nothing left running when it gives up
         elif timeout is None:
             timeout = self.cfg.docker_timeout
         result = await self.pool.run(
@@ -444,6 +447,12 @@ class Lifecycle:
                 # The cause when the output names one (a full disk), not just the code.
                 cause = output_cause(result.stdout, result.stderr)
                 message += f": {cause}" if cause else ""
+                if step == "pull" and cause is None:
+                    # The image and the registry named once, with its words (issue 30).
+                    message = pull_cause(self.cfg.image, result.stderr or result.stdout)
+                    outcome.fail(step, replace(result, stdout="", stderr=""), message)
+                    self._step(outcome.host, step, "failed", message)
+                    return None
             outcome.fail(step, result, message)
             self._step(outcome.host, step, "failed", result.tail(5) or message)
             return None
@@ -564,8 +573,14 @@ class Lifecycle:
         reprovision: bool = False,
         adopt: bool = False,
         wait: bool = True,
+        only: Sequence[str] | None = None,
+        heal: bool = False,
     ) -> UpReport:
-        """Lock, probe, decide, act. On return the hosts stay locked SHARED (the
+        """Lock, probe, decide, act. `only`: act on these hosts alone, the plan
+        decided over every host (containers/subset.py: `--hosts` changes where,
+        never what the rules allow). `heal`: a persistent set missing on some
+        of those hosts while the others run it is started there (same image).
+        On return the hosts stay locked SHARED (the
         containers are in use until `self.locks` is released); on an exception
         nothing stays locked.
 
@@ -583,10 +598,15 @@ class Lifecycle:
             self.sink.emit(Message(level="warning", text=w))
         try:
             states = await self.lock_and_probe("shared", wait=wait, purpose=self.purpose)
-            plan = self.decide(states, force=force, reprovision=reprovision, adopt=adopt)
+            plan = self.decide_for(states, only, force, reprovision, adopt, heal)
             if plan.changes and not plan.refused:
-                states = await self.lock_and_probe("exclusive", wait=wait, purpose=self.purpose)
-                plan = self.decide(states, force=force, reprovision=reprovision, adopt=adopt)
+                # Exclusive where it acts (`only`); the other hosts' states stay
+                # what the shared round read, and nothing is done there.
+                fresh = await self.lock_and_probe(
+                    "exclusive", wait=wait, purpose=self.purpose, hosts=only
+                )
+                states = {**states, **fresh}
+                plan = self.decide_for(states, only, force, reprovision, adopt, heal)
             for w in plan.warnings:
                 self.sink.emit(Message(level="warning", text=w))
             cpus = {h: s.cpu_count for h, s in states.items()}
@@ -614,6 +634,24 @@ class Lifecycle:
         except BaseException:
             await self.locks.release()
             raise
+
+    def decide_for(
+        self,
+        states: Mapping[str, HostState],
+        only: Sequence[str] | None,
+        force: bool,
+        reprovision: bool,
+        adopt: bool,
+        heal: bool = False,
+    ) -> Plan:
+        """The plan over every host, acting on `only` when given, completing a
+        persistent set where it is missing with `heal` (containers/subset.py)."""
+        chosen = deciding(states, only)
+        plan = self.decide(chosen, force=force, reprovision=reprovision, adopt=adopt)
+        if heal:
+            wanted = sshd_wanted(self.cfg, len(self.cluster.hosts))
+            plan = healed(plan, chosen, only, self.cfg, sshd=wanted, cluster_name=self.identity)
+        return plan if only is None else narrowed(plan, only, self.name, unread(states, only))
 
     async def _tie_to_slurm_job(self, report: UpReport, states: Mapping[str, HostState]) -> None:
         """Inside a Slurm job, the per_run containers this `up` started end

@@ -31,10 +31,12 @@ what it does), so an invocation that has to wait says on whom.
 
 Acquisition, in the uncontended case one round trip for all hosts at once:
 every host's lock is tried without waiting. Only when some host's lock is
-busy is everything taken released again, then the locks are taken in a fixed
-order, waiting: the head host first, then the others (every invocation on
-the cluster passes the head first, so two of them cannot each hold a host the
-other waits for).
+busy are they taken in the one order every invocation shares, sorted host
+names: what sorts after the first busy host is let go, that host waited on,
+the rest tried again, and so on (`_take_in_order`). An invocation waits on a
+host only while holding none that sorts after it, so two invocations can
+never each hold a host the other waits for, whatever their `--hosts` subsets
+and modes (a head-first order could: `--hosts` changes the head).
 """
 
 from __future__ import annotations
@@ -225,26 +227,45 @@ class HostLocks:
         answers = await fan_out(list(hosts), lambda h: self._take(h, mode, None, script(h)))
         busy = [h for h, a in answers.items() if a.status == "busy"]
         if busy:
-            await self.release()
             if not wait:
+                await self.release()
                 raise PolicyRefused(self._busy_reasons(answers, busy, waited=False))
-            answers = {}
-            others = [h for h in hosts if h != self.head]
-            if self.head in hosts:
-                head = await self._take(self.head, mode, self.wait_seconds, script(self.head))
-                answers[self.head] = head
-                if head.status not in ("held", "unreachable"):
-                    others = []  # refused below; do not queue on the rest
-            answers.update(
-                await fan_out(others, lambda h: self._take(h, mode, self.wait_seconds, script(h)))
-            )
-            answers = {h: answers[h] for h in hosts if h in answers}
+            answers = await self._take_in_order(hosts, answers, mode, script)
         problems = self._problems(answers)
         if problems:
             await self.release()
             raise PolicyRefused(problems)
         self.states = {h: a.state for h, a in answers.items() if a.state is not None}
         return answers
+
+    async def _take_in_order(
+        self,
+        hosts: Sequence[str],
+        tried: Mapping[str, LockAnswer],
+        mode: Mode,
+        script: Callable[[str], Sequence[str] | None],
+    ) -> dict[str, LockAnswer]:
+        """Every host's lock, waiting, in the one order every invocation shares:
+        sorted host names. It waits on a host only while it holds none that
+        sorts after it, so no two invocations can each hold what the other
+        waits for, whatever their host subsets (a waits-for cycle would need
+        a host sorting before itself). What a try got before the first busy
+        host is kept; the rest is let go, the busy host waited on, the rest
+        tried again without waiting (one round trip each, in parallel)."""
+        order = sorted(hosts)
+        answers = dict(tried)
+        while busy := [h for h in order if answers[h].status == "busy"]:
+            first = order.index(busy[0])
+            after = order[first + 1 :]
+            await self.release(after)
+            answer = await self._take(order[first], mode, self.wait_seconds, script(order[first]))
+            answers[order[first]] = answer
+            if answer.status not in ("held", "unreachable"):
+                # Refused below; queue on nothing after it.
+                answers = {h: answers[h] for h in order[: first + 1]}
+                break
+            answers.update(await fan_out(after, lambda h: self._take(h, mode, None, script(h))))
+        return {h: answers[h] for h in hosts if h in answers}
 
     def _problems(self, answers: Mapping[str, LockAnswer]) -> list[Refusal | str]:
         """Why the acquisition must be refused (empty: it may go on)."""

@@ -36,6 +36,7 @@ from orchestrator.containers.docker import (
     LABEL_GPUS,
     LABEL_LIFETIME,
     LABEL_MANAGED,
+    image_registry,
     is_ours,
 )
 from orchestrator.containers.docker import short_id as _short
@@ -151,7 +152,17 @@ def _describe(state: HostState, ours: bool) -> str:
         return f"state unknown: {state.error or 'probe failed'}"
     if state.container == "absent":
         return "absent"
-    return f"{_state_word(state)} ({'ours' if ours else 'not created by cvs'})"
+    return f"{_state_word(state)} ({'ours' if ours else _whose(state)})"
+
+
+def _whose(state: HostState) -> str:
+    """Who made a container that is not this cluster's for this lifetime, as
+    its labels say (`not created by cvs` only when none says cvs did)."""
+    owner = state.labels.get(LABEL_MANAGED)
+    if not owner:
+        return "not created by cvs"
+    lifetime = state.labels.get(LABEL_LIFETIME)
+    return f"created by cvs for cluster {owner!r}" + (f", lifetime {lifetime}" if lifetime else "")
 
 
 def _label(cfg: ContainerConfig) -> str:
@@ -500,7 +511,7 @@ def decide_plan(
         plan, mismatch = _slurm_gpu_check(cfg, states, plan, slurm, force=force, sshd=sshd)
         more += mismatch
     group_notes, keep = _device_group_access(cfg, states, launching)
-    warnings = [*plan.warnings, *fit_warnings, *group_notes]
+    warnings = [*plan.warnings, *fit_warnings, *group_notes, *_pull_notes(cfg, states, launching)]
     if more or plan.refused:
         reasons = list(dict.fromkeys([*plan.refusals, *more]))
         return _refusal(cfg, states, ours, reasons, warnings)
@@ -656,7 +667,7 @@ def _missing_image(
     return [
         Refusal(
             "image_missing",
-            f"image {cfg.image} is not on {_names(missing)} and container.pull is 'never'",
+            f"image {cfg.image} not found on {_names(missing)} and container.pull is 'never'",
             tuple(missing),
             (
                 WayOut(f"load it there ({cfg.runtime} load)"),
@@ -665,6 +676,19 @@ def _missing_image(
             ),
         )
     ]
+
+
+def _pull_notes(
+    cfg: ContainerConfig, states: Mapping[str, HostState], launching: list[str]
+) -> list[str]:
+    """The tag on no launching host: `up` pulls it, from the registry it names
+    (a tag that does not exist there fails the pull, named `not found`)."""
+    if cfg.pull == "never" or cfg.image_tar is not None or not launching:
+        return []
+    if any(states[h].tag_image_id is not None or states[h].tag_error for h in launching):
+        return []
+    registry = image_registry(cfg.image) or "docker.io"
+    return [f"image {cfg.image} is on none of {_names(launching)}: up pulls it from {registry}"]
 
 
 def _sshd_port_conflicts(
@@ -758,8 +782,11 @@ def _persistent_reason(cfg: ContainerConfig, hosts: list[str]) -> Refusal:
         "cluster never removes a persistent container, not even when forced",
         tuple(hosts),
         (
+            # This per_run file's `down --force` keeps it too: the way out is the
+            # persistent file's (or this one set back to persistent).
             WayOut(
-                "remove it with the persistent cluster's down",
+                "remove it with a cluster file whose container.lifetime is persistent "
+                "(this one set back to persistent will do)",
                 calls=(Call("down", (Option("force"),)),),
             ),
             WayOut("choose another `container.name`"),
@@ -802,9 +829,13 @@ def _plan_per_run(
     sshd: bool,
     cluster_name: str,
 ) -> Plan:
-    foreign = [h for h, s in states.items() if s.container != "absent" and not ours[h]]
-    reasons: list[Refusal] = []
     kept = _persistent_labelled(states)
+    # One refusal per cause: a persistent container is refused as one (never
+    # removed, not even forced), not also as foreign (which --force would replace).
+    foreign = [
+        h for h, s in states.items() if s.container != "absent" and not ours[h] and h not in kept
+    ]
+    reasons: list[Refusal] = []
     if kept:
         reasons.append(_persistent_reason(cfg, kept))
     if foreign and not force:
@@ -819,6 +850,19 @@ def _plan_per_run(
         ]
     actions = _fresh_actions(states, ours, sshd=sshd, why="per_run")
     return Plan(cfg.lifetime, _frozen(actions), warnings=warnings)
+
+
+def _heal_way(by_state: Mapping[str, list[str]]) -> tuple[WayOut, ...]:
+    """`up --heal` (containers/subset.py): where it is only missing while the
+    other hosts have it, running or resumable."""
+    if "absent" in by_state and set(by_state) - {"absent"} <= RESUMABLE:
+        return (
+            WayOut(
+                "start it where it is missing, from the image the others run",
+                options=(Option("heal"),),
+            ),
+        )
+    return ()
 
 
 def _plan_persistent(
@@ -862,6 +906,7 @@ def _plan_persistent(
                 (
                     REBUILD_WAY,
                     WayOut("replace it on every host", options=(Option("force"),)),
+                    *_heal_way(by_state),
                     WayOut(
                         "bring the other hosts back (restore it where it is missing; "
                         f"`{cfg.runtime} rm`/`{cfg.runtime} start {cfg.name or 'NAME'}` where "

@@ -382,10 +382,12 @@ class SSHExec:
         workdir: str | None,
         timeout: float | None,
         label: str = "exec",
+        token: str | None = None,
     ) -> HostResult | None:
         """Run `command` in `host`'s container through its sshd; None: take
         `docker exec` (this command, or the rest of the invocation, as the
-        module's header says)."""
+        module's header says). `token` names its pidfile (exec.pidfile_of),
+        which a diagnosis reads (containers/causes.py)."""
         if not self.enabled or host in self.off or self.connections is None:
             return None
         from orchestrator.ssh.container_channel import NotStarted
@@ -402,6 +404,7 @@ class SSHExec:
             exec_env(facts, runtime, env),
             workdir=workdir or facts.workdir or "/",
             runtime=runtime.name,
+            token=token,
         )
         bound = self.config.ssh.command_timeout if timeout is None else timeout
         await self._warmed(host)

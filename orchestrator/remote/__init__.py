@@ -55,6 +55,7 @@ PROGRAMS = frozenset(
         "copy_send",
         "gpus",
         "diagnose",
+        "bounded",
         "mpi_check",
         "slurm_holder",
         "slurm_epilog",

@@ -96,6 +96,28 @@ def mpi_env(cluster: ClusterConfig, found: MPIHosts | None = None) -> dict[str, 
     return found.env()
 
 
+def _after(error: str, prefix: str) -> str | None:
+    """What follows `prefix` in `error`, None when it does not start so. A
+    Phrase stays one (errors.Phrase: its calls and options are shown in the
+    words of whoever reads the record, `cvs up` on the CLI); slicing it, or
+    formatting it into other text, would keep only the API's (`up()`)."""
+    text = str(error)
+    if not text.startswith(prefix):
+        return None
+    if not isinstance(error, Phrase):
+        return _clip(text[len(prefix) :], 240)
+    cut, rest = len(prefix), []
+    for part in error.parts:
+        if cut and isinstance(part, str):
+            part, cut = part[cut:], max(0, cut - len(part))
+            if not part:
+                continue
+        elif cut:
+            return _clip(text[len(prefix) :], 240)  # the prefix is not plain text
+        rest.append(part)
+    return Phrase(*rest)
+
+
 def _clip(text: str, limit: int = 80) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -128,14 +150,14 @@ def judge(step: Step, result: HostResult, tail_lines: int = TAIL_LINES) -> StepH
         # Ran, but no exit status came back (signal, dropped channel).
         return StepHostOutcome(status="failed", reason=result.error or "no exit status", **base)
     if result.exit_code != expect.exit_code:
-        reason = f"exit {result.exit_code}, expected {expect.exit_code}"
+        reason: str = f"exit {result.exit_code}, expected {expect.exit_code}"
         error = result.error or ""
         # `exit code 137: <cause>` (containers/causes.py): the cause, not the code twice.
-        said = f"exit code {result.exit_code}"
-        if error.startswith(said + ": "):
-            reason += f": {_clip(error[len(said) + 2 :], 240)}"
-        elif error and not error.startswith(("exit code", "exit status")):
-            reason += f": {_clip(error)}"
+        cause = _after(error, f"exit code {result.exit_code}: ")
+        if cause is not None:
+            reason = Phrase(reason, ": ", cause)
+        elif error and not str(error).startswith(("exit code", "exit status")):
+            reason += f": {_clip(str(error))}"
         return StepHostOutcome(status="failed", reason=reason, **base)
     wanted = expect.stdout_re()
     if wanted is not None and not wanted.search(result.stdout):

@@ -90,7 +90,7 @@ class UpFailed(CvsError):
         not_ready = {h: o for h, o in report.outcomes.items() if not o.ok}
         # Hosts that failed on their own, apart from those only a rollback
         # undid (their containers were removed because another host failed).
-        rolled = [h for h, o in not_ready.items() if o.error == f"rolled back: {o.rolled_back}"]
+        rolled = [h for h, o in not_ready.items() if o.state == "rolled_back"]
         failed = {h: o for h, o in not_ready.items() if h not in rolled}
         reasons = "; ".join(
             f"{h}: {(o.error or 'failed').splitlines()[0]}" for h, o in failed.items()

@@ -148,3 +148,19 @@ def test_the_json_of_a_rolled_back_up_agrees_with_the_console() -> None:
     assert "rolled back on a, c" in doc["error"]
     assert doc["hosts"]["a"]["ok"] is False
     assert doc["hosts"]["a"]["rolled_back"] == "the cold start failed on b"
+    assert {h: o["state"] for h, o in doc["hosts"].items()} == {
+        "a": "rolled_back",
+        "b": "failed",
+        "c": "rolled_back",
+    }
+
+
+def test_a_failure_whose_words_read_like_a_rollback_is_still_a_failure() -> None:
+    # The state is data: no renderer parses the error text for it.
+    outcome = HostOutcome("a", HostAction("cold_start", "none present"))
+    outcome.fail("rolled back", HostResult("a", "failed", 1, error="exit 1"), "exit 1")
+    outcome.roll_back("the cold start failed on b")
+    assert outcome.state == "failed"
+    assert outcome.summary.startswith("cold_start FAILED at rolled back: exit 1")
+    report = UpReport(Plan("persistent", {"a": outcome.action}), {"a": outcome})
+    assert "rolled back on" not in (report.error or "")

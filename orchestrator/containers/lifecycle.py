@@ -104,25 +104,40 @@ def new_invocation_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
+# What a host ended as after `up`: the renderers read this, never the error text.
+#   ready        its container is there and ready
+#   failed       one of its own steps failed (`error` says which and why)
+#   rolled_back  its own steps passed, but a rollback removed what it started
+#                because another host failed (`rolled_back` says why)
+#   not_started  nothing was started here because another host's preparation
+#                failed (a start goes everywhere or nowhere)
+OutcomeState = Literal["ready", "failed", "rolled_back", "not_started"]
+
+
 @dataclass
 class HostOutcome:
-    """What `up` did on one host: the steps run and whether it ended ready."""
+    """What `up` did on one host: the steps run and the state it ended in."""
 
     host: str
     action: HostAction
     steps: list[tuple[str, HostResult]] = field(default_factory=list)
-    ok: bool = True
+    state: OutcomeState = "ready"
     error: str | None = None
     unreachable: bool = False
     # What `docker run -d` printed: the container this attempt made here.
     container_id: str | None = None
     # Why a rollback removed what this host's pipeline had started (a later
     # step elsewhere undid it): the host is then not ready, whatever its
-    # own steps said.
+    # own steps said. Set on a failed host too (its state stays failed).
     rolled_back: str | None = None
 
+    @property
+    def ok(self) -> bool:
+        """Ready: the container is there and nothing undid it."""
+        return self.state == "ready"
+
     def fail(self, step: str, result: HostResult | None, message: str) -> None:
-        self.ok = False
+        self.state = "failed"
         self.unreachable = result is not None and not result.reached
         tail = result.tail(15) if result is not None else ""
         self.error = f"{step}: {message}" + (f"\n{tail}" if tail else "")
@@ -130,33 +145,33 @@ class HostOutcome:
     def roll_back(self, why: str) -> None:
         """The container this host started was removed again: not ready.
 
-        A host that failed on its own keeps its error (`summary` adds that
-        it was rolled back); one whose own steps all passed now says why it
-        is not ready.
+        A host that failed on its own keeps its state and error (`summary`
+        adds that it was rolled back); one whose own steps all passed is now
+        rolled_back and says why.
         """
         self.rolled_back = why
-        if self.ok:
-            self.ok = False
+        if self.state == "ready":
+            self.state = "rolled_back"
             self.error = Phrase("rolled back: ", why)
 
     def hold_back(self, why: str) -> None:
         """Nothing was started here because another host's preparation failed
         (a start goes everywhere or nowhere): not ready, and says why."""
-        if self.ok:
-            self.ok = False
-            self.error = f"not started: {why}"
+        if self.state == "ready":
+            self.state = "not_started"
+            self.error = Phrase("not started: ", why)
 
     @property
     def summary(self) -> str:
         """One line: what the host ended as (`cold_start ok (pull, run)`,
         `cold_start ROLLED BACK: ...`, `cold_start FAILED at run: ...`)."""
         kind = self.action.kind
-        if self.ok:
+        if self.state == "ready":
             return f"{kind} ok ({', '.join(name for name, _ in self.steps) or 'nothing to do'})"
-        first = (self.error or "failed").splitlines()[0]
-        if self.rolled_back is not None and first.startswith("rolled back: "):
+        if self.state == "rolled_back":
             return f"{kind} ROLLED BACK: {self.rolled_back}"
-        if first.startswith("not started: "):
+        first = (self.error or "failed").splitlines()[0]
+        if self.state == "not_started":
             return f"{kind} NOT STARTED: {first.removeprefix('not started: ')}"
         removed = " (rolled back)" if self.rolled_back is not None else ""
         return f"{kind} FAILED at {first}{removed}"
@@ -210,11 +225,11 @@ class UpReport:
         failed = {h: o for h, o in self.outcomes.items() if not o.ok}
         if not failed:
             return None
-        own = {h: o for h, o in failed.items() if o.rolled_back is None or not _only_rolled(o)}
+        own = {h: o for h, o in failed.items() if o.state != "rolled_back"}
         first_host, first = next(iter((own or failed).items()))
         detail = (first.error or "failed").splitlines()[0]
         text = f"up: {len(self.ready)}/{len(self.outcomes)} hosts ready; {first_host}: {detail}"
-        rolled = [h for h, o in failed.items() if o.rolled_back is not None and _only_rolled(o)]
+        rolled = [h for h, o in failed.items() if o.state == "rolled_back"]
         if rolled:
             text += f"; rolled back on {', '.join(rolled)}"
         others = len(own) - 1
@@ -239,6 +254,7 @@ class UpReport:
                     "action": o.action.kind,
                     "reason": o.action.reason,
                     "ok": o.ok,
+                    "state": o.state,
                     "error": o.error,
                     "rolled_back": o.rolled_back,
                     "steps": {name: r.status for name, r in o.steps},
@@ -1010,11 +1026,6 @@ def _changed_so_far(launching: Sequence[str], outcomes: Mapping[str, HostOutcome
 
 def _valid_id(container_id: str | None) -> str | None:
     return container_id if container_id and CONTAINER_ID_RE.fullmatch(container_id) else None
-
-
-def _only_rolled(outcome: HostOutcome) -> bool:
-    """Not ready only because a rollback removed what it had started."""
-    return (outcome.error or "").startswith("rolled back: ")
 
 
 def _run_failed(outcome: HostOutcome) -> bool:

@@ -348,7 +348,9 @@ class PolicyRefused(CvsError):
             r if isinstance(r, Refusal) else Refusal(kind="other", reason=r) for r in reasons
         ]
         self.reasons = [r.render() for r in self.refusals]
-        super().__init__("; ".join(self.reasons))
         # What was done before the refusal (an image pulled or loaded on some
-        # hosts), so the CLI never says "nothing was changed" when it was.
+        # hosts), so neither the message nor the CLI says "nothing was
+        # changed" when it was.
         self.changed = list(changed or [])
+        done = f"; no container was started; done before: {'; '.join(self.changed)}"
+        super().__init__("; ".join(self.reasons) + (done if self.changed else ""))

@@ -79,9 +79,11 @@ def test_the_barrier_refuses_a_tag_that_differs_after_the_pull_and_says_what_cha
     )
     with pytest.raises(PolicyRefused) as refused:
         up(lifecycle(hosts))
-    text = "\n".join(refused.value.reasons)
-    assert "different images" in text
-    assert "pulled the image on h1, h2, h3" in text and "no container was started" in text
+    (refusal,) = refused.value.refusals
+    assert refusal.kind == "tag_identity" and "different images" in refusal.reason
+    # What the pull did is said, as data and in the message: not "nothing changed".
+    assert refused.value.changed == ["image img:1 pulled on h1, h2, h3 (left in place)"]
+    assert "no container was started; done before: image img:1 pulled" in str(refused.value)
     assert "run" not in hosts.labels()
 
 

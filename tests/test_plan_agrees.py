@@ -45,6 +45,7 @@ def state(
     port_busy: bool | None = None,
     labels: dict[str, str] | None = None,
     gpus: tuple[GPU, ...] | None = None,
+    runtime_version: str | None = None,
 ) -> HostState:
     if container is None:
         return HostState(host=host, error="docker daemon not reachable", error_kind="daemon_down")
@@ -64,6 +65,7 @@ def state(
         provision_marker=None,
         sshd_port_busy=port_busy,
         gpus=gpus,
+        runtime_version=runtime_version,
     )
 
 
@@ -142,6 +144,16 @@ REFUSALS: dict[str, tuple[ContainerConfig, dict[str, HostState], str]] = {
         cfg(gpus={"count": 2}),
         {"h1": state("h1", gpus=TWO_GPUS), "h2": state("h2", gpus=TWO_GPUS[:1])},
         "cannot be satisfied",
+    ),
+    "CDI always on a docker without CDI": (
+        cfg(gpus={"count": 1}, cdi="always"),
+        {"h1": state("h1", gpus=TWO_GPUS, runtime_version="20.10.24+dfsg1")},
+        "has no CDI",
+    ),
+    "NVIDIA GPUs on podman without CDI specs": (
+        cfg(gpus={"count": 1}, runtime="podman"),
+        {"h1": state("h1", gpus=TWO_GPUS)},
+        "podman has no `--gpus`",
     ),
     "no_launch, not running": (
         cfg("no_launch"),

@@ -56,9 +56,11 @@ from orchestrator.containers.drift import limits_drift
 from orchestrator.containers.locks import HostLocks, Mode
 from orchestrator.containers.plan import (
     DOWN_FORCE,
+    GPUChoice,
     HostAction,
     Plan,
     check_tag_identity,
+    choose_gpus,
     decide_down,
     decide_plan,
 )
@@ -71,16 +73,11 @@ from orchestrator.containers.provision import (
 )
 from orchestrator.errors import ExitCode, Phrase, PolicyRefused, Refusal, UsageError
 from orchestrator.events import EventSink, HostStep, Message
-from orchestrator.limits.capacity import fit_to_host
-from orchestrator.limits.cdi import CDIDevice, describe_devices, parse_specs, spec_files, use_cdi
+from orchestrator.limits.cdi import SpecFile, describe_devices, spec_files
 from orchestrator.limits.gpus import (
     GPU,
-    GPUError,
-    GPUSelection,
-    Unsatisfiable,
     discovery_argv,
     parse_discovery,
-    select_gpus,
 )
 from orchestrator.limits.resources import (
     EffectiveResources,
@@ -199,10 +196,11 @@ class Prepared:
     tag_image_id: str | None = None
     tag_repo_digests: tuple[str, ...] = ()
     devices: list[str] = field(default_factory=list)  # configured devices present here
-    gpus: list[GPU] = field(default_factory=list)
-    cdi: list[CDIDevice] = field(default_factory=list)  # CDI devices the host publishes
-    cdi_problems: list[str] = field(default_factory=list)  # specs that could not be read
-    runtime_version: str | None = None  # asked only where CDI needs it (docker, cdi: always)
+    # Only where the probe did not list the GPUs (the plan then could not
+    # choose them): what `up` listed itself, for the same `choose_gpus`.
+    gpus: list[GPU] | None = None
+    cdi_specs: list[SpecFile] = field(default_factory=list)
+    runtime_version: str | None = None  # asked only where CDI depends on it
 
 
 @dataclass
@@ -288,8 +286,6 @@ class Lifecycle:
         self._script: SetupScript | None = None
         self.invocation = invocation or new_invocation_id()
         self.purpose = "up"  # what other invocations waiting on our locks are told
-        # Per launching host, the CDI devices its GPUs go through (_barrier).
-        self.cdi_devices: dict[str, tuple[CDIDevice, ...]] = {}
         self.locks = locks or host_locks(cluster, pool, sink)
 
     @property
@@ -322,6 +318,9 @@ class Lifecycle:
             if self.cfg.rootless and wants_devices(self.cfg) and self.cfg.lifetime != "no_launch"
             else None
         )
+        runtime = ContainerRuntime.unprobed(self.cfg.runtime, self.cfg.rootless)
+        # GPUs through CDI on a runtime whose CDI depends on its version: ask it.
+        version = gpus if self.cfg.cdi == "always" and runtime.cdi_since is not None else None
         return probe_argv(
             self.cfg,
             self.name,
@@ -330,8 +329,9 @@ class Lifecycle:
             port_check=self._sshd_on_host_network(),
             gpus=gpus,
             gpu_root=self.cluster.host(host).gpu_device_root or "/",
-            runtime=ContainerRuntime.unprobed(self.cfg.runtime, self.cfg.rootless),
+            runtime=runtime,
             oci=oci,
+            version=version,
         )
 
     def _sshd_on_host_network(self) -> bool:
@@ -482,66 +482,62 @@ class Lifecycle:
         return f"{step} did not finish within {timeout:g}s: stopped"
 
     async def _prepare(self, host: str, state: HostState, outcome: HostOutcome) -> Prepared:
-        """Login, load or pull as configured; find the tag's image, the configured
-        devices present on the host, and its GPUs."""
-        prefix = state.runtime.prefix
-        cfg = self.cfg
+        """The plan's image step (login, load or pull); the tag's image; the
+        configured devices present on the host; and, where the probe did not
+        list them, the host's GPUs."""
+        action = outcome.action
         tag_id, digests = state.tag_image_id, state.tag_repo_digests
-        need_image = tag_id is None or cfg.pull == "always"
-        if need_image:
-            # One budget for getting the image, however many round trips.
-            steps = ["login"] if cfg.registry is not None and cfg.image_tar is None else []
-            steps.append("load" if cfg.image_tar is not None and tag_id is None else "pull")
-            budget = StartBudget(cfg.start_timeout, " and ".join(steps))
-            if cfg.registry is not None and cfg.image_tar is None:
-                r = await self._cmd(
-                    outcome, "login", login_command(prefix, cfg.registry, cfg.image), budget=budget
-                )
-                if r is None:
-                    return Prepared()
-            if cfg.image_tar is not None and tag_id is None:
-                r = await self._cmd(
-                    outcome, "load", load_argv(prefix, cfg.image_tar), budget=budget
-                )
-            elif cfg.pull == "never":
-                outcome.fail(
-                    "pull",
-                    None,
-                    f"image {cfg.image} is not on the host and pull is 'never' "
-                    "(load it there, set container.image_tar, or allow pulling)",
-                )
+        if action.image_step is not None:
+            fetched = await self._fetch_image(state.runtime.prefix, outcome)
+            if fetched is None:
                 return Prepared()
-            else:
-                r = await self._cmd(outcome, "pull", pull_argv(prefix, cfg.image), budget=budget)
-            if r is None:
-                return Prepared()
-            r = await self._cmd(outcome, "image", image_inspect_argv(prefix, cfg.image))
-            if r is None:
-                return Prepared()
-            info = parse_image_inspect(r.stdout)
-            tag_id, digests = info.id, tuple(info.repo_digests)
-        devices = await self._present_devices(outcome)
-        gpus: list[GPU] = []
-        cdi: list[CDIDevice] = []
-        problems: list[str] = []
-        version: str | None = None
-        if cfg.gpus is not None and outcome.ok and state.gpus is not None:
-            gpus = list(state.gpus)  # listed by the probe: no second look
-            cdi, problems = parse_specs(state.cdi_specs)
-        elif cfg.gpus is not None and outcome.ok:
-            root = self.cluster.host(host).gpu_device_root or "/"
-            r = await self._cmd(
-                outcome, "gpus", discovery_argv(root), timeout=self.cluster.ssh.command_timeout
-            )
-            if r is not None:
-                gpus = parse_discovery(r.stdout)
-                cdi, problems = parse_specs(spec_files(r.stdout))
-        if cfg.gpus is not None and cfg.cdi == "always" and cfg.runtime == "docker" and outcome.ok:
-            # Docker's CDI depends on the daemon's version: ask it only here.
-            argv = [*prefix, "version", "--format", "{{.Server.Version}}"]
+            tag_id, digests = fetched
+        prepared = Prepared(tag_id, digests, await self._present_devices(outcome))
+        if self.cfg.gpus is not None and action.gpus is None and outcome.ok:
+            await self._list_gpus(host, state, outcome, prepared)
+        return prepared
+
+    async def _fetch_image(
+        self, prefix: list[str], outcome: HostOutcome
+    ) -> tuple[str | None, tuple[str, ...]] | None:
+        """The plan's image step, within one start budget however many round
+        trips; then what the tag resolves to (None: a step failed)."""
+        cfg, action = self.cfg, outcome.action
+        steps = [*(["login"] if action.login else []), action.image_step or "pull"]
+        budget = StartBudget(cfg.start_timeout, " and ".join(steps))
+        if action.login and cfg.registry is not None:
+            login = login_command(prefix, cfg.registry, cfg.image)
+            if await self._cmd(outcome, "login", login, budget=budget) is None:
+                return None
+        if action.image_step == "load" and cfg.image_tar is not None:
+            r = await self._cmd(outcome, "load", load_argv(prefix, cfg.image_tar), budget=budget)
+        else:
+            r = await self._cmd(outcome, "pull", pull_argv(prefix, cfg.image), budget=budget)
+        if r is None:
+            return None
+        r = await self._cmd(outcome, "image", image_inspect_argv(prefix, cfg.image))
+        if r is None:
+            return None
+        info = parse_image_inspect(r.stdout)
+        return info.id, tuple(info.repo_digests)
+
+    async def _list_gpus(
+        self, host: str, state: HostState, outcome: HostOutcome, prepared: Prepared
+    ) -> None:
+        """The host's GPUs and CDI specs (and, where CDI depends on it, the
+        runtime's version) where the probe did not list them."""
+        root = self.cluster.host(host).gpu_device_root or "/"
+        r = await self._cmd(
+            outcome, "gpus", discovery_argv(root), timeout=self.cluster.ssh.command_timeout
+        )
+        if r is None:
+            return
+        prepared.gpus = parse_discovery(r.stdout)
+        prepared.cdi_specs = spec_files(r.stdout)
+        if self.cfg.cdi == "always" and state.runtime.cdi_since is not None:
+            argv = [*state.runtime.prefix, "version", "--format", "{{.Server.Version}}"]
             v = await self._cmd(outcome, "version", argv)
-            version = v.stdout.strip() if v is not None else None
-        return Prepared(tag_id, digests, devices, gpus, cdi, problems, version)
+            prepared.runtime_version = v.stdout.strip() if v is not None else None
 
     async def _present_devices(self, outcome: HostOutcome) -> list[str]:
         """The configured `devices` that exist on this host (`/dev/infiniband/*` expanded)."""
@@ -598,17 +594,16 @@ class Lifecycle:
                 plan = self.decide(states, force=force, reprovision=reprovision, adopt=adopt)
             for w in plan.warnings:
                 self.sink.emit(Message(level="warning", text=w))
-            resources = self._fit_to_hosts(states, resources)
             for host in plan.hosts("attach", "restart"):
                 # Keeping a container keeps its limits; say where they are not
                 # what the config now asks for instead of accepting them silently.
-                for drift in limits_drift(resources[host], states[host]):
+                for drift in limits_drift(plan.resources[host], states[host]):
                     self.sink.emit(
                         Message(level="warning", host=host, text=f"limits drift: {drift}")
                     )
             if plan.refused:
                 raise PolicyRefused(plan.refusals)
-            report = await self._execute(plan, states, resources)
+            report = await self._execute(plan, states)
             await self.locks.downgrade()
             self.locks.ready = {
                 h: states[h].runtime
@@ -620,24 +615,12 @@ class Lifecycle:
             await self.locks.release()
             raise
 
-    def _fit_to_hosts(
-        self, states: Mapping[str, HostState], resources: dict[str, EffectiveResources]
-    ) -> dict[str, EffectiveResources]:
-        """Capacity (issue 15): cpus clamped to each host's CPU count. The plan
-        refused memory beyond a launching host's RAM and warned of the clamps."""
-        fitted = dict(resources)
-        for host, eff in resources.items():
-            state = states.get(host)
-            if state is not None:
-                fitted[host] = fit_to_host(host, eff, state.cpu_count, state.memory_total).resources
-        return fitted
-
-    async def _execute(
-        self,
-        plan: Plan,
-        states: Mapping[str, HostState],
-        resources: Mapping[str, EffectiveResources],
-    ) -> UpReport:
+    async def _execute(self, plan: Plan, states: Mapping[str, HostState]) -> UpReport:
+        """Act on a plan that was not refused: prepare the launching hosts,
+        the barrier, then each host's pipeline; roll back what a failure
+        leaves half started. Refuses (PolicyRefused) only what it learns
+        while acting: a tag that resolves differently after a pull or load,
+        a GPU request where the probe had not listed the GPUs."""
         outcomes = {h: HostOutcome(h, a) for h, a in plan.actions.items()}
         launching = [h for h, a in plan.actions.items() if a.launches]
         prepared: dict[str, Prepared] = {}
@@ -656,11 +639,7 @@ class Lifecycle:
                     f"the {plan.actions[host].kind.replace('_', ' ')} failed on {failed}"
                 )
             return UpReport(plan, outcomes)
-        try:
-            selections = self._barrier(launching, prepared, states, outcomes)
-        except PolicyRefused as exc:
-            exc.changed += _images_fetched(self.cfg.image, launching, outcomes)
-            raise
+        selections = self._barrier(launching, prepared, states, outcomes)
         keys = None
         if sshd_wanted(self.cluster.container, len(self.cluster.hosts)):
             keys = ClusterKeys.load_or_create(default_state_dir(self.cluster), self._hosts())
@@ -672,7 +651,7 @@ class Lifecycle:
                 outcomes[host],
                 prepared.get(host, Prepared()),
                 keys,
-                resources[host],
+                plan.resources[host],
                 selections.get(host),
             )
 
@@ -701,14 +680,15 @@ class Lifecycle:
         prepared: Mapping[str, Prepared],
         states: Mapping[str, HostState],
         outcomes: Mapping[str, HostOutcome],
-    ) -> dict[str, GPUSelection]:
+    ) -> dict[str, GPUChoice]:
         """Refuse before any container starts if the tag or the GPU requests
         disagree; otherwise the GPUs each launching host gives its container.
 
         These are the refusals the plan cannot make: they depend on what the
-        prepare step found (a tag after a pull or load, the hosts' GPUs). The
-        refusal says what the prepare step did change (an image pulled or
-        loaded, a registry login): not "nothing"."""
+        prepare step found (a tag after a pull or load, GPUs the probe had not
+        listed), each with its kind. The refusal says what the prepare step
+        did change (an image pulled or loaded, a registry login): not
+        "nothing"."""
         if not launching:
             return {}
         after_pull = {
@@ -719,49 +699,36 @@ class Lifecycle:
             )
             for h in launching
         }
-        reasons: list[Refusal | str] = [*check_tag_identity(after_pull, image=self.cfg.image)]
-        selections: dict[str, GPUSelection] = {}
-        if self.cfg.gpus is not None:
-            for host in launching:
-                try:
-                    picked = select_gpus(prepared[host].gpus, self.cfg.gpus)
-                except GPUError as exc:
-                    reasons.append(f"{host}: {exc}")
-                    continue
-                if isinstance(picked, Unsatisfiable):
-                    reasons.append(picked.message(host))
-                    continue
-                selections[host] = picked
-                why = self._decide_cdi(host, picked, prepared[host])
-                if why is not None:
-                    reasons.append(f"{host}: {why}")
+        reasons = check_tag_identity(after_pull, image=self.cfg.image)
+        choices: dict[str, GPUChoice] = {}
+        for host in launching:
+            choice = self._gpu_choice(host, outcomes[host].action, prepared[host])
+            if isinstance(choice, Refusal):
+                reasons.append(choice)
+            elif choice is not None:
+                choices[host] = choice
         if reasons:
-            raise PolicyRefused([*reasons, _changed_so_far(launching, outcomes)])
-        return selections
+            raise PolicyRefused(
+                reasons, changed=_changed_so_far(self.cfg.image, launching, outcomes)
+            )
+        for host, choice in choices.items():
+            if choice.cdi is not None:
+                text = f"GPUs through CDI: {describe_devices(choice.cdi)}"
+                self.sink.emit(Message(level="info", host=host, text=text))
+        return choices
 
-    def _decide_cdi(self, host: str, picked: GPUSelection, prepared: Prepared) -> str | None:
-        """CDI or device nodes for this host's GPUs (limits/cdi.py); a refusal, or None."""
-        decision = use_cdi(
-            self.cfg.cdi, self.cfg.runtime, prepared.runtime_version, picked, prepared.cdi
-        )
-        if isinstance(decision, str):
-            problems = "; ".join(prepared.cdi_problems)
-            return decision + (f" (unreadable CDI specs: {problems})" if problems else "")
-        if decision is not None:
-            self.cdi_devices[host] = decision
-            self.sink.emit(
-                Message(
-                    level="info", host=host, text=f"GPUs through CDI: {describe_devices(decision)}"
-                )
-            )
+    def _gpu_choice(
+        self, host: str, action: HostAction, prepared: Prepared
+    ) -> GPUChoice | Refusal | None:
+        """The plan's choice of GPUs, or (GPUs not listed by the probe) the same
+        decision from what the prepare step listed; None: no GPU request."""
+        if action.gpus is not None:
+            return GPUChoice(action.gpus, action.cdi)
+        if self.cfg.gpus is None or prepared.gpus is None:
             return None
-        if picked.gpus and picked.vendor == "nvidia" and self.cfg.runtime == "podman":
-            return (
-                "podman has no --gpus: NVIDIA GPUs reach a podman container through CDI; "
-                "publish CDI specs on the host (nvidia-ctk cdi generate) so that one CDI "
-                "device adds each GPU"
-            )
-        return None
+        return choose_gpus(
+            self.cfg, host, prepared.gpus, prepared.cdi_specs, prepared.runtime_version
+        )
 
     async def _host_pipeline(
         self,
@@ -771,9 +738,10 @@ class Lifecycle:
         prepared: Prepared,
         keys: ClusterKeys | None,
         resources: EffectiveResources,
-        gpus: GPUSelection | None,
+        choice: GPUChoice | None,
     ) -> None:
         action = outcome.action
+        gpus = choice.selection if choice is not None else None
         if action.kind in ("verify", "none"):
             return
         prefix = state.runtime.prefix
@@ -801,7 +769,7 @@ class Lifecycle:
                 labels,
                 resources=resources,
                 gpus=gpus,
-                cdi=self.cdi_devices.get(host),
+                cdi=choice.cdi if choice is not None else None,
                 keep_groups=action.keep_groups,  # the plan's, from the probed OCI runtime
             )
             run = await self._cmd(
@@ -1003,25 +971,22 @@ def remove_command(prefix: Sequence[str], container_id: str) -> str:
     return f"{shlex.join(argv)} && {shlex.join(records.forget_argv(container_id))}"
 
 
-# Prepare steps that leave something on the host (images, docker credentials).
-_CHANGING_STEPS = {
-    "login": "logged in to the registry on {}",
-    "load": "loaded the image on {}",
-    "pull": "pulled the image on {}",
-}
-
-
-def _changed_so_far(launching: Sequence[str], outcomes: Mapping[str, HostOutcome]) -> str:
-    """What the prepare step changed before a barrier refusal, per host."""
-    done: dict[str, list[str]] = {}
-    for host in launching:
-        for step, result in outcomes[host].steps:
-            if step in _CHANGING_STEPS and result.ok:
-                done.setdefault(_CHANGING_STEPS[step], []).append(host)
-    if not done:
-        return "no container was started and nothing was changed"
-    what = "; ".join(text.format(", ".join(hosts)) for text, hosts in done.items())
-    return f"no container was started; before this was found, cvs {what} (left in place)"
+def _changed_so_far(
+    image: str, launching: Sequence[str], outcomes: Mapping[str, HostOutcome]
+) -> list[str]:
+    """What the prepare step changed before a barrier refusal (`login to the
+    registry on h1`, `image X pulled on node[1-2]`): the refusal must not say
+    nothing changed. No container was started by then."""
+    out = []
+    for step, what in (
+        ("login", "login to the registry"),
+        ("pull", f"image {image} pulled"),
+        ("load", f"image {image} loaded"),
+    ):
+        done = [h for h in launching if any(s == step and r.ok for s, r in outcomes[h].steps)]
+        if done:
+            out.append(f"{what} on {abbreviate_hosts(done)} (left in place)")
+    return out
 
 
 def _valid_id(container_id: str | None) -> str | None:
@@ -1034,16 +999,3 @@ def _run_failed(outcome: HostOutcome) -> bool:
         for s, r in outcome.steps
         if not r.ok
     )
-
-
-def _images_fetched(
-    image: str, hosts: Sequence[str], outcomes: Mapping[str, HostOutcome]
-) -> list[str]:
-    """`image X pulled on node[1-2]`: what the prepare step changed on the hosts
-    before a refusal (the refusal must not say nothing changed)."""
-    out = []
-    for step, verb in (("pull", "pulled"), ("load", "loaded")):
-        done = [h for h in hosts if any(s == step and r.ok for s, r in outcomes[h].steps)]
-        if done:
-            out.append(f"image {image} {verb} on {abbreviate_hosts(done)}")
-    return out

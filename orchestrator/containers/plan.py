@@ -22,7 +22,7 @@ access, garbled probe) refuses the plan: unknown is never treated as absent.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Literal
@@ -40,14 +40,15 @@ from orchestrator.containers.docker import short_id as _short
 from orchestrator.containers.probe import HostState
 from orchestrator.errors import Call, ExitCode, Option, Phrase, Refusal, WayOut
 from orchestrator.limits.capacity import fit_to_host
-from orchestrator.limits.gpus import GPUError, Unsatisfiable, select_gpus
+from orchestrator.limits.cdi import CDIDevice, SpecFile, parse_specs, use_cdi
+from orchestrator.limits.gpus import GPU, GPUError, GPUSelection, Unsatisfiable, select_gpus
 from orchestrator.limits.resources import EffectiveResources
 from orchestrator.limits.rootless import (
     device_group_access,
     rootless_cap_refusal,
     wants_devices,
 )
-from orchestrator.remote.runtime import daemon_word
+from orchestrator.remote.runtime import ContainerRuntime, daemon_word
 
 # What `docker start` / `docker unpause` brings back with its overlay intact
 # (`_state_word`: created counts as exited).
@@ -79,6 +80,16 @@ class HostAction:
     # Rootless podman on crun, with devices: `--group-add keep-groups` in the
     # run argv instead of container.group_add (limits/rootless.py).
     keep_groups: bool = False
+    # A launch: how the image gets onto the host first (None: the tag is
+    # there and `pull` is not `always`), after a registry login when `login`.
+    image_step: Literal["pull", "load"] | None = None
+    login: bool = False
+    # A launch with a GPU request whose GPUs the probe listed: the GPUs the
+    # container gets, and the CDI devices they go through (None: their device
+    # nodes). A launch whose GPUs were not listed has neither: `up` finds
+    # them while acting and decides with the same `choose_gpus`.
+    gpus: GPUSelection | None = None
+    cdi: tuple[CDIDevice, ...] | None = None
 
     @property
     def launches(self) -> bool:
@@ -98,6 +109,10 @@ class Plan:
     refusals: list[Refusal] = field(default_factory=list)  # the reasons, as data
     warnings: list[str] = field(default_factory=list)
     unknown_hosts: tuple[str, ...] = ()  # hosts whose state could not be determined
+    # host -> what its container asks for, fitted to the host's capacity (cpus
+    # clamped to its CPU count): what `up` runs it with. Empty when refused or
+    # when no resources were given.
+    resources: Mapping[str, EffectiveResources] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> ExitCode:
@@ -468,17 +483,55 @@ def decide_plan(
         launching = plan.hosts("cold_start", "replace")
         starting = plan.hosts("cold_start", "replace", "restart")
     more = _sshd_port_conflicts(cfg, states, starting) if sshd else []
-    fit_reasons, fit_warnings = _capacity(states, launching, resources)
+    fit_reasons, fit_warnings, fitted = _capacity(states, launching, resources)
     more += fit_reasons + _missing_image(cfg, states, launching)
     more += _rootless_caps(states, launching, resources)
-    more += _gpu_refusals(cfg, states, launching)
+    gpu_reasons, choices = _gpu_choices(cfg, states, launching)
+    more += gpu_reasons
     group_notes, keep = _device_group_access(cfg, states, launching)
     warnings = [*plan.warnings, *fit_warnings, *group_notes]
     if more or plan.refused:
         reasons = list(dict.fromkeys([*plan.refusals, *more]))
         return _refusal(cfg, states, ours, reasons, warnings)
-    actions = {h: replace(a, keep_groups=h in keep) for h, a in plan.actions.items()}
-    return replace(plan, actions=_frozen(actions), warnings=warnings)
+    actions = {
+        h: _launch_details(cfg, states[h], replace(a, keep_groups=h in keep), choices.get(h))
+        for h, a in plan.actions.items()
+    }
+    return replace(plan, actions=_frozen(actions), warnings=warnings, resources=fitted)
+
+
+def _launch_details(
+    cfg: ContainerConfig, state: HostState, action: HostAction, choice: GPUChoice | None
+) -> HostAction:
+    """A launching host's image step and, when its GPUs were listed, its GPUs."""
+    if not action.launches:
+        return action
+    login, step = _image_step(cfg, state)
+    return replace(
+        action,
+        image_step=step,
+        login=login,
+        gpus=choice.selection if choice else None,
+        cdi=choice.cdi if choice else None,
+    )
+
+
+def _image_step(
+    cfg: ContainerConfig, state: HostState
+) -> tuple[bool, Literal["pull", "load"] | None]:
+    """(registry login first?, how the image gets onto a launching host).
+
+    Nothing when the tag is there and `pull` is not `always`; a load of
+    `image_tar` where the tag is missing; else a pull (after a login to
+    `registry` unless the image comes from a tar). `pull: never` fetches
+    nothing: the plan refused a host without the image (`_missing_image`)."""
+    if state.tag_image_id is not None and cfg.pull != "always":
+        return False, None
+    if cfg.image_tar is not None:
+        return False, "load" if state.tag_image_id is None else "pull"
+    if cfg.pull == "never":
+        return False, None
+    return cfg.registry is not None, "pull"
 
 
 def _would_launch(
@@ -498,21 +551,24 @@ def _capacity(
     states: Mapping[str, HostState],
     launching: list[str],
     resources: Mapping[str, EffectiveResources] | None,
-) -> tuple[list[Refusal], list[str]]:
-    """(refusals, warnings): memory beyond a launching host's RAM is refused,
-    cpus beyond a host's CPU count clamped (limits/capacity.py)."""
+) -> tuple[list[Refusal], list[str], dict[str, EffectiveResources]]:
+    """(refusals, warnings, resources fitted to each host): memory beyond a
+    launching host's RAM is refused, cpus beyond a host's CPU count clamped
+    (limits/capacity.py)."""
     if resources is None:
-        return [], []
+        return [], [], {}
     reasons: list[Refusal] = []
     warnings: list[str] = []
+    fitted = dict(resources)
     for host, state in states.items():
         if host not in resources:
             continue
         fit = fit_to_host(host, resources[host], state.cpu_count, state.memory_total)
+        fitted[host] = fit.resources
         if fit.refusal and host in launching:
             reasons.append(Refusal("capacity", fit.refusal, (host,)))
         warnings += [fit.warning] if fit.warning else []
-    return reasons, warnings
+    return reasons, warnings, fitted
 
 
 def _rootless_caps(
@@ -557,26 +613,71 @@ def _device_group_access(
     return notes, keep
 
 
-def _gpu_refusals(
+@dataclass(frozen=True)
+class GPUChoice:
+    """The GPUs a launching host's container gets, and the CDI devices they go
+    through (None: their device nodes)."""
+
+    selection: GPUSelection
+    cdi: tuple[CDIDevice, ...] | None = None
+
+
+def choose_gpus(
+    cfg: ContainerConfig,
+    host: str,
+    inventory: Sequence[GPU],
+    specs: Sequence[SpecFile],
+    runtime_version: str | None,
+) -> GPUChoice | Refusal:
+    """PURE: the GPUs and the CDI devices for `host` from its GPUs, its CDI
+    spec files and (where CDI depends on it) its runtime's version; or why
+    not (kind `gpus`: the request; kind `cdi`: how they would reach the
+    container). The plan calls it where the probe listed the GPUs; `up`
+    where it had to list them itself."""
+    assert cfg.gpus is not None
+    try:
+        picked = select_gpus(list(inventory), cfg.gpus)
+    except GPUError as exc:
+        return Refusal("gpus", f"{host}: {exc}", (host,))
+    if isinstance(picked, Unsatisfiable):
+        return Refusal("gpus", picked.message(host), (host,))
+    devices, problems = parse_specs(specs)
+    decision = use_cdi(cfg.cdi, cfg.runtime, runtime_version, picked, devices)
+    if isinstance(decision, str):
+        unreadable = f" (unreadable CDI specs: {'; '.join(problems)})" if problems else ""
+        return Refusal("cdi", f"{host}: {decision}{unreadable}", (host,))
+    runtime = ContainerRuntime.unprobed(cfg.runtime, cfg.rootless)
+    if decision is None and picked.gpus and picked.vendor not in runtime.gpu_vendors_without_cdi:
+        return Refusal(
+            "cdi",
+            f"{host}: {cfg.runtime} has no `--gpus`: NVIDIA GPUs reach a {cfg.runtime} "
+            "container through CDI; publish CDI specs on the host (nvidia-ctk cdi generate) "
+            "so that one CDI device adds each GPU",
+            (host,),
+        )
+    return GPUChoice(picked, decision)
+
+
+def _gpu_choices(
     cfg: ContainerConfig, states: Mapping[str, HostState], launching: list[str]
-) -> list[Refusal]:
-    """A GPU request a launching host cannot meet, from the GPUs the probe
-    listed there (a host whose GPUs were not listed is left to `up`)."""
+) -> tuple[list[Refusal], dict[str, GPUChoice]]:
+    """The GPUs of each launching host whose GPUs the probe listed, or the
+    refusals of a request such a host cannot meet (a host whose GPUs were
+    not listed is left to `up`)."""
     if cfg.gpus is None:
-        return []
+        return [], {}
     refusals: list[Refusal] = []
+    choices: dict[str, GPUChoice] = {}
     for host in launching:
-        inventory = states[host].gpus
-        if inventory is None:
+        state = states[host]
+        if state.gpus is None:
             continue
-        try:
-            picked = select_gpus(inventory, cfg.gpus)
-        except GPUError as exc:
-            refusals.append(Refusal("gpus", f"{host}: {exc}", (host,)))
-            continue
-        if isinstance(picked, Unsatisfiable):
-            refusals.append(Refusal("gpus", picked.message(host), (host,)))
-    return refusals
+        choice = choose_gpus(cfg, host, state.gpus, state.cdi_specs, state.runtime_version)
+        if isinstance(choice, Refusal):
+            refusals.append(choice)
+        else:
+            choices[host] = choice
+    return refusals, choices
 
 
 def _missing_image(

@@ -94,6 +94,9 @@ class HostState:
     # Rootless podman launching with devices: the OCI runtime podman runs
     # (crun, runc; None: not asked or unreadable), for `--group-add keep-groups`.
     oci_runtime: str | None = None
+    # The runtime daemon's version, asked only where CDI depends on it (docker
+    # launching GPUs with container.cdi: always); None: not asked or unreadable.
+    runtime_version: str | None = None
 
     @classmethod
     def unreachable(cls, host: str, reason: str) -> HostState:
@@ -166,6 +169,7 @@ def probe_argv(
     gpu_root: str = "/",
     runtime: ContainerRuntime | None = None,
     oci: Literal["always", "stopped"] | None = None,
+    version: Literal["always", "stopped"] | None = None,
 ) -> list[str]:
     """`sh -c PROBE cvs-probe ARG…` (remote/probe.sh): ready for an SSH exec
     (`shlex.join`) whatever the login shell is.
@@ -178,6 +182,8 @@ def probe_argv(
     `runtime`: which runtime to reach (remote/runtime.py; default docker).
     `oci`: rootless podman only, when to ask which OCI runtime podman runs
     (as `gpus`: the device access a launch gets depends on it).
+    `version`: when to ask the runtime daemon's version (as `gpus`: whether
+    it takes CDI device names depends on it, limits/cdi.py).
     """
     runtime = runtime or ContainerRuntime()
     validate_container_name(name)
@@ -203,14 +209,24 @@ def probe_argv(
         remote.program("check"),
         holders_filter,
         holders_format,
-        *(
+        *_optional_args(
             [gpus, remote.program("gpus"), gpu_root.rstrip("/"), GPU_MARKER]
             if gpus is not None
-            else (["", "", "", ""] if runtime.flag else [])
+            else ["", "", "", ""],
+            runtime.flag or [""],
+            [oci if oci is not None and runtime.rootless else ""],
+            [version or ""],
         ),
-        *runtime.flag,
-        *([oci] if oci is not None and runtime.rootless else []),
     )
+
+
+def _optional_args(*groups: list[str]) -> list[str]:
+    """probe.sh's optional positional arguments, the trailing empty ones left off
+    (a docker probe without GPUs sends none)."""
+    args = [a for group in groups for a in group]
+    while args and not args[-1]:
+        args.pop()
+    return args
 
 
 # --- parsing -------------------------------------------------------------
@@ -388,6 +404,7 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
     values.update(_capacity_facts(sections))  # capacity (issue 15)
     values.update(_port_facts(sections))  # sshd port taken on the host (network host)
     values.update(_oci_facts(sections))  # rootless podman: crun or runc
+    values.update(_version_facts(sections))  # docker with CDI: the daemon's version
     listed = sections.get("gpus")
     if listed is not None and listed.rc == 0:
         values["gpus"] = tuple(parse_discovery(listed.stdout))
@@ -489,6 +506,17 @@ def _image_facts(
 
 
 _OCI_RUNTIME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# `20.10.24+dfsg1`, `27.1.0`: what `docker version --format {{.Server.Version}}` prints.
+_VERSION_RE = re.compile(r"v?\d+\.\d+[A-Za-z0-9.+~_-]{0,60}")
+
+
+def _version_facts(sections: Mapping[str, Section]) -> dict[str, object]:
+    """The daemon's version from the `version` section, when asked and well formed."""
+    version = sections.get("version")
+    if version is None or version.rc != 0:
+        return {}
+    text = version.stdout.strip()
+    return {"runtime_version": text} if _VERSION_RE.fullmatch(text) else {}
 
 
 def _oci_facts(sections: Mapping[str, Section]) -> dict[str, object]:

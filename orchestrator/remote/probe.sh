@@ -2,7 +2,7 @@
 # capacity.sh, listen.sh and records.sh prepended). Facts only; the plan decides.
 #
 #   probe.sh NAME IMAGE PORT MARKER CHECK HOLDERS_FILTER HOLDERS_FORMAT \
-#            [GPUS_WHEN GPUS GPU_ROOT GPU_MARKER [RUNTIME [OCI_WHEN]]]
+#            [GPUS_WHEN GPUS GPU_ROOT GPU_MARKER [RUNTIME [OCI_WHEN [VERSION_WHEN]]]]
 #
 #   NAME    the container; IMAGE the image as `docker inspect` names it, or
 #           empty (docker access and the container only)
@@ -22,6 +22,9 @@
 #   OCI_WHEN  rootless podman with devices: when to ask podman which OCI
 #           runtime it runs (crun keeps the login user's groups; runc
 #           cannot): "always", "stopped" or empty, as GPUS_WHEN
+#   VERSION_WHEN  a runtime whose CDI depends on its version (docker), GPUs
+#           through CDI asked for: when to ask the daemon's version
+#           ("always", "stopped" or empty, as GPUS_WHEN)
 #
 # On the host it:
 # 1. decides docker access: `docker inspect` works -> direct; else with
@@ -49,6 +52,7 @@ name=$1 image=$2 port=$3 marker=$4 check=$5 holders_filter=$6 holders_format=$7
 gpus_when=${8:-} gpus=${9:-} gpu_root=${10:-} gpu_marker=${11:-}
 cvs_runtime "${12:-}"
 oci_when=${13:-}
+version_when=${14:-}
 port_hex=$(printf '%04X' "$port")
 
 umask 077
@@ -192,6 +196,11 @@ if [ -n "$cvs_rootless" ] &&
     { [ "$oci_when" = always ] || { [ "$oci_when" = stopped ] && [ -z "$running" ]; }; }; then
   # shellcheck disable=SC2016  # a Go template, not shell
   section oci_runtime "$@" info --format '{{.Host.OCIRuntime.Name}}'
+fi
+# GPUs through CDI on a runtime that learned CDI in some version: that version.
+if [ "$version_when" = always ] || { [ "$version_when" = stopped ] && [ -z "$running" ]; }; then
+  # shellcheck disable=SC2016  # a Go template, not shell
+  section version "$@" version --format '{{.Server.Version}}'
 fi
 
 if [ -n "$running" ]; then

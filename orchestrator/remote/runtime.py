@@ -94,6 +94,21 @@ class ContainerRuntime:
             return []
         return ["--podman-rootless" if self.rootless else "--podman"]
 
+    @property
+    def cdi_since(self) -> tuple[int, int] | None:
+        """The first version of this runtime that takes CDI device names
+        (`--device vendor/class=name`), when that depends on its version:
+        docker's daemon learned CDI in 25 (and the probe then asks its
+        version); podman has it in every version cvs runs (None)."""
+        return (25, 0) if self.name == "docker" else None
+
+    @property
+    def gpu_vendors_without_cdi(self) -> frozenset[str]:
+        """The GPU vendors whose GPUs reach this runtime's containers without
+        CDI: AMD's device nodes everywhere, NVIDIA's through docker's `--gpus`
+        (podman has no `--gpus`: NVIDIA GPUs need CDI there)."""
+        return frozenset({"amd", "nvidia"} if self.name == "docker" else {"amd"})
+
     def describe(self) -> str:
         if self.rootless:
             return "podman (rootless)"

@@ -454,7 +454,10 @@ def decide_plan(
     if unknown:
         return _refusal(cfg, states, ours, [unknown], warnings)
     if cfg.lifetime == "no_launch":
-        return _plan_no_launch(cfg, states, ours, warnings)
+        plan = _plan_no_launch(cfg, states, ours, warnings)
+        return (
+            plan if plan.refused else replace(plan, resources=_capacity(states, [], resources)[2])
+        )
     sshd = sshd_wanted(cfg, len(states))
     if cfg.lifetime == "per_run":
         plan = _plan_per_run(

@@ -41,7 +41,7 @@ from orchestrator.containers.drift import cluster_expectations
 from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command
 from orchestrator.containers.probe import HostState
 from orchestrator.containers.status import HostStatus, host_status
-from orchestrator.errors import CvsError, Param, Phrase, UsageError
+from orchestrator.errors import CvsError, Param, Phrase, Text, UsageError, first_line, join_text
 from orchestrator.errors import HostSelectionError as HostSelectionError
 from orchestrator.events import EventSink, Message, NullSink
 from orchestrator.limits.gpus import guard_visible_devices
@@ -92,14 +92,17 @@ class UpFailed(CvsError):
         # undid (their containers were removed because another host failed).
         rolled = [h for h, o in not_ready.items() if o.state == "rolled_back"]
         failed = {h: o for h, o in not_ready.items() if h not in rolled}
-        reasons = "; ".join(
-            f"{h}: {(o.error or 'failed').splitlines()[0]}" for h, o in failed.items()
+        reasons = join_text(
+            "; ", (Phrase(f"{h}: ", first_line(o.error or "failed")) for h, o in failed.items())
         )
         undone = f"; rolled back on {', '.join(rolled)}" if rolled else ""
         super().__init__(
-            f"up failed on {len(failed)} of {len(report.outcomes)} hosts ({reasons}){undone}; "
-            f"{len(report.ready)}/{len(report.outcomes)} hosts ready; "
-            "the report is on this error's `.report`"
+            Phrase(
+                f"up failed on {len(failed)} of {len(report.outcomes)} hosts (",
+                reasons,
+                f"){undone}; {len(report.ready)}/{len(report.outcomes)} hosts ready; "
+                "the report is on this error's `.report`",
+            )
         )
 
 
@@ -114,13 +117,20 @@ class ExecFailed(CvsError):
         self.results = results
         self.exit_code = exit_code_for(list(results.values()))
         failed = {h: r for h, r in results.items() if not r.ok}
-        reasons = "; ".join(
-            f"{h}: {r.status}"
-            + (f" (exit {r.exit_code})" if r.exit_code not in (None, 0) else "")
-            + (f": {r.error.splitlines()[0]}" if r.error else "")
-            for h, r in failed.items()
+        reasons = join_text(
+            "; ",
+            (
+                Phrase(
+                    f"{h}: {r.status}",
+                    f" (exit {r.exit_code})" if r.exit_code not in (None, 0) else "",
+                    *((": ", first_line(r.error)) if r.error else ()),
+                )
+                for h, r in failed.items()
+            ),
         )
-        super().__init__(f"command failed on {len(failed)} of {len(results)} hosts: {reasons}")
+        super().__init__(
+            Phrase(f"command failed on {len(failed)} of {len(results)} hosts: ", reasons)
+        )
 
 
 def not_ready_result(host: str, state: HostState, name: str) -> HostResult:
@@ -520,7 +530,7 @@ class Cluster:
         removed, runtime gone or hung), bounded by container.docker_timeout."""
         if result.ok:
             return result
-        cause = output_cause(result.stdout, result.stderr)
+        cause: Text | None = output_cause(result.stdout, result.stderr)
         if cause is None and wants_diagnosis(result) and self.config.container is not None:
             bound = self.config.container.docker_timeout
             answer = await self.pool.run(

@@ -15,7 +15,8 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.config.hostlist import compress_hostlist
-from orchestrator.errors import API_STYLE, Style
+from orchestrator.errors import API_STYLE, Style, say
+from orchestrator.errors import Text as Said
 from orchestrator.errortext import SeenErrors, fold_errors
 from orchestrator.events import (
     CommandFinished,
@@ -42,8 +43,8 @@ def group_results(results: Mapping[str, HostResult]) -> list[tuple[list[str], Ho
     """Hosts with identical output, status and error folded together, like
     `dshbak -c` (the error too: a refused host and a timed-out one are both
     `unreachable`, and a group shows one sample's error)."""
-    buckets: dict[tuple[str, str, str, int | None, str | None], list[str]] = {}
-    sample: dict[tuple[str, str, str, int | None, str | None], HostResult] = {}
+    buckets: dict[tuple[str, str, str, int | None, Said | None], list[str]] = {}
+    sample: dict[tuple[str, str, str, int | None, Said | None], HostResult] = {}
     for host, r in results.items():
         key = (r.status, r.stdout, r.stderr, r.exit_code, r.error)
         buckets.setdefault(key, []).append(host)
@@ -205,7 +206,7 @@ class RichSink:
             case HostStep(host=h, step=step, status=status, detail=detail):
                 style = {"ok": "green", "failed": "red", "skipped": "dim"}.get(status, "yellow")
                 phase = {"started": "running", "ok": "ok", "skipped": "ok"}.get(status, "failed")
-                self._set(h, f"[{style}]{step} {status}", phase, detail or None)
+                self._set(h, f"[{style}]{step} {status}", phase, say(detail, self.style) or None)
                 if status == "failed":
                     self._host(h).error = f"{step}: {detail}"
                     if len(self.hosts) <= ROWS_MAX:

@@ -138,13 +138,13 @@ def test_hosts_a_rollback_undid_are_not_ready_and_say_why() -> None:
     report = rolled_back_report()
     assert report.ready == [] and not report.ok
     assert report.outcomes["a"].summary == ("cold_start ROLLED BACK: the cold start failed on b")
-    assert report.outcomes["b"].summary.startswith("cold_start FAILED at run: exit 125")
+    assert str(report.outcomes["b"].summary).startswith("cold_start FAILED at run: exit 125")
 
 
 def test_the_json_of_a_rolled_back_up_agrees_with_the_console() -> None:
     doc = UpReport.to_dict(rolled_back_report())
     assert doc["ok"] is False and doc["ready"] == 0
-    assert doc["error"].startswith("up: 0/3 hosts ready; b: run: exit 125")
+    assert str(doc["error"]).startswith("up: 0/3 hosts ready; b: run: exit 125")
     assert "rolled back on a, c" in doc["error"]
     assert doc["hosts"]["a"]["ok"] is False
     assert doc["hosts"]["a"]["rolled_back"] == "the cold start failed on b"
@@ -161,6 +161,6 @@ def test_a_failure_whose_words_read_like_a_rollback_is_still_a_failure() -> None
     outcome.fail("rolled back", HostResult("a", "failed", 1, error="exit 1"), "exit 1")
     outcome.roll_back("the cold start failed on b")
     assert outcome.state == "failed"
-    assert outcome.summary.startswith("cold_start FAILED at rolled back: exit 1")
+    assert str(outcome.summary).startswith("cold_start FAILED at rolled back: exit 1")
     report = UpReport(Plan("persistent", {"a": outcome.action}), {"a": outcome})
     assert "rolled back on" not in (report.error or "")

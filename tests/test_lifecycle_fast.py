@@ -152,4 +152,4 @@ def test_a_pull_failing_on_one_host_reports_no_host_ready_and_starts_nothing() -
         assert (
             report.outcomes[host].summary == "cold_start NOT STARTED: the cold start failed on h2"
         )
-    assert report.outcomes["h2"].summary.startswith("cold_start FAILED at pull")
+    assert str(report.outcomes["h2"].summary).startswith("cold_start FAILED at pull")

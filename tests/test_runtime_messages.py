@@ -73,7 +73,7 @@ def test_what_happened_to_a_podman_container_is_said_in_podmans_name(
 
     assert docker_cause is not None and "docker" in docker_cause
     assert podman_cause is not None and "podman" in podman_cause
-    assert no_docker(podman_cause.replace(str(facts.error), "")), podman_cause
+    assert no_docker(str(podman_cause).replace(str(facts.error), "")), podman_cause
 
 
 def test_a_podman_diagnosis_that_hung_or_said_nothing_names_podman() -> None:

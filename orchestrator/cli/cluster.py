@@ -14,6 +14,7 @@ from orchestrator.cli.common import (
     CLI_STYLE,
     chosen_hosts,
     cli_reasons,
+    cli_text,
     cluster_path,
     failure_summary,
     host_aliases,
@@ -217,11 +218,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         return report.exit_code
     # Each host as it ended: a host whose start a rollback undid says so
     # (never `ok` for a container that no longer exists); failures fold by error.
-    lines = {host: o.summary for host, o in report.outcomes.items() if o.ok}
+    lines = {host: cli_text(o.summary) for host, o in report.outcomes.items() if o.ok}
     # The one-line summary, then the error's output tail: folded and shown by
     # the first line, while the tail is what names a cluster-file setting.
     failed = {
-        host: "\n".join([o.summary, *(o.error or "").splitlines()[1:]])
+        host: "\n".join([cli_text(o.summary), *cli_text(o.error or "").splitlines()[1:]])
         for host, o in report.outcomes.items()
         if not o.ok
     }
@@ -306,7 +307,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     left = down_leftovers(
         container,
         plan,
-        {h: (r.ok, r.error or r.status) for h, r in results.items()},
+        {h: (r.ok, cli_text(r.error or r.status)) for h, r in results.items()},
         force=args.force,
     )
     left = restyled(left, CLI_STYLE)

@@ -18,8 +18,10 @@ from orchestrator.errors import (
     ExitCode,
     Option,
     Param,
+    Phrase,
     PolicyRefused,
     Refusal,
+    Text,
     UsageError,
     restyled,
     say,
@@ -303,14 +305,14 @@ class CliStyle:
 CLI_STYLE = CliStyle()
 
 
-def cli_text(text: str) -> str:
+def cli_text(text: Text) -> str:
     """A message from below the CLI (a plain str, or an errors.Phrase) in its words."""
     return say(text, CLI_STYLE)
 
 
 def cli_message(exc: BaseException) -> str:
     """An error's one line in the CLI's words (its message may be an errors.Phrase)."""
-    if len(exc.args) == 1 and isinstance(exc.args[0], str):
+    if len(exc.args) == 1 and isinstance(exc.args[0], str | Phrase):
         return cli_text(exc.args[0])
     return str(exc)
 

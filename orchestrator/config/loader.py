@@ -25,7 +25,7 @@ from orchestrator.config.gpu_devices import gpu_subset_problems
 from orchestrator.config.hostlist import HostlistError, expand_hostlist
 from orchestrator.config.model import ClusterConfig, ContainerConfig, HostSpec
 from orchestrator.config.slurm import HOST_SOURCES, slurm_hosts
-from orchestrator.errors import Param, Phrase
+from orchestrator.errors import Param, Phrase, Text
 
 # ---- hosts -----------------------------------------------------------------
 
@@ -97,7 +97,7 @@ def _hosts_from_source(
 ) -> dict[str, Any]:
     """`hosts: {from: slurm}` (or `--hosts-from slurm`): the host names of the allocation."""
     raw = data.get("hosts")
-    where: str
+    where: Text
     if hosts_from is not None:
         where = Phrase(Param("hosts_from"), f" {hosts_from}")
     elif isinstance(raw, dict) and "name" not in raw:

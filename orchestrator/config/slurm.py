@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from orchestrator.config.documents import ConfigError
 from orchestrator.config.hostlist import HostlistError, expand_hostlist, split_patterns
-from orchestrator.errors import Phrase
+from orchestrator.errors import Phrase, Text
 
 # SLURM_NODELIST is the older name; both are set inside allocations today.
 NODELIST_VARIABLES = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
@@ -28,7 +28,7 @@ def slurm_nodelist(env: Mapping[str, str]) -> tuple[str, str] | None:
     return None
 
 
-def slurm_hosts(env: Mapping[str, str], *, where: str) -> list[str]:
+def slurm_hosts(env: Mapping[str, str], *, where: Text) -> list[str]:
     """The allocation's host names, in Slurm's order. ConfigError (exit 2) outside one.
 
     `where` names what asked for them (`cluster.yaml: hosts` or `--hosts-from slurm`).

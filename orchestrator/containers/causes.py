@@ -27,7 +27,7 @@ from datetime import datetime
 
 from orchestrator import remote
 from orchestrator.containers.docker import validate_container_name
-from orchestrator.errors import Call, Phrase
+from orchestrator.errors import Call, Phrase, Text
 from orchestrator.remote.runtime import ContainerRuntime, runtime_hung
 from orchestrator.results import HostResult
 
@@ -137,7 +137,7 @@ def output_cause(stdout: str, stderr: str) -> str | None:
 
 def container_cause(
     facts: ContainerFacts, *, elapsed: float, runtime: str = "docker"
-) -> str | None:
+) -> Text | None:
     """What happened to the container (or its runtime, `docker` or `podman`)
     under a command that ran for `elapsed` seconds and just failed; None when
     nothing did."""
@@ -178,7 +178,7 @@ def container_cause(
     return None
 
 
-def with_cause(result: HostResult, cause: str | None) -> HostResult:
+def with_cause(result: HostResult, cause: Text | None) -> HostResult:
     """`result` whose `error` names `cause` after the code (`exit code 137: ...`)."""
     if cause is None:
         return result

@@ -71,7 +71,16 @@ from orchestrator.containers.provision import (
     ensure_sshd,
     run_setup_script,
 )
-from orchestrator.errors import ExitCode, Phrase, PolicyRefused, Refusal, UsageError
+from orchestrator.errors import (
+    ExitCode,
+    Phrase,
+    PolicyRefused,
+    Refusal,
+    Text,
+    UsageError,
+    first_line,
+    without_prefix,
+)
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.limits.cdi import SpecFile, describe_devices, spec_files
 from orchestrator.limits.gpus import (
@@ -119,27 +128,27 @@ class HostOutcome:
     action: HostAction
     steps: list[tuple[str, HostResult]] = field(default_factory=list)
     state: OutcomeState = "ready"
-    error: str | None = None
+    error: Text | None = None
     unreachable: bool = False
     # What `docker run -d` printed: the container this attempt made here.
     container_id: str | None = None
     # Why a rollback removed what this host's pipeline had started (a later
     # step elsewhere undid it): the host is then not ready, whatever its
     # own steps said. Set on a failed host too (its state stays failed).
-    rolled_back: str | None = None
+    rolled_back: Text | None = None
 
     @property
     def ok(self) -> bool:
         """Ready: the container is there and nothing undid it."""
         return self.state == "ready"
 
-    def fail(self, step: str, result: HostResult | None, message: str) -> None:
+    def fail(self, step: str, result: HostResult | None, message: Text) -> None:
         self.state = "failed"
         self.unreachable = result is not None and not result.reached
         tail = result.tail(15) if result is not None else ""
-        self.error = f"{step}: {message}" + (f"\n{tail}" if tail else "")
+        self.error = Phrase(f"{step}: ", message, f"\n{tail}" if tail else "")
 
-    def roll_back(self, why: str) -> None:
+    def roll_back(self, why: Text) -> None:
         """The container this host started was removed again: not ready.
 
         A host that failed on its own keeps its state and error (`summary`
@@ -159,19 +168,20 @@ class HostOutcome:
             self.error = Phrase("not started: ", why)
 
     @property
-    def summary(self) -> str:
+    def summary(self) -> Text:
         """One line: what the host ended as (`cold_start ok (pull, run)`,
         `cold_start ROLLED BACK: ...`, `cold_start FAILED at run: ...`)."""
         kind = self.action.kind
         if self.state == "ready":
             return f"{kind} ok ({', '.join(name for name, _ in self.steps) or 'nothing to do'})"
         if self.state == "rolled_back":
-            return f"{kind} ROLLED BACK: {self.rolled_back}"
-        first = (self.error or "failed").splitlines()[0]
+            return Phrase(f"{kind} ROLLED BACK: ", self.rolled_back or "")
+        first = first_line(self.error or "failed")
         if self.state == "not_started":
-            return f"{kind} NOT STARTED: {first.removeprefix('not started: ')}"
+            why = without_prefix(first, "not started: ")
+            return Phrase(f"{kind} NOT STARTED: ", first if why is None else why)
         removed = " (rolled back)" if self.rolled_back is not None else ""
-        return f"{kind} FAILED at {first}{removed}"
+        return Phrase(f"{kind} FAILED at ", first, removed)
 
 
 class StartBudget:
@@ -218,20 +228,22 @@ class UpReport:
         return [h for h, o in self.outcomes.items() if o.ok]
 
     @property
-    def error(self) -> str | None:
+    def error(self) -> Text | None:
         """One line for the whole `up` when some host is not ready, else None."""
         failed = {h: o for h, o in self.outcomes.items() if not o.ok}
         if not failed:
             return None
         own = {h: o for h, o in failed.items() if o.state != "rolled_back"}
         first_host, first = next(iter((own or failed).items()))
-        detail = (first.error or "failed").splitlines()[0]
-        text = f"up: {len(self.ready)}/{len(self.outcomes)} hosts ready; {first_host}: {detail}"
+        detail = first_line(first.error or "failed")
         rolled = [h for h, o in failed.items() if o.state == "rolled_back"]
-        if rolled:
-            text += f"; rolled back on {', '.join(rolled)}"
         others = len(own) - 1
-        return text + (f" (and {others} more failed host(s))" if others > 0 else "")
+        return Phrase(
+            f"up: {len(self.ready)}/{len(self.outcomes)} hosts ready; {first_host}: ",
+            detail,
+            f"; rolled back on {', '.join(rolled)}" if rolled else "",
+            f" (and {others} more failed host(s))" if others > 0 else "",
+        )
 
     @property
     def exit_code(self) -> ExitCode:
@@ -348,7 +360,7 @@ class Lifecycle:
             label="probe",
         )
         if not result.reached:
-            return HostState.unreachable(host, result.error or result.status)
+            return HostState.unreachable(host, str(result.error or result.status))
         if result.status == "timeout":
             return HostState.hung(host, self.docker_hung("the probe"))
         return parse_probe_output(host, result.exit_code or 0, result.stdout, result.stderr)
@@ -416,7 +428,7 @@ class Lifecycle:
 
     # -- acting ---------------------------------------------------------
 
-    def _step(self, host: str, step: str, status: str, detail: str = "") -> None:
+    def _step(self, host: str, step: str, status: str, detail: Text = "") -> None:
         self.sink.emit(HostStep(host=host, step=step, status=status, detail=detail))  # type: ignore[arg-type]
 
     async def _cmd(
@@ -446,13 +458,13 @@ class Lifecycle:
         )
         outcome.steps.append((step, result))
         if not result.ok:
-            message = result.error or result.status
+            message: Text = result.error or result.status
             if result.status == "timeout":
                 message = self._timeout_message(step, budget, timeout)
             else:
                 # The cause when the output names one (a full disk), not just the code.
                 cause = output_cause(result.stdout, result.stderr)
-                message += f": {cause}" if cause else ""
+                message = Phrase(message, f": {cause}") if cause else message
             outcome.fail(step, result, message)
             self._step(outcome.host, step, "failed", result.tail(5) or message)
             return None
@@ -592,8 +604,8 @@ class Lifecycle:
             if plan.changes and not plan.refused:
                 states = await self.lock_and_probe("exclusive", wait=wait, purpose=self.purpose)
                 plan = self.decide(states, force=force, reprovision=reprovision, adopt=adopt)
-            for w in plan.warnings:
-                self.sink.emit(Message(level="warning", text=w))
+            for warning in plan.warnings:
+                self.sink.emit(Message(level="warning", text=warning))
             for host in plan.hosts("attach", "restart"):
                 # Keeping a container keeps its limits; say where they are not
                 # what the config now asks for instead of accepting them silently.

@@ -38,7 +38,7 @@ from orchestrator.containers.docker import (
 )
 from orchestrator.containers.docker import short_id as _short
 from orchestrator.containers.probe import HostState
-from orchestrator.errors import Call, ExitCode, Option, Phrase, Refusal, WayOut
+from orchestrator.errors import Call, ExitCode, Option, Phrase, Refusal, Text, WayOut
 from orchestrator.limits.capacity import fit_to_host
 from orchestrator.limits.cdi import CDIDevice, SpecFile, parse_specs, use_cdi
 from orchestrator.limits.gpus import GPU, GPUError, GPUSelection, Unsatisfiable, select_gpus
@@ -71,7 +71,7 @@ FOREIGN = Phrase("foreign (", FORCE, ")")
 @dataclass(frozen=True)
 class HostAction:
     kind: ActionKind
-    reason: str
+    reason: Text
     remove_first: bool = False  # `docker rm -f` the same-named container before `docker run`
     provision: bool = False  # run the setup script after this action
     start_sshd: bool = False  # (re)start the in-container sshd after this action
@@ -107,7 +107,7 @@ class Plan:
     actions: Mapping[str, HostAction]
     refused: bool = False
     refusals: list[Refusal] = field(default_factory=list)  # the reasons, as data
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[Text] = field(default_factory=list)
     unknown_hosts: tuple[str, ...] = ()  # hosts whose state could not be determined
     # host -> what its container asks for, fitted to the host's capacity (cpus
     # clamped to its CPU count): what `up` runs it with. Empty when refused or
@@ -179,7 +179,7 @@ def _refusal(
     states: Mapping[str, HostState],
     ours: Mapping[str, bool],
     reasons: list[Refusal],
-    warnings: list[str],
+    warnings: list[Text],
 ) -> Plan:
     actions = {h: HostAction("none", _describe(s, ours[h])) for h, s in states.items()}
     return Plan(
@@ -225,10 +225,10 @@ def _unknown_reason(cfg: ContainerConfig, states: Mapping[str, HostState]) -> Re
 
 def _image_problems(
     cfg: ContainerConfig, present: Mapping[str, HostState], *, no_launch: bool
-) -> tuple[list[Refusal], list[str]]:
+) -> tuple[list[Refusal], list[Text]]:
     """(refusals, warnings) about the images of existing containers."""
     reasons: list[Refusal] = []
-    warnings: list[str] = []
+    warnings: list[Text] = []
     label = _label(cfg)
     unreadable = [h for h, s in present.items() if not s.container_image_readable]
     if unreadable:
@@ -360,7 +360,7 @@ def _provisioning(
     *,
     reprovision: bool,
     script_sha256: str | None,
-) -> tuple[dict[str, tuple[bool, str]], list[str]]:
+) -> tuple[dict[str, tuple[bool, str]], list[Text]]:
     """For containers kept (attach/restart): host -> (provision?, why), and warnings."""
     decisions: dict[str, tuple[bool, str]] = {}
     mismatched: list[tuple[str, str]] = []
@@ -375,7 +375,7 @@ def _provisioning(
             mismatched.append((host, marker))
         else:
             decisions[host] = (False, "provisioned")
-    warnings: list[str] = [
+    warnings: list[Text] = [
         Phrase(
             f"{_label(cfg)} on {_names(hosts)} was provisioned with {_short(marker)}, config "
             f"says {_short(script_sha256)} — run ",
@@ -388,7 +388,7 @@ def _provisioning(
 
 def _drift_warning(
     cfg: ContainerConfig, kept: Mapping[str, HostState], config_hash: str | None
-) -> list[str]:
+) -> list[Text]:
     if config_hash is None:
         return []
     drifted = [
@@ -443,7 +443,7 @@ def decide_plan(
         and is_ours(s.labels, cluster_name, our_label=our_label, lifetime=cfg.lifetime)
         for h, s in states.items()
     }
-    warnings: list[str] = []
+    warnings: list[Text] = []
     if cfg.lifetime == "persistent" and cfg.name is None:
         warnings.append(
             "persistent containers without an explicit `container.name`: the default name "
@@ -554,14 +554,14 @@ def _capacity(
     states: Mapping[str, HostState],
     launching: list[str],
     resources: Mapping[str, EffectiveResources] | None,
-) -> tuple[list[Refusal], list[str], dict[str, EffectiveResources]]:
+) -> tuple[list[Refusal], list[Text], dict[str, EffectiveResources]]:
     """(refusals, warnings, resources fitted to each host): memory beyond a
     launching host's RAM is refused, cpus beyond a host's CPU count clamped
     (limits/capacity.py)."""
     if resources is None:
         return [], [], {}
     reasons: list[Refusal] = []
-    warnings: list[str] = []
+    warnings: list[Text] = []
     fitted = dict(resources)
     for host, state in states.items():
         if host not in resources:
@@ -738,7 +738,7 @@ def _plan_no_launch(
     cfg: ContainerConfig,
     states: Mapping[str, HostState],
     ours: Mapping[str, bool],
-    warnings: list[str],
+    warnings: list[Text],
 ) -> Plan:
     not_running = {h: s for h, s in states.items() if s.container != "running"}
     reasons: list[Refusal] = []
@@ -813,7 +813,7 @@ def _fresh_actions(
     ours: Mapping[str, bool],
     *,
     sshd: bool,
-    why: str,
+    why: Text,
 ) -> dict[str, HostAction]:
     actions: dict[str, HostAction] = {}
     for host, state in states.items():
@@ -837,7 +837,7 @@ def _plan_per_run(
     cfg: ContainerConfig,
     states: Mapping[str, HostState],
     ours: Mapping[str, bool],
-    warnings: list[str],
+    warnings: list[Text],
     *,
     force: bool,
     sshd: bool,
@@ -866,7 +866,7 @@ def _plan_persistent(
     cfg: ContainerConfig,
     states: Mapping[str, HostState],
     ours: Mapping[str, bool],
-    warnings: list[str],
+    warnings: list[Text],
     *,
     force: bool,
     sshd: bool,
@@ -1020,7 +1020,7 @@ def decide_down(
     """
     label = _label(cfg)
     actions: dict[str, HostAction] = {}
-    warnings: list[str] = []
+    warnings: list[Text] = []
     unknown = [h for h, s in states.items() if not s.known]
     if unknown:
         warnings.append(
@@ -1085,7 +1085,7 @@ def down_leftovers(
     removed: Mapping[str, tuple[bool, str | None]],
     *,
     force: bool,
-) -> dict[str, str]:
+) -> dict[str, Text]:
     """After `cvs down`: host -> what is left there and how to finish, for every
     host where a container may remain. `removed` is host -> (ok, error) for the
     hosts a removal ran on. Empty when nothing is left anywhere.
@@ -1096,14 +1096,17 @@ def down_leftovers(
     """
     label = _label(cfg)
     again = DOWN_FORCE if force else Call("down")
-    left: dict[str, str] = {}
+    left: dict[str, Text] = {}
     unknown = set(plan.unknown_hosts)
     for host, action in plan.actions.items():
         if host in unknown:
-            why = action.reason.removeprefix("state unknown: ")
+            why = action.reason
+            if isinstance(why, str):
+                why = why.removeprefix("state unknown: ")
             left[host] = Phrase(
-                f"{label} may still be there (state unknown: {why}); nothing was done there: "
-                "rerun ",
+                f"{label} may still be there (state unknown: ",
+                why,
+                "); nothing was done there: rerun ",
                 again,
                 " once the host is reachable",
             )

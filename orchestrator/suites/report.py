@@ -101,7 +101,7 @@ def skipped_note(outcome: RunOutcome) -> str:
     did not run, with why, one line per distinct reason ("" when none)."""
     by_reason: dict[str, list[str]] = {}
     for s in outcome.steps:
-        reasons = {r.reason for r in s.results.values() if r.status == "skipped"}
+        reasons = {str(r.reason) for r in s.results.values() if r.status == "skipped" and r.reason}
         for reason in sorted(r or "not run" for r in reasons):
             by_reason.setdefault(reason, []).append(s.name)
     return "".join(f"skipped: {', '.join(names)} ({why})\n" for why, names in by_reason.items())

@@ -30,7 +30,7 @@ from orchestrator.config.documents import key_lines
 from orchestrator.config.hostlist import compress_hostlist
 from orchestrator.containers.copy import CopyError, Payload
 from orchestrator.containers.hints import hint_for
-from orchestrator.errors import Call, ExitCode, Phrase, PolicyRefused
+from orchestrator.errors import Call, ExitCode, Phrase, PolicyRefused, Text, without_prefix
 from orchestrator.errortext import fold_errors
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.results import HostResult
@@ -97,7 +97,10 @@ def mpi_env(cluster: ClusterConfig) -> dict[str, str]:
     }
 
 
-def _clip(text: str, limit: int = 80) -> str:
+def _clip(text: Text, limit: int = 80) -> Text:
+    """One line of at most `limit` characters (a Phrase, short by its making, as it is)."""
+    if not isinstance(text, str):
+        return text
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -130,14 +133,15 @@ def judge(step: Step, result: HostResult, tail_lines: int = TAIL_LINES) -> StepH
         return StepHostOutcome(status="failed", reason=result.error or "no exit status", **base)
     if result.exit_code != expect.exit_code:
         reason = f"exit {result.exit_code}, expected {expect.exit_code}"
-        error = result.error or ""
+        error: Text = result.error or ""
         # `exit code 137: <cause>` (containers/causes.py): the cause, not the code twice.
-        said = f"exit code {result.exit_code}"
-        if error.startswith(said + ": "):
-            reason += f": {_clip(error[len(said) + 2 :], 240)}"
-        elif error and not error.startswith(("exit code", "exit status")):
-            reason += f": {_clip(error)}"
-        return StepHostOutcome(status="failed", reason=reason, **base)
+        cause = without_prefix(error, f"exit code {result.exit_code}: ")
+        said: Text = reason
+        if cause is not None:
+            said = Phrase(reason, ": ", _clip(cause, 240))
+        elif error and not str(error).startswith(("exit code", "exit status")):
+            said = Phrase(reason, ": ", _clip(error))
+        return StepHostOutcome(status="failed", reason=said, **base)
     wanted = expect.stdout_re()
     if wanted is not None and not wanted.search(result.stdout):
         reason = f"stdout did not match {expect.stdout!r}"
@@ -152,7 +156,7 @@ def judge(step: Step, result: HostResult, tail_lines: int = TAIL_LINES) -> StepH
 
 
 def skipped_step(
-    step: Step, hosts: list[str], reason: str, status: StepHostStatus = "skipped"
+    step: Step, hosts: list[str], reason: Text, status: StepHostStatus = "skipped"
 ) -> StepOutcome:
     """A step that did not run (or did not finish) on its hosts, with why."""
     return StepOutcome(
@@ -165,15 +169,18 @@ def skipped_step(
     )
 
 
-def up_failure(report: Any, cluster: ClusterConfig | None = None) -> tuple[ExitCode, str] | None:
+def up_failure(report: Any, cluster: ClusterConfig | None = None) -> tuple[ExitCode, Text] | None:
     """(exit code, one line) when `up` left some host not ready, else None: the
     largest group of hosts with the same error (`errortext.fold_errors`), and
     when a cluster-file setting caused it, the setting, its line and the fix
     (`containers.hints`)."""
     if getattr(report, "ok", True):
         return None
-    failed = {h: o.error or "failed" for h, o in report.outcomes.items() if not o.ok}
-    groups = fold_errors(failed)
+    failed: dict[str, Text] = {
+        h: o.error or "failed" for h, o in report.outcomes.items() if not o.ok
+    }
+    # Folded by the API's words; the first host's own error (a Phrase stays one) shown.
+    groups = fold_errors({h: str(e) for h, e in failed.items()})
     hosts, text = groups[0]
     first = failed[hosts[0]]
     more = (
@@ -183,11 +190,11 @@ def up_failure(report: Any, cluster: ClusterConfig | None = None) -> tuple[ExitC
     )
     # The error's tail (docker's own words) is kept, up to a readable length;
     # as the host said it (a Phrase stays one) when folding changed nothing.
-    shown = _clip(text, 400)
-    if shown == first:
+    shown: Text = _clip(text, 400)
+    if shown == str(first):
         shown = first
     line = Phrase(f"up failed on {compress_hostlist(hosts)}: ", shown, more)
-    hint = _setting_hint(first, cluster)
+    hint = _setting_hint(str(first), cluster)
     if hint:
         line = Phrase(line, f"; fix: {hint}")
     return ExitCode(report.exit_code) or ExitCode.FAILED, line
@@ -434,9 +441,9 @@ async def _down(
             # replaced it by the time we get the exclusive lock).
             _, removed = await fleet.down(own_only=True)
         except Exception as exc:
-            text = f"down failed: {type(exc).__name__}: {exc}"
-            outcome.warnings.append(text)
-            sink.emit(Message(level="error", text=text))
+            failed = f"down failed: {type(exc).__name__}: {exc}"
+            outcome.warnings.append(failed)
+            sink.emit(Message(level="error", text=failed))
             return
         for host, r in removed.items():
             if not r.ok:
@@ -460,7 +467,7 @@ async def _down(
                 )
             )
     if scope.cancelled_caught:
-        text = Phrase(
+        text: Text = Phrase(
             f"down did not finish within {DOWN_TIMEOUT:g}s; run ", Call("down"), " to clean up"
         )
         outcome.warnings.append(text)

@@ -49,6 +49,7 @@ from orchestrator.limits.resources import EffectiveResources
 from orchestrator.remote.runtime import ContainerRuntime, DockerRuntime
 from orchestrator.results import HostResult, exit_code_for
 from orchestrator.ssh.fanout import fan_out
+from orchestrator.ssh.seam import HostRunner
 from orchestrator.ssh.transport import SSHPool
 
 if TYPE_CHECKING:
@@ -149,7 +150,7 @@ def not_ready_result(host: str, state: HostState, name: str) -> HostResult:
 class Cluster:
     """A loaded cluster file plus its live connections."""
 
-    def __init__(self, config: ClusterConfig, pool: SSHPool, sink: EventSink) -> None:
+    def __init__(self, config: ClusterConfig, pool: HostRunner, sink: EventSink) -> None:
         self.config = config
         self.pool = pool
         self.sink = sink

@@ -34,6 +34,7 @@ def started_hosts(**probe: Any) -> ScriptedHosts:
     hosts = ScriptedHosts({h: probe_output(**probe) for h in HOSTS})
     hosts.answer("run", lambda host, text: (0, CID + "\n", ""))
     hosts.answer("verify", lambda host, text: (0, "true\n", ""))
+    hosts.succeed("pull", "setup", "rollback")
     return hosts
 
 
@@ -52,6 +53,7 @@ def test_a_failed_run_on_one_host_rolls_back_what_this_attempt_started() -> None
     hosts.answer("run", lambda host, text: (125, "", "no space left") if host == "h2" else None)
     hosts.answer("run", lambda host, text: (0, CID + "\n", ""))
     hosts.answer("verify", lambda host, text: (0, "true\n", ""))
+    hosts.succeed("setup", "rollback")
     lc = lifecycle(hosts)
     report = up(lc)
     assert not report.ok and "no space left" in (report.outcomes["h2"].error or "")

@@ -64,6 +64,10 @@ def healthy_hosts(hosts: tuple[str, ...]) -> ScriptedHosts:
     scripted.answer("image", lambda host, text: (0, f'[{{"Id": "{IMG_A}"}}]', ""))
     scripted.answer("run", lambda host, text: (0, "c" * 64 + "\n", ""))
     scripted.answer("verify", lambda host, text: (0, "true\n", ""))
+    # What else a healthy host answers with success and no output (anything
+    # not listed fails the test: tests/scripted.py).
+    scripted.succeed("login", "pull", "load", "remove", "restart", "adopt", "setup", "sshd")
+    scripted.succeed("gpus", "version", "rollback")
     return scripted
 
 

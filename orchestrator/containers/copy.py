@@ -39,7 +39,7 @@ from orchestrator.errors import ConnectError
 from orchestrator.remote.runtime import ContainerRuntime, DockerRuntime
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
-from orchestrator.ssh.transport import SSHPool
+from orchestrator.ssh.seam import HostRunner
 
 CHUNK = 256 * 1024
 # The line the remote side prints before its checksums: where the copy went.
@@ -226,7 +226,7 @@ async def _send(process: Any, host: str, payload: Payload, progress: Progress | 
 
 
 async def _copy_one(
-    pool: SSHPool,
+    pool: HostRunner,
     host: str,
     script: str,
     payload: Payload,
@@ -268,7 +268,7 @@ async def _copy_one(
 
 
 async def copy_to_hosts(
-    pool: SSHPool,
+    pool: HostRunner,
     cluster: ClusterConfig,
     payload: Payload,
     dest: str,
@@ -298,7 +298,7 @@ async def copy_to_hosts(
 
 
 async def _gather_one(
-    pool: SSHPool,
+    pool: HostRunner,
     host: str,
     script: str,
     target: Path,
@@ -347,7 +347,7 @@ async def _gather_one(
 
 
 async def gather_from_hosts(
-    pool: SSHPool,
+    pool: HostRunner,
     cluster: ClusterConfig,
     src: str,
     dest_dir: Path,

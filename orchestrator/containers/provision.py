@@ -19,7 +19,6 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from orchestrator import remote
 from orchestrator.config import ClusterConfig, ConfigError, ContainerConfig
@@ -30,6 +29,7 @@ from orchestrator.containers.docker import exec_argv
 from orchestrator.remote import records
 from orchestrator.results import HostResult
 from orchestrator.ssh.keys import ClusterKeys
+from orchestrator.ssh.seam import HostRunner
 
 # Provisioning (setup script, marker, sshd) writes /etc, /run, /var/lib and
 # runs package managers: it runs as root whatever the image's USER is.
@@ -128,7 +128,7 @@ def setup_argv(
 
 
 async def run_setup_script(
-    pool: Any,
+    pool: HostRunner,
     host: str,
     prefix: list[str],
     container: str,
@@ -255,7 +255,7 @@ def ensure_sshd_command(
 
 
 async def ensure_sshd(
-    pool: Any,
+    pool: HostRunner,
     host: str,
     prefix: list[str],
     container: str,

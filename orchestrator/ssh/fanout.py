@@ -12,7 +12,8 @@ from typing import TypeVar
 import anyio
 
 from orchestrator.results import HostResult
-from orchestrator.ssh.transport import Command, SSHPool
+from orchestrator.ssh.seam import Command, HostRunner
+from orchestrator.ssh.transport import SSHPool
 
 T = TypeVar("T")
 
@@ -43,18 +44,23 @@ async def fan_out(
 
 
 async def run_on_hosts(
-    pool: SSHPool,
+    pool: HostRunner,
     hosts: Sequence[str],
     command: Command | Callable[[str], Command],
     *,
     timeout: float | None = None,
     input: str | None = None,
     label: str | None = None,
+    limit: int | None = None,
 ) -> dict[str, HostResult]:
-    """The same command (or one built per host) on every host, concurrently."""
+    """The same command (or one built per host) on every host, concurrently:
+    at most `limit` at once (an SSHPool's default: its cluster's
+    `concurrency.hosts`)."""
+    if limit is None and isinstance(pool, SSHPool):
+        limit = pool.cluster.concurrency.hosts
 
     async def work(host: str) -> HostResult:
         cmd = command(host) if callable(command) else command
         return await pool.run(host, cmd, timeout=timeout, input=input, label=label)
 
-    return await fan_out(hosts, work, limit=pool.cluster.concurrency.hosts)
+    return await fan_out(hosts, work, limit=limit)

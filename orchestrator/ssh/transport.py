@@ -18,7 +18,7 @@ import os
 import random
 import shlex
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -45,6 +45,7 @@ from orchestrator.ssh.admission import AdmissionGate, AimdWindow
 from orchestrator.ssh.envpass import env_block, env_reader, new_token
 from orchestrator.ssh.keys import load_identities, strict_known_hosts
 from orchestrator.ssh.output import LineSplitter, StreamTail, as_result_text
+from orchestrator.ssh.seam import Command
 from orchestrator.ssh.sshconfig import config_route, sshd_key
 
 PREFERRED_CIPHERS = [
@@ -54,8 +55,6 @@ PREFERRED_CIPHERS = [
     "aes256-ctr",
     "chacha20-poly1305@openssh.com",
 ]
-
-Command = str | Sequence[str]
 
 
 # How a connect attempt ended, as the error words say it. Only `timeout` and

@@ -239,11 +239,14 @@ class Phrase:
     Not a str: it keeps its parts, so the CLI renders the sentence with its
     flags and commands (`render(style)`, `restyled`: "--force: replacing
     it") and an API caller reads keyword arguments ("force=True: replacing
-    it", also what `str()` gives). Since it is no str, an operation that
-    would drop the parts (`+`, a slice, `.splitlines()`, passing it where a
-    str is typed) is a type error: compose with Phrase(...), which takes
-    Phrases among its parts, and type what carries one as `Text`.
-    (tests/test_cli_words.py finds the f-strings that format one.)"""
+    it", also what `str()` and an f-string give). Since it is no str, an
+    operation that would drop the parts (`+`, a slice, `.splitlines()`,
+    passing it where a str is typed) is a type error: compose with
+    Phrase(...), which takes Phrases among its parts, and type what carries
+    one as `Text`. An f-string is the one drop mypy cannot see:
+    tests/test_cli_words.py finds the f-strings that format a field typed
+    `Text` without saying in whose words (`say(x, style)`, or `{x!s}` for
+    the API's)."""
 
     __slots__ = ("parts",)
     parts: tuple[Part, ...]
@@ -271,14 +274,6 @@ class Phrase:
 
     def __repr__(self) -> str:
         return f"Phrase{self.parts!r}"
-
-    def __format__(self, spec: str) -> str:
-        # An f-string or str.format would keep only the API's words: the one
-        # way to lose the parts that mypy cannot see, so it fails loudly.
-        raise TypeError(
-            f"a Phrase formatted into text loses its CLI words: compose Phrase(...) "
-            f"instead ({self.render()!r})"
-        )
 
     def __eq__(self, other: object) -> bool:
         """Another Phrase: the same parts. A str: the same API words (what a

@@ -58,7 +58,7 @@ def print_grouped(results: Mapping[str, HostResult], out: IO[str] = sys.stdout) 
         if r.exit_code not in (None, 0):
             title += f" exit {r.exit_code}"
         if r.error and r.status != "failed":
-            title += f": {r.error}"
+            title += f": {r.error!s}"
         bar = "-" * min(max(len(title), 16), 78)
         out.write(f"{bar}\n{title}\n{bar}\n")
         body = "\n".join(x for x in (r.stdout, r.stderr) if x)
@@ -202,7 +202,9 @@ class RichSink:
                     self._set(h, f"[green]{r.status}", "ok")
                 else:
                     self._set(h, f"[red]{r.status}", "failed")
-                    self._host(h).error = f"{r.status}: {r.error}" if r.error else r.status
+                    self._host(h).error = (
+                        f"{r.status}: {say(r.error, self.style)}" if r.error else r.status
+                    )
             case HostStep(host=h, step=step, status=status, detail=detail):
                 style = {"ok": "green", "failed": "red", "skipped": "dim"}.get(status, "yellow")
                 phase = {"started": "running", "ok": "ok", "skipped": "ok"}.get(status, "failed")
@@ -350,7 +352,7 @@ def _status_errors(rows: Sequence[HostStatus], out: IO[str] | None = None) -> No
             note = ""
             if not explained and (not r.probed or r.docker is None):
                 note, explained = f"; {UNKNOWN_NOTE}", True
-            sys.stderr.write(f"{r.host}: {r.error}{note}\n")
+            sys.stderr.write(f"{r.host}: {r.error!s}{note}\n")
 
 
 def print_status(rows: Sequence[HostStatus], *, plain: bool) -> None:
@@ -462,7 +464,7 @@ def group_header(hosts: Sequence[str], result: HostResult) -> Text:
         f" exit {result.exit_code}" if result.exit_code not in (None, 0) else ""
     )
     if result.error and result.status != "failed":
-        outcome += f": {result.error}"
+        outcome += f": {result.error!s}"
     return header + Text(outcome, style=style)
 
 

@@ -189,7 +189,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             if on
         ]
         more = f" (+{', '.join(extras)})" if extras else ""
-        sys.stdout.write(f"{host:<{width}}  {action.kind:<10} {action.reason}{more}\n")
+        sys.stdout.write(f"{host:<{width}}  {action.kind:<10} {cli_text(action.reason)}{more}\n")
     for w in plan.warnings:
         sys.stderr.write(f"warning: {w}\n")
     if plan.refused:
@@ -326,8 +326,8 @@ def cmd_down(args: argparse.Namespace) -> int:
     lines: dict[str, str] = {}
     for host, action in plan.actions.items():
         r = results.get(host)
-        done = "" if r is None else (" ok" if r.ok else f" FAILED: {r.error}")
-        lines[host] = f"{action.reason}{done}"
+        done = "" if r is None else (" ok" if r.ok else f" FAILED: {cli_text(r.error or '')}")
+        lines[host] = f"{cli_text(action.reason)}{done}"
     _write_host_lines(lines)
     removed = [h for h, r in results.items() if r.ok]
     sys.stderr.write(

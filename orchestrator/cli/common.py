@@ -161,7 +161,9 @@ def failure_summary(
     """One line per distinct failure, hosts folded: `node[2-4] (3): failed: exit code 1`."""
     from orchestrator.render import compress_hosts, failure_groups
 
-    errors = {h: f"{r.status}: {r.error}" if r.error else r.status for h, r in results.items()}
+    errors = {
+        h: f"{r.status}: {cli_text(r.error)}" if r.error else r.status for h, r in results.items()
+    }
     groups = failure_groups({h: e for h, e in errors.items() if not results[h].ok}, aliases)
     return [f"{compress_hosts(hosts)} ({len(hosts)}): {error}" for hosts, error in groups]
 

@@ -51,7 +51,7 @@ def cvs_output(result: HostResult) -> str:
         why = str(result.error or "timed out").replace("\t", TAB)
         return f"{text}{why}\n{TIMEOUT_MARK}: {result.host}\n"
     if result.exit_code is None and result.error:
-        text += f"ABORT: {result.error}\n".replace("\t", TAB)
+        text += f"ABORT: {result.error!s}\n".replace("\t", TAB)
     return text
 
 

@@ -31,7 +31,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any, Literal, TypedDict
 
-from orchestrator.errors import API_STYLE, ExitCode, Param, Phrase, Style, Text, restyled
+from orchestrator.errors import API_STYLE, ExitCode, Param, Phrase, Style, Text, restyled, say
 from orchestrator.errors import RecordError as RecordError
 from orchestrator.errors import RunDirError as RunDirError
 from orchestrator.events import Event, OutputLine, in_words
@@ -396,7 +396,7 @@ def _result_text(result: HostResult, *, note: bool) -> str:
     if result.stderr:
         parts.append(result.stderr)
     if note and result.error and result.status != "ok":
-        parts.append(f"[cvs] {result.status}: {result.error}\n")
+        parts.append(f"[cvs] {result.status}: {result.error!s}\n")
     return "".join(p if p.endswith("\n") or not p else p + "\n" for p in parts)
 
 
@@ -574,7 +574,7 @@ class RunRecorder:
                     # Work whose output did not stream through the sink (a copy step).
                     f.write(_result_text(result, note=False))
                 if result.error and result.status != "ok":
-                    f.write(f"[cvs] {result.status}: {result.error}\n")
+                    f.write(f"[cvs] {result.status}: {say(result.error, self.style)}\n")
                 f.close()
             del self._logs[result.host]
             return replace(result, output_file=str(path))

@@ -111,7 +111,7 @@ def verdict(outcome: RunOutcome) -> str:
     """`test_demo: failed (exit 1) in 3.2s: ...`"""
     word = verdict_word(outcome)
     text = f"{outcome.suite}: {word} (exit {int(outcome.exit_code)}) in {run_seconds(outcome):.1f}s"
-    return text + (f": {outcome.error}" if outcome.error and outcome.error != word else "")
+    return text + (f": {outcome.error!s}" if outcome.error and outcome.error != word else "")
 
 
 # ---- html ---------------------------------------------------------------------------

@@ -301,7 +301,7 @@ async def _run_step(
         judged = judge(step, result)
         outcome.results[h] = judged
         status: Literal["ok", "failed"] = "ok" if judged.ok else "failed"
-        detail = "" if judged.ok else f"{judged.status}: {judged.reason}"
+        detail = "" if judged.ok else f"{judged.status}: {judged.reason!s}"
         sink.emit(HostStep(host=h, step=step.name, status=status, detail=detail))
     return outcome
 

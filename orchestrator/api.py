@@ -46,7 +46,7 @@ from orchestrator.errors import HostSelectionError as HostSelectionError
 from orchestrator.events import EventSink, Message, NullSink
 from orchestrator.limits.gpus import guard_visible_devices
 from orchestrator.limits.resources import EffectiveResources
-from orchestrator.remote.runtime import ContainerRuntime, DockerRuntime
+from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult, exit_code_for
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.seam import HostRunner
@@ -272,11 +272,11 @@ class Cluster:
         return await self._lifecycle().down(force=force, wait=wait, own_only=own_only)
 
     @property
-    def docker_runtimes(self) -> Mapping[str, DockerRuntime]:
-        """How to reach docker on each host whose container this Cluster's `up`
-        left running (probed under the lock it still holds). A host missing
-        here is not known: the host decides on each command, by the same rule
-        (remote/access.sh) — `docker_runtimes.get(host, DockerRuntime())`."""
+    def _probed_runtimes(self) -> Mapping[str, ContainerRuntime]:
+        """How to reach the runtime on each host whose container this Cluster's
+        `up` left running (probed under the lock it still holds). A host
+        missing here is not known: the host decides on each command, by the
+        same rule (remote/access.sh)."""
         if self._locks is None:
             return MappingProxyType({})
         return MappingProxyType(dict(self._locks.ready))
@@ -291,7 +291,7 @@ class Cluster:
             if cfg is not None
             else ContainerRuntime()
         )
-        known = self.docker_runtimes
+        known = self._probed_runtimes
         return MappingProxyType({h: known.get(h, unprobed) for h in self.hosts})
 
     async def copy_to(
@@ -316,7 +316,7 @@ class Cluster:
             host_os=host_os,
             timeout=timeout,
             progress=progress,
-            runtimes=self.docker_runtimes,
+            runtimes=self._probed_runtimes,
         )
 
     async def copy_from(

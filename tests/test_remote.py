@@ -22,7 +22,7 @@ from orchestrator.containers.probe import HostState, parse_probe_output, probe_a
 from orchestrator.limits import gpus
 from orchestrator.remote import records
 from orchestrator.remote.frames import parse_sections, split_lock_frames
-from orchestrator.remote.runtime import DockerRuntime
+from orchestrator.remote.runtime import ContainerRuntime
 
 REMOTE_DIR = Path(remote.__file__).parent
 ID = "c" * 64
@@ -293,7 +293,7 @@ def test_docker_reads_fall_back_to_sudo_when_plain_docker_fails(
     env = stand_in(tmp_path, "docker", 'echo "permission denied" >&2; exit 1\n')
     env = stand_in(tmp_path, "sudo", 'shift; echo "as root: $*"\n')
     env["DOCKER_HOST"] = "tcp://127.0.0.1:1"
-    out = run(sh, DockerRuntime().read(["inspect", "x"]), env=env)
+    out = run(sh, ContainerRuntime().read(["inspect", "x"]), env=env)
     assert out.returncode == 0 and out.stdout == "as root: docker inspect x\n"
 
 
@@ -303,7 +303,7 @@ def test_a_container_not_running_is_one_line_and_exit_125(
     env = stand_in(tmp_path, "docker", "echo false\n")
     env = stand_in(tmp_path, "sudo", "exit 1\n")
     env["DOCKER_HOST"] = "tcp://127.0.0.1:1"
-    out = run(sh, DockerRuntime().when_running("c", ["exec", "c", "true"], "not here"), env=env)
+    out = run(sh, ContainerRuntime().when_running("c", ["exec", "c", "true"], "not here"), env=env)
     assert out.returncode == 125 and out.stderr == "not here\n"
 
 

@@ -36,7 +36,7 @@ from orchestrator import remote
 from orchestrator.config import ClusterConfig, container_name
 from orchestrator.containers.exec import in_running_container
 from orchestrator.errors import ConnectError
-from orchestrator.remote.runtime import ContainerRuntime, DockerRuntime
+from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.seam import HostRunner
@@ -179,7 +179,7 @@ def _wrap(
     cluster: ClusterConfig,
     argv: list[str],
     host_os: bool,
-    runtime: DockerRuntime | None = None,
+    runtime: ContainerRuntime | None = None,
     *,
     host: str = "",
 ) -> str:
@@ -277,7 +277,7 @@ async def copy_to_hosts(
     host_os: bool = False,
     timeout: float | None = None,
     progress: Progress | None = None,
-    runtimes: Mapping[str, DockerRuntime] | None = None,
+    runtimes: Mapping[str, ContainerRuntime] | None = None,
 ) -> dict[str, HostResult]:
     """Copy `payload` to `dest` on every host at once (into the container unless
     `host_os`). `runtimes`: how to reach docker on hosts whose container this

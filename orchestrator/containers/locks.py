@@ -57,7 +57,7 @@ from orchestrator.containers.probe import HostState, parse_probe_output
 from orchestrator.errors import ConnectError, Option, PolicyRefused, Refusal, WayOut
 from orchestrator.events import EventSink, Message
 from orchestrator.remote.frames import FRAME, READY, split_lock_frames
-from orchestrator.remote.runtime import DockerRuntime, runtime_hung
+from orchestrator.remote.runtime import ContainerRuntime, runtime_hung
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.seam import HostRunner
 
@@ -188,7 +188,7 @@ class HostLocks:
         # Host -> how to reach docker there, for hosts whose container an `up`
         # under these locks left running: while they are held, nothing can
         # replace it.
-        self.ready: dict[str, DockerRuntime] = {}
+        self.ready: dict[str, ContainerRuntime] = {}
 
     @property
     def hosts(self) -> list[str]:

@@ -192,13 +192,8 @@ def _refusal(
     )
 
 
-def _reach_fix(cfg: ContainerConfig) -> str:
-    """What a host needs for cvs to read its container state, in the runtime's words."""
-    if cfg.runtime == "docker":
-        return "dockerd running, docker or passwordless `sudo -n docker` access"
-    if cfg.rootless:
-        return f"the login user's own {cfg.runtime} working (subuid/subgid ranges)"
-    return f"{cfg.runtime} installed, root or passwordless `sudo -n {cfg.runtime}` access"
+def _runtime(cfg: ContainerConfig) -> ContainerRuntime:
+    return ContainerRuntime.unprobed(cfg.runtime, cfg.rootless)
 
 
 def _unknown_reason(cfg: ContainerConfig, states: Mapping[str, HostState]) -> Refusal | None:
@@ -217,7 +212,7 @@ def _unknown_reason(cfg: ContainerConfig, states: Mapping[str, HostState]) -> Re
         "treated as absent, so nothing was changed",
         tuple(unknown),
         (
-            WayOut(f"fix those hosts (reachable over SSH, {_reach_fix(cfg)})"),
+            WayOut(f"fix those hosts (reachable over SSH, {_runtime(cfg).reach_fix})"),
             WayOut("remove them from the cluster file"),
         ),
     )

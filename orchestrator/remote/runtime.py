@@ -103,6 +103,31 @@ class ContainerRuntime:
         return (25, 0) if self.name == "docker" else None
 
     @property
+    def reach_fix(self) -> str:
+        """What a host needs for cvs to read its container state, in this
+        runtime's words (a refusal's way out)."""
+        if self.name == "docker":
+            return "dockerd running, docker or passwordless `sudo -n docker` access"
+        if self.rootless:
+            return f"the login user's own {self.name} working (subuid/subgid ranges)"
+        return f"{self.name} installed, root or passwordless `sudo -n {self.name}` access"
+
+    @property
+    def unset_limits(self) -> tuple[int | None, int]:
+        """(pids limit, /dev/shm bytes) this runtime gives a container started
+        without `--pids-limit` / `--shm-size`: podman its own (2048, 62.5 MiB),
+        docker none and 64 MiB. An inspect reporting them reads as unset."""
+        if self.name == "podman":
+            return 2048, 65536000
+        return None, 64 * 1024 * 1024
+
+    @property
+    def ulimits_implied(self) -> frozenset[str]:
+        """The ulimits this runtime raises to their maximum whenever any
+        `--ulimit` is given and they are not (podman 4: nofile and nproc)."""
+        return frozenset({"nofile", "nproc"}) if self.name == "podman" else frozenset()
+
+    @property
     def gpu_vendors_without_cdi(self) -> frozenset[str]:
         """The GPU vendors whose GPUs reach this runtime's containers without
         CDI: AMD's device nodes everywhere, NVIDIA's through docker's `--gpus`
@@ -142,10 +167,6 @@ class ContainerRuntime:
         if self.name == "docker":
             return "{{.Label " + json.dumps(key) + "}}"
         return "{{index .Labels " + json.dumps(key) + "}}"
-
-
-# The name every caller knew before podman: the same object.
-DockerRuntime = ContainerRuntime
 
 
 # --- what messages call the runtime --------------------------------------------------

@@ -632,3 +632,19 @@ def test_listener_loop_reads_only_the_listening_sockets(
         ["sh", "-c", script, "t", str(tmp_path)], capture_output=True, text=True, check=True
     )
     assert {"0": "yes", "1": "no"}[out.stdout.strip()] == expected
+
+
+def test_a_repeated_frame_is_an_error_not_a_silent_overwrite() -> None:
+    from orchestrator.remote.frames import FrameError, parse_sections
+
+    with pytest.raises(FrameError, match="'facts' repeated"):
+        parse_sections("@@cvs:probe 3\n@@cvs:facts a - no\n@@cvs:facts b - no\n@@cvs:done\n")
+
+
+def test_a_probe_of_another_format_is_not_read() -> None:
+    from orchestrator.remote.frames import FrameError, parse_sections
+
+    with pytest.raises(FrameError, match="probe format 4, this cvs reads 3"):
+        parse_sections("@@cvs:probe 4\n@@cvs:done\n")
+    state = parse_probe_output("h", 0, "@@cvs:probe 2\n@@cvs:done\n", "")
+    assert not state.known and "probe format 2" in (state.error or "")

@@ -88,7 +88,6 @@ _CVS_RUNTIME_ARGS = {
     "shm_size": "shm_size",
     "extra_args": "extra_args",
 }
-_LIST_ARGS = {"volumes", "devices", "cap_add", "security_opt", "group_add"}
 _CVS_PLACEHOLDER_USER = "{user-id}"
 
 

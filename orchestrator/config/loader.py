@@ -23,15 +23,13 @@ from orchestrator.config.documents import (
 )
 from orchestrator.config.gpu_devices import gpu_subset_problems
 from orchestrator.config.hostlist import HostlistError, expand_hostlist
-from orchestrator.config.model import ClusterConfig, ContainerConfig, HostSpec
+from orchestrator.config.model import ClusterConfig, ContainerConfig
 from orchestrator.config.slurm import HOST_SOURCES, slurm_hosts
 from orchestrator.errors import Param, Phrase, Text
 
 # ---- hosts -----------------------------------------------------------------
 
 DEFAULT_SETUP_SCRIPT = "default.sh"
-
-_HOST_OVERRIDES = tuple(f for f in HostSpec.model_fields if f != "name")
 
 
 def _expand_hosts(raw_hosts: Any, located: Located) -> tuple[list[Any], list[int]]:

@@ -232,9 +232,6 @@ def _optional_args(*groups: list[str]) -> list[str]:
 # --- parsing -------------------------------------------------------------
 
 
-ProbeOutputError = FrameError  # the name callers knew
-
-
 def _first_line(text: str) -> str:
     for line in text.strip().splitlines():
         if line.strip():

@@ -31,18 +31,12 @@ from typing import Any, Literal
 
 import yaml
 
-from orchestrator.limits.gpus import CDI_MAX_BYTES, CDI_MAX_FILES, GPU, GPUSelection, split_sections
+from orchestrator.limits.gpus import GPU, GPUSelection, split_sections
 from orchestrator.remote.runtime import ContainerRuntime
 
 CDIMode = Literal["auto", "always", "never"]
 RuntimeName = Literal["docker", "podman"]
 
-# Where CDI specs live on a host (the CDI spec's standard directories).
-SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
-# The probe reads at most this many spec files of at most this size each:
-# what a host prints must not grow without bound.
-MAX_SPEC_FILES = CDI_MAX_FILES
-MAX_SPEC_BYTES = CDI_MAX_BYTES
 
 # `vendor.tld/class`, as the CDI spec defines a kind.
 KIND_RE = re.compile(r"[a-z0-9][a-z0-9.-]*\.[a-z]+/[a-zA-Z0-9][a-zA-Z0-9_.-]*")

@@ -25,6 +25,13 @@ from typing import Any, Literal, cast
 
 import anyio
 import asyncssh
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_attempt,
+)
+from tenacity.stop import stop_base
 
 from orchestrator.config import ClusterConfig, HostSpec, jump_hops
 from orchestrator.config.units import parse_size
@@ -136,6 +143,31 @@ def classify_connect_error(
     if isinstance(exc, OSError):
         return "unreachable", exc.strerror or str(exc)
     return "unreachable", reason
+
+
+@dataclass
+class _Spent:
+    """Seconds of a host's connect budget used so far."""
+
+    seconds: float = 0.0
+
+
+class _OutOfBudget(stop_base):
+    """Stop when the backoff before the next attempt would reach the budget."""
+
+    def __init__(self, budget: float, spent: _Spent) -> None:
+        self.budget = budget
+        self.spent = spent
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return self.spent.seconds + retry_state.upcoming_sleep >= self.budget
+
+
+def _connect_failure(exc: BaseException) -> str | None:
+    """The kind of a failed connect attempt (None: not a connect failure)."""
+    if isinstance(exc, OSError | asyncssh.Error | TimeoutError):
+        return failure_kind(exc)
+    return None
 
 
 def _retry_delay(attempt: int) -> float:
@@ -385,48 +417,36 @@ class SSHPool:
         everything else is final at once."""
         ssh = self.cluster.ssh
         budget = self._connect_budget()
-        spent = 0.0  # the host's own time: attempts and backoff, not queueing
+        # The host's own time: attempts and backoff, not queueing for admission.
+        spent = _Spent()
+        trace = _AttemptTrace()
+
+        def slept(state: RetryCallState) -> None:
+            spent.seconds += state.upcoming_sleep
+
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(lambda exc: _connect_failure(exc) in RETRIED),
+            stop=stop_after_attempt(ssh.connect_retries + 1) | _OutOfBudget(budget, spent),
+            wait=lambda state: _retry_delay(state.attempt_number),
+            before_sleep=slept,
+            sleep=anyio.sleep,
+            reraise=True,
+        )
         attempts = 0
-        while True:
-            attempts += 1
-            if jump is not None:
-                # Each attempt: a jump that dropped meanwhile is reopened.
-                opts["tunnel"] = await jump()
-            trace = _AttemptTrace()
-            allowed = min(ssh.connect_timeout, budget - spent)
-            attempt_opts = {
-                **opts,
-                "connect_timeout": allowed,
-                "client_factory": _traced_factory(opts.get("client_factory"), trace),
-            }
-            async with (
-                self._handshake_limiter(opts, through_jump=jump is not None),
-                self.admission.slot() as ticket,
-            ):
-                try:
-                    self.connects += 1
-                    conn = await asyncssh.connect(**attempt_opts)
-                    ticket.outcome = "ok"
-                    return conn, attempts
-                except (OSError, asyncssh.Error, TimeoutError) as exc:
-                    kind = failure_kind(exc)
-                    # What our load can cause is a congestion signal; a login
-                    # refused after a full handshake says the handshake was fine.
-                    ticket.outcome = (
-                        "congested"
-                        if kind in RETRIED
-                        else "ok"
-                        if kind in ("auth", "host_key")
-                        else "neutral"
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    attempts += 1
+                    if jump is not None:
+                        # Each attempt: a jump that dropped meanwhile is reopened.
+                        opts["tunnel"] = await jump()
+                    trace = _AttemptTrace()
+                    allowed = min(ssh.connect_timeout, budget - spent.seconds)
+                    conn = await self._connect_once(
+                        opts, trace, allowed, spent, through_jump=jump is not None
                     )
-                    failure = exc
-                finally:
-                    spent += time.monotonic() - ticket.admitted_at
-            delay = _retry_delay(attempts)
-            if kind in RETRIED and attempts <= ssh.connect_retries and spent + delay < budget:
-                await anyio.sleep(delay)
-                spent += delay
-                continue
+            return conn, attempts
+        except (OSError, asyncssh.Error, TimeoutError) as failure:
             status, message = classify_connect_error(
                 failure,
                 timeout=min(ssh.connect_timeout, budget),
@@ -438,6 +458,46 @@ class SSHPool:
                 # fold into one line per cause.
                 message += f" (retried within the {budget:g}s connect budget)"
             raise ConnectError(host, status, what + message, attempts) from failure
+
+    async def _connect_once(
+        self,
+        opts: dict[str, Any],
+        trace: _AttemptTrace,
+        allowed: float,
+        spent: _Spent,
+        *,
+        through_jump: bool,
+    ) -> asyncssh.SSHClientConnection:
+        """One `asyncssh.connect` within `allowed` seconds, once admitted; what
+        it got to goes to the admission window (a congestion signal or not)."""
+        attempt_opts = {
+            **opts,
+            "connect_timeout": allowed,
+            "client_factory": _traced_factory(opts.get("client_factory"), trace),
+        }
+        async with (
+            self._handshake_limiter(opts, through_jump=through_jump),
+            self.admission.slot() as ticket,
+        ):
+            try:
+                self.connects += 1
+                conn = await asyncssh.connect(**attempt_opts)
+                ticket.outcome = "ok"
+                return conn
+            except (OSError, asyncssh.Error, TimeoutError) as exc:
+                kind = failure_kind(exc)
+                # What our load can cause is a congestion signal; a login
+                # refused after a full handshake says the handshake was fine.
+                ticket.outcome = (
+                    "congested"
+                    if kind in RETRIED
+                    else "ok"
+                    if kind in ("auth", "host_key")
+                    else "neutral"
+                )
+                raise
+            finally:
+                spent.seconds += time.monotonic() - ticket.admitted_at
 
     def _handshake_limiter(
         self, opts: dict[str, Any], *, through_jump: bool

@@ -2,7 +2,7 @@
 
 Every expected failure is a `CvsError` subclass with its `ExitCode`; the CLI
 turns any of them into one line on stderr and that code (`cli.main`). The
-README's exit-code table is tested against `ExitCode` (tests/test_layout.py).
+docs/cli.md's exit-code table is tested against `ExitCode` (tests/test_layout.py).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def worst(codes: Iterable[int]) -> ExitCode:
     return ExitCode(max(codes, default=ExitCode.OK))
 
 
-# The short meanings `cvs --help` lists and the README table starts with (both tested).
+# The short meanings `cvs --help` lists and the docs/cli.md table starts with (both tested).
 EXIT_CODE_MEANINGS: dict[ExitCode, str] = {
     ExitCode.OK: "ok",
     ExitCode.FAILED: "a command failed on some host",

@@ -1,6 +1,6 @@
 """PURE: error text as a person reads it in a summary, and the key it folds by.
 
-The README promises one line per distinct error, hosts folded
+docs/cli-output.md promises one line per distinct error, hosts folded
 (`node[1-3] (3): run: ...`). Two errors are "the same" when they differ only
 in what is per host by nature:
 

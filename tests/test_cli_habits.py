@@ -285,7 +285,7 @@ def test_zsh_completion_is_a_compdef_for_cvs(tmp_path: Path) -> None:
         pytest.skip("zsh is not installed")
     check = subprocess.run(["zsh", "-n"], input=proc.stdout, text=True, capture_output=True)
     assert check.returncode == 0, check.stderr
-    # Installed as the README says (`_cvs` first in fpath), compinit binds ours to
+    # Installed as docs/cli.md says (`_cvs` first in fpath), compinit binds ours to
     # `cvs` rather than zsh's own _cvs (for the CVS version control system).
     (tmp_path / "_cvs").write_text(proc.stdout)
     script = (

@@ -1,4 +1,4 @@
-"""Failures fold as the README says: one line per distinct error with its
+"""Failures fold as docs/cli-output.md says: one line per distinct error with its
 hostlist; host names and addresses, container IDs and docker's usage hints do
 not make two errors distinct (orchestrator/errortext.py)."""
 

@@ -93,8 +93,8 @@ def test_the_package_ships_its_typing_marker() -> None:
     assert (ROOT / "orchestrator" / "py.typed").is_file()
 
 
-def test_readme_exit_code_table_matches_the_enum() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_docs_exit_code_table_matches_the_enum() -> None:
+    readme = (ROOT / "docs" / "cli.md").read_text()
     section = readme.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `(\d+)` \| `([A-Z_]+)` \| (.+?) \|$", section, re.MULTILINE)
     assert [(int(code), name) for code, name, _ in rows] == [(c.value, c.name) for c in ExitCode]

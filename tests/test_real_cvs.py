@@ -316,7 +316,7 @@ def rvs_runs(
     runs = RvsRuns(directory, cluster, config, hosts, name, {}, {})
     python = real_cvs.python
     try:
-        # 1. our command, as the README's first CVS command.
+        # 1. our command, as docs/coming-from-cvs.md's first CVS command.
         runs.procs["install"] = _run(
             [python, "-m", "orchestrator", "run", "install_rvs", *files,
              "--run-dir", directory / "install"], cwd=real_cvs.tree)  # fmt: skip

@@ -269,7 +269,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="user in the container (default: container.user, else the image's USER)",
     )
     p.add_argument("--no-wait", action="store_true", help=NO_WAIT_HELP)
-    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    p.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="-- CMD ...",
+        help="the command: one argument is shell text, several are argv",
+    )
     p.set_defaults(func="cluster:cmd_exec")
 
     lifecycle_epilog = (
@@ -380,7 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="build the sandbox",
         epilog="example: cvs sandbox up --hosts 3 --lifetime persistent",
     )
-    up.add_argument("--hosts", type=host_count, default=4, help="number of hosts (default 4)")
+    up.add_argument(
+        "--hosts", type=host_count, default=4, metavar="N", help="number of hosts (default 4)"
+    )
     up.add_argument("--dir", help=f"where it lives (default {DEFAULT_SANDBOX_DIR})")
     up.add_argument(
         "--lifetime",
@@ -445,8 +452,12 @@ def add_tools_parsers(sub: _Subparsers, common: argparse.ArgumentParser) -> None
     p.add_argument(
         "--timeout", type=positive_seconds, metavar="S", help="per-host timeout in seconds"
     )
-    p.add_argument("src", metavar="SRC")
-    p.add_argument("dest", metavar="DEST")
+    p.add_argument(
+        "src", metavar="SRC", help="a local file or directory (--from-host: a path on each host)"
+    )
+    p.add_argument(
+        "dest", metavar="DEST", help="where it goes, like cp -r (--from-host: a local directory)"
+    )
     p.set_defaults(func="files:cmd_cp")
 
     p = sub.add_parser(
@@ -488,7 +499,7 @@ def add_tools_parsers(sub: _Subparsers, common: argparse.ArgumentParser) -> None
         "opens it on the host instead.",
         epilog="example: cvs -c cluster.yaml shell node1",
     )
-    p.add_argument("host", metavar="HOST").complete = HOST_COMPLETION  # type: ignore[attr-defined]
+    p.add_argument("host", metavar="HOST", help="a host of the cluster").complete = HOST_COMPLETION  # type: ignore[attr-defined]
     p.add_argument("--host-os", action="store_true", help="a shell on the host itself")
     p.set_defaults(func="shell:cmd_shell")
 

@@ -92,7 +92,7 @@ class HostHandle:
         inactivity_timeout: float | None = None,
     ) -> dict[str, Any]:
         """`cmd` on each host. `inactivity_timeout` (CVS: abort after that many
-        seconds without output) runs without a total limit here: see the README."""
+        seconds without output) runs without a total limit here: see docs/coming-from-cvs.md."""
         if timeout is not None and inactivity_timeout is not None:
             raise ValueError("exec: pass at most one of timeout and inactivity_timeout")
         if inactivity_timeout is not None:

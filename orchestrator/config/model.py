@@ -161,6 +161,11 @@ class Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# Marks a field the loader fills in, never written in a file (docs/cluster-file.md
+# leaves it out; the loader refuses it in a file).
+SET_BY_LOADER: dict[str, Any] = {"set_by_loader": True}
+
+
 def _check_env(env: dict[str, str]) -> dict[str, str]:
     for key in env:
         if not isinstance(key, str) or not ENV_NAME_RE.fullmatch(key):
@@ -185,9 +190,20 @@ def _check_size(v: str | None) -> str | None:
 class Limits(Model):
     """Operator caps on what a container may take on a host."""
 
-    max_cpus: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    max_memory: str | None = None
-    max_pids: int | None = Field(default=None, ge=1)
+    max_cpus: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Most CPUs a container may use (`docker run --cpus`); a request above it is "
+        "clamped with a warning",
+    )
+    max_memory: str | None = Field(
+        default=None,
+        description="Most memory a container may use (`--memory`); a request above it is clamped",
+    )
+    max_pids: int | None = Field(
+        default=None, ge=1, description="Most processes a container may run (`--pids-limit`)"
+    )
 
     _size_in = field_validator("max_memory", mode="before")(_size_as_text)
     _size_ok = field_validator("max_memory")(_check_size)
@@ -196,14 +212,33 @@ class Limits(Model):
 class HostSpec(Model):
     """One host after hostlist expansion, with its per-host overrides."""
 
-    name: str
-    address: str | None = None
-    port: int | None = Field(default=None, ge=1, le=65535)
-    user: str | None = None
-    vpc_address: str | None = None
-    limits: Limits | None = None
-    # Sandbox/testing only: where the probe looks for /dev/kfd, /dev/dri, ...
-    gpu_device_root: str | None = None
+    name: str = Field(
+        description="Host name, address or hostlist (`gpu[01-16]`); a hostlist applies the "
+        "entry's other keys to every host it expands to"
+    )
+    address: str | None = Field(
+        default=None,
+        description="Where to connect (host name or IP; `10.0.0.5:2222` sets the port too); "
+        "unset: the name",
+    )
+    port: int | None = Field(
+        default=None, ge=1, le=65535, description="SSH port of this host; unset: `ssh.port`"
+    )
+    user: str | None = Field(default=None, description="SSH login user; unset: `ssh.user`")
+    vpc_address: str | None = Field(
+        default=None,
+        description="Address the containers use to reach this host's container (MPI, "
+        "in-container sshd); unset: the address",
+    )
+    limits: Limits | None = Field(
+        default=None,
+        description="Caps for this host, over the cluster's `limits` (same keys as `limits`)",
+    )
+    gpu_device_root: str | None = Field(
+        default=None,
+        description="Sandbox and tests only: the directory the GPU probe reads instead of `/` "
+        "(`/dev/kfd`, `/dev/dri`, ...)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -253,30 +288,77 @@ class HostSpec(Model):
 
 
 class SSHConfig(Model):
-    user: str | None = None
-    port: int = Field(default=22, ge=1, le=65535)
-    identity_files: list[str] = Field(default_factory=list)
-    host_key_policy: HostKeyPolicy = "strict"
-    known_hosts: str | None = None
-    # One connect attempt: TCP, SSH handshake and login.
-    connect_timeout: float = Field(default=10.0, gt=0, allow_inf_nan=False)
-    # A host's whole connect, every attempt and the backoff between them (time
-    # waiting for admission not counted); null: connect_timeout. Timeouts and
-    # resets are retried within it, refused/protocol/auth/host key never.
-    connect_budget: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    # Seconds without a byte from a host before a keepalive is sent; after
-    # keepalive_count unanswered ones the host is lost: a silent network is
-    # reported within keepalive x (keepalive_count + 1) s (20 s by default).
-    # 0 turns keepalives off (a silent host then hangs until command_timeout).
-    keepalive: float = Field(default=5.0, ge=0, allow_inf_nan=False)
-    keepalive_count: int = Field(default=3, ge=1, le=100)
-    proxy_jump: str | None = None
-    use_ssh_config: bool = True
-    # Default timeout for one remote command, seconds.
-    command_timeout: float = Field(default=600.0, gt=0, allow_inf_nan=False)
-    # Channels open at once on one connection; sshd's MaxSessions defaults to 10.
-    max_channels: int = Field(default=8, ge=1, le=64)
-    connect_retries: int = Field(default=6, ge=0, le=50)
+    user: str | None = Field(
+        default=None,
+        description="SSH login user on every host; unset: ~/.ssh/config's User, else your "
+        "local user name",
+    )
+    port: int = Field(default=22, ge=1, le=65535, description="SSH port on every host")
+    identity_files: list[str] = Field(
+        default_factory=list,
+        description="Private keys to log in with (one path is accepted too); empty: the SSH "
+        "agent and your default keys",
+    )
+    host_key_policy: HostKeyPolicy = Field(
+        default="strict",
+        description="strict: an unknown or changed host key is refused; accept-new: learn "
+        'unknown keys; "off" (quoted): no check',
+    )
+    known_hosts: str | None = Field(
+        default=None,
+        description="known_hosts file; unset: the ssh config's UserKnownHostsFile, else "
+        "~/.ssh/known_hosts",
+    )
+    connect_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds for one connect attempt: TCP, SSH handshake and login",
+    )
+    connect_budget: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds for all of a host's connect attempts and the backoff between them "
+        "(timeouts and resets are retried within it); unset: connect_timeout",
+    )
+    keepalive: float = Field(
+        default=5.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="Seconds without a byte from a host before a keepalive is sent; a silent "
+        "host is lost after keepalive x (keepalive_count + 1) s; 0: off",
+    )
+    keepalive_count: int = Field(
+        default=3, ge=1, le=100, description="Unanswered keepalives after which a host is lost"
+    )
+    proxy_jump: str | None = Field(
+        default=None,
+        description="Jump hosts, `[user@]host[:port]`, comma-separated: opened once, every "
+        "host's connection a channel of it",
+    )
+    use_ssh_config: bool = Field(
+        default=True, description="Read ~/.ssh/config (HostName, User, IdentityFile, ProxyJump...)"
+    )
+    command_timeout: float = Field(
+        default=600.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Default seconds for one remote command (a timeout given for a command "
+        "overrides it)",
+    )
+    max_channels: int = Field(
+        default=8,
+        ge=1,
+        le=64,
+        description="Channels open at once on one connection (sshd's MaxSessions defaults to 10)",
+    )
+    connect_retries: int = Field(
+        default=6,
+        ge=0,
+        le=50,
+        description="Most retries of a reset connection within connect_budget",
+    )
 
     _user_ok = field_validator("user")(_check_user)
 
@@ -296,23 +378,34 @@ class SSHConfig(Model):
 
 
 class Concurrency(Model):
-    # Handshakes in flight at once per sshd (SSHPool's `sshd_key`): an sshd
-    # refuses unauthenticated connections beyond MaxStartups (10:30:100 by
-    # default). Hosts with sshds of their own do not wait for one another;
-    # entries sharing one (same address, an alias's HostName, a ProxyCommand
-    # in ~/.ssh/config) share its cap; a jump is one shared connection.
-    handshakes: int = Field(default=10, ge=1)
-    # Hosts worked on at once (`--forks`). Handshakes in flight are not this:
-    # they adapt to what the coordinator completes (ssh/admission.py), so
-    # setting it to the fleet size cannot cause a congestion collapse.
-    hosts: int = Field(default=256, ge=1)
+    # Per sshd (SSHPool's `sshd_key`): entries sharing one (same address, an
+    # alias's HostName, a ProxyCommand in ~/.ssh/config) share its cap; a jump
+    # is one shared connection. Handshakes in flight fleet-wide are not
+    # `hosts`: they adapt to what the coordinator completes (ssh/admission.py).
+    handshakes: int = Field(
+        default=10,
+        ge=1,
+        description="SSH handshakes in flight at once per sshd (an sshd refuses "
+        "unauthenticated connections beyond its MaxStartups, 10 by default)",
+    )
+    hosts: int = Field(
+        default=256,
+        ge=1,
+        description="Hosts worked on at once; the fleet size is safe: handshakes are admitted "
+        "adaptively",
+    )
 
 
 class Registry(Model):
-    username: str
-    # A path on each host; the password goes to `docker login --password-stdin`.
-    password_file: str
-    server: str | None = None
+    username: str = Field(description="Registry user name")
+    password_file: str = Field(
+        description="Path on each host of a file holding the password (sent to `docker login "
+        "--password-stdin`, never in argv)"
+    )
+    server: str | None = Field(
+        default=None,
+        description="Registry `host[:port]` or `https://host[:port][/path]`; unset: Docker Hub",
+    )
 
     # All three reach `docker login` on the hosts: never read as an option there.
     _values_ok = field_validator("username", "password_file")(lambda v: _docker_values([v])[0])
@@ -334,12 +427,26 @@ class Registry(Model):
 class Resources(Model):
     """What the container asks for (clamped by the operator's `limits`)."""
 
-    cpus: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    memory: str | None = None
-    pids: int | None = Field(default=None, ge=1)
-    shm_size: str | None = None
-    memory_reservation: str | None = None
-    cpu_shares: int | None = Field(default=None, ge=2)
+    cpus: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="CPUs (`--cpus`, a hard limit), clamped to `limits.max_cpus`",
+    )
+    memory: str | None = Field(
+        default=None,
+        description="Memory (`--memory`, a hard limit), clamped to `limits.max_memory`",
+    )
+    pids: int | None = Field(
+        default=None, ge=1, description="Processes (`--pids-limit`), clamped to `limits.max_pids`"
+    )
+    shm_size: str | None = Field(default=None, description="Size of /dev/shm (`--shm-size`)")
+    memory_reservation: str | None = Field(
+        default=None, description="Soft memory limit (`--memory-reservation`)"
+    )
+    cpu_shares: int | None = Field(
+        default=None, ge=2, description="Relative CPU weight (`--cpu-shares`), a soft limit"
+    )
 
     _size_in = field_validator("memory", "shm_size", "memory_reservation", mode="before")(
         _size_as_text
@@ -348,12 +455,23 @@ class Resources(Model):
 
 
 class GPURequest(Model):
-    count: int | None = Field(default=None, ge=1)
-    type: str | None = None
-    min_memory: str | None = None
-    # Opt out of the check that `devices` / `privileged` do not hand the
-    # container GPUs beyond the selected subset (config/gpu_devices.py).
-    allow_all_devices: bool = False
+    count: int | None = Field(
+        default=None,
+        ge=1,
+        description="How many GPUs, the lowest-indexed that match; unset: every matching GPU",
+    )
+    type: str | None = Field(
+        default=None, description="GPU model to match (`MI300X`, `H100`...); unset: any"
+    )
+    min_memory: str | None = Field(
+        default=None, description="Least memory a GPU must have to match"
+    )
+    # config/gpu_devices.py
+    allow_all_devices: bool = Field(
+        default=False,
+        description="Allow `devices` / `privileged` that expose GPUs beyond the selected ones "
+        "(otherwise refused)",
+    )
 
     _size_in = field_validator("min_memory", mode="before")(_size_as_text)
     _size_ok = field_validator("min_memory")(_check_size)
@@ -362,56 +480,138 @@ class GPURequest(Model):
 class SSHDConfig(Model):
     """The sshd inside each container, for MPI ranks to reach each other."""
 
-    port: int = Field(default=2224, ge=1, le=65535)
-    # auto: start it when the cluster has more than one host.
-    enabled: Literal["auto", True, False] = "auto"
+    port: int = Field(
+        default=2224,
+        ge=1,
+        le=65535,
+        description="Port the in-container sshd listens on (differ per cluster on shared hosts "
+        "with `network: host`)",
+    )
+    enabled: Literal["auto", True, False] = Field(
+        default="auto",
+        description="Start the in-container sshd; auto: when the cluster has more than one host",
+    )
 
 
 class MPIConfig(Model):
-    slots: int = Field(default=1, ge=1)
-    hostfile: str = "/etc/cvs/hostfile"
+    slots: int = Field(default=1, ge=1, description="Slots per host written in the MPI hostfile")
+    hostfile: str = Field(
+        default="/etc/cvs/hostfile",
+        description="Where the MPI hostfile is written in each container",
+    )
 
 
 class ContainerConfig(Model):
-    image: str
-    name: str | None = None
-    lifetime: Lifetime = "per_run"
-    pull: PullPolicy = "missing"
-    image_tar: str | None = None
-    registry: Registry | None = None
-    start_timeout: float = Field(default=900.0, gt=0, allow_inf_nan=False)
-    # Seconds one docker call that should answer at once may take (inspect,
-    # start, rm, the probe, the check before `exec`): a frozen or wedged
-    # dockerd is reported after this, naming the host and the call.
-    docker_timeout: float = Field(default=30.0, gt=0, allow_inf_nan=False)
-    network: str = "host"
-    ipc: str | None = "host"
-    privileged: bool = False
-    devices: list[str] = Field(default_factory=list)
-    cap_add: list[str] = Field(default_factory=list)
-    security_opt: list[str] = Field(default_factory=list)
-    group_add: list[str] = Field(default_factory=list)
-    ulimits: dict[str, str | int] = Field(default_factory=dict)
-    volumes: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-    shm_size: str | None = None
-    extra_args: list[str] = Field(default_factory=list)
-    setup_script: str | None = None
-    # Who commands and suite steps run as in the container (`docker exec -u`):
-    # unset, the image's USER. Provisioning always runs as root.
-    user: str | None = None
-    sshd: SSHDConfig = Field(default_factory=SSHDConfig)
-    mpi: MPIConfig = Field(default_factory=MPIConfig)
-    resources: Resources = Field(default_factory=Resources)
-    gpus: Literal["all"] | GPURequest | None = None
-    # The container runtime on every host (docs/design.md, "Runtimes"): docker
-    # (plain, else `sudo -n`) or podman (rootful: as root, else `sudo -n`;
-    # `rootless: true`, the login user's own podman, never sudo).
-    runtime: Literal["docker", "podman"] = "docker"
-    rootless: bool = False
-    # GPUs through CDI: auto (podman, when the host's CDI specs cover each
-    # selected GPU one to one), always (CDI or refuse), never (device nodes).
-    cdi: Literal["auto", "always", "never"] = "auto"
+    image: str = Field(
+        description="Image reference (`rocm/cvs:7.0`, `registry:5000/team/x@sha256:...`)"
+    )
+    name: str | None = Field(
+        default=None,
+        description="Container name on every host; unset: derived from the cluster name (set "
+        "it for persistent, so a tag bump does not orphan the containers)",
+    )
+    lifetime: Lifetime = Field(
+        default="per_run",
+        description="What `up` and `down` do: no_launch (use running containers only), per_run "
+        "(fresh each run, removed after), persistent (kept between runs)",
+    )
+    pull: PullPolicy = Field(
+        default="missing",
+        description="When to pull the image: missing (when the host lacks it), always, never",
+    )
+    image_tar: str | None = Field(
+        default=None,
+        description="Path on each host of an image archive to `docker load` when the image is "
+        "missing",
+    )
+    registry: Registry | None = Field(
+        default=None, description="Registry login before a pull (the password never in argv)"
+    )
+    start_timeout: float = Field(
+        default=900.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds for the long steps of a start: login, load and pull together; "
+        "`run`; the setup script",
+    )
+    docker_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds one runtime call that should answer at once may take (inspect, "
+        "start, rm, the probe): a frozen daemon is named after this",
+    )
+    network: str = Field(default="host", description="`docker run --network`")
+    ipc: str | None = Field(
+        default="host", description="`docker run --ipc`; unset: docker's default"
+    )
+    privileged: bool = Field(default=False, description="`docker run --privileged`")
+    devices: list[str] = Field(
+        default_factory=list,
+        description="Devices to pass (`/dev/kfd`, `/dev/infiniband/*`); only those present on "
+        "each host",
+    )
+    cap_add: list[str] = Field(default_factory=list, description="`docker run --cap-add` each")
+    security_opt: list[str] = Field(
+        default_factory=list, description="`docker run --security-opt` each"
+    )
+    group_add: list[str] = Field(default_factory=list, description="`docker run --group-add` each")
+    ulimits: dict[str, str | int] = Field(
+        default_factory=dict,
+        description="`docker run --ulimit NAME=VALUE` each (`memlock: -1` is unlimited)",
+    )
+    volumes: list[str] = Field(
+        default_factory=list, description="`docker run --volume` each (`/data:/data:ro`)"
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment of the container (`docker run`, from an env file on stdin, "
+        "never argv)",
+    )
+    shm_size: str | None = Field(default=None, description="Size of /dev/shm (`--shm-size`)")
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="More `docker run` arguments, as given (the operator's escape hatch)",
+    )
+    setup_script: str | None = Field(
+        default=None,
+        description="Script run in each freshly launched container, as root; unset or empty: "
+        "the packaged one (installs openssh-server)",
+    )
+    user: str | None = Field(
+        default=None,
+        description="Who commands and suite steps run as in the container (`docker exec -u`: "
+        "NAME, UID, NAME:GROUP, UID:GID); unset: the image's USER",
+    )
+    sshd: SSHDConfig = Field(
+        default_factory=SSHDConfig, description="The sshd in each container, for MPI ranks"
+    )
+    mpi: MPIConfig = Field(
+        default_factory=MPIConfig, description="The MPI hostfile written in each container"
+    )
+    resources: Resources = Field(
+        default_factory=Resources,
+        description="What the container asks for, clamped by `limits`",
+    )
+    gpus: Literal["all"] | GPURequest | None = Field(
+        default=None,
+        description="GPUs for the container: `all`, or a request (below); unset: none asked for",
+    )
+    # docs/design.md, "Runtimes".
+    runtime: Literal["docker", "podman"] = Field(
+        default="docker",
+        description="Container runtime on every host: docker (plain, else `sudo -n`) or podman "
+        "(as root, else `sudo -n`)",
+    )
+    rootless: bool = Field(
+        default=False,
+        description="podman only: the login user's own rootless podman, never sudo",
+    )
+    cdi: Literal["auto", "always", "never"] = Field(
+        default="auto",
+        description="GPUs through CDI: auto (podman, when the host's CDI specs cover each GPU), "
+        "always (CDI or refuse), never (device nodes)",
+    )
     # The setup script as read when the cluster file loaded (path, bytes): a
     # script removed or made unreadable later cannot fail a host midway.
     _setup_script_loaded: tuple[str, bytes] | None = PrivateAttr(default=None)
@@ -526,29 +726,61 @@ HostEntry = Annotated[str | HostSpec, Field(union_mode="left_to_right")]
 class ClusterConfig(Model):
     """The whole cluster file, hosts already expanded from hostlists."""
 
-    name: str = "cvs"
-    hosts: list[HostSpec]
-    head: str | None = None
-    ssh: SSHConfig = Field(default_factory=SSHConfig)
-    concurrency: Concurrency = Field(default_factory=Concurrency)
-    env: dict[str, str] = Field(default_factory=dict)
-    # Command output kept in memory per host and stream (the rest is streamed,
-    # and a run's per-host logs have all of it): the last this many bytes.
-    output_tail: str = "1Mi"
-    limits: Limits | None = None
-    container: ContainerConfig | None = None
-    # Where this machine's state for the cluster lives (MPI key pair, container
-    # host keys): relative to the cluster file unless absolute. Default:
-    # ~/.local/state/cvs/<name>. The per-host locks live on the hosts.
-    state_dir: str | None = None
-    # The directory of the file this was loaded from (set by the loader).
-    source: str | None = None
-    # The file itself, absolute (set by the loader): part of the cluster's
-    # identity in container labels when `name` is left at its default.
-    source_file: str | None = None
-    # Set by the CVS-JSON import: what CVS's own rules put into effect (its
-    # runtime defaults, enabled/launch, orchestrator), for `cvs validate`.
-    cvs_notes: list[str] = Field(default_factory=list)
+    name: str = Field(
+        default="cvs",
+        description="The cluster's name: its state directory and, in container labels, its "
+        "identity",
+    )
+    hosts: list[HostSpec] = Field(
+        description="Host names, addresses, hostlists (`gpu[01-16]`) or mappings (below); or "
+        "`{from: slurm}` for the Slurm allocation's nodes"
+    )
+    head: str | None = Field(
+        default=None, description="The head host (MPI steps, `hosts: head`); unset: the first"
+    )
+    ssh: SSHConfig = Field(default_factory=SSHConfig, description="How cvs reaches the hosts")
+    concurrency: Concurrency = Field(
+        default_factory=Concurrency, description="How many hosts and handshakes at once"
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Exported for every command on every host; values go over stdin and are "
+        "treated as secrets",
+    )
+    output_tail: str = Field(
+        default="1Mi",
+        description="Output kept in results per host and stream, the last this many bytes (the "
+        "rest is streamed, and the run's logs keep all)",
+    )
+    limits: Limits | None = Field(
+        default=None, description="Operator caps on every host's container (below)"
+    )
+    container: ContainerConfig | None = Field(
+        default=None,
+        description="The named container per host; unset: commands run on the hosts themselves",
+    )
+    state_dir: str | None = Field(
+        default=None,
+        description="Where this machine keeps the cluster's keys (MPI key pair, container host "
+        "keys); unset: ~/.local/state/cvs/<name>",
+    )
+    source: str | None = Field(
+        default=None,
+        description="Set by the loader: the directory of the file",
+        json_schema_extra=SET_BY_LOADER,
+    )
+    source_file: str | None = Field(
+        default=None,
+        description="Set by the loader: the file itself, absolute (the cluster's identity in "
+        "labels when `name` is the default)",
+        json_schema_extra=SET_BY_LOADER,
+    )
+    cvs_notes: list[str] = Field(
+        default_factory=list,
+        description="Set by the CVS-JSON import: what CVS's own rules put into effect, for "
+        "validation's report",
+        json_schema_extra=SET_BY_LOADER,
+    )
 
     @field_validator("env")
     @classmethod

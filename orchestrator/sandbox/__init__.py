@@ -1,6 +1,6 @@
 """Local multi-host sandbox cluster: one netns + sshd + dockerd per host.
 
-Used by the test suite, the README's quick start and the benchmarks; the CLI
+Used by the test suite, the README's set-up and tour, and the benchmarks; the CLI
 wraps it as `cvs sandbox up|down`.
 """
 

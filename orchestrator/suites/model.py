@@ -39,7 +39,7 @@ from orchestrator.config.documents import (
     validation_lines,
     yaml_error,
 )
-from orchestrator.config.model import CONTAINER_USER_RE, WORKDIR_RE
+from orchestrator.config.model import CONTAINER_USER_RE, SET_BY_LOADER, WORKDIR_RE
 
 SUITE_SUFFIXES = (".yaml", ".yml")
 SUITES_PATH_ENV = "CVS_SUITES_PATH"
@@ -63,10 +63,14 @@ def _compile(pattern: str | None) -> str | None:
 class Expect(Model):
     """What a step's result must look like on every host it ran on."""
 
-    exit_code: int = 0
-    # Regexes searched in stdout with re.MULTILINE (`^` and `$` match per line).
-    stdout: str | None = None
-    not_stdout: str | None = None
+    exit_code: int = Field(default=0, description="The exit code every host must give")
+    # Searched with re.MULTILINE (`^` and `$` match per line).
+    stdout: str | None = Field(
+        default=None, description="A regex that must match somewhere in each host's stdout"
+    )
+    not_stdout: str | None = Field(
+        default=None, description="A regex that must match nowhere in each host's stdout"
+    )
 
     _regex = field_validator("stdout", "not_stdout")(_compile)
 
@@ -80,8 +84,11 @@ class Expect(Model):
 class CopySpec(Model):
     """A `copy:` step: SRC (relative to the suite file) to DEST on each of the step's hosts."""
 
-    src: str
-    dest: str
+    src: str = Field(description="A local file or directory, relative to the suite file")
+    dest: str = Field(
+        description="Where it goes on each host: inside it when it is a directory or ends "
+        "with /, else the new name"
+    )
 
     @field_validator("src", "dest")
     @classmethod
@@ -92,24 +99,47 @@ class CopySpec(Model):
 
 
 class Step(Model):
-    name: str
-    # Exactly one of `run` (a command) and `copy` (files to the hosts, like `cvs cp`).
-    run: str | None = None
-    copy_: CopySpec | None = Field(default=None, alias="copy")
-    on: Literal["container", "host"] = "container"
-    # `all`, `head`, or names / globs / hostlists, comma-separated (api.select_hosts).
-    hosts: str = "all"
-    timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    env: dict[str, str] = Field(default_factory=dict)
-    # In the container: working directory and user (default: the image's
-    # WORKDIR, and container.user else the image's USER).
-    workdir: str | None = None
-    user: str | None = None
-    expect: Expect = Field(default_factory=Expect)
-    # The suite goes on after this step fails; the failure still fails the run.
-    continue_on_failure: bool = False
-    # Run once on the head container with CVS_MPI_HOSTFILE / CVS_MPI_HOSTS / CVS_MPI_NP set.
-    mpi: bool = False
+    name: str = Field(description="The step's name (its log directory and junit classname)")
+    # Exactly one of `run` and `copy`.
+    run: str | None = Field(default=None, description="Shell text to run on each of its hosts")
+    copy_: CopySpec | None = Field(
+        default=None, alias="copy", description="Files to ship instead of a command (below)"
+    )
+    on: Literal["container", "host"] = Field(
+        default="container", description="Where it runs: in the container, or on the host OS"
+    )
+    # api.select_hosts
+    hosts: str = Field(
+        default="all",
+        description="`all`, `head`, or names / globs / hostlists, comma-separated",
+    )
+    timeout: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds per host; unset: the cluster's ssh.command_timeout",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Environment for this step (sent over stdin)"
+    )
+    workdir: str | None = Field(
+        default=None,
+        description="Working directory in the container (absolute); unset: the image's WORKDIR",
+    )
+    user: str | None = Field(
+        default=None,
+        description="User in the container; unset: container.user, else the image's USER",
+    )
+    expect: Expect = Field(default_factory=Expect, description="What the result must look like")
+    continue_on_failure: bool = Field(
+        default=False,
+        description="Go on with the next steps after this one fails (the run still fails)",
+    )
+    mpi: bool = Field(
+        default=False,
+        description="Run once on the head container with CVS_MPI_HOSTFILE, CVS_MPI_HOSTS and "
+        "CVS_MPI_NP set",
+    )
 
     @field_validator("name")
     @classmethod
@@ -174,11 +204,14 @@ class Step(Model):
 
 
 class Suite(Model):
-    name: str
-    description: str = ""
-    steps: list[Step] = Field(min_length=1)
-    # The file this was loaded from (set by the loader, not written in the file).
-    source: str | None = None
+    name: str = Field(description="The suite's name (it names the run directory)")
+    description: str = Field(default="", description="One line saying what it checks")
+    steps: list[Step] = Field(min_length=1, description="The steps, run in order")
+    source: str | None = Field(
+        default=None,
+        description="Set by the loader: the file this was loaded from",
+        json_schema_extra=SET_BY_LOADER,
+    )
 
     @field_validator("name")
     @classmethod

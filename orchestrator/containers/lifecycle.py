@@ -752,44 +752,17 @@ class Lifecycle:
         resources: EffectiveResources,
         choice: GPUChoice | None,
     ) -> None:
+        """One host's steps, in order, each only when the plan asks for it;
+        the first that fails ends the host's pipeline (its outcome says where)."""
         action = outcome.action
-        gpus = choice.selection if choice is not None else None
         if action.kind in ("verify", "none"):
             return
         prefix = state.runtime.prefix
-        if action.remove_first:
-            # By the ID probed under the exclusive lock: never by name.
-            victim = state.container_id
-            if not victim or not CONTAINER_ID_RE.fullmatch(victim):
-                outcome.fail("remove", None, f"no container ID to remove from the probe ({victim})")
-                return
-            if await self._cmd(outcome, "remove", remove_command(prefix, victim)) is None:
-                return
+        if action.remove_first and not await self._remove_first(state, outcome, prefix):
+            return
         if action.launches:
-            cfg = self.cfg.model_copy(update={"devices": prepared.devices})
-            labels = managed_labels(
-                self.identity,
-                self.hash,
-                lifetime=self.cfg.lifetime,
-                invocation=self.invocation,
-                sshd_port=self.cfg.sshd.port if sshd_wanted(self.cfg, len(self._hosts())) else None,
-            )
-            argv = run_argv(
-                prefix,
-                cfg,
-                self.name,
-                labels,
-                resources=resources,
-                gpus=gpus,
-                cdi=choice.cdi if choice is not None else None,
-                keep_groups=action.keep_groups,  # the plan's, from the probed OCI runtime
-            )
-            run = await self._cmd(
-                outcome, "run", argv, timeout=self.cfg.start_timeout, input=run_env_file(cfg, gpus)
-            )
-            if run is None:
+            if not await self._run(outcome, prefix, prepared, resources, choice):
                 return
-            outcome.container_id = parse_run_id(run.stdout)
         elif action.kind == "restart":
             # Resume in place (a stopped or paused container keeps its overlay).
             resume = unpause_argv if action.unpause else start_argv
@@ -797,56 +770,113 @@ class Lifecycle:
                 return
         if action.adopt:
             record = records.adopted_argv(state.container_id, self.identity)
-            adopt = await self._cmd(
-                outcome, "adopt", record, timeout=self.cluster.ssh.command_timeout
-            )
-            if adopt is None:
+            timeout = self.cluster.ssh.command_timeout
+            if await self._cmd(outcome, "adopt", record, timeout=timeout) is None:
                 return
-        if action.provision:
-            self._step(host, "provision", "started")
-            r = await run_setup_script(
-                self.pool,
-                host,
-                prefix,
-                self.name,
-                self.script(),
-                timeout=self.cfg.start_timeout,
-                container_id=_valid_id(
-                    outcome.container_id if action.launches else state.container_id
-                ),
-            )
-            outcome.steps.append(("provision", r))
-            for line in r.stderr.splitlines():
-                if line.startswith(STOPPED_STALE_SETUP):
-                    # An interrupted invocation's setup was still running (issue 22).
-                    self.sink.emit(Message(level="warning", host=host, text=line[5:]))
-            if not r.ok:
-                outcome.fail("provision", r, r.error or r.status)
-                self._step(host, "provision", "failed", r.tail(10))
-                return
-            self._step(host, "provision", "ok")
-        if keys is not None and (action.start_sshd or action.launches or action.kind == "restart"):
-            self._step(host, "sshd", "started")
-            r = await ensure_sshd(self.pool, host, prefix, self.name, self.cluster, keys)
-            outcome.steps.append(("sshd", r))
-            if not r.ok:
-                outcome.fail("sshd", r, r.error or r.status)
-                self._step(host, "sshd", "failed", r.tail(5))
-                return
-            self._step(host, "sshd", "ok", r.stdout.strip().splitlines()[-1] if r.stdout else "")
-        if action.launches or action.kind == "restart":
-            check = [
-                *prefix,
-                "inspect",
-                "--type",
-                "container",
-                "-f",
-                "{{.State.Running}}",
-                self.name,
-            ]
-            verified = await self._cmd(outcome, "verify", check)
-            if verified is not None and verified.stdout.strip() != "true":
-                outcome.fail("verify", verified, "the container is not running after start")
+        if action.provision and not await self._provision(host, state, outcome, prefix):
+            return
+        restarted = action.launches or action.kind == "restart"
+        wants_sshd = keys is not None and (action.start_sshd or restarted)
+        if keys is not None and wants_sshd and not await self._sshd(host, outcome, prefix, keys):
+            return
+        if restarted:
+            await self._verify(outcome, prefix)
+
+    async def _remove_first(
+        self, state: HostState, outcome: HostOutcome, prefix: list[str]
+    ) -> bool:
+        """The same-named container goes first: by the ID probed under the
+        exclusive lock, never by name."""
+        victim = state.container_id
+        if not victim or not CONTAINER_ID_RE.fullmatch(victim):
+            outcome.fail("remove", None, f"no container ID to remove from the probe ({victim})")
+            return False
+        return await self._cmd(outcome, "remove", remove_command(prefix, victim)) is not None
+
+    async def _run(
+        self,
+        outcome: HostOutcome,
+        prefix: list[str],
+        prepared: Prepared,
+        resources: EffectiveResources,
+        choice: GPUChoice | None,
+    ) -> bool:
+        """`docker run -d` as the plan says; the container's ID is noted."""
+        action = outcome.action
+        cfg = self.cfg.model_copy(update={"devices": prepared.devices})
+        gpus = choice.selection if choice is not None else None
+        labels = managed_labels(
+            self.identity,
+            self.hash,
+            lifetime=self.cfg.lifetime,
+            invocation=self.invocation,
+            sshd_port=self.cfg.sshd.port if sshd_wanted(self.cfg, len(self._hosts())) else None,
+        )
+        argv = run_argv(
+            prefix,
+            cfg,
+            self.name,
+            labels,
+            resources=resources,
+            gpus=gpus,
+            cdi=choice.cdi if choice is not None else None,
+            keep_groups=action.keep_groups,  # the plan's, from the probed OCI runtime
+        )
+        run = await self._cmd(
+            outcome, "run", argv, timeout=self.cfg.start_timeout, input=run_env_file(cfg, gpus)
+        )
+        if run is None:
+            return False
+        outcome.container_id = parse_run_id(run.stdout)
+        return True
+
+    async def _provision(
+        self, host: str, state: HostState, outcome: HostOutcome, prefix: list[str]
+    ) -> bool:
+        """The setup script in the container (provision.py)."""
+        self._step(host, "provision", "started")
+        launched = outcome.action.launches
+        r = await run_setup_script(
+            self.pool,
+            host,
+            prefix,
+            self.name,
+            self.script(),
+            timeout=self.cfg.start_timeout,
+            container_id=_valid_id(outcome.container_id if launched else state.container_id),
+        )
+        outcome.steps.append(("provision", r))
+        for line in r.stderr.splitlines():
+            if line.startswith(STOPPED_STALE_SETUP):
+                # An interrupted invocation's setup was still running (issue 22).
+                self.sink.emit(Message(level="warning", host=host, text=line[5:]))
+        if not r.ok:
+            outcome.fail("provision", r, r.error or r.status)
+            self._step(host, "provision", "failed", r.tail(10))
+            return False
+        self._step(host, "provision", "ok")
+        return True
+
+    async def _sshd(
+        self, host: str, outcome: HostOutcome, prefix: list[str], keys: ClusterKeys
+    ) -> bool:
+        """The in-container sshd, (re)started (provision.py)."""
+        self._step(host, "sshd", "started")
+        r = await ensure_sshd(self.pool, host, prefix, self.name, self.cluster, keys)
+        outcome.steps.append(("sshd", r))
+        if not r.ok:
+            outcome.fail("sshd", r, r.error or r.status)
+            self._step(host, "sshd", "failed", r.tail(5))
+            return False
+        self._step(host, "sshd", "ok", r.stdout.strip().splitlines()[-1] if r.stdout else "")
+        return True
+
+    async def _verify(self, outcome: HostOutcome, prefix: list[str]) -> None:
+        """The container runs after a start."""
+        check = [*prefix, "inspect", "--type", "container", "-f", "{{.State.Running}}", self.name]
+        verified = await self._cmd(outcome, "verify", check)
+        if verified is not None and verified.stdout.strip() != "true":
+            outcome.fail("verify", verified, "the container is not running after start")
 
     async def _roll_back(
         self,

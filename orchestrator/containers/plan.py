@@ -472,8 +472,23 @@ def decide_plan(
             config_hash=config_hash,
             adopt=adopt,
         )
-    # Everything else `up` would refuse for that the probe already shows, listed
-    # with the refusals above rather than one `up` attempt at a time.
+    return _with_host_facts(cfg, states, ours, plan, resources=resources, force=force, sshd=sshd)
+
+
+def _with_host_facts(
+    cfg: ContainerConfig,
+    states: Mapping[str, HostState],
+    ours: Mapping[str, bool],
+    plan: Plan,
+    *,
+    resources: Mapping[str, EffectiveResources] | None,
+    force: bool,
+    sshd: bool,
+) -> Plan:
+    """`plan` with everything else `up` would refuse for that the probe
+    already shows (listed with the lifetime's refusals rather than one `up`
+    attempt at a time), and otherwise the launching hosts' details: image
+    step, GPUs, CDI devices, keep-groups, fitted resources."""
     if plan.refused:
         launching = _would_launch(cfg, states, force=force)
         starting = launching
@@ -888,24 +903,7 @@ def _plan_persistent(
     if foreign:
         replaceable.append(_foreign_reason(cfg, foreign, cluster_name))
     if common != "absent" and not resumable:
-        replaceable.append(
-            Refusal(
-                "not_resumable",
-                f"lifetime persistent: {label} is not present and resumable on every host "
-                f"({'; '.join(f'{w}: {_names(hs)}' for w, hs in by_state.items())}); nothing "
-                "was changed",
-                tuple(states),
-                (
-                    REBUILD_WAY,
-                    WayOut("replace it on every host", options=(Option("force"),)),
-                    WayOut(
-                        "bring the other hosts back (restore it where it is missing; "
-                        f"`{cfg.runtime} rm`/`{cfg.runtime} start {cfg.name or 'NAME'}` where "
-                        f"{cfg.runtime} cannot resume it), then try again"
-                    ),
-                ),
-            )
-        )
+        replaceable.append(_not_resumable_reason(cfg, states, by_state))
     if not replaceable and resumable:
         image_reasons, image_warnings = _image_problems(cfg, states, no_launch=False)
         replaceable += image_reasons
@@ -942,11 +940,43 @@ def _plan_persistent(
             for h in states
         }
         return Plan(cfg.lifetime, _frozen(actions), warnings=warnings)
-
     decisions, provision_warnings = _provisioning(
         cfg, states, reprovision=reprovision, script_sha256=script_sha256
     )
     warnings = warnings + provision_warnings + _drift_warning(cfg, states, config_hash)
+    warnings += _kept_warnings(cfg, states, adopting)
+    where = "everywhere" if common is not None else "here"
+    actions = _kept_actions(cfg, states, decisions, adopting, sshd=sshd, where=where)
+    return Plan(cfg.lifetime, _frozen(actions), warnings=warnings)
+
+
+def _not_resumable_reason(
+    cfg: ContainerConfig, states: Mapping[str, HostState], by_state: Mapping[str, list[str]]
+) -> Refusal:
+    return Refusal(
+        "not_resumable",
+        f"lifetime persistent: {_label(cfg)} is not present and resumable on every host "
+        f"({'; '.join(f'{w}: {_names(hs)}' for w, hs in by_state.items())}); nothing "
+        "was changed",
+        tuple(states),
+        (
+            REBUILD_WAY,
+            WayOut("replace it on every host", options=(Option("force"),)),
+            WayOut(
+                "bring the other hosts back (restore it where it is missing; "
+                f"`{cfg.runtime} rm`/`{cfg.runtime} start {cfg.name or 'NAME'}` where "
+                f"{cfg.runtime} cannot resume it), then try again"
+            ),
+        ),
+    )
+
+
+def _kept_warnings(
+    cfg: ContainerConfig, states: Mapping[str, HostState], adopting: list[str]
+) -> list[Text]:
+    """Kept containers: the ones a restart heals, the ones taken over."""
+    label = _label(cfg)
+    warnings: list[Text] = []
     stopped = [h for h, s in states.items() if s.container != "running"]
     if stopped and len(stopped) < len(states):
         groups = _group((h, _state_word(states[h])) for h in stopped)
@@ -955,7 +985,6 @@ def _plan_persistent(
             f"{daemon_word(cfg.runtime)} restart) while the others run: resuming it there, "
             "overlay kept"
         )
-    where = "everywhere" if common is not None else "here"
     if adopting:
         warnings.append(
             Phrase(
@@ -964,6 +993,19 @@ def _plan_persistent(
                 "ownership is recorded on each host, the container is kept as it is",
             )
         )
+    return warnings
+
+
+def _kept_actions(
+    cfg: ContainerConfig,
+    states: Mapping[str, HostState],
+    decisions: Mapping[str, tuple[bool, str]],
+    adopting: list[str],
+    *,
+    sshd: bool,
+    where: str,
+) -> dict[str, HostAction]:
+    """Present everywhere, each running or resumable: attach, adopt or restart."""
     actions = {}
     for host, state in states.items():
         provision, why = decisions[host]
@@ -992,7 +1034,7 @@ def _plan_persistent(
                 start_sshd=sshd,
                 unpause=paused,
             )
-    return Plan(cfg.lifetime, _frozen(actions), warnings=warnings)
+    return actions
 
 
 # --- cvs down ------------------------------------------------------------

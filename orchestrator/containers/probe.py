@@ -24,6 +24,7 @@ from orchestrator.config import ContainerConfig
 from orchestrator.containers.docker import (
     LABEL_MANAGED,
     LABEL_SSHD_PORT,
+    ContainerInfo,
     ContainerLimits,
     DockerOutputError,
     classify_docker_error,
@@ -398,14 +399,7 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
         "rootless": rootless,
         **_cgroup_facts(sections),
     }
-    values.update(_capacity_facts(sections))  # capacity (issue 15)
-    values.update(_port_facts(sections))  # sshd port taken on the host (network host)
-    values.update(_oci_facts(sections))  # rootless podman: crun or runc
-    values.update(_version_facts(sections))  # docker with CDI: the daemon's version
-    listed = sections.get("gpus")
-    if listed is not None and listed.rc == 0:
-        values["gpus"] = tuple(parse_discovery(listed.stdout))
-        values["cdi_specs"] = tuple(spec_files(listed.stdout))
+    values.update(_host_facts(sections))
     try:
         objects = _inspect_objects(inspect.stdout, runtime)
     except DockerOutputError as exc:
@@ -433,12 +427,35 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
     except DockerOutputError as exc:
         return HostState(**values, error=str(exc), error_kind="garbled")  # type: ignore[arg-type]
 
+    values.update(_container_facts(sections, cinfo, runtime))
+    return HostState(**values)  # type: ignore[arg-type]
+
+
+def _host_facts(sections: Mapping[str, Section]) -> dict[str, object]:
+    """What the probe says of the host beside its runtime's inspect."""
+    values: dict[str, object] = {}
+    values.update(_capacity_facts(sections))  # capacity (issue 15)
+    values.update(_port_facts(sections))  # sshd port taken on the host (network host)
+    values.update(_oci_facts(sections))  # rootless podman: crun or runc
+    values.update(_version_facts(sections))  # docker with CDI: the daemon's version
+    listed = sections.get("gpus")
+    if listed is not None and listed.rc == 0:
+        values["gpus"] = tuple(parse_discovery(listed.stdout))
+        values["cdi_specs"] = tuple(spec_files(listed.stdout))
+    return values
+
+
+def _container_facts(
+    sections: Mapping[str, Section], cinfo: ContainerInfo, runtime: RuntimeName
+) -> dict[str, object]:
+    """The container's state, identity and limits, and what its host records
+    and in-container check say."""
     labels = cinfo.labels
     adopted_by = adopted_records(sections).get(cinfo.id or "")
     if adopted_by is not None and LABEL_MANAGED not in labels:
         # Adopted (issue 15): owned as if cvs had labelled it at start.
         labels = MappingProxyType({**labels, LABEL_MANAGED: adopted_by})
-    values.update(
+    values: dict[str, object] = dict(
         container=cinfo.state,
         container_status=cinfo.status,
         container_id=cinfo.id,
@@ -454,7 +471,7 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
             sections, running=cinfo.state == "running", container_id=cinfo.id, runtime=runtime
         )
     )
-    return HostState(**values)  # type: ignore[arg-type]
+    return values
 
 
 _NO_SUCH_RE = re.compile(r"^Error: No such object: (\S+)\s*$", re.MULTILINE)

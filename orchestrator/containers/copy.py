@@ -126,16 +126,12 @@ class Payload:
         spool = tempfile.TemporaryFile()  # noqa: SIM115 - closed by Payload.close
         try:
             with tarfile.open(fileobj=spool, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                for dirpath, dirnames, filenames in os.walk(source):
-                    dirnames.sort()
-                    here = Path(dirpath)
-                    for name in [*dirnames, *sorted(filenames)]:
-                        path = here / name
-                        rel = path.relative_to(source)
-                        _check_name(rel, source)
-                        tar.add(path, arcname=f"./{rel}", recursive=False)
-                        if path.is_file() and not path.is_symlink():
-                            checksums[f"./{rel}"] = _sha256_file(path)
+                for path in _walk(source):
+                    rel = path.relative_to(source)
+                    _check_name(rel, source)
+                    tar.add(path, arcname=f"./{rel}", recursive=False)
+                    if path.is_file() and not path.is_symlink():
+                        checksums[f"./{rel}"] = _sha256_file(path)
         except OSError as exc:
             spool.close()
             raise CopyError(f"{source}: {exc.strerror or exc}") from None
@@ -153,6 +149,17 @@ class Payload:
 
     def close(self) -> None:
         self.stream.close()
+
+
+def _walk(source: Path) -> list[Path]:
+    """Everything under `source` (not following links), in a stable order:
+    each directory's subdirectories, then its files, by name."""
+    out: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(source):
+        dirnames.sort()
+        here = Path(dirpath)
+        out += [here / name for name in [*dirnames, *sorted(filenames)]]
+    return out
 
 
 def compare(expected: dict[str, str], remote_lines: list[str], kind: str) -> str | None:
@@ -297,6 +304,17 @@ async def copy_to_hosts(
     return await fan_out(list(hosts), one, limit=cluster.concurrency.hosts)
 
 
+async def _receive(
+    process: Any, out: IO[bytes], digest: Any, host: str, progress: Progress | None
+) -> None:
+    """The process's stdout into `out` and `digest`, chunk by chunk."""
+    while chunk := await process.stdout.read(CHUNK):
+        out.write(chunk)
+        digest.update(chunk)
+        if progress is not None:
+            progress(host, len(chunk))
+
+
 async def _gather_one(
     pool: HostRunner,
     host: str,
@@ -313,11 +331,7 @@ async def _gather_one(
         async with pool.held_process(host, script, encoding=None) as process:
             process.stdin.write_eof()
             with anyio.fail_after(timeout), partial.open("wb") as out:
-                while chunk := await process.stdout.read(CHUNK):
-                    out.write(chunk)
-                    digest.update(chunk)
-                    if progress is not None:
-                        progress(host, len(chunk))
+                await _receive(process, out, digest, host, progress)
                 stderr = (await process.stderr.read()).decode("utf-8", "replace")
                 done = await process.wait()
     except (ConnectError, TimeoutError, OSError, asyncssh.Error) as exc:

@@ -577,13 +577,7 @@ class SSHPool:
                 _close_chain(chain.conns)
                 chain.conns = []
                 try:
-                    for name, hop_opts in chain.hops:
-                        opts = dict(hop_opts)
-                        if chain.conns:
-                            opts["tunnel"] = chain.conns[-1]
-                        conn, _ = await self._handshake(opts, name, f"via jump host {name}: ")
-                        chain.conns.append(conn)
-                        self.jump_connects += 1
+                    await self._open_hops(chain)
                 except ConnectError as exc:
                     chain.failure = exc
                     _close_chain(chain.conns)
@@ -596,6 +590,16 @@ class SSHPool:
                 return chain.conns[-1]
         except ConnectError as exc:
             raise ConnectError(host, exc.status, exc.message, exc.attempts) from exc
+
+    async def _open_hops(self, chain: _JumpChain) -> None:
+        """Each hop of `chain` in turn, each through the one before."""
+        for name, hop_opts in chain.hops:
+            opts = dict(hop_opts)
+            if chain.conns:
+                opts["tunnel"] = chain.conns[-1]
+            conn, _ = await self._handshake(opts, name, f"via jump host {name}: ")
+            chain.conns.append(conn)
+            self.jump_connects += 1
 
     async def _close_jumps(self) -> None:
         chains = [c for c in (self._cluster_jump, *self._config_jumps.values()) if c]

@@ -358,8 +358,6 @@ async def run_suite(
     hosts = resolve_step_hosts(suite, cluster)
     outcome = outcome or new_outcome(suite, cluster, cluster_file)
     outcome.steps = [skipped_step(s, hosts[s.name], "not run") for s in suite.steps]
-    managed = cluster.container is not None
-    per_run = managed and cluster.container.lifetime == "per_run"  # type: ignore[union-attr]
     # A run record that cannot be written stops the run (remote commands are
     # killed by the cancellation), never the tear-down below.
     stop = anyio.CancelScope()
@@ -368,39 +366,9 @@ async def run_suite(
     try:
         async with Cluster.open(cluster, sink=sink) as fleet:
             fleet.purpose = f"run {suite.name}"
-            up_entered = False
-            try:
-                with stop:
-                    if managed:
-                        up_entered = True
-                        # `up` leaves every host locked shared for the steps: other
-                        # runs share the containers, nothing replaces them meanwhile.
-                        report = await fleet.up(force=force, check=False, wait=wait)
-                        outcome.plan = plan_rows(report)
-                        outcome.warnings.extend(getattr(report.plan, "warnings", []))
-                        failure = up_failure(report, cluster)
-                        if failure is not None:
-                            outcome.up_exit_code, outcome.error = failure
-                            reason = "up failed"
-                            outcome.steps = [
-                                skipped_step(s, hosts[s.name], reason) for s in suite.steps
-                            ]
-                            return outcome
-                        outcome.image_ids = await image_ids(fleet)
-                    await _steps(fleet, suite, hosts, outcome, recorder, sink)
-                if recorder is not None and recorder.failure is not None:
-                    outcome.error = str(recorder.failure)
-                    _mark_stopped(outcome, "stopped: run record not writable")
-            except PolicyRefused as exc:
-                up_entered = False  # refused: nothing was changed, nothing to undo
-                outcome.refused = True
-                outcome.error = f"refused: {exc}"
-                outcome.steps = [skipped_step(s, hosts[s.name], "refused") for s in suite.steps]
-            finally:
-                if per_run and up_entered:
-                    in_flight = sys.exc_info()[1]
-                    interrupted = in_flight is not None and _is_interrupt(in_flight)
-                    await _down(fleet, outcome, sink, interrupted=interrupted)
+            await _run_on_fleet(
+                fleet, suite, cluster, hosts, outcome, recorder, sink, stop, force=force, wait=wait
+            )
     except BaseException as exc:
         if _is_interrupt(exc):
             outcome.interrupted = True
@@ -414,6 +382,72 @@ async def run_suite(
             recorder.on_failure = None
             recorder.finish(outcome, report=write_report)
     return outcome
+
+
+async def _run_on_fleet(
+    fleet: Cluster,
+    suite: Suite,
+    cluster: ClusterConfig,
+    hosts: dict[str, list[str]],
+    outcome: RunOutcome,
+    recorder: RunRecorder | None,
+    sink: EventSink,
+    stop: anyio.CancelScope,
+    *,
+    force: bool,
+    wait: bool,
+) -> None:
+    """`up` (with a container block), the steps, and per_run's tear-down of
+    what `up` started, whatever happened in between."""
+    managed = cluster.container is not None
+    per_run = managed and cluster.container.lifetime == "per_run"  # type: ignore[union-attr]
+    up_entered = False
+    try:
+        with stop:
+            if managed:
+                up_entered = True
+                if not await _up(fleet, suite, cluster, hosts, outcome, force=force, wait=wait):
+                    return
+            await _steps(fleet, suite, hosts, outcome, recorder, sink)
+        if recorder is not None and recorder.failure is not None:
+            outcome.error = str(recorder.failure)
+            _mark_stopped(outcome, "stopped: run record not writable")
+    except PolicyRefused as exc:
+        up_entered = False  # refused: nothing was changed, nothing to undo
+        outcome.refused = True
+        outcome.error = f"refused: {exc}"
+        outcome.steps = [skipped_step(s, hosts[s.name], "refused") for s in suite.steps]
+    finally:
+        if per_run and up_entered:
+            in_flight = sys.exc_info()[1]
+            interrupted = in_flight is not None and _is_interrupt(in_flight)
+            await _down(fleet, outcome, sink, interrupted=interrupted)
+
+
+async def _up(
+    fleet: Cluster,
+    suite: Suite,
+    cluster: ClusterConfig,
+    hosts: dict[str, list[str]],
+    outcome: RunOutcome,
+    *,
+    force: bool,
+    wait: bool,
+) -> bool:
+    """`up` for the run: whether every host is ready (else the steps are
+    skipped, the outcome says why)."""
+    # `up` leaves every host locked shared for the steps: other runs share
+    # the containers, nothing replaces them meanwhile.
+    report = await fleet.up(force=force, check=False, wait=wait)
+    outcome.plan = plan_rows(report)
+    outcome.warnings.extend(getattr(report.plan, "warnings", []))
+    failure = up_failure(report, cluster)
+    if failure is not None:
+        outcome.up_exit_code, outcome.error = failure
+        outcome.steps = [skipped_step(s, hosts[s.name], "up failed") for s in suite.steps]
+        return False
+    outcome.image_ids = await image_ids(fleet)
+    return True
 
 
 async def image_ids(fleet: Cluster) -> dict[str, str]:

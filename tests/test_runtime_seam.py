@@ -69,3 +69,21 @@ def test_the_allow_list_holds_only_what_is_still_there() -> None:
             continue
         lines = _branches_on_a_runtime_name(ast.parse((PACKAGE / rel).read_text()))
         assert len(lines) == count, f"{rel}: {lines} (allowed {count}): update ALLOWED"
+
+
+# Remote side: the shell programs ask lib access.sh (cvs_runtime_frame,
+# cvs_inspect, cvs_time_format, cvs_other_runtime, cvs_docker_order) instead
+# of testing which runtime they run under.
+SHELL_SEAM = {"access.sh", "podman.sh"}
+
+
+def test_no_shell_program_tests_the_runtime_outside_its_library() -> None:
+    found = []
+    for path in sorted((PACKAGE / "remote").glob("*.sh")):
+        if path.name in SHELL_SEAM:
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if '"$cvs_rt" =' in code or '"$cvs_rt" !=' in code or "case $cvs_rt" in code:
+                found.append(f"{path.name}:{n}: {line.strip()}")
+    assert not found, f"runtime tests outside lib access.sh: {found}"

@@ -88,15 +88,7 @@ section() {
   return "$_rc"
 }
 printf '@@cvs:probe 3\n'
-# shellcheck disable=SC2154  # cvs_rt, cvs_rootless: set by cvs_runtime (access.sh)
-if [ "$cvs_rt" = podman ]; then
-  if [ -n "$cvs_rootless" ]; then
-    printf '@@cvs:runtime podman rootless\n'
-    cvs_cgroup_facts
-  else
-    printf '@@cvs:runtime podman rootful\n'
-  fi
-fi
+cvs_runtime_frame
 
 # Which docker to try first (access.sh): the socket's permissions say whether
 # plain `docker` can work, without spending a docker process to find out.
@@ -117,13 +109,7 @@ format='{{if index . "State"}}F {{index . "Id"}} {{.State.Pid}} {{.State.Running
 inspect_via() {
   _m=$1
   shift
-  if [ "$cvs_rt" = podman ]; then
-    _out=$(podman_inspect "$name" "$image" -- "$@" 2>&1 </dev/null 9<&-)
-  elif [ -n "$image" ]; then
-    _out=$("$@" inspect --format "$format" "$name" "$image" 2>&1 </dev/null 9<&-)
-  else
-    _out=$("$@" inspect --format "$format" "$name" 2>&1 </dev/null 9<&-)
-  fi
+  _out=$(cvs_inspect "$name" "$image" "$format" -- "$@" 2>&1 </dev/null 9<&-)
   _rc=$? _f='' _nosuch=''
   printf '@@cvs:section inspect.%s %s raw\n' "$_m" "$_rc"
   _ifs=$IFS
@@ -162,8 +148,9 @@ for m in $cvs_order; do
 done
 if [ -z "$via" ]; then
   # No access: is the other runtime here (the cluster may name the wrong one)?
-  if [ "$cvs_rt" = docker ]; then _other=podman; else _other=docker; fi
-  if command -v "$_other" >/dev/null 2>&1; then printf '@@cvs:other %s\n' "$_other"; fi
+  cvs_other_runtime
+  # shellcheck disable=SC2154  # cvs_other: set by cvs_other_runtime (access.sh)
+  if command -v "$cvs_other" >/dev/null 2>&1; then printf '@@cvs:other %s\n' "$cvs_other"; fi
   printf '@@cvs:done\n'
   exit 0
 fi

@@ -350,7 +350,7 @@ class Cluster:
             return await self.pool.run(
                 host,
                 self.runtimes[host].read(inspect),
-                timeout=self.config.container.docker_timeout if self.config.container else 30,
+                timeout=self.config.container.runtime_timeout if self.config.container else 30,
                 stream_output=False,
                 label="image",
             )
@@ -481,7 +481,7 @@ class Cluster:
         before: dict[str, HostResult] = {}
         if own_lock:
             # Lock and probe in one round trip, as `up` does: the probe's docker
-            # call is bounded (container.docker_timeout), so a frozen dockerd is
+            # call is bounded (container.runtime_timeout), so a frozen dockerd is
             # named here instead of hanging the command's own `docker inspect`.
             states = await lifecycle.lock_and_probe(
                 "shared", wait=wait, purpose="exec", hosts=selected
@@ -528,12 +528,12 @@ class Cluster:
         """`result` with its cause named when cvs can tell it (containers/causes.py):
         from the output (out of memory, full disk), else, after what looks like a
         kill, from one more docker call about the container (stopped, restarted,
-        removed, runtime gone or hung), bounded by container.docker_timeout."""
+        removed, runtime gone or hung), bounded by container.runtime_timeout."""
         if result.ok:
             return result
         cause: Text | None = output_cause(result.stdout, result.stderr)
         if cause is None and wants_diagnosis(result) and self.config.container is not None:
-            bound = self.config.container.docker_timeout
+            bound = self.config.container.runtime_timeout
             answer = await self.pool.run(
                 host,
                 diagnosis_command(name, runtime),

@@ -492,7 +492,7 @@ def test_unreachable_host_is_not_known() -> None:
 
 
 def test_truncated_output_is_unknown_not_absent() -> None:
-    text = "@@cvs:probe 1\n" + inspected(1, b"[]", NO_SUCH)
+    text = "@@cvs:probe 3\n" + inspected(1, b"[]", NO_SUCH)
     state = parse_probe_output("h1", 0, text, "")
     assert state.container is None and state.error_kind == "garbled"
 

@@ -74,7 +74,7 @@ def test_the_lock_is_read_by_its_arguments_names_as_lock_sh_names_them() -> None
     assert program.rest == ("PROBE", "a", "b")
 
 
-def test_a_docker_call_that_hangs_fails_its_host_within_docker_timeout() -> None:
+def test_a_docker_call_that_hangs_fails_its_host_within_runtime_timeout() -> None:
     hosts = ScriptedHosts({h: probe_output() for h in ("h1", "h2")})
     hosts.answer("run", lambda host, text: (0, "c" * 64 + "\n", ""))
     hosts.answer("verify", lambda host, text: HANG if host == "h2" else (0, "true\n", ""))
@@ -84,7 +84,7 @@ def test_a_docker_call_that_hangs_fails_its_host_within_docker_timeout() -> None
         name="ctr",
         lifetime="persistent",
         sshd={"enabled": False},
-        docker_timeout=0.3,
+        runtime_timeout=0.3,
     )
     cluster = ClusterConfig(
         name="t", hosts=[HostSpec(name="h1"), HostSpec(name="h2")], container=cfg
@@ -100,5 +100,5 @@ def test_a_docker_call_that_hangs_fails_its_host_within_docker_timeout() -> None
     report = anyio.run(main)
     assert report.outcomes["h1"].ok
     failed: Any = report.outcomes["h2"]
-    assert failed.state == "failed" and "container.docker_timeout" in str(failed.error)
+    assert failed.state == "failed" and "container.runtime_timeout" in str(failed.error)
     assert ("h2", "verify", 0.3) in hosts.timeouts

@@ -40,7 +40,7 @@ def test_a_container_in_any_state_docker_reported_exits_0(container: str) -> Non
         HostState(host="node2", error="docker daemon not reachable", error_kind="daemon_down"),
         HostState(host="node2", docker_access="none", error="no docker", error_kind="no_docker"),
         HostState(host="node2", docker_access="none", error="no access", error_kind="no_access"),
-        parse_probe_output("node2", 0, "@@cvs:probe 2\nnot a frame\n", ""),
+        parse_probe_output("node2", 0, "@@cvs:probe 3\nnot a frame\n", ""),
     ],
     ids=["daemon_down", "no_docker", "no_access", "garbled"],
 )

@@ -23,6 +23,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from orchestrator.config import CONTAINER_NAME_RE, IMAGE_REF_RE, ContainerConfig, Registry
+from orchestrator.config.model import DEPRECATED_CONTAINER_KEYS
 from orchestrator.limits.cdi import CDIDevice, cdi_run_args
 from orchestrator.limits.gpus import GPUSelection, guard_visible_devices
 from orchestrator.limits.resources import EffectiveResources, limits_drift
@@ -102,6 +103,10 @@ def config_hash(cfg: ContainerConfig) -> str:
     for key, default in (("runtime", "docker"), ("rootless", False), ("cdi", "auto")):
         if data.get(key) == default:
             data.pop(key, None)
+    # Renamed keys hash under their old names: a rename changes no container's hash.
+    for old, new in DEPRECATED_CONTAINER_KEYS.items():
+        if new in data:
+            data[old] = data.pop(new)
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

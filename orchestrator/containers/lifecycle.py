@@ -30,6 +30,7 @@ from orchestrator.config import (
     caps_warnings,
     cluster_identity,
     container_name,
+    deprecation_warnings,
     sshd_wanted,
 )
 from orchestrator.config.hostlist import abbreviate_hosts
@@ -355,7 +356,7 @@ class Lifecycle:
         result = await self.pool.run(
             host,
             self._probe_argv(host),
-            timeout=self.cfg.docker_timeout,
+            timeout=self.cfg.runtime_timeout,
             stream_output=False,
             label="probe",
         )
@@ -382,7 +383,7 @@ class Lifecycle:
         """Every host (or `hosts`) locked in `mode` and probed under the lock, in
         one round trip when no other invocation holds a conflicting lock
         (locks.py). A host whose docker does not answer within
-        `container.docker_timeout` comes back hung (state unknown), unlocked."""
+        `container.runtime_timeout` comes back hung (state unknown), unlocked."""
         answers = await self.locks.acquire(
             list(hosts or self._hosts()),
             mode,
@@ -446,13 +447,13 @@ class Lifecycle:
         `budget`: the step runs within what is left of the host's
         `container.start_timeout` (login, load and pull share it), and a
         timeout says so. Otherwise `timeout` (default: a docker call's
-        `container.docker_timeout`) bounds it.
+        `container.runtime_timeout`) bounds it.
         """
         self._step(outcome.host, step, "started")
         if budget is not None:
             timeout = budget.left()
         elif timeout is None:
-            timeout = self.cfg.docker_timeout
+            timeout = self.cfg.runtime_timeout
         result = await self.pool.run(
             outcome.host, command, timeout=timeout, input=input, stream_output=False, label=step
         )
@@ -474,7 +475,7 @@ class Lifecycle:
     def docker_hung(self, what: str) -> str:
         """Why a runtime call was given up on: the runtime (docker or podman),
         the bound, its name, the suspect."""
-        return runtime_hung(self.cfg.runtime, self.cfg.docker_timeout, what) + "; stopped"
+        return runtime_hung(self.cfg.runtime, self.cfg.runtime_timeout, what) + "; stopped"
 
     def _timeout_message(self, step: str, budget: StartBudget | None, timeout: float) -> str:
         """Which bound stopped `step`, and the setting that raises it."""
@@ -489,7 +490,7 @@ class Lifecycle:
                 f"{step} did not finish within container.start_timeout "
                 f"({self.cfg.start_timeout:g}s): stopped, nothing started on this host"
             )
-        if timeout == self.cfg.docker_timeout:
+        if timeout == self.cfg.runtime_timeout:
             return self.docker_hung(step)
         return f"{step} did not finish within {timeout:g}s: stopped"
 
@@ -596,7 +597,8 @@ class Lifecycle:
         # ResourceError (exit 2) here instead of failing `docker run` midway.
         resources = cluster_effective_resources(self.cluster)
         self.script()  # an unreadable setup script: exit 2 before any host is contacted
-        for w in [*caps_warnings(self.cluster), *clamp_warnings(resources)]:
+        found = [*caps_warnings(self.cluster), *deprecation_warnings(self.cluster)]
+        for w in [*found, *clamp_warnings(resources)]:
             self.sink.emit(Message(level="warning", text=w))
         try:
             states = await self.lock_and_probe("shared", wait=wait, purpose=self.purpose)
@@ -911,7 +913,7 @@ class Lifecycle:
             r = await self.pool.run(
                 host,
                 command,
-                timeout=self.cfg.docker_timeout,
+                timeout=self.cfg.runtime_timeout,
                 stream_output=False,
                 label="rollback",
             )
@@ -959,7 +961,7 @@ class Lifecycle:
                 r = await self.pool.run(
                     host,
                     remove_command(prefix, states[host].container_id or ""),
-                    timeout=self.cfg.docker_timeout,
+                    timeout=self.cfg.runtime_timeout,
                     stream_output=False,
                     label="remove",
                 )
@@ -985,7 +987,7 @@ def host_locks(cluster: ClusterConfig, pool: HostRunner, sink: EventSink) -> Hos
         container_name(cluster),
         head=cluster.head_host.name,
         wait_seconds=wait,
-        probe_seconds=cfg.docker_timeout if cfg is not None else 30.0,
+        probe_seconds=cfg.runtime_timeout if cfg is not None else 30.0,
         runtime=cfg.runtime if cfg is not None else "docker",
     )
 

@@ -178,7 +178,7 @@ class HostLocks:
         self.container = container
         self.head = head
         self.wait_seconds = wait_seconds
-        # The probe under the lock runs docker (container.docker_timeout): a
+        # The probe under the lock runs docker (container.runtime_timeout): a
         # frozen dockerd must not hold the invocation, nor the lock, forever.
         self.probe_seconds = probe_seconds
         self.runtime = runtime  # docker or podman: what a hang message names

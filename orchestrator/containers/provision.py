@@ -279,14 +279,14 @@ async def ensure_sshd(
     )
     payload = frame_files(sshd_files(cluster, keys, host))
     # One docker exec that also waits for the listener: twice the bound of a
-    # quick docker call (container.docker_timeout; 60 s by default).
-    bound = 2 * cluster.container.docker_timeout
+    # quick docker call (container.runtime_timeout; 60 s by default).
+    bound = 2 * cluster.container.runtime_timeout
     result: HostResult = await pool.run(host, command, input=payload, label="sshd", timeout=bound)
     if result.status == "timeout":
         result = replace(
             result,
             error=f"the in-container sshd did not start within {bound:g}s (twice "
-            "container.docker_timeout): the container runtime on this host is slow or hung",
+            "container.runtime_timeout): the container runtime on this host is slow or hung",
         )
     return result
 

@@ -195,6 +195,6 @@ def hung_suspect(name: str) -> str:
 def runtime_hung(name: str, seconds: float, what: str) -> str:
     """Why a runtime call was given up on: the runtime, the bound, the call, the suspect."""
     return (
-        f"{name} did not answer within container.docker_timeout ({seconds:g}s) on {what}: "
+        f"{name} did not answer within container.runtime_timeout ({seconds:g}s) on {what}: "
         f"the container runtime on this host is hung or overloaded ({hung_suspect(name)})"
     )

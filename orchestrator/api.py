@@ -487,7 +487,7 @@ class Cluster:
                 "shared", wait=wait, purpose="exec", hosts=selected
             )
             for host, state in states.items():
-                if state.container == "running" and state.docker_access in ("direct", "sudo"):
+                if state.container == "running" and state.access in ("direct", "sudo"):
                     ready[host] = state.runtime  # docker or podman, as probed
                 else:
                     before[host] = not_ready_result(host, state, name)

@@ -304,7 +304,7 @@ def failure_groups(
 STATUS_HEADERS = [
     "host",
     "reachable",
-    "docker",
+    "access",
     "state",
     "image",
     "tag",
@@ -350,7 +350,7 @@ def _status_errors(rows: Sequence[HostStatus], out: IO[str] | None = None) -> No
     for r in rows:
         if r.error:
             note = ""
-            if not explained and (not r.probed or r.docker is None):
+            if not explained and (not r.probed or r.access is None):
                 note, explained = f"; {UNKNOWN_NOTE}", True
             sys.stderr.write(f"{r.host}: {r.error!s}{note}\n")
 
@@ -404,7 +404,7 @@ def _header_labels(columns: Sequence[str], rows: Sequence[HostStatus]) -> list[s
     runtime (`podman` on a podman cluster; the cells' keys stay the same)."""
     runtimes = {r.runtime for r in rows}
     access = runtimes.pop() if len(runtimes) == 1 else "docker"
-    return [access if c == "docker" else c for c in columns]
+    return [access if c == "access" else c for c in columns]
 
 
 def status_table(rows: Sequence[HostStatus], *, wide: bool = False) -> Table:

@@ -89,7 +89,7 @@ def state(
     present = container != "absent"
     return HostState(
         host=host,
-        docker_access="direct",
+        access="direct",
         container=container,  # type: ignore[arg-type]
         container_status=container if present else None,
         container_id=("c" * 63 + host[-1]) if present else None,

@@ -30,7 +30,7 @@ def launching(
 ) -> HostState:
     return HostState(
         host=host,
-        docker_access="direct",
+        access="direct",
         container="absent",
         tag_image_id=IMG,
         gpus=NVIDIA,
@@ -72,8 +72,8 @@ def test_nvidia_gpus_on_podman_without_cdi_specs_are_refused_by_the_plan() -> No
 
 
 def test_the_image_step_is_the_plans() -> None:
-    absent = HostState(host="h1", docker_access="direct", container="absent")
-    present = HostState(host="h2", docker_access="direct", container="absent", tag_image_id=IMG)
+    absent = HostState(host="h1", access="direct", container="absent")
+    present = HostState(host="h2", access="direct", container="absent", tag_image_id=IMG)
     plan = decide_plan(
         cfg(registry={"username": "u", "password_file": "/p"}), {"h1": absent, "h2": present}
     )

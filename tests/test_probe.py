@@ -95,7 +95,7 @@ def test_no_container_is_absent_and_tag_resolves(
 ) -> None:
     state = run_probe(dockerd.env, cfg)
     assert state.known and state.error is None
-    assert state.docker_access == "direct"
+    assert state.access == "direct"
     assert state.container == "absent"
     assert state.tag_image_id == image_id
     assert state.sshd_listening is None and state.provision_marker is None
@@ -196,7 +196,7 @@ def test_sudo_is_used_when_plain_docker_is_denied(
     sudo = f'[ "$1" = -n ] && [ "$2" = docker ] || exit 1\nshift 2\nexec {real_docker} "$@"'
     env = {**dockerd.env, "PATH": fake_bin(tmp_path, {"docker": denied, "sudo": sudo}, BASICS)}
     state = run_probe(env, cfg)
-    assert state.docker_access == "sudo"
+    assert state.access == "sudo"
     assert state.known and state.container == "absent"
     assert state.tag_image_id == image_id
 
@@ -212,7 +212,7 @@ def test_no_docker_access_is_a_clear_error(
     }
     env = {**dockerd.env, "PATH": fake_bin(tmp_path, scripts, BASICS)}
     state = run_probe(env, cfg)
-    assert state.docker_access == "none"
+    assert state.access == "none"
     assert state.error_kind == "no_access"
     assert not state.known and state.container is None
     assert "docker group" in (state.error or "")
@@ -222,7 +222,7 @@ def test_no_docker_access_is_a_clear_error(
 def test_docker_not_installed_is_named(cfg: ContainerConfig, tmp_path: Path) -> None:
     env = {**os.environ, "PATH": fake_bin(tmp_path, {}, BASICS)}
     state = run_probe(env, cfg)
-    assert state.docker_access == "none"
+    assert state.access == "none"
     assert state.error_kind == "no_docker"
 
 

@@ -180,7 +180,7 @@ def test_the_probe_reads_an_absent_container_and_the_hosts_capacity(
     argv = probe_argv(None, "probed", sshd_port=2224, marker_path="/m")
     out = run(sh, argv, env=env)
     state = parse_probe_output("h", out.returncode, out.stdout, out.stderr)
-    assert state.container == "absent" and state.docker_access == "direct", out.stdout
+    assert state.container == "absent" and state.access == "direct", out.stdout
     assert state.cpu_count is not None and state.memory_total is not None
 
 

@@ -319,7 +319,7 @@ def test_the_plan_lists_a_rootless_cap_refusal_before_anything_starts():
     cfg = ContainerConfig(image="img:1", runtime="podman", rootless=True, lifetime="per_run")
     state = HostState(
         "n1",
-        docker_access="direct",
+        access="direct",
         container="absent",
         runtime_name="podman",
         rootless=True,

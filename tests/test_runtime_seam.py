@@ -22,7 +22,6 @@ ALLOWED: dict[str, tuple[int, str]] = {
         "the probe's frames name the runtime it reached (read there), and its access "
         "failures are each runtime's own prose (what to install, start or grant)",
     ),
-    "render.py": (1, "the status column keyed `docker` (its JSON key), shown as the runtime"),
     "cli/sandbox.py": (2, "`cvs sandbox` flags: the sandbox is a developer tool of its own"),
 }
 

@@ -56,7 +56,9 @@ class HostState:
     reachable: bool = True
     error: str | None = None  # why the probe could not tell (daemon down, no access, garbled)
     error_kind: ErrorKind | None = None
-    docker_access: DockerAccessMode | None = None  # None: could not tell (e.g. daemon down)
+    # How cvs reaches the runtime there (direct, sudo; none: it cannot); None:
+    # could not tell (e.g. the daemon down). Formerly `docker_access`.
+    access: DockerAccessMode | None = None
     container: ContainerState | None = None  # None = unknown, NEVER treated as absent
     container_status: str | None = None  # docker's word (paused, restarting, created, …)
     container_id: str | None = None
@@ -85,7 +87,7 @@ class HostState:
     # The CDI spec files the same listing printed (limits/cdi.py reads them).
     cdi_specs: tuple[SpecFile, ...] = ()
     # The runtime the probe was sent to reach (the cluster's container.runtime;
-    # docker_access says how it answered); rootless: the login user's podman.
+    # `access` says how it answered); rootless: the login user's podman.
     runtime_name: RuntimeName = "docker"
     rootless: bool = False
     # Rootless only (None elsewhere): "v1" or "v2", and on v2 the controllers
@@ -98,6 +100,11 @@ class HostState:
     # The runtime daemon's version, asked only where CDI depends on it (docker
     # launching GPUs with container.cdi: always); None: not asked or unreadable.
     runtime_version: str | None = None
+
+    @property
+    def docker_access(self) -> DockerAccessMode | None:
+        """Deprecated: `access` (the same, for any runtime); kept for one release."""
+        return self.access
 
     @classmethod
     def unreachable(cls, host: str, reason: str) -> HostState:
@@ -112,18 +119,14 @@ class HostState:
     def runtime(self) -> ContainerRuntime:
         """How to reach the runtime on this host, as the probe found it
         (unknown: the host decides on each command)."""
-        if self.docker_access in ("direct", "sudo"):
-            return ContainerRuntime(self.docker_access, self.runtime_name, self.rootless)
+        if self.access in ("direct", "sudo"):
+            return ContainerRuntime(self.access, self.runtime_name, self.rootless)
         return ContainerRuntime.unprobed(self.runtime_name, self.rootless)
 
     @property
     def known(self) -> bool:
         """Reachable, docker usable, and the container state determined."""
-        return (
-            self.reachable
-            and self.docker_access in ("direct", "sudo")
-            and self.container is not None
-        )
+        return self.reachable and self.access in ("direct", "sudo") and self.container is not None
 
 
 # --- the program's arguments -------------------------------------------------
@@ -307,13 +310,13 @@ def _docker_access_failure(host: str, kinds: Sequence[str], detail: str) -> Host
     if kinds and kinds[0] == "not_installed":
         return HostState(
             host=host,
-            docker_access="none",
+            access="none",
             error=f"docker is not installed or not on PATH ({detail})",
             error_kind="no_docker",
         )
     return HostState(
         host=host,
-        docker_access="none",
+        access="none",
         error=(
             "no docker access: plain `docker` and `sudo -n docker` both failed "
             f"({detail}); add the login user to the docker group or allow it "
@@ -330,7 +333,7 @@ def _podman_access_failure(
     if kinds and kinds[-1] == "not_installed":
         return HostState(
             host=host,
-            docker_access="none",
+            access="none",
             runtime_name=runtime,
             error=f"{runtime} is not installed or not on PATH ({detail})",
             error_kind="no_docker",
@@ -342,7 +345,7 @@ def _podman_access_failure(
     )
     return HostState(
         host=host,
-        docker_access="none",
+        access="none",
         runtime_name=runtime,
         error=f"no {runtime} access ({detail}); {how}",
         error_kind="no_access",
@@ -394,7 +397,7 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
     inspect = tried[answered[0]]
     values: dict[str, object] = {
         "host": host,
-        "docker_access": access,
+        "access": access,
         "runtime_name": runtime,
         "rootless": rootless,
         **_cgroup_facts(sections),

@@ -81,3 +81,13 @@ def test_what_could_not_be_probed_is_null_never_a_guess() -> None:
 def test_a_probed_host_without_a_container_says_so_not_unknown() -> None:
     doc = row(HostState(host="node2", access="direct", container="absent")).to_dict()
     assert (doc["stale"], doc["provisioned"], doc["drift"], doc["image"]) == (False, "no", [], None)
+
+
+def test_the_old_docker_names_still_read_and_say_they_are_deprecated() -> None:
+    state = HostState(host="n1", access="sudo", container="absent")
+    with pytest.warns(DeprecationWarning, match="HostState.access"):
+        assert state.docker_access == "sudo"
+    status = row(state)
+    with pytest.warns(DeprecationWarning, match="HostStatus.access"):
+        assert status.docker == "sudo"
+    assert status.to_dict()["docker"] == status.to_dict()["access"] == "sudo"

@@ -14,6 +14,7 @@ import io
 import json
 import re
 import tarfile
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -104,6 +105,7 @@ class HostState:
     @property
     def docker_access(self) -> DockerAccessMode | None:
         """Deprecated: `access` (the same, for any runtime); kept for one release."""
+        warnings.warn("HostState.docker_access is HostState.access", DeprecationWarning, 2)
         return self.access
 
     @classmethod

@@ -6,6 +6,7 @@ table (render.print_status) or, with `--json`, as `HostStatus.to_dict()`.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -43,6 +44,7 @@ class HostStatus:
     @property
     def docker(self) -> str | None:
         """Deprecated: `access` (the same, for any runtime); kept for one release."""
+        warnings.warn("HostStatus.docker is HostStatus.access", DeprecationWarning, 2)
         return self.access
 
     @property

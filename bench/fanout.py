@@ -48,8 +48,11 @@ HERE = Path(__file__).resolve()
 # ---- the two clients, each run as `fanout.py --worker ours|theirs` ------------------
 
 
-def worker_ours(cluster_file: Path, reuse_rounds: int, forks: int | None) -> dict[str, Any]:
-    """Our transport: SSHPool + run_on_hosts, as `cvs exec --host-os` uses them."""
+def worker_ours(
+    cluster_file: Path, reuse_rounds: int, forks: int | None, workers: str = "auto"
+) -> dict[str, Any]:
+    """Our transport: SSHPool + run_on_hosts, as `cvs exec --host-os` uses them
+    (`workers`: concurrency.workers, or auto: unset)."""
     import anyio
     import yaml
 
@@ -57,11 +60,14 @@ def worker_ours(cluster_file: Path, reuse_rounds: int, forks: int | None) -> dic
     from orchestrator.config import ClusterConfig
     from orchestrator.ssh.fanout import run_on_hosts
     from orchestrator.ssh.transport import SSHPool
+    from orchestrator.ssh.workers import fleet_stats
 
     collector.tune()  # as the `cvs` process does once its command's modules are in
     doc = yaml.safe_load(cluster_file.read_text())
     if forks is not None:
         doc["concurrency"] = {**doc.get("concurrency", {}), "hosts": forks}
+    if workers != "auto":
+        doc["concurrency"] = {**doc.get("concurrency", {}), "workers": int(workers)}
     cfg = ClusterConfig.model_validate(doc)
     hosts = [h.name for h in cfg.hosts]
 
@@ -70,21 +76,27 @@ def worker_ours(cluster_file: Path, reuse_rounds: int, forks: int | None) -> dic
             t0, c0 = time.perf_counter(), time.process_time()
             first = await run_on_hosts(pool, hosts, "true")
             fresh, fanout_cpu = time.perf_counter() - t0, time.process_time() - c0
+            # Worker processes (concurrency.workers): their CPU so far, start-up included.
+            fanout_cpu += fleet_stats(pool).get("cpu_ms", 0) / 1000
             reused, bad = [], [r for r in first.values() if not r.ok]
             for _ in range(reuse_rounds):
                 t1 = time.perf_counter()
                 again = await run_on_hosts(pool, hosts, "true")
                 reused.append(time.perf_counter() - t1)
                 bad += [r for r in again.values() if not r.ok]
+            spread = fleet_stats(pool)  # the worker processes' pools, if any
             return {
                 "fresh": fresh,
                 "fanout_cpu": fanout_cpu,
                 "reused": statistics.median(reused) if reused else None,
                 "failed": len(bad),
                 "example": str(bad[0]) if bad else None,
-                "handshakes": pool.connects,
-                "peak_in_flight": pool.admission.peak_in_flight,
-                "window_decreases": pool.admission.window.decreases,
+                "handshakes": pool.connects + spread.get("connects", 0),
+                "peak_in_flight": pool.admission.peak_in_flight + spread.get("peak_in_flight", 0),
+                "window_decreases": pool.admission.window.decreases
+                + spread.get("window_decreases", 0),
+                "workers": spread.get("workers", 1),
+                "workers_maxrss_kib": spread.get("maxrss_kib", 0),
                 "ok": len(hosts) - len([r for r in first.values() if not r.ok]),
             }
 
@@ -136,7 +148,7 @@ def worker_theirs(cluster_file: Path, reuse_rounds: int, forks: int | None) -> d
 
 
 def run_worker(
-    which: str, cluster_file: Path, reuse_rounds: int, forks: int | None
+    which: str, cluster_file: Path, reuse_rounds: int, forks: int | None, workers: str = "auto"
 ) -> dict[str, Any]:
     """One client as a whole process: its own figures (with its peak RSS and CPU,
     from getrusage in the worker), plus the process's wall time seen from here."""
@@ -144,6 +156,8 @@ def run_worker(
     argv += ["--reuse-rounds", str(reuse_rounds)]
     if forks is not None:
         argv += ["--worker-forks", str(forks)]
+    if which == "ours":
+        argv += ["--worker-workers", workers]
     started = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = proc.communicate()
@@ -166,6 +180,7 @@ def measure(
     reuse_rounds: int,
     forks: int | None = None,
     sshd_cpu: Callable[[], float] | None = None,
+    workers: str = "auto",
 ) -> dict[str, Any]:
     """Two processes: one that only connects, runs `true` once and exits (its wall
     time is the fresh fan-out as a whole process: interpreter start, imports,
@@ -174,7 +189,7 @@ def measure(
     collapse is a result."""
     load = loadavg()
     farm_before = sshd_cpu() if sshd_cpu else None
-    alone = run_worker(which, cluster_file, 0, forks)
+    alone = run_worker(which, cluster_file, 0, forks, workers)
     alone["load"] = load
     if sshd_cpu and farm_before is not None:
         time.sleep(0.5)  # the listeners reap the last connections' sshds
@@ -184,7 +199,7 @@ def measure(
         alone["floor"] = (alone["sshd_cpu"] + alone["fanout_cpu"]) / (os.cpu_count() or 1)
     if not reuse_rounds:
         return alone
-    doc = run_worker(which, cluster_file, reuse_rounds, forks)
+    doc = run_worker(which, cluster_file, reuse_rounds, forks, workers)
     for key in ("wall", "cpu", "fanout_cpu", "ok", "load", "sshd_cpu", "floor"):
         if key in alone:
             doc[key] = alone[key]
@@ -193,7 +208,12 @@ def measure(
 
 
 def fleet(
-    hosts: int, rounds: int, reuse_rounds: int, modes: list[str], warm_up: bool = True
+    hosts: int,
+    rounds: int,
+    reuse_rounds: int,
+    modes: list[str],
+    warm_up: bool = True,
+    settings: tuple[str, ...] | list[str] = ("auto",),
 ) -> list[dict[str, Any]]:
     from bench.loopback import loopback_farm
 
@@ -213,47 +233,70 @@ def fleet(
             # `default`: each client's own default parallelism; `fleet`: the
             # fleet size, as `--forks N` asks (parallel-ssh: pool_size=N).
             forks = hosts if mode == "fleet" else None
-            rows: list[tuple[dict[str, Any], dict[str, Any]]] = []
+            rows: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {w: [] for w in settings}
             for r in range(rounds):
                 # Alternate who goes first: the machine's state drifts during a run.
-                order = ("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")
+                order = ["theirs", *settings] if r % 2 else [*settings, "theirs"]
                 got = {
-                    w: measure(w, cluster_file, reuse_rounds, forks, farm.sshd_cpu) for w in order
+                    w: measure(
+                        "theirs" if w == "theirs" else "ours",
+                        cluster_file,
+                        reuse_rounds,
+                        forks,
+                        farm.sshd_cpu,
+                        "auto" if w == "theirs" else w,
+                    )
+                    for w in order
                 }
-                rows.append((got["ours"], got["theirs"]))
-                o, t = got["ours"], got["theirs"]
-                print(
-                    f"{hosts} hosts, forks {mode}, round {r + 1}: "
-                    f"ok {o['ok']} vs {t['ok']} | "
-                    f"fresh {o['fresh']:.2f}s vs {t['fresh']:.2f}s "
-                    f"({o['fresh'] / t['fresh']:.2f}) | "
-                    f"process {o['wall']:.2f}s vs {t['wall']:.2f}s "
-                    f"({o['wall'] / t['wall']:.2f}) | "
-                    f"CPU {o['cpu']:.1f}s vs {t['cpu']:.1f}s "
-                    f"(fan-out {o['fanout_cpu']:.1f}s vs {t['fanout_cpu']:.1f}s) | "
-                    f"peak RSS {o['maxrss_kib'] / 1024:.0f} vs "
-                    f"{t['maxrss_kib'] / 1024:.0f} MiB | "
-                    f"load {o['load']:.1f}/{t['load']:.1f} | "
-                    f"our window: peak {o['peak_in_flight']}, "
-                    f"{o['window_decreases']} decreases | "
-                    f"farm CPU per host {1000 * o['sshd_cpu'] / hosts:.1f} vs "
-                    f"{1000 * t['sshd_cpu'] / hosts:.1f} ms | "
-                    f"fresh / machine floor {o['fresh'] / o['floor']:.2f} vs "
-                    f"{t['fresh'] / t['floor']:.2f}",
-                    flush=True,
-                )
-            summaries.append(summarize(hosts, mode, rows))
+                for w in settings:
+                    rows[w].append((got[w], got["theirs"]))
+                    print_round(hosts, mode, w, r, got[w], got["theirs"])
+            for w in settings:
+                summaries.append(summarize(hosts, mode, rows[w], w))
     return summaries
 
 
+def print_round(
+    hosts: int, mode: str, workers: str, r: int, o: dict[str, Any], t: dict[str, Any]
+) -> None:
+    print(
+        f"{hosts} hosts, forks {mode}, workers {workers} ({o.get('workers', 1)}), "
+        f"round {r + 1}: ok {o['ok']} vs {t['ok']} | "
+        f"fresh {o['fresh']:.2f}s vs {t['fresh']:.2f}s "
+        f"({o['fresh'] / t['fresh']:.2f}) | "
+        f"process {o['wall']:.2f}s vs {t['wall']:.2f}s "
+        f"({o['wall'] / t['wall']:.2f}) | "
+        f"CPU {o['cpu']:.1f}s vs {t['cpu']:.1f}s "
+        f"(fan-out {o['fanout_cpu']:.1f}s vs {t['fanout_cpu']:.1f}s) | "
+        f"peak RSS {o['maxrss_kib'] / 1024:.0f} vs "
+        f"{t['maxrss_kib'] / 1024:.0f} MiB | "
+        f"load {o['load']:.1f}/{t['load']:.1f} | "
+        f"our window: peak {o['peak_in_flight']}, "
+        f"{o['window_decreases']} decreases | "
+        f"farm CPU per host {1000 * o['sshd_cpu'] / hosts:.1f} vs "
+        f"{1000 * t['sshd_cpu'] / hosts:.1f} ms | "
+        f"fresh / machine floor {o['fresh'] / o['floor']:.2f} vs "
+        f"{t['fresh'] / t['floor']:.2f}",
+        flush=True,
+    )
+
+
 def summarize(
-    hosts: int, mode: str, rows: list[tuple[dict[str, Any], dict[str, Any]]]
+    hosts: int,
+    mode: str,
+    rows: list[tuple[dict[str, Any], dict[str, Any]]],
+    workers: str = "auto",
 ) -> dict[str, Any]:
     def med(side: int, key: str) -> float | None:
         values = [row[side][key] for row in rows if row[side].get(key) is not None]
         return statistics.median(values) if values else None
 
-    summary: dict[str, Any] = {"hosts": hosts, "forks": mode, "rounds": len(rows)}
+    summary: dict[str, Any] = {
+        "hosts": hosts,
+        "forks": mode,
+        "workers": workers,
+        "rounds": len(rows),
+    }
     for key in (
         "fresh",
         "reused",
@@ -295,7 +338,8 @@ def report(s: dict[str, Any]) -> str:
     ]
     return "\n".join(
         [
-            f"| {s['hosts']} hosts, `true`, forks {s['forks']}, median of {s['rounds']} "
+            f"| {s['hosts']} hosts, `true`, forks {s['forks']}, workers {s['workers']}, "
+            f"median of {s['rounds']} "
             "| ours | parallel-ssh | ours / theirs |",
             "|---|---|---|---|",
             f"| hosts ok | {s['ok']['ours']:.0f} | {s['ok']['theirs']:.0f} | |",
@@ -340,16 +384,30 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print the summaries as JSON")
     parser.add_argument("--worker", choices=["ours", "theirs"], help=argparse.SUPPRESS)
     parser.add_argument("--worker-forks", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-workers", default="auto", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--workers",
+        default="auto",
+        help="our concurrency.workers, comma-separated (auto: unset; 1: one process), "
+        "each measured against the same parallel-ssh run",
+    )
     parser.add_argument("--cluster", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        work = worker_ours if args.worker == "ours" else worker_theirs
-        doc = work(args.cluster, args.reuse_rounds, args.worker_forks)
+        if args.worker == "ours":
+            doc = worker_ours(
+                args.cluster, args.reuse_rounds, args.worker_forks, args.worker_workers
+            )
+        else:
+            doc = worker_theirs(args.cluster, args.reuse_rounds, args.worker_forks)
         import resource
 
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        doc["maxrss_kib"] = usage.ru_maxrss
-        doc["cpu"] = usage.ru_utime + usage.ru_stime
+        # Worker processes count too: their peak RSS summed (each reported its
+        # own), their CPU from the children's usage (reaped when the pool closed).
+        doc["maxrss_kib"] = usage.ru_maxrss + doc.pop("workers_maxrss_kib", 0)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        doc["cpu"] = usage.ru_utime + usage.ru_stime + children.ru_utime + children.ru_stime
         print(json.dumps(doc))
         return 0
     modes = [m.strip() for m in args.forks.split(",")]
@@ -358,7 +416,8 @@ def main() -> int:
     sizes = [4] if args.smoke else [int(n) for n in args.hosts.split(",")]
     rounds = 1 if args.smoke else args.rounds
     reuse = 2 if args.smoke else args.reuse_rounds
-    summaries = [s for n in sizes for s in fleet(n, rounds, reuse, modes, not args.smoke)]
+    settings = [w.strip() for w in args.workers.split(",")]
+    summaries = [s for n in sizes for s in fleet(n, rounds, reuse, modes, not args.smoke, settings)]
     print(f"\nmachine: {os.cpu_count()} cores, {_os_name()}, {_cpu_model()}")
     for s in summaries:
         print("\n" + report(s))

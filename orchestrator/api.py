@@ -48,7 +48,7 @@ from orchestrator.limits.gpus import guard_visible_devices
 from orchestrator.limits.resources import EffectiveResources
 from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult, exit_code_for
-from orchestrator.ssh.fanout import fan_out
+from orchestrator.ssh.fanout import fan_out, run_on_hosts
 from orchestrator.ssh.seam import HostRunner
 from orchestrator.ssh.transport import SSHPool
 
@@ -461,10 +461,9 @@ class Cluster:
                 "SSH login user runs the command (use `cd DIR && ...` in the command)"
             )
         if on_host:
-            return await fan_out(
-                selected,
-                lambda h: self.pool.run(h, command, timeout=timeout, env=env, label="exec"),
-                limit=self.config.concurrency.hosts,
+            # In worker processes past a fleet size where it pays (ssh/workers.py).
+            return await run_on_hosts(
+                self.pool, selected, command, timeout=timeout, env=env, label="exec"
             )
         name = container_name(self.config)
         container_env = self._guard_gpu_env({**self.config.env, **(env or {})})

@@ -30,7 +30,14 @@ from orchestrator.sandbox import Sandbox, sandbox_down, sandbox_up
 
 # Fixtures that build a sandbox: a test using one is a sandbox test (`-m "not
 # sandbox"` builds none). `breakable`: test_heal's own sandbox, broken on purpose.
-SANDBOX_FIXTURES = {"sandbox", "egress_sandbox", "make_sandbox", "breakable", "faulty"}
+SANDBOX_FIXTURES = {
+    "sandbox",
+    "egress_sandbox",
+    "make_sandbox",
+    "breakable",
+    "faulty",
+    "slurm_sandbox",
+}
 REQUIRED_TOOLS = ("ip", "nsenter", "dockerd", "sshd", "debootstrap", "ssh", "sudo")
 
 # The pytests these tests start (`cvs run`'s child, plain pytest in a temporary
@@ -146,6 +153,14 @@ def egress_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox
     """node1 plus egress1 (root namespace, containers with --network host reach
     Debian's mirrors); its cluster file is `egress_cluster_file`."""
     with _built(tmp_path_factory.mktemp("egress") / "sb", hosts=1, egress_host=True) as sb:
+        yield sb
+
+
+@pytest.fixture(scope="session")
+def slurm_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    """node1, node2 with a real Slurm (munge, slurmctld, a slurmd in each
+    host's namespace) and four stand-in GPUs each, declared as gres gpu:4."""
+    with _built(tmp_path_factory.mktemp("slurm") / "sb", hosts=2, slurm=True, gpus=4) as sb:
         yield sb
 
 

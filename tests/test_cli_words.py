@@ -47,7 +47,11 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
         "CVS's own pytest options (its conftest.py registers them): the names a CVS suite's "
         "files are given by, under pytest as under `cvs run`",
     ),
-    "limits/gpus.py": ({"--json"}, "amd-smi's and rocm-smi's argv, run on the hosts"),
+    "limits/gpus.py": (
+        {"--json", "--gpus"},
+        "amd-smi's and rocm-smi's argv, run on the hosts; docker's own --gpus flag",
+    ),
+    "containers/lifecycle.py": ({"--gpus"}, "docker's own --gpus flag, which podman lacks"),
 }
 # The sandbox is a developer's tool with one caller, `cvs sandbox` (and tests):
 # its messages are that command's.
@@ -300,6 +304,7 @@ TEXT_FIELDS = {"error", "reason", "summary", "rolled_back", "detail"}
 STR_THERE: dict[str, set[str]] = {
     "errors.py": {"self.reason"},  # Refusal.reason: a str (its ways out are data)
     "limits/gpus.py": {"self.reason"},  # Unsatisfiable.reason: a str
+    "limits/slurm_gpus.py": {"picked.reason"},  # Unsatisfiable.reason: a str
     "containers/causes.py": {"facts.error"},  # the diagnosis' own error: a str
     "containers/locks.py": {"a.error"},  # a lock answer's error: a str
     "containers/probe.py": {"state.error"},  # HostState.error: a str

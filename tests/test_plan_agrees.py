@@ -224,7 +224,7 @@ REFUSALS: dict[str, tuple[ContainerConfig, dict[str, HostState], str]] = {
     "NVIDIA GPUs on podman without CDI specs": (
         cfg(gpus={"count": 1}, runtime="podman"),
         {"h1": state("h1", gpus=TWO_GPUS)},
-        "podman has no `--gpus`",
+        "only through CDI",
     ),
     "no_launch, not running": (
         cfg("no_launch"),

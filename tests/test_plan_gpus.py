@@ -68,7 +68,7 @@ def test_the_plan_carries_the_gpus_and_the_cdi_devices_up_runs_with() -> None:
 def test_nvidia_gpus_on_podman_without_cdi_specs_are_refused_by_the_plan() -> None:
     plan = decide_plan(cfg(gpus={"count": 1}, runtime="podman"), {"h1": launching("h1")})
     assert [r.kind for r in plan.refusals] == ["cdi"]
-    assert "podman has no `--gpus`" in plan.refusals[0].reason
+    assert "only through CDI" in plan.refusals[0].reason
 
 
 def test_the_image_step_is_the_plans() -> None:

@@ -1,19 +1,84 @@
-"""Slurm allocations as inventory: hosts from SLURM_JOB_NODELIST."""
+"""Slurm allocations as inventory: the job's nodes, addresses and GPUs, asked of
+Slurm (config/slurm.py). Pure logic against scontrol's real output, recorded
+from the sandbox's Slurm 22.05; the real thing is in test_slurm_sandbox.py."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from clitools import cvs_in_process
+from plan_states import CLUSTER, cfg, host, kinds, states
 
-from orchestrator.config import ConfigError, load_cluster
-from orchestrator.config.slurm import slurm_hosts
+from orchestrator import remote
+from orchestrator.config import ConfigError, GPURequest, load_cluster
+from orchestrator.config.slurm import (
+    SlurmJob,
+    SlurmNode,
+    parse_gpu_indices,
+    parse_job,
+    parse_node_addresses,
+    query_job,
+    slurm_hosts,
+)
+from orchestrator.containers.docker import LABEL_GPUS, managed_labels
+from orchestrator.containers.jobend import holder_argv
+from orchestrator.containers.plan import decide_plan
+from orchestrator.containers.probe import HostState
+from orchestrator.limits.gpus import GPU, GPUSelection, Unsatisfiable
+from orchestrator.limits.slurm_gpus import select_in_job
 
 SLURM_FILE = "name: alloc\nhosts: {from: slurm}\nssh: {user: cvsuser}\n"
 LISTED_FILE = "name: listed\nhosts: [a1, a2]\n"
+
+# `scontrol show job -d 7` inside `salloc -N2 --gres=gpu:2` on the sandbox.
+JOB = """JobId=7 JobName=interactive
+   UserId=root(0) GroupId=root(0) MCS_label=N/A
+   JobState=RUNNING Reason=None Dependency=(null)
+   NodeList=node[1-2]
+   BatchHost=node1
+   NumNodes=2 NumCPUs=2 NumTasks=2 CPUs/Task=1 ReqB:S:C:T=0:0:*:*
+   JOB_GRES=gpu:4
+     Nodes=node1 CPU_IDs=0 Mem=0 GRES=gpu:2(IDX:2-3)
+     Nodes=node2 CPU_IDs=0 Mem=0 GRES=gpu:2(IDX:0-1)
+   MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0
+"""
+NODES = (
+    "NodeName=node1 Arch=x86_64 CoresPerSocket=1  CPUAlloc=1 Gres=gpu:4 NodeAddr=10.201.3.1 "
+    "NodeHostName=node1 Version=22.05.8\n"
+    "NodeName=node2 Arch=x86_64 CoresPerSocket=1  CPUAlloc=1 Gres=gpu:4 NodeAddr=10.201.3.2 "
+    "NodeHostName=node2 Version=22.05.8\n"
+)
+
+
+def fake_scontrol(job: str = JOB, nodes: str = NODES):  # type: ignore[no-untyped-def]
+    calls: list[list[str]] = []
+
+    def run(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
+        calls.append(list(argv))
+        if argv[:3] == ["scontrol", "show", "job"]:
+            return 0, job, ""
+        if argv[:3] == ["scontrol", "show", "hostnames"]:
+            return (
+                0,
+                "".join(f"{n}\n" for n in slurm_hosts({"SLURM_NODELIST": argv[3]}, where="")),
+                "",
+            )
+        if argv[:3] == ["scontrol", "show", "node"]:
+            return 0, nodes, ""
+        raise AssertionError(argv)
+
+    run.calls = calls  # type: ignore[attr-defined]
+    return run
+
+
+IN_JOB = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node[1-2]"}
 
 
 def test_slurm_nodelist_expands_in_slurm_order() -> None:
@@ -21,31 +86,89 @@ def test_slurm_nodelist_expands_in_slurm_order() -> None:
     assert slurm_hosts(env, where="x") == ["gpu01", "gpu02", "gpu03", "gpu07", "login2"]
 
 
-def test_older_slurm_nodelist_variable_is_accepted() -> None:
-    assert slurm_hosts({"SLURM_NODELIST": "n[1-2]"}, where="x") == ["n1", "n2"]
+def test_job_facts_read_state_nodes_and_per_node_gres() -> None:
+    facts = parse_job(JOB)
+    assert (facts.job_id, facts.state, facts.nodelist) == ("7", "RUNNING", "node[1-2]")
+    assert facts.node_gres == (("node1", "gpu:2(IDX:2-3)"), ("node2", "gpu:2(IDX:0-1)"))
 
 
-def test_cluster_file_hosts_from_slurm(tmp_path: Path) -> None:
+def test_gpu_indices_of_typed_and_listed_gres() -> None:
+    assert parse_gpu_indices("gpu:a100:1(IDX:3),gpu:h100:2(IDX:4-5)") == (3, 4, 5)
+    assert parse_gpu_indices("gpu:4(IDX:0,2,4-5)") == (0, 2, 4, 5)
+    assert parse_gpu_indices("") == ()
+    assert parse_gpu_indices("gpu:2") is None
+
+
+def test_node_addresses_come_from_nodeaddr() -> None:
+    assert parse_node_addresses(NODES) == {"node1": "10.201.3.1", "node2": "10.201.3.2"}
+
+
+def test_cluster_file_hosts_from_slurm_gets_addresses_and_gpus(tmp_path: Path) -> None:
     path = tmp_path / "cluster.yaml"
     path.write_text(SLURM_FILE)
-    cluster = load_cluster(path, env={"SLURM_JOB_NODELIST": "node[01-12,14]"})
-    assert [h.name for h in cluster.hosts][:2] == ["node01", "node02"]
-    assert len(cluster.hosts) == 13
-    assert cluster.head_host.name == "node01"
+    cluster = load_cluster(path, env=IN_JOB, slurm_run=fake_scontrol())
+    assert [(h.name, h.address) for h in cluster.hosts] == [
+        ("node1", "10.201.3.1"),
+        ("node2", "10.201.3.2"),
+    ]
+    assert cluster.head_host.name == "node1"
+    assert cluster.slurm is not None and cluster.slurm.job_id == "7"
+    assert [n.gpus for n in cluster.slurm.nodes] == [(2, 3), (0, 1)]
+
+
+def test_a_host_the_file_lists_keeps_what_the_file_says(tmp_path: Path) -> None:
+    path = tmp_path / "cluster.yaml"
+    path.write_text("name: x\nhosts:\n- {name: node2, address: 192.0.2.9, port: 2222}\n- a1\n")
+    cluster = load_cluster(path, hosts_from="slurm", env=IN_JOB, slurm_run=fake_scontrol())
+    assert [(h.name, h.address, h.port) for h in cluster.hosts] == [
+        ("node1", "10.201.3.1", None),
+        ("node2", "192.0.2.9", 2222),
+    ]
 
 
 def test_hosts_from_slurm_outside_an_allocation_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "cluster.yaml"
     path.write_text(SLURM_FILE)
-    with pytest.raises(ConfigError, match=r"cluster.yaml:2: hosts.from: .*SLURM_JOB_NODELIST"):
-        load_cluster(path, env={})
+    run = fake_scontrol()
+    with pytest.raises(ConfigError, match=r"cluster.yaml:2: hosts.from: .*SLURM_JOB_ID is not set"):
+        load_cluster(path, env={}, slurm_run=run)
+    assert run.calls == []  # type: ignore[attr-defined]
 
 
-def test_override_replaces_listed_hosts(tmp_path: Path) -> None:
-    path = tmp_path / "cluster.yaml"
-    path.write_text(LISTED_FILE)
-    cluster = load_cluster(path, hosts_from="slurm", env={"SLURM_JOB_NODELIST": "b[1-3]"})
-    assert [h.name for h in cluster.hosts] == ["b1", "b2", "b3"]
+def test_a_job_that_is_not_running_is_refused() -> None:
+    run = fake_scontrol(job=JOB.replace("JobState=RUNNING", "JobState=COMPLETED"))
+    with pytest.raises(ConfigError, match=r"^x: job 7 is COMPLETED, not running"):
+        query_job(IN_JOB, where="x", run=run)
+
+
+def test_gres_without_indices_is_refused_naming_the_node() -> None:
+    run = fake_scontrol(job=JOB.replace("GRES=gpu:2(IDX:2-3)", "GRES=gpu:2"))
+    with pytest.raises(ConfigError, match=r"GPUs on node1 without indices \(GRES=gpu:2\)"):
+        query_job(IN_JOB, where="x", run=run)
+
+
+def test_a_slurmctld_that_does_not_answer_is_named_with_the_bound() -> None:
+    def hang(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
+        raise subprocess.TimeoutExpired(list(argv), timeout)
+
+    with pytest.raises(
+        ConfigError, match=r"slurmctld did not answer `scontrol show job -d 7` within 3s"
+    ):
+        query_job(IN_JOB, where="x", run=hang, timeout=3)
+
+
+def test_no_scontrol_says_what_to_install() -> None:
+    def missing(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
+        raise FileNotFoundError(argv[0])
+
+    with pytest.raises(ConfigError, match=r"scontrol is not installed .*slurm-client"):
+        query_job(IN_JOB, where="x", run=missing)
+
+
+def test_a_node_without_an_address_is_refused() -> None:
+    run = fake_scontrol(nodes=NODES.split("\n")[0] + "\n")
+    with pytest.raises(ConfigError, match=r"node 'node2' in job 7 but gives it no usable address"):
+        query_job(IN_JOB, where="x", run=run)
 
 
 def test_unknown_host_source_names_the_key(tmp_path: Path) -> None:
@@ -55,25 +178,16 @@ def test_unknown_host_source_names_the_key(tmp_path: Path) -> None:
         load_cluster(path, env={})
 
 
-def test_bad_nodelist_names_the_variable(tmp_path: Path) -> None:
+def test_slurm_key_in_a_cluster_file_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "cluster.yaml"
-    path.write_text(SLURM_FILE)
-    with pytest.raises(ConfigError, match=r"SLURM_JOB_NODELIST='gpu\[3-1\]' is not a hostlist"):
-        load_cluster(path, env={"SLURM_JOB_NODELIST": "gpu[3-1]"})
+    path.write_text("name: x\nhosts: [a]\nslurm: {job_id: '1'}\n")
+    with pytest.raises(ConfigError, match=r"slurm: is set by the loader"):
+        load_cluster(path, env={})
 
 
 def _cvs(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     return cvs_in_process(*args, base_env=full, env=env, ci=False)
-
-
-def test_cli_hosts_from_slurm_inside_an_allocation(tmp_path: Path) -> None:
-    path = tmp_path / "cluster.yaml"
-    path.write_text(LISTED_FILE)
-    args = ["validate", "-c", str(path), "--hosts-from", "slurm", "--json"]
-    proc = _cvs(args, {"SLURM_JOB_NODELIST": "gpu[1-2]"})
-    assert proc.returncode == 0, proc.stderr
-    assert '"gpu1"' in proc.stdout and '"a1"' not in proc.stdout
 
 
 def test_cli_hosts_from_slurm_outside_an_allocation_exits_2(tmp_path: Path) -> None:
@@ -83,3 +197,132 @@ def test_cli_hosts_from_slurm_outside_an_allocation_exits_2(tmp_path: Path) -> N
     assert proc.returncode == 2
     assert proc.stderr.startswith("cvs: --hosts-from slurm: hosts come from Slurm")
     assert "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------- GPUs from the allocation
+
+AMD4 = tuple(GPU("amd", i, render_node=f"/dev/dri/renderD{128 + i}") for i in range(4))
+
+
+def job(**gpus: tuple[int, ...]) -> SlurmJob:
+    return SlurmJob(
+        "7", tuple(SlurmNode(n, f"10.0.0.{k}", g) for k, (n, g) in enumerate(gpus.items()))
+    )
+
+
+def test_inside_a_job_the_container_gets_the_allocated_gpus_not_the_lowest() -> None:
+    picked = select_in_job(AMD4, GPURequest(count=2), (2, 3), "7")
+    assert isinstance(picked, GPUSelection)
+    assert [g.index for g in picked.gpus] == [2, 3]
+    assert picked.env() == {"ROCR_VISIBLE_DEVICES": "0,1"}  # its own numbering
+
+
+def test_all_inside_a_job_is_all_the_job_holds_there() -> None:
+    picked = select_in_job(AMD4, "all", (1, 3), "7")
+    assert isinstance(picked, GPUSelection) and [g.index for g in picked.gpus] == [1, 3]
+
+
+def test_asking_more_than_the_allocation_names_both() -> None:
+    picked = select_in_job(AMD4, GPURequest(count=4), (2, 3), "7")
+    assert isinstance(picked, Unsatisfiable)
+    text = picked.message("node1")
+    assert "needs 4" in text and "2 GPU(s) Slurm allocated job 7 here (IDX 2-3)" in text
+
+
+def test_a_job_without_gpus_on_the_node_is_refused_when_gpus_are_asked() -> None:
+    picked = select_in_job(AMD4, GPURequest(count=1), (), "7")
+    assert isinstance(picked, Unsatisfiable) and "no GPUs on this node" in picked.reason
+
+
+def test_outside_a_job_selection_is_as_before() -> None:
+    picked = select_in_job(AMD4, GPURequest(count=2), None)
+    assert isinstance(picked, GPUSelection) and [g.index for g in picked.gpus] == [0, 1]
+
+
+def test_plan_refuses_a_count_beyond_the_allocation() -> None:
+    st = states(host("node1", "absent"))
+    st = {h: replace(s, gpus=AMD4) for h, s in st.items()}
+    plan = decide_plan(cfg("per_run", gpus={"count": 4}), st, slurm=job(node1=(2, 3)))
+    assert plan.refused and [r.kind for r in plan.refusals] == ["gpus"]
+
+
+def _kept(name: str, gpus: str) -> HostState:
+    labels = managed_labels(CLUSTER, lifetime="persistent", gpus=None) | {LABEL_GPUS: gpus}
+    return host(name, "running", labels=labels)
+
+
+def test_persistent_container_with_other_gpus_than_the_job_is_refused_per_node() -> None:
+    st = states(_kept("node1", "0,1"), _kept("node2", "2,3"))
+    c = cfg("persistent", gpus={"count": 2})
+    plan = decide_plan(c, st, slurm=job(node1=(2, 3), node2=(2, 3)))
+    assert plan.refused and plan.exit_code == 4
+    (refusal,) = plan.refusals
+    assert refusal.kind == "slurm_gpus" and refusal.hosts == ("node1",)
+    assert "node1: container has GPUs 0-1, job 7 was allocated 2-3" in refusal.reason
+    assert "force" in refusal.render()
+
+
+def test_persistent_container_with_the_jobs_gpus_attaches() -> None:
+    st = states(_kept("node1", "2,3"))
+    plan = decide_plan(cfg("persistent", gpus={"count": 2}), st, slurm=job(node1=(2, 3)))
+    assert not plan.refused and kinds(plan) == {"node1": "attach"}
+
+
+def test_force_recreates_a_persistent_container_with_the_wrong_gpus() -> None:
+    st = states(_kept("node1", "0,1"))
+    c = cfg("persistent", gpus={"count": 2})
+    plan = decide_plan(c, st, slurm=job(node1=(2, 3)), force=True)
+    assert not plan.refused and kinds(plan) == {"node1": "replace"}
+    assert plan.actions["node1"].remove_first
+
+
+# ------------------------------------------------------- the holder and the epilog (sh)
+
+CID = "c" * 64
+
+
+@pytest.mark.parametrize("shell", ["dash", "sh"])
+def test_the_holder_removes_its_nodes_container_by_id_on_sigterm(
+    shell: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "runtime.log"
+    runtime = ["sh", "-c", f'echo "$@" >> {log}', "runtime"]
+    argv = remote.argv("slurm_holder", f"node2={'d' * 64}", f"node1={CID}", "--", *runtime)
+    env = {"PATH": os.environ["PATH"], "SLURMD_NODENAME": "node1"}
+    proc = subprocess.Popen([shell, *argv[1:]], env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == f"ready node1 {CID}\n"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert out == f"removed node1 {CID}\n"
+    assert log.read_text() == f"rm -f -v {CID}\n"  # its own container, by ID, nothing else
+
+
+def test_a_holder_on_a_node_it_holds_nothing_for_exits_at_once() -> None:
+    argv = remote.argv("slurm_holder", f"node2={CID}", "--", "docker")
+    env = {"PATH": os.environ["PATH"], "SLURMD_NODENAME": "node1"}
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "no container for node 'node1'" in proc.stderr
+
+
+def test_the_holder_step_is_one_overlapping_task_per_node_of_the_job() -> None:
+    job = SlurmJob("42", (SlurmNode("n1", "a"), SlurmNode("n2", "b"), SlurmNode("n3", "c")))
+    argv = holder_argv(job, {"n3": CID, "n1": CID}, ["sudo", "-n", "docker"])
+    assert argv[:8] == [
+        "srun", "--jobid=42", "--overlap", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
+        "--nodelist=n1,n3", "--job-name=cvs-holder",
+    ]  # fmt: skip
+    assert argv[-3:] == ["sudo", "-n", "docker"]
+
+
+def test_the_epilog_exits_0_outside_a_job_and_without_a_runtime(tmp_path: Path) -> None:
+    script = tmp_path / "epilog.sh"
+    script.write_text(remote.source("slurm_epilog"))
+    for env in ({}, {"SLURM_JOB_ID": "12"}, {"SLURM_JOB_ID": "12; rm -rf /"}):
+        proc = subprocess.run(
+            [shutil.which("dash") or "/bin/sh", str(script)],
+            env={"PATH": str(tmp_path), **env},
+            capture_output=True,
+        )
+        assert proc.returncode == 0, proc.stderr

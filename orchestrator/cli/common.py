@@ -58,6 +58,9 @@ def load(args: argparse.Namespace, **kwargs: Any) -> Any:
 
     hosts_from = getattr(args, "hosts_from", None)
     cluster = load_cluster(cluster_path(args), hosts_from=hosts_from, **kwargs)
+    if cluster.slurm is not None:
+        # Every --json result of this invocation names the job (write_json_result).
+        args.slurm_job = cluster.slurm.job_id
     if getattr(args, "narrow_hosts", False) and (
         getattr(args, "hosts", None) or getattr(args, "exclude", None)
     ):
@@ -140,6 +143,7 @@ def write_json_result(
         "ok": bool(ok),
         "exit_code": int(exit_code),
         "error": error,
+        **({"slurm_job": args.slurm_job} if getattr(args, "slurm_job", None) else {}),
         **fields,
     }
     doc = restyled(doc, CLI_STYLE)

@@ -150,7 +150,8 @@ def _common_options(*, subcommand: bool) -> argparse.ArgumentParser:
         "--hosts-from",
         choices=["slurm"],
         metavar="SOURCE",
-        help="take the hosts from SOURCE instead of the file: slurm (SLURM_JOB_NODELIST)",
+        help="take the hosts from SOURCE instead of the file: slurm (the running job's "
+        "nodes and addresses, asked of scontrol)",
         **unset,
     )
     common.add_argument(
@@ -437,6 +438,20 @@ def _add_sandbox_parser(sub: _Subparsers, common: argparse.ArgumentParser) -> No
         help="with --runtime podman: the cluster file drives the login user's own rootless "
         "podman (the images are loaded into each node's rootless store)",
     )
+    up.add_argument(
+        "--slurm",
+        action="store_true",
+        help="also run a real Slurm over the hosts (munge, slurmctld, one slurmd per host); "
+        "source DIR/slurm.env to use sinfo, srun, salloc, sbatch, scontrol",
+    )
+    up.add_argument(
+        "--gpus",
+        type=int,
+        default=0,
+        metavar="K",
+        help="K stand-in GPUs per host (a device root the cluster file names; with --slurm "
+        "declared as gres gpu:K)",
+    )
     down = sandbox_sub.add_parser(
         "down",
         parents=[common],
@@ -542,3 +557,25 @@ def _add_shell_parsers(sub: _Subparsers, common: argparse.ArgumentParser) -> Non
     )
     p.add_argument("shell", choices=["bash", "zsh"], metavar="SHELL", help="bash or zsh")
     p.set_defaults(func="completion:cmd_completion")
+
+    p = sub.add_parser(
+        "slurm",
+        help="what cvs ships for Slurm sites (the epilog)",
+        description="Slurm helpers. Inside a job cvs needs nothing installed: per_run "
+        "containers end with the job through a holder step. The epilog is for sites that "
+        "also want them removed after a node failure.",
+        epilog="example: cvs slurm epilog --install /etc/slurm/epilog.d/cvs.sh",
+    )
+    slurm_sub: _Subparsers = p.add_subparsers(
+        dest="slurm_command", metavar="epilog", required=True, parser_class=Parser
+    )
+    ep = slurm_sub.add_parser(
+        "epilog",
+        help="print (or --install) the Slurm epilog that removes a job's per_run containers",
+        epilog="examples:\n"
+        "  cvs slurm epilog                                  # print it\n"
+        "  cvs slurm epilog --install /etc/slurm/epilog.d/cvs.sh",
+        formatter_class=raw,
+    )
+    ep.add_argument("--install", metavar="PATH", help="write it to PATH (mode 0755)")
+    p.set_defaults(func="slurm:cmd_slurm")

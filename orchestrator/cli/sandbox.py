@@ -34,6 +34,13 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
                     "cvs sandbox up: the --egress host runs docker only; leave out --egress "
                     "or --runtime podman"
                 )
+            if args.gpus < 0 or args.gpus > 16:
+                raise UsageError("cvs sandbox up: --gpus must be between 0 and 16")
+            if args.slurm and args.egress:
+                raise UsageError(
+                    "cvs sandbox up: the --egress host is not a Slurm node; leave out --egress "
+                    "or --slurm"
+                )
             box = sandbox_up(
                 directory,
                 args.hosts,
@@ -41,12 +48,18 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
                 progress=progress,
                 runtime=args.runtime,
                 rootless=args.rootless,
+                slurm=args.slurm,
+                gpus=args.gpus,
             )
             if args.lifetime != "per_run":
                 _set_sandbox_lifetime(box.cluster_file, args.lifetime)
             if args.json:
                 write_json_result(
-                    args, ok=True, exit_code=ExitCode.OK, cluster=str(box.cluster_file)
+                    args,
+                    ok=True,
+                    exit_code=ExitCode.OK,
+                    cluster=str(box.cluster_file),
+                    **({"slurm_env": str(box.slurm_env_file)} if box.slurm else {}),
                 )
             else:
                 sys.stdout.write(f"{box.cluster_file}\n")

@@ -24,7 +24,7 @@ from orchestrator.config.documents import (
 from orchestrator.config.gpu_devices import gpu_subset_problems
 from orchestrator.config.hostlist import HostlistError, expand_hostlist
 from orchestrator.config.model import ClusterConfig, ContainerConfig
-from orchestrator.config.slurm import HOST_SOURCES, slurm_hosts
+from orchestrator.config.slurm import HOST_SOURCES, Run, SlurmJob, query_job, run_scontrol
 from orchestrator.errors import Param, Phrase, Text
 
 # ---- hosts -----------------------------------------------------------------
@@ -91,9 +91,15 @@ def _expand_hosts(raw_hosts: Any, located: Located) -> tuple[list[Any], list[int
 
 
 def _hosts_from_source(
-    data: dict[str, Any], located: Located, hosts_from: str | None, env: Mapping[str, str]
-) -> dict[str, Any]:
-    """`hosts: {from: slurm}` (or `--hosts-from slurm`): the host names of the allocation."""
+    data: dict[str, Any],
+    located: Located,
+    hosts_from: str | None,
+    env: Mapping[str, str],
+    slurm_run: Run,
+) -> tuple[dict[str, Any], SlurmJob | None]:
+    """`hosts: {from: slurm}` (or `--hosts-from slurm`): the hosts of the running
+    job, asked of Slurm (config/slurm.py). A host the file lists by name keeps
+    what the file says of it (its address wins over Slurm's NodeAddr)."""
     raw = data.get("hosts")
     where: Text
     if hosts_from is not None:
@@ -109,7 +115,7 @@ def _hosts_from_source(
             raise ConfigError(located.error(["hosts", "from"], message))
         where = located.error(["hosts", "from"], "slurm").rsplit(": ", 1)[0]
     else:
-        return data
+        return data, None
     if hosts_from not in HOST_SOURCES:
         raise ConfigError(
             Phrase(
@@ -117,7 +123,13 @@ def _hosts_from_source(
                 f" {hosts_from!r}: unknown host source (known: {', '.join(HOST_SOURCES)})",
             )
         )
-    return {**data, "hosts": slurm_hosts(env, where=where)}
+    job = query_job(env, where=where, run=slurm_run)
+    listed: dict[str, dict[str, Any]] = {}
+    if isinstance(raw, list | str):
+        entries, _ = _expand_hosts(raw, located)
+        listed = {e["name"]: e for e in entries}
+    hosts = [{"name": n.name, "address": n.address, **listed.get(n.name, {})} for n in job.nodes]
+    return {**data, "hosts": hosts}, job
 
 
 # ---- paths -----------------------------------------------------------------
@@ -203,19 +215,9 @@ def _read_setup_script(
 # ---- entry points ----------------------------------------------------------
 
 
-def cluster_from_data(
-    data: Any,
-    source: str,
-    base_dir: Path,
-    *,
-    check_files: bool = True,
-    hosts_from: str | None = None,
-    env: Mapping[str, str] | None = None,
-) -> ClusterConfig:
-    """Validate already-parsed cluster data (a YAML/JSON document).
-
-    `hosts_from="slurm"` replaces the file's hosts with the Slurm allocation's
-    (`env`, default os.environ), as `hosts: {from: slurm}` in the file does."""
+def _top_level(data: Any, source: str) -> tuple[dict[str, Any], Located]:
+    """The document as a mapping of string keys: a CVS cluster JSON converted,
+    `x-...` keys (YAML anchors' hooks) dropped."""
     located = Located(source, data)
     if data is None:
         raise ConfigError(f"{source}: the file is empty (expected a mapping with 'hosts')")
@@ -230,18 +232,35 @@ def cluster_from_data(
                 located.error([key], f"keys must be strings, got {describe_value(key)}")
             )
     if is_cvs_cluster(data):
-        data = _from_cvs(data, located)
-        located = Located(source, None)
-    else:
-        # `x-...` top-level keys are free for YAML anchors to hang on (the
-        # docker compose convention): `x-caps: &caps {max_cpus: 8}`.
-        data = {k: v for k, v in data.items() if not k.startswith("x-")}
-    for key in ("source", "source_file"):
+        return _from_cvs(data, located), Located(source, None)
+    # `x-...` top-level keys are free for YAML anchors to hang on (the
+    # docker compose convention): `x-caps: &caps {max_cpus: 8}`.
+    return {k: v for k, v in data.items() if not k.startswith("x-")}, located
+
+
+def cluster_from_data(
+    data: Any,
+    source: str,
+    base_dir: Path,
+    *,
+    check_files: bool = True,
+    hosts_from: str | None = None,
+    env: Mapping[str, str] | None = None,
+    slurm_run: Run = run_scontrol,
+) -> ClusterConfig:
+    """Validate already-parsed cluster data (a YAML/JSON document).
+
+    `hosts_from="slurm"` replaces the file's hosts with the Slurm allocation's
+    (`env`, default os.environ), as `hosts: {from: slurm}` in the file does."""
+    data, located = _top_level(data, source)
+    for key in ("source", "source_file", "slurm"):
         if key in data:
             raise ConfigError(located.error([key], "is set by the loader (the file); remove it"))
     if "cvs_notes" in data and located.raw is not None:
         raise ConfigError(located.error(["cvs_notes"], "is set by the CVS-JSON import; remove it"))
-    data = _hosts_from_source(data, located, hosts_from, os.environ if env is None else env)
+    data, job = _hosts_from_source(
+        data, located, hosts_from, os.environ if env is None else env, slurm_run
+    )
     if "hosts" not in data:
         raise ConfigError(f"{source}: hosts: required key is missing")
     entries, origins = _expand_hosts(data["hosts"], located)
@@ -272,15 +291,17 @@ def cluster_from_data(
     except ValidationError as exc:
         lines = validation_lines(exc.errors(include_url=False), located, user_path, ClusterConfig)
         raise first_problem(lines) from None
+    if job is not None:
+        cluster = cluster.model_copy(update={"slurm": job})
     if cluster.container is not None:
-        for key, message in gpu_subset_problems(cluster.container):
+        for path, message in gpu_subset_problems(cluster.container):
             if cluster.cvs_notes:
                 # A CVS file cannot drop CVS's default devices (lists only append).
                 message += (
                     " (CVS's runtime defaults include privileged and /dev/dri: use the native "
                     "format to hold a GPU subset)"
                 )
-            raise ConfigError(located.error(key, message))
+            raise ConfigError(located.error(path, message))
     return _resolve_paths(cluster, base_dir, located, check_files)
 
 
@@ -292,13 +313,20 @@ def parse_cluster(
     check_files: bool = True,
     hosts_from: str | None = None,
     env: Mapping[str, str] | None = None,
+    slurm_run: Run = run_scontrol,
 ) -> ClusterConfig:
     """Parse cluster-file text. `source` names the file in messages; relative
     paths in it resolve against `base_dir`. Raises ConfigError only."""
     try:
         data = parse_document(text, source)
         return cluster_from_data(
-            data, source, Path(base_dir), check_files=check_files, hosts_from=hosts_from, env=env
+            data,
+            source,
+            Path(base_dir),
+            check_files=check_files,
+            hosts_from=hosts_from,
+            env=env,
+            slurm_run=slurm_run,
         )
     except ConfigError:
         raise
@@ -314,6 +342,7 @@ def load_cluster(
     check_files: bool = True,
     hosts_from: str | None = None,
     env: Mapping[str, str] | None = None,
+    slurm_run: Run = run_scontrol,
 ) -> ClusterConfig:
     """Load and validate a cluster file (YAML, JSON, or CVS cluster JSON).
 
@@ -324,6 +353,12 @@ def load_cluster(
     text = read_document_text(source, "cluster file")
     resolved = Path(os.path.expanduser(source)).resolve()
     cluster = parse_cluster(
-        text, source, resolved.parent, check_files=check_files, hosts_from=hosts_from, env=env
+        text,
+        source,
+        resolved.parent,
+        check_files=check_files,
+        hosts_from=hosts_from,
+        env=env,
+        slurm_run=slurm_run,
     )
     return cluster.model_copy(update={"source_file": str(resolved)})

@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.config.slurm import SlurmJob
 from orchestrator.config.units import parse_size
 
 Lifetime = Literal["no_launch", "per_run", "persistent"]
@@ -393,6 +394,15 @@ class Concurrency(Model):
         ge=1,
         description="Hosts worked on at once; the fleet size is safe: handshakes are admitted "
         "adaptively",
+    )
+    # ssh/workers.py: when unset, workers only from WORKERS_FROM hosts on a
+    # machine with WORKERS_MIN_CORES cores (on 2 cores they did not pay).
+    workers: int | None = Field(
+        default=None,
+        ge=1,
+        description="Coordinator processes sharing a large fan-out of commands on the hosts, "
+        "each with its own connections; unset: one per core for 512 hosts or more on 4 "
+        "cores or more, else one; 1: always one; above the cores: clamped, with a warning",
     )
 
 
@@ -808,6 +818,12 @@ class ClusterConfig(Model):
         default_factory=list,
         description="Set by the CVS-JSON import: what CVS's own rules put into effect, for "
         "validation's report",
+        json_schema_extra=SET_BY_LOADER,
+    )
+    slurm: SlurmJob | None = Field(
+        default=None,
+        description="Set by the loader when the hosts come from a running Slurm job: its ID, "
+        "nodes, their addresses and the GPU indices it holds on each",
         json_schema_extra=SET_BY_LOADER,
     )
 

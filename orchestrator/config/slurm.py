@@ -1,14 +1,26 @@
-"""Hosts from a Slurm allocation: `SLURM_JOB_NODELIST` in hostlist syntax.
+"""Hosts (and their GPUs) from a Slurm allocation, asked of Slurm itself.
 
-Inside `salloc` or an `sbatch` script Slurm exports the allocated nodes as
-one compressed hostlist, e.g. `gpu[01-04,07],login2`. A cluster file that says
+Inside `salloc` or an `sbatch` script, a cluster file that says
 `hosts: {from: slurm}` (or `cvs --hosts-from slurm`) takes its hosts from
-there; everything else (ssh, container, limits) still comes from the file.
+the running job: `scontrol show job -d $SLURM_JOB_ID` gives its state, its
+nodes and, per node, the GPU indices Slurm allocated (`GRES=gpu:2(IDX:2-3)`);
+`scontrol show hostnames` expands the node list; `scontrol show node` gives
+each node's `NodeAddr`, so a cluster file need not list addresses. A host
+the file does list keeps what the file says of it (address, port, user,
+limits); everything else (ssh, container, limits) still comes from the file.
+
+The parsers are pure; `query_job` is the thin IO around them (three local
+`scontrol` calls, each bounded). Every failure is one `ConfigError` line:
+outside a job, no scontrol, a slurmctld that does not answer, a job that is
+not running, GPUs without indices.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from orchestrator.config.documents import ConfigError
 from orchestrator.config.hostlist import HostlistError, expand_hostlist, split_patterns
@@ -16,7 +28,52 @@ from orchestrator.errors import Phrase, Text
 
 # SLURM_NODELIST is the older name; both are set inside allocations today.
 NODELIST_VARIABLES = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
+JOB_ID_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID")
 HOST_SOURCES = ("slurm",)
+# Each scontrol call; slurmctld's own MessageTimeout defaults to 10 s.
+SCONTROL_TIMEOUT = 20.0
+
+_JOB_ID_RE = re.compile(r"[0-9]{1,12}")
+_NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_ADDRESS_RE = re.compile(r"[A-Za-z0-9:][A-Za-z0-9._:-]{0,252}")
+# One GRES entry of a node line: gpu[:type]:count[(IDX:...)]
+_GRES_RE = re.compile(r"gpu(?::[^:(,]+)?:(\d+)(?:\(IDX:([^)]*)\))?")
+
+
+class SlurmError(ConfigError):
+    """Slurm cannot tell us the allocation (exit 2, nothing started)."""
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    address: str
+    # Slurm's indices of the GPUs the job holds on this node (the node's own
+    # numbering, as gres.conf lists them); () when it holds none.
+    gpus: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    job_id: str
+    nodes: tuple[SlurmNode, ...]
+
+    def node(self, name: str) -> SlurmNode | None:
+        return next((n for n in self.nodes if n.name == name), None)
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What `scontrol show job -d` says that matters here."""
+
+    job_id: str
+    state: str
+    nodelist: str
+    # node hostlist expression -> that line's GRES field ("gpu:2(IDX:0-1)", "")
+    node_gres: tuple[tuple[str, str], ...]
+
+
+# ---------------------------------------------------------------- pure parts
 
 
 def slurm_nodelist(env: Mapping[str, str]) -> tuple[str, str] | None:
@@ -28,28 +85,214 @@ def slurm_nodelist(env: Mapping[str, str]) -> tuple[str, str] | None:
     return None
 
 
-def slurm_hosts(env: Mapping[str, str], *, where: Text) -> list[str]:
-    """The allocation's host names, in Slurm's order. ConfigError (exit 2) outside one.
+def slurm_job_id(env: Mapping[str, str]) -> str | None:
+    for name in JOB_ID_VARIABLES:
+        value = env.get(name, "").strip()
+        if value:
+            return value
+    return None
 
-    `where` names what asked for them (`cluster.yaml: hosts` or `--hosts-from slurm`).
+
+def _fields(text: str) -> list[tuple[str, str]]:
+    """`Key=Value` words of scontrol's output, in order (values hold no spaces
+    for the keys read here)."""
+    pairs = []
+    for word in text.split():
+        key, sep, value = word.partition("=")
+        if sep:
+            pairs.append((key, value))
+    return pairs
+
+
+def parse_job(text: str) -> JobFacts:
+    """`scontrol show job -d J` (multi-line or --oneliner) -> JobFacts.
+
+    Per-node detail lines read `Nodes=node[1-2] CPU_IDs=0 Mem=0 GRES=gpu:2(IDX:0-1)`.
     """
-    found = slurm_nodelist(env)
-    if found is None:
-        raise ConfigError(
-            Phrase(
-                where,
-                ": hosts come from Slurm, but SLURM_JOB_NODELIST is not set: run cvs "
-                "inside an allocation (salloc -N2 cvs ..., or in an sbatch script), or list "
-                "hosts in the cluster file",
-            )
-        )
-    variable, value = found
+    job_id = state = nodelist = ""
+    node_gres: list[tuple[str, str]] = []
+    current: str | None = None
+    for key, value in _fields(text):
+        if key == "JobId" and not job_id:
+            job_id = value
+        elif key == "JobState":
+            state = value
+        elif key == "NodeList" and not nodelist:
+            nodelist = value
+        elif key == "Nodes":
+            current = value
+            node_gres.append((value, ""))
+        elif key == "GRES" and current is not None:
+            node_gres[-1] = (current, value)
+    return JobFacts(job_id, state, nodelist, tuple(node_gres))
+
+
+def parse_gpu_indices(gres: str) -> tuple[int, ...] | None:
+    """GPU indices of one node line's GRES (`gpu:2(IDX:0-1)`,
+    `gpu:a100:1(IDX:3),gpu:h100:2(IDX:4-5)`); () without GPUs; None when it
+    holds GPUs but Slurm printed no indices."""
+    indices: list[int] = []
+    for m in _GRES_RE.finditer(gres):
+        count, idx = int(m.group(1)), m.group(2)
+        if count == 0:
+            continue
+        if idx is None:
+            return None
+        for part in idx.split(","):
+            if part in ("", "N/A"):
+                return None
+            low, _, high = part.partition("-")
+            if not low.isdigit() or (high and not high.isdigit()):
+                return None
+            indices.extend(range(int(low), int(high or low) + 1))
+    return tuple(sorted(set(indices)))
+
+
+def parse_node_addresses(text: str) -> dict[str, str]:
+    """`scontrol show node [--oneliner] NODES` -> {NodeName: NodeAddr}."""
+    found: dict[str, str] = {}
+    name: str | None = None
+    for key, value in _fields(text):
+        if key == "NodeName":
+            name = value
+        elif key == "NodeAddr" and name is not None:
+            found[name] = value
+    return found
+
+
+def expand_nodes(value: str, *, what: Text) -> list[str]:
+    """A Slurm hostlist (`gpu[01-03,07],login2`) -> names, in Slurm's order."""
     names: list[str] = []
     try:
         for part in split_patterns(value):
             names.extend(expand_hostlist(part))
     except HostlistError as exc:
-        raise ConfigError(
-            Phrase(where, f": {variable}={value!r} is not a hostlist: {exc}")
-        ) from None
+        raise SlurmError(Phrase(what, f"={value!r} is not a hostlist: {exc}")) from None
     return list(dict.fromkeys(names))  # a node named twice is one host
+
+
+def slurm_hosts(env: Mapping[str, str], *, where: Text) -> list[str]:
+    """The allocation's host names from SLURM_JOB_NODELIST alone (no Slurm
+    asked). ConfigError (exit 2) outside an allocation."""
+    found = slurm_nodelist(env)
+    if found is None:
+        raise _outside_job(where)
+    variable, value = found
+    return expand_nodes(value, what=Phrase(where, f": {variable}"))
+
+
+def _outside_job(where: Text) -> SlurmError:
+    return SlurmError(
+        Phrase(
+            where,
+            ": hosts come from Slurm, but SLURM_JOB_ID is not set: run cvs inside an "
+            "allocation (salloc -N2 cvs ..., or in an sbatch script), or list hosts in the "
+            "cluster file",
+        )
+    )
+
+
+def job_nodes(
+    facts: JobFacts, names: Sequence[str], addresses: Mapping[str, str], *, where: Text
+) -> tuple[SlurmNode, ...]:
+    """The job's nodes with their addresses and GPU indices (pure)."""
+    gpus: dict[str, tuple[int, ...]] = {}
+    for expr, gres in facts.node_gres:
+        indices = parse_gpu_indices(gres)
+        for name in expand_nodes(expr, what=Phrase(where, ": Nodes")):
+            if indices is None:
+                raise SlurmError(
+                    Phrase(
+                        where,
+                        f": Slurm gave job {facts.job_id} GPUs on {name} without indices "
+                        f"(GRES={gres}); cvs cannot tell which devices are the job's: "
+                        "declare them with File= in gres.conf",
+                    )
+                )
+            gpus[name] = indices
+    nodes = []
+    for name in names:
+        address = addresses.get(name)
+        if not address or not _ADDRESS_RE.fullmatch(address):
+            raise SlurmError(
+                Phrase(
+                    where,
+                    f": Slurm lists node {name!r} in job {facts.job_id} but gives it no "
+                    f"usable address (NodeAddr={address!r})",
+                )
+            )
+        nodes.append(SlurmNode(name, address, gpus.get(name, ())))
+    return tuple(nodes)
+
+
+# ---------------------------------------------------------------- thin IO
+
+# argv, timeout -> (exit status, stdout, stderr); raises FileNotFoundError
+# when scontrol is not installed, subprocess.TimeoutExpired on a hang.
+Run = Callable[[Sequence[str], float], tuple[int, str, str]]
+
+
+def run_scontrol(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
+    proc = subprocess.run(
+        list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def _ask(run: Run, argv: list[str], where: Text, timeout: float) -> str:
+    shown = " ".join(argv)
+    try:
+        code, out, err = run(argv, timeout)
+    except FileNotFoundError:
+        raise SlurmError(
+            Phrase(
+                where,
+                ": hosts come from Slurm, but scontrol is not installed on this machine "
+                "(Debian: slurm-client); run cvs where Slurm's commands are",
+            )
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(
+            Phrase(
+                where,
+                f": slurmctld did not answer `{shown}` within {timeout:.0f}s; check "
+                "`scontrol ping` (is slurmctld up, is SLURM_CONF right?)",
+            )
+        ) from None
+    if code != 0:
+        first = next((line for line in err.splitlines() if line.strip()), f"exit {code}")
+        raise SlurmError(Phrase(where, f": `{shown}` failed: {first.strip()[:300]}"))
+    return out
+
+
+def query_job(
+    env: Mapping[str, str],
+    *,
+    where: Text,
+    run: Run = run_scontrol,
+    timeout: float = SCONTROL_TIMEOUT,
+) -> SlurmJob:
+    """The running job this process is in, asked of Slurm (SlurmError otherwise)."""
+    job_id = slurm_job_id(env)
+    if job_id is None:
+        raise _outside_job(where)
+    if not _JOB_ID_RE.fullmatch(job_id):
+        raise SlurmError(Phrase(where, f": SLURM_JOB_ID={job_id!r} is not a job ID"))
+    facts = parse_job(_ask(run, ["scontrol", "show", "job", "-d", job_id], where, timeout))
+    if facts.state != "RUNNING":
+        raise SlurmError(
+            Phrase(
+                where,
+                f": job {job_id} is {facts.state or 'in an unknown state'}, not running: "
+                "run cvs inside a running allocation",
+            )
+        )
+    if not facts.nodelist or facts.nodelist == "(null)":
+        raise SlurmError(Phrase(where, f": job {job_id} has no nodes"))
+    listed = _ask(run, ["scontrol", "show", "hostnames", facts.nodelist], where, timeout)
+    names = [line.strip() for line in listed.splitlines() if line.strip()]
+    for name in names:
+        if not _NODE_NAME_RE.fullmatch(name):
+            raise SlurmError(Phrase(where, f": Slurm named a node {name!r}: not a host name"))
+    shown = _ask(run, ["scontrol", "show", "node", "--oneliner", facts.nodelist], where, timeout)
+    return SlurmJob(job_id, job_nodes(facts, names, parse_node_addresses(shown), where=where))

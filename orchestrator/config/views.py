@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import os
 import re
 from typing import Any
 
@@ -115,7 +116,29 @@ def cluster_warnings(cluster: ClusterConfig) -> list[str]:
         out += rootless_notes(container)
     if cluster.ssh.host_key_policy == "off":
         out.append("ssh.host_key_policy is off: host keys are not checked at all")
+    workers = cluster.concurrency.workers
+    if workers is not None and workers > usable_cores():
+        out.append(workers_clamped(workers))
     return out
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, where the OS says)."""
+    count = getattr(os, "process_cpu_count", None)  # Python 3.13
+    if count is not None:
+        return int(count() or 1)
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
+def workers_clamped(workers: int) -> str:
+    """The warning for `concurrency.workers` above this machine's cores."""
+    cores = usable_cores()
+    return (
+        f"concurrency.workers is {workers}, more than this machine's {cores} cores: "
+        f"{cores} worker processes are used (set it to {cores} or less, or leave it unset)"
+    )
 
 
 def normalized_cluster(cluster: ClusterConfig) -> dict[str, Any]:

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import IO, Any
 
 import anyio
-import asyncssh
 
 from orchestrator import remote
 from orchestrator.config import ClusterConfig, container_name
@@ -39,6 +38,7 @@ from orchestrator.errors import ConnectError
 from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
+from orchestrator.ssh.libsearch import asyncssh
 from orchestrator.ssh.seam import HostRunner
 
 CHUNK = 256 * 1024

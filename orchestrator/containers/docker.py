@@ -45,6 +45,12 @@ LABEL_INVOCATION = "io.cvs.invocation"
 # The port its in-container sshd listens on: with network host another
 # cluster's probe names this container when that port is taken.
 LABEL_SSHD_PORT = "io.cvs.sshd-port"
+# The Slurm job whose invocation started it (hosts from Slurm): a per_run
+# container goes when that job ends (containers/jobend.py, `cvs slurm epilog`).
+LABEL_SLURM_JOB = "io.cvs.slurm-job"
+# The host's GPU indices it was given ("2,3"): a later job compares them with
+# its own allocation before attaching.
+LABEL_GPUS = "io.cvs.gpus"
 CONTAINER_ID_RE = re.compile(r"[0-9a-f]{64}")  # a full container ID, as docker prints it
 
 # Docker's zero time: what StartedAt holds for a container never started.
@@ -119,6 +125,8 @@ def managed_labels(
     lifetime: str | None = None,
     invocation: str | None = None,
     sshd_port: int | None = None,
+    slurm_job: str | None = None,
+    gpus: tuple[int, ...] | None = None,
 ) -> dict[str, str]:
     """The labels `run_argv` should get so `is_ours` recognises the container.
 
@@ -134,6 +142,10 @@ def managed_labels(
         labels[LABEL_INVOCATION] = invocation
     if sshd_port is not None:
         labels[LABEL_SSHD_PORT] = str(int(sshd_port))
+    if slurm_job is not None:
+        labels[LABEL_SLURM_JOB] = slurm_job
+    if gpus:
+        labels[LABEL_GPUS] = ",".join(str(int(i)) for i in gpus)
     return labels
 
 

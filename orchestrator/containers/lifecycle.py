@@ -54,6 +54,7 @@ from orchestrator.containers.docker import (
     unpause_argv,
 )
 from orchestrator.containers.drift import limits_drift
+from orchestrator.containers.jobend import tie_to_job
 from orchestrator.containers.locks import HostLocks, Mode
 from orchestrator.containers.plan import (
     DOWN_FORCE,
@@ -425,6 +426,7 @@ class Lifecycle:
             adopt=adopt,
             cluster_name=self.identity,
             resources=cluster_effective_resources(self.cluster),
+            slurm=self.cluster.slurm,
         )
 
     # -- acting ---------------------------------------------------------
@@ -618,6 +620,7 @@ class Lifecycle:
             if plan.refused:
                 raise PolicyRefused(plan.refusals)
             report = await self._execute(plan, states)
+            await self._tie_to_slurm_job(report, states)
             await self.locks.downgrade()
             self.locks.ready = {
                 h: states[h].runtime
@@ -628,6 +631,21 @@ class Lifecycle:
         except BaseException:
             await self.locks.release()
             raise
+
+    async def _tie_to_slurm_job(self, report: UpReport, states: Mapping[str, HostState]) -> None:
+        """Inside a Slurm job, the per_run containers this `up` started end
+        with the job (containers/jobend.py); a persistent one never does."""
+        job = self.cluster.slurm
+        if job is None or self.cfg.lifetime != "per_run":
+            return
+        ids = {
+            h: o.container_id
+            for h, o in report.outcomes.items()
+            if o.ok and o.container_id and o.action.launches and states[h].runtime.known
+        }
+        prefixes = {h: states[h].runtime.prefix for h in ids}
+        for warning in await tie_to_job(job, ids, prefixes):
+            self.sink.emit(Message(level="warning", text=warning))
 
     async def _execute(self, plan: Plan, states: Mapping[str, HostState]) -> UpReport:
         """Act on a plan that was not refused: prepare the launching hosts,
@@ -741,7 +759,12 @@ class Lifecycle:
         if self.cfg.gpus is None or prepared.gpus is None:
             return None
         return choose_gpus(
-            self.cfg, host, prepared.gpus, prepared.cdi_specs, prepared.runtime_version
+            self.cfg,
+            host,
+            prepared.gpus,
+            prepared.cdi_specs,
+            prepared.runtime_version,
+            slurm=self.cluster.slurm,
         )
 
     async def _host_pipeline(
@@ -813,6 +836,8 @@ class Lifecycle:
             lifetime=self.cfg.lifetime,
             invocation=self.invocation,
             sshd_port=self.cfg.sshd.port if sshd_wanted(self.cfg, len(self._hosts())) else None,
+            slurm_job=self.cluster.slurm.job_id if self.cluster.slurm else None,
+            gpus=tuple(g.index for g in gpus.gpus) if gpus is not None else None,
         )
         argv = run_argv(
             prefix,

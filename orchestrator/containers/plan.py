@@ -30,8 +30,10 @@ from typing import Literal
 from orchestrator.config import ContainerConfig, Lifetime, sshd_wanted
 from orchestrator.config.hostlist import MAX_NAMED_HOSTS as _MAX_NAMED_HOSTS
 from orchestrator.config.hostlist import abbreviate_hosts as _names
+from orchestrator.config.slurm import SlurmJob
 from orchestrator.containers.docker import (
     LABEL_CONFIG_HASH,
+    LABEL_GPUS,
     LABEL_LIFETIME,
     LABEL_MANAGED,
     is_ours,
@@ -41,13 +43,14 @@ from orchestrator.containers.probe import HostState
 from orchestrator.errors import Call, ExitCode, Option, Phrase, Refusal, Text, WayOut
 from orchestrator.limits.capacity import fit_to_host
 from orchestrator.limits.cdi import CDIDevice, SpecFile, parse_specs, use_cdi
-from orchestrator.limits.gpus import GPU, GPUError, GPUSelection, Unsatisfiable, select_gpus
+from orchestrator.limits.gpus import GPU, GPUError, GPUSelection, Unsatisfiable
 from orchestrator.limits.resources import EffectiveResources
 from orchestrator.limits.rootless import (
     device_group_access,
     rootless_cap_refusal,
     wants_devices,
 )
+from orchestrator.limits.slurm_gpus import gpu_mismatch, gpu_mismatch_refusal, select_for_host
 from orchestrator.remote.runtime import ContainerRuntime, daemon_word
 
 # What `docker start` / `docker unpause` brings back with its overlay intact
@@ -415,6 +418,7 @@ def decide_plan(
     config_hash: str | None = None,
     adopt: bool = False,
     resources: Mapping[str, EffectiveResources] | None = None,
+    slurm: SlurmJob | None = None,
 ) -> Plan:
     """What `cvs up` does on each host, or a refusal (exit 4) with reasons:
     every reason the probed facts already show, at once (`up` refuses while
@@ -432,6 +436,10 @@ def decide_plan(
     `script_sha256` is the sha256 of the setup script the config asks for
     (compared with each kept container's marker); `config_hash` the value of
     the config-hash label new containers get (compared for drift warnings).
+
+    `slurm`: the running job the hosts came from: a launching host's GPUs are
+    chosen among the ones Slurm allocated the job there, and a kept
+    persistent container must hold exactly those (limits/slurm_gpus.py).
     """
     ours = {
         h: s.container not in (None, "absent")
@@ -472,7 +480,9 @@ def decide_plan(
             config_hash=config_hash,
             adopt=adopt,
         )
-    return _with_host_facts(cfg, states, ours, plan, resources=resources, force=force, sshd=sshd)
+    return _with_host_facts(
+        cfg, states, ours, plan, resources=resources, force=force, sshd=sshd, slurm=slurm
+    )
 
 
 def _with_host_facts(
@@ -484,6 +494,7 @@ def _with_host_facts(
     resources: Mapping[str, EffectiveResources] | None,
     force: bool,
     sshd: bool,
+    slurm: SlurmJob | None,
 ) -> Plan:
     """`plan` with everything else `up` would refuse for that the probe
     already shows (listed with the lifetime's refusals rather than one `up`
@@ -499,8 +510,11 @@ def _with_host_facts(
     fit_reasons, fit_warnings, fitted = _capacity(states, launching, resources)
     more += fit_reasons + _missing_image(cfg, states, launching)
     more += _rootless_caps(states, launching, resources)
-    gpu_reasons, choices = _gpu_choices(cfg, states, launching)
+    gpu_reasons, choices = _gpu_choices(cfg, states, launching, slurm)
     more += gpu_reasons
+    if not plan.refused and slurm is not None:
+        plan, mismatch = _slurm_gpu_check(cfg, states, plan, slurm, force=force, sshd=sshd)
+        more += mismatch
     group_notes, keep = _device_group_access(cfg, states, launching)
     warnings = [*plan.warnings, *fit_warnings, *group_notes]
     if more or plan.refused:
@@ -626,6 +640,39 @@ def _device_group_access(
     return notes, keep
 
 
+def _slurm_gpu_check(
+    cfg: ContainerConfig,
+    states: Mapping[str, HostState],
+    plan: Plan,
+    slurm: SlurmJob,
+    *,
+    force: bool,
+    sshd: bool,
+) -> tuple[Plan, list[Refusal]]:
+    """Kept containers (attach, restart) whose GPUs are not the job's: a
+    refusal, or with `force` a replacement there."""
+    kept = plan.hosts("attach", "restart")
+    found = [
+        m
+        for h in kept
+        if (m := gpu_mismatch(h, states[h].labels, cfg.gpus, slurm, LABEL_GPUS)) is not None
+    ]
+    if not found:
+        return plan, []
+    if not force:
+        return plan, [gpu_mismatch_refusal(found, slurm.job_id, _label(cfg))]
+    actions = dict(plan.actions)
+    for m in found:
+        actions[m.host] = HostAction(
+            "replace",
+            Phrase(FORCE, f": its GPUs are not job {slurm.job_id}'s, start fresh"),
+            remove_first=True,
+            provision=True,
+            start_sshd=sshd,
+        )
+    return replace(plan, actions=_frozen(actions)), []
+
+
 @dataclass(frozen=True)
 class GPUChoice:
     """The GPUs a launching host's container gets, and the CDI devices they go
@@ -641,15 +688,18 @@ def choose_gpus(
     inventory: Sequence[GPU],
     specs: Sequence[SpecFile],
     runtime_version: str | None,
+    *,
+    slurm: SlurmJob | None = None,
 ) -> GPUChoice | Refusal:
     """PURE: the GPUs and the CDI devices for `host` from its GPUs, its CDI
     spec files and (where CDI depends on it) its runtime's version; or why
     not (kind `gpus`: the request; kind `cdi`: how they would reach the
-    container). The plan calls it where the probe listed the GPUs; `up`
-    where it had to list them itself."""
+    container). Inside a Slurm job (`slurm`) only the job's GPUs on the host
+    are chosen from (limits/slurm_gpus.py). The plan calls it where the probe
+    listed the GPUs; `up` where it had to list them itself."""
     assert cfg.gpus is not None
     try:
-        picked = select_gpus(list(inventory), cfg.gpus)
+        picked = select_for_host(list(inventory), cfg.gpus, host, slurm)
     except GPUError as exc:
         return Refusal("gpus", f"{host}: {exc}", (host,))
     if isinstance(picked, Unsatisfiable):
@@ -663,16 +713,19 @@ def choose_gpus(
     if decision is None and picked.gpus and picked.vendor not in runtime.gpu_vendors_without_cdi:
         return Refusal(
             "cdi",
-            f"{host}: {cfg.runtime} has no `--gpus`: NVIDIA GPUs reach a {cfg.runtime} "
-            "container through CDI; publish CDI specs on the host (nvidia-ctk cdi generate) "
-            "so that one CDI device adds each GPU",
+            f"{host}: NVIDIA GPUs reach a {cfg.runtime} container only through CDI "
+            f"({cfg.runtime} has no GPU flag of docker's kind); publish CDI specs on the host "
+            "(nvidia-ctk cdi generate) so that one CDI device adds each GPU",
             (host,),
         )
     return GPUChoice(picked, decision)
 
 
 def _gpu_choices(
-    cfg: ContainerConfig, states: Mapping[str, HostState], launching: list[str]
+    cfg: ContainerConfig,
+    states: Mapping[str, HostState],
+    launching: list[str],
+    slurm: SlurmJob | None = None,
 ) -> tuple[list[Refusal], dict[str, GPUChoice]]:
     """The GPUs of each launching host whose GPUs the probe listed, or the
     refusals of a request such a host cannot meet (a host whose GPUs were
@@ -685,7 +738,9 @@ def _gpu_choices(
         state = states[host]
         if state.gpus is None:
             continue
-        choice = choose_gpus(cfg, host, state.gpus, state.cdi_specs, state.runtime_version)
+        choice = choose_gpus(
+            cfg, host, state.gpus, state.cdi_specs, state.runtime_version, slurm=slurm
+        )
         if isinstance(choice, Refusal):
             refusals.append(choice)
         else:

@@ -50,6 +50,8 @@ PROGRAMS = frozenset(
         "copy_send",
         "gpus",
         "diagnose",
+        "slurm_holder",
+        "slurm_epilog",
     }
 )
 

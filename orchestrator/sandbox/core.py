@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from . import daemons, images, network, podman, prereqs, procs
+from . import slurm as slurm_sb
 from .errors import SandboxError
 from .registry import SandboxRegistry, sandbox_registry
 from .users import (
@@ -77,6 +78,11 @@ class SandboxHost:
     @property
     def egress(self) -> bool:
         return self.netns is None
+
+    @property
+    def gpu_root(self) -> Path:
+        """Where this host's stand-in GPUs live (`sandbox up --gpus K`)."""
+        return self.run_dir / "gpu"
 
     @property
     def sshd_config(self) -> Path:
@@ -166,6 +172,12 @@ class Sandbox:
     bridge: str
     run_dir: Path
     hosts: list[SandboxHost]
+    # `--slurm`: munged, slurmctld and one slurmd per node (sandbox/slurm.py),
+    # by name ("munged", "slurmctld", "slurmd:node1") -> pid.
+    slurm: bool = False
+    slurm_pids: dict[str, int] = field(default_factory=dict)
+    # Stand-in GPUs per node (`--gpus K`), declared as gres gpu:K with --slurm.
+    gpus: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     # -- paths -----------------------------------------------------------
@@ -180,6 +192,19 @@ class Sandbox:
     @property
     def egress_cluster_file(self) -> Path | None:
         return self.directory / "cluster-egress.yaml" if self.egress else None
+
+    @property
+    def slurm_paths(self) -> slurm_sb.SlurmPaths:
+        return slurm_sb.paths(self.directory, self.run_dir)
+
+    @property
+    def slurm_env_file(self) -> Path:
+        """Source it to drive this sandbox's Slurm (`--slurm`)."""
+        return self.directory / "slurm.env"
+
+    def slurm_env(self) -> dict[str, str]:
+        """The variables slurm.env sets (for a subprocess's environment)."""
+        return {"SLURM_CONF": str(self.slurm_paths.conf)}
 
     @property
     def key_file(self) -> Path:
@@ -220,6 +245,9 @@ class Sandbox:
             "bridge": self.bridge,
             "run_dir": str(self.run_dir),
             "hosts": [h.to_json() for h in self.hosts],
+            "slurm": self.slurm,
+            "slurm_pids": dict(self.slurm_pids),
+            "gpus": self.gpus,
         }
         with self._lock:
             tmp = self.state_file.with_suffix(".json.tmp")
@@ -453,7 +481,9 @@ def _cluster_yaml(
     doc = {
         "name": name,
         "hosts": [
-            {"name": h.name, "address": h.address} | ({} if h.port == 22 else {"port": h.port})
+            {"name": h.name, "address": h.address}
+            | ({} if h.port == 22 else {"port": h.port})
+            | ({"gpu_device_root": str(h.gpu_root)} if sb.gpus and not h.egress else {})
             for h in hosts
         ],
         "ssh": {
@@ -582,6 +612,22 @@ def _parallel(fn: Callable[[SandboxHost], None], hosts: list[SandboxHost]) -> No
             raise err
 
 
+def _check_options(
+    runtime: str, *, rootless: bool, egress_host: bool, slurm: bool, gpus: int
+) -> None:
+    """The combinations `sandbox_up` builds (SandboxError for the others)."""
+    if runtime not in ("docker", "podman"):
+        raise SandboxError(f"runtime must be docker or podman, got {runtime!r}")
+    if rootless and runtime != "podman":
+        raise SandboxError("rootless is podman's: use runtime podman with rootless")
+    if runtime == "podman" and egress_host:
+        raise SandboxError("the egress host runs docker only; leave out egress_host for podman")
+    if not 0 <= gpus <= 16:
+        raise SandboxError(f"--gpus must be between 0 and 16, got {gpus}")
+    if slurm and egress_host:
+        raise SandboxError("the egress host is not a Slurm node; leave out egress_host for slurm")
+
+
 def sandbox_up(
     directory: Path,
     hosts: int = 4,
@@ -590,6 +636,8 @@ def sandbox_up(
     progress: Progress | None = None,
     runtime: str = "docker",
     rootless: bool = False,
+    slurm: bool = False,
+    gpus: int = 0,
 ) -> Sandbox:
     """Build the sandbox in `directory` (created; must not hold a live sandbox).
 
@@ -598,19 +646,18 @@ def sandbox_up(
     `rootless` (podman only): the cluster file logs in as the docker-group
     user and drives that user's own rootless podman, whose store on every
     node gets the sandbox images (a `podman load` per node, as that user).
+    `slurm`: a real Slurm over the nodes (sandbox/slurm.py), driven with
+    the variables in DIR/slurm.env. `gpus`: that many stand-in GPUs per node
+    (a device root the cluster file names; gres gpu:K with `slurm`).
     On any failure (also Ctrl-C) everything created so far is torn down again.
     """
-    if runtime not in ("docker", "podman"):
-        raise SandboxError(f"runtime must be docker or podman, got {runtime!r}")
-    if rootless and runtime != "podman":
-        raise SandboxError("rootless is podman's: use runtime podman with rootless")
-    if runtime == "podman" and egress_host:
-        raise SandboxError("the egress host runs docker only; leave out egress_host for podman")
+    _check_options(runtime, rootless=rootless, egress_host=egress_host, slurm=slurm, gpus=gpus)
     directory = Path(directory).absolute()
     # Before anything changes: root, every command, every place written.
     extra = {
         **(prereqs.PODMAN_COMMANDS if runtime == "podman" else {}),
         **(prereqs.ROOTLESS_COMMANDS if rootless else {}),
+        **(slurm_sb.COMMANDS if slurm else {}),
     }
     prereqs.require(
         directory,
@@ -627,6 +674,8 @@ def sandbox_up(
     directory.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     sb = _new_sandbox(directory, hosts, egress_host, runtime)
+    sb.slurm, sb.gpus = slurm, gpus
+    sb.save()
     try:
         say(f"sandbox {sb.index}: bridge {sb.bridge}, {network.SUBNET_PREFIX}.{sb.index}.0/24")
         _prepare_keys(sb)
@@ -637,6 +686,11 @@ def sandbox_up(
         if rootless:
             say(f"loading the images into {DOCKER_USER}'s rootless podman on each node")
             _parallel(lambda h: podman.load_rootless_images(h.rootless_env, DOCKER_USER), sb.nodes)
+        if gpus:
+            for h in sb.nodes:
+                slurm_sb.make_gpu_root(h.gpu_root, gpus)
+        if slurm:
+            _start_slurm(sb, say)
         if sb.nodes:
             text = _cluster_yaml(sb, sb.nodes, "sandbox", images.SSHD_TAG, rootless=rootless)
             sb.cluster_file.write_text(text)
@@ -656,6 +710,25 @@ def sandbox_up(
     return sb
 
 
+def _start_slurm(sb: Sandbox, say: Progress) -> None:
+    nodes = [
+        slurm_sb.SlurmNodeSpec(h.name, h.address, h.netns, h.gpu_root if sb.gpus else None)
+        for h in sb.nodes
+    ]
+    p = sb.slurm_paths
+    slurm_sb.prepare(p, sb.index, nodes, sb.gpus, sb.slurm_env_file, sb.run_dir)
+
+    def record(name: str, pid: int) -> None:
+        sb.slurm_pids[name] = pid
+        sb.save()
+
+    slurm_sb.start(p, nodes, record)
+    ctld, _ = slurm_sb.ports(sb.index)
+    gres = f", gres gpu:{sb.gpus} each" if sb.gpus else ""
+    say(f"slurm: slurmctld on port {ctld}, {len(nodes)} node(s) idle{gres}")
+    say(f"slurm: source {sb.slurm_env_file} to use sinfo, srun, salloc, sbatch")
+
+
 def load_sandbox(directory: Path) -> Sandbox:
     state = Path(directory).absolute() / STATE_FILE
     try:
@@ -670,6 +743,9 @@ def load_sandbox(directory: Path) -> Sandbox:
         bridge=data["bridge"],
         run_dir=Path(data["run_dir"]),
         hosts=[SandboxHost.from_json(h) for h in data["hosts"]],
+        slurm=bool(data.get("slurm", False)),
+        slurm_pids={str(k): int(v) for k, v in data.get("slurm_pids", {}).items()},
+        gpus=int(data.get("gpus", 0)),
     )
 
 
@@ -708,6 +784,8 @@ def sandbox_down(directory: Path, progress: Progress | None = None) -> None:
             lambda: procs.run(["rm", "-rf", "--one-file-system", str(h.host_dir)]),
         )
 
+    if sb.slurm_pids:
+        attempt("slurm", lambda: slurm_sb.stop(sb.slurm_paths, sb.slurm_pids))
     say(f"stopping {len(sb.hosts)} host(s)")
     _parallel(stop_host, sb.hosts)
     # A containerd shim can outlive `docker rm` and dockerd by a moment; every
@@ -725,9 +803,9 @@ def sandbox_down(directory: Path, progress: Progress | None = None) -> None:
     attempt(f"bridge {sb.bridge}", lambda: network.delete_link(sb.bridge))
     shutil.rmtree(sb.run_dir, ignore_errors=True)
     # Only what `up` created: DIR may be shared with other files.
-    for name in ("hosts", "ssh"):
+    for name in ("hosts", "ssh", "slurm"):
         shutil.rmtree(directory / name, ignore_errors=True)
-    for name in ("cluster.yaml", "cluster-egress.yaml", STATE_FILE + ".tmp"):
+    for name in ("cluster.yaml", "cluster-egress.yaml", "slurm.env", STATE_FILE + ".tmp"):
         (directory / name).unlink(missing_ok=True)
     if errors:
         raise SandboxError(

@@ -35,6 +35,20 @@ def run(argv: Sequence[str], *, check: bool = True, input: bytes | None = None) 
     return proc.stdout.decode(errors="replace")
 
 
+def run_env(argv: Sequence[str], *, env: dict[str, str], timeout: float, check: bool = True) -> str:
+    """`run` with an environment and a time bound (a hang is a CommandError too)."""
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        if not check:
+            return ""
+        raise CommandError(124, list(argv), b"", f"no answer within {timeout:.0f}s") from None
+    if check and proc.returncode != 0:
+        err = proc.stderr.decode(errors="replace").strip()
+        raise CommandError(proc.returncode, list(argv), proc.stdout, err)
+    return proc.stdout.decode(errors="replace")
+
+
 def spawn(argv: Sequence[str], log_file: Path, *, tmpdir: Path | None = None) -> int:
     """Start a long-running daemon in its own session, output to `log_file`.
 

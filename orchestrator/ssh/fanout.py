@@ -50,17 +50,28 @@ async def run_on_hosts(
     *,
     timeout: float | None = None,
     input: str | None = None,
+    env: dict[str, str] | None = None,
     label: str | None = None,
     limit: int | None = None,
 ) -> dict[str, HostResult]:
     """The same command (or one built per host) on every host, concurrently:
     at most `limit` at once (an SSHPool's default: its cluster's
-    `concurrency.hosts`)."""
+    `concurrency.hosts`).
+
+    Past a fleet size where it pays, in worker processes, one per core
+    (ssh/workers.py): the same events and results, in host order."""
+    from orchestrator.ssh.workers import fleet_for
+
+    fleet = await fleet_for(pool, hosts)
+    if fleet is not None:
+        commands = {h: command(h) if callable(command) else command for h in hosts}
+        results = await fleet.run(commands, timeout=timeout, input=input, env=env, label=label)
+        return {h: results[h] for h in hosts}
     if limit is None and isinstance(pool, SSHPool):
         limit = pool.cluster.concurrency.hosts
 
     async def work(host: str) -> HostResult:
         cmd = command(host) if callable(command) else command
-        return await pool.run(host, cmd, timeout=timeout, input=input, label=label)
+        return await pool.run(host, cmd, timeout=timeout, input=input, env=env, label=label)
 
     return await fan_out(hosts, work, limit=limit)

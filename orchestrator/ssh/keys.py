@@ -31,11 +31,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import asyncssh
-
 from orchestrator.config import HOST_NAME_RE, ClusterConfig
 from orchestrator.errors import IdentityError as IdentityError
 from orchestrator.errors import StateDirError as StateDirError
+from orchestrator.ssh.libsearch import asyncssh
 from orchestrator.ssh.sshconfig import config_options
 
 KEY_TYPE = "ssh-ed25519"

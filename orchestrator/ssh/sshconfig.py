@@ -13,7 +13,7 @@ import functools
 from pathlib import Path
 from typing import NamedTuple
 
-import asyncssh
+from orchestrator.ssh.libsearch import asyncssh
 
 
 def default_config_path() -> Path:

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 import anyio
-import asyncssh
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -51,6 +50,7 @@ from orchestrator.results import HostResult, Status
 from orchestrator.ssh.admission import AdmissionGate, AimdWindow
 from orchestrator.ssh.envpass import env_block, env_reader, new_token
 from orchestrator.ssh.keys import load_identities, strict_known_hosts
+from orchestrator.ssh.libsearch import asyncssh
 from orchestrator.ssh.output import LineSplitter, StreamTail, as_result_text
 from orchestrator.ssh.seam import Command
 from orchestrator.ssh.sshconfig import config_route, sshd_key
@@ -279,6 +279,8 @@ class SSHPool:
         self._cluster_jump: _JumpChain | None = None
         self._config_jumps: dict[str, _JumpChain] = {}
         self.jump_connects = 0  # handshakes with jump hosts that succeeded (for the tests)
+        # Run first when the pool closes: the worker processes (ssh/workers.py).
+        self.closers: list[Callable[[], Awaitable[None]]] = []
 
     async def __aenter__(self) -> SSHPool:
         if self.cluster.ssh.identity_files:
@@ -290,6 +292,8 @@ class SSHPool:
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
+            while self.closers:
+                await self.closers.pop()()
             for link in self._links.values():
                 link.conn.close()
             for link in self._links.values():

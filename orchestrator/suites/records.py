@@ -118,6 +118,8 @@ class RunOutcome:
     # container.image as asked for, and host -> image ID its container ran (read after up).
     image: str | None = None
     image_ids: dict[str, str] = field(default_factory=dict)
+    # The Slurm job the hosts came from (hosts: {from: slurm}).
+    slurm_job: str | None = None
 
     @property
     def exit_code(self) -> ExitCode:
@@ -180,6 +182,7 @@ def results_document(outcome: RunOutcome) -> dict[str, Any]:
             "lifetime": outcome.lifetime,
             "image": outcome.image,
             "image_ids": dict(outcome.image_ids),
+            **({"slurm_job": outcome.slurm_job} if outcome.slurm_job else {}),
         },
         "started": utc_stamp(outcome.started),
         "finished": utc_stamp(finished),
@@ -267,6 +270,7 @@ def outcome_from_document(doc: dict[str, Any]) -> RunOutcome:
         warnings=list(doc["warnings"]),
         image=doc["cluster"].get("image"),
         image_ids=dict(doc["cluster"].get("image_ids") or {}),
+        slurm_job=doc["cluster"].get("slurm_job"),
     )
 
 

@@ -230,6 +230,7 @@ def new_outcome(suite: Suite, cluster: ClusterConfig, cluster_file: str) -> RunO
         lifetime=lifetime,
         started=datetime.now(UTC),
         image=cluster.container.image if cluster.container is not None else None,
+        slurm_job=cluster.slurm.job_id if cluster.slurm is not None else None,
     )
 
 

@@ -1,0 +1,121 @@
+"""Start-up: commands that do not connect never import asyncssh, and importing
+it spawns no process (asyncssh's optional-library lookup reads the linker's
+cache instead of running ldconfig, gcc and ld).
+
+The whole-process figure for `cvs exec` on one host is bench/cli_startup.py's.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.ssh import libsearch
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "cluster_samples" / "two_node.yaml"
+
+# Runs `cvs ARGS` in a fresh interpreter, then prints which heavy modules it
+# imported and every process it spawned.
+PROBE = """
+import json, subprocess, sys
+spawned = []
+real = subprocess.Popen._execute_child
+def record(self, args, *rest, **kw):
+    spawned.append(list(args) if isinstance(args, (list, tuple)) else [args])
+    return real(self, args, *rest, **kw)
+subprocess.Popen._execute_child = record
+from orchestrator.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(json.dumps({"asyncssh": "asyncssh" in sys.modules, "spawned": spawned}))
+"""
+
+
+def probe(*args: str) -> dict[str, object]:
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, *args],
+        env={**os.environ, "PYTHONPATH": str(REPO), "CVS_CLUSTER": str(SAMPLE)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    doc: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return doc
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["--version"],
+        ["validate", "-c", str(SAMPLE)],
+        ["plan", "--help"],
+        ["up", "--help"],
+        ["exec", "--help"],
+        ["status", "--help"],
+    ],
+    ids=lambda a: " ".join(x for x in a if not x.startswith("/")),
+)
+def test_commands_that_do_not_connect_never_import_asyncssh(args: list[str]) -> None:
+    doc = probe(*args)
+    assert doc["asyncssh"] is False, doc
+    assert doc["spawned"] == [], doc
+
+
+def test_importing_the_transport_spawns_no_process() -> None:
+    script = (
+        "import json, subprocess, sys\n"
+        "spawned = []\n"
+        "real = subprocess.Popen._execute_child\n"
+        "def record(self, args, *rest, **kw):\n"
+        "    spawned.append(str(args))\n"
+        "    return real(self, args, *rest, **kw)\n"
+        "subprocess.Popen._execute_child = record\n"
+        "import orchestrator.ssh.transport\n"
+        "print(json.dumps({'asyncssh': 'asyncssh' in sys.modules, 'spawned': spawned}))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert doc == {"asyncssh": True, "spawned": []}, proc.stderr[-2000:]
+
+
+def test_importing_the_transport_restores_the_standard_find_library() -> None:
+    assert ctypes.util.find_library is not libsearch.find_library
+
+
+@pytest.mark.skipif(libsearch._sonames() is None, reason="no readable glibc ld.so.cache")
+@pytest.mark.parametrize("name", ["oqs", "liboqs", "nettle", "ssl", "z", "ffi"])
+def test_the_linker_cache_answers_as_find_library_does(name: str) -> None:
+    assert libsearch.find_library(name) == ctypes.util.find_library(name)
+
+
+def test_an_unreadable_linker_cache_falls_back_to_the_standard_search(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bogus = tmp_path / "ld.so.cache"
+    bogus.write_bytes(b"not a cache")
+    monkeypatch.setattr(libsearch, "CACHE", bogus)
+    libsearch._sonames.cache_clear()
+    asked: list[str] = []
+    monkeypatch.setattr(ctypes.util, "find_library", lambda n: asked.append(n) or "libx.so.1")
+    try:
+        assert libsearch.find_library("x") == "libx.so.1"
+        assert asked == ["x"]
+    finally:
+        libsearch._sonames.cache_clear()

@@ -1,0 +1,341 @@
+"""Worker processes for the fan-out (ssh/workers.py): when they are used, and
+that through them a fan-out behaves as in one process (the same results and
+events), a worker that dies loses only its hosts (named), and cancelling
+(Ctrl-C) ends every worker's remote processes.
+
+The fleet is a farm of real OpenSSH servers on loopback (bench/loopback.py,
+root); the decisions are pure and tested without it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import yaml
+from clitools import CVS
+
+from orchestrator.config import ClusterConfig, cluster_warnings, load_cluster
+from orchestrator.config.documents import ConfigError
+from orchestrator.events import CollectingSink, Event, Message
+from orchestrator.results import HostResult
+from orchestrator.ssh import workers
+from orchestrator.ssh.fanout import run_on_hosts
+from orchestrator.ssh.transport import SSHPool
+from orchestrator.ssh.workers import WORKERS_FROM, shards, worker_count
+
+REPO = Path(__file__).resolve().parents[1]
+HOSTS = 8
+
+# -- when: pure -----------------------------------------------------------------
+
+
+def test_a_fleet_below_the_threshold_runs_in_one_process() -> None:
+    assert worker_count(WORKERS_FROM - 1, None, 16) == 1
+
+
+def test_a_large_fleet_uses_every_core() -> None:
+    assert worker_count(5000, None, 16) == 16
+
+
+def test_a_fleet_smaller_than_the_cores_uses_no_workers() -> None:
+    assert worker_count(12, None, 16) == 1
+    assert worker_count(WORKERS_FROM, None, WORKERS_FROM) == 1
+
+
+def test_by_default_two_or_three_cores_use_one_process_at_any_size() -> None:
+    # Measured on 2 cores: workers gained nothing at 1000 hosts (docs/performance.md).
+    assert worker_count(100_000, None, 2) == 1
+    assert worker_count(100_000, None, 3) == 1
+    assert worker_count(100_000, None, 4) == 4
+
+
+def test_one_core_means_one_process_whatever_is_asked() -> None:
+    assert worker_count(5000, 8, 1) == 1
+
+
+def test_workers_one_is_one_process_at_any_size() -> None:
+    assert worker_count(100_000, 1, 16) == 1
+
+
+def test_workers_above_the_cores_are_clamped_to_the_cores() -> None:
+    assert worker_count(5000, 64, 16) == 16
+
+
+def test_workers_set_apply_below_the_threshold_but_never_above_the_hosts() -> None:
+    assert worker_count(40, 4, 16) == 4
+    assert worker_count(3, 8, 16) == 3
+
+
+def test_a_shared_jump_keeps_the_fan_out_in_one_process() -> None:
+    assert worker_count(5000, None, 16, jump=True) == 1
+
+
+def test_hosts_sharing_an_sshd_stay_in_one_worker_and_shards_balance() -> None:
+    groups = {"10.0.0.1": ["a1", "a2", "a3"], "10.0.0.2": ["b"], "10.0.0.3": ["c"]}
+    groups |= {f"10.0.1.{i}": [f"d{i}"] for i in range(5)}
+    plan = shards(groups, 3)
+    assert sum(len(s) for s in plan) == 10
+    assert any({"a1", "a2", "a3"} <= set(s) for s in plan)
+    assert max(len(s) for s in plan) - min(len(s) for s in plan) <= 1
+
+
+# -- validate -----------------------------------------------------------------------
+
+
+def cluster_doc(**concurrency: Any) -> dict[str, Any]:
+    return {
+        "name": "w",
+        "hosts": [{"name": "n1"}, {"name": "n2"}],
+        "ssh": {"user": "u"},
+        "concurrency": concurrency,
+    }
+
+
+def test_validate_refuses_zero_workers_naming_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cluster_doc(workers=0)))
+    with pytest.raises(ConfigError) as err:
+        load_cluster(path, check_files=False)
+    assert "concurrency.workers" in str(err.value)
+
+
+def test_validate_warns_that_workers_above_the_cores_are_clamped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("orchestrator.config.views.usable_cores", lambda: 2)
+    cluster = ClusterConfig.model_validate(cluster_doc(workers=8))
+    assert any(
+        "concurrency.workers is 8, more than this machine's 2 cores" in w
+        for w in cluster_warnings(cluster)
+    )
+
+
+# -- through real sshds ---------------------------------------------------------------
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the loopback farm starts sshd (root)")
+
+
+@pytest.fixture(scope="module")
+def farm_file() -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("the loopback farm starts sshd (root)")
+    sys.path.insert(0, str(REPO))
+    from bench.loopback import loopback_farm
+
+    with loopback_farm(HOSTS) as farm:
+        yield farm.cluster_yaml()
+
+
+def config(path: Path, workers_: int) -> ClusterConfig:
+    doc = yaml.safe_load(path.read_text())
+    doc["concurrency"]["workers"] = workers_
+    return ClusterConfig.model_validate(doc)
+
+
+def fan_out(
+    cfg: ClusterConfig, command: str, during: Callable[[SSHPool], Any] | None = None
+) -> tuple[dict[str, HostResult], list[Event], SSHPool]:
+    sink = CollectingSink()
+    hosts = [h.name for h in cfg.hosts]
+    pool = SSHPool(cfg, sink)
+
+    async def main() -> dict[str, HostResult]:
+        async with pool:
+            if during is None:
+                return await run_on_hosts(pool, hosts, command, timeout=30)
+            results: dict[str, HostResult] = {}
+
+            async def run() -> None:
+                results.update(await run_on_hosts(pool, hosts, command, timeout=30))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run)
+                await during(pool)
+            return results
+
+    return anyio.run(main), sink.events, pool
+
+
+def remote_pids(marker: str) -> list[str]:
+    """The farm user's processes whose command line is `marker` (not the shells running it)."""
+    argv = ["pgrep", "-u", "cvsbench", "-f", f"^{marker}$"]
+    out = subprocess.run(argv, capture_output=True, text=True)
+    return out.stdout.split()
+
+
+def wait_until(check: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.1)
+    return check()
+
+
+def per_host(events: list[Event]) -> list[tuple[str, str]]:
+    return sorted((e.kind, getattr(e, "host", "")) for e in events if e.kind != "Message")
+
+
+@needs_root
+def test_through_workers_results_and_events_are_those_of_one_process(farm_file: Path) -> None:
+    command = 'echo "out $(id -un)"; echo err >&2; exit 3'
+    alone, alone_events, _ = fan_out(config(farm_file, 1), command)
+    spread, spread_events, pool = fan_out(config(farm_file, 2), command)
+
+    assert len(workers._FLEETS.get(pool).workers) == 2  # type: ignore[union-attr]
+    assert list(spread) == list(alone)  # host order
+    for host, result in spread.items():
+        mine = alone[host]
+        assert (result.status, result.exit_code, result.stdout, result.stderr) == (
+            mine.status,
+            mine.exit_code,
+            mine.stdout,
+            mine.stderr,
+        )
+    assert (spread["lo1"].exit_code, spread["lo1"].stdout) == (3, "out cvsbench")
+    assert per_host(spread_events) == per_host(alone_events)
+
+
+@needs_root
+def test_a_worker_that_dies_loses_its_hosts_by_name_and_the_others_finish(
+    farm_file: Path,
+) -> None:
+    marker = f"sleep 2.{uuid.uuid4().int % 10**6}"
+
+    async def kill_worker_one(pool: SSHPool) -> None:
+        while not remote_pids(marker) or len(remote_pids(marker)) < HOSTS:
+            await anyio.sleep(0.05)
+        fleet = workers._FLEETS[pool]
+        os.kill(fleet.workers[0].process.pid, signal.SIGKILL)
+
+    results, _, pool = fan_out(config(farm_file, 2), f"{marker}; echo done", kill_worker_one)
+
+    fleet = workers._FLEETS[pool]
+    lost = {h for h, w in fleet.assigned.items() if w is fleet.workers[0]}
+    assert lost and len(lost) < HOSTS
+    for host, result in results.items():
+        if host in lost:
+            assert result.status == "unreachable"
+            assert "lost: the worker process 1 (pid " in (result.error or "")
+            assert "was killed by SIGKILL" in (result.error or "")
+        else:
+            assert (result.status, result.stdout) == ("ok", "done"), result
+
+
+@needs_root
+def test_cancelling_a_fan_out_ends_every_workers_remote_processes(farm_file: Path) -> None:
+    marker = f"sleep 61.{uuid.uuid4().int % 10**6}"
+    cfg = config(farm_file, 2)
+    hosts = [h.name for h in cfg.hosts]
+
+    async def main() -> None:
+        async with SSHPool(cfg) as pool:
+            with anyio.move_on_after(30):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(run_on_hosts, pool, hosts, marker)
+                    while len(remote_pids(marker)) < HOSTS:
+                        await anyio.sleep(0.05)
+                    tg.cancel_scope.cancel()
+            assert len(workers._FLEETS[pool].workers) == 2
+
+    started = time.monotonic()
+    anyio.run(main)
+    assert time.monotonic() - started < 25
+    assert wait_until(lambda: not remote_pids(marker), 5), remote_pids(marker)
+
+
+@needs_root
+def test_ctrl_c_on_cvs_exec_exits_130_and_ends_every_workers_remote_processes(
+    farm_file: Path, tmp_path: Path
+) -> None:
+    doc = yaml.safe_load(farm_file.read_text())
+    doc["concurrency"]["workers"] = 2
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    marker = f"sleep 62.{uuid.uuid4().int % 10**6}"
+    proc = subprocess.Popen(
+        [*CVS, "exec", "-c", str(path), "--host-os", marker],
+        env={**os.environ, "CI": "1", "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert wait_until(lambda: len(remote_pids(marker)) == HOSTS, 60), proc.poll()
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=20)
+        assert proc.returncode == 130, stderr
+        assert wait_until(lambda: not remote_pids(marker), 5), remote_pids(marker)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@needs_root
+def test_workers_above_the_cores_are_clamped_with_a_warning(
+    farm_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(workers, "usable_cores", lambda: 2)
+    results, events, pool = fan_out(config(farm_file, 64), "true")
+
+    assert all(r.ok for r in results.values())
+    assert len(workers._FLEETS[pool].workers) == 2
+    warnings = [e for e in events if isinstance(e, Message) and e.level == "warning"]
+    assert any("concurrency.workers is 64" in e.text for e in warnings)
+
+
+PARENT = """
+import sys, anyio, yaml
+from orchestrator.config import ClusterConfig
+from orchestrator.ssh.fanout import run_on_hosts
+from orchestrator.ssh.transport import SSHPool
+doc = yaml.safe_load(open(sys.argv[1]).read())
+doc["concurrency"]["workers"] = 2
+cfg = ClusterConfig.model_validate(doc)
+async def main():
+    async with SSHPool(cfg) as pool:
+        await run_on_hosts(pool, [h.name for h in cfg.hosts], sys.argv[2])
+anyio.run(main)
+"""
+
+
+@needs_root
+def test_a_parent_that_goes_away_leaves_no_worker_and_no_remote_process(farm_file: Path) -> None:
+    marker = f"sleep 63.{uuid.uuid4().int % 10**6}"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(farm_file), marker],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert wait_until(lambda: len(remote_pids(marker)) == HOSTS, 60), parent.poll()
+        children = subprocess.run(
+            ["pgrep", "-f", "orchestrator.ssh.worker"], capture_output=True, text=True
+        ).stdout.split()
+        mine = [p for p in children if Path(f"/proc/{p}/stat").exists() and _ppid(p) == parent.pid]
+        assert len(mine) == 2
+        parent.kill()
+        parent.wait()
+        assert wait_until(lambda: not remote_pids(marker), 15), remote_pids(marker)
+        assert wait_until(lambda: not any(Path(f"/proc/{p}").exists() for p in mine), 15)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+def _ppid(pid: str) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1

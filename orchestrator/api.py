@@ -55,6 +55,7 @@ from orchestrator.ssh.transport import SSHPool
 if TYPE_CHECKING:
     from orchestrator.containers.lifecycle import Lifecycle, UpReport
     from orchestrator.containers.locks import HostLocks
+    from orchestrator.containers.mpi import MPICheck
     from orchestrator.containers.plan import Plan
 
 
@@ -238,6 +239,43 @@ class Cluster:
             raise UpFailed(report)
         return report
 
+    async def mpi_check(self, *, need_mpirun: bool = True) -> tuple[MPICheck | None, list[str]]:
+        """After `up`: could an MPI launch start from the head's container?
+        One exec there (remote/mpi_check.sh): `mpirun` on the PATH (with
+        `need_mpirun`), every peer's container sshd answering `ssh PEER true`
+        with the expected host key (all at once, each within
+        ssh.connect_timeout), and the hostfile cvs wrote. Returns what was
+        found and one line per problem (none: go ahead)."""
+        from orchestrator.containers import mpi
+        from orchestrator.containers.provision import mpi_check_argv, mpi_check_bound
+
+        container = self.config.container
+        if container is None:
+            return None, ["an mpi step runs in the head's container: the cluster has none"]
+        head = self.config.head_host.name
+        ready = self._lifecycle().locks.ready
+        if head not in ready:
+            return None, [f"{head}: the head's container is not up (up first)"]
+        per_peer, bound = mpi_check_bound(self.config)
+        # Peers only where cvs runs the containers' sshd: otherwise how ranks
+        # reach each other is the image's business.
+        wanted = sshd_wanted(container, len(self.config.hosts)) and container.network == "host"
+        peers = mpi.mpi_order(self.config)[1:] if wanted else []
+        argv = mpi_check_argv(
+            ready[head].prefix,
+            container_name(self.config),
+            per_peer,
+            container.mpi.hostfile,
+            peers,
+            need_mpirun=need_mpirun,
+        )
+        r = await self.pool.run(head, argv, timeout=bound, stream_output=False, label="mpi-check")
+        if not r.ok:
+            why = r.error or r.status
+            return None, [f"{head}: the MPI check in its container failed within {bound:g}s: {why}"]
+        found = mpi.parse_mpi_check(r.stdout)
+        return found, found.problems(container.image, head, per_peer)
+
     async def start_sshd(self) -> dict[str, HostResult]:
         """After `up`: make sure each container's sshd runs and listens, with the
         cluster's key pair and peer config (idempotent: a live sshd is kept).
@@ -251,16 +289,31 @@ class Cluster:
 
         if self.config.container is None:
             raise UsageError("start_sshd: the cluster has no container block")
-        ready = self._lifecycle().locks.ready
+        lifecycle = self._lifecycle()
+        ready = lifecycle.locks.ready
         keys = ClusterKeys.load_or_create(default_state_dir(self.config), self.hosts)
         name = container_name(self.config)
 
         async def one(host: str) -> HostResult:
             if host not in ready:
                 return HostResult(host, "failed", error="the container is not up here (up first)")
-            return await ensure_sshd(self.pool, host, ready[host].prefix, name, self.config, keys)
+            prefix = ready[host].prefix
+            return await ensure_sshd(
+                self.pool, host, prefix, name, self.config, keys, lifecycle.gpu_counts
+            )
 
-        return await fan_out(self.hosts, one, limit=self.config.concurrency.hosts)
+        results = await fan_out(self.hosts, one, limit=self.config.concurrency.hosts)
+        if len(self.hosts) < 2 or not all(r.ok for r in results.values()):
+            return results
+        # As `up` does: every peer's sshd answers the head with the expected key.
+        found, problems = await self.mpi_check(need_mpirun=False)
+        if found is None:
+            head = self.config.head_host.name
+            results[head] = replace(results[head], status="failed", error="; ".join(problems))
+            return results
+        for (peer, _), problem in zip(found.peers_failed, problems, strict=True):
+            results[peer] = replace(results[peer], status="failed", error=problem)
+        return results
 
     async def down(
         self, *, force: bool = False, wait: bool = True, own_only: bool = False

@@ -25,6 +25,7 @@ from orchestrator.results import HostResult
 
 if TYPE_CHECKING:
     from orchestrator.containers.lifecycle import UpReport
+    from orchestrator.containers.mpi import MPICheck
     from orchestrator.containers.plan import Plan
 
 
@@ -89,6 +90,10 @@ class SyncCluster:
     def start_sshd(self) -> dict[str, HostResult]:
         """After `up`: make sure each container's sshd runs (see `Cluster.start_sshd`)."""
         return self._portal.call(self._cluster.start_sshd)
+
+    def mpi_check(self, *, need_mpirun: bool = True) -> tuple[MPICheck | None, list[str]]:
+        """After `up`: could an MPI launch start from the head? (`Cluster.mpi_check`)."""
+        return self._portal.call(lambda: self._cluster.mpi_check(need_mpirun=need_mpirun))
 
     def release_locks(self) -> None:
         """Let go of the hosts' locks (closing the cluster does it too)."""

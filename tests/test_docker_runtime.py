@@ -122,7 +122,8 @@ def test_run_argv_puts_caps_then_gpu_devices_and_env_before_the_operators_extra_
 
 
 def test_run_argv_leaves_out_options_that_are_not_set() -> None:
-    cfg = ContainerConfig(image="img:1", ipc=None)
+    # A non-root user: no Open MPI run-as-root variables, so no env file either.
+    cfg = ContainerConfig(image="img:1", ipc=None, user="app")
     argv = run_argv(["sudo", "-n", "docker"], cfg, "c", {})
     assert argv == [
         "sudo", "-n", "docker", "run", "-d", "--name", "c", "--network", "host",

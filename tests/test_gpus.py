@@ -491,4 +491,7 @@ def test_run_argv_drops_container_env_that_would_widen_the_selection() -> None:
     argv = run_argv(["docker"], cfg, "c", {}, gpus=gpus)
     env = [argv[i + 1] for i, a in enumerate(argv) if a == "-e"]
     assert env == ["ROCR_VISIBLE_DEVICES=0,1"]
-    assert run_env_file(cfg, gpus) == "X=1\n"  # container.env: over stdin, not argv
+    # container.env (after Open MPI's run-as-root pair): over stdin, not argv.
+    assert run_env_file(cfg, gpus) == (
+        "OMPI_ALLOW_RUN_AS_ROOT=1\nOMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1\nX=1\n"
+    )

@@ -68,6 +68,9 @@ def healthy_hosts(hosts: tuple[str, ...]) -> ScriptedHosts:
     # not listed fails the test: tests/scripted.py).
     scripted.succeed("login", "pull", "load", "remove", "restart", "adopt", "setup", "sshd")
     scripted.succeed("gpus", "version", "rollback")
+    # The head's check that every peer's sshd answers (containers/mpi.py).
+    peers_ok = "".join(f"peer-ok {h}\n" for h in hosts)
+    scripted.answer("peers", lambda host, text: (0, peers_ok, ""))
     return scripted
 
 

@@ -817,12 +817,12 @@ def test_a_fleet_of_a_docker_host_and_a_podman_host_is_refused_before_anything_s
 
 # --- MPI between podman containers ----------------------------------------------------------
 #
-# The sandbox images carry no MPI launcher (a minbase Debian with openssh-server;
-# its netns hosts have no route to install one, and an MPI flavour would grow the
-# machine-wide image cache every sandbox shares). What mpirun needs from cvs is
-# what this step does by hand: read the hostfile, reach every peer's container
-# over the in-container sshd (the configured port, strict host keys), and from
-# each peer reach back: every container's client side and every sshd.
+# Real Open MPI jobs run in tests/test_mpi.py (the `--mpi` sandbox image). This
+# step, on the plain sshd image (no `mpirun`, so not an `mpi: true` step: that
+# is refused naming the image), does by hand what mpirun needs from cvs: read
+# the hostfile, reach every peer's container over the in-container sshd (the
+# configured port, strict host keys), and from each peer reach back: every
+# container's client side and every sshd.
 
 MPI_HOP = r"""
 set -eu
@@ -836,6 +836,17 @@ echo "np=$CVS_MPI_NP hosts=$CVS_MPI_HOSTS reached=$n"
 """
 
 
+# What an mpi step's command would see (suites.runner.mpi_env), on the head only.
+HOP = {
+    "hosts": "head",
+    "env": {
+        "CVS_MPI_HOSTFILE": "/etc/cvs/hostfile",
+        "CVS_MPI_NP": "3",
+        "CVS_MPI_HOSTS": "node1,node2,node3",
+    },
+}
+
+
 def sshd_pids(sb: Sandbox, name: str) -> dict[str, str]:
     return {h: podman(sb, h, "exec", name, "cat", "/run/cvs-sshd.pid") for h in THREE}
 
@@ -846,7 +857,7 @@ def test_podman_mpi_step_reaches_every_peer_from_the_hostfile_and_sshd_is_kept(
     path = lab.cluster(lifetime="persistent", sshd_port=2463)
     suite = tmp_path / "mpi_hop.yaml"
     suite.write_text(
-        yaml.safe_dump({"name": "mpi_hop", "steps": [{"name": "hop", "run": MPI_HOP, "mpi": True}]})
+        yaml.safe_dump({"name": "mpi_hop", "steps": [{"name": "hop", "run": MPI_HOP, **HOP}]})
     )
     try:
         up = cvs(path, "up")

@@ -216,9 +216,9 @@ def test_ensure_sshd_argv_refuses_bad_ports(port: int) -> None:
 def test_ensure_sshd_argv_passes_port_paths_and_login_as_arguments() -> None:
     # remote/sshd.sh takes them as arguments (it computes the /proc/net hex
     # itself: tests/test_remote.py pins that under every host shell).
-    argv = ensure_sshd_argv(DOCKER, "box", 2224, "/etc/cvs/hostfile")
-    assert argv[-8:-5] == ["2224", "/etc/cvs/hostfile", mpi.SSHD_PID_FILE]
-    assert argv[-1] == ""
+    argv = ensure_sshd_argv(DOCKER, "box", 2224, "/etc/cvs/hostfile", address="10.0.0.2")
+    assert argv[-9:-6] == ["2224", "/etc/cvs/hostfile", mpi.SSHD_PID_FILE]
+    assert argv[-2:] == ["", "10.0.0.2"]  # login (the image's USER), inter-host address
     assert argv[3:5] == ["-u", "0"]
 
 

@@ -166,17 +166,6 @@ def test_step_timeout_is_recorded_and_stops_the_remote_command(
         assert "sleep 987" not in ps.stdout, host
 
 
-def test_mpi_step_runs_once_on_head_with_mpi_env(demo: DemoRuns) -> None:
-    run = 'echo "$CVS_MPI_NP $CVS_MPI_HOSTS $CVS_MPI_HOSTFILE"'
-    steps = [{"name": "mpi", "run": run, "mpi": True, "expect": {"stdout": "^4 node1,node2,"}}]
-    write_suite(demo.directory, "mpi", steps)
-    proc = demo.run("mpi", str(demo.directory / "mpi.yaml"))
-    assert proc.returncode == 0, proc.stdout
-    hosts = results(demo.dir("mpi"))["steps"][0]["hosts"]
-    assert list(hosts) == ["node1"]
-    assert hosts["node1"]["tail"] == "4 node1,node2,node3,node4 /etc/cvs/hostfile"
-
-
 def test_host_step_runs_outside_the_container(demo: DemoRuns) -> None:
     steps = [
         # Containers run as root; the sandbox hosts log in as the unprivileged docker user.

@@ -439,6 +439,12 @@ def _add_sandbox_parser(sub: _Subparsers, common: argparse.ArgumentParser) -> No
         "podman (the images are loaded into each node's rootless store)",
     )
     up.add_argument(
+        "--mpi",
+        action="store_true",
+        help="the cluster file's image has Debian 12's Open MPI and mpi4py (built once, "
+        "cached; see docs/mpi.md)",
+    )
+    up.add_argument(
         "--slurm",
         action="store_true",
         help="also run a real Slurm over the hosts (munge, slurmctld, one slurmd per host); "

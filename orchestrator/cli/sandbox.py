@@ -48,6 +48,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
                 progress=progress,
                 runtime=args.runtime,
                 rootless=args.rootless,
+                mpi=args.mpi,
                 slurm=args.slurm,
                 gpus=args.gpus,
             )

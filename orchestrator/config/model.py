@@ -504,11 +504,38 @@ class SSHDConfig(Model):
 
 
 class MPIConfig(Model):
-    slots: int = Field(default=1, ge=1, description="Slots per host written in the MPI hostfile")
+    """Open MPI between the containers (docs/mpi.md)."""
+
+    slots: int | None = Field(
+        default=None,
+        description="Slots per host written in the MPI hostfile (at least 1); unset: the "
+        "GPUs the host's container got (1 without GPUs)",
+    )
     hostfile: str = Field(
         default="/etc/cvs/hostfile",
-        description="Where the MPI hostfile is written in each container",
+        description="Where the MPI hostfile is written in each container (an absolute path)",
     )
+
+    @field_validator("slots")
+    @classmethod
+    def _slots(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(
+                f"mpi.slots must be at least 1, got {v} (leave it out to use the GPUs "
+                "each container gets)"
+            )
+        return v
+
+    @field_validator("hostfile")
+    @classmethod
+    def _hostfile(cls, v: str) -> str:
+        # It goes to the in-container installer's argv and into MPI command lines.
+        if not re.fullmatch(r"/[A-Za-z0-9_./+-]*[A-Za-z0-9_+-]", v) or "/../" in f"{v}/":
+            raise ValueError(
+                f"mpi.hostfile must be an absolute path inside the container "
+                f"(letters, digits, '_', '.', '+', '-'), got {v!r}: e.g. /etc/cvs/hostfile"
+            )
+        return v
 
 
 # Keys of the container block renamed for what they mean with any runtime:
@@ -748,6 +775,17 @@ class ContainerConfig(Model):
 
     _size_in = field_validator("shm_size", mode="before")(_size_as_text)
     _size_ok = field_validator("shm_size")(_check_size)
+
+    @model_validator(mode="after")
+    def _slots_fit_cpus(self) -> ContainerConfig:
+        cpus = self.resources.cpus
+        slots = self.mpi.slots
+        if slots is not None and cpus is not None and slots > cpus:
+            raise ValueError(
+                f"mpi.slots {slots} is more than the container's CPUs (resources.cpus "
+                f"{cpus:g}): lower mpi.slots or raise resources.cpus"
+            )
+        return self
 
     @model_validator(mode="after")
     def _rootless_is_podman(self) -> ContainerConfig:

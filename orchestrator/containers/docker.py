@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from orchestrator.config import CONTAINER_NAME_RE, IMAGE_REF_RE, ContainerConfig, Registry
 from orchestrator.config.model import DEPRECATED_CONTAINER_KEYS
+from orchestrator.containers.mpi import RUN_AS_ROOT_ENV, runs_as_root
 from orchestrator.limits.cdi import CDIDevice, cdi_run_args
 from orchestrator.limits.gpus import GPUSelection, guard_visible_devices
 from orchestrator.limits.resources import EffectiveResources, limits_drift
@@ -276,8 +277,10 @@ def run_argv(
 
 
 def container_env(cfg: ContainerConfig, gpus: GPUSelection | None = None) -> dict[str, str]:
-    """`container.env` as the container gets it."""
-    env = dict(cfg.env)
+    """`container.env` as the container gets it: after Open MPI's run-as-root
+    variables where commands run as root (`mpi.RUN_AS_ROOT_ENV`; a key in
+    container.env wins)."""
+    env = {**(RUN_AS_ROOT_ENV if runs_as_root(cfg.user) else {}), **cfg.env}
     if gpus is not None and gpus.gpus:
         # A visible-devices variable in container.env must not widen the subset
         # (the API warns about it; here it is only dropped).

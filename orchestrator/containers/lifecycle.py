@@ -34,6 +34,7 @@ from orchestrator.config import (
     sshd_wanted,
 )
 from orchestrator.config.hostlist import abbreviate_hosts
+from orchestrator.containers import mpi
 from orchestrator.containers.causes import output_cause
 from orchestrator.containers.docker import (
     CONTAINER_ID_RE,
@@ -71,6 +72,8 @@ from orchestrator.containers.provision import (
     MARKER_PATH,
     SetupScript,
     ensure_sshd,
+    mpi_check_argv,
+    mpi_check_bound,
     run_setup_script,
 )
 from orchestrator.errors import (
@@ -87,6 +90,7 @@ from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.limits.cdi import SpecFile, describe_devices, spec_files
 from orchestrator.limits.gpus import (
     GPU,
+    GPUSelection,
     discovery_argv,
     parse_discovery,
 )
@@ -300,6 +304,8 @@ class Lifecycle:
         self._script: SetupScript | None = None
         self.invocation = invocation or new_invocation_id()
         self.purpose = "up"  # what other invocations waiting on our locks are told
+        # GPUs per host as the last `up` gave them (the hostfile's slots).
+        self.gpu_counts: dict[str, int] = {}
         self.locks = locks or host_locks(cluster, pool, sink)
 
     @property
@@ -610,6 +616,9 @@ class Lifecycle:
                 plan = self.decide(states, force=force, reprovision=reprovision, adopt=adopt)
             for warning in plan.warnings:
                 self.sink.emit(Message(level="warning", text=warning))
+            cpus = {h: s.cpu_count for h, s in states.items()}
+            for warning in mpi.slots_warnings(self.cluster, cpus):
+                self.sink.emit(Message(level="warning", text=warning))
             for host in plan.hosts("attach", "restart"):
                 # Keeping a container keeps its limits; say where they are not
                 # what the config now asks for instead of accepting them silently.
@@ -675,6 +684,8 @@ class Lifecycle:
         keys = None
         if sshd_wanted(self.cluster.container, len(self.cluster.hosts)):
             keys = ClusterKeys.load_or_create(default_state_dir(self.cluster), self._hosts())
+        chosen = {h: c.selection for h, c in selections.items()}
+        self.gpu_counts = gpu_counts(chosen, states if self.cfg.gpus == "all" else {})
 
         async def pipeline(host: str) -> None:
             await self._host_pipeline(
@@ -697,6 +708,8 @@ class Lifecycle:
             if self.cfg.lifetime == "per_run":
                 await self._roll_back(launching, states, "interrupted")
             raise
+        if keys is not None:
+            await self._check_peers(states, outcomes)
         started = [h for h in launching if any(s == "run" for s, _ in outcomes[h].steps)]
         failed = ", ".join(h for h in launching if not outcomes[h].ok)
         if self.cfg.lifetime == "per_run" and any(not o.ok for o in outcomes.values()):
@@ -705,6 +718,47 @@ class Lifecycle:
             # A partial cold start would leave a partial persistent set.
             await self._roll_back(started, states, f"the cold start failed on {failed}", outcomes)
         return UpReport(plan, outcomes)
+
+    async def _check_peers(
+        self, states: Mapping[str, HostState], outcomes: Mapping[str, HostOutcome]
+    ) -> None:
+        """Before `up` reports ready: from the head's container, every peer's
+        container sshd answers with the host key cvs gave it (`ssh PEER true`
+        under the cluster's strict ssh config), each within ssh.connect_timeout.
+        A peer that does not is not ready, named with ssh's reason. Only after
+        some sshd was (re)started: an attach changed nothing."""
+        head = self.cluster.head_host.name
+        if not self._sshd_on_host_network():
+            return  # the peers' addresses are the hosts': only host networking reaches them
+        if not any(step == "sshd" for o in outcomes.values() for step, _ in o.steps):
+            return
+        if head not in outcomes or not outcomes[head].ok:
+            return
+        peers = [h for h in mpi.mpi_order(self.cluster)[1:] if h in outcomes and outcomes[h].ok]
+        if not peers:
+            return
+        per_peer, bound = mpi_check_bound(self.cluster)
+        argv = mpi_check_argv(
+            states[head].runtime.prefix,
+            self.name,
+            per_peer,
+            self.cfg.mpi.hostfile,
+            peers,
+            need_mpirun=False,
+        )
+        r = await self._cmd(outcomes[head], "peers", argv, timeout=bound)
+        if r is None:
+            return
+        found = mpi.parse_mpi_check(r.stdout)
+        if found.ssh_missing:
+            text = f"no ssh client in {head}'s container: the peers' sshd were not checked"
+            self.sink.emit(Message(level="warning", host=head, text=text))
+        for peer, why in found.peers_failed:
+            (problem,) = replace(found, peers_failed=((peer, why),)).problems(
+                self.cfg.image, head, per_peer
+            )
+            outcomes[peer].fail("peers", None, problem.removeprefix(f"{peer}: "))
+            self._step(peer, "peers", "failed", problem)
 
     def _barrier(
         self,
@@ -889,7 +943,9 @@ class Lifecycle:
     ) -> bool:
         """The in-container sshd, (re)started (provision.py)."""
         self._step(host, "sshd", "started")
-        r = await ensure_sshd(self.pool, host, prefix, self.name, self.cluster, keys)
+        r = await ensure_sshd(
+            self.pool, host, prefix, self.name, self.cluster, keys, self.gpu_counts
+        )
         outcome.steps.append(("sshd", r))
         if not r.ok:
             outcome.fail("sshd", r, r.error or r.status)
@@ -1015,6 +1071,19 @@ def host_locks(cluster: ClusterConfig, pool: HostRunner, sink: EventSink) -> Hos
         probe_seconds=cfg.runtime_timeout if cfg is not None else 30.0,
         runtime=cfg.runtime if cfg is not None else "docker",
     )
+
+
+def gpu_counts(
+    selections: Mapping[str, GPUSelection], states: Mapping[str, HostState]
+) -> dict[str, int]:
+    """GPUs per host for the MPI hostfile's slots: what a launching host's
+    container gets, else (pass `states` for `gpus: all` only) what the probe
+    listed on the host."""
+    counts = {h: len(s.gpus) for h, s in selections.items()}
+    for host, state in states.items():
+        if host not in counts and state.gpus is not None:
+            counts[host] = len(state.gpus)
+    return counts
 
 
 def _only_started_by(plan: Plan, states: Mapping[str, HostState], invocation: str) -> Plan:

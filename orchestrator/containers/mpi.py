@@ -8,8 +8,18 @@ sshd port, with strict host-key checking.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 from orchestrator.config import ClusterConfig, HostSpec
-from orchestrator.ssh.keys import ClusterKeys
+from orchestrator.config.model import GPURequest
+
+if TYPE_CHECKING:
+    # Types only: importing keys loads asyncssh, which commands that never
+    # connect (`validate`, reading container_env) must not pay for.
+    from orchestrator.ssh.keys import ClusterKeys
 
 # Where things go inside a container (root's home comes from the container).
 SSHD_CONFIG_PATH = "/etc/ssh/cvs_sshd_config"
@@ -83,11 +93,90 @@ def ssh_config_text(
     return header + "\n\n".join(blocks) + "\n"
 
 
-def hostfile_text(cluster: ClusterConfig, slots: int) -> str:
-    """MPI hostfile: `name slots=N`, one line per host, in cluster order."""
-    if slots < 1:
-        raise ValueError(f"slots must be >= 1, got {slots}")
-    return "".join(f"{h.name} slots={slots}\n" for h in cluster.hosts)
+def mpi_order(cluster: ClusterConfig) -> list[str]:
+    """The hosts as MPI numbers them: the head first (rank 0 runs where
+    `mpirun` does), then the others in cluster order."""
+    head = cluster.head_host.name
+    return [head, *(h.name for h in cluster.hosts if h.name != head)]
+
+
+def host_slots(
+    cluster: ClusterConfig, gpu_counts: Mapping[str, int] | None = None
+) -> dict[str, int]:
+    """Slots per host, in `mpi_order`: `mpi.slots` when set; else the GPUs
+    the host's container got (`gpu_counts`, from the launch's selection), else
+    the count a `gpus: {count: N}` request guarantees, else 1."""
+    container = cluster.container
+    fixed = container.mpi.slots if container is not None else None
+    request = container.gpus if container is not None else None
+    counted = request.count if isinstance(request, GPURequest) else None
+    out: dict[str, int] = {}
+    for name in mpi_order(cluster):
+        if fixed is not None:
+            out[name] = fixed
+            continue
+        got = (gpu_counts or {}).get(name)
+        out[name] = got if got else counted or 1
+    return out
+
+
+def hostfile_text(cluster: ClusterConfig, slots: int | Mapping[str, int]) -> str:
+    """MPI hostfile: `name slots=N`, one line per host, head first, then cluster order."""
+    per_host = slots if isinstance(slots, Mapping) else dict.fromkeys(mpi_order(cluster), slots)
+    lines = []
+    for name in mpi_order(cluster):
+        n = per_host.get(name, 1)
+        if n < 1:
+            raise ValueError(f"slots must be >= 1, got {n} for {name}")
+        lines.append(f"{name} slots={n}\n")
+    return "".join(lines)
+
+
+_HOSTFILE_LINE = re.compile(r"([A-Za-z0-9_.:-]+)\s+slots=([0-9]+)")
+
+
+@dataclass(frozen=True)
+class MPIHosts:
+    """What an mpi step's command gets, read back from the head's hostfile."""
+
+    hostfile: str
+    slots: tuple[tuple[str, int], ...]
+
+    @property
+    def np(self) -> int:
+        return sum(n for _, n in self.slots)
+
+    def env(self) -> dict[str, str]:
+        hosts = ",".join(n if s == 1 else f"{n}:{s}" for n, s in self.slots)
+        return {
+            "CVS_MPI_HOSTFILE": self.hostfile,
+            "CVS_MPI_HOSTS": hosts,
+            "CVS_MPI_NP": str(self.np),
+        }
+
+
+def parse_hostfile(path: str, text: str) -> MPIHosts:
+    """The `name slots=N` lines cvs wrote (other lines ignored)."""
+    slots = []
+    for line in text.splitlines():
+        m = _HOSTFILE_LINE.fullmatch(line.strip())
+        if m:
+            slots.append((m.group(1), int(m.group(2))))
+    return MPIHosts(path, tuple(slots))
+
+
+# Open MPI's run-as-root guard (mpirun refuses uid 0 without
+# --allow-run-as-root or both of these): set in a container whose commands
+# run as root, so `mpirun` works there with no extra flags.
+RUN_AS_ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+_ROOT_USERS = re.compile(r"(root|0)(:.*)?")
+
+
+def runs_as_root(user: str | None) -> bool:
+    """Whether commands may run as root: container.user unset (the image's
+    USER, root in the CUDA/ROCm bases) or root. The variables are inert for
+    other users: Open MPI reads them only at uid 0."""
+    return user is None or bool(_ROOT_USERS.fullmatch(user))
 
 
 def sshd_config_text(port: int) -> str:
@@ -113,3 +202,77 @@ def sshd_config_text(port: int) -> str:
             "",
         ]
     )
+
+
+# ---- can an MPI launch start from the head? (remote/mpi_check.sh) ----------
+
+
+@dataclass(frozen=True)
+class MPICheck:
+    """What mpi_check.sh found in the head's container."""
+
+    mpirun: str | None = None  # its path, when asked and found
+    mpirun_missing: bool = False
+    ssh_missing: bool = False
+    peers_ok: tuple[str, ...] = ()
+    peers_failed: tuple[tuple[str, str], ...] = ()  # (peer, ssh's last words)
+    hostfile: tuple[str, ...] = ()
+
+    def problems(self, image: str, head: str, seconds: float) -> list[str]:
+        """One line per reason an MPI launch from `head` would fail or hang."""
+        out = []
+        if self.mpirun_missing:
+            out.append(
+                f"image {image} has no Open MPI: `mpirun` is not on the PATH in {head}'s "
+                "container, and an mpi step needs it: use an image with Open MPI "
+                "(Debian: openmpi-bin; docs/mpi.md)"
+            )
+        for peer, why in self.peers_failed:
+            out.append(
+                f"{peer}: its container's sshd did not answer `ssh {peer} true` from {head}'s "
+                f"container ({why}; each peer gets {seconds:g}s): an MPI launch would fail "
+                "there (bringing the containers up again restarts a stopped sshd)"
+            )
+        return out
+
+
+def parse_mpi_check(stdout: str) -> MPICheck:
+    mpirun: str | None = None
+    missing = ssh_missing = False
+    ok: list[str] = []
+    failed: list[tuple[str, str]] = []
+    hostfile: list[str] = []
+    for line in stdout.splitlines():
+        word, _, rest = line.partition(" ")
+        if word == "mpirun" and rest:
+            mpirun = rest
+        elif word == "mpirun-missing":
+            missing = True
+        elif word == "ssh-missing":
+            ssh_missing = True
+        elif word == "peer-ok" and rest:
+            ok.append(rest)
+        elif word == "peer-fail" and rest:
+            peer, _, why = rest.partition(" ")
+            failed.append((peer, why.strip() or "failed"))
+        elif word == "hostfile":
+            hostfile.append(rest)
+    return MPICheck(mpirun, missing, ssh_missing, tuple(ok), tuple(failed), tuple(hostfile))
+
+
+def slots_warnings(cluster: ClusterConfig, cpu_counts: Mapping[str, int | None]) -> list[str]:
+    """`mpi.slots` above a host's CPU count (probed) where `resources.cpus`
+    does not cap the container (then `validate` has refused it already).
+    Open MPI trusts the hostfile's slots, so the ranks would share cores."""
+    container = cluster.container
+    if container is None or container.mpi.slots is None or container.resources.cpus is not None:
+        return []
+    slots = container.mpi.slots
+    over = sorted(h for h, n in cpu_counts.items() if n is not None and slots > n)
+    if not over:
+        return []
+    counts = ", ".join(f"{h}: {cpu_counts[h]}" for h in over)
+    return [
+        f"mpi.slots {slots} is more than the CPUs of {', '.join(over)} ({counts}): a job "
+        "filling the hostfile puts busy-polling ranks on shared cores there; lower mpi.slots"
+    ]

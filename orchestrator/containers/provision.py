@@ -16,7 +16,7 @@ import base64
 import hashlib
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -179,8 +179,14 @@ SSHD_FILES = (
 )
 
 
-def sshd_files(cluster: ClusterConfig, keys: ClusterKeys, host: str) -> dict[str, str]:
-    """What one container needs, by SSHD_FILES name (pure)."""
+def sshd_files(
+    cluster: ClusterConfig,
+    keys: ClusterKeys,
+    host: str,
+    gpu_counts: Mapping[str, int] | None = None,
+) -> dict[str, str]:
+    """What one container needs, by SSHD_FILES name (pure). `gpu_counts`: the
+    GPUs each container got, for the hostfile's slots when mpi.slots is unset."""
     container = cluster.container
     if container is None:
         raise ValueError("the cluster has no container block")
@@ -193,7 +199,7 @@ def sshd_files(cluster: ClusterConfig, keys: ClusterKeys, host: str) -> dict[str
         "known_hosts": mpi.known_hosts_text(cluster, keys, port),
         "ssh_config": mpi.ssh_config_text(cluster, port),
         "sshd_config": mpi.sshd_config_text(port),
-        "hostfile": mpi.hostfile_text(cluster, container.mpi.slots),
+        "hostfile": mpi.hostfile_text(cluster, mpi.host_slots(cluster, gpu_counts)),
     }
 
 
@@ -213,16 +219,28 @@ def frame_files(files: dict[str, str]) -> str:
     return "".join(parts)
 
 
+_ADDRESS_RE = re.compile(r"[A-Za-z0-9_.:%-]+")
+
+
 def ensure_sshd_argv(
-    prefix: Sequence[str], container: str, port: int, hostfile: str, login: str = ""
+    prefix: Sequence[str],
+    container: str,
+    port: int,
+    hostfile: str,
+    login: str = "",
+    address: str = "",
 ) -> list[str]:
-    """`docker exec -i -u 0 CONTAINER sh -c SSHD cvs-sshd PORT … LOGIN` (remote/sshd.sh)."""
+    """`docker exec -i -u 0 CONTAINER sh -c SSHD cvs-sshd PORT … LOGIN ADDRESS`
+    (remote/sshd.sh). ADDRESS: the host's inter-host address, whose interface
+    Open MPI is told to use."""
     if not 1 <= port <= 65535:
         raise ValueError(f"invalid sshd port {port}")
     if not hostfile.startswith("/") or "\n" in hostfile:
         raise ValueError(f"MPI hostfile path must be absolute, got {hostfile!r}")
     if login and not CONTAINER_USER_RE.fullmatch(login):
         raise ValueError(f"invalid container user {login!r}")
+    if address and not _ADDRESS_RE.fullmatch(address):
+        raise ValueError(f"invalid inter-host address {address!r}")
     program = remote.argv(
         "sshd",
         str(port),
@@ -233,24 +251,30 @@ def ensure_sshd_argv(
         mpi.USER_KEY_NAME,
         mpi.KNOWN_HOSTS_NAME,
         login,
+        address,
     )
     return exec_argv(prefix, container, program, interactive=True, user=ROOT)
 
 
 def ensure_sshd_command(
-    prefix: Sequence[str], container: str, port: int, hostfile: str, login: str | None
+    prefix: Sequence[str],
+    container: str,
+    port: int,
+    hostfile: str,
+    login: str | None,
+    address: str = "",
 ) -> str:
     """Host shell text for ensure_sshd: the login user is `login` (container.user)
     or, when unset, the image's USER read from the container on the host."""
     if login is not None:
-        return shlex.join(ensure_sshd_argv(prefix, container, port, hostfile, login))
-    argv = ensure_sshd_argv(prefix, container, port, hostfile, "LOGIN")
+        return shlex.join(ensure_sshd_argv(prefix, container, port, hostfile, login, address))
+    argv = ensure_sshd_argv(prefix, container, port, hostfile, "LOGIN", address)
     user_of = [*prefix, "inspect", "--type", "container", "-f", "{{.Config.User}}", container]
     # Docker's USER is free text: pass it on only if it is a plain user spec.
     return (
         f"u=$({shlex.join(user_of)} 2>/dev/null); "
         'case "$u" in *[!A-Za-z0-9_.:-]*) u= ;; esac; '
-        f'exec {shlex.join(argv[:-1])} "$u"'
+        f'exec {shlex.join(argv[:-2])} "$u" {shlex.quote(argv[-1])}'
     )
 
 
@@ -261,6 +285,7 @@ async def ensure_sshd(
     container: str,
     cluster: ClusterConfig,
     keys: ClusterKeys,
+    gpu_counts: Mapping[str, int] | None = None,
 ) -> HostResult:
     """Install keys/configs and make sure the container's sshd runs and listens.
 
@@ -276,8 +301,9 @@ async def ensure_sshd(
         cluster.container.sshd.port,
         cluster.container.mpi.hostfile,
         cluster.container.user,
+        _interface_address(cluster, host),
     )
-    payload = frame_files(sshd_files(cluster, keys, host))
+    payload = frame_files(sshd_files(cluster, keys, host, gpu_counts))
     # One docker exec that also waits for the listener: twice the bound of a
     # quick docker call (container.runtime_timeout; 60 s by default).
     bound = 2 * cluster.container.runtime_timeout
@@ -289,6 +315,50 @@ async def ensure_sshd(
             "container.runtime_timeout): the container runtime on this host is slow or hung",
         )
     return result
+
+
+_PEER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*")
+
+
+def mpi_check_argv(
+    prefix: Sequence[str],
+    container: str,
+    seconds: float,
+    hostfile: str,
+    peers: Sequence[str],
+    *,
+    need_mpirun: bool,
+) -> list[str]:
+    """`docker exec -u 0 CONTAINER sh -c MPI_CHECK …` (remote/mpi_check.sh): from
+    the head's container, `ssh PEER true` to every peer at once, each within
+    `seconds`; with `need_mpirun`, whether `mpirun` is there."""
+    if not hostfile.startswith("/") or "\n" in hostfile:
+        raise ValueError(f"MPI hostfile path must be absolute, got {hostfile!r}")
+    for peer in peers:
+        if not _PEER_RE.fullmatch(peer):
+            raise ValueError(f"invalid peer name {peer!r}")
+    program = remote.argv(
+        "mpi_check", f"{max(1, round(seconds))}", hostfile, "1" if need_mpirun else "0", *peers
+    )
+    return exec_argv(prefix, container, program, user=ROOT)
+
+
+def mpi_check_bound(cluster: ClusterConfig) -> tuple[float, float]:
+    """(seconds per peer, bound of the whole check): ssh.connect_timeout per
+    peer (all at once), plus a docker call's bound for the exec around them."""
+    per_peer = cluster.ssh.connect_timeout
+    docker = cluster.container.runtime_timeout if cluster.container is not None else 30.0
+    return per_peer, per_peer + docker + 5
+
+
+def _interface_address(cluster: ClusterConfig, host: str) -> str:
+    """The address whose interface Open MPI uses on `host`: vpc_address, else
+    address; none where the container has a network of its own (not the host's)."""
+    if cluster.container is None or cluster.container.network != "host":
+        return ""
+    spec = cluster.host(host)
+    address = spec.vpc_address or spec.address or spec.name
+    return address if _ADDRESS_RE.fullmatch(address) else ""
 
 
 @dataclass(frozen=True)

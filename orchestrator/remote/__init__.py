@@ -28,7 +28,7 @@ from importlib import resources
 _LIBRARIES: dict[str, tuple[str, ...]] = {
     "probe": ("access", "capacity", "listen", "records", "podman", "cgroup"),
     "check": ("listen",),
-    "sshd": ("listen",),
+    "sshd": ("listen", "iface"),
     "record": ("records",),
     "docker": ("access",),
     "diagnose": ("access",),
@@ -50,6 +50,7 @@ PROGRAMS = frozenset(
         "copy_send",
         "gpus",
         "diagnose",
+        "mpi_check",
         "slurm_holder",
         "slurm_epilog",
     }

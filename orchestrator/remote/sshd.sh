@@ -1,7 +1,14 @@
 # Inside the container, as root (lib listen.sh prepended): install the
 # cluster's ssh files and make sure its sshd runs and listens.
 #
-#   sshd.sh PORT HOSTFILE PIDFILE CONFIG HOST_KEY KEY_NAME KNOWN_HOSTS_NAME LOGIN
+#   sshd.sh PORT HOSTFILE PIDFILE CONFIG HOST_KEY KEY_NAME KNOWN_HOSTS_NAME LOGIN [ADDRESS]
+#
+# ADDRESS, the host's inter-host address (vpc_address, else address): its
+# interface (lib iface.sh) goes into Open MPI's per-user parameter file,
+# ~/.openmpi/mca-params.conf (btl_tcp_if_include, oob_tcp_if_include), for
+# root and LOGIN, unless that file exists and is not ours. OMPI_MCA_*
+# variables and `mpirun --mca` override it (docs/mpi.md). Prints
+# `mpi-interface NAME` when it wrote one.
 #
 # The files arrive framed on stdin (provision.frame_files): `@@cvs-file NAME`,
 # base64 lines, `@@cvs-end` per file, then `@@cvs-done`. LOGIN is the user
@@ -22,6 +29,7 @@ FILES="host_key user_key user_key_pub authorized_keys known_hosts ssh_config ssh
 
 port=$1 hostfile=$2 pidfile=$3 config=$4 host_key=$5 key_name=$6 known_hosts=$7
 login=${8%%:*}
+address=${9:-}
 port_hex=$(printf '%04X' "$port")
 umask 077
 fail() {
@@ -99,6 +107,32 @@ for who in "root 0 0 /root" "$user $uid $gid $home"; do
   put ak "$h/.ssh/authorized_keys" 600 "$owner"
   [ "$1" = "$user" ] && break
 done
+# Open MPI's TCP transports on the inter-host network only (never docker0, lo).
+iface=''
+[ -n "$address" ] && iface=$(cvs_iface "$address")
+case "$iface" in *[!A-Za-z0-9_.:-]*) iface='' ;; esac
+if [ -n "$iface" ]; then
+  {
+    echo "# Written by cvs-orchestrator: Open MPI on the inter-host network ($address)."
+    echo "# OMPI_MCA_* variables and mpirun --mca override it; see cvs's docs/mpi.md."
+    echo "btl_tcp_if_include = $iface"
+    echo "oob_tcp_if_include = $iface"
+  } >"$dir/mca"
+  for who in "root 0 0 /root" "$user $uid $gid $home"; do
+    # shellcheck disable=SC2086  # four words, split on purpose
+    set -- $who
+    h=$4 owner=$2:$3
+    { [ "$h" = / ] || [ -z "$h" ]; } && continue
+    f="$h/.openmpi/mca-params.conf"
+    if [ ! -e "$f" ] || grep -q '^# Written by cvs-orchestrator' "$f"; then
+      { mkdir -p "$h/.openmpi" && chown "$owner" "$h/.openmpi"; } ||
+        fail $EXIT_INSTALL "could not create $h/.openmpi"
+      put mca "$f" 644 "$owner"
+    fi
+    [ "$1" = "$user" ] && break
+  done
+  echo "mpi-interface $iface"
+fi
 # With UsePAM no, sshd refuses any login to a locked account ('!' password).
 for who in root "$user"; do
   case "$who" in '' | *[!A-Za-z0-9_.-]*) continue ;; esac

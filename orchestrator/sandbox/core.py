@@ -585,6 +585,13 @@ def _start_host(
     progress(f"{h.name}: sshd at {h.address}:{h.port}, dockerd at {h.docker_host}")
 
 
+def _load_mpi_image(h: SandboxHost, sb: Sandbox, tar: Path, rootless: bool) -> None:
+    if rootless:
+        podman.load_rootless_images(h.rootless_env, DOCKER_USER, tar)
+    else:
+        sb.load_image(h, tar)
+
+
 def _prepare_podman(h: SandboxHost, template: Path, registry_host: str) -> None:
     """The host's podman store (seeded from the template), its configs, and
     the rootful and rootless registry settings (the sandbox registry on
@@ -636,6 +643,7 @@ def sandbox_up(
     progress: Progress | None = None,
     runtime: str = "docker",
     rootless: bool = False,
+    mpi: bool = False,
     slurm: bool = False,
     gpus: int = 0,
 ) -> Sandbox:
@@ -646,6 +654,8 @@ def sandbox_up(
     `rootless` (podman only): the cluster file logs in as the docker-group
     user and drives that user's own rootless podman, whose store on every
     node gets the sandbox images (a `podman load` per node, as that user).
+    `mpi`: the cluster file's image is `images.MPI_TAG` (Open MPI, mpi4py),
+    built once and cached, loaded on every node.
     `slurm`: a real Slurm over the nodes (sandbox/slurm.py), driven with
     the variables in DIR/slurm.env. `gpus`: that many stand-in GPUs per node
     (a device root the cluster file names; gres gpu:K with `slurm`).
@@ -682,23 +692,20 @@ def sandbox_up(
         network.create_bridge(sb.index)
         template = images.ensure_images(say)
         podman_template = podman.ensure_template(say) if runtime == "podman" else None
+        mpi_tar = images.ensure_mpi_image(say) if mpi else None
         _parallel(lambda h: _start_host(sb, h, template, say, podman_template), sb.hosts)
         if rootless:
             say(f"loading the images into {DOCKER_USER}'s rootless podman on each node")
             _parallel(lambda h: podman.load_rootless_images(h.rootless_env, DOCKER_USER), sb.nodes)
+        if mpi_tar is not None:
+            say(f"loading {images.MPI_TAG} on each node")
+            _parallel(lambda h: _load_mpi_image(h, sb, mpi_tar, rootless), sb.nodes)
         if gpus:
             for h in sb.nodes:
                 slurm_sb.make_gpu_root(h.gpu_root, gpus)
         if slurm:
             _start_slurm(sb, say)
-        if sb.nodes:
-            text = _cluster_yaml(sb, sb.nodes, "sandbox", images.SSHD_TAG, rootless=rootless)
-            sb.cluster_file.write_text(text)
-        if sb.egress is not None:
-            assert sb.egress_cluster_file is not None
-            # The base image: the default setup script apt-installs openssh-server here.
-            text = _cluster_yaml(sb, [sb.egress], "sandbox-egress", images.BASE_TAG)
-            sb.egress_cluster_file.write_text(text)
+        _write_cluster_files(sb, mpi=mpi, rootless=rootless)
     except BaseException as exc:
         with contextlib.suppress(Exception):
             say("sandbox up failed; tearing down what was created")
@@ -708,6 +715,19 @@ def sandbox_up(
         raise
     say(f"sandbox ready in {time.monotonic() - started:.1f}s: {sb.cluster_file}")
     return sb
+
+
+def _write_cluster_files(sb: Sandbox, *, mpi: bool, rootless: bool) -> None:
+    """The nodes' cluster file, and the egress host's when there is one."""
+    if sb.nodes:
+        image = images.MPI_TAG if mpi else images.SSHD_TAG
+        text = _cluster_yaml(sb, sb.nodes, "sandbox", image, rootless=rootless)
+        sb.cluster_file.write_text(text)
+    if sb.egress is not None:
+        assert sb.egress_cluster_file is not None
+        # The base image: the default setup script apt-installs openssh-server here.
+        text = _cluster_yaml(sb, [sb.egress], "sandbox-egress", images.BASE_TAG)
+        sb.egress_cluster_file.write_text(text)
 
 
 def _start_slurm(sb: Sandbox, say: Progress) -> None:

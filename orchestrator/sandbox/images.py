@@ -39,6 +39,10 @@ BASE_TAG = "cvs-sandbox:base"
 # The sshd image with an unprivileged USER (most images outside the CUDA/ROCm
 # bases set one): provisioning must still run as root in it.
 USER_TAG = "cvs-sandbox:user"
+# The sshd image plus Debian 12's Open MPI (4.1) and mpi4py: `cvs sandbox up
+# --mpi`. Built only when asked for (a separate rootfs and saved tar), so the
+# default images stay as small as they are.
+MPI_TAG = "cvs-sandbox:mpi"
 IMAGE_USER = "cvsuser"
 IMAGE_UID = 1000
 SUITE = "bookworm"
@@ -59,6 +63,10 @@ FLAVORS = (
     RootfsFlavor("sshd", SSHD_TAG, ("openssh-server",)),
     RootfsFlavor("base", BASE_TAG, ()),
 )
+# Not in FLAVORS: nothing but `--mpi` builds or loads it.
+MPI_FLAVOR = RootfsFlavor(
+    "mpi", MPI_TAG, ("openssh-server", "openmpi-bin", "python3-mpi4py", "iproute2")
+)
 
 
 def cache_dir() -> Path:
@@ -70,10 +78,13 @@ def rootfs_tar(flavor: str) -> Path:
 
 
 @contextlib.contextmanager
-def cache_lock() -> Iterator[Path]:
+def cache_lock(name: str = ".lock") -> Iterator[Path]:
+    """An exclusive flock on CACHE/NAME. The MPI image has a lock of its own
+    (`.mpi.lock`): its minutes-long first build does not hold up sandboxes
+    that only need the default images."""
     cache = cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / ".lock", "w") as fh:
+    with open(cache / name, "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield cache
@@ -90,7 +101,8 @@ def _debootstrap(flavor: RootfsFlavor, cache: Path, progress: Progress) -> None:
         if flavor.include:
             argv.append("--include=" + ",".join(flavor.include))
         argv += [SUITE, str(root), MIRROR]
-        progress(f"debootstrap {flavor.name} rootfs ({SUITE}, ~30-60 s)")
+        took = "a few minutes" if flavor is MPI_FLAVOR else "~30-60 s"
+        progress(f"debootstrap {flavor.name} rootfs ({SUITE}, {took})")
         try:
             run(argv)
         except Exception as exc:
@@ -304,3 +316,39 @@ def ensure_user_image(progress: Progress) -> Path:
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return user_image_tar()
+
+
+def mpi_image_tar() -> Path:
+    return cache_dir() / "image-mpi.tar"
+
+
+def ensure_mpi_image(progress: Progress) -> Path:
+    """A cached `docker save` of MPI_TAG (`cvs sandbox up --mpi`).
+
+    Its rootfs is debootstrapped once (openssh-server, openmpi-bin,
+    python3-mpi4py, iproute2) and imported once in a throwaway dockerd; the
+    saved tar, loaded on every host, gives the same image ID everywhere.
+    Everything happens under `.mpi.lock` and is published by atomic rename,
+    like the default images.
+    """
+    with cache_lock(".mpi.lock") as cache:
+        tar = rootfs_tar(MPI_FLAVOR.name)
+        if not tar.exists():
+            _debootstrap(MPI_FLAVOR, cache, progress)
+        st = tar.stat()
+        key = f"{MPI_FLAVOR.name}:{st.st_size}:{st.st_mtime_ns}"
+        stamp = cache / "image-mpi.json"
+        if _stamp_ok(stamp, key) and mpi_image_tar().exists():
+            return mpi_image_tar()
+        progress(f"building {MPI_TAG} (once per rootfs build)")
+        work = Path(tempfile.mkdtemp(prefix="mpi-image-", dir=cache))
+        try:
+            with _build_dockerd(work / "root") as docker:
+                import_rootfs(docker, MPI_FLAVOR.name, MPI_TAG)
+                tmp = work / "image-mpi.tar"
+                run([*docker, "save", "-o", str(tmp), MPI_TAG])
+                tmp.rename(mpi_image_tar())
+            stamp.write_text(json.dumps({"key": key}))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return mpi_image_tar()

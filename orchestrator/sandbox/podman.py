@@ -213,12 +213,13 @@ def rootless_argv(env: dict[str, str], user: str) -> list[str]:
     return ["runuser", "-u", user, "--", *podman_argv(env)]
 
 
-def load_rootless_images(env: dict[str, str], user: str) -> None:
-    """The sandbox images into `user`'s rootless store (same image IDs as the
-    rootful stores: `podman load` keeps the config digest)."""
+def load_rootless_images(env: dict[str, str], user: str, tar_path: Path | None = None) -> None:
+    """The sandbox images (or the saved image tar `tar_path`) into `user`'s
+    rootless store (same image IDs as the rootful stores: `podman load` keeps
+    the config digest)."""
     # On stdin: the cache is root's, and the user may not open it.
     argv = [*rootless_argv(env, user), "load", "-q"]
-    with open(images.images_tar(), "rb") as tar:
+    with open(tar_path or images.images_tar(), "rb") as tar:
         proc = subprocess.run(argv, stdin=tar, capture_output=True, check=False)
     if proc.returncode != 0:
         err = proc.stderr.decode(errors="replace").strip()

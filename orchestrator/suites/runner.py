@@ -30,6 +30,7 @@ from orchestrator.config.documents import key_lines
 from orchestrator.config.hostlist import compress_hostlist
 from orchestrator.containers.copy import CopyError, Payload
 from orchestrator.containers.hints import hint_for
+from orchestrator.containers.mpi import MPIHosts, host_slots, parse_hostfile
 from orchestrator.errors import Call, ExitCode, Phrase, PolicyRefused, Text, without_prefix
 from orchestrator.errortext import fold_errors
 from orchestrator.events import EventSink, HostStep, Message
@@ -84,17 +85,15 @@ def resolve_step_hosts(suite: Suite, cluster: ClusterConfig) -> dict[str, list[s
     return out
 
 
-def mpi_env(cluster: ClusterConfig) -> dict[str, str]:
-    """What an mpi step's command sees: hostfile path, `-H` style host list, rank count."""
-    slots = cluster.container.mpi.slots if cluster.container is not None else 1
-    hostfile = cluster.container.mpi.hostfile if cluster.container is not None else ""
-    names = [h.name for h in cluster.hosts]
-    hosts = ",".join(names if slots == 1 else [f"{n}:{slots}" for n in names])
-    return {
-        "CVS_MPI_HOSTFILE": hostfile,
-        "CVS_MPI_HOSTS": hosts,
-        "CVS_MPI_NP": str(len(names) * slots),
-    }
+def mpi_env(cluster: ClusterConfig, found: MPIHosts | None = None) -> dict[str, str]:
+    """What an mpi step's command sees: hostfile path, `-H` style host list,
+    rank count; from the hostfile read in the head's container (`found`,
+    which has the slots of GPU-sized hosts), else from the config."""
+    if found is None or not found.slots:
+        hostfile = cluster.container.mpi.hostfile if cluster.container is not None else ""
+        slots = tuple(host_slots(cluster).items())
+        found = MPIHosts(hostfile, slots)
+    return found.env()
 
 
 def _clip(text: Text, limit: int = 80) -> Text:
@@ -259,6 +258,24 @@ async def _copy(
         payload.close()
 
 
+async def _mpi_ready(
+    cluster: Cluster, hosts: list[str]
+) -> tuple[dict[str, HostResult] | None, MPIHosts | None]:
+    """Before an mpi step: `mpirun` in the head's image and every peer's
+    sshd answering (Cluster.mpi_check); the step fails, naming what is
+    wrong, instead of an `mpirun` that fails or hangs on a peer."""
+    check, problems = await cluster.mpi_check(need_mpirun=True)
+    found = None
+    if check is not None and cluster.config.container is not None:
+        found = parse_hostfile(cluster.config.container.mpi.hostfile, "\n".join(check.hostfile))
+    if not problems:
+        return None, found
+    text = "; ".join(problems)
+    return {
+        h: HostResult(h, "failed", stderr="\n".join(problems), error=text) for h in hosts
+    }, found
+
+
 async def _run_step(
     cluster: Cluster,
     step: Step,
@@ -268,14 +285,18 @@ async def _run_step(
     base_dir: Path = Path("."),
 ) -> StepOutcome:
     env = dict(step.env)
-    if step.mpi:
-        env = {**mpi_env(cluster.config), **env}
     if recorder is not None:
         recorder.begin_step(step.name, hosts)
     for h in hosts:
         sink.emit(HostStep(host=h, step=step.name, status="started"))
     started = time.monotonic()
-    if step.copy_ is not None:
+    refused: dict[str, HostResult] | None = None
+    if step.mpi:
+        refused, found = await _mpi_ready(cluster, hosts)
+        env = {**mpi_env(cluster.config, found), **env}
+    if refused is not None:
+        results = refused
+    elif step.copy_ is not None:
         results = await _copy(cluster, step, hosts, base_dir)
     else:
         results = await cluster.exec(

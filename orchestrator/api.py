@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from orchestrator.config import (
     ClusterConfig,
@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from orchestrator.containers.locks import HostLocks
     from orchestrator.containers.mpi import MPICheck
     from orchestrator.containers.plan import Plan
+    from orchestrator.containers.sshexec import SSHExec
 
 
 _IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
@@ -161,6 +162,8 @@ class Cluster:
         self._invocation: str | None = None
         # What a waiting invocation is told this one is doing (e.g. "run SUITE").
         self.purpose = "up"
+        # Commands in the containers through their sshd (containers/sshexec.py).
+        self._ssh_exec: SSHExec | None = None
 
     @classmethod
     @asynccontextmanager
@@ -175,6 +178,8 @@ class Cluster:
             try:
                 yield cluster
             finally:
+                if cluster._ssh_exec is not None:
+                    await cluster._ssh_exec.aclose()
                 await cluster.release_locks()
 
     async def release_locks(self) -> None:
@@ -234,7 +239,15 @@ class Cluster:
         """
         lifecycle = self._lifecycle()
         self._guard_gpu_env(dict(lifecycle.cfg.env))  # warns; run_argv drops them
+        # The containers' sshd connections open while the probe runs.
+        self.ssh_exec.warm_up(self.hosts)
         report = await lifecycle.up(force=force, reprovision=reprovision, adopt=adopt, wait=wait)
+        for host, outcome in report.outcomes.items():
+            state = lifecycle.locks.states.get(host)
+            if outcome.ok and outcome.action.kind == "attach" and state is not None:
+                # Attached: the probe's inspect holds what commands through the
+                # container's sshd need; no inspect of their own.
+                self.ssh_exec.known(host, state.exec_facts)
         if check and not report.ok:
             raise UpFailed(report)
         return report
@@ -323,6 +336,18 @@ class Cluster:
         `own_only` removes only containers this Cluster's `up` started.
         """
         return await self._lifecycle().down(force=force, wait=wait, own_only=own_only)
+
+    @property
+    def ssh_exec(self) -> SSHExec:
+        """The containers' sshd path of this Cluster's commands (one connection
+        per container, opened on first use; `.connections.counters` counts)."""
+        if self._ssh_exec is None:
+            from orchestrator.containers.sshexec import SSHExec
+
+            # The sshd path rides on SSHPool's own connections (its links and
+            # output bounds), not on the HostRunner seam.
+            self._ssh_exec = SSHExec(self.config, cast("SSHPool", self.pool), self.sink)
+        return self._ssh_exec
 
     @property
     def _probed_runtimes(self) -> Mapping[str, ContainerRuntime]:
@@ -526,27 +551,29 @@ class Cluster:
             container_command(name, "true", user=as_user, workdir=workdir)
         except ValueError as exc:
             raise UsageError(f"exec: {exc}") from None
-        lifecycle = self._lifecycle()
-        locks = lifecycle.locks
+        locks = self._lifecycle().locks
         own_lock = not locks.holds(selected)
         ready = dict(locks.ready)
         before: dict[str, HostResult] = {}
         if own_lock:
-            # Lock and probe in one round trip, as `up` does: the probe's docker
-            # call is bounded (container.runtime_timeout), so a frozen dockerd is
-            # named here instead of hanging the command's own `docker inspect`.
-            states = await lifecycle.lock_and_probe(
-                "shared", wait=wait, purpose="exec", hosts=selected
-            )
-            for host, state in states.items():
-                if state.container == "running" and state.access in ("direct", "sudo"):
-                    ready[host] = state.runtime  # docker or podman, as probed
-                else:
-                    before[host] = not_ready_result(host, state, name)
+            before = await self._lock_for_exec(selected, name, ready, wait=wait)
 
         async def one(host: str) -> HostResult:
             if host in before:
                 return before[host]
+            runtime = ready.get(host) or self.runtimes[host]
+            # Through the container's sshd when it runs; None: docker exec.
+            via_sshd = await self.ssh_exec.run(
+                host,
+                command,
+                runtime=runtime,
+                env=container_env,
+                user=as_user,
+                workdir=workdir,
+                timeout=timeout,
+            )
+            if via_sshd is not None:
+                return await self._explain(host, name, via_sshd, runtime)
             script, kill, stdin = container_command(
                 name,
                 command,
@@ -562,10 +589,8 @@ class Cluster:
             )
             if result.exit_code == NOT_RUNNING_EXIT and result.stderr.startswith("container "):
                 # The host's shell says "here"; the reader needs to know where.
-                error = result.stderr.strip().replace(
-                    " is not running here", f" is not running on {host}"
-                )
-                return replace(result, error=error)
+                here = result.stderr.strip()
+                return replace(result, error=here.replace(" running here", f" running on {host}"))
             return await self._explain(host, name, result, ready.get(host) or self.runtimes[host])
 
         try:
@@ -573,6 +598,26 @@ class Cluster:
         finally:
             if own_lock:
                 await locks.release(selected)
+
+    async def _lock_for_exec(
+        self, selected: list[str], name: str, ready: dict[str, ContainerRuntime], *, wait: bool
+    ) -> dict[str, HostResult]:
+        """Lock and probe in one round trip, as `up` does: the probe's runtime
+        call is bounded (container.runtime_timeout), so a frozen daemon is
+        named here instead of hanging the command's own inspect. Running
+        hosts go into `ready`; the others' results come back (not run)."""
+        self.ssh_exec.warm_up(selected)
+        states = await self._lifecycle().lock_and_probe(
+            "shared", wait=wait, purpose="exec", hosts=selected
+        )
+        before: dict[str, HostResult] = {}
+        for host, state in states.items():
+            if state.container == "running" and state.access in ("direct", "sudo"):
+                ready[host] = state.runtime  # docker or podman, as probed
+                self.ssh_exec.known(host, state.exec_facts)
+            else:
+                before[host] = not_ready_result(host, state, name)
+        return before
 
     async def _explain(
         self, host: str, name: str, result: HostResult, runtime: ContainerRuntime

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from orchestrator.containers.lifecycle import UpReport
     from orchestrator.containers.mpi import MPICheck
     from orchestrator.containers.plan import Plan
+    from orchestrator.containers.sshexec import SSHExec
 
 
 class SyncCluster:
@@ -107,6 +108,12 @@ class SyncCluster:
     def runtimes(self) -> Mapping[str, ContainerRuntime]:
         """How to reach the runtime on every host (see `Cluster.runtimes`)."""
         return self._cluster.runtimes
+
+    @property
+    def ssh_exec(self) -> SSHExec:
+        """The containers' sshd path of this Cluster's commands (see
+        `Cluster.ssh_exec`; read its counters, call nothing on it from here)."""
+        return self._cluster.ssh_exec
 
     def copy_to(
         self,

@@ -501,6 +501,11 @@ class SSHDConfig(Model):
         default="auto",
         description="Start the in-container sshd; auto: when the cluster has more than one host",
     )
+    exec: bool = Field(
+        default=True,
+        description="Run commands in the containers (exec, suite steps) through this sshd when "
+        "it runs, instead of `docker exec` (see docs/performance.md)",
+    )
 
 
 class MPIConfig(Model):

@@ -110,6 +110,9 @@ def config_hash(cfg: ContainerConfig) -> str:
     for key, default in (("runtime", "docker"), ("rootless", False), ("cdi", "auto")):
         if data.get(key) == default:
             data.pop(key, None)
+    if isinstance(data.get("sshd"), dict):
+        # How commands reach the container (sshd.exec), not the container.
+        data["sshd"].pop("exec", None)
     # Renamed keys hash under their old names: a rename changes no container's hash.
     for old, new in DEPRECATED_CONTAINER_KEYS.items():
         if new in data:

@@ -189,6 +189,8 @@ class HostLocks:
         # under these locks left running: while they are held, nothing can
         # replace it.
         self.ready: dict[str, ContainerRuntime] = {}
+        # What the last probe under these locks found, per host.
+        self.states: dict[str, HostState] = {}
 
     @property
     def hosts(self) -> list[str]:
@@ -241,6 +243,7 @@ class HostLocks:
         if problems:
             await self.release()
             raise PolicyRefused(problems)
+        self.states = {h: a.state for h, a in answers.items() if a.state is not None}
         return answers
 
     def _problems(self, answers: Mapping[str, LockAnswer]) -> list[Refusal | str]:

@@ -10,6 +10,7 @@ Anything it cannot read becomes `error` with the container state unknown
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import re
@@ -35,6 +36,7 @@ from orchestrator.containers.docker import (
     runtime_limits,
     validate_container_name,
 )
+from orchestrator.containers.sshexec import ExecFacts, exec_facts_of
 from orchestrator.limits.cdi import SpecFile, spec_files
 from orchestrator.limits.gpus import GPU, parse_discovery
 from orchestrator.limits.gpus import MARKER as GPU_MARKER
@@ -101,6 +103,10 @@ class HostState:
     # The runtime daemon's version, asked only where CDI depends on it (docker
     # launching GPUs with container.cdi: always); None: not asked or unreadable.
     runtime_version: str | None = None
+
+    # The container's environment, user, working directory and network, for
+    # commands through its sshd (containers/sshexec.py); not compared.
+    exec_facts: ExecFacts | None = field(default=None, compare=False, repr=False)
 
     @property
     def docker_access(self) -> DockerAccessMode | None:
@@ -432,7 +438,7 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
     except DockerOutputError as exc:
         return HostState(**values, error=str(exc), error_kind="garbled")  # type: ignore[arg-type]
 
-    values.update(_container_facts(sections, cinfo, runtime))
+    values.update(_container_facts(sections, cinfo, cobj, runtime))
     return HostState(**values)  # type: ignore[arg-type]
 
 
@@ -451,7 +457,10 @@ def _host_facts(sections: Mapping[str, Section]) -> dict[str, object]:
 
 
 def _container_facts(
-    sections: Mapping[str, Section], cinfo: ContainerInfo, runtime: RuntimeName
+    sections: Mapping[str, Section],
+    cinfo: ContainerInfo,
+    cobj: dict[str, Any],
+    runtime: RuntimeName,
 ) -> dict[str, object]:
     """The container's state, identity and limits, and what its host records
     and in-container check say."""
@@ -471,6 +480,8 @@ def _container_facts(
         started_at=cinfo.started_at,
         host_config=runtime_limits(runtime, cinfo.limits),
     )
+    with contextlib.suppress(ValueError):
+        values["exec_facts"] = exec_facts_of(cobj)
     values.update(
         _in_container_facts(
             sections, running=cinfo.state == "running", container_id=cinfo.id, runtime=runtime

@@ -34,6 +34,10 @@ _LIBRARIES: dict[str, tuple[str, ...]] = {
     "diagnose": ("access",),
 }
 LIBRARIES = frozenset(lib for libs in _LIBRARIES.values() for lib in libs)
+# Programs whose text another program's follows in one shell: ssh_run.sh
+# prepares the sshd's session, then run.sh runs the command (one shell fewer
+# per command than ssh_run.sh exec'ing run.sh).
+_FOLLOWED_BY: dict[str, tuple[str, ...]] = {"ssh_run": ("run",)}
 PROGRAMS = frozenset(
     {
         "probe",
@@ -46,6 +50,7 @@ PROGRAMS = frozenset(
         "sshd",
         "kill_tree",
         "run",
+        "ssh_run",
         "copy_receive",
         "copy_send",
         "gpus",
@@ -81,6 +86,7 @@ def program(name: str) -> str:
     if name not in PROGRAMS:
         raise ValueError(f"no remote program named {name!r}")
     parts = [source(lib) for lib in _LIBRARIES.get(name, ())] + [source(name)]
+    parts += [source(then) for then in _FOLLOWED_BY.get(name, ())]
     return "".join(_compact(p) for p in parts)
 
 

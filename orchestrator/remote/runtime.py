@@ -128,6 +128,13 @@ class ContainerRuntime:
         return frozenset({"nofile", "nproc"}) if self.name == "podman" else frozenset()
 
     @property
+    def exec_sets_path_and_hostname(self) -> bool:
+        """`RUNTIME exec` puts its default PATH and the container's HOSTNAME
+        before the container's Env (docker); podman keeps those in the Env
+        its inspect shows, but for a HOSTNAME its exec does not give."""
+        return self.name == "docker"
+
+    @property
     def gpu_vendors_without_cdi(self) -> frozenset[str]:
         """The GPU vendors whose GPUs reach this runtime's containers without
         CDI: AMD's device nodes everywhere, NVIDIA's through docker's `--gpus`

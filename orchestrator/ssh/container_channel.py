@@ -1,0 +1,452 @@
+"""Connections to the containers' own sshd, tunnelled through the hosts'.
+
+Every container of a multi-host cluster runs an sshd with a host key and an
+authorized user key that cvs made (ssh/keys.py, containers/provision.py). A
+command run over a channel of a connection to it costs what a host channel
+costs; `docker exec` costs a docker CLI, dockerd, containerd, a shim and a
+fresh runc on the host (containers/exec.py).
+
+`ContainerConnections` opens at most one connection per container (and login
+user) per invocation, as a `direct-tcpip` channel of the host's existing
+connection (`SSHPool.link`) to the sshd's address and port *as the host sees
+them*: 127.0.0.1 with host networking, the container's address on a bridge.
+No port has to be open to the coordinator, and nothing new is listening.
+
+The host key is checked against the one key cvs gave that container, and
+nothing else: a different key is refused (`host_key`), never learned.
+
+What this module does not know is what a container is: the command text, the
+endpoint and what to do when the sshd cannot be reached are the caller's
+(containers/sshexec.py). A command that could not start (no connection, the
+channel refused) raises `NotStarted`, so the caller may take another path;
+once started, the result says how it ended, as `SSHPool.run`'s does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
+
+import anyio
+import asyncssh
+
+from orchestrator.errors import Call, Option, Phrase, Text
+from orchestrator.events import CommandFinished, CommandStarted, EventSink, NullSink
+from orchestrator.results import HostResult, Status
+from orchestrator.ssh.output import as_result_text
+from orchestrator.ssh.transport import PREFERRED_CIPHERS, SSHPool, _CommandSession
+
+# Why a container's sshd could not be used.
+ConnectKind = Literal["refused", "timeout", "host_key", "auth", "host", "protocol"]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One container's sshd as reached from its host (all of it checked by the caller)."""
+
+    host: str  # the cluster's name for the host
+    address: str  # as the host sees it (127.0.0.1 with host networking)
+    port: int
+    username: str  # root, or the image's user
+    host_key: str  # `ssh-ed25519 AAAA...`: the only key accepted
+    # What the connection was opened to (for messages); not compared: a
+    # connection opened before the probe named the container serves it.
+    container_id: str = field(default="", compare=False)
+
+
+class NotStarted(Exception):
+    """The command did not start: no connection to the sshd, or no channel on it."""
+
+    def __init__(self, host: str, kind: ConnectKind, reason: Text) -> None:
+        super().__init__(reason)
+        self.host = host
+        self.kind = kind
+        self.reason = reason
+
+
+@dataclass
+class _Link:
+    conn: asyncssh.SSHClientConnection
+    endpoint: Endpoint
+    channels: anyio.Semaphore
+    control: anyio.Semaphore
+    active: int = 0
+
+
+@dataclass
+class Counters:
+    """What the connections did (for the leak tests and the benchmark)."""
+
+    connects: int = 0  # handshakes that succeeded
+    channels: int = 0  # command channels opened
+    open_channels: int = 0  # command channels open right now
+    closed_links: int = 0  # connections found closed and dropped
+    failures: dict[str, int] = field(default_factory=dict)  # by ConnectKind
+
+
+class _CoalescingTunnel:
+    """The host's connection as asyncssh's `tunnel`, with the tunnelled
+    connection's writes gathered into one channel message per turn of the
+    event loop.
+
+    asyncssh writes an SSH_MSG_IGNORE ahead of every packet, as a write of its
+    own: through a `direct-tcpip` channel each write is a message the host's
+    sshd writes to the container's sshd as a segment of its own, on a socket
+    without TCP_NODELAY. The second segment then waits for the container's
+    kernel to acknowledge the first, which it delays by 40 ms: measured here,
+    a 40-50 ms stall on most round trips right after connecting, and on some
+    later ones. One write per turn makes one segment."""
+
+    def __init__(self, conn: asyncssh.SSHClientConnection) -> None:
+        self._conn = conn
+
+    async def create_connection(
+        self, session_factory: Callable[[], Any], remote_host: str, remote_port: int
+    ) -> Any:
+        def factory() -> Any:
+            session = session_factory()
+            made = session.connection_made
+
+            def connection_made(chan: Any) -> None:
+                _coalesce_writes(chan)
+                made(chan)
+
+            session.connection_made = connection_made
+            return session
+
+        return await self._conn.create_connection(factory, remote_host, remote_port)
+
+
+def _coalesce_writes(chan: Any) -> None:
+    """`chan.write` buffered until the event loop's next turn; whatever ends
+    the channel sends the buffer first."""
+    pending: list[bytes] = []
+    write, write_eof, close, abort = chan.write, chan.write_eof, chan.close, chan.abort
+    loop = asyncio.get_running_loop()
+
+    def flush() -> None:
+        if pending:
+            data = b"".join(pending)
+            pending.clear()
+            with contextlib.suppress(asyncssh.Error, OSError):
+                write(data)
+
+    def buffered(data: bytes) -> None:
+        if not pending:
+            loop.call_soon(flush)
+        pending.append(data)
+
+    def ending(then: Callable[[], None]) -> Callable[[], None]:
+        def end() -> None:
+            flush()
+            then()
+
+        return end
+
+    chan.write = buffered
+    chan.write_eof = ending(write_eof)
+    chan.close = ending(close)
+    chan.abort = ending(abort)
+
+
+def _kind(exc: BaseException) -> ConnectKind:
+    if isinstance(exc, asyncssh.HostKeyNotVerifiable):
+        return "host_key"
+    if isinstance(exc, asyncssh.PermissionDenied):
+        return "auth"
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, asyncssh.ChannelOpenError | ConnectionRefusedError):
+        return "refused"
+    if isinstance(exc, asyncssh.Error):
+        return "protocol"
+    return "refused"
+
+
+def _reason(exc: BaseException, ep: Endpoint, timeout: float) -> Text:
+    where = f"the container's sshd ({ep.address}:{ep.port} on {ep.host})"
+    kind = _kind(exc)
+    if kind == "host_key":
+        return Phrase(
+            f"{where} offered a host key other than the one cvs gave it: refused "
+            "(the container was replaced or reprovisioned by someone else; ",
+            Call("up", (Option("reprovision"),)),
+            " installs this cluster's keys again)",
+        )
+    if kind == "auth":
+        return f"{where} refused the cluster key for user {ep.username}"
+    if kind == "timeout":
+        return f"{where} did not answer within {timeout:g}s"
+    text = exc.reason if isinstance(exc, asyncssh.Error) else str(exc)
+    return f"{where} could not be reached: {text or type(exc).__name__}"
+
+
+class ContainerConnections:
+    """At most one connection per container (and login user) for an invocation."""
+
+    def __init__(
+        self,
+        pool: SSHPool,
+        client_key: asyncssh.SSHKey,
+        *,
+        sink: EventSink | None = None,
+    ) -> None:
+        self.pool = pool
+        self.sink: EventSink = sink or NullSink()
+        self._key = client_key
+        self._links: dict[tuple[str, str], _Link] = {}
+        self._locks: dict[tuple[str, str], anyio.Lock] = {}
+        self.counters = Counters()
+        ssh = pool.cluster.ssh
+        # A container's sshd is one hop past a host already reached: it answers
+        # at once or not at all, so a short bound, never more than the host's.
+        self.connect_timeout = min(ssh.connect_timeout, 5.0)
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            links = list(self._links.values())
+            self._links.clear()
+            for link in links:
+                link.conn.close()
+            for link in links:
+                with anyio.move_on_after(2), contextlib.suppress(Exception):
+                    await link.conn.wait_closed()
+
+    def is_open(self, ep: Endpoint) -> bool:
+        link = self._links.get((ep.host, ep.username))
+        return link is not None and not link.conn.is_closed()
+
+    def drop(self, ep: Endpoint) -> None:
+        """Forget (and close) the connection to `ep`'s container."""
+        link = self._links.pop((ep.host, ep.username), None)
+        if link is not None:
+            link.conn.close()
+
+    async def _link(self, ep: Endpoint, counted: bool = True) -> _Link:
+        key = (ep.host, ep.username)
+        link = self._links.get(key)
+        if link is not None and not link.conn.is_closed() and link.endpoint == ep:
+            return link
+        async with self._locks.setdefault(key, anyio.Lock()):
+            link = self._links.get(key)
+            if link is not None and not link.conn.is_closed() and link.endpoint == ep:
+                return link
+            if link is not None:
+                self._links.pop(key, None)
+                link.conn.close()
+                self.counters.closed_links += 1
+            conn = await self._connect(ep, counted)
+            work = max(1, self.pool.cluster.ssh.max_channels - 1)
+            link = _Link(conn, ep, anyio.Semaphore(work), anyio.Semaphore(1))
+            self._links[key] = link
+            return link
+
+    async def warm(self, ep: Endpoint, bound: float = 2.0) -> bool:
+        """Open the connection to `ep` ahead of its first command, and make its
+        first round trip (the first after a handshake waits on the peers'
+        delayed acknowledgements, 40-50 ms here); False when it could not.
+        A failure here is nobody's: the command that needs it tries again."""
+        try:
+            link = await self._link(ep, counted=False)
+            # A keepalive request: a round trip that runs nothing in the
+            # container (this runs before the caller holds its lock). asyncssh
+            # has no public call for one; without it, `true` does the same.
+            request = getattr(link.conn, "_make_global_request", None)
+            with anyio.move_on_after(bound), contextlib.suppress(asyncssh.Error, OSError):
+                if request is not None:
+                    await request(b"keepalive@openssh.com")
+                else:
+                    await link.conn.run("true", check=False)
+        except NotStarted:
+            return False
+        return True
+
+    async def _connect(self, ep: Endpoint, counted: bool = True) -> asyncssh.SSHClientConnection:
+        try:
+            host_link = await self.pool.link(ep.host)
+        except Exception as exc:
+            raise NotStarted(ep.host, "host", f"host not reached: {exc}") from None
+        pattern = ep.address if ep.port == 22 else f"[{ep.address}]:{ep.port}"
+        known = asyncssh.import_known_hosts(f"{pattern} {ep.host_key}\n")
+        try:
+            with anyio.fail_after(self.connect_timeout):
+                conn = await asyncssh.connect(
+                    ep.address,
+                    ep.port,
+                    tunnel=_CoalescingTunnel(host_link.conn),
+                    username=ep.username,
+                    client_keys=[self._key],
+                    known_hosts=known,
+                    agent_path=None,
+                    config=None,
+                    connect_timeout=self.connect_timeout,
+                    keepalive_interval=0,
+                    keepalive_count_max=self.pool.cluster.ssh.keepalive_count,
+                    encryption_algs=PREFERRED_CIPHERS,
+                    compression_algs=["none"],
+                )
+        except (OSError, asyncssh.Error, TimeoutError) as exc:
+            kind = _kind(exc)
+            if counted:
+                self.counters.failures[kind] = self.counters.failures.get(kind, 0) + 1
+            raise NotStarted(ep.host, kind, _reason(exc, ep, self.connect_timeout)) from None
+        self.counters.connects += 1
+        return conn
+
+    async def run(
+        self,
+        ep: Endpoint,
+        text: str,
+        *,
+        timeout: float,
+        input: str | None = None,
+        label: str | None = None,
+        stream_output: bool = True,
+        on_timeout: str | None = None,
+    ) -> HostResult:
+        """Run shell text `text` (the login shell reads it) in `ep`'s container.
+
+        Raises NotStarted when it could not start. Once started, it is the
+        caller's: the result's status says how it ended; a timeout or a
+        cancellation signals the session's process group (sshd delivers a
+        channel signal with killpg) and runs `on_timeout` on a channel kept
+        for it.
+        """
+        start = time.monotonic()
+        link = await self._link(ep)
+        emit = self.sink.emit if stream_output else None
+        tail = self.pool.output_tail
+        async with link.channels:
+            try:
+                chan, client_session = await link.conn.create_session(
+                    lambda: _CommandSession(ep.host, emit, tail),
+                    text,
+                    encoding="utf-8",
+                    errors="replace",
+                )
+            except (asyncssh.Error, OSError) as exc:
+                self.drop(ep)
+                raise NotStarted(ep.host, "refused", f"no channel: {exc}") from None
+            self.counters.channels += 1
+            self.counters.open_channels += 1
+            self.sink.emit(CommandStarted(host=ep.host, command=text, label=label))
+            session = cast(_CommandSession, client_session)
+            try:
+                async with self._waiting_on(link):
+                    result = await self._wait(link, chan, session, timeout, input, on_timeout)
+            finally:
+                self.counters.open_channels -= 1
+        status, exit_code, error = result
+        out, err = session.tails["stdout"], session.tails["stderr"]
+        host_result = HostResult(
+            ep.host,
+            status,
+            exit_code=exit_code,
+            stdout=as_result_text(out),
+            stderr=as_result_text(err),
+            duration=time.monotonic() - start,
+            error=error,
+            stdout_dropped=out.dropped,
+            stderr_dropped=err.dropped,
+        )
+        self.sink.emit(CommandFinished(host=ep.host, result=host_result, label=label))
+        return host_result
+
+    async def _wait(
+        self,
+        link: _Link,
+        chan: asyncssh.SSHClientChannel[str],
+        session: _CommandSession,
+        timeout: float,
+        input: str | None,
+        on_timeout: str | None,
+    ) -> tuple[Status, int | None, str | None]:
+        try:
+            with anyio.fail_after(timeout):
+                # A command may end before it reads its stdin (a working
+                # directory it could not enter): what it did not read is moot.
+                with contextlib.suppress(asyncssh.Error, OSError):
+                    if input is not None:
+                        chan.write(input)
+                    chan.write_eof()
+                await session.closed.wait()
+        except TimeoutError:
+            await self._kill(link, chan, session, on_timeout)
+            chan.close()
+            return (
+                "timeout",
+                session.exit_code,
+                f"timed out after {timeout:g}s; remote process killed",
+            )
+        except (asyncssh.Error, OSError) as exc:
+            return self._lost(link, exc)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._kill(link, chan, session, on_timeout)
+                chan.close()
+            raise
+        if session.lost is not None:
+            return self._lost(link, session.lost)
+        code = session.exit_code
+        if code is None:
+            # Closed without an exit status: the sshd (or the container) went away.
+            return self._lost(link, None)
+        return ("ok", 0, None) if code == 0 else ("failed", code, f"exit code {code}")
+
+    def _lost(
+        self, link: _Link, exc: BaseException | None
+    ) -> tuple[Status, int | None, str | None]:
+        """A started command whose connection went away: `failed` with no exit
+        code while its host still answers (the caller asks the runtime why),
+        `unreachable` when the host's own connection went too."""
+        ep = link.endpoint
+        self.drop(ep)
+        host_link = self.pool._links.get(ep.host)
+        why = f": {exc}" if exc is not None else ""
+        if host_link is None or host_link.conn.is_closed():
+            return "unreachable", None, f"connection to {ep.host} lost while running{why}"
+        return (
+            "failed",
+            None,
+            f"the container's sshd closed the connection while the command ran{why}",
+        )
+
+    @contextlib.asynccontextmanager
+    async def _waiting_on(self, link: _Link) -> AsyncIterator[None]:
+        """Keepalives while a command runs (as SSHPool does for hosts)."""
+        interval = self.pool.cluster.ssh.keepalive
+        if interval and link.active == 0:
+            with contextlib.suppress(asyncssh.Error, OSError):
+                link.conn.set_keepalive(interval)
+        link.active += 1
+        try:
+            yield
+        finally:
+            link.active -= 1
+            if interval and link.active == 0:
+                with contextlib.suppress(asyncssh.Error, OSError):
+                    link.conn.set_keepalive(0)
+
+    async def _kill(
+        self,
+        link: _Link,
+        chan: asyncssh.SSHClientChannel[str],
+        session: _CommandSession,
+        on_timeout: str | None,
+    ) -> None:
+        """TERM the session's process group, KILL if it lingers, then `on_timeout`."""
+        with contextlib.suppress(asyncssh.Error, OSError):
+            chan.send_signal("TERM")
+        with anyio.move_on_after(0.5):
+            await session.closed.wait()
+        if not session.closed.is_set():
+            with contextlib.suppress(asyncssh.Error, OSError):
+                chan.send_signal("KILL")
+        if on_timeout is not None and not link.conn.is_closed():
+            with anyio.move_on_after(5), contextlib.suppress(asyncssh.Error, OSError):
+                async with link.control:
+                    await link.conn.run(on_timeout, check=False)

@@ -1,0 +1,189 @@
+"""Which path a command in a container takes, and what the sshd path sends
+(containers/sshexec.py): pure functions, no host. The paths themselves are
+compared on the sandbox in test_sshexec_sandbox.py."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+import pytest
+
+from orchestrator import remote
+from orchestrator.containers.sshexec import (
+    DEFAULT_PATH,
+    ExecFacts,
+    exec_env,
+    login_user,
+    parse_exec_facts,
+    ssh_command,
+    sshd_address,
+)
+from orchestrator.remote.runtime import ContainerRuntime
+
+
+def _inspect(**over: Any) -> str:
+    obj: dict[str, Any] = {
+        "Id": "c" * 64,
+        "State": {"Running": True, "StartedAt": "2026-11-27T10:00:00.1Z"},
+        "Config": {
+            "User": "",
+            "WorkingDir": "/work",
+            "Env": ["PATH=/opt/bin:/usr/bin", "A=b=c", "broken"],
+            "Hostname": "node1",
+            "Labels": {"io.cvs.sshd-port": "2299"},
+        },
+        "HostConfig": {"NetworkMode": "host"},
+        "NetworkSettings": {"Networks": {}},
+    }
+    obj.update(over)
+    return json.dumps([obj])
+
+
+def _facts(**over: Any) -> ExecFacts:
+    return parse_exec_facts(_inspect(**over))
+
+
+def test_inspect_gives_env_in_order_user_workdir_and_the_labelled_port() -> None:
+    facts = _facts()
+    assert facts.env == (("PATH", "/opt/bin:/usr/bin"), ("A", "b=c"))
+    assert (facts.user, facts.workdir, facts.sshd_port) == ("", "/work", 2299)
+    assert facts.running and facts.container_id == "c" * 64
+
+
+def test_inspect_without_a_container_is_refused() -> None:
+    with pytest.raises(ValueError, match="no container"):
+        parse_exec_facts("[{}]")
+    with pytest.raises(ValueError, match="no JSON"):
+        parse_exec_facts("Error: no such container")
+
+
+def test_host_networking_reaches_the_sshd_on_the_loopback() -> None:
+    assert sshd_address(_facts()) == "127.0.0.1"
+
+
+def test_a_bridge_reaches_the_sshd_at_the_containers_ipv4_address() -> None:
+    nets = {"Networks": {"bridge": {"IPAddress": "172.17.0.2"}, "v6": {"IPAddress": "fd00::2"}}}
+    facts = _facts(HostConfig={"NetworkMode": "bridge"}, NetworkSettings=nets)
+    assert sshd_address(facts) == "172.17.0.2"
+
+
+@pytest.mark.parametrize("mode", ["none", "container:abc"])
+def test_no_network_of_its_own_means_no_sshd_path(mode: str) -> None:
+    assert sshd_address(_facts(HostConfig={"NetworkMode": mode})) is None
+
+
+@pytest.mark.parametrize(
+    ("requested", "image_user", "login"),
+    [
+        (None, "", "root"),
+        ("root", "app", "root"),
+        ("0", "app", "root"),
+        (None, "app", "app"),
+        ("app", "app:staff", "app"),
+        ("other", "app", None),  # the sshd lets in root and the container's user only
+        ("app:staff", "app", None),  # a group: docker exec -u gives exactly that
+        ("1000", "app", None),  # a bare uid: no name to log in with
+        (None, "app:staff", None),
+    ],
+)
+def test_the_sshd_path_logs_in_only_as_a_user_it_can_give(
+    requested: str | None, image_user: str, login: str | None
+) -> None:
+    facts = _facts(Config={"User": image_user, "Env": []})
+    assert login_user(requested, facts) == login
+
+
+def test_docker_env_is_its_default_path_and_hostname_then_the_containers_then_the_commands() -> (
+    None
+):
+    facts = _facts()
+    env = exec_env(facts, ContainerRuntime(), {"A": "mine"})
+    assert env == {"PATH": "/opt/bin:/usr/bin", "HOSTNAME": "node1", "A": "mine"}
+    bare = _facts(Config={"Env": [], "Hostname": "h"})
+    assert exec_env(bare, ContainerRuntime(), {})["PATH"] == DEFAULT_PATH
+
+
+def test_podman_env_is_the_containers_own() -> None:
+    env = exec_env(_facts(), ContainerRuntime("sudo", "podman"), {})
+    assert env == {"PATH": "/opt/bin:/usr/bin", "A": "b=c"}
+
+
+def test_podman_exec_has_no_hostname_of_the_ones_its_inspect_adds() -> None:
+    config = {"Env": ["HOSTNAME=node1", "A=b"], "Hostname": "node1"}
+    podman = ContainerRuntime("sudo", "podman")
+    assert exec_env(_facts(Config=config), podman, {}) == {"A": "b"}
+    mine = {"Env": ["HOSTNAME=mine", "A=b"], "Hostname": "node1"}
+    assert exec_env(_facts(Config=mine), podman, {})["HOSTNAME"] == "mine"
+
+
+def test_values_travel_on_stdin_never_in_the_command_line() -> None:
+    cmd = ssh_command(["echo", "hi"], {"SECRET": "s3cr3t value"}, workdir="/w", token="ab12")
+    assert "s3cr3t" not in cmd.script
+    assert "export SECRET='s3cr3t value'" in (cmd.stdin or "")
+    words = shlex.split(cmd.script)
+    assert words[:6] == ["sh", "-c", remote.program("ssh_run"), "cvs-ssh_run", "/w", "126"]
+    assert words[6] == "/tmp/.cvs-exec-ab12.pid"
+    assert words[-2:] == ["echo", "hi"]
+    # ssh_run.sh's session set-up, then run.sh, in one shell
+    assert remote.program("ssh_run").endswith(remote.program("run"))
+    assert cmd.kill == shlex.join(remote.argv("kill_tree", "/tmp/.cvs-exec-ab12.pid"))
+
+
+def test_a_directory_it_cannot_enter_exits_as_the_runtime_would() -> None:
+    words = shlex.split(ssh_command("true", {}, workdir="/w", runtime="podman").script)
+    assert words[4:6] == ["/w", "127"]
+
+
+def test_a_relative_working_directory_is_refused() -> None:
+    with pytest.raises(ValueError, match="absolute"):
+        ssh_command("true", {}, workdir="tmp")
+
+
+def test_how_commands_reach_the_container_is_not_part_of_its_config_hash() -> None:
+    from orchestrator.config import ContainerConfig
+    from orchestrator.containers.docker import config_hash
+
+    on = ContainerConfig(image="img:1")
+    off = ContainerConfig(image="img:1", sshd={"exec": False})
+    other_port = ContainerConfig(image="img:1", sshd={"port": 2299})
+    assert config_hash(on) == config_hash(off) != config_hash(other_port)
+
+
+class _Channel:
+    """What `_coalesce_writes` wraps: records the writes that reach the channel."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes | str] = []
+
+    def write(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    def write_eof(self) -> None:
+        self.sent.append("eof")
+
+    def close(self) -> None:
+        self.sent.append("close")
+
+    def abort(self) -> None:
+        self.sent.append("abort")
+
+
+def test_tunnel_writes_of_one_loop_turn_leave_as_one_message() -> None:
+    import anyio
+
+    from orchestrator.ssh.container_channel import _coalesce_writes
+
+    async def main() -> list[bytes | str]:
+        chan = _Channel()
+        _coalesce_writes(chan)
+        chan.write(b"ignore-packet")
+        chan.write(b"real-packet")
+        assert chan.sent == []  # nothing until the loop turns
+        await anyio.sleep(0)
+        chan.write(b"later")
+        chan.close()  # what ends the channel sends what is pending first
+        return chan.sent
+
+    assert anyio.run(main) == [b"ignore-packetreal-packet", b"later", "close"]

@@ -1,0 +1,379 @@
+"""Commands through the containers' own sshd against `docker exec`, on the
+sandbox (issue 34): the same command, the same result, on docker and podman
+hosts; and the faults (a changed host key, an sshd gone between steps, a
+container restarted under an open connection, 1000 steps without a leak).
+
+A 2-host sandbox per runtime, persistent containers with their sshd, a state
+directory (keys) and a container name of this module's own.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncssh
+import pytest
+import yaml
+from labtools import docker as runtime_cli
+
+from orchestrator.api import Cluster
+from orchestrator.events import CollectingSink, Message
+from orchestrator.results import HostResult
+from orchestrator.sandbox import Sandbox, sandbox_down, sandbox_up
+from orchestrator.sandbox.network import NETNS_DIR
+
+pytestmark = pytest.mark.sandbox
+
+HOSTS = ["node1", "node2"]
+
+
+@dataclass
+class Lab:
+    sb: Sandbox
+    cluster_file: Path
+    runtime: str
+    name: str
+
+
+def _cluster_file(sb: Sandbox, directory: Path, name: str) -> Path:
+    doc = yaml.safe_load(sb.cluster_file.read_text())
+    doc["name"] = name
+    doc["state_dir"] = str(directory / "state")
+    doc["container"] = {**doc["container"], "name": name, "lifetime": "persistent"}
+    path = directory / "cluster.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _up(path: Path) -> None:
+    async def main() -> None:
+        async with Cluster.open(path) as cluster:
+            await cluster.up()
+
+    anyio.run(main)
+
+
+@pytest.fixture(scope="module", params=["docker", "podman"])
+def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    runtime = str(request.param)
+    if os.geteuid() != 0:
+        pytest.skip("sandbox tests need root")
+    if runtime == "podman" and shutil.which("podman") is None:
+        pytest.skip("podman hosts need podman")
+    directory = tmp_path_factory.mktemp(f"sshexec-{runtime}")
+    name = f"cvs-se-{uuid.uuid4().hex[:8]}"
+    try:
+        sb = sandbox_up(directory / "sb", hosts=len(HOSTS), runtime=runtime)
+        path = _cluster_file(sb, directory, name)
+        _up(path)
+        yield Lab(sb, path, runtime, name)
+    finally:
+        sandbox_down(directory / "sb")
+
+
+def run(
+    lab: Lab,
+    command: str | Sequence[str],
+    *,
+    via_sshd: bool = True,
+    prepare: Any = None,
+    **kwargs: Any,
+) -> tuple[dict[str, HostResult], Cluster, list[str]]:
+    """`command` in every container, through the sshd or `docker exec`, in an
+    invocation of its own; the results, the Cluster (closed) and its warnings."""
+    sink = CollectingSink()
+    out: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with Cluster.open(lab.cluster_file, sink=sink) as cluster:
+            cluster.ssh_exec.enabled = via_sshd and cluster.ssh_exec.enabled
+            if prepare is not None:
+                prepare(cluster)
+            out["results"] = await cluster.exec(command, **kwargs)
+            out["cluster"] = cluster
+
+    anyio.run(main)
+    warnings = [e.text for e in sink.events if isinstance(e, Message) and e.level == "warning"]
+    return out["results"], out["cluster"], warnings
+
+
+def _shape(results: dict[str, HostResult]) -> dict[str, tuple[Any, ...]]:
+    return {
+        h: (r.status, r.exit_code, r.stdout, r.stderr, r.stdout_dropped, r.stderr_dropped)
+        for h, r in results.items()
+    }
+
+
+def _channels(cluster: Cluster) -> int:
+    connections = cluster.ssh_exec.connections
+    return connections.counters.channels if connections is not None else 0
+
+
+MATRIX: dict[str, tuple[str | list[str], dict[str, Any]]] = {
+    "environment": ("env | sort", {"env": {"CVS_T": "a b'c\nd"}}),
+    "user, directory, umask": ("id; pwd; umask", {}),
+    "working directory": ("pwd", {"workdir": "/tmp"}),
+    "root by name": ("id -u; echo $HOME", {"user": "root"}),
+    "another user (docker exec both)": ("id; echo $HOME", {"user": "nobody"}),
+    "exit code": ("echo out; echo err >&2; exit 3", {}),
+    "killed by TERM": ("kill -TERM $$", {}),
+    "killed by KILL": ("kill -KILL $$", {}),
+    "stdin closed": ("read line || echo stdin at its end", {}),
+    "argv": (["sh", "-c", 'echo "$0|$1"', "x", "y  z"], {}),
+    "output beyond the kept tail": (
+        "head -c 1500000 /dev/zero | tr '\\0' a; echo; echo last line",
+        {},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(MATRIX))
+def test_the_same_command_gives_the_same_result_through_the_sshd_and_exec(
+    lab: Lab, case: str
+) -> None:
+    command, kwargs = MATRIX[case]
+    via_sshd, cluster, warnings = run(lab, command, **kwargs)
+    via_exec, _, _ = run(lab, command, via_sshd=False, **kwargs)
+    assert warnings == []
+    if kwargs.get("user") == "nobody":
+        assert _channels(cluster) == 0  # the sshd lets in root and the image's user only
+    else:
+        assert _channels(cluster) == len(HOSTS)
+    assert _shape(via_sshd) == _shape(via_exec)
+
+
+def test_a_missing_working_directory_fails_with_the_runtimes_exit_code_on_both(lab: Lab) -> None:
+    via_sshd, _, _ = run(lab, "pwd", workdir="/no/such/dir")
+    via_exec, _, _ = run(lab, "pwd", workdir="/no/such/dir", via_sshd=False)
+    code = {"docker": 126, "podman": 127}[lab.runtime]
+    for results in (via_sshd, via_exec):
+        assert {(r.status, r.exit_code) for r in results.values()} == {("failed", code)}
+        # (docker 20.10 prints its OCI error on stdout)
+        assert all("/no/such/dir" in r.stdout + r.stderr for r in results.values())
+
+
+def _processes(sb: Sandbox, needle: bytes) -> list[int]:
+    """Processes in the sandbox's hosts (and their host-network containers)
+    whose command line holds `needle`."""
+    spaces = set()
+    for h in sb.nodes:
+        st = os.stat(NETNS_DIR / str(h.netns))
+        spaces.add((st.st_dev, st.st_ino))
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            st = os.stat(f"/proc/{entry}/ns/net")
+            line = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in spaces and needle in line:
+            found.append(int(entry))
+    return found
+
+
+def _gone(sb: Sandbox, needle: bytes, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while _processes(sb, needle):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.mark.parametrize("via_sshd", [True, False], ids=["sshd", "exec"])
+def test_a_timeout_ends_the_command_in_the_container(lab: Lab, via_sshd: bool) -> None:
+    results, _, _ = run(lab, "sleep 4242; echo never", timeout=1, via_sshd=via_sshd)
+    assert {r.status for r in results.values()} == {"timeout"}
+    assert _gone(lab.sb, b"sleep\x004242")
+
+
+@pytest.mark.parametrize("via_sshd", [True, False], ids=["sshd", "exec"])
+def test_cancelling_ends_the_command_in_the_container(lab: Lab, via_sshd: bool) -> None:
+    async def main() -> None:
+        async with Cluster.open(lab.cluster_file) as cluster:
+            cluster.ssh_exec.enabled = via_sshd
+            async with anyio.create_task_group() as tg:
+
+                async def interrupt_once_running() -> None:
+                    while len(_processes(lab.sb, b"sleep\x004343")) < len(HOSTS):
+                        await anyio.sleep(0.05)
+                    tg.cancel_scope.cancel()  # what Ctrl-C does to the CLI's task
+
+                tg.start_soon(interrupt_once_running)
+                with anyio.fail_after(60):
+                    await cluster.exec("sleep 4343")
+            assert _channels(cluster) == (len(HOSTS) if via_sshd else 0)
+
+    anyio.run(main)
+    assert _gone(lab.sb, b"sleep\x004343")
+
+
+def test_the_shared_lock_is_held_while_a_command_runs_through_the_sshd(lab: Lab) -> None:
+    def holders() -> list[int]:
+        return [len(list(Path(f"/tmp/cvs-{lab.name}-{h}.lock").glob("h.*"))) for h in HOSTS]
+
+    seen: dict[str, Any] = {}
+
+    async def watch() -> None:
+        deadline = time.monotonic() + 30
+        while len(_processes(lab.sb, b"sleep\x002.4444")) < len(HOSTS):
+            assert time.monotonic() < deadline, "the command never ran"
+            await anyio.sleep(0.05)
+        seen["holders"] = holders()
+
+    async def main() -> None:
+        async with Cluster.open(lab.cluster_file) as cluster:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                await cluster.exec("sleep 2.4444")
+            seen["channels"] = _channels(cluster)
+
+    anyio.run(main)
+    assert seen["channels"] == len(HOSTS)
+    assert seen["holders"] == [1] * len(HOSTS)
+
+
+# --- faults (docker hosts; each leaves the containers as it found them) -------
+
+
+def _docker_only(lab: Lab) -> None:
+    if lab.runtime != "docker":
+        pytest.skip("faults are made on the docker hosts")
+
+
+def test_a_host_key_other_than_cvs_gave_is_refused_and_said_once(lab: Lab) -> None:
+    _docker_only(lab)
+    stranger = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode()
+
+    def swap_keys(cluster: Cluster) -> None:
+        for host in HOSTS:
+            cluster.ssh_exec._host_keys[host] = " ".join(stranger.split()[:2])
+
+    sink = CollectingSink()
+
+    async def main() -> Cluster:
+        async with Cluster.open(lab.cluster_file, sink=sink) as cluster:
+            swap_keys(cluster)
+            for _ in range(3):
+                results = await cluster.exec("echo ran")
+                assert all(r.ok and r.stdout == "ran" for r in results.values()), results
+            return cluster
+
+    cluster = anyio.run(main)
+    warnings = [e.text for e in sink.events if isinstance(e, Message) and e.level == "warning"]
+    assert len(warnings) == len(HOSTS)
+    assert all("host key other than the one cvs gave it: refused" in w for w in warnings)
+    counters = cluster.ssh_exec.connections.counters  # type: ignore[union-attr]
+    assert counters.connects == 0 and counters.failures == {"host_key": len(HOSTS)}
+
+
+def _kill_sshd_script() -> str:
+    # Every sshd in the container (the listener and the connections' own).
+    return (
+        "for p in /proc/[0-9]*; do read -r c < $p/comm 2>/dev/null || continue; "
+        '[ "$c" = sshd ] && kill -9 "${p#/proc/}"; done; true'
+    )
+
+
+def test_an_sshd_gone_between_steps_sends_the_rest_through_exec_said_once(lab: Lab) -> None:
+    _docker_only(lab)
+    sink = CollectingSink()
+
+    async def main() -> None:
+        async with Cluster.open(lab.cluster_file, sink=sink) as cluster:
+            first = await cluster.exec("echo one")
+            assert all(r.ok for r in first.values())
+            cluster.ssh_exec.enabled = False
+            await cluster.exec(_kill_sshd_script(), user="root")
+            cluster.ssh_exec.enabled = True
+            for _ in range(3):
+                later = await cluster.exec("echo later")
+                assert all(r.ok and r.stdout == "later" for r in later.values()), later
+            assert set(cluster.ssh_exec.off) == set(HOSTS)
+
+    try:
+        anyio.run(main)
+    finally:
+        _up(lab.cluster_file)  # its sshd again
+    warnings = [e.text for e in sink.events if isinstance(e, Message) and e.level == "warning"]
+    assert len(warnings) == len(HOSTS), warnings
+    assert all("its sshd stopped (the container still runs)" in w for w in warnings)
+    assert all("`docker exec` for the rest of this invocation" in w for w in warnings)
+
+
+def test_a_container_restarted_under_an_open_connection_is_named(lab: Lab) -> None:
+    _docker_only(lab)
+    sink = CollectingSink()
+    out: dict[str, Any] = {}
+
+    async def restart_soon() -> None:
+        await anyio.sleep(1.5)
+        for host in HOSTS:
+            await anyio.to_thread.run_sync(
+                lambda h=host: runtime_cli(lab.sb, h, "restart", "-t", "0", lab.name)
+            )
+
+    async def main() -> None:
+        async with Cluster.open(lab.cluster_file, sink=sink) as cluster:
+            await cluster.exec("true")
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(restart_soon)
+                out["during"] = await cluster.exec("sleep 30")
+            out["after"] = await cluster.exec("echo after")
+
+    try:
+        anyio.run(main)
+    finally:
+        _up(lab.cluster_file)
+    for r in out["during"].values():
+        assert r.status == "failed" and r.exit_code is None
+        # From the runtime's answer at that moment: the restart's stop, or its start.
+        assert re.search(r"(restarted|stopped) while the command ran", r.error or ""), r.error
+    assert all(r.ok and r.stdout == "after" for r in out["after"].values())
+    warnings = [e.text for e in sink.events if isinstance(e, Message) and e.level == "warning"]
+    assert len(warnings) == len(HOSTS), warnings
+    assert all("the container restarted at " in w for w in warnings)
+
+
+def test_a_thousand_steps_use_one_connection_per_container_and_leak_no_channel(
+    lab: Lab,
+) -> None:
+    _docker_only(lab)
+    steps = 1000
+
+    async def main() -> dict[str, Any]:
+        async with Cluster.open(lab.cluster_file) as cluster:
+            await cluster.up()  # attach: the lock held for every step, as a suite holds it
+            for _ in range(steps):
+                results = await cluster.exec("true")
+                assert all(r.ok for r in results.values())
+            connections = cluster.ssh_exec.connections
+            assert connections is not None
+            links = list(connections._links.values())
+            return {
+                "counters": connections.counters,
+                "asyncssh_channels": sum(len(link.conn._channels) for link in links),
+                "sessions": len(_processes(lab.sb, b"sshd: root@notty")),
+                "runs": len(_processes(lab.sb, b"cvs-run")),
+            }
+
+    seen = anyio.run(main)
+    counters = seen["counters"]
+    assert counters.connects == len(HOSTS)
+    assert counters.channels == steps * len(HOSTS)
+    assert counters.open_channels == 0 and counters.closed_links == 0
+    assert seen["asyncssh_channels"] == 0
+    # One sshd process per open connection in each container, no shells left.
+    assert seen["sessions"] == len(HOSTS) and seen["runs"] == 0
+    assert _gone(lab.sb, b"sshd: root@notty")  # closed with the invocation

@@ -13,6 +13,19 @@ exits 1 when a median is over the budget (150 ms by default). On a shared
 `--exec` adds `cvs exec --host-os -- true` on one host, a loopback sshd
 (bench/loopback.py): the whole process of a command that connects (start,
 imports, handshake, the command, exit), with its own budget (350 ms).
+
+`--baseline DIR` times the same commands from another checkout too (e.g.
+`git archive main | tar -x -C /tmp/main-tree`), run for run interleaved with
+this tree's, so both see the same load. Besides wall time it reports each
+process's CPU time (user + system, from the children's rusage), which varies
+far less than wall time on a loaded machine, and the load average before and
+after.
+
+The children use a bytecode cache (under a temporary PYTHONPYCACHEPREFIX, so
+no checkout is written to) even where the environment sets
+PYTHONDONTWRITEBYTECODE: an installed cvs has its .pyc files (pip compiles at
+install), and compiling every module at every start is not what a user pays.
+`--no-bytecode-cache` measures that way anyway.
 """
 
 from __future__ import annotations
@@ -21,9 +34,11 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,10 +53,31 @@ COMMANDS: dict[str, list[str]] = {
 }
 
 
-def time_once(args: list[str], env: dict[str, str]) -> float:
+def time_once(args: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall ms, user + system CPU ms) of one whole process, run in the tree it
+    times (`python -m` puts the working directory first on sys.path)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    subprocess.run([sys.executable, *args], env=env, stdout=subprocess.DEVNULL, check=True)
-    return (time.perf_counter() - start) * 1000
+    subprocess.run(
+        [sys.executable, *args],
+        env=env,
+        cwd=env["PYTHONPATH"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=True,
+    )
+    wall = (time.perf_counter() - start) * 1000
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) * 1000
+    return wall, cpu
+
+
+def child_env(tree: Path, pycache: str | None) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    if pycache is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = pycache
+    return env
 
 
 def main() -> int:
@@ -51,12 +87,25 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     parser.add_argument("--exec", action="store_true", help="also `cvs exec` on one host (root)")
     parser.add_argument("--exec-budget-ms", type=float, default=350.0)
+    parser.add_argument(
+        "--baseline", type=Path, help="another checkout to time too, interleaved run for run"
+    )
+    parser.add_argument(
+        "--no-bytecode-cache",
+        action="store_true",
+        help="compile every module at every start (as under PYTHONDONTWRITEBYTECODE)",
+    )
     args = parser.parse_args()
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     commands = dict(COMMANDS)
     budgets = {label: args.budget_ms for label in commands}
     with contextlib.ExitStack() as stack:
+        pycache = None
+        if not args.no_bytecode_cache:
+            pycache = stack.enter_context(tempfile.TemporaryDirectory(prefix="cvs-bench-pyc-"))
+        trees = {"": child_env(ROOT, pycache)}
+        if args.baseline is not None:
+            trees[" (baseline)"] = child_env(args.baseline.resolve(), pycache)
         if args.exec:
             from bench.loopback import loopback_farm
 
@@ -65,37 +114,61 @@ def main() -> int:
             label = "cvs exec, 1 host"
             commands[label] = ["-m", "orchestrator", "exec", "-c", cluster, "--host-os", "true"]
             budgets[label] = args.exec_budget_ms
-        results = measure(commands, env, args.runs)
+        load_before = os.getloadavg()
+        results = measure(commands, trees, args.runs)
+        load_after = os.getloadavg()
     over = [
         label
         for label, r in results.items()
-        if label.startswith("cvs") and r["median_ms"] > budgets[label]
+        if label.startswith("cvs")
+        and not label.endswith("(baseline)")
+        and r["median_ms"] > budgets[label]
     ]
+    load = {"before": list(load_before), "after": list(load_after)}
     if args.json:
-        doc = {"runs": args.runs, "budgets_ms": budgets, "results": results, "over": over}
+        doc = {
+            "runs": args.runs,
+            "budgets_ms": budgets,
+            "results": results,
+            "over": over,
+            "load": load,
+            "bytecode_cache": pycache is not None,
+        }
         print(json.dumps(doc))
     else:
-        print(f"{'command':<18} {'median':>8} {'min':>8} {'max':>8}   ({args.runs} runs, ms)")
+        head = f"{'command':<29} {'median':>7} {'min':>7} {'max':>7} {'cpu':>7}"
+        print(f"{head}   ({args.runs} runs, ms; cpu: median user+sys)")
         for label, r in results.items():
-            print(f"{label:<18} {r['median_ms']:>8} {r['min_ms']:>8} {r['max_ms']:>8}")
+            print(
+                f"{label:<29} {r['median_ms']:>7} {r['min_ms']:>7} {r['max_ms']:>7}"
+                f" {r['cpu_median_ms']:>7}"
+            )
         verdict = f"over budget: {', '.join(over)}" if over else "ok"
         print(f"budgets {args.budget_ms:g} ms (exec {args.exec_budget_ms:g} ms): {verdict}")
-        print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at the end")
+        loads = " -> ".join(f"{a[0]:.1f}/{a[1]:.1f}/{a[2]:.1f}" for a in (load_before, load_after))
+        print(f"machine: {os.cpu_count()} cores, load average (1/5/15 min) {loads}")
     return 1 if over else 0
 
 
 def measure(
-    commands: dict[str, list[str]], env: dict[str, str], runs: int
+    commands: dict[str, list[str]], trees: dict[str, dict[str, str]], runs: int
 ) -> dict[str, dict[str, float]]:
     results: dict[str, dict[str, float]] = {}
     for label, cmd in commands.items():
-        time_once(cmd, env)  # warm the page cache and the bytecode cache
-        samples = [time_once(cmd, env) for _ in range(runs)]
-        results[label] = {
-            "median_ms": round(statistics.median(samples), 1),
-            "min_ms": round(min(samples), 1),
-            "max_ms": round(max(samples), 1),
-        }
+        for env in trees.values():
+            time_once(cmd, env)  # warm the page cache and the bytecode cache
+        samples: dict[str, list[tuple[float, float]]] = {tree: [] for tree in trees}
+        for _ in range(runs):
+            for tree, env in trees.items():  # interleaved: both see the same load
+                samples[tree].append(time_once(cmd, env))
+        for tree, got in samples.items():
+            walls = [wall for wall, _ in got]
+            results[label + tree] = {
+                "median_ms": round(statistics.median(walls), 1),
+                "min_ms": round(min(walls), 1),
+                "max_ms": round(max(walls), 1),
+                "cpu_median_ms": round(statistics.median(cpu for _, cpu in got), 1),
+            }
     return results
 
 

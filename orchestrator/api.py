@@ -35,17 +35,12 @@ from orchestrator.containers.causes import (
     wants_diagnosis,
     with_cause,
 )
-from orchestrator.containers.copy import Payload, Progress, copy_to_hosts, gather_from_hosts
 from orchestrator.containers.docker import normalize_image_id
-from orchestrator.containers.drift import cluster_expectations
 from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command
-from orchestrator.containers.probe import HostState
-from orchestrator.containers.status import HostStatus, host_status
 from orchestrator.errors import CvsError, Param, Phrase, Text, UsageError, first_line, join_text
 from orchestrator.errors import HostSelectionError as HostSelectionError
 from orchestrator.events import EventSink, Message, NullSink
 from orchestrator.limits.gpus import guard_visible_devices
-from orchestrator.limits.resources import EffectiveResources
 from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult, exit_code_for
 from orchestrator.ssh.fanout import fan_out, run_on_hosts
@@ -53,11 +48,16 @@ from orchestrator.ssh.seam import HostRunner
 from orchestrator.ssh.transport import SSHPool
 
 if TYPE_CHECKING:
+    # Imported where used: `cvs exec` needs none of copy, probe, status or drift
+    # (tests/test_startup.py).
+    from orchestrator.containers.copy import Payload, Progress
     from orchestrator.containers.lifecycle import Lifecycle, UpReport
     from orchestrator.containers.locks import HostLocks
     from orchestrator.containers.mpi import MPICheck
     from orchestrator.containers.plan import Plan
+    from orchestrator.containers.probe import HostState
     from orchestrator.containers.sshexec import SSHExec
+    from orchestrator.containers.status import HostStatus
 
 
 _IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
@@ -385,6 +385,8 @@ class Cluster:
         """Copy `payload` (a file, or a directory as one tar stream) to `dest` on
         every selected host at once, into the container unless `host_os`; each
         host's copy is checked by sha256 (containers/copy.py)."""
+        from orchestrator.containers.copy import copy_to_hosts
+
         return await copy_to_hosts(
             self.pool,
             self.config,
@@ -408,6 +410,8 @@ class Cluster:
         progress: Progress | None = None,
     ) -> dict[str, HostResult]:
         """Fetch the file `src` from every selected host into `dest_dir/<host>/`."""
+        from orchestrator.containers.copy import gather_from_hosts
+
         return await gather_from_hosts(
             self.pool,
             self.config,
@@ -440,6 +444,10 @@ class Cluster:
     async def status(self) -> list[HostStatus]:
         """One typed record per host: reachability, docker access, container state,
         image and tag IDs, sshd, provisioning, effective limits and drift."""
+        from orchestrator.containers.drift import cluster_expectations
+        from orchestrator.containers.status import host_status
+        from orchestrator.limits.resources import EffectiveResources
+
         lc = self._lifecycle()
         states = await lc.probe_all()
         script_sha256 = lc.script().sha256

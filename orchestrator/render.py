@@ -9,11 +9,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
 
-from rich.console import Console, RenderableType
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
-
 from orchestrator.config.hostlist import compress_hostlist
 from orchestrator.errors import API_STYLE, Style, say
 from orchestrator.errors import Text as Said
@@ -33,6 +28,12 @@ from orchestrator.events import (
 from orchestrator.results import HostResult
 
 if TYPE_CHECKING:
+    # rich is imported where a rich view is drawn, not here: plain output (a
+    # pipe, a file, `--json`) never loads it (tests/test_startup.py).
+    from rich.console import Console, RenderableType
+    from rich.table import Table
+    from rich.text import Text
+
     from orchestrator.containers.status import HostStatus
 
 # Host lists folded the Slurm way (`gpu[01-04]`); the commands use it too.
@@ -122,6 +123,10 @@ class RichSink:
         verbose: bool = False,
         output: bool = True,
     ) -> None:
+        from rich.console import Console
+        from rich.live import Live
+        from rich.text import Text
+
         self.console = console or Console()
         self.err = err_console or Console(stderr=True)
         self.verbose = verbose
@@ -181,6 +186,8 @@ class RichSink:
             self._emit(event)
 
     def _emit(self, event: Event) -> None:
+        from rich.text import Text
+
         match event:
             case Connecting(host=h):
                 self._set(h, "[cyan]connecting", "connecting")
@@ -223,6 +230,8 @@ class RichSink:
 
     def _flush(self) -> None:
         """Print queued output above the view (one redraw), else just redraw."""
+        from rich.text import Text
+
         with self._lock:
             pending, self._pending, self._pending_chars = self._pending, Text(), 0
             if pending:
@@ -237,6 +246,9 @@ class RichSink:
             self._flush()
 
     def view(self) -> RenderableType:
+        from rich.table import Table
+        from rich.text import Text
+
         with self._lock:
             if len(self.hosts) <= ROWS_MAX:
                 table = Table.grid(padding=(0, 2))
@@ -258,6 +270,8 @@ class RichSink:
 
 def progress_lines(hosts: Mapping[str, _HostView], *, now: float, top: int = 5) -> list[Text]:
     """The summary a large fleet gets instead of a row per host."""
+    from rich.text import Text
+
     phases: dict[str, list[str]] = {}
     for host, v in hosts.items():
         phases.setdefault(v.phase, []).append(host)
@@ -365,6 +379,9 @@ def print_status(rows: Sequence[HostStatus], *, plain: bool) -> None:
                 "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() + "\n"
             )
     else:
+        from rich.console import Console
+        from rich.table import Table
+
         table = Table(*STATUS_HEADERS)
         for r in rows:
             table.add_row(*status_cells(r))
@@ -409,6 +426,9 @@ def _header_labels(columns: Sequence[str], rows: Sequence[HostStatus]) -> list[s
 
 def status_table(rows: Sequence[HostStatus], *, wide: bool = False) -> Table:
     """`cvs status` as a rich table, state and health colour-coded per cell."""
+    from rich.table import Table
+    from rich.text import Text
+
     columns = status_columns(wide=wide)
     table = Table(*_header_labels(columns, rows), header_style="bold")
     for row in rows:
@@ -449,6 +469,8 @@ def print_status_table(
             cells = (c.ljust(w) for c, w in zip(line, widths, strict=True))
             out.write("  ".join(cells).rstrip() + "\n")
     else:
+        from rich.console import Console
+
         Console(file=out).print(status_table(rows, wide=wide))
     _status_errors(rows, out)
 
@@ -458,6 +480,8 @@ def print_status_table(
 
 def group_header(hosts: Sequence[str], result: HostResult) -> Text:
     """`node[01-12,14] (13) ok`: the hostlist, the count and the outcome, coloured by it."""
+    from rich.text import Text
+
     style = "bold green" if result.ok else "bold red"
     header = Text(compress_hosts(hosts), style="bold cyan") + Text(f" ({len(hosts)}) ")
     outcome = result.status + (
@@ -470,6 +494,9 @@ def group_header(hosts: Sequence[str], result: HostResult) -> Text:
 
 def print_grouped_rich(results: Mapping[str, HostResult], console: Console | None = None) -> None:
     """`print_grouped` for a terminal: a rule with the group header, then its output as is."""
+    from rich.console import Console
+    from rich.text import Text
+
     console = console or Console()
     for hosts, r in group_results(results):
         console.rule(group_header(hosts, r), align="left", style="dim")

@@ -1,6 +1,8 @@
 """Start-up: commands that do not connect never import asyncssh, and importing
 it spawns no process (asyncssh's optional-library lookup reads the linker's
-cache instead of running ldconfig, gcc and ld).
+cache instead of running ldconfig, gcc and ld). `cvs exec` with plain output
+imports neither rich nor the modules of the commands it is not (copy, probe,
+status, up's lifecycle, sandbox, suites).
 
 The whole-process figure for `cvs exec` on one host is bench/cli_startup.py's.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 import ctypes.util
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -33,11 +36,40 @@ def record(self, args, *rest, **kw):
 subprocess.Popen._execute_child = record
 from orchestrator.cli import main
 try:
-    main(sys.argv[1:])
-except SystemExit:
-    pass
-print(json.dumps({"asyncssh": "asyncssh" in sys.modules, "spawned": spawned}))
+    code = main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({
+    "asyncssh": "asyncssh" in sys.modules,
+    "spawned": spawned,
+    "code": code,
+    "modules": sorted(sys.modules),
+}))
 """
+
+# What `cvs exec` (plain output: a pipe) must not import: rich is for the live
+# view on a terminal, the rest belongs to other commands. Each cost start-up
+# time at every `cvs exec` (docs/performance.md, "CLI start-up").
+NOT_FOR_EXEC = [
+    "rich",
+    "jinja2",
+    "tarfile",
+    "orchestrator.containers.copy",
+    "orchestrator.containers.drift",
+    "orchestrator.containers.lifecycle",
+    "orchestrator.containers.locks",
+    "orchestrator.containers.plan",
+    "orchestrator.containers.probe",
+    "orchestrator.containers.status",
+    "orchestrator.compat",
+    "orchestrator.sandbox",
+    "orchestrator.suites",
+]
+
+
+def not_for_exec(modules: object) -> list[str]:
+    assert isinstance(modules, list)
+    return [m for m in modules if m in NOT_FOR_EXEC or m.startswith(("rich.", "jinja2."))]
 
 
 def probe(*args: str) -> dict[str, object]:
@@ -49,6 +81,7 @@ def probe(*args: str) -> dict[str, object]:
         timeout=120,
         cwd=REPO,
     )
+    assert proc.stdout.strip(), proc.stderr[-2000:]
     doc: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
     return doc
 
@@ -70,6 +103,38 @@ def test_commands_that_do_not_connect_never_import_asyncssh(args: list[str]) -> 
     doc = probe(*args)
     assert doc["asyncssh"] is False, doc
     assert doc["spawned"] == [], doc
+
+
+@pytest.mark.parametrize("args", [["--help"], ["exec", "--help"]], ids=" ".join)
+def test_help_never_imports_rich(args: list[str]) -> None:
+    assert not_for_exec(probe(*args)["modules"]) == []
+
+
+def test_plain_cvs_exec_imports_neither_rich_nor_other_commands_modules(tmp_path: Path) -> None:
+    # A host whose port refuses: the whole exec path runs (asyncssh, the event
+    # loop, the per-host failure and its summary) with no sshd needed.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: nothing listens there
+    cluster = tmp_path / "refused.yaml"
+    cluster.write_text(
+        "name: refused\nhosts:\n- name: n1\n  address: 127.0.0.1\n"
+        f"ssh:\n  port: {port}\n  use_ssh_config: false\n"
+    )
+    doc = probe("exec", "-c", str(cluster), "--host-os", "true")
+    assert doc["asyncssh"] is True and doc["code"] != 0, doc["code"]
+    assert not_for_exec(doc["modules"]) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the loopback farm starts sshd (root)")
+def test_plain_cvs_exec_on_a_real_sshd_imports_neither_rich_nor_other_commands_modules() -> None:
+    sys.path.insert(0, str(REPO))
+    from bench.loopback import loopback_farm
+
+    with loopback_farm(1) as farm:
+        doc = probe("exec", "-c", str(farm.cluster_yaml()), "--host-os", "true")
+    assert doc["code"] == 0
+    assert not_for_exec(doc["modules"]) == []
 
 
 def test_importing_the_transport_spawns_no_process() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gc
 import importlib
 import os
 import sys
@@ -30,6 +31,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     reading blocks only that thread, never the work, so the hosts' locks are
     released when the work is done, not when the reader catches up.
     """
+    from orchestrator.cli import collector
+
+    # The process's own entry point: no garbage collection during start-up
+    # (collector.start); `_main` calls collector.tune before the command runs.
+    process_owned = argv is None
+    if process_owned:
+        collector.start()
+    try:
+        return _main_with_writers(argv)
+    finally:
+        if process_owned:
+            gc.enable()  # whatever happened before tune(), never left off
+
+
+def _main_with_writers(argv: Sequence[str] | None) -> int:
     from orchestrator.cli import cvs_cli
     from orchestrator.cli.common import BackgroundWriter
 

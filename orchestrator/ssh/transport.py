@@ -21,16 +21,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import anyio
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception,
-    stop_after_attempt,
-)
-from tenacity.stop import stop_base
 
 from orchestrator.config import ClusterConfig, HostSpec, jump_hops
 from orchestrator.config.units import parse_size
@@ -54,6 +47,9 @@ from orchestrator.ssh.libsearch import asyncssh
 from orchestrator.ssh.output import LineSplitter, StreamTail, as_result_text
 from orchestrator.ssh.seam import Command
 from orchestrator.ssh.sshconfig import config_route, sshd_key
+
+if TYPE_CHECKING:
+    from tenacity import AsyncRetrying, RetryCallState
 
 PREFERRED_CIPHERS = [
     "aes128-gcm@openssh.com",
@@ -152,15 +148,29 @@ class _Spent:
     seconds: float = 0.0
 
 
-class _OutOfBudget(stop_base):
-    """Stop when the backoff before the next attempt would reach the budget."""
+def _connect_retrying(retries: int, budget: float, spent: _Spent) -> AsyncRetrying:
+    """How a host's connect attempts are retried (tenacity, imported here: a
+    command that connects nowhere does not pay for it): the retried kinds,
+    at most `retries` times, while the backoff before the next attempt stays
+    within what is left of `budget`; random exponential waits."""
+    from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
+    from tenacity.stop import stop_base
 
-    def __init__(self, budget: float, spent: _Spent) -> None:
-        self.budget = budget
-        self.spent = spent
+    class OutOfBudget(stop_base):
+        def __call__(self, retry_state: RetryCallState) -> bool:
+            return spent.seconds + retry_state.upcoming_sleep >= budget
 
-    def __call__(self, retry_state: RetryCallState) -> bool:
-        return self.spent.seconds + retry_state.upcoming_sleep >= self.budget
+    def slept(state: RetryCallState) -> None:
+        spent.seconds += state.upcoming_sleep
+
+    return AsyncRetrying(
+        retry=retry_if_exception(lambda exc: _connect_failure(exc) in RETRIED),
+        stop=stop_after_attempt(retries + 1) | OutOfBudget(),
+        wait=lambda state: _retry_delay(state.attempt_number),
+        before_sleep=slept,
+        sleep=anyio.sleep,
+        reraise=True,
+    )
 
 
 def _connect_failure(exc: BaseException) -> str | None:
@@ -425,17 +435,7 @@ class SSHPool:
         spent = _Spent()
         trace = _AttemptTrace()
 
-        def slept(state: RetryCallState) -> None:
-            spent.seconds += state.upcoming_sleep
-
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(lambda exc: _connect_failure(exc) in RETRIED),
-            stop=stop_after_attempt(ssh.connect_retries + 1) | _OutOfBudget(budget, spent),
-            wait=lambda state: _retry_delay(state.attempt_number),
-            before_sleep=slept,
-            sleep=anyio.sleep,
-            reraise=True,
-        )
+        retrying = _connect_retrying(ssh.connect_retries, budget, spent)
         attempts = 0
         try:
             async for attempt in retrying:

@@ -535,3 +535,98 @@ def test_every_public_method_of_cvs_orchestrator_and_handles_is_here_with_cvs_pa
     proc = _run([real_cvs.python, "-c", SIGNATURE_PROBE], cwd=real_cvs.tree)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.splitlines()[-1]) == {"missing": [], "differ": []}
+
+
+# ---- inside a Slurm allocation: CVS's run ID and our records name the same job ------------
+
+# Each way in, run by one `srun` step of a `salloc -N2` job on the sandbox's Slurm,
+# so CVS counts itself inside a job (SLURM_JOB_ID, SLURM_STEP_ID, SLURM_PROCID).
+# CVS_WORKSPACE differs per way: CVS's record of each is <workspace>/cvs_runs/<run ID>.
+SLURM_WAYS = """\
+set -u
+cd "$TREE"
+way() {{ name=$1; shift; CVS_WORKSPACE=$DIR/ws/$name "$@" >"$DIR/$name.out" 2>&1; \
+echo "$name=$?" >>"$DIR/rcs"; }}
+way install "$PY" -m orchestrator run install_rvs {files} --run-dir "$DIR/install"
+way rvs "$BIN/cvs" run rvs_cvs {files} --run-dir "$DIR/rvs"
+mkdir -p "$DIR/pytest" "$DIR/cvs-main"
+(cd "$DIR/pytest" && way pytest "$PY" -m pytest "$TREE/cvs/tests/health/rvs_cvs.py" {files} \
+  --cvs-orchestrator -p no:cacheprovider)
+(cd "$DIR/cvs-main" && CVS_ENGINE=cvs-orchestrator way cvs-main "$PY" -m cvs.main run rvs_cvs \
+  {files})
+echo "job=$SLURM_JOB_ID step=$SLURM_STEP_ID"
+"""
+
+
+def test_cvs_suites_in_an_srun_step_name_the_job_in_cvs_run_dir_and_our_records(
+    real_cvs: RealCvs, slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    name = f"realcvs-slurm-{uuid.uuid4().hex[:6]}"
+    # node_dict names the job's nodes as Slurm does; hosts_from: slurm (ours, CVS
+    # ignores it) reaches them at Slurm's NodeAddr and records the job.
+    cluster = _cluster_json(slurm_sandbox, tmp_path, name, nodes=["node1", "node2"])
+    doc = json.loads(cluster.read_text())
+    doc["hosts_from"] = "slurm"
+    cluster.write_text(json.dumps(doc, indent=2))
+    config = _rvs_config(real_cvs, tmp_path)
+    rvs_doc = json.loads(config.read_text())
+    rvs_doc["rvs"]["cvs_run_dir"] = "{run_dir}"  # makes the suites resolve CVS's RunLayout
+    config.write_text(json.dumps(rvs_doc, indent=2))
+    files = f"--cluster_file {cluster} --config_file {config}"
+    env = {k: v for k, v in _env().items() if not k.startswith(("SLURM_", "CVS_"))}
+    env.update(slurm_sandbox.slurm_env(), TREE=str(real_cvs.tree), PY=str(real_cvs.python),
+               BIN=str(real_cvs.bin), DIR=str(tmp_path))  # fmt: skip
+    step = ["srun", "-N1", "-n1", "sh", "-c", SLURM_WAYS.format(files=files)]
+    try:
+        proc = subprocess.run(["salloc", "-N2", *step], env=env, capture_output=True,
+                              text=True, timeout=1500)  # fmt: skip
+        found = {h: _inspect_named(slurm_sandbox, h, name) for h in ("node1", "node2")}
+    finally:
+        # The file's hosts come from Slurm: `down` runs in a job too; then by name (ours).
+        down = [real_cvs.python, "-m", "orchestrator", "down", "-c", cluster, "--force"]
+        subprocess.run(["salloc", "-N2", *map(str, down)], env=env, capture_output=True,
+                       timeout=300, check=False)  # fmt: skip
+        for h in ("node1", "node2"):
+            subprocess.run([*slurm_sandbox.docker_argv(h), "rm", "-f", name],
+                           capture_output=True, timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    job = proc.stdout.rsplit("job=", 1)[1].split()[0]
+    logs = {w: (tmp_path / f"{w}.out").read_text()[-3000:] for w in WAYS}
+    # The suites ran and failed in CVS's own words (no GPUs here): exit 1, not a usage error.
+    rcs = dict(line.split("=") for line in (tmp_path / "rcs").read_text().split())
+    assert rcs == dict.fromkeys(WAYS, "1"), logs
+    # CVS: inside the step its run ID is the job ID, through every way in.
+    for way in WAYS:
+        assert sorted(p.name for p in (tmp_path / "ws" / way / "cvs_runs").iterdir()) == [job], (
+            logs[way]
+        )
+    print(f"job {job}: CVS's run dirs", {w: [job] for w in WAYS}, "exit codes", rcs)
+    # Ours: the same job in every run's results.json...
+    records = {
+        "install": tmp_path / "install" / "results.json",
+        "rvs": tmp_path / "rvs" / "results.json",
+        **{w: next((tmp_path / w / "runs").glob("*-rvs_cvs/results.json")) for w in WAYS[2:]},
+    }
+    for way, path in records.items():
+        assert json.loads(path.read_text())["cluster"].get("slurm_job") == job, logs[way]
+    # ...and on the containers: started once by install_rvs, attached to by the rest.
+    labels = [c["Config"]["Labels"] for h in ("node1", "node2") for c in found[h]]
+    assert [lab.get("io.cvs.slurm-job") for lab in labels] == [job, job], found
+    for way in WAYS[1:]:
+        plan = json.loads(records[way].read_text())["plan"]
+        assert {row["action"] for row in plan.values()} == {"attach"}, logs[way]
+        assert set(plan) == {"node1", "node2"}
+
+
+WAYS = ("install", "rvs", "pytest", "cvs-main")
+
+
+def _inspect_named(sb: Sandbox, host: str, name: str) -> list[dict[str, Any]]:
+    """`docker inspect` of the container of that exact name on that host ([] if none)."""
+    argv = [*sb.docker_argv(host), "ps", "-aq", "--no-trunc", "--filter", f"name=^{name}$"]
+    ids = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
+    if not ids.split():
+        return []
+    argv = [*sb.docker_argv(host), "inspect", *ids.split()]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+    return list(json.loads(out.stdout))

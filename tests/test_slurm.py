@@ -4,6 +4,7 @@ from the sandbox's Slurm 22.05; the real thing is in test_slurm_sandbox.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -17,7 +18,7 @@ from clitools import cvs_in_process
 from plan_states import CLUSTER, cfg, host, kinds, states
 
 from orchestrator import remote
-from orchestrator.config import ConfigError, GPURequest, load_cluster
+from orchestrator.config import ConfigError, GPURequest, container_name, load_cluster
 from orchestrator.config.slurm import (
     SlurmJob,
     SlurmNode,
@@ -27,6 +28,7 @@ from orchestrator.config.slurm import (
     query_job,
     slurm_hosts,
 )
+from orchestrator.config.views import job_container_name
 from orchestrator.containers.docker import LABEL_GPUS, managed_labels
 from orchestrator.containers.jobend import holder_argv
 from orchestrator.containers.plan import decide_plan
@@ -124,6 +126,92 @@ def test_a_host_the_file_lists_keeps_what_the_file_says(tmp_path: Path) -> None:
         ("node1", "10.201.3.1", None),
         ("node2", "192.0.2.9", 2222),
     ]
+
+
+def _cvs_file(tmp_path: Path, nodes: list[str], lifetime: str = "per_run") -> Path:
+    doc = {
+        "orchestrator": "container", "username": "cvs", "priv_key_file": "/dev/null",
+        "node_dict": {n: {"bmc_ip": "NA", "vpc_ip": n} for n in nodes}, "hosts_from": "slurm",
+        "container": {"image": "img:1", "name": "rvs", "lifetime": lifetime},
+    }  # fmt: skip
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_cvs_file_with_hosts_from_slurm_keeps_node_dict_at_slurms_addresses(
+    tmp_path: Path,
+) -> None:
+    path = _cvs_file(tmp_path, ["node2"])
+    cluster = load_cluster(path, env=IN_JOB, slurm_run=fake_scontrol(), check_files=False)
+    assert [(h.name, h.address) for h in cluster.hosts] == [("node2", "10.201.3.2")]
+    assert cluster.slurm is not None and cluster.slurm.job_id == "7"
+
+
+def test_hosts_from_on_the_command_line_and_in_a_cvs_file_agree(tmp_path: Path) -> None:
+    path = _cvs_file(tmp_path, ["node1"])
+    run = fake_scontrol()
+    cluster = load_cluster(path, hosts_from="slurm", env=IN_JOB, slurm_run=run, check_files=False)
+    assert [h.name for h in cluster.hosts] == ["node1"] and cluster.slurm is not None
+
+
+def test_a_cvs_node_dict_naming_a_node_outside_the_job_is_one_line(tmp_path: Path) -> None:
+    path = _cvs_file(tmp_path, ["node1", "node9"])
+    with pytest.raises(ConfigError, match=r"node_dict lists 'node9', which is not a node of "
+                       r"Slurm job 7 \(node1, node2\)"):  # fmt: skip
+        load_cluster(path, env=IN_JOB, slurm_run=fake_scontrol(), check_files=False)
+
+
+def test_inside_a_job_a_per_run_container_is_named_for_the_job(tmp_path: Path) -> None:
+    run = fake_scontrol()
+    per_run = load_cluster(_cvs_file(tmp_path, ["node1"]), env=IN_JOB, slurm_run=run,
+                           check_files=False)  # fmt: skip
+    assert container_name(per_run) == "rvs-j7"
+    kept = _cvs_file(tmp_path, ["node1"], lifetime="persistent")
+    assert container_name(load_cluster(kept, env=IN_JOB, slurm_run=run, check_files=False)) == (
+        "rvs"
+    )
+    path = tmp_path / "cluster.yaml"
+    path.write_text(SLURM_FILE + "container: {image: rocm/pytorch:7.0}\n")
+    derived = load_cluster(path, env=IN_JOB, slurm_run=run)
+    assert container_name(derived) == "cvs-cvsuser-pytorch-j7"
+    # Outside a job, hosts from the file: the name as before.
+    assert container_name(load_cluster(_plain(tmp_path))) == "rvs"
+
+
+def test_a_cvs_suite_asking_the_container_name_gets_the_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import logging
+    from types import SimpleNamespace
+
+    from orchestrator.compat.cvs import CvsOrchestrator
+    from orchestrator.config import loader
+
+    monkeypatch.setattr(loader, "query_job", lambda env, *, where, run: job(node1=()))
+    cluster = _cvs_file(tmp_path, ["node1"])
+    keys = json.loads(cluster.read_text())
+    keys.update(priv_key_file=str(cluster), password=None, head_node_dict=None)
+    cvs_keys = {k: keys[k] for k in ("orchestrator", "node_dict", "username", "priv_key_file",
+                                     "password", "head_node_dict", "container")}  # fmt: skip
+    orch = CvsOrchestrator(logging.getLogger("t"), SimpleNamespace(**cvs_keys),
+                           cluster_file=str(cluster))  # fmt: skip
+    # CVS's own rule (megatron_single asks it), over the container config it is given.
+    assert orch.get_container_name(orch.container_config, "img:1") == "rvs-j7"
+    assert orch.hosts == ["node1"]
+
+
+def _plain(tmp_path: Path) -> Path:
+    path = tmp_path / "plain.yaml"
+    path.write_text("name: p\nhosts: [a1]\ncontainer: {image: img:1, name: rvs}\n")
+    return path
+
+
+def test_a_job_scoped_name_stays_a_valid_container_name() -> None:
+    assert job_container_name("x" * 128, "123456789012") == "x" * 114 + "-j123456789012"
+    for bad in ("12;rm", "", "1" * 13):
+        with pytest.raises(ConfigError, match=r"a job ID is digits"):
+            job_container_name("rvs", bad)
 
 
 def test_hosts_from_slurm_outside_an_allocation_is_a_clear_error(tmp_path: Path) -> None:
@@ -274,6 +362,22 @@ def test_force_recreates_a_persistent_container_with_the_wrong_gpus() -> None:
     plan = decide_plan(c, st, slurm=job(node1=(2, 3)), force=True)
     assert not plan.refused and kinds(plan) == {"node1": "replace"}
     assert plan.actions["node1"].remove_first
+
+
+def test_an_unreachable_node_of_the_job_is_told_to_leave_the_allocation_not_the_file() -> None:
+    st = states(host("node1", "absent"), host("node2", None))
+    plan = decide_plan(cfg("per_run"), st, slurm=job(node1=(), node2=()))
+    (refusal,) = plan.refusals
+    ways = [w.text for w in refusal.ways_out]
+    assert refusal.kind == "unknown_state" and refusal.hosts == ("node2",)
+    assert any("`salloc -x node2`" in w and "`sbatch -x node2`" in w for w in ways)
+    assert any("job 7" in w for w in ways) and not any("cluster file" in w for w in ways)
+
+
+def test_an_unreachable_host_of_the_file_is_still_told_to_remove_it_from_the_file() -> None:
+    plan = decide_plan(cfg("per_run"), states(host("node1", "absent"), host("node2", None)))
+    ways = [w.text for r in plan.refusals for w in r.ways_out]
+    assert "remove them from the cluster file" in ways and not any("salloc" in w for w in ways)
 
 
 # ------------------------------------------------------- the holder and the epilog (sh)

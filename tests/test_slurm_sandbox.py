@@ -242,13 +242,15 @@ def devices(sb: Sandbox, host: str, name: str) -> list[str]:
     )
 
 
-def test_two_jobs_sharing_a_node_get_the_disjoint_gpus_slurm_gave_each(
+def test_two_jobs_sharing_a_node_with_one_cluster_file_keep_their_own_containers_and_gpus(
     slurm_sandbox: Sandbox, tmp_path: Path
 ) -> None:
+    # One file, one container name: inside each job a per_run container is
+    # named for its job, so the second `up` does not replace the first's.
+    cluster = gpu_file(slurm_sandbox, tmp_path / "c", "cvs-job")
     procs: list[subprocess.Popen[str]] = []
     try:
         for n in ("a", "b"):
-            cluster = gpu_file(slurm_sandbox, tmp_path / n, f"cvs-job-{n}")
             script = (
                 f"$CVS -c {cluster} --hosts-from slurm up --json > {tmp_path}/up-{n}.json\n"
                 "[ $? = 0 ] || exit 1\n"
@@ -267,16 +269,28 @@ def test_two_jobs_sharing_a_node_get_the_disjoint_gpus_slurm_gave_each(
                 assert procs[-1].poll() is None, procs[-1].communicate()[0]
                 assert time.monotonic() < deadline, f"job {n} did not come up"
                 time.sleep(0.5)
-        got = {n: devices(slurm_sandbox, "node1", f"cvs-job-{n}") for n in ("a", "b")}
         jobs = {n: (tmp_path / f"ready-{n}").read_text().strip() for n in ("a", "b")}
+        running = {
+            c["Name"].lstrip("/"): c["State"]["Running"]
+            for c in containers(slurm_sandbox, "node1", "name=cvs-job")
+        }
+        got = {
+            n: devices(slurm_sandbox, "node1", f"cvs-job-j{jobs[n]}")
+            for n in ("a", "b")
+            if f"cvs-job-j{jobs[n]}" in running
+        }
     finally:
         (tmp_path / "release").touch()
-        outs = [p.communicate(timeout=120)[0] for p in procs]
+        outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
+    # Both jobs' containers run side by side, each under its job's name.
+    assert running == {f"cvs-job-j{jobs['a']}": True, f"cvs-job-j{jobs['b']}": True}
     # Slurm's first job on the node got IDX 0-1, the second 2-3: so do their containers.
     assert got == {"a": ["renderD128", "renderD129"], "b": ["renderD130", "renderD131"]}
     for n in ("a", "b"):
         assert last_json((tmp_path / f"up-{n}.json").read_text())["slurm_job"] == jobs[n]
+    # Each job's `down` removed its own container.
+    assert containers(slurm_sandbox, "node1", "name=cvs-job") == []
 
 
 def test_a_gpu_count_beyond_the_allocation_is_refused_and_nothing_starts(
@@ -500,6 +514,7 @@ def test_a_node_of_the_job_cvs_cannot_reach_is_named_and_nothing_starts(
     assert proc.returncode == 4, proc.stdout + proc.stderr
     assert "node2 ! unreachable: connection refused" in proc.stderr
     assert "refused, nothing was changed" in proc.stderr
+    assert "salloc -x node2" in proc.stderr  # Slurm gave it: leave it out of the job
     assert containers(slurm_sandbox, "node1", "name=cvs-unr") == []
 
 

@@ -216,6 +216,12 @@ class CvsOrchestrator:
         self.pkey: str | None = keys.get("priv_key_file")
         self.password = None
         self.container_config: dict[str, Any] = dict(keys.get("container") or {})
+        if self.cluster_config.container is not None:
+            # Inside a Slurm job a per_run container's name carries the job ID: a
+            # suite's get_container_name(orch.container_config, ...) returns it too.
+            running = container_name(self.cluster_config)
+            if running != self.cluster_config.container.name:
+                self.container_config["name"] = running
         self.container_enabled = self.orchestrator_type == "container"
         self.container_id: str | None = None
         self.all = HostHandle(self, self.hosts)

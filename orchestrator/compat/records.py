@@ -70,6 +70,8 @@ class CvsRunRecord:
     def set_cluster(self, cluster: ClusterConfig) -> None:
         self.outcome.cluster = cluster.name
         self.outcome.lifetime = cluster.container.lifetime if cluster.container else None
+        # The Slurm job the hosts came from (`hosts_from: slurm`), as our own runs record it.
+        self.outcome.slurm_job = cluster.slurm.job_id if cluster.slurm is not None else None
 
     def add_up(self, report: Any) -> None:
         """The plan rows, and a `setup_containers` step with each host's outcome:

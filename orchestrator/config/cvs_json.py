@@ -48,7 +48,9 @@ _CVS_IGNORED_KEYS = {"home_mount_dir_name", "racks"}
 # Our own sections, allowed in a CVS cluster JSON next to CVS's keys: CVS's
 # OrchestratorConfig reads only its own keys, so one file serves both engines
 # (known_hosts, host-key policy, timeouts, caps, the state directory).
-CVS_NATIVE_KEYS = frozenset({"name", "ssh", "concurrency", "limits", "state_dir"})
+# `hosts_from: slurm`: node_dict names nodes of the running Slurm job (their
+# addresses, GPUs and the job ID come from Slurm; config/loader.py).
+CVS_NATIVE_KEYS = frozenset({"name", "ssh", "concurrency", "limits", "state_dir", "hosts_from"})
 _CVS_NODE_KEYS = {"bmc_ip", "vpc_ip", "rack_id"}
 _CVS_ORCHESTRATORS = ("baremetal", "container")
 

@@ -22,7 +22,7 @@ from orchestrator.config.documents import (
     validation_lines,
 )
 from orchestrator.config.gpu_devices import gpu_subset_problems
-from orchestrator.config.hostlist import HostlistError, expand_hostlist
+from orchestrator.config.hostlist import HostlistError, abbreviate_hosts, expand_hostlist
 from orchestrator.config.model import ClusterConfig, ContainerConfig
 from orchestrator.config.slurm import HOST_SOURCES, Run, SlurmJob, query_job, run_scontrol
 from orchestrator.errors import Param, Phrase, Text
@@ -96,6 +96,8 @@ def _hosts_from_source(
     hosts_from: str | None,
     env: Mapping[str, str],
     slurm_run: Run,
+    *,
+    cvs_nodes: bool = False,
 ) -> tuple[dict[str, Any], SlurmJob | None]:
     """`hosts: {from: slurm}` (or `--hosts-from slurm`): the hosts of the running
     job, asked of Slurm (config/slurm.py). A host the file lists by name keeps
@@ -128,8 +130,29 @@ def _hosts_from_source(
     if isinstance(raw, list | str):
         entries, _ = _expand_hosts(raw, located)
         listed = {e["name"]: e for e in entries}
+    if cvs_nodes:
+        return {**data, "hosts": _job_nodes_listed(listed, job, where)}, job
     hosts = [{"name": n.name, "address": n.address, **listed.get(n.name, {})} for n in job.nodes]
     return {**data, "hosts": hosts}, job
+
+
+def _job_nodes_listed(
+    listed: Mapping[str, dict[str, Any]], job: SlurmJob, where: Text
+) -> list[dict[str, Any]]:
+    """A CVS file's node_dict under `hosts_from: slurm`: CVS's suites use the
+    hosts node_dict names, so those stay the hosts, each a node of the job
+    (at its NodeAddr)."""
+    hosts = []
+    for name, entry in listed.items():
+        node = job.node(name)
+        if node is None:
+            nodes = abbreviate_hosts(n.name for n in job.nodes)
+            raise ConfigError(
+                f"{where}: node_dict lists {name!r}, which is not a node of Slurm job "
+                f"{job.job_id} ({nodes}): name the job's nodes as Slurm does"
+            )
+        hosts.append({"name": name, "address": node.address, **entry})
+    return hosts
 
 
 # ---- paths -----------------------------------------------------------------
@@ -215,9 +238,9 @@ def _read_setup_script(
 # ---- entry points ----------------------------------------------------------
 
 
-def _top_level(data: Any, source: str) -> tuple[dict[str, Any], Located]:
-    """The document as a mapping of string keys: a CVS cluster JSON converted,
-    `x-...` keys (YAML anchors' hooks) dropped."""
+def _top_level(data: Any, source: str) -> tuple[dict[str, Any], Located, bool]:
+    """The document as a mapping of string keys: a CVS cluster JSON converted
+    (then True), `x-...` keys (YAML anchors' hooks) dropped."""
     located = Located(source, data)
     if data is None:
         raise ConfigError(f"{source}: the file is empty (expected a mapping with 'hosts')")
@@ -232,10 +255,10 @@ def _top_level(data: Any, source: str) -> tuple[dict[str, Any], Located]:
                 located.error([key], f"keys must be strings, got {describe_value(key)}")
             )
     if is_cvs_cluster(data):
-        return _from_cvs(data, located), Located(source, None)
+        return _from_cvs(data, located), Located(source, None), True
     # `x-...` top-level keys are free for YAML anchors to hang on (the
     # docker compose convention): `x-caps: &caps {max_cpus: 8}`.
-    return {k: v for k, v in data.items() if not k.startswith("x-")}, located
+    return {k: v for k, v in data.items() if not k.startswith("x-")}, located, False
 
 
 def cluster_from_data(
@@ -252,14 +275,22 @@ def cluster_from_data(
 
     `hosts_from="slurm"` replaces the file's hosts with the Slurm allocation's
     (`env`, default os.environ), as `hosts: {from: slurm}` in the file does."""
-    data, located = _top_level(data, source)
+    data, located, cvs_nodes = _top_level(data, source)
+    if cvs_nodes:
+        in_file = data.pop("hosts_from", None)  # the command line's --hosts-from wins
+        hosts_from = in_file if hosts_from is None else hosts_from
     for key in ("source", "source_file", "slurm"):
         if key in data:
             raise ConfigError(located.error([key], "is set by the loader (the file); remove it"))
     if "cvs_notes" in data and located.raw is not None:
         raise ConfigError(located.error(["cvs_notes"], "is set by the CVS-JSON import; remove it"))
     data, job = _hosts_from_source(
-        data, located, hosts_from, os.environ if env is None else env, slurm_run
+        data,
+        located,
+        hosts_from,
+        os.environ if env is None else env,
+        slurm_run,
+        cvs_nodes=cvs_nodes,
     )
     if "hosts" not in data:
         raise ConfigError(f"{source}: hosts: required key is missing")

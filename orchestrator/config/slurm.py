@@ -33,7 +33,7 @@ HOST_SOURCES = ("slurm",)
 # Each scontrol call; slurmctld's own MessageTimeout defaults to 10 s.
 SCONTROL_TIMEOUT = 20.0
 
-_JOB_ID_RE = re.compile(r"[0-9]{1,12}")
+JOB_ID_RE = re.compile(r"[0-9]{1,12}")
 _NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _ADDRESS_RE = re.compile(r"[A-Za-z0-9:][A-Za-z0-9._:-]{0,252}")
 # One GRES entry of a node line: gpu[:type]:count[(IDX:...)]
@@ -276,7 +276,7 @@ def query_job(
     job_id = slurm_job_id(env)
     if job_id is None:
         raise _outside_job(where)
-    if not _JOB_ID_RE.fullmatch(job_id):
+    if not JOB_ID_RE.fullmatch(job_id):
         raise SlurmError(Phrase(where, f": SLURM_JOB_ID={job_id!r} is not a job ID"))
     facts = parse_job(_ask(run, ["scontrol", "show", "job", "-d", job_id], where, timeout))
     if facts.state != "RUNNING":

@@ -11,6 +11,7 @@ from orchestrator.config.documents import ConfigError
 from orchestrator.config.hostlist import abbreviate_hosts
 from orchestrator.config.model import CONTAINER_NAME_RE, ClusterConfig, ContainerConfig, Limits
 from orchestrator.config.rootless import rootless_notes
+from orchestrator.config.slurm import JOB_ID_RE
 
 # ---- derived views -----------------------------------------------------------
 
@@ -39,13 +40,30 @@ def container_name(cluster: ClusterConfig) -> str:
     if cluster.container is None:
         raise ConfigError("the cluster file has no container block")
     if cluster.container.name:
-        return cluster.container.name
-    user = cluster.ssh.user or getpass.getuser()
-    raw = f"cvs-{user}-{_image_basename(cluster.container.image)}"
-    name = re.sub(r"[^a-zA-Z0-9_.-]+", "-", raw)[:128]
-    if not CONTAINER_NAME_RE.fullmatch(name):  # cannot happen: starts with "cvs"
-        raise ConfigError(f"cannot derive a container name from {raw!r}; set container.name")
+        name = cluster.container.name
+    else:
+        user = cluster.ssh.user or getpass.getuser()
+        raw = f"cvs-{user}-{_image_basename(cluster.container.image)}"
+        name = re.sub(r"[^a-zA-Z0-9_.-]+", "-", raw)[:128]
+        if not CONTAINER_NAME_RE.fullmatch(name):  # cannot happen: starts with "cvs"
+            raise ConfigError(f"cannot derive a container name from {raw!r}; set container.name")
+    if cluster.slurm is not None and cluster.container.lifetime == "per_run":
+        return job_container_name(name, cluster.slurm.job_id)
     return name
+
+
+def job_container_name(name: str, job_id: str) -> str:
+    """A per_run container's name inside a Slurm job: `<name>-j<job ID>`, so two
+    jobs of one user sharing a node with the same cluster file each keep their
+    own (a persistent container keeps its name: later jobs attach to it)."""
+    suffix = f"-j{job_id}"
+    scoped = name[: 128 - len(suffix)] + suffix
+    if not (JOB_ID_RE.fullmatch(job_id) and CONTAINER_NAME_RE.fullmatch(scoped)):
+        raise ConfigError(
+            f"cannot name the container for Slurm job {job_id!r} ({scoped!r}): a job ID is "
+            "digits; check SLURM_JOB_ID"
+        )
+    return scoped
 
 
 def sshd_wanted(container: ContainerConfig | None, n_hosts: int) -> bool:

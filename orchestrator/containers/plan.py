@@ -199,7 +199,23 @@ def _runtime(cfg: ContainerConfig) -> ContainerRuntime:
     return ContainerRuntime.unprobed(cfg.runtime, cfg.rootless)
 
 
-def _unknown_reason(cfg: ContainerConfig, states: Mapping[str, HostState]) -> Refusal | None:
+def _leave_out(unknown: Mapping[str, HostState], slurm: SlurmJob | None) -> WayOut:
+    """How to do without those hosts: the cluster file lists them, or Slurm gave them."""
+    if slurm is None:
+        return WayOut("remove them from the cluster file")
+    nodes = ",".join(list(unknown)[:_MAX_NAMED_HOSTS])
+    if len(unknown) > _MAX_NAMED_HOSTS:
+        nodes += ",..."
+    return WayOut(
+        f"leave them out of the allocation: they come from Slurm job {slurm.job_id}, so ask "
+        f"for one without them (Slurm's exclude option: `salloc -x {nodes}`, "
+        f"`sbatch -x {nodes}`)"
+    )
+
+
+def _unknown_reason(
+    cfg: ContainerConfig, states: Mapping[str, HostState], slurm: SlurmJob | None = None
+) -> Refusal | None:
     unknown = {h: s for h, s in states.items() if not s.known}
     if not unknown:
         return None
@@ -216,7 +232,7 @@ def _unknown_reason(cfg: ContainerConfig, states: Mapping[str, HostState]) -> Re
         tuple(unknown),
         (
             WayOut(f"fix those hosts (reachable over SSH, {_runtime(cfg).reach_fix})"),
-            WayOut("remove them from the cluster file"),
+            _leave_out(unknown, slurm),
         ),
     )
 
@@ -453,7 +469,7 @@ def decide_plan(
             "derives from the image, so a tag bump would silently orphan the old containers; "
             "set `container.name`"
         )
-    unknown = _unknown_reason(cfg, states)
+    unknown = _unknown_reason(cfg, states, slurm)
     if unknown:
         return _refusal(cfg, states, ours, [unknown], warnings)
     if cfg.lifetime == "no_launch":

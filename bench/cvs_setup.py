@@ -12,7 +12,7 @@ sandbox (a netns, sshd and dockerd per host), from a CVS cluster JSON with
 - ours, next run: a new orchestrator (new connections, as a new `cvs run`
   process) attaches: the install is kept;
 - CVS's sequence, replayed: the commands CVS's ContainerOrchestrator and
-  DockerRuntime send (image check, `docker rm -f`, `docker run`, the six
+  ContainerRuntime send (image check, `docker rm -f`, `docker run`, the six
   `setup_sshd` commands, its 2 s sleep, the `pgrep` check), each a blocking
   fan-out through parallel-ssh's ParallelSSHClient, the client CVS uses.
   CVS itself is not installable here (not on PyPI): this is a replay of its

@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from orchestrator.config import (
     ClusterConfig,
@@ -38,13 +38,14 @@ from orchestrator.containers.causes import (
 )
 from orchestrator.containers.docker import normalize_image_id
 from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command, pidfile_of
-from orchestrator.errors import CvsError, Param, Phrase, UsageError
+from orchestrator.errors import CvsError, Param, Phrase, Text, UsageError, first_line, join_text
 from orchestrator.errors import HostSelectionError as HostSelectionError
 from orchestrator.events import EventSink, Message, NullSink
 from orchestrator.limits.gpus import guard_visible_devices
-from orchestrator.remote.runtime import ContainerRuntime, DockerRuntime
+from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult, exit_code_for
 from orchestrator.ssh.fanout import fan_out, run_on_hosts
+from orchestrator.ssh.seam import HostRunner
 from orchestrator.ssh.transport import SSHPool
 
 if TYPE_CHECKING:
@@ -93,16 +94,19 @@ class UpFailed(CvsError):
         not_ready = {h: o for h, o in report.outcomes.items() if not o.ok}
         # Hosts that failed on their own, apart from those only a rollback
         # undid (their containers were removed because another host failed).
-        rolled = [h for h, o in not_ready.items() if o.error == f"rolled back: {o.rolled_back}"]
+        rolled = [h for h, o in not_ready.items() if o.state == "rolled_back"]
         failed = {h: o for h, o in not_ready.items() if h not in rolled}
-        reasons = "; ".join(
-            f"{h}: {(o.error or 'failed').splitlines()[0]}" for h, o in failed.items()
+        reasons = join_text(
+            "; ", (Phrase(f"{h}: ", first_line(o.error or "failed")) for h, o in failed.items())
         )
         undone = f"; rolled back on {', '.join(rolled)}" if rolled else ""
         super().__init__(
-            f"up failed on {len(failed)} of {len(report.outcomes)} hosts ({reasons}){undone}; "
-            f"{len(report.ready)}/{len(report.outcomes)} hosts ready; "
-            "the report is on this error's `.report`"
+            Phrase(
+                f"up failed on {len(failed)} of {len(report.outcomes)} hosts (",
+                reasons,
+                f"){undone}; {len(report.ready)}/{len(report.outcomes)} hosts ready; "
+                "the report is on this error's `.report`",
+            )
         )
 
 
@@ -117,13 +121,20 @@ class ExecFailed(CvsError):
         self.results = results
         self.exit_code = exit_code_for(list(results.values()))
         failed = {h: r for h, r in results.items() if not r.ok}
-        reasons = "; ".join(
-            f"{h}: {r.status}"
-            + (f" (exit {r.exit_code})" if r.exit_code not in (None, 0) else "")
-            + (f": {r.error.splitlines()[0]}" if r.error else "")
-            for h, r in failed.items()
+        reasons = join_text(
+            "; ",
+            (
+                Phrase(
+                    f"{h}: {r.status}",
+                    f" (exit {r.exit_code})" if r.exit_code not in (None, 0) else "",
+                    *((": ", first_line(r.error)) if r.error else ()),
+                )
+                for h, r in failed.items()
+            ),
         )
-        super().__init__(f"command failed on {len(failed)} of {len(results)} hosts: {reasons}")
+        super().__init__(
+            Phrase(f"command failed on {len(failed)} of {len(results)} hosts: ", reasons)
+        )
 
 
 def not_ready_result(host: str, state: HostState, name: str) -> HostResult:
@@ -142,7 +153,7 @@ def not_ready_result(host: str, state: HostState, name: str) -> HostResult:
 class Cluster:
     """A loaded cluster file plus its live connections."""
 
-    def __init__(self, config: ClusterConfig, pool: SSHPool, sink: EventSink) -> None:
+    def __init__(self, config: ClusterConfig, pool: HostRunner, sink: EventSink) -> None:
         self.config = config
         self.pool = pool
         self.sink = sink
@@ -350,15 +361,17 @@ class Cluster:
         if self._ssh_exec is None:
             from orchestrator.containers.sshexec import SSHExec
 
-            self._ssh_exec = SSHExec(self.config, self.pool, self.sink)
+            # The sshd path rides on SSHPool's own connections (its links and
+            # output bounds), not on the HostRunner seam.
+            self._ssh_exec = SSHExec(self.config, cast("SSHPool", self.pool), self.sink)
         return self._ssh_exec
 
     @property
-    def docker_runtimes(self) -> Mapping[str, DockerRuntime]:
-        """How to reach docker on each host whose container this Cluster's `up`
-        left running (probed under the lock it still holds). A host missing
-        here is not known: the host decides on each command, by the same rule
-        (remote/access.sh) — `docker_runtimes.get(host, DockerRuntime())`."""
+    def _probed_runtimes(self) -> Mapping[str, ContainerRuntime]:
+        """How to reach the runtime on each host whose container this Cluster's
+        `up` left running (probed under the lock it still holds). A host
+        missing here is not known: the host decides on each command, by the
+        same rule (remote/access.sh)."""
         if self._locks is None:
             return MappingProxyType({})
         return MappingProxyType(dict(self._locks.ready))
@@ -373,7 +386,7 @@ class Cluster:
             if cfg is not None
             else ContainerRuntime()
         )
-        known = self.docker_runtimes
+        known = self._probed_runtimes
         return MappingProxyType({h: known.get(h, unprobed) for h in self.hosts})
 
     async def copy_to(
@@ -400,7 +413,7 @@ class Cluster:
             host_os=host_os,
             timeout=timeout,
             progress=progress,
-            runtimes=self.docker_runtimes,
+            runtimes=self._probed_runtimes,
         )
 
     async def copy_from(
@@ -436,7 +449,7 @@ class Cluster:
             return await self.pool.run(
                 host,
                 self.runtimes[host].read(inspect),
-                timeout=self.config.container.docker_timeout if self.config.container else 30,
+                timeout=self.config.container.runtime_timeout if self.config.container else 30,
                 stream_output=False,
                 label="image",
             )
@@ -557,31 +570,13 @@ class Cluster:
             )
         name = container_name(self.config)
         container_env = self._guard_gpu_env({**self.config.env, **(env or {})})
-        container = self.config.container
-        as_user = user if user is not None or container is None else container.user
-        try:
-            container_command(name, "true", user=as_user, workdir=workdir)
-        except ValueError as exc:
-            raise UsageError(f"exec: {exc}") from None
-        lifecycle = self._lifecycle()
-        locks = lifecycle.locks
+        as_user = self._exec_user(name, user, workdir)
+        locks = self._lifecycle().locks
         own_lock = not locks.holds(selected)
         ready = dict(locks.ready)
         before: dict[str, HostResult] = {}
         if own_lock:
-            self.ssh_exec.warm_up(selected)
-            # Lock and probe in one round trip, as `up` does: the probe's docker
-            # call is bounded (container.docker_timeout), so a frozen dockerd is
-            # named here instead of hanging the command's own `docker inspect`.
-            states = await lifecycle.lock_and_probe(
-                "shared", wait=wait, purpose="exec", hosts=selected
-            )
-            for host, state in states.items():
-                if state.container == "running" and state.docker_access in ("direct", "sudo"):
-                    ready[host] = state.runtime  # docker or podman, as probed
-                    self.ssh_exec.known(host, state.exec_facts)
-                else:
-                    before[host] = not_ready_result(host, state, name)
+            before = await self._lock_for_exec(selected, name, ready, wait=wait)
 
         async def one(host: str) -> HostResult:
             if host in before:
@@ -617,10 +612,8 @@ class Cluster:
             )
             if result.exit_code == NOT_RUNNING_EXIT and result.stderr.startswith("container "):
                 # The host's shell says "here"; the reader needs to know where.
-                error = result.stderr.strip().replace(
-                    " is not running here", f" is not running on {host}"
-                )
-                return replace(result, error=error)
+                here = result.stderr.strip()
+                return replace(result, error=here.replace(" running here", f" running on {host}"))
             return await self._explain(host, name, result, runtime, pidfile_of(token))
 
         try:
@@ -628,6 +621,37 @@ class Cluster:
         finally:
             if own_lock:
                 await locks.release(selected)
+
+    def _exec_user(self, name: str, user: str | None, workdir: str | None) -> str | None:
+        """Who runs an exec in the container (the option, else the cluster's
+        `container.user`); a user or workdir docker would refuse: UsageError."""
+        container = self.config.container
+        as_user = user if user is not None or container is None else container.user
+        try:
+            container_command(name, "true", user=as_user, workdir=workdir)
+        except ValueError as exc:
+            raise UsageError(f"exec: {exc}") from None
+        return as_user
+
+    async def _lock_for_exec(
+        self, selected: list[str], name: str, ready: dict[str, ContainerRuntime], *, wait: bool
+    ) -> dict[str, HostResult]:
+        """Lock and probe in one round trip, as `up` does: the probe's runtime
+        call is bounded (container.runtime_timeout), so a frozen daemon is
+        named here instead of hanging the command's own inspect. Running
+        hosts go into `ready`; the others' results come back (not run)."""
+        self.ssh_exec.warm_up(selected)
+        states = await self._lifecycle().lock_and_probe(
+            "shared", wait=wait, purpose="exec", hosts=selected
+        )
+        before: dict[str, HostResult] = {}
+        for host, state in states.items():
+            if state.container == "running" and state.access in ("direct", "sudo"):
+                ready[host] = state.runtime  # docker or podman, as probed
+                self.ssh_exec.known(host, state.exec_facts)
+            else:
+                before[host] = not_ready_result(host, state, name)
+        return before
 
     async def _explain(
         self,
@@ -640,12 +664,12 @@ class Cluster:
         """`result` with its cause named when cvs can tell it (containers/causes.py):
         from the output (out of memory, full disk), else, after what looks like a
         kill, from one more docker call about the container (stopped, restarted,
-        removed, runtime gone or hung), bounded by container.docker_timeout."""
+        removed, runtime gone or hung), bounded by container.runtime_timeout."""
         if result.ok:
             return result
-        cause = output_cause(result.stdout, result.stderr)
+        cause: Text | None = output_cause(result.stdout, result.stderr)
         if cause is None and wants_diagnosis(result) and self.config.container is not None:
-            bound = self.config.container.docker_timeout
+            bound = self.config.container.runtime_timeout
             answer = await self.pool.run(
                 host,
                 diagnosis_command(name, runtime, pidfile),

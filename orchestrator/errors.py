@@ -232,40 +232,109 @@ def _render(parts: Iterable[Part], style: Style) -> str:
     return "".join(out)
 
 
-class Phrase(str):
+class Phrase:
     """A warning, a reason or an error message that names options, parameters
     or calls of the API: `Phrase(Option("force"), ": replacing it")`.
 
-    A str whose value is the API's words ("force=True: replacing it"), so a
-    Python caller reads, prints and logs it as it is; it keeps its parts, so
-    the CLI renders the same sentence with its flags and commands
-    (`render(style)`, `restyled`): "--force: replacing it". As
-    markupsafe.Markup is a str that knows it is HTML. Formatting one into
-    other text (f-strings, `+`) keeps only the API's words: compose them with
-    Phrase(...) instead, which takes Phrases among its parts."""
+    Not a str: it keeps its parts, so the CLI renders the sentence with its
+    flags and commands (`render(style)`, `restyled`: "--force: replacing
+    it") and an API caller reads keyword arguments ("force=True: replacing
+    it", also what `str()` and an f-string give). Since it is no str, an
+    operation that would drop the parts (`+`, a slice, `.splitlines()`,
+    passing it where a str is typed) is a type error: compose with
+    Phrase(...), which takes Phrases among its parts, and type what carries
+    one as `Text`. An f-string is the one drop mypy cannot see:
+    tests/test_cli_words.py finds the f-strings that format a field typed
+    `Text` without saying in whose words (`say(x, style)`, or `{x!s}` for
+    the API's)."""
 
+    __slots__ = ("parts",)
     parts: tuple[Part, ...]
 
-    def __new__(cls, *parts: Part) -> Phrase:
+    def __init__(self, *parts: Part | Phrase) -> None:
         flat: list[Part] = []
         for part in parts:
-            if isinstance(part, Phrase):
-                flat.extend(part.parts)
-            else:
-                flat.append(part)
-        self = super().__new__(cls, _render(flat, API_STYLE))
-        self.parts = tuple(flat)
-        return self
+            for piece in part.parts if isinstance(part, Phrase) else (part,):
+                # Adjacent text is one part, empty text none: equal sentences
+                # have equal parts however they were composed.
+                if isinstance(piece, str) and flat and isinstance(flat[-1], str):
+                    flat[-1] += piece
+                elif piece != "":
+                    flat.append(piece)
+        object.__setattr__(self, "parts", tuple(flat))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("a Phrase does not change")
 
     def render(self, style: Style = API_STYLE) -> str:
         return _render(self.parts, style)
+
+    def __str__(self) -> str:
+        return self.render()
+
+    def __repr__(self) -> str:
+        return f"Phrase{self.parts!r}"
+
+    def __eq__(self, other: object) -> bool:
+        """Another Phrase: the same parts. A str: the same API words (what a
+        Python caller compares with)."""
+        if isinstance(other, Phrase):
+            return other.parts == self.parts
+        return isinstance(other, str) and other == self.render()
+
+    def __hash__(self) -> int:
+        return hash(self.render())
+
+    def __contains__(self, text: str) -> bool:
+        """Whether the API's words hold `text` (what a test or a caller asks)."""
+        return text in self.render()
 
     def __reduce__(self) -> tuple[Any, ...]:
         # copy, deepcopy (dataclasses.asdict) and pickle keep the parts.
         return (Phrase, self.parts)
 
 
-def say(text: str, style: Style) -> str:
+# What a message, a reason or a warning is: plain text, or a Phrase that
+# names the API (rendered by whoever talks to the user: `say`, `restyled`).
+Text = str | Phrase
+
+
+def first_line(text: Text) -> Text:
+    """The first line of `text` (a Phrase's parts kept up to its first newline)."""
+    if isinstance(text, str):
+        return text.split("\n", 1)[0]
+    parts: list[Part] = []
+    for part in text.parts:
+        if isinstance(part, str) and "\n" in part:
+            parts.append(part.split("\n", 1)[0])
+            break
+        parts.append(part)
+    return Phrase(*parts)
+
+
+def without_prefix(text: Text, prefix: str) -> Text | None:
+    """`text` less `prefix` when it starts with it (a Phrase: its first part
+    does), else None: `str.removeprefix` that keeps a Phrase's parts."""
+    if isinstance(text, str):
+        return text[len(prefix) :] if text.startswith(prefix) else None
+    head = text.parts[0] if text.parts else ""
+    if not isinstance(head, str) or not head.startswith(prefix):
+        return None
+    return Phrase(head[len(prefix) :], *text.parts[1:])
+
+
+def join_text(separator: str, texts: Iterable[Text]) -> Text:
+    """`separator.join(texts)`, a Phrase when any of them is one."""
+    items = list(texts)
+    if all(isinstance(t, str) for t in items):
+        return separator.join(t for t in items if isinstance(t, str))
+    parts: list[Part | Phrase] = []
+    for i, t in enumerate(items):
+        parts += [separator, t] if i else [t]
+    return Phrase(*parts)
+
+
+def say(text: Text, style: Style) -> str:
     """`text` in `style`'s words (a plain str is already in everyone's)."""
     return text.render(style) if isinstance(text, Phrase) else text
 
@@ -317,7 +386,7 @@ class Refusal:
     the words)."""
 
     kind: str
-    reason: str
+    reason: Text
     hosts: tuple[str, ...] = ()
     ways_out: tuple[WayOut, ...] = ()
 
@@ -349,7 +418,9 @@ class PolicyRefused(CvsError):
             r if isinstance(r, Refusal) else Refusal(kind="other", reason=r) for r in reasons
         ]
         self.reasons = [r.render() for r in self.refusals]
-        super().__init__("; ".join(self.reasons))
         # What was done before the refusal (an image pulled or loaded on some
-        # hosts), so the CLI never says "nothing was changed" when it was.
+        # hosts), so neither the message nor the CLI says "nothing was
+        # changed" when it was.
         self.changed = list(changed or [])
+        done = f"; no container was started; done before: {'; '.join(self.changed)}"
+        super().__init__("; ".join(self.reasons) + (done if self.changed else ""))

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any, Literal, Protocol
 
-from orchestrator.errors import API_STYLE, Style, restyled
+from orchestrator.errors import API_STYLE, Style, Text, restyled, say
 from orchestrator.errortext import SeenErrors
 from orchestrator.results import HostResult
 
@@ -97,13 +97,13 @@ class HostStep(Event):
     host: str
     step: str
     status: Literal["started", "ok", "failed", "skipped"]
-    detail: str = ""
+    detail: Text = ""
 
 
 @dataclass(frozen=True)
 class Message(Event):
     level: Level
-    text: str
+    text: Text
     host: str | None = None
 
 
@@ -248,14 +248,17 @@ class PlainSink(_PipeWriter):
                 return f"{host} ! {self.seen.line(host, f'{status}: {error}')}"
             case CommandFinished(host=host, result=r) if self.verbose and not r.ok:
                 code = f" (exit {r.exit_code})" if r.exit_code is not None else ""
-                return f"{host} ! {r.status}{code}{': ' + r.error if r.error else ''}"
+                why = f": {say(r.error, self.style)}" if r.error else ""
+                return f"{host} ! {r.status}{code}{why}"
             case HostStep(host=host, step=step, status=status, detail=detail) if (
                 self.verbose or status == "failed" or (status == "started" and step in SLOW_STEPS)
             ):
                 if status == "failed" and detail:
                     # `flag: failed - exit 1`, not `flag: failed - failed: exit 1`
-                    detail = self.seen.line(host, detail.removeprefix("failed: "), context=step)
-                return f"{host} - {step}: {status}{' - ' + detail if detail else ''}"
+                    shown = say(detail, self.style).removeprefix("failed: ")
+                    detail = self.seen.line(host, shown, context=step)
+                said = say(detail, self.style)
+                return f"{host} - {step}: {status}{' - ' + said if said else ''}"
             case Connected(host=host, seconds=s, attempts=n) if self.verbose:
                 return f"{host} - connected in {s:.2f}s ({n} attempt{'s' if n > 1 else ''})"
         return None

@@ -105,5 +105,5 @@ def _up_failure_text(exc: Any) -> str:
     lines = [f"cvs: up failed (exit {int(exc.exit_code)}):"]
     for host, outcome in exc.report.outcomes.items():
         if not outcome.ok:
-            lines.append(f"  {host}: {outcome.action.kind} failed at {outcome.error}")
+            lines.append(f"  {host}: {outcome.action.kind} failed at {outcome.error!s}")
     return "\n".join(lines)

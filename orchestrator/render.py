@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
 
 from orchestrator.config.hostlist import compress_hostlist
-from orchestrator.errors import API_STYLE, Call, Phrase, Style
+from orchestrator.errors import API_STYLE, Call, Phrase, Style, say
+from orchestrator.errors import Text as Said
 from orchestrator.errortext import SeenErrors, fold_errors
 from orchestrator.events import (
     CommandFinished,
@@ -43,8 +44,8 @@ def group_results(results: Mapping[str, HostResult]) -> list[tuple[list[str], Ho
     """Hosts with identical output, status and error folded together, like
     `dshbak -c` (the error too: a refused host and a timed-out one are both
     `unreachable`, and a group shows one sample's error)."""
-    buckets: dict[tuple[str, str, str, int | None, str | None], list[str]] = {}
-    sample: dict[tuple[str, str, str, int | None, str | None], HostResult] = {}
+    buckets: dict[tuple[str, str, str, int | None, Said | None], list[str]] = {}
+    sample: dict[tuple[str, str, str, int | None, Said | None], HostResult] = {}
     for host, r in results.items():
         key = (r.status, r.stdout, r.stderr, r.exit_code, r.error)
         buckets.setdefault(key, []).append(host)
@@ -58,7 +59,7 @@ def print_grouped(results: Mapping[str, HostResult], out: IO[str] = sys.stdout) 
         if r.exit_code not in (None, 0):
             title += f" exit {r.exit_code}"
         if r.error and r.status != "failed":
-            title += f": {r.error}"
+            title += f": {r.error!s}"
         bar = "-" * min(max(len(title), 16), 78)
         out.write(f"{bar}\n{title}\n{bar}\n")
         body = "\n".join(x for x in (r.stdout, r.stderr) if x)
@@ -208,11 +209,13 @@ class RichSink:
                     self._set(h, f"[green]{r.status}", "ok")
                 else:
                     self._set(h, f"[red]{r.status}", "failed")
-                    self._host(h).error = f"{r.status}: {r.error}" if r.error else r.status
+                    self._host(h).error = (
+                        f"{r.status}: {say(r.error, self.style)}" if r.error else r.status
+                    )
             case HostStep(host=h, step=step, status=status, detail=detail):
                 style = {"ok": "green", "failed": "red", "skipped": "dim"}.get(status, "yellow")
                 phase = {"started": "running", "ok": "ok", "skipped": "ok"}.get(status, "failed")
-                self._set(h, f"[{style}]{step} {status}", phase, detail or None)
+                self._set(h, f"[{style}]{step} {status}", phase, say(detail, self.style) or None)
                 if status == "failed":
                     self._host(h).error = f"{step}: {detail}"
                     if len(self.hosts) <= ROWS_MAX:
@@ -315,7 +318,7 @@ def failure_groups(
 STATUS_HEADERS = [
     "host",
     "reachable",
-    "docker",
+    "access",
     "state",
     "image",
     "tag",
@@ -363,16 +366,16 @@ def _status_errors(
     for r in rows:
         if r.error:
             note = ""
-            if not explained and (not r.probed or r.docker is None):
+            if not explained and (not r.probed or r.access is None):
                 note, explained = f"; {UNKNOWN_NOTE}", True
-            sys.stderr.write(f"{r.host}: {r.error}{note}\n")
+            sys.stderr.write(f"{r.host}: {r.error!s}{note}\n")
             continue
         # No error, yet a `?` (an exited container: no sshd or marker to ask): why.
         cells = dict(zip(STATUS_HEADERS, status_cells(r), strict=True))
         unknown = [k for k in STATUS_NARROW if cells[k] == UNKNOWN]
         if unknown:
             state = cells["state"]
-            why: str = (
+            why: Said = (
                 Phrase(
                     f"not known while the container is {state} (", Call("up"), " starts it again)"
                 )
@@ -435,7 +438,7 @@ def _header_labels(columns: Sequence[str], rows: Sequence[HostStatus]) -> list[s
     runtime (`podman` on a podman cluster; the cells' keys stay the same)."""
     runtimes = {r.runtime for r in rows}
     access = runtimes.pop() if len(runtimes) == 1 else "docker"
-    return [access if c == "docker" else c for c in columns]
+    return [access if c == "access" else c for c in columns]
 
 
 def status_table(rows: Sequence[HostStatus], *, wide: bool = False) -> Table:
@@ -504,7 +507,7 @@ def group_header(hosts: Sequence[str], result: HostResult) -> Text:
         f" exit {result.exit_code}" if result.exit_code not in (None, 0) else ""
     )
     if result.error and result.status != "failed":
-        outcome += f": {result.error}"
+        outcome += f": {result.error!s}"
     return header + Text(outcome, style=style)
 
 

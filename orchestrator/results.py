@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.errors import ExitCode, Status
+from orchestrator.errors import ExitCode, Status, Text
 
 __all__ = ["CONNECTION_STATUSES", "HostResult", "Status", "exit_code_for"]
 
@@ -27,7 +27,7 @@ class HostResult:
     stdout: str = ""
     stderr: str = ""
     duration: float = 0.0
-    error: str | None = None
+    error: Text | None = None
     # Output is kept as a bounded tail per stream (SSHPool's `output_tail`):
     # how many characters were dropped from the front of each, and the file
     # holding the whole of it when there is one (a run's per-host log).

@@ -20,7 +20,7 @@ from orchestrator.config import ClusterConfig
 from orchestrator.containers.copy import Payload, Progress
 from orchestrator.containers.status import HostStatus
 from orchestrator.events import EventSink
-from orchestrator.remote.runtime import ContainerRuntime, DockerRuntime
+from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
 
 if TYPE_CHECKING:
@@ -123,11 +123,6 @@ class SyncCluster:
     def status(self) -> list[HostStatus]:
         """One typed record per host (see `Cluster.status`)."""
         return self._portal.call(self._cluster.status)
-
-    @property
-    def docker_runtimes(self) -> Mapping[str, DockerRuntime]:
-        """How to reach docker on each host (see `Cluster.docker_runtimes`)."""
-        return self._cluster.docker_runtimes
 
     @property
     def runtimes(self) -> Mapping[str, ContainerRuntime]:

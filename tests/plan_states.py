@@ -34,7 +34,7 @@ def host(
     present = container != "absent"
     return HostState(
         host=name,
-        docker_access="direct",
+        access="direct",
         container=container,  # type: ignore[arg-type]
         container_status=status or (container if present else None),
         container_id=f"id-{name}" if present else None,

@@ -25,7 +25,7 @@ def test_adopt_takes_over_running_foreign_containers_and_provisions_them() -> No
     assert kinds(plan) == {"a": "attach", "b": "attach"}
     assert all(a.adopt and a.provision and a.start_sshd for a in plan.actions.values())
     # A Python caller reads the keyword; the CLI the flag.
-    assert any(w.startswith("adopt=True: taking over") for w in plan.warnings)
+    assert any(str(w).startswith("adopt=True: taking over") for w in plan.warnings)
     assert any(cli_text(w).startswith("--adopt: taking over") for w in plan.warnings)
 
 

@@ -187,16 +187,32 @@ def test_hosts_a_rollback_undid_are_not_ready_and_say_why() -> None:
     report = rolled_back_report()
     assert report.ready == [] and not report.ok
     assert report.outcomes["a"].summary == ("cold_start ROLLED BACK: the cold start failed on b")
-    assert report.outcomes["b"].summary.startswith("cold_start FAILED at run: exit 125")
+    assert str(report.outcomes["b"].summary).startswith("cold_start FAILED at run: exit 125")
 
 
 def test_the_json_of_a_rolled_back_up_agrees_with_the_console() -> None:
     doc = UpReport.to_dict(rolled_back_report())
     assert doc["ok"] is False and doc["ready"] == 0
-    assert doc["error"].startswith("up: 0/3 hosts ready; b: run: exit 125")
+    assert str(doc["error"]).startswith("up: 0/3 hosts ready; b: run: exit 125")
     assert "rolled back on a, c" in doc["error"]
     assert doc["hosts"]["a"]["ok"] is False
     assert doc["hosts"]["a"]["rolled_back"] == "the cold start failed on b"
+    assert {h: o["state"] for h, o in doc["hosts"].items()} == {
+        "a": "rolled_back",
+        "b": "failed",
+        "c": "rolled_back",
+    }
+
+
+def test_a_failure_whose_words_read_like_a_rollback_is_still_a_failure() -> None:
+    # The state is data: no renderer parses the error text for it.
+    outcome = HostOutcome("a", HostAction("cold_start", "none present"))
+    outcome.fail("rolled back", HostResult("a", "failed", 1, error="exit 1"), "exit 1")
+    outcome.roll_back("the cold start failed on b")
+    assert outcome.state == "failed"
+    assert str(outcome.summary).startswith("cold_start FAILED at rolled back: exit 1")
+    report = UpReport(Plan("persistent", {"a": outcome.action}), {"a": outcome})
+    assert "rolled back on" not in (report.error or "")
 
 
 def test_a_step_reason_keeps_the_causes_call_for_the_clis_words(tmp_path: Path) -> None:
@@ -212,7 +228,7 @@ def test_a_step_reason_keeps_the_causes_call_for_the_clis_words(tmp_path: Path) 
     cause = container_cause(stopped, elapsed=30)
     result = with_cause(HostResult("node2", "failed", exit_code=137, error="exit code 137"), cause)
     judged = judge(Step.model_validate({"name": "nap", "run": "sleep 60"}), result)
-    assert "`up()` starts it again" in (judged.reason or "")  # the API's words, for the API
+    assert "`up()` starts it again" in str(judged.reason or "")  # the API's words, for the API
     outcome = replace(
         failing_outcome(),
         steps=[StepOutcome(name="nap", hosts=["node2"], results={"node2": judged})],

@@ -158,7 +158,7 @@ def _statuses() -> list[HostStatus]:
         return HostStatus(
             host=host,
             reachable=reachable,
-            docker="direct" if reachable else None,
+            access="direct" if reachable else None,
             state=state,
             image_id="sha256:" + "ab" * 32 if state == "running" else None,
             tag_image_id="sha256:" + "ab" * 32,
@@ -191,7 +191,8 @@ def test_status_plain_wide_has_every_column(capsys: pytest.CaptureFixture[str]) 
     out = io.StringIO()
     print_status_table(_statuses(), wide=True, plain=True, out=out, style=CLI_STYLE)
     header = out.getvalue().splitlines()[0].split()
-    assert header == STATUS_HEADERS
+    # The access column is named for the cluster's runtime (here docker).
+    assert header == ["docker" if c == "access" else c for c in STATUS_HEADERS]
     assert "\x1b[" not in out.getvalue()
     # `?` (what could not be probed) is explained once, with the first reason;
     # stderr keeps one `HOST: reason` line per host, the table one row per host.

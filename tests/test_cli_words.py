@@ -204,8 +204,8 @@ def test_restyling_renders_phrases_inside_reports_and_leaves_the_original() -> N
     plan = decide_plan(cfg("persistent"), states(host("h1", "running", ours=False)), adopt=True)
     (warning,) = [w for w in plan.warnings if "taking over" in w]
     shown = restyled(plan, CLI_STYLE)
-    assert any(w.startswith("--adopt: taking over") for w in shown.warnings)
-    assert warning.startswith("adopt=True: taking over")  # the API's plan is unchanged
+    assert any(str(w).startswith("--adopt: taking over") for w in shown.warnings)
+    assert str(warning).startswith("adopt=True: taking over")  # the API's plan is unchanged
     assert restyled({"w": [warning], "n": 3}, CLI_STYLE)["w"][0].startswith("--adopt")
 
 
@@ -214,7 +214,7 @@ def test_a_warning_reaches_a_python_caller_as_keywords_and_the_cli_user_as_flags
     warning = next(w for w in plan.warnings if "taking over" in w)
     event = Message(level="warning", text=warning)
     # The API's event, as a program collecting events or the pytest plugin reads it.
-    assert event.text.startswith("adopt=True: taking over") and "--adopt" not in event.text
+    assert str(event.text).startswith("adopt=True: taking over") and "--adopt" not in event.text
     # The CLI's sinks (it sets their style): the text one and --json's.
     text, lines = io.StringIO(), io.StringIO()
     plain = PlainSink(text)
@@ -254,3 +254,74 @@ def test_a_config_error_names_the_parameter_for_a_python_caller(tmp_path: Path) 
         load_cluster(path, hosts_from="pbs")
     assert str(exc.value).startswith("hosts_from 'pbs': unknown host source")
     assert cli_text(exc.value.args[0]).startswith("--hosts-from 'pbs': unknown host source")
+
+
+# --- losing a Phrase's parts is a type error, or fails loudly ----------------------
+
+
+def test_a_phrase_is_not_a_str_so_text_operations_cannot_drop_its_parts() -> None:
+    phrase = Phrase(Option("force"), ": replacing it")
+    assert not isinstance(phrase, str)
+    assert phrase == "force=True: replacing it" and "replacing" in phrase  # read as API words
+    with pytest.raises(TypeError):
+        phrase + "!"  # type: ignore[operator]
+    with pytest.raises(TypeError):
+        phrase[:5]  # type: ignore[index]
+    assert f"{phrase}" == "force=True: replacing it"  # the API's words (see the check below)
+    assert cli_text(Phrase("warning: ", phrase)) == "warning: --force: replacing it"
+
+
+def test_mypy_finds_the_operations_that_would_drop_a_phrases_parts(tmp_path: Path) -> None:
+    from mypy import api as mypy_api
+
+    snippet = tmp_path / "drop.py"
+    snippet.write_text(
+        "from orchestrator.errors import Option, Phrase, Text\n"
+        "from orchestrator.results import HostResult\n"
+        "def first(text: Text) -> str:\n"
+        "    return text.splitlines()[0]\n"
+        "def more(text: Text) -> Text:\n"
+        "    return text + '!'\n"
+        "def keep(result: HostResult) -> str | None:\n"
+        "    return result.error\n"
+        "x: str = Phrase(Option('force'))\n"
+    )
+    out, _, code = mypy_api.run(["--strict", "--no-incremental", str(snippet)])
+    assert code == 1, out
+    assert [line.split(":")[1] for line in out.splitlines() if ": error:" in line] == [
+        "4",
+        "6",
+        "8",
+        "9",
+    ], out
+
+
+# Fields typed `Text` (str | Phrase): an f-string formatting one keeps only the
+# API's words, which mypy does not see. So each is formatted through `say(x,
+# style)` (or `{x!s}`: the API's words, said on purpose), but for the fields
+# of these names that are plain str where they are formatted (and why).
+TEXT_FIELDS = {"error", "reason", "summary", "rolled_back", "detail"}
+STR_THERE: dict[str, set[str]] = {
+    "errors.py": {"self.reason"},  # Refusal.reason: a str (its ways out are data)
+    "limits/gpus.py": {"self.reason"},  # Unsatisfiable.reason: a str
+    "limits/slurm_gpus.py": {"picked.reason"},  # Unsatisfiable.reason: a str
+    "containers/causes.py": {"facts.error"},  # the diagnosis' own error: a str
+    "containers/locks.py": {"a.error"},  # a lock answer's error: a str
+    "containers/probe.py": {"state.error"},  # HostState.error: a str
+    "examples/test_with_cluster.py": {"r.error"},  # an example's API caller: the API's words
+}
+
+
+def test_no_f_string_formats_a_text_field_without_saying_in_whose_words() -> None:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FormattedValue):
+                continue
+            value = node.value
+            said = node.conversion == ord("s")  # `{x!s}`: the API's words, on purpose
+            named = isinstance(value, ast.Attribute) and value.attr in TEXT_FIELDS and not said
+            if named and ast.unparse(value) not in STR_THERE.get(rel, set()):
+                found.append(f"{rel}:{node.lineno}: {ast.unparse(value)}")
+    assert not found, f"f-strings dropping a Phrase's CLI words: {found}"

@@ -6,6 +6,7 @@ import getpass
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -753,3 +754,21 @@ def test_host_lookup_follows_a_copy_that_replaces_the_hosts() -> None:
         fewer.host("b")
     assert cluster.host("c").name == "c"
     assert cluster == ClusterConfig.model_validate({"hosts": hosts})
+
+
+def test_the_old_docker_timeout_key_is_read_and_reported_as_deprecated() -> None:
+    from orchestrator.config import cluster_from_data, cluster_warnings
+    from orchestrator.containers.docker import config_hash
+
+    def load(container: dict[str, object]) -> Any:
+        data = {"hosts": ["a"], "container": {"image": "x", **container}}
+        return cluster_from_data(data, "c.yaml", Path("/tmp"), check_files=False)
+
+    old, new = load({"docker_timeout": 5}), load({"runtime_timeout": 5})
+    assert old.container.runtime_timeout == new.container.runtime_timeout == 5
+    assert any("container.docker_timeout is deprecated" in w for w in cluster_warnings(old))
+    assert not any("deprecated" in w for w in cluster_warnings(new))
+    # A rename changes no running container's hash (no drift warning after it).
+    assert config_hash(old.container) == config_hash(new.container)
+    with pytest.raises(ConfigError, match="both given: keep runtime_timeout"):
+        load({"docker_timeout": 5, "runtime_timeout": 5})

@@ -149,6 +149,19 @@ def test_resets_are_retried_within_one_budget_and_say_so() -> None:
     assert elapsed < 1.2 + 5.0
 
 
+def test_resets_are_retried_at_most_connect_retries_times() -> None:
+    def reset(conn: socket.socket) -> None:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        conn.close()
+
+    with server(reset) as port:
+        result, _, failed = connect_once(
+            cluster(port, connect_timeout=5, connect_budget=30, connect_retries=2)
+        )
+    assert (result.error or "").startswith("connection reset by the server"), result.error
+    assert failed.attempts == 3  # the first and two retries (tenacity's stop_after_attempt)
+
+
 @pytest.mark.parametrize("budget", [1.5])
 def test_timeouts_are_retried_only_while_the_budget_lasts(budget: float) -> None:
     def silent(conn: socket.socket) -> None:

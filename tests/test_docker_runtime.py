@@ -44,7 +44,7 @@ from orchestrator.containers.docker import (
 )
 from orchestrator.limits.gpus import GPU, GPUSelection
 from orchestrator.limits.resources import EffectiveResources
-from orchestrator.remote.runtime import DockerRuntime
+from orchestrator.remote.runtime import ContainerRuntime
 
 # --- pure builders ---------------------------------------------------------
 
@@ -54,16 +54,16 @@ HOSTILE_LINE = HOSTILE.replace("\n", " ")
 
 
 def test_docker_runtime_prefix_direct_is_plain_docker() -> None:
-    assert DockerRuntime("direct").prefix == ["docker"]
+    assert ContainerRuntime("direct").prefix == ["docker"]
 
 
 def test_docker_runtime_prefix_sudo_never_prompts() -> None:
-    assert DockerRuntime("sudo").prefix == ["sudo", "-n", "docker"]
+    assert ContainerRuntime("sudo").prefix == ["sudo", "-n", "docker"]
 
 
 def test_docker_runtime_prefix_rejects_no_access() -> None:
     with pytest.raises(ValueError):
-        _ = DockerRuntime().prefix  # not probed: no prefix to give
+        _ = ContainerRuntime().prefix  # not probed: no prefix to give
 
 
 def test_run_argv_puts_every_option_before_image_and_sleep_infinity() -> None:

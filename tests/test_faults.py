@@ -64,7 +64,7 @@ class Lab:
             "name": self.name,
             "lifetime": lifetime,
             "sshd": {"enabled": False},
-            "docker_timeout": 5,
+            "runtime_timeout": 5,
             **container,
         }
         path = self.directory / f"cluster-{uuid.uuid4().hex[:6]}.yaml"
@@ -276,7 +276,7 @@ def timed(cluster: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], 
     return proc, time.monotonic() - start
 
 
-BOUND = "docker did not answer within container.docker_timeout (5s)"
+BOUND = "docker did not answer within container.runtime_timeout (5s)"
 
 
 def test_a_frozen_dockerd_bounds_status_exec_up_and_down_naming_the_host(lab: Lab) -> None:

@@ -187,7 +187,7 @@ def test_up_raises_up_failed_with_per_host_reasons_when_one_host_fails_setup(
     error = info.value
     assert error.exit_code == 1 and isinstance(error, CvsError)
     node2 = error.report.outcomes["node2"]
-    assert not error.report.ok and node2.error.startswith("provision: exit code 7")
+    assert not error.report.ok and str(node2.error).startswith("provision: exit code 7")
     assert "up failed on 1 of 3 hosts (node2: provision: exit code 7)" in str(error), str(error)
     assert "\n" not in str(error)
     assert not report.ok and not report.outcomes["node2"].ok

@@ -139,6 +139,7 @@ def test_a_run_whose_up_failed_names_the_setting_once_for_all_hosts(tmp_path: ob
     assert failure is not None
     code, line = failure
     assert code == 1
+    line = str(line)
     assert line.startswith("up failed on node[1-2]: run: exit code 125 <id> docker: Error")
     assert "Unable to find group render" in line and "--help" not in line
     assert line.endswith(

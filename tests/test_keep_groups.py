@@ -137,7 +137,7 @@ def test_the_probe_does_not_ask_when_no_launch_needs_devices(tmp_path: Path) -> 
 def _launching(oci: str | None) -> HostState:
     return HostState(
         "n1",
-        docker_access="direct",
+        access="direct",
         container="absent",
         runtime_name="podman",
         rootless=True,

@@ -146,7 +146,7 @@ def test_status_json_row_keeps_its_keys() -> None:
 
     state = HostState(
         host="n1",
-        docker_access="direct",
+        access="direct",
         container="running",
         container_image_id="sha256:" + "a" * 64,
         tag_image_id="sha256:" + "b" * 64,
@@ -164,7 +164,8 @@ def test_status_json_row_keeps_its_keys() -> None:
     assert row == {
         "host": "n1",
         "reachable": True,
-        "docker": "direct",
+        "access": "direct",
+        "docker": "direct",  # deprecated: "access"
         "state": "running",
         "image": "aaaaaaaaaaaa",
         "tag": "bbbbbbbbbbbb",

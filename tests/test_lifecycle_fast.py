@@ -34,6 +34,7 @@ def started_hosts(**probe: Any) -> ScriptedHosts:
     hosts = ScriptedHosts({h: probe_output(**probe) for h in HOSTS})
     hosts.answer("run", lambda host, text: (0, CID + "\n", ""))
     hosts.answer("verify", lambda host, text: (0, "true\n", ""))
+    hosts.succeed("pull", "setup", "rollback")
     return hosts
 
 
@@ -52,6 +53,7 @@ def test_a_failed_run_on_one_host_rolls_back_what_this_attempt_started() -> None
     hosts.answer("run", lambda host, text: (125, "", "no space left") if host == "h2" else None)
     hosts.answer("run", lambda host, text: (0, CID + "\n", ""))
     hosts.answer("verify", lambda host, text: (0, "true\n", ""))
+    hosts.succeed("setup", "rollback")
     lc = lifecycle(hosts)
     report = up(lc)
     assert not report.ok and "no space left" in (report.outcomes["h2"].error or "")
@@ -79,9 +81,11 @@ def test_the_barrier_refuses_a_tag_that_differs_after_the_pull_and_says_what_cha
     )
     with pytest.raises(PolicyRefused) as refused:
         up(lifecycle(hosts))
-    text = "\n".join(refused.value.reasons)
-    assert "different images" in text
-    assert "pulled the image on h1, h2, h3" in text and "no container was started" in text
+    (refusal,) = refused.value.refusals
+    assert refusal.kind == "tag_identity" and "different images" in refusal.reason
+    # What the pull did is said, as data and in the message: not "nothing changed".
+    assert refused.value.changed == ["image img:1 pulled on h1, h2, h3 (left in place)"]
+    assert "no container was started; done before: image img:1 pulled" in str(refused.value)
     assert "run" not in hosts.labels()
 
 
@@ -150,4 +154,4 @@ def test_a_pull_failing_on_one_host_reports_no_host_ready_and_starts_nothing() -
         assert (
             report.outcomes[host].summary == "cold_start NOT STARTED: the cold start failed on h2"
         )
-    assert report.outcomes["h2"].summary.startswith("cold_start FAILED at pull")
+    assert str(report.outcomes["h2"].summary).startswith("cold_start FAILED at pull")

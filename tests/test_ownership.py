@@ -48,7 +48,7 @@ def state(host: str, container: str = "running", **kw: object) -> HostState:
     present = container != "absent"
     values: dict[str, object] = {
         "host": host,
-        "docker_access": "direct",
+        "access": "direct",
         "container": container,
         "container_status": container if present else None,
         "container_id": ID if present else None,

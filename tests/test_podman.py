@@ -965,7 +965,7 @@ def test_podman_down_waits_for_an_exec_and_no_wait_is_refused_naming_it(lab: Lab
 # (GRAPHROOT/libpod/bolt_state.db, bbolt's own lock) for every call, as a
 # stuck `podman` process would.
 
-HUNG_BOUND = "podman did not answer within container.docker_timeout (5s)"
+HUNG_BOUND = "podman did not answer within container.runtime_timeout (5s)"
 
 
 @contextlib.contextmanager
@@ -980,7 +980,7 @@ def held_podman_state(sb: Sandbox, host: str) -> Iterator[None]:
 
 
 def test_a_hung_podman_bounds_status_exec_and_up_and_names_podman_not_docker(lab: Lab) -> None:
-    path = lab.cluster(lifetime="persistent", hosts=TWO, docker_timeout=5)
+    path = lab.cluster(lifetime="persistent", hosts=TWO, runtime_timeout=5)
     assert cvs(path, "up").returncode == 0
     limit = 5 + 25  # the bound is 5 s; generous against this shared 2-core machine
     with held_podman_state(lab.sb, "node2"):

@@ -95,7 +95,7 @@ def test_no_container_is_absent_and_tag_resolves(
 ) -> None:
     state = run_probe(dockerd.env, cfg)
     assert state.known and state.error is None
-    assert state.docker_access == "direct"
+    assert state.access == "direct"
     assert state.container == "absent"
     assert state.tag_image_id == image_id
     assert state.sshd_listening is None and state.provision_marker is None
@@ -196,7 +196,7 @@ def test_sudo_is_used_when_plain_docker_is_denied(
     sudo = f'[ "$1" = -n ] && [ "$2" = docker ] || exit 1\nshift 2\nexec {real_docker} "$@"'
     env = {**dockerd.env, "PATH": fake_bin(tmp_path, {"docker": denied, "sudo": sudo}, BASICS)}
     state = run_probe(env, cfg)
-    assert state.docker_access == "sudo"
+    assert state.access == "sudo"
     assert state.known and state.container == "absent"
     assert state.tag_image_id == image_id
 
@@ -212,7 +212,7 @@ def test_no_docker_access_is_a_clear_error(
     }
     env = {**dockerd.env, "PATH": fake_bin(tmp_path, scripts, BASICS)}
     state = run_probe(env, cfg)
-    assert state.docker_access == "none"
+    assert state.access == "none"
     assert state.error_kind == "no_access"
     assert not state.known and state.container is None
     assert "docker group" in (state.error or "")
@@ -222,7 +222,7 @@ def test_no_docker_access_is_a_clear_error(
 def test_docker_not_installed_is_named(cfg: ContainerConfig, tmp_path: Path) -> None:
     env = {**os.environ, "PATH": fake_bin(tmp_path, {}, BASICS)}
     state = run_probe(env, cfg)
-    assert state.docker_access == "none"
+    assert state.access == "none"
     assert state.error_kind == "no_docker"
 
 
@@ -492,7 +492,7 @@ def test_unreachable_host_is_not_known() -> None:
 
 
 def test_truncated_output_is_unknown_not_absent() -> None:
-    text = "@@cvs:probe 1\n" + inspected(1, b"[]", NO_SUCH)
+    text = "@@cvs:probe 3\n" + inspected(1, b"[]", NO_SUCH)
     state = parse_probe_output("h1", 0, text, "")
     assert state.container is None and state.error_kind == "garbled"
 
@@ -632,3 +632,19 @@ def test_listener_loop_reads_only_the_listening_sockets(
         ["sh", "-c", script, "t", str(tmp_path)], capture_output=True, text=True, check=True
     )
     assert {"0": "yes", "1": "no"}[out.stdout.strip()] == expected
+
+
+def test_a_repeated_frame_is_an_error_not_a_silent_overwrite() -> None:
+    from orchestrator.remote.frames import FrameError, parse_sections
+
+    with pytest.raises(FrameError, match="'facts' repeated"):
+        parse_sections("@@cvs:probe 3\n@@cvs:facts a - no\n@@cvs:facts b - no\n@@cvs:done\n")
+
+
+def test_a_probe_of_another_format_is_not_read() -> None:
+    from orchestrator.remote.frames import FrameError, parse_sections
+
+    with pytest.raises(FrameError, match="probe format 4, this cvs reads 3"):
+        parse_sections("@@cvs:probe 4\n@@cvs:done\n")
+    state = parse_probe_output("h", 0, "@@cvs:probe 2\n@@cvs:done\n", "")
+    assert not state.known and "probe format 2" in (state.error or "")

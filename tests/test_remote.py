@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 
 from orchestrator import remote
+from orchestrator.config import ContainerConfig
 from orchestrator.containers import provision
-from orchestrator.containers.probe import parse_probe_output, probe_argv
+from orchestrator.containers.probe import HostState, parse_probe_output, probe_argv
 from orchestrator.limits import gpus
 from orchestrator.remote import records
 from orchestrator.remote.frames import parse_sections, split_lock_frames
-from orchestrator.remote.runtime import DockerRuntime
+from orchestrator.remote.runtime import ContainerRuntime
 
 REMOTE_DIR = Path(remote.__file__).parent
 ID = "c" * 64
@@ -179,7 +180,7 @@ def test_the_probe_reads_an_absent_container_and_the_hosts_capacity(
     argv = probe_argv(None, "probed", sshd_port=2224, marker_path="/m")
     out = run(sh, argv, env=env)
     state = parse_probe_output("h", out.returncode, out.stdout, out.stderr)
-    assert state.container == "absent" and state.docker_access == "direct", out.stdout
+    assert state.container == "absent" and state.access == "direct", out.stdout
     assert state.cpu_count is not None and state.memory_total is not None
 
 
@@ -206,6 +207,40 @@ def test_the_probe_lists_the_gpus_where_a_container_will_launch(
     assert state.container == "absent", out.stdout
     assert state.gpus is not None and [g.index for g in state.gpus] == [0, 1]
     assert {g.vendor for g in state.gpus} == {"nvidia"}
+
+
+DOCKER_STAND_IN = """
+case "$1" in
+  version) echo "$VERSION" ;;
+  *) for a; do last=$a; done; echo "Error: No such object: $last" >&2; exit 1 ;;
+esac
+"""
+
+
+def _probe_version(sh: tuple[str, ...], tmp_path: Path, answer: str, when: str | None) -> HostState:
+    env = stand_in(tmp_path, "docker", DOCKER_STAND_IN)
+    env["DOCKER_HOST"] = "tcp://127.0.0.1:1"  # not a socket: plain docker first
+    env["VERSION"] = answer
+    argv = probe_argv(
+        ContainerConfig(image="img:1"),
+        "probed",
+        sshd_port=2224,
+        marker_path="/m",
+        version=when,  # type: ignore[arg-type]
+    )
+    out = run(sh, argv, env=env)
+    return parse_probe_output("h", out.returncode, out.stdout, out.stderr)
+
+
+def test_the_real_probe_reads_the_daemons_version_when_asked(
+    sh: tuple[str, ...], tmp_path: Path
+) -> None:
+    assert (
+        _probe_version(sh, tmp_path, "20.10.24+dfsg1", "stopped").runtime_version
+        == "20.10.24+dfsg1"
+    )
+    assert _probe_version(sh, tmp_path, "$(x) y", "stopped").runtime_version is None
+    assert _probe_version(sh, tmp_path, "27.1.0", None).runtime_version is None
 
 
 def test_the_in_container_check_reports_listener_and_marker(
@@ -258,7 +293,7 @@ def test_docker_reads_fall_back_to_sudo_when_plain_docker_fails(
     env = stand_in(tmp_path, "docker", 'echo "permission denied" >&2; exit 1\n')
     env = stand_in(tmp_path, "sudo", 'shift; echo "as root: $*"\n')
     env["DOCKER_HOST"] = "tcp://127.0.0.1:1"
-    out = run(sh, DockerRuntime().read(["inspect", "x"]), env=env)
+    out = run(sh, ContainerRuntime().read(["inspect", "x"]), env=env)
     assert out.returncode == 0 and out.stdout == "as root: docker inspect x\n"
 
 
@@ -268,7 +303,7 @@ def test_a_container_not_running_is_one_line_and_exit_125(
     env = stand_in(tmp_path, "docker", "echo false\n")
     env = stand_in(tmp_path, "sudo", "exit 1\n")
     env["DOCKER_HOST"] = "tcp://127.0.0.1:1"
-    out = run(sh, DockerRuntime().when_running("c", ["exec", "c", "true"], "not here"), env=env)
+    out = run(sh, ContainerRuntime().when_running("c", ["exec", "c", "true"], "not here"), env=env)
     assert out.returncode == 125 and out.stderr == "not here\n"
 
 

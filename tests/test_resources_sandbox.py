@@ -386,6 +386,28 @@ def test_unsatisfiable_gpu_request_refuses_before_any_container_starts(
     assert containers_named(sandbox, container_name) == {h.name: [] for h in sandbox.nodes}
 
 
+def test_cdi_always_on_the_sandboxs_docker_is_refused_by_plan_and_up_alike(
+    sandbox: Sandbox, tmp_path: Path, container_name: str, gpu_roots: dict[str, Path]
+) -> None:
+    # The sandbox's docker (20.10) has no CDI: `cvs plan` lists the refusal
+    # `up` gives (the plan decides CDI from the probed daemon version), before
+    # any image is pulled or container started.
+    path = gpu_cluster(sandbox, tmp_path, container_name, gpu_roots, count=1)
+    doc = yaml.safe_load(path.read_text())
+    doc["container"]["cdi"] = "always"
+    path.write_text(yaml.safe_dump(doc))
+
+    plan = cvs("plan", "-c", str(path))
+    up = cvs("up", "-c", str(path))
+
+    for proc in (plan, up):
+        assert proc.returncode == 4, proc.stderr
+        assert "has no CDI (it came in docker 25" in proc.stderr, proc.stderr
+        assert proc.stderr.count("has no CDI") == 2, proc.stderr  # node1 and node2
+    assert "cvs: refused, nothing was changed" in up.stderr, up.stderr
+    assert containers_named(sandbox, container_name) == {h.name: [] for h in sandbox.nodes}
+
+
 # -- bad values exit 2 naming the key; nothing capped warns ------------------------
 
 BAD_VALUES = [

@@ -121,7 +121,7 @@ def test_podmans_default_limits_read_as_unset():
 def _podman_probe_output(*, container: bool, cgroup: str | None = None) -> str:
     obj = {"Id": HEX, "Name": "c", "Image": IMG, "State": {"Status": "running", "Running": True}}
     image = {"Id": IMG, "RootFS": {}, "RepoDigests": []}
-    lines = ["@@cvs:probe 2", "@@cvs:runtime podman rootless", "@@cvs:args c img:1"]
+    lines = ["@@cvs:probe 3", "@@cvs:runtime podman rootless", "@@cvs:args c img:1"]
     if cgroup:
         lines.append(f"@@cvs:cgroup {cgroup}")
     lines.append("@@cvs:section inspect.direct 0 raw")
@@ -152,7 +152,7 @@ def test_cgroup_controllers_from_a_host_are_kept_only_when_they_look_like_names(
 def test_a_docker_cluster_on_a_podman_host_is_refused_naming_both():
     text = "\n".join(
         [
-            "@@cvs:probe 2",
+            "@@cvs:probe 3",
             "@@cvs:runtime docker rootful",
             "@@cvs:args c",
             "@@cvs:section inspect.direct 1 raw",
@@ -175,7 +175,7 @@ def test_a_podman_cluster_on_a_docker_only_host_is_refused_naming_both():
     # the probe's own output for it, as remote/probe.sh prints it.
     text = "\n".join(
         [
-            "@@cvs:probe 2",
+            "@@cvs:probe 3",
             "@@cvs:runtime podman rootful",
             "@@cvs:args c",
             "@@cvs:section inspect.sudo 1 raw",  # sudo's exit code, not the shell's 127
@@ -195,7 +195,7 @@ def test_a_podman_cluster_on_a_docker_only_host_is_refused_naming_both():
 def test_no_sudo_for_podman_names_the_fix():
     text = "\n".join(
         [
-            "@@cvs:probe 2",
+            "@@cvs:probe 3",
             "@@cvs:runtime podman rootful",
             "@@cvs:args c",
             "@@cvs:section inspect.sudo 1 raw",
@@ -319,7 +319,7 @@ def test_the_plan_lists_a_rootless_cap_refusal_before_anything_starts():
     cfg = ContainerConfig(image="img:1", runtime="podman", rootless=True, lifetime="per_run")
     state = HostState(
         "n1",
-        docker_access="direct",
+        access="direct",
         container="absent",
         runtime_name="podman",
         rootless=True,

@@ -339,7 +339,7 @@ def test_a_container_restarted_under_an_open_connection_is_named(lab: Lab) -> No
     for r in out["during"].values():
         assert r.status == "failed" and r.exit_code is None
         # From the runtime's answer at that moment: the restart's stop, or its start.
-        assert re.search(r"(restarted|stopped) while the command ran", r.error or ""), r.error
+        assert re.search(r"(restarted|stopped) while the command ran", str(r.error or "")), r.error
     assert all(r.ok and r.stdout == "after" for r in out["after"].values())
     warnings = [e.text for e in sink.events if isinstance(e, Message) and e.level == "warning"]
     assert len(warnings) == len(HOSTS), warnings

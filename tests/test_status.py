@@ -25,12 +25,12 @@ def row(state: HostState) -> HostStatus:
     )
 
 
-HEALTHY = HostState(host="node1", docker_access="direct", container="running")
+HEALTHY = HostState(host="node1", access="direct", container="running")
 
 
 @pytest.mark.parametrize("container", ["running", "exited", "other", "absent"])
 def test_a_container_in_any_state_docker_reported_exits_0(container: str) -> None:
-    state = HostState(host="node2", docker_access="sudo", container=container)  # type: ignore[arg-type]
+    state = HostState(host="node2", access="sudo", container=container)  # type: ignore[arg-type]
     assert status_exit_code([row(HEALTHY), row(state)]) == ExitCode.OK
 
 
@@ -38,9 +38,9 @@ def test_a_container_in_any_state_docker_reported_exits_0(container: str) -> Non
     "state",
     [
         HostState(host="node2", error="docker daemon not reachable", error_kind="daemon_down"),
-        HostState(host="node2", docker_access="none", error="no docker", error_kind="no_docker"),
-        HostState(host="node2", docker_access="none", error="no access", error_kind="no_access"),
-        parse_probe_output("node2", 0, "@@cvs:probe 2\nnot a frame\n", ""),
+        HostState(host="node2", access="none", error="no docker", error_kind="no_docker"),
+        HostState(host="node2", access="none", error="no access", error_kind="no_access"),
+        parse_probe_output("node2", 0, "@@cvs:probe 3\nnot a frame\n", ""),
     ],
     ids=["daemon_down", "no_docker", "no_access", "garbled"],
 )
@@ -64,7 +64,8 @@ def test_what_could_not_be_probed_is_null_never_a_guess() -> None:
     assert doc == {
         "host": "node3",
         "reachable": False,
-        "docker": None,
+        "access": None,
+        "docker": None,  # deprecated: "access"
         "state": "unknown",
         "image": None,
         "tag": None,
@@ -78,7 +79,7 @@ def test_what_could_not_be_probed_is_null_never_a_guess() -> None:
 
 
 def test_a_probed_host_without_a_container_says_so_not_unknown() -> None:
-    doc = row(HostState(host="node2", docker_access="direct", container="absent")).to_dict()
+    doc = row(HostState(host="node2", access="direct", container="absent")).to_dict()
     assert (doc["stale"], doc["provisioned"], doc["drift"], doc["image"]) == (False, "no", [], None)
 
 
@@ -89,9 +90,7 @@ def test_a_question_mark_for_an_exited_container_comes_with_its_reason(
     from orchestrator.cli.common import CLI_STYLE
     from orchestrator.render import print_status
 
-    exited = HostState(
-        host="node3", docker_access="direct", container="exited", container_status="exited"
-    )
+    exited = HostState(host="node3", access="direct", container="exited", container_status="exited")
     rows = [
         host_status(
             s,
@@ -108,3 +107,13 @@ def test_a_question_mark_for_an_exited_container_comes_with_its_reason(
     assert "?" in table["node3"], out
     (reason,) = [line for line in err.splitlines() if line.startswith("node3: ")]
     assert "not known while the container is exited (`cvs up` starts it again)" in reason, err
+
+
+def test_the_old_docker_names_still_read_and_say_they_are_deprecated() -> None:
+    state = HostState(host="n1", access="sudo", container="absent")
+    with pytest.warns(DeprecationWarning, match="HostState.access"):
+        assert state.docker_access == "sudo"
+    status = row(state)
+    with pytest.warns(DeprecationWarning, match="HostStatus.access"):
+        assert status.docker == "sudo"
+    assert status.to_dict()["docker"] == status.to_dict()["access"] == "sudo"

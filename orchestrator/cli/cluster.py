@@ -14,6 +14,7 @@ from orchestrator.cli.common import (
     CLI_STYLE,
     chosen_hosts,
     cli_reasons,
+    cli_text,
     cluster_path,
     failure_summary,
     host_aliases,
@@ -196,7 +197,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             if on
         ]
         more = f" (+{', '.join(extras)})" if extras else ""
-        sys.stdout.write(f"{host:<{width}}  {action.kind:<10} {action.reason}{more}\n")
+        sys.stdout.write(f"{host:<{width}}  {action.kind:<10} {cli_text(action.reason)}{more}\n")
     for w in plan.warnings:
         sys.stderr.write(f"warning: {w}\n")
     if plan.refused:
@@ -231,11 +232,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         return report.exit_code
     # Each host as it ended: a host whose start a rollback undid says so
     # (never `ok` for a container that no longer exists); failures fold by error.
-    lines = {host: o.summary for host, o in report.outcomes.items() if o.ok}
+    lines = {host: cli_text(o.summary) for host, o in report.outcomes.items() if o.ok}
     # The one-line summary, then the error's output tail: folded and shown by
     # the first line, while the tail is what names a cluster-file setting.
     failed = {
-        host: "\n".join([o.summary, *(o.error or "").splitlines()[1:]])
+        host: "\n".join([cli_text(o.summary), *cli_text(o.error or "").splitlines()[1:]])
         for host, o in report.outcomes.items()
         if not o.ok
     }
@@ -322,7 +323,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     left = down_leftovers(
         container,
         plan,
-        {h: (r.ok, r.error or r.status) for h, r in results.items()},
+        {h: (r.ok, cli_text(r.error or r.status)) for h, r in results.items()},
         force=args.force,
     )
     left = restyled(left, CLI_STYLE)
@@ -343,8 +344,8 @@ def cmd_down(args: argparse.Namespace) -> int:
         r = results.get(host)
         if r is None and host in left:
             continue  # said once, below, with what is left there
-        done = "" if r is None else (" ok" if r.ok else f" FAILED: {r.error}")
-        lines[host] = f"{action.reason}{done}"
+        done = "" if r is None else (" ok" if r.ok else f" FAILED: {cli_text(r.error or '')}")
+        lines[host] = f"{cli_text(action.reason)}{done}"
     _write_host_lines(lines)
     removed = [h for h, r in results.items() if r.ok]
     where = " host(s)" if not outside else f" of the {len(plan.actions)} chosen host(s)"

@@ -18,8 +18,10 @@ from orchestrator.errors import (
     ExitCode,
     Option,
     Param,
+    Phrase,
     PolicyRefused,
     Refusal,
+    Text,
     UsageError,
     restyled,
     say,
@@ -171,7 +173,9 @@ def failure_summary(
     """One line per distinct failure, hosts folded: `node[2-4] (3): failed: exit code 1`."""
     from orchestrator.render import compress_hosts, failure_groups
 
-    errors = {h: f"{r.status}: {r.error}" if r.error else r.status for h, r in results.items()}
+    errors = {
+        h: f"{r.status}: {cli_text(r.error)}" if r.error else r.status for h, r in results.items()
+    }
     groups = failure_groups({h: e for h, e in errors.items() if not results[h].ok}, aliases)
     return [f"{compress_hosts(hosts)} ({len(hosts)}): {error}" for hosts, error in groups]
 
@@ -316,14 +320,14 @@ class CliStyle:
 CLI_STYLE = CliStyle()
 
 
-def cli_text(text: str) -> str:
+def cli_text(text: Text) -> str:
     """A message from below the CLI (a plain str, or an errors.Phrase) in its words."""
     return say(text, CLI_STYLE)
 
 
 def cli_message(exc: BaseException) -> str:
     """An error's one line in the CLI's words (its message may be an errors.Phrase)."""
-    if len(exc.args) == 1 and isinstance(exc.args[0], str):
+    if len(exc.args) == 1 and isinstance(exc.args[0], str | Phrase):
         return cli_text(exc.args[0])
     return str(exc)
 

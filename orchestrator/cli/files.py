@@ -15,6 +15,7 @@ from orchestrator.cli.common import (
     CLI_STYLE,
     chosen_hosts,
     cli_message,
+    cli_text,
     load,
     make_sink,
     print_json_summary,
@@ -127,7 +128,7 @@ def cmd_cp(args: argparse.Namespace) -> int:
     # The command's result, each host's and the count: stdout (docs/cli-output.md).
     width = max(len(h) for h in results)
     for host, r in results.items():
-        text = r.stdout if r.ok else f"{r.status}: {r.error}"
+        text = r.stdout if r.ok else f"{r.status}: {cli_text(r.error or '')}"
         sys.stdout.write(f"{host:<{width}}  {text}\n")
     from orchestrator.render import summary_line
 

@@ -225,6 +225,19 @@ def build_parser() -> argparse.ArgumentParser:
         dest="command_name", metavar="COMMAND", required=True, parser_class=Parser
     )
 
+    _add_validate_parser(sub, common)
+    _add_exec_parser(sub, common)
+    _add_lifecycle_parsers(sub, common)
+    _add_status_parser(sub, common)
+    _add_down_parser(sub, common)
+    add_run_parser(sub, common)
+    _add_sandbox_parser(sub, common)
+    add_tools_parsers(sub, common)
+    return parser
+
+
+def _add_validate_parser(sub: _Subparsers, common: argparse.ArgumentParser) -> None:
+    """`validate`."""
     p = sub.add_parser(
         "validate",
         parents=[common],
@@ -240,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func="cluster:cmd_validate")
 
+
+def _add_exec_parser(sub: _Subparsers, common: argparse.ArgumentParser) -> None:
+    """`exec`."""
     p = sub.add_parser(
         "exec",
         parents=[common],
@@ -279,6 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func="cluster:cmd_exec")
 
+
+def _add_lifecycle_parsers(sub: _Subparsers, common: argparse.ArgumentParser) -> None:
+    """`plan` and `up`."""
     lifecycle_epilog = (
         "lifetimes: no_launch (use running containers, never start any),\n"
         "           per_run (fresh each run, removed by down),\n"
@@ -336,6 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_host_selection(p, narrows=True)
     p.set_defaults(func="cluster:cmd_up")
 
+
+def _add_status_parser(sub: _Subparsers, common: argparse.ArgumentParser) -> None:
+    """`status`."""
     p = sub.add_parser(
         "status",
         parents=[common],
@@ -363,6 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_host_selection(p, narrows=True)
     p.set_defaults(func="cluster:cmd_status")
 
+
+def _add_down_parser(sub: _Subparsers, common: argparse.ArgumentParser) -> None:
+    """`down`."""
     p = sub.add_parser(
         "down",
         parents=[common],
@@ -376,8 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_host_selection(p, narrows=True)
     p.set_defaults(func="cluster:cmd_down")
 
-    add_run_parser(sub, common)
 
+def _add_sandbox_parser(sub: _Subparsers, common: argparse.ArgumentParser) -> None:
+    """`sandbox up|down`."""
     p = sub.add_parser(
         "sandbox",
         parents=[common],
@@ -455,9 +481,6 @@ def build_parser() -> argparse.ArgumentParser:
     down.add_argument("--dir", help=f"where it lives (default {DEFAULT_SANDBOX_DIR})")
     p.set_defaults(func="sandbox:cmd_sandbox")
 
-    add_tools_parsers(sub, common)
-    return parser
-
 
 # ---- cp, runs, shell, completion ------------------------------------------------
 
@@ -527,7 +550,12 @@ def add_tools_parsers(sub: _Subparsers, common: argparse.ArgumentParser) -> None
         "--dir", default=argparse.SUPPRESS, help="where the runs are (default ./runs)"
     )
     p.set_defaults(func="runs:cmd_runs")
+    _add_shell_parsers(sub, common)
 
+
+def _add_shell_parsers(sub: _Subparsers, common: argparse.ArgumentParser) -> None:
+    """`shell` and `completion`."""
+    raw = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser(
         "shell",
         parents=[common],

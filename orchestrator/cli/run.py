@@ -38,6 +38,22 @@ from orchestrator.suites.report import (
 )
 
 
+def _check_suite_args(args: argparse.Namespace) -> None:
+    """A suite run takes none of a CVS test's arguments, and needs a suite."""
+    if args.pytest_args:
+        raise UsageError(
+            f"cvs run: unrecognized arguments: {shlex.join(args.pytest_args)} (pytest "
+            "arguments are for CVS tests, with --cluster_file and --config_file)"
+        )
+    if args.function or args.html or args.log_file:
+        raise UsageError(
+            "cvs run: FUNCTION, --html and --log-file are for CVS tests "
+            "(with --cluster_file and --config_file)"
+        )
+    if not args.suite:
+        raise UsageError("cvs run: name a suite (cvs run SUITE), or list them with cvs run --list")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if args.list:
         return _list(args)
@@ -55,18 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             json_output=args.json,
             extra_pytest_args=args.pytest_args,
         )
-    if args.pytest_args:
-        raise UsageError(
-            f"cvs run: unrecognized arguments: {shlex.join(args.pytest_args)} (pytest "
-            "arguments are for CVS tests, with --cluster_file and --config_file)"
-        )
-    if args.function or args.html or args.log_file:
-        raise UsageError(
-            "cvs run: FUNCTION, --html and --log-file are for CVS tests "
-            "(with --cluster_file and --config_file)"
-        )
-    if not args.suite:
-        raise UsageError("cvs run: name a suite (cvs run SUITE), or list them with cvs run --list")
+    _check_suite_args(args)
     # Only a suite run needs the SSH stack (`cvs run TEST` hands over to pytest,
     # `--list` reads files): imported here, a third of a second off the others.
     from orchestrator.suites.runner import new_outcome, resolve_step_hosts, run_suite

@@ -445,7 +445,7 @@ class CvsOrchestrator:
             if outcome.ok:
                 self.log.info(f"cvs-orchestrator: {host}: {outcome.action.kind}: ready")
             else:
-                self.log.error(f"{host}: {outcome.action.kind} failed: {outcome.error}")
+                self.log.error(f"{host}: {outcome.action.kind} failed: {outcome.error!s}")
         self._up_ok = report.ok
         if report.ok:
             self.container_id = container_name(self.cluster_config)
@@ -565,7 +565,7 @@ class CvsOrchestrator:
             else:
                 for host, r in removed.items():
                     if not r.ok:
-                        self.log.error(f"{host}: could not remove the container: {r.error}")
+                        self.log.error(f"{host}: could not remove the container: {r.error!s}")
                         ok = False
         self._up_ok = None
         self._sshd_ok = None

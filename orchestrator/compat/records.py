@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import ClusterConfig
-from orchestrator.errors import ExitCode
+from orchestrator.errors import ExitCode, restyled
 from orchestrator.events import EventSink, Level, Message
 from orchestrator.results import HostResult, Status
 from orchestrator.suites.records import (
@@ -156,6 +156,8 @@ class CvsRunRecord:
             error=error,
             run_dir=str(self.recorder.run_dir),
         )
+        # Reasons and errors that name the API (errors.Phrase) in the record's words.
+        doc = restyled(doc, self.recorder.style)
         path = self.recorder.results_path
         tmp = path.with_name(f".{path.name}.tmp")
         # Owner-only, like the rest of a run directory: outputs may carry secrets.

@@ -45,13 +45,13 @@ def cvs_output(result: HostResult) -> str:
     """
     text = _lines(result.stdout) + _lines(result.stderr)
     if not result.reached:
-        why = f"{result.status}: {result.error or 'not reached'}".replace("\t", TAB)
+        why = f"{result.status}: {result.error or 'not reached'!s}".replace("\t", TAB)
         return f"{text}{why}\n\n{UNREACHABLE_MARK}"
     if result.status == "timeout":
-        why = (result.error or "timed out").replace("\t", TAB)
+        why = str(result.error or "timed out").replace("\t", TAB)
         return f"{text}{why}\n{TIMEOUT_MARK}: {result.host}\n"
     if result.exit_code is None and result.error:
-        text += f"ABORT: {result.error}\n".replace("\t", TAB)
+        text += f"ABORT: {result.error!s}\n".replace("\t", TAB)
     return text
 
 

@@ -90,7 +90,6 @@ _CVS_RUNTIME_ARGS = {
     "shm_size": "shm_size",
     "extra_args": "extra_args",
 }
-_LIST_ARGS = {"volumes", "devices", "cap_add", "security_opt", "group_add"}
 _CVS_PLACEHOLDER_USER = "{user-id}"
 
 
@@ -309,7 +308,32 @@ def _from_cvs(data: dict[str, Any], located: Located) -> dict[str, Any]:
         if _cvs_comment(key) or key in _CVS_TOP_KEYS | _CVS_IGNORED_KEYS | CVS_NATIVE_KEYS:
             continue
         raise _unknown(located, [], key, _CVS_TOP_KEYS | _CVS_IGNORED_KEYS | CVS_NATIVE_KEYS)
-    nodes = data["node_dict"]
+    out: dict[str, Any] = {"hosts": _cvs_hosts(data["node_dict"], located)}
+    out.update({k: v for k, v in data.items() if k in CVS_NATIVE_KEYS and k != "ssh"})
+    ssh = _cvs_ssh(data, located)
+    if ssh:
+        out["ssh"] = ssh
+    head = data.get("head_node_dict")
+    if isinstance(head, dict):
+        mgmt = head.get("mgmt_ip")
+        if mgmt is not None:
+            out["head"] = mgmt
+    elif head is not None:
+        raise ConfigError(
+            located.error(["head_node_dict"], f"expected a mapping, got {describe_value(head)}")
+        )
+    if data.get("env_vars") is not None:
+        out["env"] = data["env_vars"]
+    notes: list[str] = []
+    converted = _cvs_orchestrated(data, located, notes)
+    if converted is not None:
+        out["container"] = converted
+    out["cvs_notes"] = notes
+    return out
+
+
+def _cvs_hosts(nodes: Any, located: Located) -> list[dict[str, Any]]:
+    """CVS's `node_dict`: our host entries."""
     if not isinstance(nodes, dict):
         raise ConfigError(
             located.error(
@@ -339,8 +363,11 @@ def _from_cvs(data: dict[str, Any], located: Located) -> dict[str, Any]:
         elif vpc is not None and not isinstance(vpc, str):
             entry["vpc_address"] = vpc  # the model reports the type
         hosts.append(entry)
-    out: dict[str, Any] = {"hosts": hosts}
-    out.update({k: v for k, v in data.items() if k in CVS_NATIVE_KEYS and k != "ssh"})
+    return hosts
+
+
+def _cvs_ssh(data: dict[str, Any], located: Located) -> dict[str, Any]:
+    """Our `ssh` block: its own keys, and CVS's username, priv_key_file, port."""
     ssh = data.get("ssh") or {}
     if not isinstance(ssh, dict):
         raise ConfigError(located.error(["ssh"], f"expected a mapping, got {describe_value(ssh)}"))
@@ -361,20 +388,12 @@ def _from_cvs(data: dict[str, Any], located: Located) -> dict[str, Any]:
                 located.error(["ssh", ours], f"conflicts with {cvs_key} (set it in one place)")
             )
         ssh[ours] = value
-    if ssh:
-        out["ssh"] = ssh
-    head = data.get("head_node_dict")
-    if isinstance(head, dict):
-        mgmt = head.get("mgmt_ip")
-        if mgmt is not None:
-            out["head"] = mgmt
-    elif head is not None:
-        raise ConfigError(
-            located.error(["head_node_dict"], f"expected a mapping, got {describe_value(head)}")
-        )
-    if data.get("env_vars") is not None:
-        out["env"] = data["env_vars"]
-    notes: list[str] = []
+    return ssh
+
+
+def _cvs_orchestrated(data: dict[str, Any], located: Located, notes: list[str]) -> Any:
+    """Our `container` block from CVS's `orchestrator` and `container`, or None
+    (what is not a mapping as it is: the model reports its type)."""
     container = data.get("container")
     orchestrator = data.get("orchestrator", "baremetal")
     if orchestrator not in _CVS_ORCHESTRATORS:
@@ -390,9 +409,7 @@ def _from_cvs(data: dict[str, Any], located: Located) -> dict[str, Any]:
                 "orchestrator is baremetal (CVS's default): the container block is ignored; "
                 'set "orchestrator": "container" to use it'
             )
-    elif container is not None:
-        converted = _cvs_container(container, located, notes)
-        if converted is not None:
-            out["container"] = converted
-    out["cvs_notes"] = notes
-    return out
+        return None
+    if container is None:
+        return None
+    return _cvs_container(container, located, notes)

@@ -23,15 +23,13 @@ from orchestrator.config.documents import (
 )
 from orchestrator.config.gpu_devices import gpu_subset_problems
 from orchestrator.config.hostlist import HostlistError, abbreviate_hosts, expand_hostlist
-from orchestrator.config.model import ClusterConfig, ContainerConfig, HostSpec
+from orchestrator.config.model import ClusterConfig, ContainerConfig
 from orchestrator.config.slurm import HOST_SOURCES, Run, SlurmJob, query_job, run_scontrol
-from orchestrator.errors import Param, Phrase
+from orchestrator.errors import Param, Phrase, Text
 
 # ---- hosts -----------------------------------------------------------------
 
 DEFAULT_SETUP_SCRIPT = "default.sh"
-
-_HOST_OVERRIDES = tuple(f for f in HostSpec.model_fields if f != "name")
 
 
 def _expand_hosts(raw_hosts: Any, located: Located) -> tuple[list[Any], list[int]]:
@@ -105,7 +103,7 @@ def _hosts_from_source(
     job, asked of Slurm (config/slurm.py). A host the file lists by name keeps
     what the file says of it (its address wins over Slurm's NodeAddr)."""
     raw = data.get("hosts")
-    where: str
+    where: Text
     if hosts_from is not None:
         where = Phrase(Param("hosts_from"), f" {hosts_from}")
     elif isinstance(raw, dict) and "name" not in raw:
@@ -139,7 +137,7 @@ def _hosts_from_source(
 
 
 def _job_nodes_listed(
-    listed: Mapping[str, dict[str, Any]], job: SlurmJob, where: str
+    listed: Mapping[str, dict[str, Any]], job: SlurmJob, where: Text
 ) -> list[dict[str, Any]]:
     """A CVS file's node_dict under `hosts_from: slurm`: CVS's suites use the
     hosts node_dict names, so those stay the hosts, each a node of the job
@@ -240,6 +238,29 @@ def _read_setup_script(
 # ---- entry points ----------------------------------------------------------
 
 
+def _top_level(data: Any, source: str) -> tuple[dict[str, Any], Located, bool]:
+    """The document as a mapping of string keys: a CVS cluster JSON converted
+    (then True), `x-...` keys (YAML anchors' hooks) dropped."""
+    located = Located(source, data)
+    if data is None:
+        raise ConfigError(f"{source}: the file is empty (expected a mapping with 'hosts')")
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{source}: the top level must be a mapping of keys (hosts, ssh, container, ...), "
+            f"got {describe_value(data)}"
+        )
+    for key in data:
+        if not isinstance(key, str):
+            raise ConfigError(
+                located.error([key], f"keys must be strings, got {describe_value(key)}")
+            )
+    if is_cvs_cluster(data):
+        return _from_cvs(data, located), Located(source, None), True
+    # `x-...` top-level keys are free for YAML anchors to hang on (the
+    # docker compose convention): `x-caps: &caps {max_cpus: 8}`.
+    return {k: v for k, v in data.items() if not k.startswith("x-")}, located, False
+
+
 def cluster_from_data(
     data: Any,
     source: str,
@@ -254,29 +275,10 @@ def cluster_from_data(
 
     `hosts_from="slurm"` replaces the file's hosts with the Slurm allocation's
     (`env`, default os.environ), as `hosts: {from: slurm}` in the file does."""
-    located = Located(source, data)
-    if data is None:
-        raise ConfigError(f"{source}: the file is empty (expected a mapping with 'hosts')")
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"{source}: the top level must be a mapping of keys (hosts, ssh, container, ...), "
-            f"got {describe_value(data)}"
-        )
-    for key in data:
-        if not isinstance(key, str):
-            raise ConfigError(
-                located.error([key], f"keys must be strings, got {describe_value(key)}")
-            )
-    cvs_nodes = is_cvs_cluster(data)
+    data, located, cvs_nodes = _top_level(data, source)
     if cvs_nodes:
-        data = _from_cvs(data, located)
-        located = Located(source, None)
         in_file = data.pop("hosts_from", None)  # the command line's --hosts-from wins
         hosts_from = in_file if hosts_from is None else hosts_from
-    else:
-        # `x-...` top-level keys are free for YAML anchors to hang on (the
-        # docker compose convention): `x-caps: &caps {max_cpus: 8}`.
-        data = {k: v for k, v in data.items() if not k.startswith("x-")}
     for key in ("source", "source_file", "slurm"):
         if key in data:
             raise ConfigError(located.error([key], "is set by the loader (the file); remove it"))
@@ -323,14 +325,14 @@ def cluster_from_data(
     if job is not None:
         cluster = cluster.model_copy(update={"slurm": job})
     if cluster.container is not None:
-        for key, message in gpu_subset_problems(cluster.container):
+        for path, message in gpu_subset_problems(cluster.container):
             if cluster.cvs_notes:
                 # A CVS file cannot drop CVS's default devices (lists only append).
                 message += (
                     " (CVS's runtime defaults include privileged and /dev/dri: use the native "
                     "format to hold a GPU subset)"
                 )
-            raise ConfigError(located.error(key, message))
+            raise ConfigError(located.error(path, message))
     return _resolve_paths(cluster, base_dir, located, check_files)
 
 

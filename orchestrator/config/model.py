@@ -543,6 +543,27 @@ class MPIConfig(Model):
         return v
 
 
+# Keys of the container block renamed for what they mean with any runtime:
+# old -> new. The old one is still read for one release, and reported.
+DEPRECATED_CONTAINER_KEYS: dict[str, str] = {"docker_timeout": "runtime_timeout"}
+
+
+def _renamed(data: dict[str, Any], renames: dict[str, str]) -> dict[str, Any]:
+    """`data` with each old key under its new name (both given: an error),
+    the old names used listed in `deprecated_keys`."""
+    used = [old for old in renames if old in data]
+    if not used:
+        return data
+    out = dict(data)
+    for old in used:
+        new = renames[old]
+        if new in out:
+            raise ValueError(f"container.{old} and container.{new} both given: keep {new}")
+        out[new] = out.pop(old)
+    out["deprecated_keys"] = tuple(f"{old} -> {renames[old]}" for old in used)
+    return out
+
+
 class ContainerConfig(Model):
     image: str = Field(
         description="Image reference (`rocm/cvs:7.0`, `registry:5000/team/x@sha256:...`)"
@@ -576,12 +597,19 @@ class ContainerConfig(Model):
         description="Seconds for the long steps of a start: login, load and pull together; "
         "`run`; the setup script",
     )
-    docker_timeout: float = Field(
+    runtime_timeout: float = Field(
         default=30.0,
         gt=0,
         allow_inf_nan=False,
         description="Seconds one runtime call that should answer at once may take (inspect, "
-        "start, rm, the probe): a frozen daemon is named after this",
+        "start, rm, the probe): a frozen daemon is named after this. Formerly "
+        "`docker_timeout` (still read, reported as deprecated)",
+    )
+    deprecated_keys: tuple[str, ...] = Field(
+        default=(),
+        exclude=True,
+        description="Set by the loader: the deprecated keys the file used (old -> new)",
+        json_schema_extra=SET_BY_LOADER,
     )
     network: str = Field(default="host", description="`docker run --network`")
     ipc: str | None = Field(
@@ -673,6 +701,7 @@ class ContainerConfig(Model):
     @classmethod
     def _legacy_keys(cls, data: Any) -> Any:
         if isinstance(data, dict):
+            data = _renamed(data, DEPRECATED_CONTAINER_KEYS)
             for key in ("enabled", "launch"):
                 if key in data:
                     raise ValueError(

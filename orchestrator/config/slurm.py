@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from orchestrator.config.documents import ConfigError
 from orchestrator.config.hostlist import HostlistError, expand_hostlist, split_patterns
-from orchestrator.errors import Phrase
+from orchestrator.errors import Phrase, Text
 
 # SLURM_NODELIST is the older name; both are set inside allocations today.
 NODELIST_VARIABLES = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
@@ -160,7 +160,7 @@ def parse_node_addresses(text: str) -> dict[str, str]:
     return found
 
 
-def expand_nodes(value: str, *, what: str) -> list[str]:
+def expand_nodes(value: str, *, what: Text) -> list[str]:
     """A Slurm hostlist (`gpu[01-03,07],login2`) -> names, in Slurm's order."""
     names: list[str] = []
     try:
@@ -171,7 +171,7 @@ def expand_nodes(value: str, *, what: str) -> list[str]:
     return list(dict.fromkeys(names))  # a node named twice is one host
 
 
-def slurm_hosts(env: Mapping[str, str], *, where: str) -> list[str]:
+def slurm_hosts(env: Mapping[str, str], *, where: Text) -> list[str]:
     """The allocation's host names from SLURM_JOB_NODELIST alone (no Slurm
     asked). ConfigError (exit 2) outside an allocation."""
     found = slurm_nodelist(env)
@@ -181,7 +181,7 @@ def slurm_hosts(env: Mapping[str, str], *, where: str) -> list[str]:
     return expand_nodes(value, what=Phrase(where, f": {variable}"))
 
 
-def _outside_job(where: str) -> SlurmError:
+def _outside_job(where: Text) -> SlurmError:
     return SlurmError(
         Phrase(
             where,
@@ -193,7 +193,7 @@ def _outside_job(where: str) -> SlurmError:
 
 
 def job_nodes(
-    facts: JobFacts, names: Sequence[str], addresses: Mapping[str, str], *, where: str
+    facts: JobFacts, names: Sequence[str], addresses: Mapping[str, str], *, where: Text
 ) -> tuple[SlurmNode, ...]:
     """The job's nodes with their addresses and GPU indices (pure)."""
     gpus: dict[str, tuple[int, ...]] = {}
@@ -239,7 +239,7 @@ def run_scontrol(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def _ask(run: Run, argv: list[str], where: str, timeout: float) -> str:
+def _ask(run: Run, argv: list[str], where: Text, timeout: float) -> str:
     shown = " ".join(argv)
     try:
         code, out, err = run(argv, timeout)
@@ -268,7 +268,7 @@ def _ask(run: Run, argv: list[str], where: str, timeout: float) -> str:
 def query_job(
     env: Mapping[str, str],
     *,
-    where: str,
+    where: Text,
     run: Run = run_scontrol,
     timeout: float = SCONTROL_TIMEOUT,
 ) -> SlurmJob:

@@ -108,6 +108,17 @@ def caps_warnings(cluster: ClusterConfig) -> list[str]:
     return []
 
 
+def deprecation_warnings(cluster: ClusterConfig) -> list[str]:
+    """Renamed keys the file still uses: read for one release, then refused."""
+    if cluster.container is None:
+        return []
+    return [
+        f"container.{old} is deprecated: call it container.{new} (the old name is read "
+        "until the next release)"
+        for old, new in (pair.split(" -> ") for pair in cluster.container.deprecated_keys)
+    ]
+
+
 def cluster_warnings(cluster: ClusterConfig) -> list[str]:
     """Things that load fine but are probably not what the operator wants."""
     out: list[str] = []
@@ -118,7 +129,7 @@ def cluster_warnings(cluster: ClusterConfig) -> list[str]:
             f"derived from the image ({container_name(cluster)}), so a tag bump would "
             "silently orphan the old container; set container.name"
         )
-    out += caps_warnings(cluster)
+    out += caps_warnings(cluster) + deprecation_warnings(cluster)
     if container is not None:
         out += rootless_notes(container)
     if cluster.ssh.host_key_policy == "off":

@@ -28,7 +28,7 @@ from datetime import datetime
 
 from orchestrator import remote
 from orchestrator.containers.docker import image_registry, validate_container_name
-from orchestrator.errors import Call, Phrase
+from orchestrator.errors import Call, Phrase, Text
 from orchestrator.remote.runtime import ContainerRuntime, runtime_hung
 from orchestrator.results import HostResult
 
@@ -205,7 +205,7 @@ def container_cause(
     elapsed: float,
     runtime: str = "docker",
     exit_code: int | None = None,
-) -> str | None:
+) -> Text | None:
     """What happened to the container (or its runtime, `docker` or `podman`)
     under a command that ran for `elapsed` seconds and just failed with
     `exit_code`; None when nothing did (or nothing read on the host says)."""
@@ -273,7 +273,7 @@ def _running_cause(
     )
 
 
-def with_cause(result: HostResult, cause: str | None) -> HostResult:
+def with_cause(result: HostResult, cause: Text | None) -> HostResult:
     """`result` whose `error` names `cause` after the code (`exit code 137: ...`)."""
     if cause is None:
         return result

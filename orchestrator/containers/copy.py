@@ -36,11 +36,11 @@ from orchestrator import remote
 from orchestrator.config import ClusterConfig, container_name
 from orchestrator.containers.exec import in_running_container
 from orchestrator.errors import ConnectError
-from orchestrator.remote.runtime import ContainerRuntime, DockerRuntime
+from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.libsearch import asyncssh
-from orchestrator.ssh.transport import SSHPool
+from orchestrator.ssh.seam import HostRunner
 
 CHUNK = 256 * 1024
 # The line the remote side prints before its checksums: where the copy went.
@@ -127,16 +127,12 @@ class Payload:
         spool = tempfile.TemporaryFile()  # noqa: SIM115 - closed by Payload.close
         try:
             with tarfile.open(fileobj=spool, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                for dirpath, dirnames, filenames in os.walk(source):
-                    dirnames.sort()
-                    here = Path(dirpath)
-                    for name in [*dirnames, *sorted(filenames)]:
-                        path = here / name
-                        rel = path.relative_to(source)
-                        _check_name(rel, source)
-                        tar.add(path, arcname=f"./{rel}", recursive=False)
-                        if path.is_file() and not path.is_symlink():
-                            checksums[f"./{rel}"] = _sha256_file(path)
+                for path in _walk(source):
+                    rel = path.relative_to(source)
+                    _check_name(rel, source)
+                    tar.add(path, arcname=f"./{rel}", recursive=False)
+                    if path.is_file() and not path.is_symlink():
+                        checksums[f"./{rel}"] = _sha256_file(path)
         except OSError as exc:
             spool.close()
             raise CopyError(f"{source}: {exc.strerror or exc}") from None
@@ -154,6 +150,17 @@ class Payload:
 
     def close(self) -> None:
         self.stream.close()
+
+
+def _walk(source: Path) -> list[Path]:
+    """Everything under `source` (not following links), in a stable order:
+    each directory's subdirectories, then its files, by name."""
+    out: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(source):
+        dirnames.sort()
+        here = Path(dirpath)
+        out += [here / name for name in [*dirnames, *sorted(filenames)]]
+    return out
 
 
 def compare(expected: dict[str, str], remote_lines: list[str], kind: str) -> str | None:
@@ -180,7 +187,7 @@ def _wrap(
     cluster: ClusterConfig,
     argv: list[str],
     host_os: bool,
-    runtime: DockerRuntime | None = None,
+    runtime: ContainerRuntime | None = None,
     *,
     host: str = "",
 ) -> str:
@@ -227,7 +234,7 @@ async def _send(process: Any, host: str, payload: Payload, progress: Progress | 
 
 
 async def _copy_one(
-    pool: SSHPool,
+    pool: HostRunner,
     host: str,
     script: str,
     payload: Payload,
@@ -269,7 +276,7 @@ async def _copy_one(
 
 
 async def copy_to_hosts(
-    pool: SSHPool,
+    pool: HostRunner,
     cluster: ClusterConfig,
     payload: Payload,
     dest: str,
@@ -278,7 +285,7 @@ async def copy_to_hosts(
     host_os: bool = False,
     timeout: float | None = None,
     progress: Progress | None = None,
-    runtimes: Mapping[str, DockerRuntime] | None = None,
+    runtimes: Mapping[str, ContainerRuntime] | None = None,
 ) -> dict[str, HostResult]:
     """Copy `payload` to `dest` on every host at once (into the container unless
     `host_os`). `runtimes`: how to reach docker on hosts whose container this
@@ -298,8 +305,19 @@ async def copy_to_hosts(
     return await fan_out(list(hosts), one, limit=cluster.concurrency.hosts)
 
 
+async def _receive(
+    process: Any, out: IO[bytes], digest: Any, host: str, progress: Progress | None
+) -> None:
+    """The process's stdout into `out` and `digest`, chunk by chunk."""
+    while chunk := await process.stdout.read(CHUNK):
+        out.write(chunk)
+        digest.update(chunk)
+        if progress is not None:
+            progress(host, len(chunk))
+
+
 async def _gather_one(
-    pool: SSHPool,
+    pool: HostRunner,
     host: str,
     script: str,
     target: Path,
@@ -322,7 +340,7 @@ async def _gather_one(
 
 
 async def _gather_into(
-    pool: SSHPool,
+    pool: HostRunner,
     host: str,
     script: str,
     target: Path,
@@ -336,11 +354,7 @@ async def _gather_into(
         async with pool.held_process(host, script, encoding=None) as process:
             process.stdin.write_eof()
             with anyio.fail_after(timeout), partial.open("wb") as out:
-                while chunk := await process.stdout.read(CHUNK):
-                    out.write(chunk)
-                    digest.update(chunk)
-                    if progress is not None:
-                        progress(host, len(chunk))
+                await _receive(process, out, digest, host, progress)
                 stderr = (await process.stderr.read()).decode("utf-8", "replace")
                 done = await process.wait()
     except (ConnectError, TimeoutError, OSError, asyncssh.Error) as exc:
@@ -370,7 +384,7 @@ async def _gather_into(
 
 
 async def gather_from_hosts(
-    pool: SSHPool,
+    pool: HostRunner,
     cluster: ClusterConfig,
     src: str,
     dest_dir: Path,

@@ -24,10 +24,12 @@ from typing import Any, Literal
 
 from orchestrator import remote
 from orchestrator.config import CONTAINER_NAME_RE, IMAGE_REF_RE, ContainerConfig, Registry
+from orchestrator.config.model import DEPRECATED_CONTAINER_KEYS
 from orchestrator.containers.mpi import RUN_AS_ROOT_ENV, runs_as_root
 from orchestrator.limits.cdi import CDIDevice, cdi_run_args
 from orchestrator.limits.gpus import GPUSelection, guard_visible_devices
 from orchestrator.limits.resources import EffectiveResources, limits_drift
+from orchestrator.remote.runtime import ContainerRuntime
 
 ContainerStatus = Literal["running", "exited", "other"]
 DockerErrorKind = Literal["not_found", "daemon_down", "permission_denied", "not_installed", "other"]
@@ -112,6 +114,10 @@ def config_hash(cfg: ContainerConfig) -> str:
     if isinstance(data.get("sshd"), dict):
         # How commands reach the container (sshd.exec), not the container.
         data["sshd"].pop("exec", None)
+    # Renamed keys hash under their old names: a rename changes no container's hash.
+    for old, new in DEPRECATED_CONTAINER_KEYS.items():
+        if new in data:
+            data[old] = data.pop(new)
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -554,22 +560,21 @@ def _sha256_id(value: Any) -> Any:
 
 
 # podman's defaults (containers.conf) for what docker leaves unset: a
-# container started without `--pids-limit` / `--shm-size` reports these.
-PODMAN_DEFAULT_PIDS_LIMIT = 2048
-PODMAN_DEFAULT_SHM_BYTES = 65536000
-DOCKER_DEFAULT_SHM_BYTES = 64 * 1024 * 1024
+# container started without `--pids-limit` / `--shm-size` reports its own
+# (ContainerRuntime.unset_limits).
+DOCKER_DEFAULT_SHM_BYTES = ContainerRuntime().unset_limits[1]  # as limits.resources says
 
 
 def runtime_limits(runtime: str, limits: ContainerLimits) -> ContainerLimits:
-    """Limits as docker reports them for the same request: podman's own defaults
-    for what was left unset read as unset (no false drift on an attach)."""
-    if runtime != "podman":
-        return limits
+    """Limits as docker reports them for the same request: a runtime's own
+    defaults for what was left unset read as unset (no false drift on an
+    attach)."""
+    unset_pids, unset_shm = ContainerRuntime.unprobed(runtime).unset_limits
     pids, shm = limits.pids_limit, limits.shm_size
     return replace(
         limits,
-        pids_limit=None if pids == PODMAN_DEFAULT_PIDS_LIMIT else pids,
-        shm_size=DOCKER_DEFAULT_SHM_BYTES if shm == PODMAN_DEFAULT_SHM_BYTES else shm,
+        pids_limit=None if pids == unset_pids else pids,
+        shm_size=DOCKER_DEFAULT_SHM_BYTES if shm == unset_shm else shm,
     )
 
 

@@ -20,7 +20,7 @@ from typing import NamedTuple
 from orchestrator import remote
 from orchestrator.config.model import CONTAINER_USER_RE, WORKDIR_RE
 from orchestrator.containers.docker import validate_container_name
-from orchestrator.remote.runtime import DOCKER_CLI_ENV, DockerRuntime
+from orchestrator.remote.runtime import DOCKER_CLI_ENV, ContainerRuntime
 from orchestrator.ssh.envpass import env_block, new_token
 
 NOT_RUNNING_EXIT = 125
@@ -51,7 +51,7 @@ class ContainerCommand(NamedTuple):
 def in_running_container(
     name: str,
     docker_args: Sequence[str],
-    runtime: DockerRuntime | None = None,
+    runtime: ContainerRuntime | None = None,
     *,
     host: str = "",
     advice: str = "",
@@ -61,7 +61,7 @@ def in_running_container(
     (naming `host`) when it is not. A known `runtime` (probed under this
     invocation's lock) skips the check."""
     validate_container_name(name)
-    runtime = runtime or DockerRuntime()
+    runtime = runtime or ContainerRuntime()
     argv = runtime.when_running(name, docker_args, not_running_message(name, host, advice))
     if runtime.known:
         return f"{DOCKER_CLI_ENV}; exec {shlex.join(argv)}"
@@ -76,7 +76,7 @@ def container_command(
     token: str | None = None,
     user: str | None = None,
     workdir: str | None = None,
-    runtime: DockerRuntime | None = None,
+    runtime: ContainerRuntime | None = None,
 ) -> ContainerCommand:
     """How to run `command` in container `name` (and stop it on timeout).
 
@@ -112,5 +112,5 @@ def container_command(
     script = in_running_container(name, inner, runtime)
     # As root: the command may run as any user (or -u root).
     kill_argv = ["exec", "-u", "0", name, *remote.argv("kill_tree", _pidfile(token))]
-    kill = shlex.join((runtime or DockerRuntime()).read(kill_argv))
+    kill = shlex.join((runtime or ContainerRuntime()).read(kill_argv))
     return ContainerCommand(script, kill, stdin)

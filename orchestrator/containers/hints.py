@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from orchestrator.config import ContainerConfig
-from orchestrator.remote.runtime import daemon_word
+from orchestrator.remote.runtime import ContainerRuntime, daemon_word
 
 # Linux's RLIMIT_* numbers (asm-generic/resource.h), as runc reports them.
 RLIMITS = {
@@ -65,8 +65,9 @@ _Rule = tuple[re.Pattern[str], Callable[[re.Match[str], ContainerConfig], _Found
 
 def _ulimit(m: re.Match[str], cfg: ContainerConfig) -> _Found:
     name = RLIMITS.get(int(m.group(1)))
-    if name in ("nofile", "nproc") and cfg.runtime == "podman" and name not in cfg.ulimits:
-        return _podman_implied_ulimit(name, cfg)
+    implied = ContainerRuntime.unprobed(cfg.runtime, cfg.rootless).ulimits_implied
+    if name in implied and name not in cfg.ulimits:
+        return _implied_ulimit(name, cfg)
     if name is None or name not in cfg.ulimits:
         return None
     value = str(cfg.ulimits[name])
@@ -84,7 +85,7 @@ def _ulimit(m: re.Match[str], cfg: ContainerConfig) -> _Found:
 _ULIMIT_FLAGS = {"memlock": "l", "nofile": "n", "stack": "s", "nproc": "u", "core": "c"}
 
 
-def _podman_implied_ulimit(name: str, cfg: ContainerConfig) -> _Found:
+def _implied_ulimit(name: str, cfg: ContainerConfig) -> _Found:
     """podman 4 sets nofile and nproc to their maximum (1048576) whenever any
     --ulimit is given and those two are not: the file never said them."""
     if not cfg.ulimits:

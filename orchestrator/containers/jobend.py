@@ -29,7 +29,7 @@ import anyio
 
 from orchestrator import remote
 from orchestrator.config.slurm import SlurmJob
-from orchestrator.errors import Call, Phrase
+from orchestrator.errors import Call, Phrase, Text
 
 READY_TIMEOUT = 30.0
 
@@ -60,7 +60,7 @@ def _ready_count(path: Path) -> int:
 
 async def start_holder(
     job: SlurmJob, ids: Mapping[str, str], runtime: Sequence[str], *, timeout: float = READY_TIMEOUT
-) -> str | None:
+) -> Text | None:
     """Start the holder step and wait until every node's holder is ready.
     None when they are; otherwise a warning (the containers then stay until
     `cvs down`, or the site's epilog)."""
@@ -98,7 +98,7 @@ async def start_holder(
 
 async def tie_to_job(
     job: SlurmJob, ids: Mapping[str, str], prefixes: Mapping[str, Sequence[str]]
-) -> list[str]:
+) -> list[Text]:
     """One holder step per runtime prefix (hosts reach their runtime the same
     way, normally one); the warnings of those that did not start."""
     groups: dict[tuple[str, ...], dict[str, str]] = {}

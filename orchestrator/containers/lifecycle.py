@@ -30,6 +30,7 @@ from orchestrator.config import (
     caps_warnings,
     cluster_identity,
     container_name,
+    deprecation_warnings,
     sshd_wanted,
 )
 from orchestrator.config.hostlist import abbreviate_hosts
@@ -59,9 +60,11 @@ from orchestrator.containers.jobend import tie_to_job
 from orchestrator.containers.locks import HostLocks, Mode
 from orchestrator.containers.plan import (
     DOWN_FORCE,
+    GPUChoice,
     HostAction,
     Plan,
     check_tag_identity,
+    choose_gpus,
     decide_down,
     decide_plan,
 )
@@ -75,15 +78,21 @@ from orchestrator.containers.provision import (
     run_setup_script,
 )
 from orchestrator.containers.subset import deciding, healed, narrowed, unread
-from orchestrator.errors import ExitCode, Phrase, PolicyRefused, Refusal, UsageError
+from orchestrator.errors import (
+    ExitCode,
+    Phrase,
+    PolicyRefused,
+    Refusal,
+    Text,
+    UsageError,
+    first_line,
+    without_prefix,
+)
 from orchestrator.events import EventSink, HostStep, Message
-from orchestrator.limits.capacity import fit_to_host
-from orchestrator.limits.cdi import CDIDevice, describe_devices, parse_specs, spec_files, use_cdi
+from orchestrator.limits.cdi import SpecFile, describe_devices, spec_files
 from orchestrator.limits.gpus import (
     GPU,
-    GPUError,
     GPUSelection,
-    Unsatisfiable,
     discovery_argv,
     parse_discovery,
 )
@@ -93,7 +102,6 @@ from orchestrator.limits.resources import (
     cluster_effective_resources,
 )
 from orchestrator.limits.rootless import wants_devices
-from orchestrator.limits.slurm_gpus import select_for_host
 from orchestrator.remote import records
 from orchestrator.remote.runtime import ContainerRuntime, runtime_hung
 from orchestrator.results import HostResult
@@ -110,62 +118,78 @@ def new_invocation_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
+# What a host ended as after `up`: the renderers read this, never the error text.
+#   ready        its container is there and ready
+#   failed       one of its own steps failed (`error` says which and why)
+#   rolled_back  its own steps passed, but a rollback removed what it started
+#                because another host failed (`rolled_back` says why)
+#   not_started  nothing was started here because another host's preparation
+#                failed (a start goes everywhere or nowhere)
+OutcomeState = Literal["ready", "failed", "rolled_back", "not_started"]
+
+
 @dataclass
 class HostOutcome:
-    """What `up` did on one host: the steps run and whether it ended ready."""
+    """What `up` did on one host: the steps run and the state it ended in."""
 
     host: str
     action: HostAction
     steps: list[tuple[str, HostResult]] = field(default_factory=list)
-    ok: bool = True
-    error: str | None = None
+    state: OutcomeState = "ready"
+    error: Text | None = None
     unreachable: bool = False
     # What `docker run -d` printed: the container this attempt made here.
     container_id: str | None = None
     # Why a rollback removed what this host's pipeline had started (a later
     # step elsewhere undid it): the host is then not ready, whatever its
-    # own steps said.
-    rolled_back: str | None = None
+    # own steps said. Set on a failed host too (its state stays failed).
+    rolled_back: Text | None = None
 
-    def fail(self, step: str, result: HostResult | None, message: str) -> None:
-        self.ok = False
+    @property
+    def ok(self) -> bool:
+        """Ready: the container is there and nothing undid it."""
+        return self.state == "ready"
+
+    def fail(self, step: str, result: HostResult | None, message: Text) -> None:
+        self.state = "failed"
         self.unreachable = result is not None and not result.reached
         tail = result.tail(15) if result is not None else ""
-        self.error = f"{step}: {message}" + (f"\n{tail}" if tail else "")
+        self.error = Phrase(f"{step}: ", message, f"\n{tail}" if tail else "")
 
-    def roll_back(self, why: str) -> None:
+    def roll_back(self, why: Text) -> None:
         """The container this host started was removed again: not ready.
 
-        A host that failed on its own keeps its error (`summary` adds that
-        it was rolled back); one whose own steps all passed now says why it
-        is not ready.
+        A host that failed on its own keeps its state and error (`summary`
+        adds that it was rolled back); one whose own steps all passed is now
+        rolled_back and says why.
         """
         self.rolled_back = why
-        if self.ok:
-            self.ok = False
+        if self.state == "ready":
+            self.state = "rolled_back"
             self.error = Phrase("rolled back: ", why)
 
     def hold_back(self, why: str) -> None:
         """Nothing was started here because another host's preparation failed
         (a start goes everywhere or nowhere): not ready, and says why."""
-        if self.ok:
-            self.ok = False
-            self.error = f"not started: {why}"
+        if self.state == "ready":
+            self.state = "not_started"
+            self.error = Phrase("not started: ", why)
 
     @property
-    def summary(self) -> str:
+    def summary(self) -> Text:
         """One line: what the host ended as (`cold_start ok (pull, run)`,
         `cold_start ROLLED BACK: ...`, `cold_start FAILED at run: ...`)."""
         kind = self.action.kind
-        if self.ok:
+        if self.state == "ready":
             return f"{kind} ok ({', '.join(name for name, _ in self.steps) or 'nothing to do'})"
-        first = (self.error or "failed").splitlines()[0]
-        if self.rolled_back is not None and first.startswith("rolled back: "):
-            return f"{kind} ROLLED BACK: {self.rolled_back}"
-        if first.startswith("not started: "):
-            return f"{kind} NOT STARTED: {first.removeprefix('not started: ')}"
+        if self.state == "rolled_back":
+            return Phrase(f"{kind} ROLLED BACK: ", self.rolled_back or "")
+        first = first_line(self.error or "failed")
+        if self.state == "not_started":
+            why = without_prefix(first, "not started: ")
+            return Phrase(f"{kind} NOT STARTED: ", first if why is None else why)
         removed = " (rolled back)" if self.rolled_back is not None else ""
-        return f"{kind} FAILED at {first}{removed}"
+        return Phrase(f"{kind} FAILED at ", first, removed)
 
 
 class StartBudget:
@@ -190,10 +214,11 @@ class Prepared:
     tag_image_id: str | None = None
     tag_repo_digests: tuple[str, ...] = ()
     devices: list[str] = field(default_factory=list)  # configured devices present here
-    gpus: list[GPU] = field(default_factory=list)
-    cdi: list[CDIDevice] = field(default_factory=list)  # CDI devices the host publishes
-    cdi_problems: list[str] = field(default_factory=list)  # specs that could not be read
-    runtime_version: str | None = None  # asked only where CDI needs it (docker, cdi: always)
+    # Only where the probe did not list the GPUs (the plan then could not
+    # choose them): what `up` listed itself, for the same `choose_gpus`.
+    gpus: list[GPU] | None = None
+    cdi_specs: list[SpecFile] = field(default_factory=list)
+    runtime_version: str | None = None  # asked only where CDI depends on it
 
 
 @dataclass
@@ -211,20 +236,22 @@ class UpReport:
         return [h for h, o in self.outcomes.items() if o.ok]
 
     @property
-    def error(self) -> str | None:
+    def error(self) -> Text | None:
         """One line for the whole `up` when some host is not ready, else None."""
         failed = {h: o for h, o in self.outcomes.items() if not o.ok}
         if not failed:
             return None
-        own = {h: o for h, o in failed.items() if o.rolled_back is None or not _only_rolled(o)}
+        own = {h: o for h, o in failed.items() if o.state != "rolled_back"}
         first_host, first = next(iter((own or failed).items()))
-        detail = (first.error or "failed").splitlines()[0]
-        text = f"up: {len(self.ready)}/{len(self.outcomes)} hosts ready; {first_host}: {detail}"
-        rolled = [h for h, o in failed.items() if o.rolled_back is not None and _only_rolled(o)]
-        if rolled:
-            text += f"; rolled back on {', '.join(rolled)}"
+        detail = first_line(first.error or "failed")
+        rolled = [h for h, o in failed.items() if o.state == "rolled_back"]
         others = len(own) - 1
-        return text + (f" (and {others} more failed host(s))" if others > 0 else "")
+        return Phrase(
+            f"up: {len(self.ready)}/{len(self.outcomes)} hosts ready; {first_host}: ",
+            detail,
+            f"; rolled back on {', '.join(rolled)}" if rolled else "",
+            f" (and {others} more failed host(s))" if others > 0 else "",
+        )
 
     @property
     def exit_code(self) -> ExitCode:
@@ -245,6 +272,7 @@ class UpReport:
                     "action": o.action.kind,
                     "reason": o.action.reason,
                     "ok": o.ok,
+                    "state": o.state,
                     "error": o.error,
                     "rolled_back": o.rolled_back,
                     "steps": {name: r.status for name, r in o.steps},
@@ -278,8 +306,6 @@ class Lifecycle:
         self._script: SetupScript | None = None
         self.invocation = invocation or new_invocation_id()
         self.purpose = "up"  # what other invocations waiting on our locks are told
-        # Per launching host, the CDI devices its GPUs go through (_barrier).
-        self.cdi_devices: dict[str, tuple[CDIDevice, ...]] = {}
         # GPUs per host as the last `up` gave them (the hostfile's slots).
         self.gpu_counts: dict[str, int] = {}
         self.locks = locks or host_locks(cluster, pool, sink)
@@ -314,6 +340,9 @@ class Lifecycle:
             if self.cfg.rootless and wants_devices(self.cfg) and self.cfg.lifetime != "no_launch"
             else None
         )
+        runtime = ContainerRuntime.unprobed(self.cfg.runtime, self.cfg.rootless)
+        # GPUs through CDI on a runtime whose CDI depends on its version: ask it.
+        version = gpus if self.cfg.cdi == "always" and runtime.cdi_since is not None else None
         return probe_argv(
             self.cfg,
             self.name,
@@ -322,8 +351,9 @@ class Lifecycle:
             port_check=self._sshd_on_host_network(),
             gpus=gpus,
             gpu_root=self.cluster.host(host).gpu_device_root or "/",
-            runtime=ContainerRuntime.unprobed(self.cfg.runtime, self.cfg.rootless),
+            runtime=runtime,
             oci=oci,
+            version=version,
         )
 
     def _sshd_on_host_network(self) -> bool:
@@ -335,12 +365,12 @@ class Lifecycle:
         result = await self.pool.run(
             host,
             self._probe_argv(host),
-            timeout=self.cfg.docker_timeout,
+            timeout=self.cfg.runtime_timeout,
             stream_output=False,
             label="probe",
         )
         if not result.reached:
-            return HostState.unreachable(host, result.error or result.status)
+            return HostState.unreachable(host, str(result.error or result.status))
         if result.status == "timeout":
             return HostState.hung(host, self.docker_hung("the probe"))
         return parse_probe_output(host, result.exit_code or 0, result.stdout, result.stderr)
@@ -362,7 +392,7 @@ class Lifecycle:
         """Every host (or `hosts`) locked in `mode` and probed under the lock, in
         one round trip when no other invocation holds a conflicting lock
         (locks.py). A host whose docker does not answer within
-        `container.docker_timeout` comes back hung (state unknown), unlocked."""
+        `container.runtime_timeout` comes back hung (state unknown), unlocked."""
         answers = await self.locks.acquire(
             list(hosts or self._hosts()),
             mode,
@@ -409,7 +439,7 @@ class Lifecycle:
 
     # -- acting ---------------------------------------------------------
 
-    def _step(self, host: str, step: str, status: str, detail: str = "") -> None:
+    def _step(self, host: str, step: str, status: str, detail: Text = "") -> None:
         self.sink.emit(HostStep(host=host, step=step, status=status, detail=detail))  # type: ignore[arg-type]
 
     async def _cmd(
@@ -427,26 +457,26 @@ class Lifecycle:
         `budget`: the step runs within what is left of the host's
         `container.start_timeout` (login, load and pull share it), and a
         timeout says so. Otherwise `timeout` (default: a docker call's
-        `container.docker_timeout`) bounds it.
+        `container.runtime_timeout`) bounds it.
         """
         self._step(outcome.host, step, "started")
         if budget is not None:
             timeout = budget.left()
             command = bounded_argv(command)  # nothing left running when it gives up
         elif timeout is None:
-            timeout = self.cfg.docker_timeout
+            timeout = self.cfg.runtime_timeout
         result = await self.pool.run(
             outcome.host, command, timeout=timeout, input=input, stream_output=False, label=step
         )
         outcome.steps.append((step, result))
         if not result.ok:
-            message = result.error or result.status
+            message: Text = result.error or result.status
             if result.status == "timeout":
                 message = self._timeout_message(step, budget, timeout)
             else:
                 # The cause when the output names one (a full disk), not just the code.
                 cause = output_cause(result.stdout, result.stderr)
-                message += f": {cause}" if cause else ""
+                message = Phrase(message, f": {cause}") if cause else message
                 if step == "pull" and cause is None:
                     # The image and the registry named once, with its words (issue 30).
                     message = pull_cause(self.cfg.image, result.stderr or result.stdout)
@@ -462,7 +492,7 @@ class Lifecycle:
     def docker_hung(self, what: str) -> str:
         """Why a runtime call was given up on: the runtime (docker or podman),
         the bound, its name, the suspect."""
-        return runtime_hung(self.cfg.runtime, self.cfg.docker_timeout, what) + "; stopped"
+        return runtime_hung(self.cfg.runtime, self.cfg.runtime_timeout, what) + "; stopped"
 
     def _timeout_message(self, step: str, budget: StartBudget | None, timeout: float) -> str:
         """Which bound stopped `step`, and the setting that raises it."""
@@ -477,71 +507,67 @@ class Lifecycle:
                 f"{step} did not finish within container.start_timeout "
                 f"({self.cfg.start_timeout:g}s): stopped, nothing started on this host"
             )
-        if timeout == self.cfg.docker_timeout:
+        if timeout == self.cfg.runtime_timeout:
             return self.docker_hung(step)
         return f"{step} did not finish within {timeout:g}s: stopped"
 
     async def _prepare(self, host: str, state: HostState, outcome: HostOutcome) -> Prepared:
-        """Login, load or pull as configured; find the tag's image, the configured
-        devices present on the host, and its GPUs."""
-        prefix = state.runtime.prefix
-        cfg = self.cfg
+        """The plan's image step (login, load or pull); the tag's image; the
+        configured devices present on the host; and, where the probe did not
+        list them, the host's GPUs."""
+        action = outcome.action
         tag_id, digests = state.tag_image_id, state.tag_repo_digests
-        need_image = tag_id is None or cfg.pull == "always"
-        if need_image:
-            # One budget for getting the image, however many round trips.
-            steps = ["login"] if cfg.registry is not None and cfg.image_tar is None else []
-            steps.append("load" if cfg.image_tar is not None and tag_id is None else "pull")
-            budget = StartBudget(cfg.start_timeout, " and ".join(steps))
-            if cfg.registry is not None and cfg.image_tar is None:
-                r = await self._cmd(
-                    outcome, "login", login_command(prefix, cfg.registry, cfg.image), budget=budget
-                )
-                if r is None:
-                    return Prepared()
-            if cfg.image_tar is not None and tag_id is None:
-                r = await self._cmd(
-                    outcome, "load", load_argv(prefix, cfg.image_tar), budget=budget
-                )
-            elif cfg.pull == "never":
-                outcome.fail(
-                    "pull",
-                    None,
-                    f"image {cfg.image} is not on the host and pull is 'never' "
-                    "(load it there, set container.image_tar, or allow pulling)",
-                )
+        if action.image_step is not None:
+            fetched = await self._fetch_image(state.runtime.prefix, outcome)
+            if fetched is None:
                 return Prepared()
-            else:
-                r = await self._cmd(outcome, "pull", pull_argv(prefix, cfg.image), budget=budget)
-            if r is None:
-                return Prepared()
-            r = await self._cmd(outcome, "image", image_inspect_argv(prefix, cfg.image))
-            if r is None:
-                return Prepared()
-            info = parse_image_inspect(r.stdout)
-            tag_id, digests = info.id, tuple(info.repo_digests)
-        devices = await self._present_devices(outcome)
-        gpus: list[GPU] = []
-        cdi: list[CDIDevice] = []
-        problems: list[str] = []
-        version: str | None = None
-        if cfg.gpus is not None and outcome.ok and state.gpus is not None:
-            gpus = list(state.gpus)  # listed by the probe: no second look
-            cdi, problems = parse_specs(state.cdi_specs)
-        elif cfg.gpus is not None and outcome.ok:
-            root = self.cluster.host(host).gpu_device_root or "/"
-            r = await self._cmd(
-                outcome, "gpus", discovery_argv(root), timeout=self.cluster.ssh.command_timeout
-            )
-            if r is not None:
-                gpus = parse_discovery(r.stdout)
-                cdi, problems = parse_specs(spec_files(r.stdout))
-        if cfg.gpus is not None and cfg.cdi == "always" and cfg.runtime == "docker" and outcome.ok:
-            # Docker's CDI depends on the daemon's version: ask it only here.
-            argv = [*prefix, "version", "--format", "{{.Server.Version}}"]
+            tag_id, digests = fetched
+        prepared = Prepared(tag_id, digests, await self._present_devices(outcome))
+        if self.cfg.gpus is not None and action.gpus is None and outcome.ok:
+            await self._list_gpus(host, state, outcome, prepared)
+        return prepared
+
+    async def _fetch_image(
+        self, prefix: list[str], outcome: HostOutcome
+    ) -> tuple[str | None, tuple[str, ...]] | None:
+        """The plan's image step, within one start budget however many round
+        trips; then what the tag resolves to (None: a step failed)."""
+        cfg, action = self.cfg, outcome.action
+        steps = [*(["login"] if action.login else []), action.image_step or "pull"]
+        budget = StartBudget(cfg.start_timeout, " and ".join(steps))
+        if action.login and cfg.registry is not None:
+            login = login_command(prefix, cfg.registry, cfg.image)
+            if await self._cmd(outcome, "login", login, budget=budget) is None:
+                return None
+        if action.image_step == "load" and cfg.image_tar is not None:
+            r = await self._cmd(outcome, "load", load_argv(prefix, cfg.image_tar), budget=budget)
+        else:
+            r = await self._cmd(outcome, "pull", pull_argv(prefix, cfg.image), budget=budget)
+        if r is None:
+            return None
+        r = await self._cmd(outcome, "image", image_inspect_argv(prefix, cfg.image))
+        if r is None:
+            return None
+        info = parse_image_inspect(r.stdout)
+        return info.id, tuple(info.repo_digests)
+
+    async def _list_gpus(
+        self, host: str, state: HostState, outcome: HostOutcome, prepared: Prepared
+    ) -> None:
+        """The host's GPUs and CDI specs (and, where CDI depends on it, the
+        runtime's version) where the probe did not list them."""
+        root = self.cluster.host(host).gpu_device_root or "/"
+        r = await self._cmd(
+            outcome, "gpus", discovery_argv(root), timeout=self.cluster.ssh.command_timeout
+        )
+        if r is None:
+            return
+        prepared.gpus = parse_discovery(r.stdout)
+        prepared.cdi_specs = spec_files(r.stdout)
+        if self.cfg.cdi == "always" and state.runtime.cdi_since is not None:
+            argv = [*state.runtime.prefix, "version", "--format", "{{.Server.Version}}"]
             v = await self._cmd(outcome, "version", argv)
-            version = v.stdout.strip() if v is not None else None
-        return Prepared(tag_id, digests, devices, gpus, cdi, problems, version)
+            prepared.runtime_version = v.stdout.strip() if v is not None else None
 
     async def _present_devices(self, outcome: HostOutcome) -> list[str]:
         """The configured `devices` that exist on this host (`/dev/infiniband/*` expanded)."""
@@ -594,7 +620,8 @@ class Lifecycle:
         # ResourceError (exit 2) here instead of failing `docker run` midway.
         resources = cluster_effective_resources(self.cluster)
         self.script()  # an unreadable setup script: exit 2 before any host is contacted
-        for w in [*caps_warnings(self.cluster), *clamp_warnings(resources)]:
+        found = [*caps_warnings(self.cluster), *deprecation_warnings(self.cluster)]
+        for w in [*found, *clamp_warnings(resources)]:
             self.sink.emit(Message(level="warning", text=w))
         try:
             states = await self.lock_and_probe("shared", wait=wait, purpose=self.purpose)
@@ -607,22 +634,21 @@ class Lifecycle:
                 )
                 states = {**states, **fresh}
                 plan = self.decide_for(states, only, force, reprovision, adopt, heal)
-            for w in plan.warnings:
-                self.sink.emit(Message(level="warning", text=w))
+            for said in plan.warnings:
+                self.sink.emit(Message(level="warning", text=said))
             cpus = {h: s.cpu_count for h, s in states.items()}
-            for w in mpi.slots_warnings(self.cluster, cpus):
-                self.sink.emit(Message(level="warning", text=w))
-            resources = self._fit_to_hosts(states, resources)
+            for warning in mpi.slots_warnings(self.cluster, cpus):
+                self.sink.emit(Message(level="warning", text=warning))
             for host in plan.hosts("attach", "restart"):
                 # Keeping a container keeps its limits; say where they are not
                 # what the config now asks for instead of accepting them silently.
-                for drift in limits_drift(resources[host], states[host]):
+                for drift in limits_drift(plan.resources[host], states[host]):
                     self.sink.emit(
                         Message(level="warning", host=host, text=f"limits drift: {drift}")
                     )
             if plan.refused:
                 raise PolicyRefused(plan.refusals)
-            report = await self._execute(plan, states, resources)
+            report = await self._execute(plan, states)
             await self._tie_to_slurm_job(report, states)
             await self.locks.downgrade()
             self.locks.ready = {
@@ -668,24 +694,12 @@ class Lifecycle:
         for warning in await tie_to_job(job, ids, prefixes):
             self.sink.emit(Message(level="warning", text=warning))
 
-    def _fit_to_hosts(
-        self, states: Mapping[str, HostState], resources: dict[str, EffectiveResources]
-    ) -> dict[str, EffectiveResources]:
-        """Capacity (issue 15): cpus clamped to each host's CPU count. The plan
-        refused memory beyond a launching host's RAM and warned of the clamps."""
-        fitted = dict(resources)
-        for host, eff in resources.items():
-            state = states.get(host)
-            if state is not None:
-                fitted[host] = fit_to_host(host, eff, state.cpu_count, state.memory_total).resources
-        return fitted
-
-    async def _execute(
-        self,
-        plan: Plan,
-        states: Mapping[str, HostState],
-        resources: Mapping[str, EffectiveResources],
-    ) -> UpReport:
+    async def _execute(self, plan: Plan, states: Mapping[str, HostState]) -> UpReport:
+        """Act on a plan that was not refused: prepare the launching hosts,
+        the barrier, then each host's pipeline; roll back what a failure
+        leaves half started. Refuses (PolicyRefused) only what it learns
+        while acting: a tag that resolves differently after a pull or load,
+        a GPU request where the probe had not listed the GPUs."""
         outcomes = {h: HostOutcome(h, a) for h, a in plan.actions.items()}
         launching = [h for h, a in plan.actions.items() if a.launches]
         prepared: dict[str, Prepared] = {}
@@ -704,15 +718,12 @@ class Lifecycle:
                     f"the {plan.actions[host].kind.replace('_', ' ')} failed on {failed}"
                 )
             return UpReport(plan, outcomes)
-        try:
-            selections = self._barrier(launching, prepared, states, outcomes)
-        except PolicyRefused as exc:
-            exc.changed += _images_fetched(self.cfg.image, launching, outcomes)
-            raise
+        selections = self._barrier(launching, prepared, states, outcomes)
         keys = None
         if sshd_wanted(self.cluster.container, len(self.cluster.hosts)):
             keys = ClusterKeys.load_or_create(default_state_dir(self.cluster), self._hosts())
-        self.gpu_counts = gpu_counts(selections, states if self.cfg.gpus == "all" else {})
+        chosen = {h: c.selection for h, c in selections.items()}
+        self.gpu_counts = gpu_counts(chosen, states if self.cfg.gpus == "all" else {})
 
         async def pipeline(host: str) -> None:
             await self._host_pipeline(
@@ -721,7 +732,7 @@ class Lifecycle:
                 outcomes[host],
                 prepared.get(host, Prepared()),
                 keys,
-                resources[host],
+                plan.resources[host],
                 selections.get(host),
             )
 
@@ -793,14 +804,15 @@ class Lifecycle:
         prepared: Mapping[str, Prepared],
         states: Mapping[str, HostState],
         outcomes: Mapping[str, HostOutcome],
-    ) -> dict[str, GPUSelection]:
+    ) -> dict[str, GPUChoice]:
         """Refuse before any container starts if the tag or the GPU requests
         disagree; otherwise the GPUs each launching host gives its container.
 
         These are the refusals the plan cannot make: they depend on what the
-        prepare step found (a tag after a pull or load, the hosts' GPUs). The
-        refusal says what the prepare step did change (an image pulled or
-        loaded, a registry login): not "nothing"."""
+        prepare step found (a tag after a pull or load, GPUs the probe had not
+        listed), each with its kind. The refusal says what the prepare step
+        did change (an image pulled or loaded, a registry login): not
+        "nothing"."""
         if not launching:
             return {}
         after_pull = {
@@ -811,51 +823,41 @@ class Lifecycle:
             )
             for h in launching
         }
-        reasons: list[Refusal | str] = [*check_tag_identity(after_pull, image=self.cfg.image)]
-        selections: dict[str, GPUSelection] = {}
-        if self.cfg.gpus is not None:
-            for host in launching:
-                try:
-                    picked = select_for_host(
-                        prepared[host].gpus, self.cfg.gpus, host, self.cluster.slurm
-                    )
-                except GPUError as exc:
-                    reasons.append(f"{host}: {exc}")
-                    continue
-                if isinstance(picked, Unsatisfiable):
-                    reasons.append(picked.message(host))
-                    continue
-                selections[host] = picked
-                why = self._decide_cdi(host, picked, prepared[host])
-                if why is not None:
-                    reasons.append(f"{host}: {why}")
+        reasons = check_tag_identity(after_pull, image=self.cfg.image)
+        choices: dict[str, GPUChoice] = {}
+        for host in launching:
+            choice = self._gpu_choice(host, outcomes[host].action, prepared[host])
+            if isinstance(choice, Refusal):
+                reasons.append(choice)
+            elif choice is not None:
+                choices[host] = choice
         if reasons:
-            raise PolicyRefused([*reasons, _changed_so_far(launching, outcomes)])
-        return selections
+            raise PolicyRefused(
+                reasons, changed=_changed_so_far(self.cfg.image, launching, outcomes)
+            )
+        for host, choice in choices.items():
+            if choice.cdi is not None:
+                text = f"GPUs through CDI: {describe_devices(choice.cdi)}"
+                self.sink.emit(Message(level="info", host=host, text=text))
+        return choices
 
-    def _decide_cdi(self, host: str, picked: GPUSelection, prepared: Prepared) -> str | None:
-        """CDI or device nodes for this host's GPUs (limits/cdi.py); a refusal, or None."""
-        decision = use_cdi(
-            self.cfg.cdi, self.cfg.runtime, prepared.runtime_version, picked, prepared.cdi
-        )
-        if isinstance(decision, str):
-            problems = "; ".join(prepared.cdi_problems)
-            return decision + (f" (unreadable CDI specs: {problems})" if problems else "")
-        if decision is not None:
-            self.cdi_devices[host] = decision
-            self.sink.emit(
-                Message(
-                    level="info", host=host, text=f"GPUs through CDI: {describe_devices(decision)}"
-                )
-            )
+    def _gpu_choice(
+        self, host: str, action: HostAction, prepared: Prepared
+    ) -> GPUChoice | Refusal | None:
+        """The plan's choice of GPUs, or (GPUs not listed by the probe) the same
+        decision from what the prepare step listed; None: no GPU request."""
+        if action.gpus is not None:
+            return GPUChoice(action.gpus, action.cdi)
+        if self.cfg.gpus is None or prepared.gpus is None:
             return None
-        if picked.gpus and picked.vendor == "nvidia" and self.cfg.runtime == "podman":
-            return (
-                "podman has no --gpus: NVIDIA GPUs reach a podman container through CDI; "
-                "publish CDI specs on the host (nvidia-ctk cdi generate) so that one CDI "
-                "device adds each GPU"
-            )
-        return None
+        return choose_gpus(
+            self.cfg,
+            host,
+            prepared.gpus,
+            prepared.cdi_specs,
+            prepared.runtime_version,
+            slurm=self.cluster.slurm,
+        )
 
     async def _host_pipeline(
         self,
@@ -865,47 +867,19 @@ class Lifecycle:
         prepared: Prepared,
         keys: ClusterKeys | None,
         resources: EffectiveResources,
-        gpus: GPUSelection | None,
+        choice: GPUChoice | None,
     ) -> None:
+        """One host's steps, in order, each only when the plan asks for it;
+        the first that fails ends the host's pipeline (its outcome says where)."""
         action = outcome.action
         if action.kind in ("verify", "none"):
             return
         prefix = state.runtime.prefix
-        if action.remove_first:
-            # By the ID probed under the exclusive lock: never by name.
-            victim = state.container_id
-            if not victim or not CONTAINER_ID_RE.fullmatch(victim):
-                outcome.fail("remove", None, f"no container ID to remove from the probe ({victim})")
-                return
-            if await self._cmd(outcome, "remove", remove_command(prefix, victim)) is None:
-                return
+        if action.remove_first and not await self._remove_first(state, outcome, prefix):
+            return
         if action.launches:
-            cfg = self.cfg.model_copy(update={"devices": prepared.devices})
-            labels = managed_labels(
-                self.identity,
-                self.hash,
-                lifetime=self.cfg.lifetime,
-                invocation=self.invocation,
-                sshd_port=self.cfg.sshd.port if sshd_wanted(self.cfg, len(self._hosts())) else None,
-                slurm_job=self.cluster.slurm.job_id if self.cluster.slurm else None,
-                gpus=tuple(g.index for g in gpus.gpus) if gpus is not None else None,
-            )
-            argv = run_argv(
-                prefix,
-                cfg,
-                self.name,
-                labels,
-                resources=resources,
-                gpus=gpus,
-                cdi=self.cdi_devices.get(host),
-                keep_groups=action.keep_groups,  # the plan's, from the probed OCI runtime
-            )
-            run = await self._cmd(
-                outcome, "run", argv, timeout=self.cfg.start_timeout, input=run_env_file(cfg, gpus)
-            )
-            if run is None:
+            if not await self._run(outcome, prefix, prepared, resources, choice):
                 return
-            outcome.container_id = parse_run_id(run.stdout)
         elif action.kind == "restart":
             # Resume in place (a stopped or paused container keeps its overlay).
             resume = unpause_argv if action.unpause else start_argv
@@ -913,58 +887,117 @@ class Lifecycle:
                 return
         if action.adopt:
             record = records.adopted_argv(state.container_id, self.identity)
-            adopt = await self._cmd(
-                outcome, "adopt", record, timeout=self.cluster.ssh.command_timeout
-            )
-            if adopt is None:
+            timeout = self.cluster.ssh.command_timeout
+            if await self._cmd(outcome, "adopt", record, timeout=timeout) is None:
                 return
-        if action.provision:
-            self._step(host, "provision", "started")
-            r = await run_setup_script(
-                self.pool,
-                host,
-                prefix,
-                self.name,
-                self.script(),
-                timeout=self.cfg.start_timeout,
-                container_id=_valid_id(
-                    outcome.container_id if action.launches else state.container_id
-                ),
-            )
-            outcome.steps.append(("provision", r))
-            for line in r.stderr.splitlines():
-                if line.startswith(STOPPED_STALE_SETUP):
-                    # An interrupted invocation's setup was still running (issue 22).
-                    self.sink.emit(Message(level="warning", host=host, text=line[5:]))
-            if not r.ok:
-                outcome.fail("provision", r, r.error or r.status)
-                self._step(host, "provision", "failed", r.tail(10))
-                return
-            self._step(host, "provision", "ok")
-        if keys is not None and (action.start_sshd or action.launches or action.kind == "restart"):
-            self._step(host, "sshd", "started")
-            r = await ensure_sshd(
-                self.pool, host, prefix, self.name, self.cluster, keys, self.gpu_counts
-            )
-            outcome.steps.append(("sshd", r))
-            if not r.ok:
-                outcome.fail("sshd", r, r.error or r.status)
-                self._step(host, "sshd", "failed", r.tail(5))
-                return
-            self._step(host, "sshd", "ok", r.stdout.strip().splitlines()[-1] if r.stdout else "")
-        if action.launches or action.kind == "restart":
-            check = [
-                *prefix,
-                "inspect",
-                "--type",
-                "container",
-                "-f",
-                "{{.State.Running}}",
-                self.name,
-            ]
-            verified = await self._cmd(outcome, "verify", check)
-            if verified is not None and verified.stdout.strip() != "true":
-                outcome.fail("verify", verified, "the container is not running after start")
+        if action.provision and not await self._provision(host, state, outcome, prefix):
+            return
+        restarted = action.launches or action.kind == "restart"
+        wants_sshd = keys is not None and (action.start_sshd or restarted)
+        if keys is not None and wants_sshd and not await self._sshd(host, outcome, prefix, keys):
+            return
+        if restarted:
+            await self._verify(outcome, prefix)
+
+    async def _remove_first(
+        self, state: HostState, outcome: HostOutcome, prefix: list[str]
+    ) -> bool:
+        """The same-named container goes first: by the ID probed under the
+        exclusive lock, never by name."""
+        victim = state.container_id
+        if not victim or not CONTAINER_ID_RE.fullmatch(victim):
+            outcome.fail("remove", None, f"no container ID to remove from the probe ({victim})")
+            return False
+        return await self._cmd(outcome, "remove", remove_command(prefix, victim)) is not None
+
+    async def _run(
+        self,
+        outcome: HostOutcome,
+        prefix: list[str],
+        prepared: Prepared,
+        resources: EffectiveResources,
+        choice: GPUChoice | None,
+    ) -> bool:
+        """`docker run -d` as the plan says; the container's ID is noted."""
+        action = outcome.action
+        cfg = self.cfg.model_copy(update={"devices": prepared.devices})
+        gpus = choice.selection if choice is not None else None
+        labels = managed_labels(
+            self.identity,
+            self.hash,
+            lifetime=self.cfg.lifetime,
+            invocation=self.invocation,
+            sshd_port=self.cfg.sshd.port if sshd_wanted(self.cfg, len(self._hosts())) else None,
+            slurm_job=self.cluster.slurm.job_id if self.cluster.slurm else None,
+            gpus=tuple(g.index for g in gpus.gpus) if gpus is not None else None,
+        )
+        argv = run_argv(
+            prefix,
+            cfg,
+            self.name,
+            labels,
+            resources=resources,
+            gpus=gpus,
+            cdi=choice.cdi if choice is not None else None,
+            keep_groups=action.keep_groups,  # the plan's, from the probed OCI runtime
+        )
+        run = await self._cmd(
+            outcome, "run", argv, timeout=self.cfg.start_timeout, input=run_env_file(cfg, gpus)
+        )
+        if run is None:
+            return False
+        outcome.container_id = parse_run_id(run.stdout)
+        return True
+
+    async def _provision(
+        self, host: str, state: HostState, outcome: HostOutcome, prefix: list[str]
+    ) -> bool:
+        """The setup script in the container (provision.py)."""
+        self._step(host, "provision", "started")
+        launched = outcome.action.launches
+        r = await run_setup_script(
+            self.pool,
+            host,
+            prefix,
+            self.name,
+            self.script(),
+            timeout=self.cfg.start_timeout,
+            container_id=_valid_id(outcome.container_id if launched else state.container_id),
+        )
+        outcome.steps.append(("provision", r))
+        for line in r.stderr.splitlines():
+            if line.startswith(STOPPED_STALE_SETUP):
+                # An interrupted invocation's setup was still running (issue 22).
+                self.sink.emit(Message(level="warning", host=host, text=line[5:]))
+        if not r.ok:
+            outcome.fail("provision", r, r.error or r.status)
+            self._step(host, "provision", "failed", r.tail(10))
+            return False
+        self._step(host, "provision", "ok")
+        return True
+
+    async def _sshd(
+        self, host: str, outcome: HostOutcome, prefix: list[str], keys: ClusterKeys
+    ) -> bool:
+        """The in-container sshd, (re)started (provision.py)."""
+        self._step(host, "sshd", "started")
+        r = await ensure_sshd(
+            self.pool, host, prefix, self.name, self.cluster, keys, self.gpu_counts
+        )
+        outcome.steps.append(("sshd", r))
+        if not r.ok:
+            outcome.fail("sshd", r, r.error or r.status)
+            self._step(host, "sshd", "failed", r.tail(5))
+            return False
+        self._step(host, "sshd", "ok", r.stdout.strip().splitlines()[-1] if r.stdout else "")
+        return True
+
+    async def _verify(self, outcome: HostOutcome, prefix: list[str]) -> None:
+        """The container runs after a start."""
+        check = [*prefix, "inspect", "--type", "container", "-f", "{{.State.Running}}", self.name]
+        verified = await self._cmd(outcome, "verify", check)
+        if verified is not None and verified.stdout.strip() != "true":
+            outcome.fail("verify", verified, "the container is not running after start")
 
     async def _roll_back(
         self,
@@ -999,7 +1032,7 @@ class Lifecycle:
             r = await self.pool.run(
                 host,
                 command,
-                timeout=self.cfg.docker_timeout,
+                timeout=self.cfg.runtime_timeout,
                 stream_output=False,
                 label="rollback",
             )
@@ -1047,7 +1080,7 @@ class Lifecycle:
                 r = await self.pool.run(
                     host,
                     remove_command(prefix, states[host].container_id or ""),
-                    timeout=self.cfg.docker_timeout,
+                    timeout=self.cfg.runtime_timeout,
                     stream_output=False,
                     label="remove",
                 )
@@ -1073,7 +1106,7 @@ def host_locks(cluster: ClusterConfig, pool: HostRunner, sink: EventSink) -> Hos
         container_name(cluster),
         head=cluster.head_host.name,
         wait_seconds=wait,
-        probe_seconds=cfg.docker_timeout if cfg is not None else 30.0,
+        probe_seconds=cfg.runtime_timeout if cfg is not None else 30.0,
         runtime=cfg.runtime if cfg is not None else "docker",
     )
 
@@ -1114,34 +1147,26 @@ def remove_command(prefix: Sequence[str], container_id: str) -> str:
     return f"{shlex.join(argv)} && {shlex.join(records.forget_argv(container_id))}"
 
 
-# Prepare steps that leave something on the host (images, docker credentials).
-_CHANGING_STEPS = {
-    "login": "logged in to the registry on {}",
-    "load": "loaded the image on {}",
-    "pull": "pulled the image on {}",
-}
-
-
-def _changed_so_far(launching: Sequence[str], outcomes: Mapping[str, HostOutcome]) -> str:
-    """What the prepare step changed before a barrier refusal, per host."""
-    done: dict[str, list[str]] = {}
-    for host in launching:
-        for step, result in outcomes[host].steps:
-            if step in _CHANGING_STEPS and result.ok:
-                done.setdefault(_CHANGING_STEPS[step], []).append(host)
-    if not done:
-        return "no container was started and nothing was changed"
-    what = "; ".join(text.format(", ".join(hosts)) for text, hosts in done.items())
-    return f"no container was started; before this was found, cvs {what} (left in place)"
+def _changed_so_far(
+    image: str, launching: Sequence[str], outcomes: Mapping[str, HostOutcome]
+) -> list[str]:
+    """What the prepare step changed before a barrier refusal (`login to the
+    registry on h1`, `image X pulled on node[1-2]`): the refusal must not say
+    nothing changed. No container was started by then."""
+    out = []
+    for step, what in (
+        ("login", "login to the registry"),
+        ("pull", f"image {image} pulled"),
+        ("load", f"image {image} loaded"),
+    ):
+        done = [h for h in launching if any(s == step and r.ok for s, r in outcomes[h].steps)]
+        if done:
+            out.append(f"{what} on {abbreviate_hosts(done)} (left in place)")
+    return out
 
 
 def _valid_id(container_id: str | None) -> str | None:
     return container_id if container_id and CONTAINER_ID_RE.fullmatch(container_id) else None
-
-
-def _only_rolled(outcome: HostOutcome) -> bool:
-    """Not ready only because a rollback removed what it had started."""
-    return (outcome.error or "").startswith("rolled back: ")
 
 
 def _run_failed(outcome: HostOutcome) -> bool:
@@ -1150,16 +1175,3 @@ def _run_failed(outcome: HostOutcome) -> bool:
         for s, r in outcome.steps
         if not r.ok
     )
-
-
-def _images_fetched(
-    image: str, hosts: Sequence[str], outcomes: Mapping[str, HostOutcome]
-) -> list[str]:
-    """`image X pulled on node[1-2]`: what the prepare step changed on the hosts
-    before a refusal (the refusal must not say nothing changed)."""
-    out = []
-    for step, verb in (("pull", "pulled"), ("load", "loaded")):
-        done = [h for h in hosts if any(s == step and r.ok for s, r in outcomes[h].steps)]
-        if done:
-            out.append(f"image {image} {verb} on {abbreviate_hosts(done)}")
-    return out

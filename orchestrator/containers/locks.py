@@ -59,7 +59,7 @@ from orchestrator.containers.probe import HostState, parse_probe_output
 from orchestrator.errors import ConnectError, Option, PolicyRefused, Refusal, WayOut
 from orchestrator.events import EventSink, Message
 from orchestrator.remote.frames import FRAME, READY, split_lock_frames
-from orchestrator.remote.runtime import DockerRuntime, runtime_hung
+from orchestrator.remote.runtime import ContainerRuntime, runtime_hung
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.seam import HostRunner
 
@@ -180,7 +180,7 @@ class HostLocks:
         self.container = container
         self.head = head
         self.wait_seconds = wait_seconds
-        # The probe under the lock runs docker (container.docker_timeout): a
+        # The probe under the lock runs docker (container.runtime_timeout): a
         # frozen dockerd must not hold the invocation, nor the lock, forever.
         self.probe_seconds = probe_seconds
         self.runtime = runtime  # docker or podman: what a hang message names
@@ -190,7 +190,7 @@ class HostLocks:
         # Host -> how to reach docker there, for hosts whose container an `up`
         # under these locks left running: while they are held, nothing can
         # replace it.
-        self.ready: dict[str, DockerRuntime] = {}
+        self.ready: dict[str, ContainerRuntime] = {}
         # What the last probe under these locks found, per host.
         self.states: dict[str, HostState] = {}
 

@@ -22,7 +22,7 @@ access, garbled probe) refuses the plan: unknown is never treated as absent.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Literal
@@ -41,9 +41,10 @@ from orchestrator.containers.docker import (
 )
 from orchestrator.containers.docker import short_id as _short
 from orchestrator.containers.probe import HostState
-from orchestrator.errors import Call, ExitCode, Option, Phrase, Refusal, WayOut
+from orchestrator.errors import Call, ExitCode, Option, Phrase, Refusal, Text, WayOut
 from orchestrator.limits.capacity import fit_to_host
-from orchestrator.limits.gpus import GPUError, Unsatisfiable
+from orchestrator.limits.cdi import CDIDevice, SpecFile, parse_specs, use_cdi
+from orchestrator.limits.gpus import GPU, GPUError, GPUSelection, Unsatisfiable
 from orchestrator.limits.resources import EffectiveResources
 from orchestrator.limits.rootless import (
     device_group_access,
@@ -51,7 +52,7 @@ from orchestrator.limits.rootless import (
     wants_devices,
 )
 from orchestrator.limits.slurm_gpus import gpu_mismatch, gpu_mismatch_refusal, select_for_host
-from orchestrator.remote.runtime import daemon_word
+from orchestrator.remote.runtime import ContainerRuntime, daemon_word
 
 # What `docker start` / `docker unpause` brings back with its overlay intact
 # (`_state_word`: created counts as exited).
@@ -74,7 +75,7 @@ FOREIGN = Phrase("foreign (", FORCE, ")")
 @dataclass(frozen=True)
 class HostAction:
     kind: ActionKind
-    reason: str
+    reason: Text
     remove_first: bool = False  # `docker rm -f` the same-named container before `docker run`
     provision: bool = False  # run the setup script after this action
     start_sshd: bool = False  # (re)start the in-container sshd after this action
@@ -83,6 +84,16 @@ class HostAction:
     # Rootless podman on crun, with devices: `--group-add keep-groups` in the
     # run argv instead of container.group_add (limits/rootless.py).
     keep_groups: bool = False
+    # A launch: how the image gets onto the host first (None: the tag is
+    # there and `pull` is not `always`), after a registry login when `login`.
+    image_step: Literal["pull", "load"] | None = None
+    login: bool = False
+    # A launch with a GPU request whose GPUs the probe listed: the GPUs the
+    # container gets, and the CDI devices they go through (None: their device
+    # nodes). A launch whose GPUs were not listed has neither: `up` finds
+    # them while acting and decides with the same `choose_gpus`.
+    gpus: GPUSelection | None = None
+    cdi: tuple[CDIDevice, ...] | None = None
 
     @property
     def launches(self) -> bool:
@@ -100,8 +111,12 @@ class Plan:
     actions: Mapping[str, HostAction]
     refused: bool = False
     refusals: list[Refusal] = field(default_factory=list)  # the reasons, as data
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[Text] = field(default_factory=list)
     unknown_hosts: tuple[str, ...] = ()  # hosts whose state could not be determined
+    # host -> what its container asks for, fitted to the host's capacity (cpus
+    # clamped to its CPU count): what `up` runs it with. Empty when refused or
+    # when no resources were given.
+    resources: Mapping[str, EffectiveResources] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> ExitCode:
@@ -178,7 +193,7 @@ def _refusal(
     states: Mapping[str, HostState],
     ours: Mapping[str, bool],
     reasons: list[Refusal],
-    warnings: list[str],
+    warnings: list[Text],
 ) -> Plan:
     actions = {h: HostAction("none", _describe(s, ours[h])) for h, s in states.items()}
     return Plan(
@@ -191,13 +206,8 @@ def _refusal(
     )
 
 
-def _reach_fix(cfg: ContainerConfig) -> str:
-    """What a host needs for cvs to read its container state, in the runtime's words."""
-    if cfg.runtime == "docker":
-        return "dockerd running, docker or passwordless `sudo -n docker` access"
-    if cfg.rootless:
-        return f"the login user's own {cfg.runtime} working (subuid/subgid ranges)"
-    return f"{cfg.runtime} installed, root or passwordless `sudo -n {cfg.runtime}` access"
+def _runtime(cfg: ContainerConfig) -> ContainerRuntime:
+    return ContainerRuntime.unprobed(cfg.runtime, cfg.rootless)
 
 
 def _leave_out(unknown: Mapping[str, HostState], slurm: SlurmJob | None) -> WayOut:
@@ -232,7 +242,7 @@ def _unknown_reason(
         "treated as absent, so nothing was changed",
         tuple(unknown),
         (
-            WayOut(f"fix those hosts (reachable over SSH, {_reach_fix(cfg)})"),
+            WayOut(f"fix those hosts (reachable over SSH, {_runtime(cfg).reach_fix})"),
             _leave_out(unknown, slurm),
         ),
     )
@@ -240,10 +250,10 @@ def _unknown_reason(
 
 def _image_problems(
     cfg: ContainerConfig, present: Mapping[str, HostState], *, no_launch: bool
-) -> tuple[list[Refusal], list[str]]:
+) -> tuple[list[Refusal], list[Text]]:
     """(refusals, warnings) about the images of existing containers."""
     reasons: list[Refusal] = []
-    warnings: list[str] = []
+    warnings: list[Text] = []
     label = _label(cfg)
     unreadable = [h for h, s in present.items() if not s.container_image_readable]
     if unreadable:
@@ -375,7 +385,7 @@ def _provisioning(
     *,
     reprovision: bool,
     script_sha256: str | None,
-) -> tuple[dict[str, tuple[bool, str]], list[str]]:
+) -> tuple[dict[str, tuple[bool, str]], list[Text]]:
     """For containers kept (attach/restart): host -> (provision?, why), and warnings."""
     decisions: dict[str, tuple[bool, str]] = {}
     mismatched: list[tuple[str, str]] = []
@@ -390,7 +400,7 @@ def _provisioning(
             mismatched.append((host, marker))
         else:
             decisions[host] = (False, "provisioned")
-    warnings: list[str] = [
+    warnings: list[Text] = [
         Phrase(
             f"{_label(cfg)} on {_names(hosts)} was provisioned with {_short(marker)}, config "
             f"says {_short(script_sha256)} — run ",
@@ -403,7 +413,7 @@ def _provisioning(
 
 def _drift_warning(
     cfg: ContainerConfig, kept: Mapping[str, HostState], config_hash: str | None
-) -> list[str]:
+) -> list[Text]:
     if config_hash is None:
         return []
     drifted = [
@@ -463,7 +473,7 @@ def decide_plan(
         and is_ours(s.labels, cluster_name, our_label=our_label, lifetime=cfg.lifetime)
         for h, s in states.items()
     }
-    warnings: list[str] = []
+    warnings: list[Text] = []
     if cfg.lifetime == "persistent" and cfg.name is None:
         warnings.append(
             "persistent containers without an explicit `container.name`: the default name "
@@ -474,7 +484,10 @@ def decide_plan(
     if unknown:
         return _refusal(cfg, states, ours, [unknown], warnings)
     if cfg.lifetime == "no_launch":
-        return _plan_no_launch(cfg, states, ours, warnings)
+        plan = _plan_no_launch(cfg, states, ours, warnings)
+        return (
+            plan if plan.refused else replace(plan, resources=_capacity(states, [], resources)[2])
+        )
     sshd = sshd_wanted(cfg, len(states))
     if cfg.lifetime == "per_run":
         plan = _plan_per_run(
@@ -494,8 +507,26 @@ def decide_plan(
             config_hash=config_hash,
             adopt=adopt,
         )
-    # Everything else `up` would refuse for that the probe already shows, listed
-    # with the refusals above rather than one `up` attempt at a time.
+    return _with_host_facts(
+        cfg, states, ours, plan, resources=resources, force=force, sshd=sshd, slurm=slurm
+    )
+
+
+def _with_host_facts(
+    cfg: ContainerConfig,
+    states: Mapping[str, HostState],
+    ours: Mapping[str, bool],
+    plan: Plan,
+    *,
+    resources: Mapping[str, EffectiveResources] | None,
+    force: bool,
+    sshd: bool,
+    slurm: SlurmJob | None,
+) -> Plan:
+    """`plan` with everything else `up` would refuse for that the probe
+    already shows (listed with the lifetime's refusals rather than one `up`
+    attempt at a time), and otherwise the launching hosts' details: image
+    step, GPUs, CDI devices, keep-groups, fitted resources."""
     if plan.refused:
         launching = _would_launch(cfg, states, force=force)
         starting = launching
@@ -503,10 +534,11 @@ def decide_plan(
         launching = plan.hosts("cold_start", "replace")
         starting = plan.hosts("cold_start", "replace", "restart")
     more = _sshd_port_conflicts(cfg, states, starting) if sshd else []
-    fit_reasons, fit_warnings = _capacity(states, launching, resources)
+    fit_reasons, fit_warnings, fitted = _capacity(states, launching, resources)
     more += fit_reasons + _missing_image(cfg, states, launching)
     more += _rootless_caps(states, launching, resources)
-    more += _gpu_refusals(cfg, states, launching, slurm)
+    gpu_reasons, choices = _gpu_choices(cfg, states, launching, slurm)
+    more += gpu_reasons
     if not plan.refused and slurm is not None:
         plan, mismatch = _slurm_gpu_check(cfg, states, plan, slurm, force=force, sshd=sshd)
         more += mismatch
@@ -515,8 +547,45 @@ def decide_plan(
     if more or plan.refused:
         reasons = list(dict.fromkeys([*plan.refusals, *more]))
         return _refusal(cfg, states, ours, reasons, warnings)
-    actions = {h: replace(a, keep_groups=h in keep) for h, a in plan.actions.items()}
-    return replace(plan, actions=_frozen(actions), warnings=warnings)
+    actions = {
+        h: _launch_details(cfg, states[h], replace(a, keep_groups=h in keep), choices.get(h))
+        for h, a in plan.actions.items()
+    }
+    return replace(plan, actions=_frozen(actions), warnings=warnings, resources=fitted)
+
+
+def _launch_details(
+    cfg: ContainerConfig, state: HostState, action: HostAction, choice: GPUChoice | None
+) -> HostAction:
+    """A launching host's image step and, when its GPUs were listed, its GPUs."""
+    if not action.launches:
+        return action
+    login, step = _image_step(cfg, state)
+    return replace(
+        action,
+        image_step=step,
+        login=login,
+        gpus=choice.selection if choice else None,
+        cdi=choice.cdi if choice else None,
+    )
+
+
+def _image_step(
+    cfg: ContainerConfig, state: HostState
+) -> tuple[bool, Literal["pull", "load"] | None]:
+    """(registry login first?, how the image gets onto a launching host).
+
+    Nothing when the tag is there and `pull` is not `always`; a load of
+    `image_tar` where the tag is missing; else a pull (after a login to
+    `registry` unless the image comes from a tar). `pull: never` fetches
+    nothing: the plan refused a host without the image (`_missing_image`)."""
+    if state.tag_image_id is not None and cfg.pull != "always":
+        return False, None
+    if cfg.image_tar is not None:
+        return False, "load" if state.tag_image_id is None else "pull"
+    if cfg.pull == "never":
+        return False, None
+    return cfg.registry is not None, "pull"
 
 
 def _would_launch(
@@ -536,21 +605,24 @@ def _capacity(
     states: Mapping[str, HostState],
     launching: list[str],
     resources: Mapping[str, EffectiveResources] | None,
-) -> tuple[list[Refusal], list[str]]:
-    """(refusals, warnings): memory beyond a launching host's RAM is refused,
-    cpus beyond a host's CPU count clamped (limits/capacity.py)."""
+) -> tuple[list[Refusal], list[Text], dict[str, EffectiveResources]]:
+    """(refusals, warnings, resources fitted to each host): memory beyond a
+    launching host's RAM is refused, cpus beyond a host's CPU count clamped
+    (limits/capacity.py)."""
     if resources is None:
-        return [], []
+        return [], [], {}
     reasons: list[Refusal] = []
-    warnings: list[str] = []
+    warnings: list[Text] = []
+    fitted = dict(resources)
     for host, state in states.items():
         if host not in resources:
             continue
         fit = fit_to_host(host, resources[host], state.cpu_count, state.memory_total)
+        fitted[host] = fit.resources
         if fit.refusal and host in launching:
             reasons.append(Refusal("capacity", fit.refusal, (host,)))
         warnings += [fit.warning] if fit.warning else []
-    return reasons, warnings
+    return reasons, warnings, fitted
 
 
 def _rootless_caps(
@@ -628,29 +700,79 @@ def _slurm_gpu_check(
     return replace(plan, actions=_frozen(actions)), []
 
 
-def _gpu_refusals(
+@dataclass(frozen=True)
+class GPUChoice:
+    """The GPUs a launching host's container gets, and the CDI devices they go
+    through (None: their device nodes)."""
+
+    selection: GPUSelection
+    cdi: tuple[CDIDevice, ...] | None = None
+
+
+def choose_gpus(
+    cfg: ContainerConfig,
+    host: str,
+    inventory: Sequence[GPU],
+    specs: Sequence[SpecFile],
+    runtime_version: str | None,
+    *,
+    slurm: SlurmJob | None = None,
+) -> GPUChoice | Refusal:
+    """PURE: the GPUs and the CDI devices for `host` from its GPUs, its CDI
+    spec files and (where CDI depends on it) its runtime's version; or why
+    not (kind `gpus`: the request; kind `cdi`: how they would reach the
+    container). Inside a Slurm job (`slurm`) only the job's GPUs on the host
+    are chosen from (limits/slurm_gpus.py). The plan calls it where the probe
+    listed the GPUs; `up` where it had to list them itself."""
+    assert cfg.gpus is not None
+    try:
+        picked = select_for_host(list(inventory), cfg.gpus, host, slurm)
+    except GPUError as exc:
+        return Refusal("gpus", f"{host}: {exc}", (host,))
+    if isinstance(picked, Unsatisfiable):
+        return Refusal("gpus", picked.message(host), (host,))
+    devices, problems = parse_specs(specs)
+    decision = use_cdi(cfg.cdi, cfg.runtime, runtime_version, picked, devices)
+    if isinstance(decision, str):
+        unreadable = f" (unreadable CDI specs: {'; '.join(problems)})" if problems else ""
+        return Refusal("cdi", f"{host}: {decision}{unreadable}", (host,))
+    runtime = ContainerRuntime.unprobed(cfg.runtime, cfg.rootless)
+    if decision is None and picked.gpus and picked.vendor not in runtime.gpu_vendors_without_cdi:
+        return Refusal(
+            "cdi",
+            f"{host}: NVIDIA GPUs reach a {cfg.runtime} container only through CDI "
+            f"({cfg.runtime} has no GPU flag of docker's kind); publish CDI specs on the host "
+            "(nvidia-ctk cdi generate) so that one CDI device adds each GPU",
+            (host,),
+        )
+    return GPUChoice(picked, decision)
+
+
+def _gpu_choices(
     cfg: ContainerConfig,
     states: Mapping[str, HostState],
     launching: list[str],
     slurm: SlurmJob | None = None,
-) -> list[Refusal]:
-    """A GPU request a launching host cannot meet, from the GPUs the probe
-    listed there (a host whose GPUs were not listed is left to `up`)."""
+) -> tuple[list[Refusal], dict[str, GPUChoice]]:
+    """The GPUs of each launching host whose GPUs the probe listed, or the
+    refusals of a request such a host cannot meet (a host whose GPUs were
+    not listed is left to `up`)."""
     if cfg.gpus is None:
-        return []
+        return [], {}
     refusals: list[Refusal] = []
+    choices: dict[str, GPUChoice] = {}
     for host in launching:
-        inventory = states[host].gpus
-        if inventory is None:
+        state = states[host]
+        if state.gpus is None:
             continue
-        try:
-            picked = select_for_host(inventory, cfg.gpus, host, slurm)
-        except GPUError as exc:
-            refusals.append(Refusal("gpus", f"{host}: {exc}", (host,)))
-            continue
-        if isinstance(picked, Unsatisfiable):
-            refusals.append(Refusal("gpus", picked.message(host), (host,)))
-    return refusals
+        choice = choose_gpus(
+            cfg, host, state.gpus, state.cdi_specs, state.runtime_version, slurm=slurm
+        )
+        if isinstance(choice, Refusal):
+            refusals.append(choice)
+        else:
+            choices[host] = choice
+    return refusals, choices
 
 
 def _missing_image(
@@ -721,7 +843,7 @@ def _plan_no_launch(
     cfg: ContainerConfig,
     states: Mapping[str, HostState],
     ours: Mapping[str, bool],
-    warnings: list[str],
+    warnings: list[Text],
 ) -> Plan:
     not_running = {h: s for h, s in states.items() if s.container != "running"}
     reasons: list[Refusal] = []
@@ -799,7 +921,7 @@ def _fresh_actions(
     ours: Mapping[str, bool],
     *,
     sshd: bool,
-    why: str,
+    why: Text,
 ) -> dict[str, HostAction]:
     actions: dict[str, HostAction] = {}
     for host, state in states.items():
@@ -823,7 +945,7 @@ def _plan_per_run(
     cfg: ContainerConfig,
     states: Mapping[str, HostState],
     ours: Mapping[str, bool],
-    warnings: list[str],
+    warnings: list[Text],
     *,
     force: bool,
     sshd: bool,
@@ -869,7 +991,7 @@ def _plan_persistent(
     cfg: ContainerConfig,
     states: Mapping[str, HostState],
     ours: Mapping[str, bool],
-    warnings: list[str],
+    warnings: list[Text],
     *,
     force: bool,
     sshd: bool,
@@ -896,25 +1018,7 @@ def _plan_persistent(
     if foreign:
         replaceable.append(_foreign_reason(cfg, foreign, cluster_name))
     if common != "absent" and not resumable:
-        replaceable.append(
-            Refusal(
-                "not_resumable",
-                f"lifetime persistent: {label} is not present and resumable on every host "
-                f"({'; '.join(f'{w}: {_names(hs)}' for w, hs in by_state.items())}); nothing "
-                "was changed",
-                tuple(states),
-                (
-                    REBUILD_WAY,
-                    WayOut("replace it on every host", options=(Option("force"),)),
-                    *_heal_way(by_state),
-                    WayOut(
-                        "bring the other hosts back (restore it where it is missing; "
-                        f"`{cfg.runtime} rm`/`{cfg.runtime} start {cfg.name or 'NAME'}` where "
-                        f"{cfg.runtime} cannot resume it), then try again"
-                    ),
-                ),
-            )
-        )
+        replaceable.append(_not_resumable_reason(cfg, states, by_state))
     if not replaceable and resumable:
         image_reasons, image_warnings = _image_problems(cfg, states, no_launch=False)
         replaceable += image_reasons
@@ -951,11 +1055,44 @@ def _plan_persistent(
             for h in states
         }
         return Plan(cfg.lifetime, _frozen(actions), warnings=warnings)
-
     decisions, provision_warnings = _provisioning(
         cfg, states, reprovision=reprovision, script_sha256=script_sha256
     )
     warnings = warnings + provision_warnings + _drift_warning(cfg, states, config_hash)
+    warnings += _kept_warnings(cfg, states, adopting)
+    where = "everywhere" if common is not None else "here"
+    actions = _kept_actions(cfg, states, decisions, adopting, sshd=sshd, where=where)
+    return Plan(cfg.lifetime, _frozen(actions), warnings=warnings)
+
+
+def _not_resumable_reason(
+    cfg: ContainerConfig, states: Mapping[str, HostState], by_state: Mapping[str, list[str]]
+) -> Refusal:
+    return Refusal(
+        "not_resumable",
+        f"lifetime persistent: {_label(cfg)} is not present and resumable on every host "
+        f"({'; '.join(f'{w}: {_names(hs)}' for w, hs in by_state.items())}); nothing "
+        "was changed",
+        tuple(states),
+        (
+            REBUILD_WAY,
+            WayOut("replace it on every host", options=(Option("force"),)),
+            *_heal_way(by_state),
+            WayOut(
+                "bring the other hosts back (restore it where it is missing; "
+                f"`{cfg.runtime} rm`/`{cfg.runtime} start {cfg.name or 'NAME'}` where "
+                f"{cfg.runtime} cannot resume it), then try again"
+            ),
+        ),
+    )
+
+
+def _kept_warnings(
+    cfg: ContainerConfig, states: Mapping[str, HostState], adopting: list[str]
+) -> list[Text]:
+    """Kept containers: the ones a restart heals, the ones taken over."""
+    label = _label(cfg)
+    warnings: list[Text] = []
     stopped = [h for h, s in states.items() if s.container != "running"]
     if stopped and len(stopped) < len(states):
         groups = _group((h, _state_word(states[h])) for h in stopped)
@@ -964,7 +1101,6 @@ def _plan_persistent(
             f"{daemon_word(cfg.runtime)} restart) while the others run: resuming it there, "
             "overlay kept"
         )
-    where = "everywhere" if common is not None else "here"
     if adopting:
         warnings.append(
             Phrase(
@@ -973,6 +1109,19 @@ def _plan_persistent(
                 "ownership is recorded on each host, the container is kept as it is",
             )
         )
+    return warnings
+
+
+def _kept_actions(
+    cfg: ContainerConfig,
+    states: Mapping[str, HostState],
+    decisions: Mapping[str, tuple[bool, str]],
+    adopting: list[str],
+    *,
+    sshd: bool,
+    where: str,
+) -> dict[str, HostAction]:
+    """Present everywhere, each running or resumable: attach, adopt or restart."""
     actions = {}
     for host, state in states.items():
         provision, why = decisions[host]
@@ -1001,7 +1150,7 @@ def _plan_persistent(
                 start_sshd=sshd,
                 unpause=paused,
             )
-    return Plan(cfg.lifetime, _frozen(actions), warnings=warnings)
+    return actions
 
 
 # --- cvs down ------------------------------------------------------------
@@ -1024,7 +1173,7 @@ def decide_down(
     """
     label = _label(cfg)
     actions: dict[str, HostAction] = {}
-    warnings: list[str] = []
+    warnings: list[Text] = []
     unknown = [h for h, s in states.items() if not s.known]
     if unknown:
         warnings.append(
@@ -1089,7 +1238,7 @@ def down_leftovers(
     removed: Mapping[str, tuple[bool, str | None]],
     *,
     force: bool,
-) -> dict[str, str]:
+) -> dict[str, Text]:
     """After `cvs down`: host -> what is left there and how to finish, for every
     host where a container may remain. `removed` is host -> (ok, error) for the
     hosts a removal ran on. Empty when nothing is left anywhere.
@@ -1100,14 +1249,17 @@ def down_leftovers(
     """
     label = _label(cfg)
     again = DOWN_FORCE if force else Call("down")
-    left: dict[str, str] = {}
+    left: dict[str, Text] = {}
     unknown = set(plan.unknown_hosts)
     for host, action in plan.actions.items():
         if host in unknown:
-            why = action.reason.removeprefix("state unknown: ")
+            why = action.reason
+            if isinstance(why, str):
+                why = why.removeprefix("state unknown: ")
             left[host] = Phrase(
-                f"{label} may still be there (state unknown: {why}); nothing was done there: "
-                "rerun ",
+                f"{label} may still be there (state unknown: ",
+                why,
+                "); nothing was done there: rerun ",
                 again,
                 " once the host is reachable",
             )

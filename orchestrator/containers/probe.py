@@ -15,6 +15,7 @@ import io
 import json
 import re
 import tarfile
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -25,6 +26,7 @@ from orchestrator.config import ContainerConfig
 from orchestrator.containers.docker import (
     LABEL_MANAGED,
     LABEL_SSHD_PORT,
+    ContainerInfo,
     ContainerLimits,
     DockerOutputError,
     classify_docker_error,
@@ -57,7 +59,9 @@ class HostState:
     reachable: bool = True
     error: str | None = None  # why the probe could not tell (daemon down, no access, garbled)
     error_kind: ErrorKind | None = None
-    docker_access: DockerAccessMode | None = None  # None: could not tell (e.g. daemon down)
+    # How cvs reaches the runtime there (direct, sudo; none: it cannot); None:
+    # could not tell (e.g. the daemon down). Formerly `docker_access`.
+    access: DockerAccessMode | None = None
     container: ContainerState | None = None  # None = unknown, NEVER treated as absent
     container_status: str | None = None  # docker's word (paused, restarting, created, …)
     container_id: str | None = None
@@ -86,7 +90,7 @@ class HostState:
     # The CDI spec files the same listing printed (limits/cdi.py reads them).
     cdi_specs: tuple[SpecFile, ...] = ()
     # The runtime the probe was sent to reach (the cluster's container.runtime;
-    # docker_access says how it answered); rootless: the login user's podman.
+    # `access` says how it answered); rootless: the login user's podman.
     runtime_name: RuntimeName = "docker"
     rootless: bool = False
     # Rootless only (None elsewhere): "v1" or "v2", and on v2 the controllers
@@ -96,9 +100,19 @@ class HostState:
     # Rootless podman launching with devices: the OCI runtime podman runs
     # (crun, runc; None: not asked or unreadable), for `--group-add keep-groups`.
     oci_runtime: str | None = None
+    # The runtime daemon's version, asked only where CDI depends on it (docker
+    # launching GPUs with container.cdi: always); None: not asked or unreadable.
+    runtime_version: str | None = None
+
     # The container's environment, user, working directory and network, for
     # commands through its sshd (containers/sshexec.py); not compared.
     exec_facts: ExecFacts | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def docker_access(self) -> DockerAccessMode | None:
+        """Deprecated: `access` (the same, for any runtime); kept for one release."""
+        warnings.warn("HostState.docker_access is HostState.access", DeprecationWarning, 2)
+        return self.access
 
     @classmethod
     def unreachable(cls, host: str, reason: str) -> HostState:
@@ -113,18 +127,14 @@ class HostState:
     def runtime(self) -> ContainerRuntime:
         """How to reach the runtime on this host, as the probe found it
         (unknown: the host decides on each command)."""
-        if self.docker_access in ("direct", "sudo"):
-            return ContainerRuntime(self.docker_access, self.runtime_name, self.rootless)
+        if self.access in ("direct", "sudo"):
+            return ContainerRuntime(self.access, self.runtime_name, self.rootless)
         return ContainerRuntime.unprobed(self.runtime_name, self.rootless)
 
     @property
     def known(self) -> bool:
         """Reachable, docker usable, and the container state determined."""
-        return (
-            self.reachable
-            and self.docker_access in ("direct", "sudo")
-            and self.container is not None
-        )
+        return self.reachable and self.access in ("direct", "sudo") and self.container is not None
 
 
 # --- the program's arguments -------------------------------------------------
@@ -171,6 +181,7 @@ def probe_argv(
     gpu_root: str = "/",
     runtime: ContainerRuntime | None = None,
     oci: Literal["always", "stopped"] | None = None,
+    version: Literal["always", "stopped"] | None = None,
 ) -> list[str]:
     """`sh -c PROBE cvs-probe ARG…` (remote/probe.sh): ready for an SSH exec
     (`shlex.join`) whatever the login shell is.
@@ -183,6 +194,8 @@ def probe_argv(
     `runtime`: which runtime to reach (remote/runtime.py; default docker).
     `oci`: rootless podman only, when to ask which OCI runtime podman runs
     (as `gpus`: the device access a launch gets depends on it).
+    `version`: when to ask the runtime daemon's version (as `gpus`: whether
+    it takes CDI device names depends on it, limits/cdi.py).
     """
     runtime = runtime or ContainerRuntime()
     validate_container_name(name)
@@ -208,20 +221,27 @@ def probe_argv(
         remote.program("check"),
         holders_filter,
         holders_format,
-        *(
+        *_optional_args(
             [gpus, remote.program("gpus"), gpu_root.rstrip("/"), GPU_MARKER]
             if gpus is not None
-            else (["", "", "", ""] if runtime.flag else [])
+            else ["", "", "", ""],
+            runtime.flag or [""],
+            [oci if oci is not None and runtime.rootless else ""],
+            [version or ""],
         ),
-        *runtime.flag,
-        *([oci] if oci is not None and runtime.rootless else []),
     )
 
 
+def _optional_args(*groups: list[str]) -> list[str]:
+    """probe.sh's optional positional arguments, the trailing empty ones left off
+    (a docker probe without GPUs sends none)."""
+    args = [a for group in groups for a in group]
+    while args and not args[-1]:
+        args.pop()
+    return args
+
+
 # --- parsing -------------------------------------------------------------
-
-
-ProbeOutputError = FrameError  # the name callers knew
 
 
 def _first_line(text: str) -> str:
@@ -298,13 +318,13 @@ def _docker_access_failure(host: str, kinds: Sequence[str], detail: str) -> Host
     if kinds and kinds[0] == "not_installed":
         return HostState(
             host=host,
-            docker_access="none",
+            access="none",
             error=f"docker is not installed or not on PATH ({detail})",
             error_kind="no_docker",
         )
     return HostState(
         host=host,
-        docker_access="none",
+        access="none",
         error=(
             "no docker access: plain `docker` and `sudo -n docker` both failed "
             f"({detail}); add the login user to the docker group or allow it "
@@ -321,7 +341,7 @@ def _podman_access_failure(
     if kinds and kinds[-1] == "not_installed":
         return HostState(
             host=host,
-            docker_access="none",
+            access="none",
             runtime_name=runtime,
             error=f"{runtime} is not installed or not on PATH ({detail})",
             error_kind="no_docker",
@@ -333,7 +353,7 @@ def _podman_access_failure(
     )
     return HostState(
         host=host,
-        docker_access="none",
+        access="none",
         runtime_name=runtime,
         error=f"no {runtime} access ({detail}); {how}",
         error_kind="no_access",
@@ -385,18 +405,12 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
     inspect = tried[answered[0]]
     values: dict[str, object] = {
         "host": host,
-        "docker_access": access,
+        "access": access,
         "runtime_name": runtime,
         "rootless": rootless,
         **_cgroup_facts(sections),
     }
-    values.update(_capacity_facts(sections))  # capacity (issue 15)
-    values.update(_port_facts(sections))  # sshd port taken on the host (network host)
-    values.update(_oci_facts(sections))  # rootless podman: crun or runc
-    listed = sections.get("gpus")
-    if listed is not None and listed.rc == 0:
-        values["gpus"] = tuple(parse_discovery(listed.stdout))
-        values["cdi_specs"] = tuple(spec_files(listed.stdout))
+    values.update(_host_facts(sections))
     try:
         objects = _inspect_objects(inspect.stdout, runtime)
     except DockerOutputError as exc:
@@ -424,12 +438,38 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
     except DockerOutputError as exc:
         return HostState(**values, error=str(exc), error_kind="garbled")  # type: ignore[arg-type]
 
+    values.update(_container_facts(sections, cinfo, cobj, runtime))
+    return HostState(**values)  # type: ignore[arg-type]
+
+
+def _host_facts(sections: Mapping[str, Section]) -> dict[str, object]:
+    """What the probe says of the host beside its runtime's inspect."""
+    values: dict[str, object] = {}
+    values.update(_capacity_facts(sections))  # capacity (issue 15)
+    values.update(_port_facts(sections))  # sshd port taken on the host (network host)
+    values.update(_oci_facts(sections))  # rootless podman: crun or runc
+    values.update(_version_facts(sections))  # docker with CDI: the daemon's version
+    listed = sections.get("gpus")
+    if listed is not None and listed.rc == 0:
+        values["gpus"] = tuple(parse_discovery(listed.stdout))
+        values["cdi_specs"] = tuple(spec_files(listed.stdout))
+    return values
+
+
+def _container_facts(
+    sections: Mapping[str, Section],
+    cinfo: ContainerInfo,
+    cobj: dict[str, Any],
+    runtime: RuntimeName,
+) -> dict[str, object]:
+    """The container's state, identity and limits, and what its host records
+    and in-container check say."""
     labels = cinfo.labels
     adopted_by = adopted_records(sections).get(cinfo.id or "")
     if adopted_by is not None and LABEL_MANAGED not in labels:
         # Adopted (issue 15): owned as if cvs had labelled it at start.
         labels = MappingProxyType({**labels, LABEL_MANAGED: adopted_by})
-    values.update(
+    values: dict[str, object] = dict(
         container=cinfo.state,
         container_status=cinfo.status,
         container_id=cinfo.id,
@@ -447,7 +487,7 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
             sections, running=cinfo.state == "running", container_id=cinfo.id, runtime=runtime
         )
     )
-    return HostState(**values)  # type: ignore[arg-type]
+    return values
 
 
 _NO_SUCH_RE = re.compile(r"^Error: No such object: (\S+)\s*$", re.MULTILINE)
@@ -496,6 +536,17 @@ def _image_facts(
 
 
 _OCI_RUNTIME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# `20.10.24+dfsg1`, `27.1.0`: what `docker version --format {{.Server.Version}}` prints.
+_VERSION_RE = re.compile(r"v?\d+\.\d+[A-Za-z0-9.+~_-]{0,60}")
+
+
+def _version_facts(sections: Mapping[str, Section]) -> dict[str, object]:
+    """The daemon's version from the `version` section, when asked and well formed."""
+    version = sections.get("version")
+    if version is None or version.rc != 0:
+        return {}
+    text = version.stdout.strip()
+    return {"runtime_version": text} if _VERSION_RE.fullmatch(text) else {}
 
 
 def _oci_facts(sections: Mapping[str, Section]) -> dict[str, object]:

@@ -19,7 +19,6 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from orchestrator import remote
 from orchestrator.config import ClusterConfig, ConfigError, ContainerConfig
@@ -30,6 +29,7 @@ from orchestrator.containers.docker import exec_argv
 from orchestrator.remote import records
 from orchestrator.results import HostResult
 from orchestrator.ssh.keys import ClusterKeys
+from orchestrator.ssh.seam import HostRunner
 
 # Provisioning (setup script, marker, sshd) writes /etc, /run, /var/lib and
 # runs package managers: it runs as root whatever the image's USER is.
@@ -128,7 +128,7 @@ def setup_argv(
 
 
 async def run_setup_script(
-    pool: Any,
+    pool: HostRunner,
     host: str,
     prefix: list[str],
     container: str,
@@ -279,7 +279,7 @@ def ensure_sshd_command(
 
 
 async def ensure_sshd(
-    pool: Any,
+    pool: HostRunner,
     host: str,
     prefix: list[str],
     container: str,
@@ -305,14 +305,14 @@ async def ensure_sshd(
     )
     payload = frame_files(sshd_files(cluster, keys, host, gpu_counts))
     # One docker exec that also waits for the listener: twice the bound of a
-    # quick docker call (container.docker_timeout; 60 s by default).
-    bound = 2 * cluster.container.docker_timeout
+    # quick docker call (container.runtime_timeout; 60 s by default).
+    bound = 2 * cluster.container.runtime_timeout
     result: HostResult = await pool.run(host, command, input=payload, label="sshd", timeout=bound)
     if result.status == "timeout":
         result = replace(
             result,
             error=f"the in-container sshd did not start within {bound:g}s (twice "
-            "container.docker_timeout): the container runtime on this host is slow or hung",
+            "container.runtime_timeout): the container runtime on this host is slow or hung",
         )
     return result
 
@@ -347,7 +347,7 @@ def mpi_check_bound(cluster: ClusterConfig) -> tuple[float, float]:
     """(seconds per peer, bound of the whole check): ssh.connect_timeout per
     peer (all at once), plus a docker call's bound for the exec around them."""
     per_peer = cluster.ssh.connect_timeout
-    docker = cluster.container.docker_timeout if cluster.container is not None else 30.0
+    docker = cluster.container.runtime_timeout if cluster.container is not None else 30.0
     return per_peer, per_peer + docker + 5
 
 

@@ -55,7 +55,7 @@ from orchestrator.config import ClusterConfig, container_name, sshd_wanted
 from orchestrator.config.model import WORKDIR_RE
 from orchestrator.containers.docker import LABEL_SSHD_PORT, validate_container_name
 from orchestrator.containers.exec import ContainerCommand
-from orchestrator.errors import Call, Phrase
+from orchestrator.errors import Call, Phrase, Text
 from orchestrator.events import EventSink, Message
 from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
@@ -185,12 +185,12 @@ def exec_env(
     `inspect` adds HOSTNAME (the container's hostname) that its exec does
     not give (podman 4.3, seen on the sandbox): dropped when it is that one."""
     env: dict[str, str] = {}
-    if runtime.name == "docker":
+    if runtime.exec_sets_path_and_hostname:
         env["PATH"] = DEFAULT_PATH
         if facts.hostname:
             env["HOSTNAME"] = facts.hostname
     env.update(facts.env)
-    if runtime.name == "podman" and env.get("HOSTNAME") == facts.hostname:
+    if not runtime.exec_sets_path_and_hostname and env.get("HOSTNAME") == facts.hostname:
         del env["HOSTNAME"]
     env.update(extra)
     return env
@@ -253,7 +253,7 @@ class SSHExec:
         self._host_keys: dict[str, str] = {}
         self._facts: dict[str, ExecFacts | None] = {}
         self._facts_lock: dict[str, anyio.Lock] = {}
-        self.off: dict[str, str] = {}  # host -> why it takes docker exec (said once)
+        self.off: dict[str, Text] = {}  # host -> why it takes docker exec (said once)
         self._worked: set[str] = set()  # hosts where a command ran through the sshd
         self._warming: dict[str, asyncio.Task[bool]] = {}  # warm_up's connects
         self.enabled = self._start()
@@ -285,7 +285,7 @@ class SSHExec:
         if self.connections is not None:
             await self.connections.aclose()
 
-    def _fall_back(self, host: str, why: str, runtime: ContainerRuntime) -> None:
+    def _fall_back(self, host: str, why: Text, runtime: ContainerRuntime) -> None:
         if host in self.off:
             return
         self.off[host] = why
@@ -302,7 +302,7 @@ class SSHExec:
         result = await self.pool.run(
             host,
             facts_command(name, runtime),
-            timeout=self.config.container.docker_timeout,
+            timeout=self.config.container.runtime_timeout,
             stream_output=False,
             label="inspect",
         )
@@ -433,7 +433,7 @@ class SSHExec:
         before: ExecFacts,
         exc: NotStarted,
         was_open: bool,
-    ) -> str:
+    ) -> Text:
         """`exc`'s reason, with what the runtime says happened to the container
         since the facts were read (only when a working connection was lost)."""
         if not was_open:

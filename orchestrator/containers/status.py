@@ -6,6 +6,7 @@ table (render.print_status) or, with `--json`, as `HostStatus.to_dict()`.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -27,7 +28,7 @@ class HostStatus:
 
     host: str
     reachable: bool
-    docker: str | None  # how cvs reaches docker there: "direct", "sudo"; None: could not tell
+    access: str | None  # how cvs reaches the runtime there: "direct", "sudo"; None: could not tell
     state: str  # the container: running, exited, paused, absent, ...; "unknown" when not probed
     image_id: str | None  # the image the container runs
     tag_image_id: str | None  # what the configured tag resolves to on the host now
@@ -37,9 +38,14 @@ class HostStatus:
     limits: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     drift: tuple[str, ...] = ()  # where the container differs from the config now
     error: str | None = None  # why the probe could not tell
-    # The cluster's runtime: what the table calls the access column (the
-    # `--json` key stays "docker", the schema's name for it).
+    # The cluster's runtime: what the table calls the access column.
     runtime: str = "docker"
+
+    @property
+    def docker(self) -> str | None:
+        """Deprecated: `access` (the same, for any runtime); kept for one release."""
+        warnings.warn("HostStatus.docker is HostStatus.access", DeprecationWarning, 2)
+        return self.access
 
     @property
     def probed(self) -> bool:
@@ -72,7 +78,8 @@ class HostStatus:
         return {
             "host": self.host,
             "reachable": self.reachable,
-            "docker": self.docker,
+            "access": self.access,
+            "docker": self.access,  # deprecated: "access" (kept for one release)
             "state": self.state,  # "unknown" says it outright (and scripts filter on it)
             "image": short_id(self.image_id) if self.image_id else None,
             "tag": short_id(self.tag_image_id) if self.tag_image_id else None,
@@ -106,7 +113,7 @@ def host_status(
     return HostStatus(
         host=state.host,
         reachable=state.reachable,
-        docker=state.docker_access,
+        access=state.access,
         state=state.container or "unknown",
         image_id=state.container_image_id,
         tag_image_id=state.tag_image_id,

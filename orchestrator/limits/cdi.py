@@ -31,19 +31,12 @@ from typing import Any, Literal
 
 import yaml
 
-from orchestrator.limits.gpus import CDI_MAX_BYTES, CDI_MAX_FILES, GPU, GPUSelection, split_sections
+from orchestrator.limits.gpus import GPU, GPUSelection, split_sections
+from orchestrator.remote.runtime import ContainerRuntime
 
 CDIMode = Literal["auto", "always", "never"]
 RuntimeName = Literal["docker", "podman"]
 
-# Where CDI specs live on a host (the CDI spec's standard directories).
-SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
-# The probe reads at most this many spec files of at most this size each:
-# what a host prints must not grow without bound.
-MAX_SPEC_FILES = CDI_MAX_FILES
-MAX_SPEC_BYTES = CDI_MAX_BYTES
-# Docker's first release with CDI (`--device vendor/class=name`).
-DOCKER_CDI_MIN = (25, 0)
 
 # `vendor.tld/class`, as the CDI spec defines a kind.
 KIND_RE = re.compile(r"[a-z0-9][a-z0-9.-]*\.[a-z]+/[a-zA-Z0-9][a-zA-Z0-9_.-]*")
@@ -259,15 +252,16 @@ def parse_version(text: str) -> tuple[int, int] | None:
 
 def runtime_cdi_problem(runtime: RuntimeName, version: str | None) -> str | None:
     """Why this runtime cannot take `--device vendor/class=name`, or None."""
-    if runtime == "podman":
+    since = ContainerRuntime.unprobed(runtime).cdi_since
+    if since is None:
         return None
     parsed = parse_version(version or "")
     if parsed is None:
-        return "docker's version is unknown, and CDI needs docker 25 or newer"
-    if parsed < DOCKER_CDI_MIN:
+        return f"{runtime}'s version is unknown, and CDI needs {runtime} {since[0]} or newer"
+    if parsed < since:
         return (
-            f"docker {parsed[0]}.{parsed[1]} has no CDI (it came in docker 25, with the "
-            "daemon's `cdi` feature on); upgrade docker, use podman, or set "
+            f"{runtime} {parsed[0]}.{parsed[1]} has no CDI (it came in {runtime} {since[0]}, "
+            f"with the daemon's `cdi` feature on); upgrade {runtime}, use podman, or set "
             "container.cdi: never to pass the GPUs' device nodes"
         )
     return None
@@ -293,7 +287,9 @@ def use_cdi(
         return None
     paired = cdi_devices_for(selection, devices)
     if mode == "auto":
-        if runtime != "podman" or isinstance(paired, str):
+        # A runtime whose CDI depends on its version and a daemon feature
+        # (docker) stays on device nodes.
+        if ContainerRuntime.unprobed(runtime).cdi_since is not None or isinstance(paired, str):
             return None
         return paired
     problem = runtime_cdi_problem(runtime, version)

@@ -27,13 +27,9 @@ else echo gone; fi'
 printf 'now %s\n' "$(date +%s)"
 # Times as docker prints them (RFC 3339, one word): podman's are Go times,
 # whose default text has spaces in it, so podman formats them.
-# shellcheck disable=SC2154  # cvs_rt: set by cvs_runtime (access.sh)
-if [ "$cvs_rt" = podman ]; then
-  t='.Format "2006-01-02T15:04:05.000000000Z07:00"'
-  fmt="{{.Id}} {{.State.Status}} {{.State.OOMKilled}} {{.State.ExitCode}} {{.State.StartedAt$t}} {{.State.FinishedAt$t}} {{.RestartCount}}"
-else
-  fmt='{{.Id}} {{.State.Status}} {{.State.OOMKilled}} {{.State.ExitCode}} {{.State.StartedAt}} {{.State.FinishedAt}} {{.RestartCount}}'
-fi
+cvs_time_format
+# shellcheck disable=SC2154  # cvs_tf: set by cvs_time_format (access.sh)
+fmt="{{.Id}} {{.State.Status}} {{.State.OOMKilled}} {{.State.ExitCode}} {{.State.StartedAt$cvs_tf}} {{.State.FinishedAt$cvs_tf}} {{.RestartCount}}"
 cvs_docker_order
 first=
 # shellcheck disable=SC2154  # cvs_order: set by cvs_docker_order

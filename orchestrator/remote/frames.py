@@ -85,10 +85,24 @@ def _raw_section(name: str, rc: int, lines: list[str]) -> Section:
     return Section(name, rc, out.encode(), "".join(e + "\n" for e in err).encode())
 
 
+# The probe's output format (`@@cvs:probe N`, remote/probe.sh): a probe that
+# prints another was sent by another cvs, and its frames cannot be trusted.
+PROBE_FORMAT = "3"
+
+
+def _put(sections: dict[str, Section], section: Section) -> None:
+    """One section or line frame per name: a repeated one is an error, never
+    a silent overwrite of the first."""
+    if section.name in sections:
+        raise FrameError(f"frame {section.name!r} repeated")
+    sections[section.name] = section
+
+
 def parse_sections(stdout: str) -> tuple[dict[str, Section], bool]:
     """Framed sections and line frames by name, and whether `done` was seen.
 
-    Lines before the first frame (a login banner, a motd) are skipped."""
+    Lines before the first frame (a login banner, a motd) are skipped. A name
+    twice, or a probe of another format, is a FrameError."""
     sections: dict[str, Section] = {}
     done = False
     current: tuple[str, int, str] | None = None
@@ -121,19 +135,23 @@ def parse_sections(stdout: str) -> tuple[dict[str, Section], bool]:
             and current[2] == "raw"
             and words[1:] == [current[0]]
         ):
-            sections[current[0]] = _raw_section(current[0], current[1], body)
+            _put(sections, _raw_section(current[0], current[1], body))
             current = None
         elif tag == "end" and current is not None and err is not None and words[1:] == [current[0]]:
             name, rc, enc = current
-            sections[name] = Section(name, rc, _decode(enc, body), _decode(enc, err))
+            _put(sections, Section(name, rc, _decode(enc, body), _decode(enc, err)))
             current = None
         elif tag == "done" and current is None:
             done = True
         elif tag in LINE_FRAMES and current is None:
             rest = line[len(FRAME) + len(tag) :].strip()
-            sections[tag] = Section(tag, 0, rest.encode(), b"")
+            _put(sections, Section(tag, 0, rest.encode(), b""))
         elif tag == "probe" and current is None:
-            pass
+            if words[1:] != [PROBE_FORMAT]:
+                raise FrameError(
+                    f"probe format {' '.join(words[1:]) or '(none)'}, this cvs reads "
+                    f"{PROBE_FORMAT}: another cvs version's probe?"
+                )
         else:
             raise FrameError(f"unexpected frame line {line!r}")
     if current is not None:

@@ -2,7 +2,7 @@
 # capacity.sh, listen.sh and records.sh prepended). Facts only; the plan decides.
 #
 #   probe.sh NAME IMAGE PORT MARKER CHECK HOLDERS_FILTER HOLDERS_FORMAT \
-#            [GPUS_WHEN GPUS GPU_ROOT GPU_MARKER [RUNTIME [OCI_WHEN]]]
+#            [GPUS_WHEN GPUS GPU_ROOT GPU_MARKER [RUNTIME [OCI_WHEN [VERSION_WHEN]]]]
 #
 #   NAME    the container; IMAGE the image as `docker inspect` names it, or
 #           empty (docker access and the container only)
@@ -22,6 +22,9 @@
 #   OCI_WHEN  rootless podman with devices: when to ask podman which OCI
 #           runtime it runs (crun keeps the login user's groups; runc
 #           cannot): "always", "stopped" or empty, as GPUS_WHEN
+#   VERSION_WHEN  a runtime whose CDI depends on its version (docker), GPUs
+#           through CDI asked for: when to ask the daemon's version
+#           ("always", "stopped" or empty, as GPUS_WHEN)
 #
 # On the host it:
 # 1. decides docker access: `docker inspect` works -> direct; else with
@@ -49,6 +52,7 @@ name=$1 image=$2 port=$3 marker=$4 check=$5 holders_filter=$6 holders_format=$7
 gpus_when=${8:-} gpus=${9:-} gpu_root=${10:-} gpu_marker=${11:-}
 cvs_runtime "${12:-}"
 oci_when=${13:-}
+version_when=${14:-}
 port_hex=$(printf '%04X' "$port")
 
 umask 077
@@ -84,15 +88,7 @@ section() {
   return "$_rc"
 }
 printf '@@cvs:probe 3\n'
-# shellcheck disable=SC2154  # cvs_rt, cvs_rootless: set by cvs_runtime (access.sh)
-if [ "$cvs_rt" = podman ]; then
-  if [ -n "$cvs_rootless" ]; then
-    printf '@@cvs:runtime podman rootless\n'
-    cvs_cgroup_facts
-  else
-    printf '@@cvs:runtime podman rootful\n'
-  fi
-fi
+cvs_runtime_frame
 
 # Which docker to try first (access.sh): the socket's permissions say whether
 # plain `docker` can work, without spending a docker process to find out.
@@ -113,13 +109,7 @@ format='{{if index . "State"}}F {{index . "Id"}} {{.State.Pid}} {{.State.Running
 inspect_via() {
   _m=$1
   shift
-  if [ "$cvs_rt" = podman ]; then
-    _out=$(podman_inspect "$name" "$image" -- "$@" 2>&1 </dev/null 9<&-)
-  elif [ -n "$image" ]; then
-    _out=$("$@" inspect --format "$format" "$name" "$image" 2>&1 </dev/null 9<&-)
-  else
-    _out=$("$@" inspect --format "$format" "$name" 2>&1 </dev/null 9<&-)
-  fi
+  _out=$(cvs_inspect "$name" "$image" "$format" -- "$@" 2>&1 </dev/null 9<&-)
   _rc=$? _f='' _nosuch=''
   printf '@@cvs:section inspect.%s %s raw\n' "$_m" "$_rc"
   _ifs=$IFS
@@ -158,8 +148,9 @@ for m in $cvs_order; do
 done
 if [ -z "$via" ]; then
   # No access: is the other runtime here (the cluster may name the wrong one)?
-  if [ "$cvs_rt" = docker ]; then _other=podman; else _other=docker; fi
-  if command -v "$_other" >/dev/null 2>&1; then printf '@@cvs:other %s\n' "$_other"; fi
+  cvs_other_runtime
+  # shellcheck disable=SC2154  # cvs_other: set by cvs_other_runtime (access.sh)
+  if command -v "$cvs_other" >/dev/null 2>&1; then printf '@@cvs:other %s\n' "$cvs_other"; fi
   printf '@@cvs:done\n'
   exit 0
 fi
@@ -192,6 +183,11 @@ if [ -n "$cvs_rootless" ] &&
     { [ "$oci_when" = always ] || { [ "$oci_when" = stopped ] && [ -z "$running" ]; }; }; then
   # shellcheck disable=SC2016  # a Go template, not shell
   section oci_runtime "$@" info --format '{{.Host.OCIRuntime.Name}}'
+fi
+# GPUs through CDI on a runtime that learned CDI in some version: that version.
+if [ "$version_when" = always ] || { [ "$version_when" = stopped ] && [ -z "$running" ]; }; then
+  # shellcheck disable=SC2016  # a Go template, not shell
+  section version "$@" version --format '{{.Server.Version}}'
 fi
 
 if [ -n "$running" ]; then

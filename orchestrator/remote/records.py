@@ -25,7 +25,6 @@ from orchestrator import remote
 from orchestrator.remote.frames import Section
 
 STATE_DIR = "${XDG_STATE_HOME:-$HOME/.local/state}/cvs"
-RECORD_MAX_AGE_DAYS = 60  # remote/records.sh prunes provisioning records older than this
 
 _ID_RE = re.compile(r"[0-9a-f]{64}")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")

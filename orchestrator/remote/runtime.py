@@ -94,6 +94,53 @@ class ContainerRuntime:
             return []
         return ["--podman-rootless" if self.rootless else "--podman"]
 
+    @property
+    def cdi_since(self) -> tuple[int, int] | None:
+        """The first version of this runtime that takes CDI device names
+        (`--device vendor/class=name`), when that depends on its version:
+        docker's daemon learned CDI in 25 (and the probe then asks its
+        version); podman has it in every version cvs runs (None)."""
+        return (25, 0) if self.name == "docker" else None
+
+    @property
+    def reach_fix(self) -> str:
+        """What a host needs for cvs to read its container state, in this
+        runtime's words (a refusal's way out)."""
+        if self.name == "docker":
+            return "dockerd running, docker or passwordless `sudo -n docker` access"
+        if self.rootless:
+            return f"the login user's own {self.name} working (subuid/subgid ranges)"
+        return f"{self.name} installed, root or passwordless `sudo -n {self.name}` access"
+
+    @property
+    def unset_limits(self) -> tuple[int | None, int]:
+        """(pids limit, /dev/shm bytes) this runtime gives a container started
+        without `--pids-limit` / `--shm-size`: podman its own (2048, 62.5 MiB),
+        docker none and 64 MiB. An inspect reporting them reads as unset."""
+        if self.name == "podman":
+            return 2048, 65536000
+        return None, 64 * 1024 * 1024
+
+    @property
+    def ulimits_implied(self) -> frozenset[str]:
+        """The ulimits this runtime raises to their maximum whenever any
+        `--ulimit` is given and they are not (podman 4: nofile and nproc)."""
+        return frozenset({"nofile", "nproc"}) if self.name == "podman" else frozenset()
+
+    @property
+    def exec_sets_path_and_hostname(self) -> bool:
+        """`RUNTIME exec` puts its default PATH and the container's HOSTNAME
+        before the container's Env (docker); podman keeps those in the Env
+        its inspect shows, but for a HOSTNAME its exec does not give."""
+        return self.name == "docker"
+
+    @property
+    def gpu_vendors_without_cdi(self) -> frozenset[str]:
+        """The GPU vendors whose GPUs reach this runtime's containers without
+        CDI: AMD's device nodes everywhere, NVIDIA's through docker's `--gpus`
+        (podman has no `--gpus`: NVIDIA GPUs need CDI there)."""
+        return frozenset({"amd", "nvidia"} if self.name == "docker" else {"amd"})
+
     def describe(self) -> str:
         if self.rootless:
             return "podman (rootless)"
@@ -129,10 +176,6 @@ class ContainerRuntime:
         return "{{index .Labels " + json.dumps(key) + "}}"
 
 
-# The name every caller knew before podman: the same object.
-DockerRuntime = ContainerRuntime
-
-
 # --- what messages call the runtime --------------------------------------------------
 #
 # Every message about a runtime that failed, hung or has to be asked names the
@@ -159,6 +202,6 @@ def hung_suspect(name: str) -> str:
 def runtime_hung(name: str, seconds: float, what: str) -> str:
     """Why a runtime call was given up on: the runtime, the bound, the call, the suspect."""
     return (
-        f"{name} did not answer within container.docker_timeout ({seconds:g}s) on {what}: "
+        f"{name} did not answer within container.runtime_timeout ({seconds:g}s) on {what}: "
         f"the container runtime on this host is hung or overloaded ({hung_suspect(name)})"
     )

@@ -619,6 +619,22 @@ def _parallel(fn: Callable[[SandboxHost], None], hosts: list[SandboxHost]) -> No
             raise err
 
 
+def _check_options(
+    runtime: str, *, rootless: bool, egress_host: bool, slurm: bool, gpus: int
+) -> None:
+    """The combinations `sandbox_up` builds (SandboxError for the others)."""
+    if runtime not in ("docker", "podman"):
+        raise SandboxError(f"runtime must be docker or podman, got {runtime!r}")
+    if rootless and runtime != "podman":
+        raise SandboxError("rootless is podman's: use runtime podman with rootless")
+    if runtime == "podman" and egress_host:
+        raise SandboxError("the egress host runs docker only; leave out egress_host for podman")
+    if not 0 <= gpus <= 16:
+        raise SandboxError(f"--gpus must be between 0 and 16, got {gpus}")
+    if slurm and egress_host:
+        raise SandboxError("the egress host is not a Slurm node; leave out egress_host for slurm")
+
+
 def sandbox_up(
     directory: Path,
     hosts: int = 4,
@@ -645,12 +661,7 @@ def sandbox_up(
     (a device root the cluster file names; gres gpu:K with `slurm`).
     On any failure (also Ctrl-C) everything created so far is torn down again.
     """
-    if runtime not in ("docker", "podman"):
-        raise SandboxError(f"runtime must be docker or podman, got {runtime!r}")
-    if rootless and runtime != "podman":
-        raise SandboxError("rootless is podman's: use runtime podman with rootless")
-    if runtime == "podman" and egress_host:
-        raise SandboxError("the egress host runs docker only; leave out egress_host for podman")
+    _check_options(runtime, rootless=rootless, egress_host=egress_host, slurm=slurm, gpus=gpus)
     directory = Path(directory).absolute()
     # Before anything changes: root, every command, every place written.
     extra = {
@@ -664,10 +675,6 @@ def sandbox_up(
         extra,
     )
     say = progress or _quiet
-    if not 0 <= gpus <= 16:
-        raise SandboxError(f"--gpus must be between 0 and 16, got {gpus}")
-    if slurm and egress_host:
-        raise SandboxError("the egress host is not a Slurm node; leave out egress_host for slurm")
     if hosts < (0 if egress_host else 1) or hosts > 250:
         raise SandboxError(f"--hosts must be between 1 and 250, got {hosts}")
     if (directory / STATE_FILE).exists():
@@ -698,15 +705,7 @@ def sandbox_up(
                 slurm_sb.make_gpu_root(h.gpu_root, gpus)
         if slurm:
             _start_slurm(sb, say)
-        if sb.nodes:
-            image = images.MPI_TAG if mpi else images.SSHD_TAG
-            text = _cluster_yaml(sb, sb.nodes, "sandbox", image, rootless=rootless)
-            sb.cluster_file.write_text(text)
-        if sb.egress is not None:
-            assert sb.egress_cluster_file is not None
-            # The base image: the default setup script apt-installs openssh-server here.
-            text = _cluster_yaml(sb, [sb.egress], "sandbox-egress", images.BASE_TAG)
-            sb.egress_cluster_file.write_text(text)
+        _write_cluster_files(sb, mpi=mpi, rootless=rootless)
     except BaseException as exc:
         with contextlib.suppress(Exception):
             say("sandbox up failed; tearing down what was created")
@@ -716,6 +715,19 @@ def sandbox_up(
         raise
     say(f"sandbox ready in {time.monotonic() - started:.1f}s: {sb.cluster_file}")
     return sb
+
+
+def _write_cluster_files(sb: Sandbox, *, mpi: bool, rootless: bool) -> None:
+    """The nodes' cluster file, and the egress host's when there is one."""
+    if sb.nodes:
+        image = images.MPI_TAG if mpi else images.SSHD_TAG
+        text = _cluster_yaml(sb, sb.nodes, "sandbox", image, rootless=rootless)
+        sb.cluster_file.write_text(text)
+    if sb.egress is not None:
+        assert sb.egress_cluster_file is not None
+        # The base image: the default setup script apt-installs openssh-server here.
+        text = _cluster_yaml(sb, [sb.egress], "sandbox-egress", images.BASE_TAG)
+        sb.egress_cluster_file.write_text(text)
 
 
 def _start_slurm(sb: Sandbox, say: Progress) -> None:

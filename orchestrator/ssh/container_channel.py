@@ -34,7 +34,7 @@ from typing import Any, Literal, cast
 import anyio
 import asyncssh
 
-from orchestrator.errors import Call, Option, Phrase
+from orchestrator.errors import Call, Option, Phrase, Text
 from orchestrator.events import CommandFinished, CommandStarted, EventSink, NullSink
 from orchestrator.results import HostResult, Status
 from orchestrator.ssh.output import as_result_text
@@ -61,7 +61,7 @@ class Endpoint:
 class NotStarted(Exception):
     """The command did not start: no connection to the sshd, or no channel on it."""
 
-    def __init__(self, host: str, kind: ConnectKind, reason: str) -> None:
+    def __init__(self, host: str, kind: ConnectKind, reason: Text) -> None:
         super().__init__(reason)
         self.host = host
         self.kind = kind
@@ -167,7 +167,7 @@ def _kind(exc: BaseException) -> ConnectKind:
     return "refused"
 
 
-def _reason(exc: BaseException, ep: Endpoint, timeout: float) -> str:
+def _reason(exc: BaseException, ep: Endpoint, timeout: float) -> Text:
     where = f"the container's sshd ({ep.address}:{ep.port} on {ep.host})"
     kind = _kind(exc)
     if kind == "host_key":

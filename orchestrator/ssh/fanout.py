@@ -12,7 +12,8 @@ from typing import TypeVar
 import anyio
 
 from orchestrator.results import HostResult
-from orchestrator.ssh.transport import Command, SSHPool
+from orchestrator.ssh.seam import Command, HostRunner
+from orchestrator.ssh.transport import SSHPool
 
 T = TypeVar("T")
 
@@ -43,7 +44,7 @@ async def fan_out(
 
 
 async def run_on_hosts(
-    pool: SSHPool,
+    pool: HostRunner,
     hosts: Sequence[str],
     command: Command | Callable[[str], Command],
     *,
@@ -51,8 +52,11 @@ async def run_on_hosts(
     input: str | None = None,
     env: dict[str, str] | None = None,
     label: str | None = None,
+    limit: int | None = None,
 ) -> dict[str, HostResult]:
-    """The same command (or one built per host) on every host, concurrently.
+    """The same command (or one built per host) on every host, concurrently:
+    at most `limit` at once (an SSHPool's default: its cluster's
+    `concurrency.hosts`).
 
     Past a fleet size where it pays, in worker processes, one per core
     (ssh/workers.py): the same events and results, in host order."""
@@ -63,9 +67,11 @@ async def run_on_hosts(
         commands = {h: command(h) if callable(command) else command for h in hosts}
         results = await fleet.run(commands, timeout=timeout, input=input, env=env, label=label)
         return {h: results[h] for h in hosts}
+    if limit is None and isinstance(pool, SSHPool):
+        limit = pool.cluster.concurrency.hosts
 
     async def work(host: str) -> HostResult:
         cmd = command(host) if callable(command) else command
         return await pool.run(host, cmd, timeout=timeout, input=input, env=env, label=label)
 
-    return await fan_out(hosts, work, limit=pool.cluster.concurrency.hosts)
+    return await fan_out(hosts, work, limit=limit)

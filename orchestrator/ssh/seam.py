@@ -4,8 +4,9 @@ Everything above this layer (the lifecycle, the locks, provisioning) decides
 *what* to run, as argv or shell text, and reads back a `HostResult` or a held
 process's output; `HostRunner` is all it needs of *how*. `SSHPool`
 implements it over one asyncssh connection per host; a scripted fake
-(`tests/scripted.py`) implements it too, so rollback, the barrier, lock
-conversion and partial failures are tested without root or hosts, the way
+(`orchestrator/testing.py`, shipped with the package) implements it too,
+so rollback, the barrier, lock conversion, timeouts and partial failures
+are tested without root or hosts, the way
 httpx's `MockTransport` stands in for `HTTPTransport` behind one
 `BaseTransport`. The fake adds tests; everything that crosses SSH or touches
 docker is still tested on the sandbox.

@@ -18,10 +18,10 @@ import os
 import random
 import shlex
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import anyio
 
@@ -45,7 +45,11 @@ from orchestrator.ssh.envpass import env_block, env_reader, new_token
 from orchestrator.ssh.keys import load_identities, strict_known_hosts
 from orchestrator.ssh.libsearch import asyncssh
 from orchestrator.ssh.output import LineSplitter, StreamTail, as_result_text
+from orchestrator.ssh.seam import Command
 from orchestrator.ssh.sshconfig import config_route, sshd_key
+
+if TYPE_CHECKING:
+    from tenacity import AsyncRetrying, RetryCallState
 
 PREFERRED_CIPHERS = [
     "aes128-gcm@openssh.com",
@@ -54,8 +58,6 @@ PREFERRED_CIPHERS = [
     "aes256-ctr",
     "chacha20-poly1305@openssh.com",
 ]
-
-Command = str | Sequence[str]
 
 
 # How a connect attempt ended, as the error words say it. Only `timeout` and
@@ -137,6 +139,45 @@ def classify_connect_error(
     if isinstance(exc, OSError):
         return "unreachable", exc.strerror or str(exc)
     return "unreachable", reason
+
+
+@dataclass
+class _Spent:
+    """Seconds of a host's connect budget used so far."""
+
+    seconds: float = 0.0
+
+
+def _connect_retrying(retries: int, budget: float, spent: _Spent) -> AsyncRetrying:
+    """How a host's connect attempts are retried (tenacity, imported here: a
+    command that connects nowhere does not pay for it): the retried kinds,
+    at most `retries` times, while the backoff before the next attempt stays
+    within what is left of `budget`; random exponential waits."""
+    from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
+    from tenacity.stop import stop_base
+
+    class OutOfBudget(stop_base):
+        def __call__(self, retry_state: RetryCallState) -> bool:
+            return spent.seconds + retry_state.upcoming_sleep >= budget
+
+    def slept(state: RetryCallState) -> None:
+        spent.seconds += state.upcoming_sleep
+
+    return AsyncRetrying(
+        retry=retry_if_exception(lambda exc: _connect_failure(exc) in RETRIED),
+        stop=stop_after_attempt(retries + 1) | OutOfBudget(),
+        wait=lambda state: _retry_delay(state.attempt_number),
+        before_sleep=slept,
+        sleep=anyio.sleep,
+        reraise=True,
+    )
+
+
+def _connect_failure(exc: BaseException) -> str | None:
+    """The kind of a failed connect attempt (None: not a connect failure)."""
+    if isinstance(exc, OSError | asyncssh.Error | TimeoutError):
+        return failure_kind(exc)
+    return None
 
 
 def _retry_delay(attempt: int) -> float:
@@ -390,48 +431,26 @@ class SSHPool:
         everything else is final at once."""
         ssh = self.cluster.ssh
         budget = self._connect_budget()
-        spent = 0.0  # the host's own time: attempts and backoff, not queueing
+        # The host's own time: attempts and backoff, not queueing for admission.
+        spent = _Spent()
+        trace = _AttemptTrace()
+
+        retrying = _connect_retrying(ssh.connect_retries, budget, spent)
         attempts = 0
-        while True:
-            attempts += 1
-            if jump is not None:
-                # Each attempt: a jump that dropped meanwhile is reopened.
-                opts["tunnel"] = await jump()
-            trace = _AttemptTrace()
-            allowed = min(ssh.connect_timeout, budget - spent)
-            attempt_opts = {
-                **opts,
-                "connect_timeout": allowed,
-                "client_factory": _traced_factory(opts.get("client_factory"), trace),
-            }
-            async with (
-                self._handshake_limiter(opts, through_jump=jump is not None),
-                self.admission.slot() as ticket,
-            ):
-                try:
-                    self.connects += 1
-                    conn = await asyncssh.connect(**attempt_opts)
-                    ticket.outcome = "ok"
-                    return conn, attempts
-                except (OSError, asyncssh.Error, TimeoutError) as exc:
-                    kind = failure_kind(exc)
-                    # What our load can cause is a congestion signal; a login
-                    # refused after a full handshake says the handshake was fine.
-                    ticket.outcome = (
-                        "congested"
-                        if kind in RETRIED
-                        else "ok"
-                        if kind in ("auth", "host_key")
-                        else "neutral"
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    attempts += 1
+                    if jump is not None:
+                        # Each attempt: a jump that dropped meanwhile is reopened.
+                        opts["tunnel"] = await jump()
+                    trace = _AttemptTrace()
+                    allowed = min(ssh.connect_timeout, budget - spent.seconds)
+                    conn = await self._connect_once(
+                        opts, trace, allowed, spent, through_jump=jump is not None
                     )
-                    failure = exc
-                finally:
-                    spent += time.monotonic() - ticket.admitted_at
-            delay = _retry_delay(attempts)
-            if kind in RETRIED and attempts <= ssh.connect_retries and spent + delay < budget:
-                await anyio.sleep(delay)
-                spent += delay
-                continue
+            return conn, attempts
+        except (OSError, asyncssh.Error, TimeoutError) as failure:
             status, message = classify_connect_error(
                 failure,
                 timeout=min(ssh.connect_timeout, budget),
@@ -443,6 +462,46 @@ class SSHPool:
                 # fold into one line per cause.
                 message += f" (retried within the {budget:g}s connect budget)"
             raise ConnectError(host, status, what + message, attempts) from failure
+
+    async def _connect_once(
+        self,
+        opts: dict[str, Any],
+        trace: _AttemptTrace,
+        allowed: float,
+        spent: _Spent,
+        *,
+        through_jump: bool,
+    ) -> asyncssh.SSHClientConnection:
+        """One `asyncssh.connect` within `allowed` seconds, once admitted; what
+        it got to goes to the admission window (a congestion signal or not)."""
+        attempt_opts = {
+            **opts,
+            "connect_timeout": allowed,
+            "client_factory": _traced_factory(opts.get("client_factory"), trace),
+        }
+        async with (
+            self._handshake_limiter(opts, through_jump=through_jump),
+            self.admission.slot() as ticket,
+        ):
+            try:
+                self.connects += 1
+                conn = await asyncssh.connect(**attempt_opts)
+                ticket.outcome = "ok"
+                return conn
+            except (OSError, asyncssh.Error, TimeoutError) as exc:
+                kind = failure_kind(exc)
+                # What our load can cause is a congestion signal; a login
+                # refused after a full handshake says the handshake was fine.
+                ticket.outcome = (
+                    "congested"
+                    if kind in RETRIED
+                    else "ok"
+                    if kind in ("auth", "host_key")
+                    else "neutral"
+                )
+                raise
+            finally:
+                spent.seconds += time.monotonic() - ticket.admitted_at
 
     def _handshake_limiter(
         self, opts: dict[str, Any], *, through_jump: bool
@@ -522,13 +581,7 @@ class SSHPool:
                 _close_chain(chain.conns)
                 chain.conns = []
                 try:
-                    for name, hop_opts in chain.hops:
-                        opts = dict(hop_opts)
-                        if chain.conns:
-                            opts["tunnel"] = chain.conns[-1]
-                        conn, _ = await self._handshake(opts, name, f"via jump host {name}: ")
-                        chain.conns.append(conn)
-                        self.jump_connects += 1
+                    await self._open_hops(chain)
                 except ConnectError as exc:
                     chain.failure = exc
                     _close_chain(chain.conns)
@@ -541,6 +594,16 @@ class SSHPool:
                 return chain.conns[-1]
         except ConnectError as exc:
             raise ConnectError(host, exc.status, exc.message, exc.attempts) from exc
+
+    async def _open_hops(self, chain: _JumpChain) -> None:
+        """Each hop of `chain` in turn, each through the one before."""
+        for name, hop_opts in chain.hops:
+            opts = dict(hop_opts)
+            if chain.conns:
+                opts["tunnel"] = chain.conns[-1]
+            conn, _ = await self._handshake(opts, name, f"via jump host {name}: ")
+            chain.conns.append(conn)
+            self.jump_connects += 1
 
     async def _close_jumps(self) -> None:
         chains = [c for c in (self._cluster_jump, *self._config_jumps.values()) if c]

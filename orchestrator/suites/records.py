@@ -31,7 +31,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any, Literal, TypedDict
 
-from orchestrator.errors import API_STYLE, ExitCode, Param, Phrase, Style, restyled
+from orchestrator.errors import API_STYLE, ExitCode, Param, Phrase, Style, Text, restyled, say
 from orchestrator.errors import RecordError as RecordError
 from orchestrator.errors import RunDirError as RunDirError
 from orchestrator.events import Event, OutputLine, in_words
@@ -64,7 +64,7 @@ class StepHostOutcome:
     duration: float = 0.0
     tail: str = ""
     # Why it is not ok, in one line ("exit 1, expected 0", "stdout did not match ...").
-    reason: str | None = None
+    reason: Text | None = None
 
     @property
     def ok(self) -> bool:
@@ -108,13 +108,13 @@ class RunOutcome:
     plan: dict[str, dict[str, str]] = field(default_factory=dict)
     steps: list[StepOutcome] = field(default_factory=list)
     # Set when the run stopped before or between steps: refused, up failed, interrupted.
-    error: str | None = None
+    error: Text | None = None
     interrupted: bool = False
     refused: bool = False
     # `up` left hosts not ready: 3 (unreachable) or 1.
     up_exit_code: int | None = None
     # Stale images, failed removals, ...: recorded, but they do not fail the run.
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[Text] = field(default_factory=list)
     # container.image as asked for, and host -> image ID its container ran (read after up).
     image: str | None = None
     image_ids: dict[str, str] = field(default_factory=dict)
@@ -310,7 +310,7 @@ def junit_xml(outcome: RunOutcome) -> str:
                 time=f"{r.duration:.3f}",
             )
             counts["tests"] += 1
-            message = _xml_text(r.reason or r.status)
+            message = _xml_text(str(r.reason or r.status))
             if r.status in ("failed", "timeout"):
                 counts["failures"] += 1
                 failure = ET.SubElement(case, "failure", message=message, type=r.status)
@@ -352,7 +352,7 @@ def junit_xml(outcome: RunOutcome) -> str:
     ):
         ET.SubElement(props, "property", name=key, value=_xml_text(value))
     if outcome.error:
-        ET.SubElement(props, "property", name="error", value=_xml_text(outcome.error))
+        ET.SubElement(props, "property", name="error", value=_xml_text(str(outcome.error)))
     suite.extend(cases)
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
@@ -400,7 +400,7 @@ def _result_text(result: HostResult, *, note: bool) -> str:
     if result.stderr:
         parts.append(result.stderr)
     if note and result.error and result.status != "ok":
-        parts.append(f"[cvs] {result.status}: {result.error}\n")
+        parts.append(f"[cvs] {result.status}: {result.error!s}\n")
     return "".join(p if p.endswith("\n") or not p else p + "\n" for p in parts)
 
 
@@ -578,7 +578,7 @@ class RunRecorder:
                     # Work whose output did not stream through the sink (a copy step).
                     f.write(_result_text(result, note=False))
                 if result.error and result.status != "ok":
-                    f.write(f"[cvs] {result.status}: {result.error}\n")
+                    f.write(f"[cvs] {result.status}: {say(result.error, self.style)}\n")
                 f.close()
             del self._logs[result.host]
             return replace(result, output_file=str(path))

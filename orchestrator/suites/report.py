@@ -101,7 +101,7 @@ def skipped_note(outcome: RunOutcome) -> str:
     did not run, with why, one line per distinct reason ("" when none)."""
     by_reason: dict[str, list[str]] = {}
     for s in outcome.steps:
-        reasons = {r.reason for r in s.results.values() if r.status == "skipped"}
+        reasons = {str(r.reason) for r in s.results.values() if r.status == "skipped" and r.reason}
         for reason in sorted(r or "not run" for r in reasons):
             by_reason.setdefault(reason, []).append(s.name)
     return "".join(f"skipped: {', '.join(names)} ({why})\n" for why, names in by_reason.items())
@@ -111,7 +111,7 @@ def verdict(outcome: RunOutcome) -> str:
     """`test_demo: failed (exit 1) in 3.2s: ...`"""
     word = verdict_word(outcome)
     text = f"{outcome.suite}: {word} (exit {int(outcome.exit_code)}) in {run_seconds(outcome):.1f}s"
-    return text + (f": {outcome.error}" if outcome.error and outcome.error != word else "")
+    return text + (f": {outcome.error!s}" if outcome.error and outcome.error != word else "")
 
 
 # ---- html ---------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from orchestrator.config.hostlist import compress_hostlist
 from orchestrator.containers.copy import CopyError, Payload
 from orchestrator.containers.hints import hint_for
 from orchestrator.containers.mpi import MPIHosts, host_slots, parse_hostfile
-from orchestrator.errors import Call, ExitCode, Phrase, PolicyRefused
+from orchestrator.errors import Call, ExitCode, Phrase, PolicyRefused, Text, without_prefix
 from orchestrator.errortext import fold_errors
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.results import HostResult
@@ -96,29 +96,10 @@ def mpi_env(cluster: ClusterConfig, found: MPIHosts | None = None) -> dict[str, 
     return found.env()
 
 
-def _after(error: str, prefix: str) -> str | None:
-    """What follows `prefix` in `error`, None when it does not start so. A
-    Phrase stays one (errors.Phrase: its calls and options are shown in the
-    words of whoever reads the record, `cvs up` on the CLI); slicing it, or
-    formatting it into other text, would keep only the API's (`up()`)."""
-    text = str(error)
-    if not text.startswith(prefix):
-        return None
-    if not isinstance(error, Phrase):
-        return _clip(text[len(prefix) :], 240)
-    cut, rest = len(prefix), []
-    for part in error.parts:
-        if cut and isinstance(part, str):
-            part, cut = part[cut:], max(0, cut - len(part))
-            if not part:
-                continue
-        elif cut:
-            return _clip(text[len(prefix) :], 240)  # the prefix is not plain text
-        rest.append(part)
-    return Phrase(*rest)
-
-
-def _clip(text: str, limit: int = 80) -> str:
+def _clip(text: Text, limit: int = 80) -> Text:
+    """One line of at most `limit` characters (a Phrase, short by its making, as it is)."""
+    if not isinstance(text, str):
+        return text
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -150,15 +131,16 @@ def judge(step: Step, result: HostResult, tail_lines: int = TAIL_LINES) -> StepH
         # Ran, but no exit status came back (signal, dropped channel).
         return StepHostOutcome(status="failed", reason=result.error or "no exit status", **base)
     if result.exit_code != expect.exit_code:
-        reason: str = f"exit {result.exit_code}, expected {expect.exit_code}"
-        error = result.error or ""
+        reason = f"exit {result.exit_code}, expected {expect.exit_code}"
+        error: Text = result.error or ""
         # `exit code 137: <cause>` (containers/causes.py): the cause, not the code twice.
-        cause = _after(error, f"exit code {result.exit_code}: ")
+        cause = without_prefix(error, f"exit code {result.exit_code}: ")
+        said: Text = reason
         if cause is not None:
-            reason = Phrase(reason, ": ", cause)
+            said = Phrase(reason, ": ", _clip(cause, 240))
         elif error and not str(error).startswith(("exit code", "exit status")):
-            reason += f": {_clip(str(error))}"
-        return StepHostOutcome(status="failed", reason=reason, **base)
+            said = Phrase(reason, ": ", _clip(error))
+        return StepHostOutcome(status="failed", reason=said, **base)
     wanted = expect.stdout_re()
     if wanted is not None and not wanted.search(result.stdout):
         reason = f"stdout did not match {expect.stdout!r}"
@@ -173,7 +155,7 @@ def judge(step: Step, result: HostResult, tail_lines: int = TAIL_LINES) -> StepH
 
 
 def skipped_step(
-    step: Step, hosts: list[str], reason: str, status: StepHostStatus = "skipped"
+    step: Step, hosts: list[str], reason: Text, status: StepHostStatus = "skipped"
 ) -> StepOutcome:
     """A step that did not run (or did not finish) on its hosts, with why."""
     return StepOutcome(
@@ -186,15 +168,18 @@ def skipped_step(
     )
 
 
-def up_failure(report: Any, cluster: ClusterConfig | None = None) -> tuple[ExitCode, str] | None:
+def up_failure(report: Any, cluster: ClusterConfig | None = None) -> tuple[ExitCode, Text] | None:
     """(exit code, one line) when `up` left some host not ready, else None: the
     largest group of hosts with the same error (`errortext.fold_errors`), and
     when a cluster-file setting caused it, the setting, its line and the fix
     (`containers.hints`)."""
     if getattr(report, "ok", True):
         return None
-    failed = {h: o.error or "failed" for h, o in report.outcomes.items() if not o.ok}
-    groups = fold_errors(failed)
+    failed: dict[str, Text] = {
+        h: o.error or "failed" for h, o in report.outcomes.items() if not o.ok
+    }
+    # Folded by the API's words; the first host's own error (a Phrase stays one) shown.
+    groups = fold_errors({h: str(e) for h, e in failed.items()})
     hosts, text = groups[0]
     first = failed[hosts[0]]
     more = (
@@ -204,11 +189,11 @@ def up_failure(report: Any, cluster: ClusterConfig | None = None) -> tuple[ExitC
     )
     # The error's tail (docker's own words) is kept, up to a readable length;
     # as the host said it (a Phrase stays one) when folding changed nothing.
-    shown = _clip(text, 400)
-    if shown == first:
+    shown: Text = _clip(text, 400)
+    if shown == str(first):
         shown = first
     line = Phrase(f"up failed on {compress_hostlist(hosts)}: ", shown, more)
-    hint = _setting_hint(first, cluster)
+    hint = _setting_hint(str(first), cluster)
     if hint:
         line = Phrase(line, f"; fix: {hint}")
     return ExitCode(report.exit_code) or ExitCode.FAILED, line
@@ -338,7 +323,7 @@ async def _run_step(
         judged = judge(step, result)
         outcome.results[h] = judged
         status: Literal["ok", "failed"] = "ok" if judged.ok else "failed"
-        detail = "" if judged.ok else f"{judged.status}: {judged.reason}"
+        detail = "" if judged.ok else f"{judged.status}: {judged.reason!s}"
         sink.emit(HostStep(host=h, step=step.name, status=status, detail=detail))
     return outcome
 
@@ -395,8 +380,6 @@ async def run_suite(
     hosts = resolve_step_hosts(suite, cluster)
     outcome = outcome or new_outcome(suite, cluster, cluster_file)
     outcome.steps = [skipped_step(s, hosts[s.name], "not run") for s in suite.steps]
-    managed = cluster.container is not None
-    per_run = managed and cluster.container.lifetime == "per_run"  # type: ignore[union-attr]
     # A run record that cannot be written stops the run (remote commands are
     # killed by the cancellation), never the tear-down below.
     stop = anyio.CancelScope()
@@ -405,39 +388,9 @@ async def run_suite(
     try:
         async with Cluster.open(cluster, sink=sink) as fleet:
             fleet.purpose = f"run {suite.name}"
-            up_entered = False
-            try:
-                with stop:
-                    if managed:
-                        up_entered = True
-                        # `up` leaves every host locked shared for the steps: other
-                        # runs share the containers, nothing replaces them meanwhile.
-                        report = await fleet.up(force=force, check=False, wait=wait)
-                        outcome.plan = plan_rows(report)
-                        outcome.warnings.extend(getattr(report.plan, "warnings", []))
-                        failure = up_failure(report, cluster)
-                        if failure is not None:
-                            outcome.up_exit_code, outcome.error = failure
-                            reason = "up failed"
-                            outcome.steps = [
-                                skipped_step(s, hosts[s.name], reason) for s in suite.steps
-                            ]
-                            return outcome
-                        outcome.image_ids = await image_ids(fleet)
-                    await _steps(fleet, suite, hosts, outcome, recorder, sink)
-                if recorder is not None and recorder.failure is not None:
-                    outcome.error = str(recorder.failure)
-                    _mark_stopped(outcome, "stopped: run record not writable")
-            except PolicyRefused as exc:
-                up_entered = False  # refused: nothing was changed, nothing to undo
-                outcome.refused = True
-                outcome.error = f"refused: {exc}"
-                outcome.steps = [skipped_step(s, hosts[s.name], "refused") for s in suite.steps]
-            finally:
-                if per_run and up_entered:
-                    in_flight = sys.exc_info()[1]
-                    interrupted = in_flight is not None and _is_interrupt(in_flight)
-                    await _down(fleet, outcome, sink, interrupted=interrupted)
+            await _run_on_fleet(
+                fleet, suite, cluster, hosts, outcome, recorder, sink, stop, force=force, wait=wait
+            )
     except BaseException as exc:
         if _is_interrupt(exc):
             outcome.interrupted = True
@@ -451,6 +404,72 @@ async def run_suite(
             recorder.on_failure = None
             recorder.finish(outcome, report=write_report)
     return outcome
+
+
+async def _run_on_fleet(
+    fleet: Cluster,
+    suite: Suite,
+    cluster: ClusterConfig,
+    hosts: dict[str, list[str]],
+    outcome: RunOutcome,
+    recorder: RunRecorder | None,
+    sink: EventSink,
+    stop: anyio.CancelScope,
+    *,
+    force: bool,
+    wait: bool,
+) -> None:
+    """`up` (with a container block), the steps, and per_run's tear-down of
+    what `up` started, whatever happened in between."""
+    managed = cluster.container is not None
+    per_run = managed and cluster.container.lifetime == "per_run"  # type: ignore[union-attr]
+    up_entered = False
+    try:
+        with stop:
+            if managed:
+                up_entered = True
+                if not await _up(fleet, suite, cluster, hosts, outcome, force=force, wait=wait):
+                    return
+            await _steps(fleet, suite, hosts, outcome, recorder, sink)
+        if recorder is not None and recorder.failure is not None:
+            outcome.error = str(recorder.failure)
+            _mark_stopped(outcome, "stopped: run record not writable")
+    except PolicyRefused as exc:
+        up_entered = False  # refused: nothing was changed, nothing to undo
+        outcome.refused = True
+        outcome.error = f"refused: {exc}"
+        outcome.steps = [skipped_step(s, hosts[s.name], "refused") for s in suite.steps]
+    finally:
+        if per_run and up_entered:
+            in_flight = sys.exc_info()[1]
+            interrupted = in_flight is not None and _is_interrupt(in_flight)
+            await _down(fleet, outcome, sink, interrupted=interrupted)
+
+
+async def _up(
+    fleet: Cluster,
+    suite: Suite,
+    cluster: ClusterConfig,
+    hosts: dict[str, list[str]],
+    outcome: RunOutcome,
+    *,
+    force: bool,
+    wait: bool,
+) -> bool:
+    """`up` for the run: whether every host is ready (else the steps are
+    skipped, the outcome says why)."""
+    # `up` leaves every host locked shared for the steps: other runs share
+    # the containers, nothing replaces them meanwhile.
+    report = await fleet.up(force=force, check=False, wait=wait)
+    outcome.plan = plan_rows(report)
+    outcome.warnings.extend(getattr(report.plan, "warnings", []))
+    failure = up_failure(report, cluster)
+    if failure is not None:
+        outcome.up_exit_code, outcome.error = failure
+        outcome.steps = [skipped_step(s, hosts[s.name], "up failed") for s in suite.steps]
+        return False
+    outcome.image_ids = await image_ids(fleet)
+    return True
 
 
 async def image_ids(fleet: Cluster) -> dict[str, str]:
@@ -478,9 +497,9 @@ async def _down(
             # replaced it by the time we get the exclusive lock).
             _, removed = await fleet.down(own_only=True)
         except Exception as exc:
-            text = f"down failed: {type(exc).__name__}: {exc}"
-            outcome.warnings.append(text)
-            sink.emit(Message(level="error", text=text))
+            failed = f"down failed: {type(exc).__name__}: {exc}"
+            outcome.warnings.append(failed)
+            sink.emit(Message(level="error", text=failed))
             return
         for host, r in removed.items():
             if not r.ok:
@@ -504,7 +523,7 @@ async def _down(
                 )
             )
     if scope.cancelled_caught:
-        text = Phrase(
+        text: Text = Phrase(
             f"down did not finish within {DOWN_TIMEOUT:g}s; run ", Call("down"), " to clean up"
         )
         outcome.warnings.append(text)

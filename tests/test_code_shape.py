@@ -1,0 +1,64 @@
+"""No function in orchestrator/ over 80 lines, none nesting its blocks more
+than 4 deep: a newcomer reads one screen at a time (docs/design.md). An
+`elif` continues its `if`; a nested function or class starts afresh."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "orchestrator"
+MAX_LINES = 80
+MAX_DEPTH = 4
+BLOCKS = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.Match)
+SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+def depth(node: ast.AST, level: int = 0) -> int:
+    """How deep `node`'s blocks nest (its own body is level 0)."""
+    deepest = level
+    for field, value in ast.iter_fields(node):
+        children = value if isinstance(value, list) else [value]
+        for child in children:
+            if not isinstance(child, ast.AST) or isinstance(child, SCOPES):
+                continue
+            is_elif = (
+                isinstance(node, ast.If)
+                and field == "orelse"
+                and len(children) == 1
+                and isinstance(child, ast.If)
+            )
+            inner = level + 1 if isinstance(child, BLOCKS) and not is_elif else level
+            deepest = max(deepest, depth(child, inner))
+    return deepest
+
+
+def functions() -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                found.append((f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}", node))
+    return found
+
+
+def test_no_function_is_over_80_lines() -> None:
+    long = {
+        where: (node.end_lineno or node.lineno) - node.lineno + 1
+        for where, node in functions()
+        if (node.end_lineno or node.lineno) - node.lineno + 1 > MAX_LINES
+    }
+    assert not long, f"functions over {MAX_LINES} lines: {long}"
+
+
+def test_no_function_nests_its_blocks_more_than_4_deep() -> None:
+    deep = {where: depth(node) for where, node in functions() if depth(node) > MAX_DEPTH}
+    assert not deep, f"functions nesting more than {MAX_DEPTH} deep: {deep}"
+
+
+def test_the_depth_counts_blocks_not_elifs() -> None:
+    code = (
+        "def f(x):\n    if x:\n        for y in x:\n            pass\n    elif x:\n        pass\n"
+    )
+    (func,) = ast.parse(code).body
+    assert depth(func) == 2

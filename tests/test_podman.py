@@ -1177,7 +1177,8 @@ def test_a_podman_container_stopped_under_exec_is_named_from_podmans_own_facts(l
     try:
         deadline = time.monotonic() + 120
         # The command runs in node2's container once its sleep is there.
-        probe = ["exec", lab.name, "sh", "-c", "grep -l 'sleep 60' /proc/[0-9]*/cmdline"]
+        # `6[0]`: the pattern must not match the grep (or its shell) that looks.
+        probe = ["exec", lab.name, "sh", "-c", "grep -l 'sleep 6[0]' /proc/[0-9]*/cmdline"]
         while podman(lab.sb, "node2", *probe, check=False) == "":
             assert time.monotonic() < deadline, "the command never started on node2"
             time.sleep(0.5)

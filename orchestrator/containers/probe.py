@@ -44,7 +44,7 @@ from orchestrator.remote.frames import FrameError, Section, parse_sections
 from orchestrator.remote.records import adopted_records, host_record
 from orchestrator.remote.runtime import ContainerRuntime, RuntimeName
 
-DockerAccessMode = Literal["direct", "sudo", "none"]
+AccessMode = Literal["direct", "sudo", "none"]
 ContainerState = Literal["absent", "running", "exited", "other"]
 ErrorKind = Literal[
     "unreachable", "no_docker", "no_access", "daemon_down", "garbled", "docker", "docker_hung"
@@ -61,7 +61,7 @@ class HostState:
     error_kind: ErrorKind | None = None
     # How cvs reaches the runtime there (direct, sudo; none: it cannot); None:
     # could not tell (e.g. the daemon down). Formerly `docker_access`.
-    access: DockerAccessMode | None = None
+    access: AccessMode | None = None
     container: ContainerState | None = None  # None = unknown, NEVER treated as absent
     container_status: str | None = None  # docker's word (paused, restarting, created, …)
     container_id: str | None = None
@@ -109,7 +109,7 @@ class HostState:
     exec_facts: ExecFacts | None = field(default=None, compare=False, repr=False)
 
     @property
-    def docker_access(self) -> DockerAccessMode | None:
+    def docker_access(self) -> AccessMode | None:
         """Deprecated: `access` (the same, for any runtime); kept for one release."""
         warnings.warn("HostState.docker_access is HostState.access", DeprecationWarning, 2)
         return self.access
@@ -401,7 +401,7 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
             host, tried.get("direct"), tried.get("sudo"), runtime, other, rootless
         )
         return replace(failed, runtime_name=runtime, rootless=rootless)
-    access: DockerAccessMode = "direct" if answered[0] == "direct" else "sudo"
+    access: AccessMode = "direct" if answered[0] == "direct" else "sudo"
     inspect = tried[answered[0]]
     values: dict[str, object] = {
         "host": host,

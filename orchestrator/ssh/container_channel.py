@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
@@ -38,7 +38,12 @@ from orchestrator.errors import Call, Option, Phrase, Text
 from orchestrator.events import CommandFinished, CommandStarted, EventSink, NullSink
 from orchestrator.results import HostResult, Status
 from orchestrator.ssh.output import as_result_text
-from orchestrator.ssh.transport import PREFERRED_CIPHERS, SSHPool, _CommandSession
+from orchestrator.ssh.transport import (
+    PREFERRED_CIPHERS,
+    SSHPool,
+    _CommandSession,
+    keepalive_while_waiting,
+)
 
 # Why a container's sshd could not be used.
 ConnectKind = Literal["refused", "timeout", "host_key", "auth", "host", "protocol"]
@@ -415,21 +420,9 @@ class ContainerConnections:
             f"the container's sshd closed the connection while the command ran{why}",
         )
 
-    @contextlib.asynccontextmanager
-    async def _waiting_on(self, link: _Link) -> AsyncIterator[None]:
+    def _waiting_on(self, link: _Link) -> contextlib.AbstractAsyncContextManager[None]:
         """Keepalives while a command runs (as SSHPool does for hosts)."""
-        interval = self.pool.cluster.ssh.keepalive
-        if interval and link.active == 0:
-            with contextlib.suppress(asyncssh.Error, OSError):
-                link.conn.set_keepalive(interval)
-        link.active += 1
-        try:
-            yield
-        finally:
-            link.active -= 1
-            if interval and link.active == 0:
-                with contextlib.suppress(asyncssh.Error, OSError):
-                    link.conn.set_keepalive(0)
+        return keepalive_while_waiting(link, self.pool.cluster.ssh.keepalive)
 
     async def _kill(
         self,

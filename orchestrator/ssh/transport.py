@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 import anyio
 
@@ -253,6 +253,32 @@ class _HostLink:
     # Commands and held processes waiting on the host right now: keepalives
     # run only while there are some (`SSHPool._waiting_on`).
     active: int = 0
+
+
+class KeptAlive(Protocol):
+    """A connection and how many commands wait on it right now."""
+
+    conn: asyncssh.SSHClientConnection
+    active: int
+
+
+@contextlib.asynccontextmanager
+async def keepalive_while_waiting(link: KeptAlive, interval: float) -> AsyncIterator[None]:
+    """Keepalives on `link` (every `interval` s, 0: none) while the block waits
+    on it. An idle connection needs none (the next command notices a dead one
+    within the bound), and they cost: 5000 connections kept open through a long
+    fan-out sent 82 000 keepalives, a third of our CPU."""
+    if interval and link.active == 0:
+        with contextlib.suppress(asyncssh.Error, OSError):
+            link.conn.set_keepalive(interval)
+    link.active += 1
+    try:
+        yield
+    finally:
+        link.active -= 1
+        if interval and link.active == 0:
+            with contextlib.suppress(asyncssh.Error, OSError):
+                link.conn.set_keepalive(0)
 
 
 class SSHPool:
@@ -783,24 +809,8 @@ class SSHPool:
             stderr_dropped=err.dropped,
         )
 
-    @contextlib.asynccontextmanager
-    async def _waiting_on(self, link: _HostLink) -> AsyncIterator[None]:
-        """Keepalives on the link while the block waits on its host. An idle
-        connection needs none (the next command notices a dead one within the
-        bound), and they cost: 5000 connections kept open through a long
-        fan-out sent 82 000 keepalives, a third of our CPU."""
-        interval = self.cluster.ssh.keepalive
-        if interval and link.active == 0:
-            with contextlib.suppress(asyncssh.Error, OSError):
-                link.conn.set_keepalive(interval)
-        link.active += 1
-        try:
-            yield
-        finally:
-            link.active -= 1
-            if interval and link.active == 0:
-                with contextlib.suppress(asyncssh.Error, OSError):
-                    link.conn.set_keepalive(0)
+    def _waiting_on(self, link: _HostLink) -> contextlib.AbstractAsyncContextManager[None]:
+        return keepalive_while_waiting(link, self.cluster.ssh.keepalive)
 
     def _lost(self, exc: BaseException, label: str | None, command: str) -> str:
         """Why a running command lost its host, naming what was running (its

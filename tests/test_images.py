@@ -188,7 +188,7 @@ def test_failed_docker_run_on_one_host_rolls_back_only_this_attempts_containers(
     assert foreign is not None and foreign["Id"] == squatter.foreign_id
     assert foreign["State"]["Running"] and not foreign["Config"]["Labels"]
     # The message names the host and the cause.
-    error = report.outcomes["node2"].error or ""
+    error = str(report.outcomes["node2"].error or "")
     assert error.startswith("run:") and "already in use" in error, error
     warnings = [e.text for e in seen.events if isinstance(e, Message) and e.level == "warning"]
     assert any("cold start failed on node2" in w for w in warnings), warnings

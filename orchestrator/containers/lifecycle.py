@@ -67,6 +67,7 @@ from orchestrator.containers.plan import (
     choose_gpus,
     decide_down,
     decide_plan,
+    with_host_facts,
 )
 from orchestrator.containers.probe import HostState, parse_probe_output, probe_argv
 from orchestrator.containers.provision import (
@@ -676,7 +677,19 @@ class Lifecycle:
         plan = self.decide(chosen, force=force, reprovision=reprovision, adopt=adopt)
         if heal:
             wanted = sshd_wanted(self.cfg, len(self.cluster.hosts))
-            plan = healed(plan, chosen, only, self.cfg, sshd=wanted, cluster_name=self.identity)
+            mended = healed(plan, chosen, only, self.cfg, sshd=wanted, cluster_name=self.identity)
+            if mended is not plan and not mended.refused:
+                # The healed hosts' image step, GPUs and fitted resources, as
+                # the plan gives any launching host its own.
+                mended = with_host_facts(
+                    self.cfg,
+                    chosen,
+                    mended,
+                    cluster_name=self.identity,
+                    resources=cluster_effective_resources(self.cluster),
+                    slurm=self.cluster.slurm,
+                )
+            plan = mended
         return plan if only is None else narrowed(plan, only, self.name, unread(states, only))
 
     async def _tie_to_slurm_job(self, report: UpReport, states: Mapping[str, HostState]) -> None:

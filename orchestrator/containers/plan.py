@@ -512,6 +512,30 @@ def decide_plan(
     )
 
 
+def with_host_facts(
+    cfg: ContainerConfig,
+    states: Mapping[str, HostState],
+    plan: Plan,
+    *,
+    cluster_name: str,
+    resources: Mapping[str, EffectiveResources] | None,
+    slurm: SlurmJob | None,
+    our_label: str = LABEL_MANAGED,
+) -> Plan:
+    """A plan whose actions were decided elsewhere (`up --heal` completing a
+    persistent set, containers/subset.py) with the launching hosts' details
+    and refusals from the facts, as `decide_plan` gives its own."""
+    ours = {
+        h: s.container not in (None, "absent")
+        and is_ours(s.labels, cluster_name, our_label=our_label, lifetime=cfg.lifetime)
+        for h, s in states.items()
+    }
+    sshd = sshd_wanted(cfg, len(states))
+    return _with_host_facts(
+        cfg, states, ours, plan, resources=resources, force=False, sshd=sshd, slurm=slurm
+    )
+
+
 def _with_host_facts(
     cfg: ContainerConfig,
     states: Mapping[str, HostState],

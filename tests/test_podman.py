@@ -693,7 +693,7 @@ def test_podman_login_or_pull_beyond_start_timeout_fails_that_host_and_starts_no
 
     assert up.returncode == 1, explain(up)
     assert not lingering, lingering
-    failed = [line for line in up.stderr.splitlines() if "FAILED" in line]
+    failed = [line for line in up.stdout.splitlines() if "FAILED" in line]
     assert len(failed) == 1 and failed[0].startswith(f"node2: cold_start FAILED at {step}"), failed
     assert "did not finish within container.start_timeout (2s" in failed[0], explain(up)
     assert took < 60, took  # bounded by the timeout, not by podman giving up

@@ -69,9 +69,11 @@ def test_failed_provisioning_is_reported_and_retried_by_the_next_up(
 ) -> None:
     first = cvs("up", "-c", str(cluster_file))
     assert first.returncode == 1, first.stderr
-    failed_lines = [line for line in first.stderr.splitlines() if "FAILED" in line]
-    assert len(failed_lines) == 1 and failed_lines[0].startswith("node2:"), first.stderr
-    assert "provision" in first.stderr and "boom: node2 is not ready" in first.stderr
+    # The result on stdout, progress on stderr (docs/cli-output.md).
+    failed_lines = [line for line in first.stdout.splitlines() if "FAILED" in line]
+    assert len(failed_lines) == 1 and failed_lines[0].startswith("node2:"), first.stdout
+    said = first.stdout + first.stderr
+    assert "provision" in failed_lines[0] and "boom: node2 is not ready" in said, said
 
     markers = {h: docker(sandbox, h, "exec", NAME, "cat", MARKER_PATH) for h in ("node1", "node2")}
     assert markers["node1"].returncode == 0

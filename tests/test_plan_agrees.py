@@ -19,6 +19,8 @@ while `cvs plan` said it would start).
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from typing import Any
 
@@ -43,6 +45,8 @@ GI = 1024**3
 HOSTS = ("h1", "h2", "h3")
 PERSISTENT = {LABEL_LIFETIME: "persistent"}
 STATE_DIR = tempfile.mkdtemp(prefix="cvs-agree-")
+# Made at import (the cases share its keys); gone when the run ends.
+atexit.register(shutil.rmtree, STATE_DIR, ignore_errors=True)
 TWO_GPUS = (GPU(index=0, vendor="nvidia"), GPU(index=1, vendor="nvidia"))
 
 

@@ -75,7 +75,7 @@ def _main_with_writers(argv: Sequence[str] | None) -> int:
         for writer in writers:
             writer.drain()
         if out is not None and out.broken:
-            if not said:  # found only by the writer, after the command returned
+            if not said and not out.told:  # found by the writer, after the command returned
                 _stdout_closed()
             _discard_stdout()
 

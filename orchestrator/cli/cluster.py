@@ -23,6 +23,7 @@ from orchestrator.cli.common import (
     only_hosts,
     print_json_summary,
     run_with_cluster,
+    tell_stdout_closed,
     while_stdout_is_read,
     write_json_result,
 )
@@ -102,7 +103,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     finally:
         sink.close()
     if results is None:
-        sys.stderr.write("cvs: stdout closed by its reader: remote commands stopped\n")
+        tell_stdout_closed("remote commands stopped")
         return ExitCode.INTERRUPTED
     results = {h: _with_the_way_out(r) for h, r in restyled(results, CLI_STYLE).items()}
     code = exit_code_for(list(results.values()))

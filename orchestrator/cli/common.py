@@ -366,6 +366,14 @@ def print_refusal(args: argparse.Namespace, exc: PolicyRefused) -> int:
     return ExitCode.REFUSED
 
 
+def tell_stdout_closed(what: str) -> None:
+    """The command's own line for a reader gone away (`cvs run ... | head -1`):
+    what it stopped. Said once: the entry point does not add its own."""
+    sys.stderr.write(f"cvs: stdout closed by its reader: {what}\n")
+    if isinstance(sys.stdout, BackgroundWriter):
+        sys.stdout.told = True
+
+
 class BackgroundWriter:
     """A text stream written by a thread, so a full pipe blocks that thread and
     never the event loop: a reader that stops reading our output must not keep
@@ -389,6 +397,8 @@ class BackgroundWriter:
         self._spill_write = 0
         self._closed = False
         self._error: OSError | None = None  # the write that failed (reader gone)
+        # The command said itself what a closed stdout stopped (tell_stdout_closed).
+        self.told = False
         self._cv = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="cvs-output", daemon=True)
         self._thread.start()

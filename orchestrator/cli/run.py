@@ -22,6 +22,7 @@ from orchestrator.cli.common import (
     cluster_path,
     load,
     make_sink,
+    tell_stdout_closed,
     while_stdout_is_read,
     write_json_result,
 )
@@ -116,9 +117,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         recorder.close()
     if finished is None:
         # Nothing more on stdout (nobody reads it), not even the --json result line.
-        sys.stderr.write(
-            f"cvs: stdout closed by its reader: run stopped (record: {recorder.run_dir})\n"
-        )
+        tell_stdout_closed(f"run stopped (record: {recorder.run_dir})")
         return ExitCode.INTERRUPTED
     if args.json:
         doc = {**results_document(outcome), "run_dir": str(recorder.run_dir)}

@@ -136,6 +136,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         if process_owned:
             from orchestrator.cli import collector
 
+            collector.import_for(handler)  # what it imports when it runs, too
             collector.tune()  # after the imports: they are frozen, never scanned again
         return int(handler(args))
     except KeyboardInterrupt:

@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from orchestrator.cli.collector import imports_first
 from orchestrator.cli.common import (
     CLI_STYLE,
+    CONNECTING,
     chosen_hosts,
     cli_reasons,
     cli_text,
@@ -66,6 +68,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+@imports_first(*CONNECTING)
 def cmd_exec(args: argparse.Namespace) -> int:
     from orchestrator.api import Cluster
 
@@ -160,6 +163,7 @@ def _env_args(pairs: list[str]) -> dict[str, str]:
     return env
 
 
+@imports_first(*CONNECTING)
 def cmd_plan(args: argparse.Namespace) -> int:
     args.narrow_hosts = False  # decided over every host, shown for the chosen ones
     plan = run_with_cluster(
@@ -208,6 +212,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return plan.exit_code
 
 
+@imports_first(*CONNECTING)
 def cmd_up(args: argparse.Namespace) -> int:
     # A refusal (PolicyRefused) is reported by cli.main, like every CvsError;
     # a host that did not end ready is in the report (check=False), rendered below.
@@ -308,6 +313,7 @@ def _write_host_lines(lines: dict[str, str]) -> None:
         sys.stdout.write(f"{compress_hosts(hosts)} ({len(hosts)}): {text}\n")
 
 
+@imports_first(*CONNECTING)
 def cmd_down(args: argparse.Namespace) -> int:
     from orchestrator.containers.plan import down_leftovers
 
@@ -382,6 +388,7 @@ def _outside_selection(args: argparse.Namespace) -> list[str]:
     return [h.name for h in full.hosts if h.name not in chosen]
 
 
+@imports_first(*CONNECTING)
 def cmd_status(args: argparse.Namespace) -> int:
     from orchestrator.containers.status import status_exit_code
 

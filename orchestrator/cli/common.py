@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 
 DEFAULT_SANDBOX_DIR = "/tmp/cvs-sandbox"
+# What a command that connects imports when it runs, imported before the
+# collector is tuned (cli/collector.py, `imports_first`).
+CONNECTING = ("orchestrator.api",)
 
 
 def cluster_path(args: argparse.Namespace) -> Path:

@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from orchestrator.cli.collector import imports_first
 from orchestrator.cli.common import (
     CLI_STYLE,
+    CONNECTING,
     chosen_hosts,
     cli_message,
     cli_text,
@@ -63,6 +65,7 @@ def _stderr_console() -> Console:
     return Console(stderr=True)
 
 
+@imports_first(*CONNECTING)
 def cmd_cp(args: argparse.Namespace) -> int:
     from orchestrator.api import Cluster
     from orchestrator.containers.copy import (

@@ -10,7 +10,6 @@ One `Cluster` holds one SSH connection per host for its whole life.
 from __future__ import annotations
 
 import re
-import secrets
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -27,21 +26,10 @@ from orchestrator.config import (
 )
 from orchestrator.config.hostlist import SelectionError, abbreviate_hosts
 from orchestrator.config.hostlist import select_hosts as _select
-from orchestrator.containers.causes import (
-    container_cause,
-    diagnosis_command,
-    hung_cause,
-    output_cause,
-    read_diagnosis,
-    wants_diagnosis,
-    with_cause,
-)
-from orchestrator.containers.docker import normalize_image_id
 from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command, pidfile_of
 from orchestrator.errors import CvsError, Param, Phrase, Text, UsageError, first_line, join_text
 from orchestrator.errors import HostSelectionError as HostSelectionError
 from orchestrator.events import EventSink, Message, NullSink
-from orchestrator.limits.gpus import guard_visible_devices
 from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult, exit_code_for
 from orchestrator.ssh.fanout import fan_out, run_on_hosts
@@ -49,7 +37,8 @@ from orchestrator.ssh.seam import HostRunner
 from orchestrator.ssh.transport import SSHPool
 
 if TYPE_CHECKING:
-    # Imported where used: `cvs exec` needs none of copy, probe, status or drift
+    # Imported where used: `cvs exec` needs none of copy, probe, status or drift,
+    # and `cvs exec --host-os` none of causes, docker or limits.gpus either
     # (tests/test_startup.py).
     from orchestrator.containers.copy import Payload, Progress
     from orchestrator.containers.lifecycle import Lifecycle, UpReport
@@ -455,6 +444,8 @@ class Cluster:
             )
 
         results = await fan_out(self.hosts, one, limit=self.config.concurrency.hosts)
+        from orchestrator.containers.docker import normalize_image_id
+
         ids = {h: normalize_image_id(r.stdout.strip()) for h, r in results.items() if r.ok}
         return {h: i for h, i in ids.items() if _IMAGE_ID_RE.fullmatch(i)}
 
@@ -497,6 +488,8 @@ class Cluster:
             return env
         request = container.gpus
         count = request.count if isinstance(request, GPURequest) else None
+        from orchestrator.limits.gpus import guard_visible_devices
+
         kept, warnings = guard_visible_devices(env, request, count=count)
         for text in warnings:
             self.sink.emit(Message(level="warning", text=text))
@@ -568,6 +561,8 @@ class Cluster:
             return await run_on_hosts(
                 self.pool, selected, command, timeout=timeout, env=env, label="exec"
             )
+        import secrets
+
         name = container_name(self.config)
         container_env = self._guard_gpu_env({**self.config.env, **(env or {})})
         as_user = self._exec_user(name, user, workdir)
@@ -667,6 +662,16 @@ class Cluster:
         removed, runtime gone or hung), bounded by container.runtime_timeout."""
         if result.ok:
             return result
+        from orchestrator.containers.causes import (
+            container_cause,
+            diagnosis_command,
+            hung_cause,
+            output_cause,
+            read_diagnosis,
+            wants_diagnosis,
+            with_cause,
+        )
+
         cause: Text | None = output_cause(result.stdout, result.stderr)
         if cause is None and wants_diagnosis(result) and self.config.container is not None:
             bound = self.config.container.runtime_timeout

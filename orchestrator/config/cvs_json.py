@@ -24,7 +24,6 @@ What came from CVS's defaults is recorded in `ClusterConfig.cvs_notes` so
 
 from __future__ import annotations
 
-import difflib
 import getpass
 from typing import Any
 
@@ -114,6 +113,8 @@ def _replace_user(value: Any, user: str) -> Any:
 
 
 def _unknown(located: Located, path: list[Any], key: Any, known: set[str]) -> ConfigError:
+    import difflib  # only for a bad key: not on every load (tests/test_startup.py)
+
     close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return ConfigError(located.error([*path, key], f"unknown key in a CVS cluster file{hint}"))

@@ -8,7 +8,6 @@ and, where known, the line.
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import re
@@ -389,6 +388,8 @@ def _error_message(err: dict[str, Any], where: _ErrorPath) -> str:
         key = where.path[-1] if where.path else "?"
         fields = list(where.model.model_fields) if where.model is not None else []
         fields = [f for f in fields if f != "source"]
+        import difflib  # only for an unknown key: not on every load (tests/test_startup.py)
+
         close = difflib.get_close_matches(str(key), fields, n=1, cutoff=0.6)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         if not hint and fields:

@@ -12,16 +12,20 @@ run.sh before it starts the command.
 
 from __future__ import annotations
 
-import secrets
 import shlex
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from orchestrator import remote
 from orchestrator.config.model import CONTAINER_USER_RE, WORKDIR_RE
-from orchestrator.containers.docker import validate_container_name
-from orchestrator.remote.runtime import DOCKER_CLI_ENV, ContainerRuntime
 from orchestrator.ssh.envpass import env_block, new_token
+
+if TYPE_CHECKING:
+    from orchestrator.remote.runtime import ContainerRuntime
+
+# containers.docker (with limits.*), remote.runtime and secrets are imported
+# where a container command is built: `cvs exec --host-os` needs only
+# NOT_RUNNING_EXIT of this module (tests/test_startup.py).
 
 NOT_RUNNING_EXIT = 125
 
@@ -60,6 +64,9 @@ def in_running_container(
     found running, in the same round trip; exit 125 with one line saying so
     (naming `host`) when it is not. A known `runtime` (probed under this
     invocation's lock) skips the check."""
+    from orchestrator.containers.docker import validate_container_name
+    from orchestrator.remote.runtime import DOCKER_CLI_ENV, ContainerRuntime
+
     validate_container_name(name)
     runtime = runtime or ContainerRuntime()
     argv = runtime.when_running(name, docker_args, not_running_message(name, host, advice))
@@ -90,6 +97,11 @@ def container_command(
     holds. The check is then skipped, so the command costs one docker process
     on the host instead of two.
     """
+    import secrets
+
+    from orchestrator.containers.docker import validate_container_name
+    from orchestrator.remote.runtime import ContainerRuntime
+
     validate_container_name(name)
     token = token or secrets.token_hex(6)
     argv = ["sh", "-c", command] if isinstance(command, str) else list(command)

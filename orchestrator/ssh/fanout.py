@@ -6,6 +6,7 @@ The only fleet-wide wait is the final join.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
@@ -60,9 +61,14 @@ async def run_on_hosts(
 
     Past a fleet size where it pays, in worker processes, one per core
     (ssh/workers.py): the same events and results, in host order."""
-    from orchestrator.ssh.workers import fleet_for
+    fleet = None
+    # One host never starts workers (workers.worker_count), and a fleet this
+    # pool started for an earlier fan-out exists only once ssh.workers is
+    # imported: `cvs exec` on one host does not import it (pickle, tempfile).
+    if len(hosts) > 1 or "orchestrator.ssh.workers" in sys.modules:
+        from orchestrator.ssh.workers import fleet_for
 
-    fleet = await fleet_for(pool, hosts)
+        fleet = await fleet_for(pool, hosts)
     if fleet is not None:
         commands = {h: command(h) if callable(command) else command for h in hosts}
         results = await fleet.run(commands, timeout=timeout, input=input, env=env, label=label)

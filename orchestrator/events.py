@@ -31,6 +31,9 @@ SLOW_STEPS = frozenset({"pull", "load", "provision"})
 
 @dataclass(frozen=True)
 class Event:
+    """Something that happened while cvs worked, as an EventSink receives it
+    (`ts`: when, as time.time())."""
+
     ts: float = field(default_factory=time.time, kw_only=True)
 
     @property
@@ -46,12 +49,16 @@ class Event:
 
 @dataclass(frozen=True)
 class Connecting(Event):
+    """The handshake with `host` (at `address`) starts."""
+
     host: str
     address: str
 
 
 @dataclass(frozen=True)
 class Connected(Event):
+    """`host` is connected: the handshake took `seconds`, in `attempts` tries."""
+
     host: str
     seconds: float
     attempts: int = 1
@@ -59,6 +66,9 @@ class Connected(Event):
 
 @dataclass(frozen=True)
 class ConnectFailed(Event):
+    """`host` could not be connected to after `attempts` tries: its result's
+    `status` and the error."""
+
     host: str
     status: str
     error: str
@@ -67,6 +77,8 @@ class ConnectFailed(Event):
 
 @dataclass(frozen=True)
 class CommandStarted(Event):
+    """`command` started on `host` (`label`: what cvs ran it for, e.g. exec)."""
+
     host: str
     command: str
     label: str | None = None
@@ -85,6 +97,8 @@ class OutputLine(Event):
 
 @dataclass(frozen=True)
 class CommandFinished(Event):
+    """A command ended on `host`: its result."""
+
     host: str
     result: HostResult
     label: str | None = None
@@ -102,6 +116,8 @@ class HostStep(Event):
 
 @dataclass(frozen=True)
 class Message(Event):
+    """A line for the reader (information, a warning, an error), about `host` or none."""
+
     level: Level
     text: Text
     host: str | None = None

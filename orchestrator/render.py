@@ -87,6 +87,8 @@ PENDING_MAX = 1 << 20
 
 @dataclass
 class _HostView:
+    """One host's row in the live view."""
+
     state: str = "[cyan]connecting"
     last: str = ""
     phase: str = "connecting"  # connecting | running | ok | failed

@@ -46,6 +46,8 @@ class SlurmError(ConfigError):
 
 @dataclass(frozen=True)
 class SlurmNode:
+    """A node of the job: its name, its address and the GPUs the job holds there."""
+
     name: str
     address: str
     # Slurm's indices of the GPUs the job holds on this node (the node's own
@@ -55,6 +57,8 @@ class SlurmNode:
 
 @dataclass(frozen=True)
 class SlurmJob:
+    """The running job the hosts come from: its id and its nodes."""
+
     job_id: str
     nodes: tuple[SlurmNode, ...]
 

@@ -21,6 +21,8 @@ _NO_SPACE = re.compile(r"^\s*(?:-\s+)?([A-Za-z_][\w.-]*):([^\s:/][^\n]*)$")
 
 @dataclass(frozen=True)
 class Explained:
+    """Where a YAML error really is and what to say about it."""
+
     line: int  # 1-based: the line the user should look at
     column: int  # 1-based
     message: str

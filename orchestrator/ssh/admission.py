@@ -154,6 +154,8 @@ class AimdWindow:
 
 @dataclass
 class _Waiter:
+    """A handshake waiting to be admitted; `ticket` is set when it is."""
+
     event: anyio.Event = field(default_factory=anyio.Event)
     ticket: Ticket | None = None
 

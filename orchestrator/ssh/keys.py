@@ -56,6 +56,8 @@ class KeyPair:
 
 @dataclass(frozen=True)
 class ClusterKeys:
+    """The keys cvs made for a cluster: the user's and each host's, under `state_dir`."""
+
     user: KeyPair
     host_keys: Mapping[str, KeyPair]
     state_dir: Path

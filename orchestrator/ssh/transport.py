@@ -246,6 +246,8 @@ class _JumpChain:
 
 @dataclass
 class _HostLink:
+    """A host's connection and the channels it may open."""
+
     conn: asyncssh.SSHClientConnection
     # Work channels; one slot beyond this is kept for kill requests.
     channels: anyio.Semaphore

@@ -30,7 +30,6 @@ from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command, pi
 from orchestrator.errors import CvsError, Param, Phrase, Text, UsageError, first_line, join_text
 from orchestrator.errors import HostSelectionError as HostSelectionError
 from orchestrator.events import EventSink, Message, NullSink
-from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult, exit_code_for
 from orchestrator.ssh.fanout import fan_out, run_on_hosts
 from orchestrator.ssh.seam import HostRunner
@@ -48,6 +47,7 @@ if TYPE_CHECKING:
     from orchestrator.containers.probe import HostState
     from orchestrator.containers.sshexec import SSHExec
     from orchestrator.containers.status import HostStatus
+    from orchestrator.remote.runtime import ContainerRuntime
 
 
 _IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
@@ -369,6 +369,8 @@ class Cluster:
     def runtimes(self) -> Mapping[str, ContainerRuntime]:
         """How to reach the runtime on every host: as this Cluster's `up` probed
         it, else the cluster's runtime (container.runtime) for the host to find."""
+        from orchestrator.remote.runtime import ContainerRuntime
+
         cfg = self.config.container
         unprobed = (
             ContainerRuntime.unprobed(cfg.runtime, cfg.rootless)

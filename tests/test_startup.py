@@ -66,10 +66,11 @@ NOT_FOR_EXEC = [
     "orchestrator.suites",
 ]
 # What `cvs exec --host-os` on one host must not import besides: an in-container
-# exec builds a docker command (containers.docker, with limits.*) and names
-# causes from the host (containers.causes); a fan-out over many hosts may
-# start worker processes (ssh.workers, with pickle); difflib is for a
-# misspelt key in the cluster file. docs/performance.md, "Commands that connect".
+# exec builds a docker command (containers.docker with limits.*, for the
+# host's runtime: remote.runtime) and names causes (containers.causes); a
+# fan-out over many hosts may start worker processes (ssh.workers, with
+# pickle); difflib is for a misspelt key in the cluster file. Each was
+# imported at every `cvs exec` (docs/performance.md, "Commands that connect").
 NOT_FOR_HOST_EXEC = [
     *NOT_FOR_EXEC,
     "difflib",
@@ -78,6 +79,7 @@ NOT_FOR_HOST_EXEC = [
     "orchestrator.containers.docker",
     "orchestrator.containers.mpi",
     "orchestrator.limits",
+    "orchestrator.remote.runtime",
     "orchestrator.ssh.workers",
 ]
 

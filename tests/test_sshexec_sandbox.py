@@ -42,14 +42,15 @@ class Lab:
     cluster_file: Path
     runtime: str
     name: str
+    directory: Path
 
 
-def _cluster_file(sb: Sandbox, directory: Path, name: str) -> Path:
+def _cluster_file(sb: Sandbox, directory: Path, name: str, **container: Any) -> Path:
     doc = yaml.safe_load(sb.cluster_file.read_text())
     doc["name"] = name
-    doc["state_dir"] = str(directory / "state")
-    doc["container"] = {**doc["container"], "name": name, "lifetime": "persistent"}
-    path = directory / "cluster.yaml"
+    doc["state_dir"] = str(directory / f"state-{name}")
+    doc["container"] = {**doc["container"], "name": name, "lifetime": "persistent", **container}
+    path = directory / f"cluster-{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
@@ -75,7 +76,7 @@ def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         sb = sandbox_up(directory / "sb", hosts=len(HOSTS), runtime=runtime)
         path = _cluster_file(sb, directory, name)
         _up(path)
-        yield Lab(sb, path, runtime, name)
+        yield Lab(sb, path, runtime, name, directory)
     finally:
         sandbox_down(directory / "sb")
 
@@ -244,16 +245,10 @@ def test_the_shared_lock_is_held_while_a_command_runs_through_the_sshd(lab: Lab)
     assert seen["holders"] == [1] * len(HOSTS)
 
 
-# --- faults (docker hosts; each leaves the containers as it found them) -------
-
-
-def _docker_only(lab: Lab) -> None:
-    if lab.runtime != "docker":
-        pytest.skip("faults are made on the docker hosts")
+# --- faults (each leaves the containers as it found them) ---------------------
 
 
 def test_a_host_key_other_than_cvs_gave_is_refused_and_said_once(lab: Lab) -> None:
-    _docker_only(lab)
     stranger = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode()
 
     def swap_keys(cluster: Cluster) -> None:
@@ -287,7 +282,6 @@ def _kill_sshd_script() -> str:
 
 
 def test_an_sshd_gone_between_steps_sends_the_rest_through_exec_said_once(lab: Lab) -> None:
-    _docker_only(lab)
     sink = CollectingSink()
 
     async def main() -> None:
@@ -309,11 +303,10 @@ def test_an_sshd_gone_between_steps_sends_the_rest_through_exec_said_once(lab: L
     warnings = [e.text for e in sink.events if isinstance(e, Message) and e.level == "warning"]
     assert len(warnings) == len(HOSTS), warnings
     assert all("its sshd stopped (the container still runs)" in w for w in warnings)
-    assert all("`docker exec` for the rest of this invocation" in w for w in warnings)
+    assert all(f"`{lab.runtime} exec` for the rest of this invocation" in w for w in warnings)
 
 
 def test_a_container_restarted_under_an_open_connection_is_named(lab: Lab) -> None:
-    _docker_only(lab)
     sink = CollectingSink()
     out: dict[str, Any] = {}
 
@@ -349,7 +342,6 @@ def test_a_container_restarted_under_an_open_connection_is_named(lab: Lab) -> No
 def test_a_thousand_steps_use_one_connection_per_container_and_leak_no_channel(
     lab: Lab,
 ) -> None:
-    _docker_only(lab)
     steps = 1000
 
     async def main() -> dict[str, Any]:
@@ -377,3 +369,37 @@ def test_a_thousand_steps_use_one_connection_per_container_and_leak_no_channel(
     # One sshd process per open connection in each container, no shells left.
     assert seen["sessions"] == len(HOSTS) and seen["runs"] == 0
     assert _gone(lab.sb, b"sshd: root@notty")  # closed with the invocation
+
+
+# A shell that holds 200 MB in a variable: far past the container's cap (no swap here).
+GREEDY = "a=$(head -c 200000000 /dev/zero | tr '\\0' x); echo ${#a}"
+
+
+def test_a_command_the_oom_killer_ends_is_named_out_of_memory_on_both_paths(lab: Lab) -> None:
+    # A container of its own with a memory cap (and its sshd on a port of its
+    # own: host networking), in the module's sandbox.
+    name = f"{lab.name}-oom"
+    capped = Lab(
+        lab.sb,
+        _cluster_file(
+            lab.sb, lab.directory, name, resources={"memory": "96Mi"}, sshd={"port": 2234}
+        ),
+        lab.runtime,
+        name,
+        lab.directory,
+    )
+    try:
+        _up(capped.cluster_file)
+        via_sshd, cluster, warnings = run(capped, GREEDY)
+        via_exec, _, _ = run(capped, GREEDY, via_sshd=False)
+    finally:
+        for host in HOSTS:
+            runtime_cli(lab.sb, host, "rm", "-f", name, check=False)
+    assert warnings == [] and _channels(cluster) == len(HOSTS)
+    for results in (via_sshd, via_exec):
+        for r in results.values():
+            assert (r.status, r.exit_code) == ("failed", 137), r
+            # From the container's memory cgroup (its oom_kill counter grew while
+            # the command ran), not from the exit code: a KILL alone says nothing.
+            assert "out-of-memory killer" in str(r.error), r
+            assert "cvs: out of memory: memory cgroup oom_kill" in r.stderr, r

@@ -37,7 +37,6 @@ import asyncssh
 from orchestrator.errors import Call, Option, Phrase, Text
 from orchestrator.events import CommandFinished, CommandStarted, EventSink, NullSink
 from orchestrator.results import HostResult, Status
-from orchestrator.ssh.output import as_result_text
 from orchestrator.ssh.transport import (
     PREFERRED_CIPHERS,
     SSHPool,
@@ -345,19 +344,7 @@ class ContainerConnections:
                     result = await self._wait(link, chan, session, timeout, input, on_timeout)
             finally:
                 self.counters.open_channels -= 1
-        status, exit_code, error = result
-        out, err = session.tails["stdout"], session.tails["stderr"]
-        host_result = HostResult(
-            ep.host,
-            status,
-            exit_code=exit_code,
-            stdout=as_result_text(out),
-            stderr=as_result_text(err),
-            duration=time.monotonic() - start,
-            error=error,
-            stdout_dropped=out.dropped,
-            stderr_dropped=err.dropped,
-        )
+        host_result = session.result(*result, start)
         self.sink.emit(CommandFinished(host=ep.host, result=host_result, label=label))
         return host_result
 

@@ -26,6 +26,7 @@ import yaml
 from labtools import docker as runtime_cli
 
 from orchestrator.api import Cluster
+from orchestrator.containers.copy import Payload
 from orchestrator.events import CollectingSink, Message
 from orchestrator.results import HostResult
 from orchestrator.sandbox import Sandbox, sandbox_down, sandbox_up
@@ -403,3 +404,176 @@ def test_a_command_the_oom_killer_ends_is_named_out_of_memory_on_both_paths(lab:
             # the command ran), not from the exit code: a KILL alone says nothing.
             assert "out-of-memory killer" in str(r.error), r
             assert "cvs: out of memory: memory cgroup oom_kill" in r.stderr, r
+
+
+# --- `cp` through the container's sshd against `docker exec -i` ----------------
+
+
+def _copy(
+    lab: Lab, source: Path, dest: str, *, via_sshd: bool = True, prepare: Any = None
+) -> tuple[dict[str, HostResult], int, list[str]]:
+    """`source` to `dest` in every container, in an invocation of its own: the
+    results, the channels opened to the containers' sshd, the warnings."""
+    sink = CollectingSink()
+
+    async def main() -> tuple[dict[str, HostResult], int]:
+        payload = Payload.from_path(source)
+        try:
+            async with Cluster.open(lab.cluster_file, sink=sink) as cluster:
+                cluster.ssh_exec.enabled = via_sshd and cluster.ssh_exec.enabled
+                if prepare is not None:
+                    prepare(cluster)
+                results = await cluster.copy_to(payload, dest)
+                return results, _channels(cluster)
+        finally:
+            payload.close()
+
+    results, channels = anyio.run(main)
+    warnings = [e.text for e in sink.events if isinstance(e, Message) and e.level == "warning"]
+    return results, channels, warnings
+
+
+def _gather(
+    lab: Lab, src: str, into: Path, *, via_sshd: bool = True
+) -> tuple[dict[str, HostResult], int]:
+    async def main() -> tuple[dict[str, HostResult], int]:
+        async with Cluster.open(lab.cluster_file) as cluster:
+            cluster.ssh_exec.enabled = via_sshd and cluster.ssh_exec.enabled
+            results = await cluster.copy_from(src, into)
+            return results, _channels(cluster)
+
+    return anyio.run(main)
+
+
+def _listing(lab: Lab, host: str, root: str) -> str:
+    """Every path under `root` in `host`'s container: type, mode, owner, size,
+    sha256 of the files (read with the runtime's own exec)."""
+    script = (
+        'cd "$1" && find . -printf "%y %m %u:%g %s %p\\n" | sort && '
+        "find . -type f -exec sha256sum {} + | sort"
+    )
+    return runtime_cli(lab.sb, host, "exec", lab.name, "sh", "-c", script, "x", root)
+
+
+def _same_copy(results: dict[str, HostResult], root: str) -> dict[str, tuple[Any, ...]]:
+    """A copy's results with the run's own directory taken out."""
+    return {
+        h: (
+            r.status,
+            r.exit_code,
+            r.stdout.replace(root, "ROOT"),
+            (r.error or "").replace(root, "ROOT"),
+        )
+        for h, r in results.items()
+    }
+
+
+def _tree(directory: Path) -> Path:
+    (directory / "sub" / "deeper").mkdir(parents=True)
+    (directory / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (directory / "run.sh").chmod(0o750)
+    (directory / "sub" / "data.bin").write_bytes(os.urandom(300_000))
+    (directory / "sub" / "data.bin").chmod(0o600)
+    (directory / "sub" / "deeper" / "empty").write_bytes(b"")
+    (directory / "sub" / "link").symlink_to("data.bin")
+    return directory
+
+
+@pytest.mark.parametrize("what", ["file", "directory"])
+def test_a_copy_lands_the_same_through_the_sshd_and_exec(
+    lab: Lab, tmp_path: Path, what: str
+) -> None:
+    if what == "file":
+        source = tmp_path / "blob.bin"
+        source.write_bytes(os.urandom(1_500_000))  # several chunks
+        source.chmod(0o751)
+    else:
+        source = _tree(tmp_path / "tree")
+    tag = uuid.uuid4().hex[:8]
+    roots = {path: f"/tmp/cp-{path}-{tag}" for path in ("sshd", "exec")}
+    via_sshd, channels, warnings = _copy(lab, source, roots["sshd"] + "/")
+    via_exec, no_channels, _ = _copy(lab, source, roots["exec"] + "/", via_sshd=False)
+    assert warnings == [] and (channels, no_channels) == (len(HOSTS), 0)
+    assert all(r.ok for r in via_sshd.values()), via_sshd
+    assert _same_copy(via_sshd, roots["sshd"]) == _same_copy(via_exec, roots["exec"])
+    for host in HOSTS:
+        landed = {path: _listing(lab, host, root) for path, root in roots.items()}
+        assert landed["sshd"] == landed["exec"] and source.name in landed["sshd"]
+
+
+def test_a_relative_destination_is_under_the_containers_working_directory_on_both(
+    lab: Lab, tmp_path: Path
+) -> None:
+    source = tmp_path / "rel.txt"
+    source.write_text("relative\n")
+    tag = uuid.uuid4().hex[:8]
+    via_sshd, channels, _ = _copy(lab, source, f"cp-rel-sshd-{tag}.txt")
+    via_exec, _, _ = _copy(lab, source, f"cp-rel-exec-{tag}.txt", via_sshd=False)
+    assert channels == len(HOSTS)
+    workdir = runtime_cli(lab.sb, "node1", "exec", lab.name, "pwd").strip()
+    for path, results in (("sshd", via_sshd), ("exec", via_exec)):
+        final = f"{workdir.rstrip('/')}/cp-rel-{path}-{tag}.txt"
+        assert all(r.ok and r.stdout.startswith(f"{final}: ") for r in results.values()), results
+
+
+def test_a_copy_that_cannot_land_fails_the_same_through_the_sshd_and_exec(
+    lab: Lab, tmp_path: Path
+) -> None:
+    source = tmp_path / "x.txt"
+    source.write_text("x\n")
+    dest = "/etc/hostname/under-a-file/"  # a file where a directory must be
+    via_sshd, channels, _ = _copy(lab, source, dest)
+    via_exec, _, _ = _copy(lab, source, dest, via_sshd=False)
+    assert channels == len(HOSTS)
+    assert {r.status for r in via_sshd.values()} == {"failed"}
+    assert _shape(via_sshd) == _shape(via_exec)
+    assert _same_copy(via_sshd, "") == _same_copy(via_exec, "")
+
+
+def test_a_gathered_file_is_the_same_through_the_sshd_and_exec(lab: Lab, tmp_path: Path) -> None:
+    src = f"/tmp/cp-gather-{uuid.uuid4().hex[:8]}.bin"
+    for host in HOSTS:
+        runtime_cli(
+            lab.sb, host, "exec", lab.name, "sh", "-c", f"head -c 700000 /dev/urandom > {src}"
+        )
+    via_sshd, channels = _gather(lab, src, tmp_path / "sshd")
+    via_exec, no_channels = _gather(lab, src, tmp_path / "exec", via_sshd=False)
+    assert (channels, no_channels) == (len(HOSTS), 0)
+    assert all(r.ok for r in via_sshd.values()), via_sshd
+    name = Path(src).name
+    for host in HOSTS:
+        got = (tmp_path / "sshd" / host / name).read_bytes()
+        assert got == (tmp_path / "exec" / host / name).read_bytes() and len(got) == 700_000
+    assert {h: r.stdout.replace("/sshd/", "/X/") for h, r in via_sshd.items()} == {
+        h: r.stdout.replace("/exec/", "/X/") for h, r in via_exec.items()
+    }
+
+
+def test_gathering_a_missing_file_fails_the_same_through_the_sshd_and_exec(
+    lab: Lab, tmp_path: Path
+) -> None:
+    via_sshd, channels = _gather(lab, "/no/such/file", tmp_path / "sshd")
+    via_exec, _ = _gather(lab, "/no/such/file", tmp_path / "exec", via_sshd=False)
+    assert channels == len(HOSTS)
+    assert {(r.status, r.exit_code) for r in via_sshd.values()} == {("failed", 66)}
+    assert _shape(via_sshd) == _shape(via_exec)
+    assert [r.error for r in via_sshd.values()] == [r.error for r in via_exec.values()]
+    assert not (tmp_path / "sshd").exists() or not any((tmp_path / "sshd").iterdir())
+
+
+def test_a_copy_whose_sshd_refuses_goes_through_exec_said_once(lab: Lab, tmp_path: Path) -> None:
+    stranger = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode()
+
+    def swap_keys(cluster: Cluster) -> None:
+        for host in HOSTS:
+            cluster.ssh_exec._host_keys[host] = " ".join(stranger.split()[:2])
+
+    source = tmp_path / "k.txt"
+    source.write_text("key\n")
+    dest = f"/tmp/cp-key-{uuid.uuid4().hex[:8]}/"
+    results, channels, warnings = _copy(lab, source, dest, prepare=swap_keys)
+    assert all(r.ok for r in results.values()), results
+    assert channels == 0 and len(warnings) == len(HOSTS), warnings
+    assert all("host key other than the one cvs gave it: refused" in w for w in warnings)
+    for host in HOSTS:
+        assert runtime_cli(lab.sb, host, "exec", lab.name, "cat", f"{dest}k.txt") == "key"

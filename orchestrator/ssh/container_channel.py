@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
@@ -155,6 +155,18 @@ def _coalesce_writes(chan: Any) -> None:
     chan.write_eof = ending(write_eof)
     chan.close = ending(close)
     chan.abort = ending(abort)
+
+
+async def _end_process(process: asyncssh.SSHClientProcess[bytes], ended: bool) -> None:
+    """A held process's channel closed: waited for after a normal end, its
+    process group killed first when the block did not end normally."""
+    with contextlib.suppress(asyncssh.Error, OSError):
+        if not ended and process.exit_status is None:
+            process.send_signal("KILL")
+        with anyio.move_on_after(5):
+            process.stdin.write_eof()
+            await process.wait_closed()
+    process.close()
 
 
 def _kind(exc: BaseException) -> ConnectKind:
@@ -347,6 +359,39 @@ class ContainerConnections:
         host_result = session.result(*result, start)
         self.sink.emit(CommandFinished(host=ep.host, result=host_result, label=label))
         return host_result
+
+    @contextlib.asynccontextmanager
+    async def held_process(
+        self, ep: Endpoint, text: str, *, stdin: str = "", label: str | None = None
+    ) -> AsyncIterator[asyncssh.SSHClientProcess[bytes]]:
+        """Shell text `text` in `ep`'s container as a process whose bytes the
+        block streams (a copy's in-container end), `stdin` written first (an
+        environment block). Raises NotStarted, before the block, when it could
+        not start. On a normal exit its stdin is closed and it is waited for
+        (5 s at most); when the block raised (a timeout, a cancellation, a
+        lost stream) the session's process group is killed first (sshd
+        delivers the signal with killpg), then the channel closed."""
+        link = await self._link(ep)
+        async with link.channels:
+            try:
+                process = await link.conn.create_process(text, encoding=None)
+            except (asyncssh.Error, OSError) as exc:
+                self.drop(ep)
+                raise NotStarted(ep.host, "refused", f"no channel: {exc}") from None
+            self.counters.channels += 1
+            self.counters.open_channels += 1
+            self.sink.emit(CommandStarted(host=ep.host, command=text, label=label))
+            ended = False
+            try:
+                if stdin:
+                    process.stdin.write(stdin.encode())
+                async with self._waiting_on(link):
+                    yield process
+                ended = True
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await _end_process(process, ended)
+                self.counters.open_channels -= 1
 
     async def _wait(
         self,

@@ -1,7 +1,9 @@
 """Commands through the containers' own sshd against `docker exec`, on the
 sandbox (issue 34): the same command, the same result, on docker and podman
-hosts; and the faults (a changed host key, an sshd gone between steps, a
-container restarted under an open connection, 1000 steps without a leak).
+hosts; the faults (a changed host key, an sshd gone between steps, a
+container restarted under an open connection, 1000 steps without a leak, the
+out-of-memory killer), on both; and copies (`cp` both ways) through both
+paths, compared.
 
 A 2-host sandbox per runtime, persistent containers with their sshd, a state
 directory (keys) and a container name of this module's own.
@@ -577,3 +579,56 @@ def test_a_copy_whose_sshd_refuses_goes_through_exec_said_once(lab: Lab, tmp_pat
     assert all("host key other than the one cvs gave it: refused" in w for w in warnings)
     for host in HOSTS:
         assert runtime_cli(lab.sb, host, "exec", lab.name, "cat", f"{dest}k.txt") == "key"
+
+
+@pytest.mark.parametrize("via_sshd", [True, False], ids=["sshd", "exec"])
+def test_a_copy_that_times_out_leaves_no_process_and_no_partial_file(
+    lab: Lab, tmp_path: Path, via_sshd: bool
+) -> None:
+    source = tmp_path / "big.bin"
+    with source.open("wb") as f:  # about 12 s to both hosts here: 8x the bound
+        f.truncate(800 * 2**20)
+    dest = f"/tmp/cp-slow-{uuid.uuid4().hex[:8]}/"
+
+    async def main() -> tuple[dict[str, HostResult], int]:
+        payload = Payload.from_path(source)
+        try:
+            async with Cluster.open(lab.cluster_file) as cluster:
+                cluster.ssh_exec.enabled = via_sshd and cluster.ssh_exec.enabled
+                results = await cluster.copy_to(payload, dest, timeout=1.5)
+                return results, _channels(cluster)
+        finally:
+            payload.close()
+
+    results, channels = anyio.run(main)
+    assert channels == (len(HOSTS) if via_sshd else 0)
+    assert {r.status for r in results.values()} == {"timeout"}, results
+    assert _gone(lab.sb, b"cvs-copy_receive")
+    for host in HOSTS:
+        left = runtime_cli(lab.sb, host, "exec", lab.name, "ls", "-A", dest)
+        assert left == "", left
+
+
+@pytest.mark.parametrize("via_sshd", [True, False], ids=["sshd", "exec"])
+def test_a_gather_that_times_out_leaves_no_process_in_the_container(
+    lab: Lab, tmp_path: Path, via_sshd: bool
+) -> None:
+    src = f"/tmp/cp-big-{uuid.uuid4().hex[:8]}"
+    for host in HOSTS:  # sparse: nothing written; about 4 s to read here, 10x the bound
+        runtime_cli(lab.sb, host, "exec", lab.name, "truncate", "-s", "400M", src)
+
+    async def main() -> tuple[dict[str, HostResult], int]:
+        async with Cluster.open(lab.cluster_file) as cluster:
+            cluster.ssh_exec.enabled = via_sshd and cluster.ssh_exec.enabled
+            results = await cluster.copy_from(src, tmp_path, timeout=0.4)
+            return results, _channels(cluster)
+
+    try:
+        results, channels = anyio.run(main)
+    finally:
+        for host in HOSTS:
+            runtime_cli(lab.sb, host, "exec", lab.name, "rm", "-f", src)
+    assert channels == (len(HOSTS) if via_sshd else 0)
+    assert {r.status for r in results.values()} == {"timeout"}, results
+    assert _gone(lab.sb, b"cvs-copy_send")
+    assert not any(tmp_path.iterdir())

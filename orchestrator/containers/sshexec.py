@@ -6,7 +6,9 @@ hosts). A container of a multi-host cluster already runs an sshd with keys
 cvs made: a channel on a connection to it costs what a host channel costs.
 So `Cluster.exec` (and whatever runs on it: `cvs exec`, suite steps, the
 CVS-compatible engine) asks `SSHExec.run` first, and takes the `docker exec`
-path (containers/exec.py) when it answers None.
+path (containers/exec.py) when it answers None; a copy (containers/copy.py)
+asks `SSHExec.held_process` for its in-container end the same way, else
+takes `docker exec -i`.
 
 Which path, decided from facts (pure functions below, `login_user` and
 `sshd_address`):
@@ -487,7 +489,9 @@ class SSHExec:
             runtime,
             facts,
             lambda: stack.enter_async_context(
-                connections.held_process(ep, cmd.script, stdin=cmd.stdin or "", label=label)
+                connections.held_process(
+                    ep, cmd.script, stdin=cmd.stdin or "", label=label, on_end=cmd.kill
+                )
             ),
         )
 

@@ -157,18 +157,6 @@ def _coalesce_writes(chan: Any) -> None:
     chan.abort = ending(abort)
 
 
-async def _end_process(process: asyncssh.SSHClientProcess[bytes], ended: bool) -> None:
-    """A held process's channel closed: waited for after a normal end, its
-    process group killed first when the block did not end normally."""
-    with contextlib.suppress(asyncssh.Error, OSError):
-        if not ended and process.exit_status is None:
-            process.send_signal("KILL")
-        with anyio.move_on_after(5):
-            process.stdin.write_eof()
-            await process.wait_closed()
-    process.close()
-
-
 def _kind(exc: BaseException) -> ConnectKind:
     if isinstance(exc, asyncssh.HostKeyNotVerifiable):
         return "host_key"
@@ -328,9 +316,10 @@ class ContainerConnections:
 
         Raises NotStarted when it could not start. Once started, it is the
         caller's: the result's status says how it ended; a timeout or a
-        cancellation signals the session's process group (sshd delivers a
-        channel signal with killpg) and runs `on_timeout` on a channel kept
-        for it.
+        cancellation signals the session's process group and runs
+        `on_timeout` on a channel kept for it (which is what ends it for a
+        root login: the containers' sshd refuses channel signals there,
+        "session signalling requires privilege separation").
         """
         start = time.monotonic()
         link = await self._link(ep)
@@ -362,15 +351,19 @@ class ContainerConnections:
 
     @contextlib.asynccontextmanager
     async def held_process(
-        self, ep: Endpoint, text: str, *, stdin: str = "", label: str | None = None
+        self,
+        ep: Endpoint,
+        text: str,
+        *,
+        stdin: str = "",
+        label: str | None = None,
+        on_end: str | None = None,
     ) -> AsyncIterator[asyncssh.SSHClientProcess[bytes]]:
         """Shell text `text` in `ep`'s container as a process whose bytes the
         block streams (a copy's in-container end), `stdin` written first (an
         environment block). Raises NotStarted, before the block, when it could
-        not start. On a normal exit its stdin is closed and it is waited for
-        (5 s at most); when the block raised (a timeout, a cancellation, a
-        lost stream) the session's process group is killed first (sshd
-        delivers the signal with killpg), then the channel closed."""
+        not start. However the block ends, the process ends as `_end_process`
+        says (`on_end`: what kills it, run when it has not ended)."""
         link = await self._link(ep)
         async with link.channels:
             try:
@@ -381,17 +374,34 @@ class ContainerConnections:
             self.counters.channels += 1
             self.counters.open_channels += 1
             self.sink.emit(CommandStarted(host=ep.host, command=text, label=label))
-            ended = False
             try:
                 if stdin:
                     process.stdin.write(stdin.encode())
                 async with self._waiting_on(link):
                     yield process
-                ended = True
             finally:
                 with anyio.CancelScope(shield=True):
-                    await _end_process(process, ended)
+                    await self._end_process(link, process, on_end)
                 self.counters.open_channels -= 1
+
+    async def _end_process(
+        self, link: _Link, process: asyncssh.SSHClientProcess[bytes], on_end: str | None
+    ) -> None:
+        """A held process's end, as `SSHPool.held_process` ends one under
+        `docker exec -i`: its stdin closed (a copy's receiving end then removes
+        what it did not finish) and 5 s to exit; what still runs then is
+        killed by `on_end` on the channel kept for it, and the channel closed.
+        (No channel signal: the containers' sshd refuses them for root
+        logins, "session signalling requires privilege separation".)"""
+        with contextlib.suppress(asyncssh.Error, OSError):
+            with anyio.move_on_after(5):
+                process.stdin.write_eof()
+                await process.wait_closed()
+            if process.exit_status is None and on_end is not None and not link.conn.is_closed():
+                with anyio.move_on_after(5):
+                    async with link.control:
+                        await link.conn.run(on_end, check=False)
+        process.close()
 
     async def _wait(
         self,

@@ -512,10 +512,13 @@ def test_a_relative_destination_is_under_the_containers_working_directory_on_bot
     via_sshd, channels, _ = _copy(lab, source, f"cp-rel-sshd-{tag}.txt")
     via_exec, _, _ = _copy(lab, source, f"cp-rel-exec-{tag}.txt", via_sshd=False)
     assert channels == len(HOSTS)
-    workdir = runtime_cli(lab.sb, "node1", "exec", lab.name, "pwd").strip()
     for path, results in (("sshd", via_sshd), ("exec", via_exec)):
-        final = f"{workdir.rstrip('/')}/cp-rel-{path}-{tag}.txt"
-        assert all(r.ok and r.stdout.startswith(f"{final}: ") for r in results.values()), results
+        name = f"cp-rel-{path}-{tag}.txt"
+        assert all(r.ok and r.stdout.startswith(f"{name}: ") for r in results.values()), results
+        for host in HOSTS:
+            workdir = runtime_cli(lab.sb, host, "exec", lab.name, "pwd")
+            landed = f"{workdir.rstrip('/')}/{name}"
+            assert runtime_cli(lab.sb, host, "exec", lab.name, "cat", landed) == "relative"
 
 
 def test_a_copy_that_cannot_land_fails_the_same_through_the_sshd_and_exec(

@@ -234,6 +234,7 @@ class WorkerFleet:
         limit = self.cluster.concurrency.hosts
         total = sum(len(s) for s in plan)
         argv = [sys.executable, "-m", "orchestrator.ssh.worker"]
+        started: list[tuple[_Worker, int]] = []
         for index, shard in enumerate(plan, 1):
             if self.closed:
                 break
@@ -242,10 +243,15 @@ class WorkerFleet:
             process = await anyio.open_process(argv, stderr=stderr, start_new_session=True)
             worker = _Worker(process, index, stderr)
             self.workers.append(worker)
-            share = max(1, math.ceil(limit * len(shard) / total))
-            await worker.send(("init", self.cluster, self.output_tail, share))
+            started.append((worker, max(1, math.ceil(limit * len(shard) / total))))
             for host in shard:
                 self.assigned[host] = worker
+        # Every worker gets its init at once: a big fleet's cluster is larger than a
+        # pipe's buffer, and a worker reads only once its imports are done, so
+        # sending one after the other would start the workers one after the other.
+        async with anyio.create_task_group() as tg:
+            for worker, share in started:
+                tg.start_soon(worker.send, ("init", self.cluster, self.output_tail, share))
 
     async def run(
         self,

@@ -401,19 +401,24 @@ class Cluster:
     ) -> dict[str, HostResult]:
         """Copy `payload` (a file, or a directory as one tar stream) to `dest` on
         every selected host at once, into the container unless `host_os`; each
-        host's copy is checked by sha256 (containers/copy.py)."""
+        host's copy is checked by sha256 (containers/copy.py). In the
+        containers it goes through their sshd where `exec` would."""
         from orchestrator.containers.copy import copy_to_hosts
 
+        selected = list(hosts or self.hosts)
+        if not host_os:
+            self.ssh_exec.warm_up(selected)
         return await copy_to_hosts(
             self.pool,
             self.config,
             payload,
             dest,
-            hosts=list(hosts or self.hosts),
+            hosts=selected,
             host_os=host_os,
             timeout=timeout,
             progress=progress,
             runtimes=self._probed_runtimes,
+            ssh_exec=self.ssh_exec,
         )
 
     async def copy_from(
@@ -426,18 +431,23 @@ class Cluster:
         timeout: float | None = None,
         progress: Progress | None = None,
     ) -> dict[str, HostResult]:
-        """Fetch the file `src` from every selected host into `dest_dir/<host>/`."""
+        """Fetch the file `src` from every selected host into `dest_dir/<host>/`
+        (from the containers through their sshd where `exec` would)."""
         from orchestrator.containers.copy import gather_from_hosts
 
+        selected = list(hosts or self.hosts)
+        if not host_os:
+            self.ssh_exec.warm_up(selected)
         return await gather_from_hosts(
             self.pool,
             self.config,
             src,
             dest_dir,
-            hosts=list(hosts or self.hosts),
+            hosts=selected,
             host_os=host_os,
             timeout=timeout,
             progress=progress,
+            ssh_exec=self.ssh_exec,
         )
 
     async def container_image_ids(self) -> dict[str, str]:

@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 
     from orchestrator.ssh.container_channel import ContainerConnections, Endpoint, NotStarted
     from orchestrator.ssh.transport import SSHPool
+    from orchestrator.ssh.worker_runner import WorkerContainerConnections, WorkerRunner
 
 # What docker puts first in an exec's environment when the image sets no PATH
 # (the daemon's `CreateDaemonEnvironment`); HOSTNAME is the container's.
@@ -245,11 +246,13 @@ class SSHExec:
     """The sshd path of one invocation (one `Cluster`): the facts read once
     per host, the connections, and which hosts went back to `docker exec`."""
 
-    def __init__(self, config: ClusterConfig, pool: SSHPool, sink: EventSink) -> None:
+    def __init__(
+        self, config: ClusterConfig, pool: SSHPool | WorkerRunner, sink: EventSink
+    ) -> None:
         self.config = config
         self.pool = pool
         self.sink = sink
-        self.connections: ContainerConnections | None = None
+        self.connections: ContainerConnections | WorkerContainerConnections | None = None
         self._host_keys: dict[str, str] = {}
         self._facts: dict[str, ExecFacts | None] = {}
         self._facts_lock: dict[str, anyio.Lock] = {}
@@ -266,6 +269,7 @@ class SSHExec:
             return False
         from orchestrator.ssh.container_channel import ContainerConnections
         from orchestrator.ssh.keys import default_state_dir
+        from orchestrator.ssh.transport import SSHPool
 
         try:
             key, self._host_keys = read_keys(
@@ -273,7 +277,10 @@ class SSHExec:
             )
         except (OSError, ValueError):  # asyncssh's KeyImportError is a ValueError
             return False  # no keys here: this state directory never brought it up
-        self.connections = ContainerConnections(self.pool, key, sink=self.sink)
+        if isinstance(self.pool, SSHPool):
+            self.connections = ContainerConnections(self.pool, key, sink=self.sink)
+        else:  # worker processes: each opens its hosts' containers' connections
+            self.connections = self.pool.container_connections(key.export_private_key())
         return True
 
     async def aclose(self) -> None:

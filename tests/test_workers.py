@@ -467,3 +467,32 @@ def test_cluster_open_runs_through_workers_only_when_they_are_planned(
     for host in seen["back"]:
         assert (tmp_path / "back" / host / Path(dest).name).read_bytes() == source.read_bytes()
     assert {r.stdout for r in seen["ran"].values()} == {"hi"}
+
+
+@needs_root
+def test_a_held_process_that_ends_in_a_worker_shows_its_exit_status_as_in_one_process(
+    farm_file: Path,
+) -> None:
+    # The lease renewer reads `exit_status` to tell that a lock holder ended.
+    from orchestrator.ssh.worker_runner import WorkerRunner
+
+    async def statuses(runner: Any) -> list[int | None]:
+        seen = []
+        async with (
+            runner.held_process("lo1", "cat") as alive,
+            runner.held_process("lo2", "exit 3") as ended,
+        ):
+            with anyio.move_on_after(10):
+                while ended.exit_status is None:
+                    await anyio.sleep(0.05)
+            seen += [alive.exit_status, ended.exit_status]
+        return seen
+
+    async def main() -> tuple[list[int | None], list[int | None]]:
+        async with SSHPool(config(farm_file, 1)) as pool:
+            alone = await statuses(pool)
+        async with WorkerRunner(config(farm_file, 2), workers=2) as runner:
+            return alone, await statuses(runner)
+
+    alone, spread = anyio.run(main)
+    assert alone == spread == [None, 3]

@@ -2,10 +2,10 @@
 
 One Python process runs on one core: on a 16-core coordinator a 5000-host
 fan-out saturates it (3 ms of our CPU per host for a fresh connection) while
-15 cores idle. Past a fleet size where it pays, `run_on_hosts` hands each
-shard of the hosts to a worker process (`python -m orchestrator.ssh.worker`)
-with its own event loop, `SSHPool` and connections, kept for the parent
-pool's life so later commands reuse them. The parent keeps what needs every
+15 cores idle. Past a fleet size where it pays, each shard of the hosts
+belongs to a worker process (`python -m orchestrator.ssh.worker`) with its
+own event loop, `SSHPool` and connections, kept for the invocation's life
+so later commands reuse them. The parent keeps what needs every
 host: it forwards each worker's events to its own sink (the live view, the
 records), gathers the results in host order and decides exit codes as
 before.
@@ -20,9 +20,11 @@ before.
   1: always one process; N: N (at most the cores, else clamped with a
   warning, and at most the hosts). Never with `ssh.proxy_jump` (every
   worker would open the bastion).
-- **What**: `run_on_hosts` (`cvs exec --host-os`, the API's `exec` on the
-  hosts, the benchmark). `up`, `status`, `down` and in-container `exec`
-  (locks, probes, held processes) still run in one process.
+- **What**: every command of a `Cluster` whose `Cluster.open` planned
+  workers goes through a `WorkerRunner` (ssh/worker_runner.py: `run`, held
+  processes, commands through the containers' sshd, each in the host's
+  worker); `run_on_hosts` sends each worker its whole shard at once (also
+  on a plain `SSHPool`, for the benchmark).
 - **Faults**: a worker that dies is named, its hosts' results say they were
   lost with it, the other workers' hosts finish. Cancelling (Ctrl-C, a
   caller's timeout) asks each worker to cancel the request, which ends its
@@ -32,7 +34,9 @@ before.
   and they cancel everything and exit.
 
 The protocol is pickled frames over the worker's stdin and stdout, between
-processes of the same program.
+processes of the same program. One writer task per worker sends them,
+whole and in order (callers only queue); one reader task per worker hands
+out what comes back (events to the sink, replies to their callers).
 """
 
 from __future__ import annotations

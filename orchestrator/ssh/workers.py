@@ -137,6 +137,7 @@ class _Request:
     stats: dict[str, int] = field(default_factory=dict)
     label: str = "exec"
     finished: anyio.Event = field(default_factory=anyio.Event)
+    error: Exception | None = None
 
 
 class _Worker:
@@ -188,10 +189,27 @@ class _Worker:
         try:
             while True:
                 (size,) = _HEADER.unpack(await self._stdout.receive_exactly(_HEADER.size))
-                self._dispatch(pickle.loads(await self._stdout.receive_exactly(size)))
+                message = pickle.loads(await self._stdout.receive_exactly(size))
+                try:
+                    self._dispatch(message)
+                except Exception as exc:  # the sink's (a closed stdout): the callers'
+                    self._fail(exc)
         except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError):
             pass
         await self._ended()
+
+    def _fail(self, exc: Exception) -> None:
+        """What the sink raised reaches every caller waiting on this worker, as
+        it would have through `SSHPool.run` in one process; the worker
+        cancels their commands (ending their remote processes)."""
+        for cid, future in list(self.pending.items()):
+            if not future.done():
+                future.set_exception(exc)
+                self.post(("cancel", cid))
+        for rid, request in list(self.requests.items()):
+            request.error = exc
+            self.post(("cancel", rid))
+            request.finished.set()
 
     def _dispatch(self, message: Any) -> None:
         kind = message[0]
@@ -403,6 +421,8 @@ class WorkerFleet:
             raise
         results: dict[str, HostResult] = {}
         for _worker, _rid, request in requests:
+            if request.error is not None:
+                raise request.error
             results.update(request.results)
         return results
 

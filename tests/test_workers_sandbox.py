@@ -28,8 +28,7 @@ from typing import Any
 import anyio
 import pytest
 import yaml
-from clitools import CVS, explain, json_docs
-from clitools import cvs as run_cvs
+from clitools import CVS, cvs_on, explain, json_docs
 
 from orchestrator.api import Cluster
 from orchestrator.containers.locks import LEASE_SECONDS
@@ -67,8 +66,9 @@ def _cluster_file(sb: Sandbox, directory: Path, workers: int, name: str) -> Path
     return path
 
 
-def cvs(lab: Lab, workers: int, *args: str) -> subprocess.CompletedProcess[str]:
-    return run_cvs(*args, cluster=lab.files[workers], cwd=lab.directory, timeout=300)
+def cvs_with(lab: Lab, workers: int, *args: str) -> subprocess.CompletedProcess[str]:
+    """`cvs -c FILE args` with the cluster file that asks for `workers` workers."""
+    return cvs_on(lab.files[workers], *args, cwd=lab.directory, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,7 @@ def down_after(lab: Lab) -> Iterator[None]:
     """Each test leaves no container behind (the next one starts cold)."""
     yield
     for workers in lab.files:
-        cvs(lab, workers, "down", "--force")
+        cvs_with(lab, workers, "down", "--force")
 
 
 # -- the same as one process ------------------------------------------------------
@@ -133,7 +133,7 @@ def _sequence(lab: Lab, workers: int) -> dict[str, Any]:
     }
     seen: dict[str, Any] = {}
     for what, (command, *rest) in commands.items():
-        proc = cvs(lab, workers, command, "--json", *rest)
+        proc = cvs_with(lab, workers, command, "--json", *rest)
         docs = json_docs(proc.stdout)
         result = [d for d in docs if "event" not in d]
         text = json.dumps(result, sort_keys=True).replace(name, "C")
@@ -250,7 +250,7 @@ def _kill_worker_of(cluster: Cluster, host: str) -> int:
 def test_a_worker_killed_mid_exec_loses_its_host_by_name_and_that_lock_goes_with_it(
     lab: Lab, down_after: None
 ) -> None:
-    assert cvs(lab, 2, "up").returncode == 0
+    assert cvs_with(lab, 2, "up").returncode == 0
     seen: dict[str, Any] = {}
 
     async def main() -> None:
@@ -341,7 +341,7 @@ def test_a_worker_killed_mid_up_loses_its_host_by_name_the_other_finishes_and_it
 def test_ctrl_c_on_cvs_exec_in_containers_through_workers_exits_130_and_leaves_nothing(
     lab: Lab, down_after: None
 ) -> None:
-    assert cvs(lab, 2, "up").returncode == 0
+    assert cvs_with(lab, 2, "up").returncode == 0
     proc = subprocess.Popen(
         [*CVS, "-c", str(lab.files[2]), "exec", "--", "sleep 46.46"],
         env={**os.environ, "CI": "1"},

@@ -288,16 +288,19 @@ class _Worker:
             return await asyncio.shield(future)
         except BaseException:
             if not future.done():
-                self.post(("cancel", cid))
                 with anyio.CancelScope(shield=True):
-                    with anyio.move_on_after(CANCEL_GRACE):
-                        with contextlib.suppress(BaseException):
-                            await asyncio.shield(future)
-                    if not future.done():
-                        self.kill()
+                    await self._cancel_call(cid, future)
             raise
         finally:
             self.pending.pop(cid, None)
+
+    async def _cancel_call(self, cid: int, future: asyncio.Future[Any]) -> None:
+        """The worker cancels call `cid` and answers within CANCEL_GRACE, else is killed."""
+        self.post(("cancel", cid))
+        with anyio.move_on_after(CANCEL_GRACE), contextlib.suppress(BaseException):
+            await asyncio.shield(future)
+        if not future.done():
+            self.kill()
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):

@@ -338,12 +338,14 @@ def test_a_worker_killed_mid_up_loses_its_host_by_name_the_other_finishes_and_it
 # -- Ctrl-C -------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("user", [[], ["-u", "nobody"]], ids=["sshd", "docker-exec"])
 def test_ctrl_c_on_cvs_exec_in_containers_through_workers_exits_130_and_leaves_nothing(
-    lab: Lab, down_after: None
+    lab: Lab, down_after: None, user: list[str]
 ) -> None:
+    # The sshd lets in root and the image's user: `nobody` takes `docker exec`.
     assert cvs_with(lab, 2, "up").returncode == 0
     proc = subprocess.Popen(
-        [*CVS, "-c", str(lab.files[2]), "exec", "--", "sleep 46.46"],
+        [*CVS, "-c", str(lab.files[2]), "exec", *user, "--", "sleep 46.46"],
         env={**os.environ, "CI": "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

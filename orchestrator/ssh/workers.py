@@ -373,6 +373,10 @@ class WorkerFleet:
             process = await anyio.open_process(argv, stderr=stderr, start_new_session=True)
             worker = _Worker(process, index, stderr, self.sink)
             self.workers.append(worker)
+            # Queued: each worker's writer task sends it while the next worker
+            # starts (a big fleet's cluster is larger than a pipe's buffer, and
+            # a worker reads only once its imports are done, so waiting on each
+            # send would start the workers one after the other).
             share = max(1, math.ceil(limit * len(shard) / total))
             worker.post(("init", self.cluster, self.output_tail, share))
             for host in shard:

@@ -269,7 +269,7 @@ class SSHExec:
             return False
         from orchestrator.ssh.container_channel import ContainerConnections
         from orchestrator.ssh.keys import default_state_dir
-        from orchestrator.ssh.transport import SSHPool
+        from orchestrator.ssh.worker_runner import WorkerRunner
 
         try:
             key, self._host_keys = read_keys(
@@ -277,10 +277,11 @@ class SSHExec:
             )
         except (OSError, ValueError):  # asyncssh's KeyImportError is a ValueError
             return False  # no keys here: this state directory never brought it up
-        if isinstance(self.pool, SSHPool):
-            self.connections = ContainerConnections(self.pool, key, sink=self.sink)
-        else:  # worker processes: each opens its hosts' containers' connections
+        if isinstance(self.pool, WorkerRunner):
+            # Worker processes: each opens its hosts' containers' connections.
             self.connections = self.pool.container_connections(key.export_private_key())
+        else:
+            self.connections = ContainerConnections(self.pool, key, sink=self.sink)
         return True
 
     async def aclose(self) -> None:

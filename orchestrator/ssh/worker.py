@@ -127,10 +127,10 @@ class Worker:
     async def call(
         self, cid: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        handler: Callable[..., Coroutine[Any, Any, Any]] = getattr(self, "op_" + method)
         ok = False
         value: Any = ("error", f"{method}: cancelled")
         try:
+            handler: Callable[..., Coroutine[Any, Any, Any]] = getattr(self, "op_" + method)
             with self.scopes.setdefault(("call", cid), anyio.CancelScope()):
                 value, ok = await handler(*args, **kwargs), True
         except ConnectError as exc:

@@ -1,8 +1,8 @@
 """Every command through worker processes (ssh/worker_runner.py), on the
 docker sandbox: with `concurrency.workers: 2` (this machine has 2 cores, so
 the default would be one process) `up`, `status`, in-container `exec`
-(through the containers' sshd and through `docker exec`), `cvs run` and
-`down` give the same results, events and exit codes as one process; the
+(through the containers' sshd and through `docker exec`), `cp` both ways,
+`cvs run` and `down` give the same results, events and exit codes as one process; the
 shared lock is held on every host while a command runs; a worker killed in
 the middle of `up` or `exec` loses only its host, named, and that host's
 lock holder ends with the worker's connection; Ctrl-C ends everything.
@@ -113,14 +113,20 @@ _TIMING = re.compile(r'"(duration|started|finished|ts|run_dir|id)": [^,}]+')
 
 def _sequence(lab: Lab, workers: int) -> dict[str, Any]:
     """up (cold), up (attach), status, exec through the sshd and through
-    docker exec, a small suite, down: exit code, events (by kind, host,
-    label, status), and the result document, timings and names set aside."""
+    docker exec, cp to the containers and back, a small suite, down: exit
+    code, events (by kind, host, label, status), and the result document,
+    timings and names set aside."""
     suite = lab.directory / "small.yaml"
     steps = [
         {"name": "hello", "run": "echo hello; id -un"},
         {"name": "fails-on-node2", "hosts": "node2", "run": "exit 7"},
     ]
     suite.write_text(yaml.safe_dump({"name": "small", "steps": steps}))
+    payload = lab.directory / "payload"
+    if not payload.exists():
+        payload.mkdir()
+        (payload / "a.bin").write_bytes(os.urandom(300_000))
+        (payload / "b.txt").write_text("b\n")
     name = lab.names[workers]
     commands = {
         "up-cold": ["up"],
@@ -128,16 +134,20 @@ def _sequence(lab: Lab, workers: int) -> dict[str, Any]:
         "status": ["status"],
         "exec-sshd": ["exec", "--", "sh", "-c", "echo out $(id -un); echo err >&2; exit 3"],
         "exec-docker": ["exec", "-u", "nobody", "--", "sh", "-c", "echo out $(id -un)"],
+        "cp-to": ["cp", str(payload), "/tmp/payload"],
+        "cp-from": ["cp", "--from-host", "/tmp/payload/a.bin", str(lab.directory / "back-W")],
         "run": ["run", str(suite), "--run-dir", str(lab.directory / f"run-{workers}")],
         "down": ["down", "--force"],
     }
     seen: dict[str, Any] = {}
     for what, (command, *rest) in commands.items():
+        rest = [r.replace("back-W", f"back-{workers}") for r in rest]
         proc = cvs_with(lab, workers, command, "--json", *rest)
         docs = json_docs(proc.stdout)
         result = [d for d in docs if "event" not in d]
         text = json.dumps(result, sort_keys=True).replace(name, "C")
         text = text.replace(str(lab.files[workers]), "FILE").replace(f"run-{workers}", "RUN")
+        text = text.replace(f"back-{workers}", "BACK")
         seen[what] = {
             "rc": proc.returncode,
             "events": sorted(_event_key(d, name) for d in docs if "event" in d),
@@ -159,11 +169,16 @@ def test_every_command_through_two_workers_gives_what_one_process_gives(
         "status": 0,
         "exec-sshd": 1,
         "exec-docker": 0,
+        "cp-to": 0,
+        "cp-from": 0,
         "run": 1,
         "down": 0,
     }, spread
     assert '"stdout": "out root"' in spread["exec-sshd"]["result"]
     assert '"stdout": "out nobody"' in spread["exec-docker"]["result"]
+    for host in HOSTS:
+        back = lab.directory / "back-2" / host / "a.bin"
+        assert back.read_bytes() == (lab.directory / "payload" / "a.bin").read_bytes()
     for what in alone:
         assert spread[what] == alone[what], what
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import secrets
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from orchestrator.containers.probe import HostState
     from orchestrator.containers.sshexec import SSHExec
     from orchestrator.containers.status import HostStatus
+    from orchestrator.ssh.worker_runner import WorkerRunner
 
 
 _IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
@@ -150,6 +151,20 @@ def not_ready_result(host: str, state: HostState, name: str) -> HostResult:
     return HostResult(host, "failed", exit_code=NOT_RUNNING_EXIT, stderr=text + "\n", error=text)
 
 
+def _runner(config: ClusterConfig, sink: EventSink) -> AbstractAsyncContextManager[HostRunner]:
+    """How this invocation reaches its hosts: one `SSHPool` in this process, or,
+    past a fleet size where it pays (ssh/workers.py, `planned_workers`), worker
+    processes sharing the hosts (ssh/worker_runner.py)."""
+    from orchestrator.ssh.workers import planned_workers
+
+    count = planned_workers(config, len(config.hosts))
+    if count < 2:
+        return SSHPool(config, sink)
+    from orchestrator.ssh.worker_runner import WorkerRunner
+
+    return WorkerRunner(config, sink, workers=count)
+
+
 class Cluster:
     """A loaded cluster file plus its live connections."""
 
@@ -174,7 +189,7 @@ class Cluster:
         """Load the cluster file (or take a loaded config); close every connection on exit."""
         config = path if isinstance(path, ClusterConfig) else load_cluster(path)
         sink = sink or NullSink()
-        async with SSHPool(config, sink) as pool:
+        async with _runner(config, sink) as pool:
             cluster = cls(config, pool, sink)
             try:
                 yield cluster
@@ -361,9 +376,11 @@ class Cluster:
         if self._ssh_exec is None:
             from orchestrator.containers.sshexec import SSHExec
 
-            # The sshd path rides on SSHPool's own connections (its links and
-            # output bounds), not on the HostRunner seam.
-            self._ssh_exec = SSHExec(self.config, cast("SSHPool", self.pool), self.sink)
+            # The sshd path rides on the pool's own connections (its links and
+            # output bounds, in the hosts' workers when there are workers),
+            # not on the HostRunner seam.
+            pool = cast("SSHPool | WorkerRunner", self.pool)
+            self._ssh_exec = SSHExec(self.config, pool, self.sink)
         return self._ssh_exec
 
     @property

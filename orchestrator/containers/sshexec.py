@@ -68,6 +68,7 @@ if TYPE_CHECKING:
 
     from orchestrator.ssh.container_channel import ContainerConnections, Endpoint, NotStarted
     from orchestrator.ssh.transport import SSHPool
+    from orchestrator.ssh.worker_runner import WorkerContainerConnections, WorkerRunner
 
 _T = TypeVar("_T")
 
@@ -249,11 +250,13 @@ class SSHExec:
     """The sshd path of one invocation (one `Cluster`): the facts read once
     per host, the connections, and which hosts went back to `docker exec`."""
 
-    def __init__(self, config: ClusterConfig, pool: SSHPool, sink: EventSink) -> None:
+    def __init__(
+        self, config: ClusterConfig, pool: SSHPool | WorkerRunner, sink: EventSink
+    ) -> None:
         self.config = config
         self.pool = pool
         self.sink = sink
-        self.connections: ContainerConnections | None = None
+        self.connections: ContainerConnections | WorkerContainerConnections | None = None
         self._host_keys: dict[str, str] = {}
         self._facts: dict[str, ExecFacts | None] = {}
         self._facts_lock: dict[str, anyio.Lock] = {}
@@ -270,6 +273,7 @@ class SSHExec:
             return False
         from orchestrator.ssh.container_channel import ContainerConnections
         from orchestrator.ssh.keys import default_state_dir
+        from orchestrator.ssh.worker_runner import WorkerRunner
 
         try:
             key, self._host_keys = read_keys(
@@ -277,7 +281,11 @@ class SSHExec:
             )
         except (OSError, ValueError):  # asyncssh's KeyImportError is a ValueError
             return False  # no keys here: this state directory never brought it up
-        self.connections = ContainerConnections(self.pool, key, sink=self.sink)
+        if isinstance(self.pool, WorkerRunner):
+            # Worker processes: each opens its hosts' containers' connections.
+            self.connections = self.pool.container_connections(key.export_private_key())
+        else:
+            self.connections = ContainerConnections(self.pool, key, sink=self.sink)
         return True
 
     async def aclose(self) -> None:

@@ -12,13 +12,17 @@ the bench), so CVS attaches to it. Prints one JSON line:
   unmeasured ones, on one orchestrator (its connections reused);
 - `attach_s`: a new orchestrator (`OrchestratorFactory.create_orchestrator`),
   `setup_containers()` (persistent: CVS's probe, then attach) and
-  `exec("hostname")`, median of RUNS.
-
-Left out, because the sandbox cannot run it: CVS's fixture also calls
-`setup_sshd()` before a suite, which copies the `~/.ssh` CVS mounts when *it*
-starts the container (with GPU and InfiniBand devices and `memlock=-1`,
-which a sandbox host refuses), and sleeps 2 s. So `attach_s` is the least
-CVS's attach costs.
+  `exec("hostname")`, median of RUNS: the least CVS's attach costs;
+- `suite_attach_s` (with `--suite-attach`): what CVS's suites do before their
+  first test, as its `orch` fixtures do: a new orchestrator,
+  `setup_containers()`, `setup_sshd()` (six commands, its fixed 2 s sleep, a
+  `pgrep` and a listener check), then `exec("hostname")`, median of RUNS.
+  `setup_sshd()` copies `/host_ssh/*` (which CVS mounts when it starts the
+  container itself: bench/step_cost.py mounts a directory there) and starts
+  `sshd -p2224`, so cvs's own sshd is moved to another port for the bench.
+  A second `sshd -p2224` in a running container fails (the port is taken),
+  so before each run, untimed, CVS's sshd from the run before is stopped:
+  each run starts it as a suite run on a fresh container does.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from cvs.core.orchestrators.factory import OrchestratorConfig, OrchestratorFacto
 
 def main() -> int:
     cluster_json, steps, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    suite_attach = "--suite-attach" in sys.argv[4:]
     log = logging.getLogger("cvs-bench")
     logging.basicConfig(level=logging.ERROR)
 
@@ -51,6 +56,18 @@ def main() -> int:
         attach.append(time.perf_counter() - start)
         if len(out) == 0:
             raise SystemExit("CVS: exec hostname gave nothing")
+    suite: list[float] = []
+    for _ in range(runs if suite_attach else 0):
+        # Untimed: CVS's sshd of the run before (the bracket keeps pkill off its own shell).
+        attached().exec("pkill -f '/usr/sbin/ssh[d] -p2224'; true", print_console=False)  # type: ignore[attr-defined]
+        start = time.perf_counter()
+        orch = attached()
+        if not orch.setup_sshd():  # type: ignore[attr-defined]
+            raise SystemExit("CVS: setup_sshd failed")
+        out = orch.exec("hostname", print_console=False)  # type: ignore[attr-defined]
+        suite.append(time.perf_counter() - start)
+        if len(out) == 0:
+            raise SystemExit("CVS: exec hostname gave nothing")
     orch = attached()
     for _ in range(3):
         orch.exec("true", print_console=False)  # type: ignore[attr-defined]
@@ -66,6 +83,14 @@ def main() -> int:
                 "exec_ms_min": round(min(walls) * 1000, 2),
                 "attach_s": round(statistics.median(attach), 3),
                 "attach_s_min": round(min(attach), 3),
+                **(
+                    {
+                        "suite_attach_s": round(statistics.median(suite), 3),
+                        "suite_attach_s_min": round(min(suite), 3),
+                    }
+                    if suite
+                    else {}
+                ),
                 "steps": steps,
                 "runs": runs,
             }

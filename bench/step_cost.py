@@ -55,10 +55,17 @@ PATHS = ("sshd", "exec")
 REPO = Path(__file__).resolve().parent.parent
 
 
-def variant(source: Path, directory: Path, hosts: int, path: str) -> Path:
+def variant_file(
+    source: Path, directory: Path, hosts: int, path: str, *, for_cvs: bool = False
+) -> Path:
     """The cluster file on its first `hosts` hosts, persistent, commands
     through `path` (its container name and state directory as they are: an
-    existing cluster's containers are attached to, with their keys)."""
+    existing cluster's containers are attached to, with their keys).
+
+    `for_cvs`: the containers also suit CVS main's `setup_sshd()`, which copies
+    `/host_ssh/*` and starts its own `sshd -p2224`: a directory is mounted
+    there (one file no sshd reads) and cvs's sshd listens on 2225. The same
+    for every variant, so all of them attach to the same containers."""
     doc = yaml.safe_load(source.read_text())
     doc["hosts"] = doc["hosts"][:hosts]
     doc.pop("head", None)
@@ -66,6 +73,13 @@ def variant(source: Path, directory: Path, hosts: int, path: str) -> Path:
         doc["state_dir"] = str((source.parent / str(doc["state_dir"])).resolve())
     sshd = {**(doc["container"].get("sshd") or {}), "exec": path == "sshd"}
     doc["container"] = {**doc["container"], "lifetime": "persistent", "sshd": sshd}
+    if for_cvs:
+        host_ssh = directory / "host_ssh"
+        host_ssh.mkdir(mode=0o755, exist_ok=True)
+        (host_ssh / "cvs-bench-note").write_text("copied by CVS's setup_sshd\n")
+        sshd["port"] = 2225
+        volumes = [*(doc["container"].get("volumes") or []), f"{host_ssh}:/host_ssh:ro"]
+        doc["container"]["volumes"] = volumes
     out = directory / f"cluster-{hosts}-{path}.yaml"
     out.write_text(yaml.safe_dump(doc, sort_keys=False))
     return out
@@ -173,7 +187,7 @@ def measure_cvs(
     cvs_json = cvs_cluster_json(cluster_file, cluster_file.parent)
     child = REPO / "bench" / "cvs_main_exec.py"
     proc = subprocess.run(
-        [str(python), str(child), str(cvs_json), str(steps), str(runs)],
+        [str(python), str(child), str(cvs_json), str(steps), str(runs), "--suite-attach"],
         capture_output=True,
         text=True,
         timeout=1800,
@@ -256,7 +270,9 @@ def text(r: dict[str, Any]) -> str:
             f"cvs     {r['hosts']:>2} hosts main: orch.exec true {r['exec_ms']:.1f} ms median "
             f"(min {r['exec_ms_min']:.1f}, {r['steps']} steps); attach (setup_containers + "
             f"exec hostname) {r['attach_s']:.3f} s median (min {r['attach_s_min']:.3f}, "
-            f"{r['runs']} runs)\n"
+            f"{r['runs']} runs); a suite's attach (setup_containers + setup_sshd + exec "
+            f"hostname) {r.get('suite_attach_s', float('nan')):.3f} s median "
+            f"(min {r.get('suite_attach_s_min', float('nan')):.3f})\n"
         )
     return (
         f"suite   {r['hosts']:>2} hosts {r['path']:>4}: cvs run, {r['steps']} steps, "
@@ -268,6 +284,11 @@ def run_all(source: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     work = Path(tempfile.mkdtemp(prefix="cvs-bench-step-work-", dir="/tmp"))
     work.chmod(0o755)
     named = source
+    for_cvs = bool(args.cvs_python)
+
+    def variant(source: Path, directory: Path, hosts: int, path: str) -> Path:
+        return variant_file(source, directory, hosts, path, for_cvs=for_cvs)
+
     widest = max([*args.sizes, args.suite_hosts or 0])
     first = variant(named, work, widest, "sshd")
     anyio.run(_attach, first)  # cold start (or attach) everywhere once

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from orchestrator.containers.sshexec import SSHExec
     from orchestrator.containers.status import HostStatus
     from orchestrator.remote.runtime import ContainerRuntime
+    from orchestrator.ssh.worker_runner import WorkerRunner
 
 
 _IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
@@ -139,6 +140,24 @@ def not_ready_result(host: str, state: HostState, name: str) -> HostResult:
     return HostResult(host, "failed", exit_code=NOT_RUNNING_EXIT, stderr=text + "\n", error=text)
 
 
+def _runner(config: ClusterConfig, sink: EventSink) -> AbstractAsyncContextManager[HostRunner]:
+    """How this invocation reaches its hosts: one `SSHPool` in this process, or,
+    past a fleet size where it pays (ssh/workers.py, `planned_workers`), worker
+    processes sharing the hosts (ssh/worker_runner.py)."""
+    if len(config.hosts) < 2:
+        # workers.worker_count: one host is one process whatever is set;
+        # `cvs exec` on one host imports no ssh.workers (tests/test_startup.py).
+        return SSHPool(config, sink)
+    from orchestrator.ssh.workers import planned_workers
+
+    count = planned_workers(config, len(config.hosts))
+    if count < 2:
+        return SSHPool(config, sink)
+    from orchestrator.ssh.worker_runner import WorkerRunner
+
+    return WorkerRunner(config, sink, workers=count)
+
+
 class Cluster:
     """A loaded cluster file plus its live connections."""
 
@@ -163,7 +182,7 @@ class Cluster:
         """Load the cluster file (or take a loaded config); close every connection on exit."""
         config = path if isinstance(path, ClusterConfig) else load_cluster(path)
         sink = sink or NullSink()
-        async with SSHPool(config, sink) as pool:
+        async with _runner(config, sink) as pool:
             cluster = cls(config, pool, sink)
             try:
                 yield cluster
@@ -350,9 +369,11 @@ class Cluster:
         if self._ssh_exec is None:
             from orchestrator.containers.sshexec import SSHExec
 
-            # The sshd path rides on SSHPool's own connections (its links and
-            # output bounds), not on the HostRunner seam.
-            self._ssh_exec = SSHExec(self.config, cast("SSHPool", self.pool), self.sink)
+            # The sshd path rides on the pool's own connections (its links and
+            # output bounds, in the hosts' workers when there are workers),
+            # not on the HostRunner seam.
+            pool = cast("SSHPool | WorkerRunner", self.pool)
+            self._ssh_exec = SSHExec(self.config, pool, self.sink)
         return self._ssh_exec
 
     @property
@@ -392,19 +413,24 @@ class Cluster:
     ) -> dict[str, HostResult]:
         """Copy `payload` (a file, or a directory as one tar stream) to `dest` on
         every selected host at once, into the container unless `host_os`; each
-        host's copy is checked by sha256 (containers/copy.py)."""
+        host's copy is checked by sha256 (containers/copy.py). In the
+        containers it goes through their sshd where `exec` would."""
         from orchestrator.containers.copy import copy_to_hosts
 
+        selected = list(hosts or self.hosts)
+        if not host_os:
+            self.ssh_exec.warm_up(selected)
         return await copy_to_hosts(
             self.pool,
             self.config,
             payload,
             dest,
-            hosts=list(hosts or self.hosts),
+            hosts=selected,
             host_os=host_os,
             timeout=timeout,
             progress=progress,
             runtimes=self._probed_runtimes,
+            ssh_exec=self.ssh_exec,
         )
 
     async def copy_from(
@@ -417,18 +443,23 @@ class Cluster:
         timeout: float | None = None,
         progress: Progress | None = None,
     ) -> dict[str, HostResult]:
-        """Fetch the file `src` from every selected host into `dest_dir/<host>/`."""
+        """Fetch the file `src` from every selected host into `dest_dir/<host>/`
+        (from the containers through their sshd where `exec` would)."""
         from orchestrator.containers.copy import gather_from_hosts
 
+        selected = list(hosts or self.hosts)
+        if not host_os:
+            self.ssh_exec.warm_up(selected)
         return await gather_from_hosts(
             self.pool,
             self.config,
             src,
             dest_dir,
-            hosts=list(hosts or self.hosts),
+            hosts=selected,
             host_os=host_os,
             timeout=timeout,
             progress=progress,
+            ssh_exec=self.ssh_exec,
         )
 
     async def container_image_ids(self) -> dict[str, str]:

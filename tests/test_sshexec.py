@@ -4,10 +4,13 @@ compared on the sandbox in test_sshexec_sandbox.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
+from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from orchestrator import remote
@@ -187,3 +190,90 @@ def test_tunnel_writes_of_one_loop_turn_leave_as_one_message() -> None:
         return chan.sent
 
     assert anyio.run(main) == [b"ignore-packetreal-packet", b"later", "close"]
+
+
+# --- a copy's in-container end (containers/copy.py) -----------------------------
+
+
+class _Pool:
+    """A host runner whose held processes are recorded, not run."""
+
+    def __init__(self) -> None:
+        self.scripts: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def held_process(self, host: str, command: str, *, encoding: str | None = None) -> Any:
+        self.scripts.append(command)
+        raise OSError("not a host")
+        yield
+
+
+class _SSHExec:
+    def __init__(self, process: Any) -> None:
+        self.process = process
+        self.asked: list[tuple[str, list[str]]] = []
+
+    async def held_process(
+        self, stack: Any, host: str, argv: list[str], *, runtime: ContainerRuntime
+    ) -> Any:
+        self.asked.append((host, argv))
+        return self.process
+
+
+def _open(ssh_exec: Any, pool: Any) -> Any:
+    from orchestrator.containers.copy import _opener
+
+    open_ = _opener(
+        pool, "h1", "DOCKER EXEC SCRIPT", ["sh", "-c", "x"], ssh_exec, ContainerRuntime()
+    )
+
+    async def main() -> Any:
+        async with contextlib.AsyncExitStack() as stack:
+            return await open_(stack)
+
+    return anyio.run(main)
+
+
+def test_a_copy_takes_the_containers_sshd_when_it_gives_a_process() -> None:
+    pool, ssh_exec = _Pool(), _SSHExec(process="through the sshd")
+    assert _open(ssh_exec, pool) == "through the sshd"
+    assert ssh_exec.asked == [("h1", ["sh", "-c", "x"])] and pool.scripts == []
+
+
+def test_a_copy_the_sshd_path_declines_goes_through_docker_exec() -> None:
+    pool, ssh_exec = _Pool(), _SSHExec(process=None)
+    with pytest.raises(OSError, match="not a host"):
+        _open(ssh_exec, pool)
+    assert pool.scripts == ["DOCKER EXEC SCRIPT"]
+
+
+def test_a_copy_to_the_hosts_own_os_never_asks_the_containers_sshd(tmp_path: Path) -> None:
+    from orchestrator.config import load_cluster
+    from orchestrator.containers.copy import Payload, copy_to_hosts
+
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(
+        "hosts: [{name: h1, address: 10.0.0.1}, {name: h2, address: 10.0.0.2}]\n"
+        "container: {image: 'img:1'}\n"
+    )
+    source = tmp_path / "f.txt"
+    source.write_text("f\n")
+    pool: Any = _Pool()
+    ssh_exec: Any = _SSHExec(process="through the sshd")
+    payload = Payload.from_path(source)
+    try:
+        results = anyio.run(
+            lambda: copy_to_hosts(
+                pool,
+                load_cluster(cluster),
+                payload,
+                "/tmp/",
+                hosts=["h1", "h2"],
+                host_os=True,
+                ssh_exec=ssh_exec,
+            )
+        )
+    finally:
+        payload.close()
+    assert ssh_exec.asked == [] and len(pool.scripts) == 2
+    assert {r.status for r in results.values()} == {"unreachable"}

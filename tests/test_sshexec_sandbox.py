@@ -1,7 +1,9 @@
 """Commands through the containers' own sshd against `docker exec`, on the
 sandbox (issue 34): the same command, the same result, on docker and podman
-hosts; and the faults (a changed host key, an sshd gone between steps, a
-container restarted under an open connection, 1000 steps without a leak).
+hosts; the faults (a changed host key, an sshd gone between steps, a
+container restarted under an open connection, 1000 steps without a leak, the
+out-of-memory killer), on both; and copies (`cp` both ways) through both
+paths, compared.
 
 A 2-host sandbox per runtime, persistent containers with their sshd, a state
 directory (keys) and a container name of this module's own.
@@ -26,6 +28,7 @@ import yaml
 from labtools import docker as runtime_cli
 
 from orchestrator.api import Cluster
+from orchestrator.containers.copy import Payload
 from orchestrator.events import CollectingSink, Message
 from orchestrator.results import HostResult
 from orchestrator.sandbox import Sandbox, sandbox_down, sandbox_up
@@ -42,14 +45,15 @@ class Lab:
     cluster_file: Path
     runtime: str
     name: str
+    directory: Path
 
 
-def _cluster_file(sb: Sandbox, directory: Path, name: str) -> Path:
+def _cluster_file(sb: Sandbox, directory: Path, name: str, **container: Any) -> Path:
     doc = yaml.safe_load(sb.cluster_file.read_text())
     doc["name"] = name
-    doc["state_dir"] = str(directory / "state")
-    doc["container"] = {**doc["container"], "name": name, "lifetime": "persistent"}
-    path = directory / "cluster.yaml"
+    doc["state_dir"] = str(directory / f"state-{name}")
+    doc["container"] = {**doc["container"], "name": name, "lifetime": "persistent", **container}
+    path = directory / f"cluster-{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
@@ -75,7 +79,7 @@ def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         sb = sandbox_up(directory / "sb", hosts=len(HOSTS), runtime=runtime)
         path = _cluster_file(sb, directory, name)
         _up(path)
-        yield Lab(sb, path, runtime, name)
+        yield Lab(sb, path, runtime, name, directory)
     finally:
         sandbox_down(directory / "sb")
 
@@ -244,16 +248,10 @@ def test_the_shared_lock_is_held_while_a_command_runs_through_the_sshd(lab: Lab)
     assert seen["holders"] == [1] * len(HOSTS)
 
 
-# --- faults (docker hosts; each leaves the containers as it found them) -------
-
-
-def _docker_only(lab: Lab) -> None:
-    if lab.runtime != "docker":
-        pytest.skip("faults are made on the docker hosts")
+# --- faults (each leaves the containers as it found them) ---------------------
 
 
 def test_a_host_key_other_than_cvs_gave_is_refused_and_said_once(lab: Lab) -> None:
-    _docker_only(lab)
     stranger = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode()
 
     def swap_keys(cluster: Cluster) -> None:
@@ -287,7 +285,6 @@ def _kill_sshd_script() -> str:
 
 
 def test_an_sshd_gone_between_steps_sends_the_rest_through_exec_said_once(lab: Lab) -> None:
-    _docker_only(lab)
     sink = CollectingSink()
 
     async def main() -> None:
@@ -309,11 +306,10 @@ def test_an_sshd_gone_between_steps_sends_the_rest_through_exec_said_once(lab: L
     warnings = [e.text for e in sink.events if isinstance(e, Message) and e.level == "warning"]
     assert len(warnings) == len(HOSTS), warnings
     assert all("its sshd stopped (the container still runs)" in w for w in warnings)
-    assert all("`docker exec` for the rest of this invocation" in w for w in warnings)
+    assert all(f"`{lab.runtime} exec` for the rest of this invocation" in w for w in warnings)
 
 
 def test_a_container_restarted_under_an_open_connection_is_named(lab: Lab) -> None:
-    _docker_only(lab)
     sink = CollectingSink()
     out: dict[str, Any] = {}
 
@@ -349,7 +345,6 @@ def test_a_container_restarted_under_an_open_connection_is_named(lab: Lab) -> No
 def test_a_thousand_steps_use_one_connection_per_container_and_leak_no_channel(
     lab: Lab,
 ) -> None:
-    _docker_only(lab)
     steps = 1000
 
     async def main() -> dict[str, Any]:
@@ -377,3 +372,266 @@ def test_a_thousand_steps_use_one_connection_per_container_and_leak_no_channel(
     # One sshd process per open connection in each container, no shells left.
     assert seen["sessions"] == len(HOSTS) and seen["runs"] == 0
     assert _gone(lab.sb, b"sshd: root@notty")  # closed with the invocation
+
+
+# A shell that holds 200 MB in a variable: far past the container's cap (no swap here).
+GREEDY = "a=$(head -c 200000000 /dev/zero | tr '\\0' x); echo ${#a}"
+
+
+def test_a_command_the_oom_killer_ends_is_named_out_of_memory_on_both_paths(lab: Lab) -> None:
+    # A container of its own with a memory cap (and its sshd on a port of its
+    # own: host networking), in the module's sandbox.
+    name = f"{lab.name}-oom"
+    capped = Lab(
+        lab.sb,
+        _cluster_file(
+            lab.sb, lab.directory, name, resources={"memory": "96Mi"}, sshd={"port": 2234}
+        ),
+        lab.runtime,
+        name,
+        lab.directory,
+    )
+    try:
+        _up(capped.cluster_file)
+        via_sshd, cluster, warnings = run(capped, GREEDY)
+        via_exec, _, _ = run(capped, GREEDY, via_sshd=False)
+    finally:
+        for host in HOSTS:
+            runtime_cli(lab.sb, host, "rm", "-f", name, check=False)
+    assert warnings == [] and _channels(cluster) == len(HOSTS)
+    for results in (via_sshd, via_exec):
+        for r in results.values():
+            assert (r.status, r.exit_code) == ("failed", 137), r
+            # From the container's memory cgroup (its oom_kill counter grew while
+            # the command ran), not from the exit code: a KILL alone says nothing.
+            assert "out-of-memory killer" in str(r.error), r
+            assert "cvs: out of memory: memory cgroup oom_kill" in r.stderr, r
+
+
+# --- `cp` through the container's sshd against `docker exec -i` ----------------
+
+
+def _copy(
+    lab: Lab, source: Path, dest: str, *, via_sshd: bool = True, prepare: Any = None
+) -> tuple[dict[str, HostResult], int, list[str]]:
+    """`source` to `dest` in every container, in an invocation of its own: the
+    results, the channels opened to the containers' sshd, the warnings."""
+    sink = CollectingSink()
+
+    async def main() -> tuple[dict[str, HostResult], int]:
+        payload = Payload.from_path(source)
+        try:
+            async with Cluster.open(lab.cluster_file, sink=sink) as cluster:
+                cluster.ssh_exec.enabled = via_sshd and cluster.ssh_exec.enabled
+                if prepare is not None:
+                    prepare(cluster)
+                results = await cluster.copy_to(payload, dest)
+                return results, _channels(cluster)
+        finally:
+            payload.close()
+
+    results, channels = anyio.run(main)
+    warnings = [e.text for e in sink.events if isinstance(e, Message) and e.level == "warning"]
+    return results, channels, warnings
+
+
+def _gather(
+    lab: Lab, src: str, into: Path, *, via_sshd: bool = True
+) -> tuple[dict[str, HostResult], int]:
+    async def main() -> tuple[dict[str, HostResult], int]:
+        async with Cluster.open(lab.cluster_file) as cluster:
+            cluster.ssh_exec.enabled = via_sshd and cluster.ssh_exec.enabled
+            results = await cluster.copy_from(src, into)
+            return results, _channels(cluster)
+
+    return anyio.run(main)
+
+
+def _listing(lab: Lab, host: str, root: str) -> str:
+    """Every path under `root` in `host`'s container: type, mode, owner, size,
+    sha256 of the files (read with the runtime's own exec)."""
+    script = (
+        'cd "$1" && find . -printf "%y %m %u:%g %s %p\\n" | sort && '
+        "find . -type f -exec sha256sum {} + | sort"
+    )
+    return runtime_cli(lab.sb, host, "exec", lab.name, "sh", "-c", script, "x", root)
+
+
+def _same_copy(results: dict[str, HostResult], root: str) -> dict[str, tuple[Any, ...]]:
+    """A copy's results with the run's own directory taken out."""
+    return {
+        h: (
+            r.status,
+            r.exit_code,
+            r.stdout.replace(root, "ROOT"),
+            (r.error or "").replace(root, "ROOT"),
+        )
+        for h, r in results.items()
+    }
+
+
+def _tree(directory: Path) -> Path:
+    (directory / "sub" / "deeper").mkdir(parents=True)
+    (directory / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (directory / "run.sh").chmod(0o750)
+    (directory / "sub" / "data.bin").write_bytes(os.urandom(300_000))
+    (directory / "sub" / "data.bin").chmod(0o600)
+    (directory / "sub" / "deeper" / "empty").write_bytes(b"")
+    (directory / "sub" / "link").symlink_to("data.bin")
+    return directory
+
+
+@pytest.mark.parametrize("what", ["file", "directory"])
+def test_a_copy_lands_the_same_through_the_sshd_and_exec(
+    lab: Lab, tmp_path: Path, what: str
+) -> None:
+    if what == "file":
+        source = tmp_path / "blob.bin"
+        source.write_bytes(os.urandom(1_500_000))  # several chunks
+        source.chmod(0o751)
+    else:
+        source = _tree(tmp_path / "tree")
+    tag = uuid.uuid4().hex[:8]
+    roots = {path: f"/tmp/cp-{path}-{tag}" for path in ("sshd", "exec")}
+    via_sshd, channels, warnings = _copy(lab, source, roots["sshd"] + "/")
+    via_exec, no_channels, _ = _copy(lab, source, roots["exec"] + "/", via_sshd=False)
+    assert warnings == [] and (channels, no_channels) == (len(HOSTS), 0)
+    assert all(r.ok for r in via_sshd.values()), via_sshd
+    assert _same_copy(via_sshd, roots["sshd"]) == _same_copy(via_exec, roots["exec"])
+    for host in HOSTS:
+        landed = {path: _listing(lab, host, root) for path, root in roots.items()}
+        assert landed["sshd"] == landed["exec"] and source.name in landed["sshd"]
+
+
+def test_a_relative_destination_is_under_the_containers_working_directory_on_both(
+    lab: Lab, tmp_path: Path
+) -> None:
+    source = tmp_path / "rel.txt"
+    source.write_text("relative\n")
+    tag = uuid.uuid4().hex[:8]
+    via_sshd, channels, _ = _copy(lab, source, f"cp-rel-sshd-{tag}.txt")
+    via_exec, _, _ = _copy(lab, source, f"cp-rel-exec-{tag}.txt", via_sshd=False)
+    assert channels == len(HOSTS)
+    for path, results in (("sshd", via_sshd), ("exec", via_exec)):
+        name = f"cp-rel-{path}-{tag}.txt"
+        assert all(r.ok and r.stdout.startswith(f"{name}: ") for r in results.values()), results
+        for host in HOSTS:
+            workdir = runtime_cli(lab.sb, host, "exec", lab.name, "pwd")
+            landed = f"{workdir.rstrip('/')}/{name}"
+            assert runtime_cli(lab.sb, host, "exec", lab.name, "cat", landed) == "relative"
+
+
+def test_a_copy_that_cannot_land_fails_the_same_through_the_sshd_and_exec(
+    lab: Lab, tmp_path: Path
+) -> None:
+    source = tmp_path / "x.txt"
+    source.write_text("x\n")
+    dest = "/etc/hostname/under-a-file/"  # a file where a directory must be
+    via_sshd, channels, _ = _copy(lab, source, dest)
+    via_exec, _, _ = _copy(lab, source, dest, via_sshd=False)
+    assert channels == len(HOSTS)
+    assert {r.status for r in via_sshd.values()} == {"failed"}
+    assert _shape(via_sshd) == _shape(via_exec)
+    assert _same_copy(via_sshd, "") == _same_copy(via_exec, "")
+
+
+def test_a_gathered_file_is_the_same_through_the_sshd_and_exec(lab: Lab, tmp_path: Path) -> None:
+    src = f"/tmp/cp-gather-{uuid.uuid4().hex[:8]}.bin"
+    for host in HOSTS:
+        runtime_cli(
+            lab.sb, host, "exec", lab.name, "sh", "-c", f"head -c 700000 /dev/urandom > {src}"
+        )
+    via_sshd, channels = _gather(lab, src, tmp_path / "sshd")
+    via_exec, no_channels = _gather(lab, src, tmp_path / "exec", via_sshd=False)
+    assert (channels, no_channels) == (len(HOSTS), 0)
+    assert all(r.ok for r in via_sshd.values()), via_sshd
+    name = Path(src).name
+    for host in HOSTS:
+        got = (tmp_path / "sshd" / host / name).read_bytes()
+        assert got == (tmp_path / "exec" / host / name).read_bytes() and len(got) == 700_000
+    assert {h: r.stdout.replace("/sshd/", "/X/") for h, r in via_sshd.items()} == {
+        h: r.stdout.replace("/exec/", "/X/") for h, r in via_exec.items()
+    }
+
+
+def test_gathering_a_missing_file_fails_the_same_through_the_sshd_and_exec(
+    lab: Lab, tmp_path: Path
+) -> None:
+    via_sshd, channels = _gather(lab, "/no/such/file", tmp_path / "sshd")
+    via_exec, _ = _gather(lab, "/no/such/file", tmp_path / "exec", via_sshd=False)
+    assert channels == len(HOSTS)
+    assert {(r.status, r.exit_code) for r in via_sshd.values()} == {("failed", 66)}
+    assert _shape(via_sshd) == _shape(via_exec)
+    assert [r.error for r in via_sshd.values()] == [r.error for r in via_exec.values()]
+    assert not (tmp_path / "sshd").exists() or not any((tmp_path / "sshd").iterdir())
+
+
+def test_a_copy_whose_sshd_refuses_goes_through_exec_said_once(lab: Lab, tmp_path: Path) -> None:
+    stranger = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode()
+
+    def swap_keys(cluster: Cluster) -> None:
+        for host in HOSTS:
+            cluster.ssh_exec._host_keys[host] = " ".join(stranger.split()[:2])
+
+    source = tmp_path / "k.txt"
+    source.write_text("key\n")
+    dest = f"/tmp/cp-key-{uuid.uuid4().hex[:8]}/"
+    results, channels, warnings = _copy(lab, source, dest, prepare=swap_keys)
+    assert all(r.ok for r in results.values()), results
+    assert channels == 0 and len(warnings) == len(HOSTS), warnings
+    assert all("host key other than the one cvs gave it: refused" in w for w in warnings)
+    for host in HOSTS:
+        assert runtime_cli(lab.sb, host, "exec", lab.name, "cat", f"{dest}k.txt") == "key"
+
+
+@pytest.mark.parametrize("via_sshd", [True, False], ids=["sshd", "exec"])
+def test_a_copy_that_times_out_leaves_no_process_and_no_partial_file(
+    lab: Lab, tmp_path: Path, via_sshd: bool
+) -> None:
+    source = tmp_path / "big.bin"
+    with source.open("wb") as f:  # about 12 s to both hosts here: 8x the bound
+        f.truncate(800 * 2**20)
+    dest = f"/tmp/cp-slow-{uuid.uuid4().hex[:8]}/"
+
+    async def main() -> tuple[dict[str, HostResult], int]:
+        payload = Payload.from_path(source)
+        try:
+            async with Cluster.open(lab.cluster_file) as cluster:
+                cluster.ssh_exec.enabled = via_sshd and cluster.ssh_exec.enabled
+                results = await cluster.copy_to(payload, dest, timeout=1.5)
+                return results, _channels(cluster)
+        finally:
+            payload.close()
+
+    results, channels = anyio.run(main)
+    assert channels == (len(HOSTS) if via_sshd else 0)
+    assert {r.status for r in results.values()} == {"timeout"}, results
+    assert _gone(lab.sb, b"cvs-copy_receive")
+    for host in HOSTS:
+        left = runtime_cli(lab.sb, host, "exec", lab.name, "ls", "-A", dest)
+        assert left == "", left
+
+
+@pytest.mark.parametrize("via_sshd", [True, False], ids=["sshd", "exec"])
+def test_a_gather_that_times_out_leaves_no_process_in_the_container(
+    lab: Lab, tmp_path: Path, via_sshd: bool
+) -> None:
+    src = f"/tmp/cp-big-{uuid.uuid4().hex[:8]}"
+    for host in HOSTS:  # sparse: nothing written; about 4 s to read here, 10x the bound
+        runtime_cli(lab.sb, host, "exec", lab.name, "truncate", "-s", "400M", src)
+
+    async def main() -> tuple[dict[str, HostResult], int]:
+        async with Cluster.open(lab.cluster_file) as cluster:
+            cluster.ssh_exec.enabled = via_sshd and cluster.ssh_exec.enabled
+            results = await cluster.copy_from(src, tmp_path, timeout=0.4)
+            return results, _channels(cluster)
+
+    try:
+        results, channels = anyio.run(main)
+    finally:
+        for host in HOSTS:
+            runtime_cli(lab.sb, host, "exec", lab.name, "rm", "-f", src)
+    assert channels == (len(HOSTS) if via_sshd else 0)
+    assert {r.status for r in results.values()} == {"timeout"}, results
+    assert _gone(lab.sb, b"cvs-copy_send")
+    assert not any(tmp_path.iterdir())

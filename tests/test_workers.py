@@ -339,3 +339,160 @@ def _ppid(pid: str) -> int:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return -1
+
+
+# -- every command through the workers (ssh/worker_runner.py) ---------------------
+
+HELD = "while read l; do echo got $l; done; echo bye >&2; exit 5"
+
+
+async def _held_transcript(runner: Any) -> list[Any]:
+    seen: list[Any] = []
+    async with runner.held_process("lo2", HELD) as p:
+        p.stdin.write("a\n")
+        seen.append(await p.stdout.readline())
+        p.stdin.write("b\n")
+        await p.stdin.drain()
+        seen.append(await p.stdout.readline())
+        p.stdin.write_eof()
+        seen += [await p.stdout.read(), await p.stderr.read()]
+        seen.append((await p.wait()).exit_status)
+    async with runner.held_process("lo3", "cat", encoding=None) as p:
+        p.stdin.write(b"x" * 300_000)
+        await p.stdin.drain()
+        p.stdin.write_eof()
+        chunks = []
+        while chunk := await p.stdout.read(65536):
+            chunks.append(chunk)
+        seen += [len(b"".join(chunks)), (await p.wait()).exit_status]
+    return seen
+
+
+@needs_root
+def test_a_held_process_in_a_worker_reads_writes_and_ends_as_in_one_process(
+    farm_file: Path,
+) -> None:
+    from orchestrator.ssh.worker_runner import WorkerRunner
+
+    async def main() -> tuple[list[Any], list[Any]]:
+        async with SSHPool(config(farm_file, 1)) as pool:
+            alone = await _held_transcript(pool)
+        async with WorkerRunner(config(farm_file, 2), workers=2) as runner:
+            spread = await _held_transcript(runner)
+        return alone, spread
+
+    alone, spread = anyio.run(main)
+    assert alone == ["got a\n", "got b\n", "", "bye\n", 5, 300_000, 0]
+    assert spread == alone
+
+
+@needs_root
+def test_a_worker_that_dies_ends_its_held_processes_and_names_itself_to_later_calls(
+    farm_file: Path,
+) -> None:
+    from orchestrator.errors import ConnectError
+    from orchestrator.ssh.worker_runner import WorkerRunner
+
+    sink = CollectingSink()
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with WorkerRunner(config(farm_file, 2), sink, workers=2) as runner:
+            victim = runner.fleet.assigned["lo1"]
+            other = next(h for h, w in runner.fleet.assigned.items() if w is not victim)
+            async with runner.held_process("lo1", "cat") as p:
+                p.stdin.write("one\n")
+                assert await p.stdout.readline() == "one\n"
+                os.kill(victim.process.pid, signal.SIGKILL)
+                seen["eof"] = await p.stdout.readline()
+                seen["why"] = await p.stderr.read()
+                seen["status"] = (await p.wait()).exit_status
+                with pytest.raises(BrokenPipeError):
+                    p.stdin.write("two\n")
+            with pytest.raises(ConnectError) as refused:
+                async with runner.held_process("lo1", "cat"):
+                    pass
+            seen["refused"] = refused.value.message
+            seen["run"] = await runner.run("lo1", "true", label="probe")
+            seen["other"] = await runner.run(other, "echo alive")
+
+    anyio.run(main)
+    assert seen["eof"] == ""
+    assert "lost: the worker process 1 (pid " in seen["why"]
+    assert "was killed by SIGKILL" in seen["why"]
+    assert seen["status"] is None
+    assert "lost: the worker process 1" in seen["refused"]
+    assert seen["run"].status == "unreachable"
+    assert "lost: the worker process 1" in (seen["run"].error or "")
+    assert (seen["other"].status, seen["other"].stdout) == ("ok", "alive")
+    finished = [e for e in sink.events if e.kind == "CommandFinished" and e.label == "probe"]
+    assert [e.host for e in finished] == ["lo1"]  # type: ignore[attr-defined]
+
+
+@needs_root
+def test_cluster_open_runs_through_workers_only_when_they_are_planned(
+    farm_file: Path, tmp_path: Path
+) -> None:
+    from orchestrator.api import Cluster
+    from orchestrator.ssh.worker_runner import WorkerRunner
+
+    source = tmp_path / "payload"
+    source.write_bytes(os.urandom(200_000))
+    dest = f"/tmp/cvs-workers-{uuid.uuid4().hex[:8]}"
+    doc = yaml.safe_load(farm_file.read_text())
+    doc["concurrency"].pop("workers", None)
+    default = ClusterConfig.model_validate(doc)
+
+    async def main() -> dict[str, Any]:
+        async with Cluster.open(default) as cluster:
+            alone = type(cluster.pool).__name__
+        async with Cluster.open(config(farm_file, 2)) as cluster:
+            assert isinstance(cluster.pool, WorkerRunner)
+            from orchestrator.containers.copy import Payload
+
+            sent = await cluster.copy_to(
+                Payload.from_path(source), dest, hosts=["lo1"], host_os=True
+            )
+            back = await cluster.copy_from(dest, tmp_path / "back", host_os=True)
+            ran = await cluster.exec("echo hi", host_os=True)
+        return {"alone": alone, "sent": sent, "back": back, "ran": ran}
+
+    try:
+        seen = anyio.run(main)
+    finally:
+        subprocess.run(["rm", "-f", dest], check=False)
+    assert seen["alone"] == "SSHPool"  # 2 cores, 8 hosts: one process, as before
+    assert seen["sent"]["lo1"].ok, seen["sent"]
+    assert all(r.ok for r in seen["back"].values()), seen["back"]
+    for host in seen["back"]:
+        assert (tmp_path / "back" / host / Path(dest).name).read_bytes() == source.read_bytes()
+    assert {r.stdout for r in seen["ran"].values()} == {"hi"}
+
+
+@needs_root
+def test_a_held_process_that_ends_in_a_worker_shows_its_exit_status_as_in_one_process(
+    farm_file: Path,
+) -> None:
+    # The lease renewer reads `exit_status` to tell that a lock holder ended.
+    from orchestrator.ssh.worker_runner import WorkerRunner
+
+    async def statuses(runner: Any) -> list[int | None]:
+        seen = []
+        async with (
+            runner.held_process("lo1", "cat") as alive,
+            runner.held_process("lo2", "exit 3") as ended,
+        ):
+            with anyio.move_on_after(10):
+                while ended.exit_status is None:
+                    await anyio.sleep(0.05)
+            seen += [alive.exit_status, ended.exit_status]
+        return seen
+
+    async def main() -> tuple[list[int | None], list[int | None]]:
+        async with SSHPool(config(farm_file, 1)) as pool:
+            alone = await statuses(pool)
+        async with WorkerRunner(config(farm_file, 2), workers=2) as runner:
+            return alone, await statuses(runner)
+
+    alone, spread = anyio.run(main)
+    assert alone == spread == [None, 3]

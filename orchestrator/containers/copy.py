@@ -6,8 +6,11 @@
 A file is streamed as is; a directory as one tar stream built once. Each
 host's copy goes over a new channel of that host's SSH connection into
 `docker exec -i CONTAINER sh -c ...` (or a shell on the host with
-`host_os`), lands under DEST the way `cp -r` would put it (inside DEST when
-DEST is a directory or ends with `/`, else as DEST), and is then checked:
+`host_os`), or, where the container runs its sshd and `ssh_exec` takes it
+(containers/sshexec.py decides, as for `exec`: same user, environment and
+working directory), over a channel of the connection to that sshd. It
+lands under DEST the way `cp -r` would put it (inside DEST when DEST is a
+directory or ends with `/`, else as DEST), and is then checked:
 the remote side prints the sha256 of every file it wrote, compared with the
 local ones. A file that differs fails that host.
 
@@ -25,10 +28,10 @@ import stat
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import anyio
 
@@ -41,6 +44,9 @@ from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.libsearch import asyncssh
 from orchestrator.ssh.seam import HostRunner
+
+if TYPE_CHECKING:
+    from orchestrator.containers.sshexec import SSHExec
 
 CHUNK = 256 * 1024
 # The line the remote side prints before its checksums: where the copy went.
@@ -233,17 +239,44 @@ async def _send(process: Any, host: str, payload: Payload, progress: Progress | 
         return
 
 
-async def _copy_one(
+# Opens the remote end of one host's copy into the stack (closed with it):
+# an asyncssh process streaming bytes.
+Opener = Callable[[contextlib.AsyncExitStack[Any]], Awaitable[Any]]
+
+
+def _opener(
     pool: HostRunner,
     host: str,
     script: str,
+    argv: Sequence[str],
+    ssh_exec: SSHExec | None,
+    runtime: ContainerRuntime,
+) -> Opener:
+    """The copy's remote end: `argv` in the container through its sshd when
+    `ssh_exec` takes it (containers/sshexec.py decides, as for `exec`), else
+    `script` (`docker exec -i ...`, or the host's shell) on a host channel."""
+
+    async def open_(stack: contextlib.AsyncExitStack[Any]) -> Any:
+        if ssh_exec is not None:
+            process = await ssh_exec.held_process(stack, host, argv, runtime=runtime)
+            if process is not None:
+                return process
+        return await stack.enter_async_context(pool.held_process(host, script, encoding=None))
+
+    return open_
+
+
+async def _copy_one(
+    open_: Opener,
+    host: str,
     payload: Payload,
     timeout: float,
     progress: Progress | None,
 ) -> HostResult:
     start = time.monotonic()
     try:
-        async with pool.held_process(host, script, encoding=None) as process:
+        async with contextlib.AsyncExitStack() as stack:
+            process = await open_(stack)
             with anyio.fail_after(timeout):
                 await _send(process, host, payload, progress)
                 stdout = await process.stdout.read()
@@ -286,10 +319,12 @@ async def copy_to_hosts(
     timeout: float | None = None,
     progress: Progress | None = None,
     runtimes: Mapping[str, ContainerRuntime] | None = None,
+    ssh_exec: SSHExec | None = None,
 ) -> dict[str, HostResult]:
     """Copy `payload` to `dest` on every host at once (into the container unless
     `host_os`). `runtimes`: how to reach docker on hosts whose container this
-    invocation's `up` probed (no running check there)."""
+    invocation's `up` probed (no running check there). `ssh_exec`: the
+    containers' sshd path, taken where it runs (else `docker exec -i`)."""
     if not dest or "\n" in dest or "\0" in dest:
         raise CopyError(f"bad destination {dest!r}")
     want = payload.checksums.get("-", "")
@@ -297,10 +332,13 @@ async def copy_to_hosts(
     argv += [payload.mode, want]
     limit = timeout if timeout is not None else cluster.ssh.command_timeout
     known = runtimes or {}
+    via = None if host_os or cluster.container is None else ssh_exec
 
     async def one(host: str) -> HostResult:
-        script = _wrap(cluster, argv, host_os, known.get(host), host=host)
-        return await _copy_one(pool, host, script, payload, limit, progress)
+        runtime = known.get(host) or cluster_runtime(cluster)
+        script = _wrap(cluster, argv, host_os, runtime, host=host)
+        open_ = _opener(pool, host, script, argv, via, runtime)
+        return await _copy_one(open_, host, payload, limit, progress)
 
     return await fan_out(list(hosts), one, limit=cluster.concurrency.hosts)
 
@@ -317,9 +355,8 @@ async def _receive(
 
 
 async def _gather_one(
-    pool: HostRunner,
+    open_: Opener,
     host: str,
-    script: str,
     target: Path,
     timeout: float,
     progress: Progress | None,
@@ -330,7 +367,7 @@ async def _gather_one(
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.part")
     try:
-        result = await _gather_into(pool, host, script, target, partial, timeout, progress)
+        result = await _gather_into(open_, host, target, partial, timeout, progress)
     finally:
         if made and not target.exists():
             partial.unlink(missing_ok=True)
@@ -340,9 +377,8 @@ async def _gather_one(
 
 
 async def _gather_into(
-    pool: HostRunner,
+    open_: Opener,
     host: str,
-    script: str,
     target: Path,
     partial: Path,
     timeout: float,
@@ -351,7 +387,8 @@ async def _gather_into(
     start = time.monotonic()
     digest = hashlib.sha256()
     try:
-        async with pool.held_process(host, script, encoding=None) as process:
+        async with contextlib.AsyncExitStack() as stack:
+            process = await open_(stack)
             process.stdin.write_eof()
             with anyio.fail_after(timeout), partial.open("wb") as out:
                 await _receive(process, out, digest, host, progress)
@@ -393,16 +430,21 @@ async def gather_from_hosts(
     host_os: bool = False,
     timeout: float | None = None,
     progress: Progress | None = None,
+    ssh_exec: SSHExec | None = None,
 ) -> dict[str, HostResult]:
-    """Fetch the file `src` from every host into `dest_dir/<host>/<name of src>`."""
+    """Fetch the file `src` from every host into `dest_dir/<host>/<name of src>`
+    (`ssh_exec`: as for `copy_to_hosts`)."""
     name = os.path.basename(src.rstrip("/"))
     if not name or name in (".", "..") or "\n" in src or "\0" in src:
         raise CopyError(f"cannot fetch {src!r}: it does not name a file")
     send = remote.argv("copy_send", src)
     limit = timeout if timeout is not None else cluster.ssh.command_timeout
+    via = None if host_os or cluster.container is None else ssh_exec
+    runtime = cluster_runtime(cluster)
 
     async def one(host: str) -> HostResult:
         script = _wrap(cluster, send, host_os, host=host)
-        return await _gather_one(pool, host, script, dest_dir / host / name, limit, progress)
+        open_ = _opener(pool, host, script, send, via, runtime)
+        return await _gather_one(open_, host, dest_dir / host / name, limit, progress)
 
     return await fan_out(list(hosts), one, limit=cluster.concurrency.hosts)

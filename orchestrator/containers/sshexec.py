@@ -6,7 +6,9 @@ hosts). A container of a multi-host cluster already runs an sshd with keys
 cvs made: a channel on a connection to it costs what a host channel costs.
 So `Cluster.exec` (and whatever runs on it: `cvs exec`, suite steps, the
 CVS-compatible engine) asks `SSHExec.run` first, and takes the `docker exec`
-path (containers/exec.py) when it answers None.
+path (containers/exec.py) when it answers None; a copy (containers/copy.py)
+asks `SSHExec.held_process` for its in-container end the same way, else
+takes `docker exec -i`.
 
 Which path, decided from facts (pure functions below, `login_user` and
 `sshd_address`):
@@ -43,10 +45,10 @@ import contextlib
 import json
 import secrets
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
@@ -66,6 +68,9 @@ if TYPE_CHECKING:
 
     from orchestrator.ssh.container_channel import ContainerConnections, Endpoint, NotStarted
     from orchestrator.ssh.transport import SSHPool
+    from orchestrator.ssh.worker_runner import WorkerContainerConnections, WorkerRunner
+
+_T = TypeVar("_T")
 
 # What docker puts first in an exec's environment when the image sets no PATH
 # (the daemon's `CreateDaemonEnvironment`); HOSTNAME is the container's.
@@ -245,11 +250,13 @@ class SSHExec:
     """The sshd path of one invocation (one `Cluster`): the facts read once
     per host, the connections, and which hosts went back to `docker exec`."""
 
-    def __init__(self, config: ClusterConfig, pool: SSHPool, sink: EventSink) -> None:
+    def __init__(
+        self, config: ClusterConfig, pool: SSHPool | WorkerRunner, sink: EventSink
+    ) -> None:
         self.config = config
         self.pool = pool
         self.sink = sink
-        self.connections: ContainerConnections | None = None
+        self.connections: ContainerConnections | WorkerContainerConnections | None = None
         self._host_keys: dict[str, str] = {}
         self._facts: dict[str, ExecFacts | None] = {}
         self._facts_lock: dict[str, anyio.Lock] = {}
@@ -266,6 +273,7 @@ class SSHExec:
             return False
         from orchestrator.ssh.container_channel import ContainerConnections
         from orchestrator.ssh.keys import default_state_dir
+        from orchestrator.ssh.worker_runner import WorkerRunner
 
         try:
             key, self._host_keys = read_keys(
@@ -273,7 +281,11 @@ class SSHExec:
             )
         except (OSError, ValueError):  # asyncssh's KeyImportError is a ValueError
             return False  # no keys here: this state directory never brought it up
-        self.connections = ContainerConnections(self.pool, key, sink=self.sink)
+        if isinstance(self.pool, WorkerRunner):
+            # Worker processes: each opens its hosts' containers' connections.
+            self.connections = self.pool.container_connections(key.export_private_key())
+        else:
+            self.connections = ContainerConnections(self.pool, key, sink=self.sink)
         return True
 
     async def aclose(self) -> None:
@@ -371,6 +383,52 @@ class SSHExec:
         port = facts.sshd_port or container.sshd.port
         return Endpoint(host, address, port, username, key, facts.container_id)
 
+    async def _route(
+        self, host: str, runtime: ContainerRuntime, user: str | None
+    ) -> tuple[ExecFacts, Endpoint] | None:
+        """The container's facts and its sshd's endpoint for a command run as
+        `user`; None: this one takes `docker exec` (as the module's header says)."""
+        if not self.enabled or host in self.off or self.connections is None:
+            return None
+        facts = await self.facts(host, runtime)
+        if facts is None or not facts.running:
+            return None  # the docker path reports it, as it always did
+        username = login_user(user, facts)
+        ep = self.endpoint(host, facts, username) if username is not None else None
+        if ep is None:
+            return None
+        await self._warmed(host)
+        return facts, ep
+
+    async def _started(
+        self,
+        host: str,
+        runtime: ContainerRuntime,
+        facts: ExecFacts,
+        start: Callable[[], Awaitable[_T]],
+    ) -> _T | None:
+        """`start()` (a command through the sshd); None when it could not
+        start: a connection that had worked is opened again once, else the
+        host goes to `docker exec` with one warning (nothing said when the
+        host itself was not reached: the docker path reports that)."""
+        from orchestrator.ssh.container_channel import NotStarted
+
+        was_open = host in self._worked
+        for attempt in (1, 2):
+            try:
+                started = await start()
+                self._worked.add(host)
+                return started
+            except NotStarted as exc:
+                if exc.kind == "host":
+                    return None
+                if attempt == 1 and was_open and exc.kind == "refused":
+                    continue  # the connection had worked: open it again, once
+                why = await self._why(host, runtime, facts, exc, was_open)
+                self._fall_back(host, why, runtime)
+                return None
+        return None
+
     async def run(
         self,
         host: str,
@@ -388,17 +446,10 @@ class SSHExec:
         `docker exec` (this command, or the rest of the invocation, as the
         module's header says). `token` names its pidfile (exec.pidfile_of),
         which a diagnosis reads (containers/causes.py)."""
-        if not self.enabled or host in self.off or self.connections is None:
+        route = await self._route(host, runtime, user)
+        if route is None or self.connections is None:
             return None
-        from orchestrator.ssh.container_channel import NotStarted
-
-        facts = await self.facts(host, runtime)
-        if facts is None or not facts.running:
-            return None  # the docker path reports it, as it always did
-        username = login_user(user, facts)
-        ep = self.endpoint(host, facts, username) if username is not None else None
-        if ep is None:
-            return None
+        facts, ep = route
         cmd = ssh_command(
             command,
             exec_env(facts, runtime, env),
@@ -407,24 +458,50 @@ class SSHExec:
             token=token,
         )
         bound = self.config.ssh.command_timeout if timeout is None else timeout
-        await self._warmed(host)
-        was_open = host in self._worked
-        for attempt in (1, 2):
-            try:
-                result = await self.connections.run(
-                    ep, cmd.script, timeout=bound, input=cmd.stdin, label=label, on_timeout=cmd.kill
+        connections = self.connections
+        return await self._started(
+            host,
+            runtime,
+            facts,
+            lambda: connections.run(
+                ep, cmd.script, timeout=bound, input=cmd.stdin, label=label, on_timeout=cmd.kill
+            ),
+        )
+
+    async def held_process(
+        self,
+        stack: contextlib.AsyncExitStack,
+        host: str,
+        argv: Sequence[str],
+        *,
+        runtime: ContainerRuntime,
+        label: str = "cp",
+    ) -> asyncssh.SSHClientProcess[bytes] | None:
+        """`argv` in `host`'s container through its sshd as a process whose
+        bytes the caller streams (a copy's in-container end), held open until
+        `stack` closes; None: take `docker exec -i` instead, decided as for
+        `run` (the container's user, its environment and working directory,
+        what `docker exec -i NAME ARGV` gives)."""
+        route = await self._route(host, runtime, None)
+        if route is None or self.connections is None:
+            return None
+        facts, ep = route
+        try:
+            env = exec_env(facts, runtime, {})
+            cmd = ssh_command(argv, env, workdir=facts.workdir or "/", runtime=runtime.name)
+        except ValueError:
+            return None  # a working directory not ours to quote: docker exec takes it
+        connections = self.connections
+        return await self._started(
+            host,
+            runtime,
+            facts,
+            lambda: stack.enter_async_context(
+                connections.held_process(
+                    ep, cmd.script, stdin=cmd.stdin or "", label=label, on_end=cmd.kill
                 )
-                self._worked.add(host)
-                return result
-            except NotStarted as exc:
-                if exc.kind == "host":
-                    return None  # the host itself: the docker path reports it
-                if attempt == 1 and was_open and exc.kind == "refused":
-                    continue  # the connection had worked: open it again, once
-                why = await self._why(host, runtime, facts, exc, was_open)
-                self._fall_back(host, why, runtime)
-                return None
-        return None
+            ),
+        )
 
     async def _why(
         self,

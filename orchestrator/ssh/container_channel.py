@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
@@ -37,7 +37,6 @@ import asyncssh
 from orchestrator.errors import Call, Option, Phrase, Text
 from orchestrator.events import CommandFinished, CommandStarted, EventSink, NullSink
 from orchestrator.results import HostResult, Status
-from orchestrator.ssh.output import as_result_text
 from orchestrator.ssh.transport import (
     PREFERRED_CIPHERS,
     SSHPool,
@@ -317,9 +316,10 @@ class ContainerConnections:
 
         Raises NotStarted when it could not start. Once started, it is the
         caller's: the result's status says how it ended; a timeout or a
-        cancellation signals the session's process group (sshd delivers a
-        channel signal with killpg) and runs `on_timeout` on a channel kept
-        for it.
+        cancellation signals the session's process group and runs
+        `on_timeout` on a channel kept for it (which is what ends it for a
+        root login: the containers' sshd refuses channel signals there,
+        "session signalling requires privilege separation").
         """
         start = time.monotonic()
         link = await self._link(ep)
@@ -345,21 +345,63 @@ class ContainerConnections:
                     result = await self._wait(link, chan, session, timeout, input, on_timeout)
             finally:
                 self.counters.open_channels -= 1
-        status, exit_code, error = result
-        out, err = session.tails["stdout"], session.tails["stderr"]
-        host_result = HostResult(
-            ep.host,
-            status,
-            exit_code=exit_code,
-            stdout=as_result_text(out),
-            stderr=as_result_text(err),
-            duration=time.monotonic() - start,
-            error=error,
-            stdout_dropped=out.dropped,
-            stderr_dropped=err.dropped,
-        )
+        host_result = session.result(*result, start)
         self.sink.emit(CommandFinished(host=ep.host, result=host_result, label=label))
         return host_result
+
+    @contextlib.asynccontextmanager
+    async def held_process(
+        self,
+        ep: Endpoint,
+        text: str,
+        *,
+        stdin: str = "",
+        label: str | None = None,
+        on_end: str | None = None,
+    ) -> AsyncIterator[asyncssh.SSHClientProcess[bytes]]:
+        """Shell text `text` in `ep`'s container as a process whose bytes the
+        block streams (a copy's in-container end), `stdin` written first (an
+        environment block). Raises NotStarted, before the block, when it could
+        not start. However the block ends, the process ends as `_end_process`
+        says (`on_end`: what kills it, run when it has not ended)."""
+        link = await self._link(ep)
+        async with link.channels:
+            try:
+                process = await link.conn.create_process(text, encoding=None)
+            except (asyncssh.Error, OSError) as exc:
+                self.drop(ep)
+                raise NotStarted(ep.host, "refused", f"no channel: {exc}") from None
+            self.counters.channels += 1
+            self.counters.open_channels += 1
+            self.sink.emit(CommandStarted(host=ep.host, command=text, label=label))
+            try:
+                if stdin:
+                    process.stdin.write(stdin.encode())
+                async with self._waiting_on(link):
+                    yield process
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self._end_process(link, process, on_end)
+                self.counters.open_channels -= 1
+
+    async def _end_process(
+        self, link: _Link, process: asyncssh.SSHClientProcess[bytes], on_end: str | None
+    ) -> None:
+        """A held process's end, as `SSHPool.held_process` ends one under
+        `docker exec -i`: its stdin closed (a copy's receiving end then removes
+        what it did not finish) and 5 s to exit; what still runs then is
+        killed by `on_end` on the channel kept for it, and the channel closed.
+        (No channel signal: the containers' sshd refuses them for root
+        logins, "session signalling requires privilege separation".)"""
+        with contextlib.suppress(asyncssh.Error, OSError):
+            with anyio.move_on_after(5):
+                process.stdin.write_eof()
+                await process.wait_closed()
+            if process.exit_status is None and on_end is not None and not link.conn.is_closed():
+                with anyio.move_on_after(5):
+                    async with link.control:
+                        await link.conn.run(on_end, check=False)
+        process.close()
 
     async def _wait(
         self,

@@ -798,18 +798,7 @@ class SSHPool:
                 status, error = "unreachable", self._lost(session.lost, label, command)
             elif exit_code != 0:
                 status, error = "failed", f"exit code {exit_code}"
-        out, err = session.tails["stdout"], session.tails["stderr"]
-        return HostResult(
-            host,
-            status,
-            exit_code=exit_code,
-            stdout=as_result_text(out),
-            stderr=as_result_text(err),
-            duration=time.monotonic() - start,
-            error=error,
-            stdout_dropped=out.dropped,
-            stderr_dropped=err.dropped,
-        )
+        return session.result(status, exit_code, error, start)
 
     def _waiting_on(self, link: _HostLink) -> contextlib.AbstractAsyncContextManager[None]:
         return keepalive_while_waiting(link, self.cluster.ssh.keepalive)
@@ -924,6 +913,24 @@ class _CommandSession(asyncssh.SSHClientSession[str]):
         splitter = self.splitters.get(stream)
         if splitter is not None:
             splitter.feed(data)
+
+    def result(
+        self, status: Status, exit_code: int | None, error: str | None, start: float
+    ) -> HostResult:
+        """The command's result: how it ended (the caller's reading), its kept
+        tails and what they dropped, and the time since `start` (monotonic)."""
+        out, err = self.tails["stdout"], self.tails["stderr"]
+        return HostResult(
+            self.host,
+            status,
+            exit_code=exit_code,
+            stdout=as_result_text(out),
+            stderr=as_result_text(err),
+            duration=time.monotonic() - start,
+            error=error,
+            stdout_dropped=out.dropped,
+            stderr_dropped=err.dropped,
+        )
 
     def exit_status_received(self, status: int) -> None:
         self.exit_code = status

@@ -1,30 +1,45 @@
-"""A worker process of the fan-out (ssh/workers.py): `python -m orchestrator.ssh.worker`.
+"""A worker process of the coordinator (ssh/workers.py): `python -m orchestrator.ssh.worker`.
 
 Reads frames on stdin: `init` (the cluster, the output tail, its share of
-`concurrency.hosts`), then `run` (a request: a command per host), `cancel`
-(a request's id) and `close`. Writes frames on stdout: every event of its
-`SSHPool`, each host's result, and `done` per request (with the pool's
-handshake figures). Its own stdout is moved aside first, so nothing printed
-by accident corrupts a frame.
+`concurrency.hosts`), then
+
+- `fan`: a command per host, fanned out here (`run_on_hosts`): a `result`
+  frame per host and `done` (with the pool's handshake figures);
+- `call`: one operation of the `HostRunner` seam, answered by a `reply`
+  frame: `run` (`SSHPool.run`), a held process's open, reads, drain, wait
+  and close (`SSHPool.held_process`, proxied by ssh/worker_runner.py), a
+  command through a container's sshd (`ContainerConnections.run`, over this
+  worker's own connection to the host);
+- `post`: a held process's writes, end of input and signals (no answer);
+- `cancel` (a fan's or a call's id) and `close`.
+
+Writes frames on stdout: every event of its `SSHPool`, the results and
+replies, and `exited` when a held process's channel closes. Its own stdout
+is moved aside first, so nothing printed by accident corrupts a frame.
 
 A request cancelled (`cancel`, or the parent gone: stdin closed) is
-cancelled as one process cancels a fan-out: the pool ends each command's
-remote process group over its channel, then the connections close.
+cancelled as one process cancels it: the pool ends each command's remote
+process group over its channel, then the connections close; a held process
+gets the end of its input (a lock holder lets go), as in one process.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import os
 import resource
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 import anyio
 
 from orchestrator.config import ClusterConfig
+from orchestrator.errors import ConnectError
 from orchestrator.events import Event
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
@@ -46,29 +61,59 @@ class FrameSink:
         pass
 
 
-async def _run(
-    pool: SSHPool,
-    out: IO[bytes],
-    rid: int,
-    commands: Mapping[str, Command],
-    options: tuple[Any, ...],
-    limit: int,
-    scope: anyio.CancelScope,
-) -> None:
-    timeout, input, env, label = options
+def _future() -> asyncio.Future[None]:
+    return asyncio.get_running_loop().create_future()
 
-    async def one(host: str) -> HostResult:
-        result = await pool.run(
-            host, commands[host], timeout=timeout, input=input, env=env, label=label
-        )
-        write_frame(out, ("result", rid, result))
-        return result
 
-    try:
-        with scope:
-            await fan_out(list(commands), one, limit=limit)
-    finally:
-        stats = {
+@dataclass
+class _Held:
+    """A held process, kept open by its task until the parent closes it."""
+
+    process: Any = None
+    opened: asyncio.Future[None] = field(default_factory=lambda: _future())
+    close: anyio.Event = field(default_factory=anyio.Event)
+    ended: anyio.Event = field(default_factory=anyio.Event)
+
+
+class Worker:
+    """What one worker serves: its pool, its held processes, its container sshd connections."""
+
+    def __init__(
+        self, cluster: ClusterConfig, out: IO[bytes], output_tail: int, limit: int
+    ) -> None:
+        self.out = out
+        self.limit = limit
+        self.pool = SSHPool(cluster, FrameSink(out), output_tail=output_tail)
+        self.scopes: dict[tuple[str, int], anyio.CancelScope] = {}
+        self.held: dict[int, _Held] = {}
+        self.containers: Any = None  # ContainerConnections, once the parent sends the key
+        self.tg: Any = None
+
+    # -- fan: a command per host ------------------------------------------------
+
+    async def fan(
+        self, rid: int, commands: Mapping[str, Command], options: tuple[Any, ...]
+    ) -> None:
+        timeout, input, env, label = options
+        pool, out = self.pool, self.out
+
+        async def one(host: str) -> HostResult:
+            result = await pool.run(
+                host, commands[host], timeout=timeout, input=input, env=env, label=label
+            )
+            write_frame(out, ("result", rid, result))
+            return result
+
+        try:
+            with self.scopes.setdefault(("fan", rid), anyio.CancelScope()):
+                await fan_out(list(commands), one, limit=self.limit)
+        finally:
+            self.scopes.pop(("fan", rid), None)
+            write_frame(out, ("done", rid, self.stats()))
+
+    def stats(self) -> dict[str, int]:
+        pool = self.pool
+        return {
             "connects": pool.connects,
             "peak_in_flight": pool.admission.peak_in_flight,
             "window_decreases": pool.admission.window.decreases,
@@ -76,34 +121,175 @@ async def _run(
             "cpu_ms": int(time.process_time() * 1000),
             "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         }
-        write_frame(out, ("done", rid, stats))
+
+    # -- call: one operation, one reply -------------------------------------------
+
+    async def call(
+        self, cid: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        ok = False
+        value: Any = ("error", f"{method}: cancelled")
+        try:
+            handler: Callable[..., Coroutine[Any, Any, Any]] = getattr(self, "op_" + method)
+            with self.scopes.setdefault(("call", cid), anyio.CancelScope()):
+                value, ok = await handler(*args, **kwargs), True
+        except ConnectError as exc:
+            value = ("connect", exc.host, exc.status, exc.message, exc.attempts)
+        except Exception as exc:
+            from orchestrator.ssh.container_channel import NotStarted
+
+            if isinstance(exc, NotStarted):
+                value = ("not_started", exc.host, exc.kind, exc.reason)
+            else:
+                value = ("error", f"{type(exc).__name__}: {exc}")
+        finally:
+            self.scopes.pop(("call", cid), None)
+            write_frame(self.out, ("reply", cid, ok, value))
+
+    async def op_run(self, host: str, command: Command, **options: Any) -> HostResult:
+        kill = options.pop("on_timeout", None)
+        on_timeout = None if kill is None else (lambda: kill)
+        return await self.pool.run(host, command, on_timeout=on_timeout, **options)
+
+    async def op_held_open(
+        self, hid: int, host: str, command: Command, encoding: str | None
+    ) -> None:
+        held = self.held[hid] = _Held()
+        self.tg.start_soon(self._hold, hid, held, host, command, encoding)
+        try:
+            await asyncio.shield(held.opened)
+        except BaseException:
+            held.close.set()
+            raise
+
+    async def _hold(
+        self, hid: int, held: _Held, host: str, command: Command, encoding: str | None
+    ) -> None:
+        try:
+            async with self.pool.held_process(host, command, encoding=encoding) as process:
+                held.process = process
+                held.opened.set_result(None)
+                self.tg.start_soon(self._watch, hid, process)
+                await held.close.wait()
+        except BaseException as exc:
+            if not held.opened.done():
+                failed = exc if isinstance(exc, Exception) else ConnectionError("cancelled")
+                held.opened.set_exception(failed)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self.held.pop(hid, None)
+            held.ended.set()
+
+    async def _watch(self, hid: int, process: Any) -> None:
+        """Tell the parent when the held process's channel closes (its exit status)."""
+        with contextlib.suppress(Exception):
+            await process.channel.wait_closed()
+        write_frame(self.out, ("exited", hid, process.exit_status))
+
+    def _process(self, hid: int) -> Any:
+        held = self.held.get(hid)
+        if held is None or held.process is None:
+            raise ConnectionError("the held process is closed")
+        return held.process
+
+    async def op_held_read(self, hid: int, stream: str, how: str, size: int = -1) -> Any:
+        reader = getattr(self._process(hid), stream)
+        return await (reader.readline() if how == "readline" else reader.read(size))
+
+    async def op_held_drain(self, hid: int) -> None:
+        await self._process(hid).stdin.drain()
+
+    async def op_held_wait(self, hid: int) -> tuple[int | None, int | None]:
+        done = await self._process(hid).wait(check=False)
+        return done.exit_status, done.returncode
+
+    async def op_held_close(self, hid: int) -> None:
+        held = self.held.get(hid)
+        if held is not None:
+            held.close.set()
+            await held.ended.wait()
+
+    def post(self, what: str, hid: int, *args: Any) -> None:
+        held = self.held.get(hid)
+        if held is None or held.process is None:
+            return
+        with contextlib.suppress(Exception):
+            if what == "write":
+                held.process.stdin.write(args[0])
+            elif what == "eof":
+                held.process.stdin.write_eof()
+            elif what == "signal":
+                held.process.send_signal(args[0])
+
+    # -- commands through a container's sshd ------------------------------------------
+
+    def keys(self, private_key: bytes) -> None:
+        import asyncssh
+
+        from orchestrator.ssh.container_channel import ContainerConnections
+
+        key = asyncssh.import_private_key(private_key)
+        self.containers = ContainerConnections(self.pool, key, sink=self.pool.sink)
+
+    async def op_container_run(self, ep: Any, text: str, **options: Any) -> tuple[HostResult, Any]:
+        result = await self.containers.run(ep, text, **options)
+        return result, self.containers.counters
+
+    async def op_container_warm(self, ep: Any) -> tuple[bool, Any]:
+        return await self.containers.warm(ep), self.containers.counters
+
+    async def aclose(self) -> None:
+        for held in list(self.held.values()):
+            held.close.set()
+        for held in list(self.held.values()):
+            with anyio.move_on_after(10):
+                await held.ended.wait()
+        if self.containers is not None:
+            await self.containers.aclose()
 
 
 async def serve(stdin: IO[bytes], out: IO[bytes]) -> None:
     init = read_frame(stdin)
     if init is None or init[0] != "init":
         return
-    cluster: ClusterConfig = init[1]
-    output_tail: int = init[2]
-    limit: int = init[3]
-    scopes: dict[int, anyio.CancelScope] = {}
-    pool = SSHPool(cluster, FrameSink(out), output_tail=output_tail)
-    async with pool, anyio.create_task_group() as tg:
-        while True:
-            message = await anyio.to_thread.run_sync(read_frame, stdin, abandon_on_cancel=True)
-            if message is None:  # the parent went away: end everything
-                tg.cancel_scope.cancel()
-                break
-            if message[0] == "close":
-                break
-            if message[0] == "cancel":
-                scope = scopes.pop(message[1], None)
+    worker = Worker(init[1], out, init[2], init[3])
+    async with worker.pool, anyio.create_task_group() as tg:
+        worker.tg = tg
+        try:
+            await _loop(worker, stdin, tg)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await worker.aclose()
+            tg.cancel_scope.cancel()  # what is left (a call the parent gave up on)
+
+
+async def _loop(worker: Worker, stdin: IO[bytes], tg: Any) -> None:
+    while True:
+        message = await anyio.to_thread.run_sync(read_frame, stdin, abandon_on_cancel=True)
+        if message is None:  # the parent went away: end everything
+            tg.cancel_scope.cancel()
+            return
+        kind = message[0]
+        if kind == "close":
+            return
+        if kind == "cancel":
+            for key in (("fan", message[1]), ("call", message[1])):
+                scope = worker.scopes.get(key)
                 if scope is not None:
                     scope.cancel()
-            elif message[0] == "run":
-                _, rid, commands, *options = message
-                scope = scopes[rid] = anyio.CancelScope()
-                tg.start_soon(_run, pool, out, rid, commands, tuple(options), limit, scope)
+        elif kind == "fan":
+            _, rid, commands, *options = message
+            worker.scopes[("fan", rid)] = anyio.CancelScope()
+            tg.start_soon(worker.fan, rid, commands, tuple(options))
+        elif kind == "call":
+            _, cid, method, args, kwargs = message
+            worker.scopes[("call", cid)] = anyio.CancelScope()
+            tg.start_soon(worker.call, cid, method, args, kwargs)
+        elif kind == "post":
+            worker.post(message[1], *message[2:])
+        elif kind == "keys":
+            worker.keys(message[1])
 
 
 def main() -> int:

@@ -2,10 +2,10 @@
 
 One Python process runs on one core: on a 16-core coordinator a 5000-host
 fan-out saturates it (3 ms of our CPU per host for a fresh connection) while
-15 cores idle. Past a fleet size where it pays, `run_on_hosts` hands each
-shard of the hosts to a worker process (`python -m orchestrator.ssh.worker`)
-with its own event loop, `SSHPool` and connections, kept for the parent
-pool's life so later commands reuse them. The parent keeps what needs every
+15 cores idle. Past a fleet size where it pays, each shard of the hosts
+belongs to a worker process (`python -m orchestrator.ssh.worker`) with its
+own event loop, `SSHPool` and connections, kept for the invocation's life
+so later commands reuse them. The parent keeps what needs every
 host: it forwards each worker's events to its own sink (the live view, the
 records), gathers the results in host order and decides exit codes as
 before.
@@ -20,9 +20,11 @@ before.
   1: always one process; N: N (at most the cores, else clamped with a
   warning, and at most the hosts). Never with `ssh.proxy_jump` (every
   worker would open the bastion).
-- **What**: `run_on_hosts` (`cvs exec --host-os`, the API's `exec` on the
-  hosts, the benchmark). `up`, `status`, `down` and in-container `exec`
-  (locks, probes, held processes) still run in one process.
+- **What**: every command of a `Cluster` whose `Cluster.open` planned
+  workers goes through a `WorkerRunner` (ssh/worker_runner.py: `run`, held
+  processes, commands through the containers' sshd, each in the host's
+  worker); `run_on_hosts` sends each worker its whole shard at once (also
+  on a plain `SSHPool`, for the benchmark).
 - **Faults**: a worker that dies is named, its hosts' results say they were
   lost with it, the other workers' hosts finish. Cancelling (Ctrl-C, a
   caller's timeout) asks each worker to cancel the request, which ends its
@@ -32,11 +34,14 @@ before.
   and they cancel everything and exit.
 
 The protocol is pickled frames over the worker's stdin and stdout, between
-processes of the same program.
+processes of the same program. One writer task per worker sends them,
+whole and in order (callers only queue); one reader task per worker hands
+out what comes back (events to the sink, replies to their callers).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import os
@@ -46,7 +51,8 @@ import struct
 import sys
 import tempfile
 import weakref
-from collections.abc import Mapping, Sequence
+import zlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -56,6 +62,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from orchestrator.config import ClusterConfig
 from orchestrator.config.views import usable_cores, workers_clamped
+from orchestrator.errors import ConnectError
 from orchestrator.events import CommandFinished, EventSink, Message
 from orchestrator.results import HostResult
 from orchestrator.ssh.seam import Command
@@ -114,68 +121,136 @@ def read_frame(stream: IO[bytes]) -> Any:
     return pickle.loads(data)
 
 
+class WorkerLost(Exception):
+    """The worker process owning a host ended (killed, crashed) before answering."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
 @dataclass
 class _Request:
     hosts: set[str]
     results: dict[str, HostResult] = field(default_factory=dict)
     done: bool = False
     stats: dict[str, int] = field(default_factory=dict)
+    label: str = "exec"
+    finished: anyio.Event = field(default_factory=anyio.Event)
+    error: Exception | None = None
 
 
 class _Worker:
-    """One worker process, seen from the parent. Its frames are read while a
-    request of the parent waits on it (a worker speaks only then)."""
+    """One worker process, seen from the parent: a writer task sends whole
+    frames in order (callers only queue them, so a cancelled caller never
+    leaves half of one), a reader task dispatches every frame the worker
+    writes (events to the sink, replies to their callers)."""
 
-    def __init__(self, process: Process, index: int, stderr: IO[bytes]) -> None:
+    def __init__(self, process: Process, index: int, stderr: IO[bytes], sink: EventSink) -> None:
         self.process = process
         self.index = index
         self.stderr = stderr  # a file: a worker's stderr never blocks it
+        self.sink = sink
         self.dead: str | None = None  # how it ended, once it has
         assert process.stdout is not None
         self._stdout = BufferedByteReceiveStream(process.stdout)
-        # A frame's size, read while its body was not yet (a cancelled read
-        # keeps its place: the body's bytes stay in the buffered stream).
-        self._size: int | None = None
+        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._next = 0
+        self.pending: dict[int, asyncio.Future[Any]] = {}
+        self.requests: dict[int, _Request] = {}  # fan-outs (`fan`) in flight
+        self.on_exit: dict[int, Callable[[int | None], None]] = {}  # held processes
+        self.stats: dict[str, int] = {}
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._write()), loop.create_task(self._read())]
 
     @property
     def name(self) -> str:
         return f"worker process {self.index} (pid {self.process.pid})"
 
-    async def send(self, message: object) -> None:
-        assert self.process.stdin is not None
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        # Whole frames only: a cancelled write would leave the worker half of one.
-        with (
-            anyio.CancelScope(shield=True),
-            contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError),
-        ):
-            await self.process.stdin.send(_HEADER.pack(len(data)) + data)
+    def lost_text(self) -> str:
+        return (
+            f"lost: the {self.name} working on this host {self.dead or 'was stopped'} "
+            "before its command finished; the other hosts were not affected"
+        )
 
-    async def pump(self, rid: int, request: _Request, sink: EventSink, label: str) -> None:
-        """Frames from the worker until `request` is done; at the worker's end,
-        every host it still owed a result is reported lost with it, by name."""
+    def post(self, message: object) -> None:
+        """Queue `message` for the worker (sent whole, in order)."""
+        self._queue.put_nowait(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+    async def _write(self) -> None:
+        assert self.process.stdin is not None
+        while (data := await self._queue.get()) is not None:
+            try:
+                await self.process.stdin.send(_HEADER.pack(len(data)) + data)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                return  # the reader sees the end and says so
+
+    async def _read(self) -> None:
         try:
-            while not request.done and self.dead is None:
-                if self._size is None:
-                    header = await self._stdout.receive_exactly(_HEADER.size)
-                    (self._size,) = _HEADER.unpack(header)
-                message = pickle.loads(await self._stdout.receive_exactly(self._size))
-                self._size = None
-                if message[0] == "event":
-                    sink.emit(message[1])
-                elif message[0] == "result" and message[1] == rid:
-                    request.results[message[2].host] = message[2]
-                elif message[0] == "done" and message[1] == rid:
-                    request.stats, request.done = message[2], True
+            while True:
+                (size,) = _HEADER.unpack(await self._stdout.receive_exactly(_HEADER.size))
+                message = pickle.loads(await self._stdout.receive_exactly(size))
+                try:
+                    self._dispatch(message)
+                except Exception as exc:  # the sink's (a closed stdout): the callers'
+                    self._fail(exc)
         except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError):
-            await self._ended()
-        if not request.done:
-            self._lose(request, sink, label)
+            pass
+        await self._ended()
+
+    def _fail(self, exc: Exception) -> None:
+        """What the sink raised reaches every caller waiting on this worker, as
+        it would have through `SSHPool.run` in one process; the worker
+        cancels their commands (ending their remote processes)."""
+        for cid, future in list(self.pending.items()):
+            if not future.done():
+                future.set_exception(exc)
+                self.post(("cancel", cid))
+        for rid, request in list(self.requests.items()):
+            request.error = exc
+            self.post(("cancel", rid))
+            request.finished.set()
+
+    def _dispatch(self, message: Any) -> None:
+        kind = message[0]
+        if kind == "event":
+            self.sink.emit(message[1])
+        elif kind == "reply":
+            future = self.pending.pop(message[1], None)
+            if future is not None and not future.done():
+                if message[2]:
+                    future.set_result(message[3])
+                else:
+                    future.set_exception(_rebuilt(message[3]))
+        elif kind == "exited":
+            callback = self.on_exit.get(message[1])
+            if callback is not None:
+                callback(message[2])
+        elif kind == "result":
+            request = self.requests.get(message[1])
+            if request is not None:
+                request.results[message[2].host] = message[2]
+        elif kind == "done":
+            request = self.requests.pop(message[1], None)
+            if request is not None:
+                request.stats, request.done = message[2], True
+                self.stats = message[2]
+                request.finished.set()
 
     async def _ended(self) -> None:
-        with anyio.move_on_after(5, shield=True):
-            await self.process.wait()
-        self.dead = _exit_words(self.process.returncode) + self._last_words()
+        if self.dead is None:
+            with anyio.move_on_after(5, shield=True):
+                await self.process.wait()
+            self.dead = _exit_words(self.process.returncode) + self._last_words()
+        for future in self.pending.values():
+            if not future.done():
+                future.set_exception(WorkerLost(self.lost_text()))
+        self.pending.clear()
+        for request in list(self.requests.values()):
+            self._lose(request)
+        self.requests.clear()
+        for callback in list(self.on_exit.values()):
+            callback(None)
 
     def _last_words(self) -> str:
         """The last line the worker wrote on stderr (a traceback's last), if any."""
@@ -187,20 +262,76 @@ class _Worker:
                 return f" ({lines[-1].strip()[:200]})"
         return ""
 
-    def _lose(self, request: _Request, sink: EventSink, label: str) -> None:
+    def _lose(self, request: _Request) -> None:
         for host in sorted(request.hosts - request.results.keys()):
-            error = (
-                f"lost: the {self.name} working on this host {self.dead or 'was stopped'} "
-                "before its command finished; the other hosts were not affected"
-            )
-            result = HostResult(host, "unreachable", error=error)
+            result = HostResult(host, "unreachable", error=self.lost_text())
             request.results[host] = result
-            sink.emit(CommandFinished(host=host, result=result, label=label))
+            self.sink.emit(CommandFinished(host=host, result=result, label=request.label))
         request.done = True
+        request.finished.set()
+
+    def new_id(self) -> int:
+        self._next += 1
+        return self._next
+
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """`method(*args, **kwargs)` in the worker; raises WorkerLost once it
+        has ended. Cancelled, the worker cancels it too (its remote process
+        ends as one process's would) and is waited for, bounded."""
+        if self.dead is not None:
+            raise WorkerLost(self.lost_text())
+        cid = self.new_id()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.pending[cid] = future
+        self.post(("call", cid, method, args, kwargs))
+        try:
+            return await asyncio.shield(future)
+        except BaseException:
+            if not future.done():
+                with anyio.CancelScope(shield=True):
+                    await self._cancel_call(cid, future)
+            raise
+        finally:
+            self.pending.pop(cid, None)
+
+    async def _cancel_call(self, cid: int, future: asyncio.Future[Any]) -> None:
+        """The worker cancels call `cid` and answers within CANCEL_GRACE, else is killed."""
+        self.post(("cancel", cid))
+        with anyio.move_on_after(CANCEL_GRACE), contextlib.suppress(BaseException):
+            await asyncio.shield(future)
+        if not future.done():
+            self.kill()
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             self.process.kill()
+
+    async def aclose(self) -> None:
+        """Send `close` after everything queued; wait for the worker (bounded)."""
+        self.post(("close",))
+        self._queue.put_nowait(None)
+        with anyio.move_on_after(CANCEL_GRACE):
+            await self.process.wait()
+        if self.process.returncode is None:
+            self.kill()
+        with anyio.move_on_after(5):
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        for task in self._tasks:
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await self.process.aclose()
+        self.stderr.close()
+
+
+def _rebuilt(error: tuple[Any, ...]) -> BaseException:
+    """An exception a worker's call raised, as the parent raises it."""
+    if error[0] == "connect":
+        return ConnectError(*error[1:])
+    if error[0] == "not_started":
+        from orchestrator.ssh.container_channel import NotStarted
+
+        return NotStarted(*error[1:])
+    return ConnectionError(error[1])
 
 
 def _exit_words(code: int | None) -> str:
@@ -214,7 +345,7 @@ def _exit_words(code: int | None) -> str:
 
 
 class WorkerFleet:
-    """Worker processes serving one parent `SSHPool`'s hosts, started on first use."""
+    """Worker processes serving one cluster's hosts (each host in one worker)."""
 
     def __init__(self, cluster: ClusterConfig, sink: EventSink, output_tail: int) -> None:
         self.cluster = cluster
@@ -222,36 +353,47 @@ class WorkerFleet:
         self.output_tail = output_tail
         self.workers: list[_Worker] = []
         self.assigned: dict[str, _Worker] = {}
-        # Each worker's pool's figures, as its last request ended.
-        self.stats: dict[_Worker, dict[str, int]] = {}
-        self._next_id = 0
         self.closed = False
-        # One fan-out at a time through the workers (each speaks to one reader).
-        self._lock = anyio.Lock()
+
+    @property
+    def stats(self) -> dict[_Worker, dict[str, int]]:
+        """Each worker's pool's figures, as its last fan-out ended."""
+        return {w: w.stats for w in self.workers if w.stats}
 
     async def start(self, plan: list[list[str]]) -> None:
         """One worker per shard of `plan`; each host stays with its worker."""
         limit = self.cluster.concurrency.hosts
         total = sum(len(s) for s in plan)
         argv = [sys.executable, "-m", "orchestrator.ssh.worker"]
-        started: list[tuple[_Worker, int]] = []
         for index, shard in enumerate(plan, 1):
             if self.closed:
                 break
             # A file, not a pipe: a worker's stderr never blocks it (closed in aclose).
             stderr = tempfile.TemporaryFile()  # noqa: SIM115
             process = await anyio.open_process(argv, stderr=stderr, start_new_session=True)
-            worker = _Worker(process, index, stderr)
+            worker = _Worker(process, index, stderr, self.sink)
             self.workers.append(worker)
-            started.append((worker, max(1, math.ceil(limit * len(shard) / total))))
+            # Queued: each worker's writer task sends it while the next worker
+            # starts (a big fleet's cluster is larger than a pipe's buffer, and
+            # a worker reads only once its imports are done, so waiting on each
+            # send would start the workers one after the other).
+            share = max(1, math.ceil(limit * len(shard) / total))
+            worker.post(("init", self.cluster, self.output_tail, share))
             for host in shard:
                 self.assigned[host] = worker
-        # Every worker gets its init at once: a big fleet's cluster is larger than a
-        # pipe's buffer, and a worker reads only once its imports are done, so
-        # sending one after the other would start the workers one after the other.
-        async with anyio.create_task_group() as tg:
-            for worker, share in started:
-                tg.start_soon(worker.send, ("init", self.cluster, self.output_tail, share))
+
+    def worker_of(self, host: str) -> _Worker:
+        """The worker owning `host` (a host outside the cluster: one chosen by its name)."""
+        worker = self.assigned.get(host)
+        if worker is None:
+            worker = self.workers[zlib.crc32(host.encode()) % len(self.workers)]
+            self.assigned[host] = worker
+        return worker
+
+    def post_all(self, message: object) -> None:
+        for worker in self.workers:
+            if worker.dead is None:
+                worker.post(message)
 
     async def run(
         self,
@@ -262,68 +404,60 @@ class WorkerFleet:
         env: dict[str, str] | None,
         label: str | None,
     ) -> dict[str, HostResult]:
-        """`commands[host]` on each host, through the host's worker."""
-        async with self._lock:
-            self._next_id += 1
-            rid = self._next_id
-            parts: dict[_Worker, dict[str, Command]] = {}
-            for host, command in commands.items():
-                parts.setdefault(self.assigned[host], {})[host] = command
-            requests = [(w, _Request(set(part))) for w, part in parts.items()]
-            for worker, part in parts.items():
-                await worker.send(("run", rid, part, timeout, input, env, label))
-            try:
-                await self._pump(rid, requests, label)
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await self._cancel(rid, requests, label)
-                raise
+        """`commands[host]` on each host, each worker fanning out over its own."""
+        parts: dict[_Worker, dict[str, Command]] = {}
+        for host, command in commands.items():
+            parts.setdefault(self.worker_of(host), {})[host] = command
+        requests: list[tuple[_Worker, int, _Request]] = []
+        for worker, part in parts.items():
+            request = _Request(set(part), label=label or "exec")
+            rid = 0
+            if worker.dead is not None:
+                worker._lose(request)
+            else:
+                rid = worker.new_id()
+                worker.requests[rid] = request
+                worker.post(("fan", rid, part, timeout, input, env, label))
+            requests.append((worker, rid, request))
+        try:
+            for _worker, _rid, request in requests:
+                await request.finished.wait()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._cancel(requests)
+            raise
         results: dict[str, HostResult] = {}
-        for worker, request in requests:
+        for _worker, _rid, request in requests:
+            if request.error is not None:
+                raise request.error
             results.update(request.results)
-            if request.stats:
-                self.stats[worker] = request.stats
         return results
 
-    async def _pump(
-        self, rid: int, requests: list[tuple[_Worker, _Request]], label: str | None
-    ) -> None:
-        async with anyio.create_task_group() as tg:
-            for worker, request in requests:
-                tg.start_soon(worker.pump, rid, request, self.sink, label or "exec")
-
-    async def _cancel(
-        self, rid: int, requests: list[tuple[_Worker, _Request]], label: str | None
-    ) -> None:
-        """Each worker cancels the request (its remote processes end as one
+    async def _cancel(self, requests: list[tuple[_Worker, int, _Request]]) -> None:
+        """Each worker cancels the fan-out (its remote processes end as one
         process's do when cancelled); a worker that has not finished within
         CANCEL_GRACE is killed, and its hosts are reported lost."""
-        pending = [(w, r) for w, r in requests if not r.done]
-        for worker, _request in pending:
-            await worker.send(("cancel", rid))
+        pending = [(w, rid, r) for w, rid, r in requests if not r.done]
+        for worker, rid, _request in pending:
+            worker.post(("cancel", rid))
         with anyio.move_on_after(CANCEL_GRACE):
-            await self._pump(rid, pending, label)
-        for worker, request in pending:
+            for _worker, _rid, request in pending:
+                await request.finished.wait()
+        for worker, _rid, request in pending:
             if not request.done:
                 worker.kill()
-                await worker._ended()
-                worker._lose(request, self.sink, label or "exec")
+                with anyio.move_on_after(CANCEL_GRACE):
+                    await request.finished.wait()
+                if not request.done:
+                    worker._lose(request)
 
     async def aclose(self) -> None:
         """Ask every worker to close its connections and exit; wait for them."""
         self.closed = True
         with anyio.CancelScope(shield=True):
-            for worker in self.workers:
-                await worker.send(("close",))
-            with anyio.move_on_after(CANCEL_GRACE):
+            async with anyio.create_task_group() as tg:
                 for worker in self.workers:
-                    await worker.process.wait()
-            for worker in self.workers:
-                if worker.process.returncode is None:
-                    worker.kill()
-                with contextlib.suppress(Exception):
-                    await worker.process.aclose()
-                worker.stderr.close()
+                    tg.start_soon(worker.aclose)
 
 
 # The fleet serving each pool (closed with the pool).
@@ -357,29 +491,44 @@ def _sshd_groups(cluster: ClusterConfig, hosts: Sequence[str]) -> dict[str, list
     return groups
 
 
+def new_fleet(cluster: ClusterConfig, sink: EventSink, output_tail: int) -> WorkerFleet:
+    """A fleet not started yet (the caller starts it, and closes it also when
+    starting failed half way); warns when `concurrency.workers` is clamped."""
+    configured = cluster.concurrency.workers
+    if configured is not None and configured > usable_cores():
+        sink.emit(Message(level="warning", text=workers_clamped(configured)))
+    return WorkerFleet(cluster, sink, output_tail)
+
+
 async def fleet_for(pool: Any, hosts: Sequence[str]) -> WorkerFleet | None:
     """The pool's worker fleet when a fan-out over `hosts` is worth one (started
-    now, over the pool's hosts, for this and later fan-outs), else None."""
+    now, over the pool's hosts, for this and later fan-outs), else None. A
+    worker-backed runner (ssh/worker_runner.py) answers its own fleet."""
     from orchestrator.ssh.transport import SSHPool
+    from orchestrator.ssh.worker_runner import WorkerRunner
 
+    if isinstance(pool, WorkerRunner):
+        return None if pool.fleet.closed else pool.fleet
     if not isinstance(pool, SSHPool):
         return None  # a scripted stand-in (tests): one process
     fleet = _FLEETS.get(pool)
     if fleet is not None and not fleet.closed:
         return fleet if all(h in fleet.assigned for h in hosts) else None
     cluster: ClusterConfig = pool.cluster
-    configured = cluster.concurrency.workers
     count = planned_workers(cluster, len(hosts))
     if count < 2:
         return None
-    if configured is not None and configured > usable_cores():
-        pool.sink.emit(Message(level="warning", text=workers_clamped(configured)))
-    fleet = WorkerFleet(cluster, pool.sink, pool.output_tail)
-    everyone = list(dict.fromkeys([*hosts, *(h.name for h in cluster.hosts)]))
+    fleet = new_fleet(cluster, pool.sink, pool.output_tail)
     _FLEETS[pool] = fleet
     pool.closers.append(fleet.aclose)  # also what a failed start started
-    await fleet.start(shards(_sshd_groups(cluster, everyone), count))
+    await fleet.start(plan_shards(cluster, hosts, count))
     return fleet
+
+
+def plan_shards(cluster: ClusterConfig, hosts: Sequence[str], count: int) -> list[list[str]]:
+    """`hosts` and the cluster's, in `count` shards keeping an sshd's hosts together."""
+    everyone = list(dict.fromkeys([*hosts, *(h.name for h in cluster.hosts)]))
+    return shards(_sshd_groups(cluster, everyone), count)
 
 
 def fleet_stats(pool: Any) -> dict[str, int]:

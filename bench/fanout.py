@@ -200,7 +200,7 @@ def measure(
     if not reuse_rounds:
         return alone
     doc = run_worker(which, cluster_file, reuse_rounds, forks, workers)
-    for key in ("wall", "cpu", "fanout_cpu", "ok", "load", "sshd_cpu", "floor"):
+    for key in ("wall", "cpu", "fanout_cpu", "ok", "load", "sshd_cpu", "floor", "example"):
         if key in alone:
             doc[key] = alone[key]
     doc["maxrss_kib"] = max(alone["maxrss_kib"], doc["maxrss_kib"])
@@ -279,6 +279,10 @@ def print_round(
         f"{t['fresh'] / t['floor']:.2f}",
         flush=True,
     )
+    # A host that failed is a result: say how (one example per client).
+    for who, doc in (("ours", o), ("parallel-ssh", t)):
+        if doc.get("example"):
+            print(f"  {who}, one of the failed hosts: {doc['example'][:300]}", flush=True)
 
 
 def summarize(

@@ -277,3 +277,30 @@ def test_a_copy_to_the_hosts_own_os_never_asks_the_containers_sshd(tmp_path: Pat
         payload.close()
     assert ssh_exec.asked == [] and len(pool.scripts) == 2
     assert {r.status for r in results.values()} == {"unreachable"}
+
+
+def test_keys_a_cold_start_of_the_same_invocation_makes_open_the_sshd_path(
+    tmp_path: Path,
+) -> None:
+    import asyncssh
+
+    from orchestrator.config import ClusterConfig
+    from orchestrator.containers.sshexec import SSHExec
+    from orchestrator.ssh.keys import USER_KEY_FILE
+
+    config = ClusterConfig.model_validate(
+        {
+            "hosts": [{"name": "node1"}, {"name": "node2"}],
+            "state_dir": str(tmp_path),
+            "container": {"image": "img:1", "name": "c1", "lifetime": "persistent"},
+        }
+    )
+    pool: Any = type("Pool", (), {"cluster": config})()
+    ssh_exec = SSHExec(config, pool, sink=None)  # type: ignore[arg-type]
+    assert not ssh_exec._on()  # no keys yet: docker exec
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    (keys / USER_KEY_FILE).write_bytes(key.export_private_key())
+    assert ssh_exec._on()  # `up` made them: the next command takes the sshd
+    assert ssh_exec.connections is not None

@@ -13,6 +13,7 @@ down in the fixture's finalizer.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -31,6 +32,7 @@ import yaml
 from clitools import CVS, cvs_on, explain, json_docs
 
 from orchestrator.api import Cluster
+from orchestrator.containers.copy import Payload
 from orchestrator.containers.locks import LEASE_SECONDS
 from orchestrator.events import CommandStarted, Event
 from orchestrator.sandbox import Sandbox, sandbox_down, sandbox_up
@@ -252,6 +254,34 @@ def test_through_workers_the_lock_is_held_and_each_container_keeps_one_connectio
     assert seen["connects"] == len(HOSTS)  # one connection per container ...
     assert seen["channels"] == 4 * len(HOSTS)  # ... carrying every command
     assert seen["after"] == [0, 0]  # released when the Cluster closed
+
+
+def test_through_workers_a_copy_goes_through_the_containers_sshd_and_arrives_whole(
+    lab: Lab, down_after: None, tmp_path: Path
+) -> None:
+    payload = tmp_path / "payload.bin"
+    payload.write_bytes(os.urandom(300_000))
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with Cluster.open(lab.files[2]) as cluster:
+            assert isinstance(cluster.pool, WorkerRunner)
+            await cluster.up()
+            assert all(r.ok for r in (await cluster.exec("true")).values())
+            counters = cluster.ssh_exec.connections.counters  # type: ignore[union-attr]
+            before = counters.channels
+            copied = await cluster.copy_to(Payload.from_path(payload), "/tmp/payload.bin")
+            seen["copied"] = {h: r.status for h, r in copied.items()}
+            counters = cluster.ssh_exec.connections.counters  # type: ignore[union-attr]
+            seen["channels"] = counters.channels - before
+            sums = await cluster.exec("sha256sum /tmp/payload.bin")
+            seen["sums"] = {h: r.stdout.split()[0] for h, r in sums.items()}
+
+    anyio.run(main)
+    assert seen["copied"] == {h: "ok" for h in HOSTS}
+    assert seen["channels"] == len(HOSTS)  # one channel of each container's sshd
+    digest = hashlib.sha256(payload.read_bytes()).hexdigest()
+    assert seen["sums"] == {h: digest for h in HOSTS}
 
 
 def _kill_worker_of(cluster: Cluster, host: str) -> int:

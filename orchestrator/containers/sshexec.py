@@ -263,7 +263,16 @@ class SSHExec:
         self.off: dict[str, Text] = {}  # host -> why it takes docker exec (said once)
         self._worked: set[str] = set()  # hosts where a command ran through the sshd
         self._warming: dict[str, asyncio.Task[bool]] = {}  # warm_up's connects
+        # No keys yet: a first cold start makes them, in this same invocation.
+        self._keys_missing = False
         self.enabled = self._start()
+
+    def _on(self) -> bool:
+        """Whether this path is open; keys a cold start of this invocation made
+        since are read on the next command (until then, `docker exec`)."""
+        if not self.enabled and self._keys_missing:
+            self.enabled = self._start()
+        return self.enabled
 
     def _start(self) -> bool:
         container = self.config.container
@@ -280,7 +289,9 @@ class SSHExec:
                 default_state_dir(self.config), [h.name for h in self.config.hosts]
             )
         except (OSError, ValueError):  # asyncssh's KeyImportError is a ValueError
-            return False  # no keys here: this state directory never brought it up
+            self._keys_missing = True
+            return False  # no keys here (yet): this state directory never brought it up
+        self._keys_missing = False
         if isinstance(self.pool, WorkerRunner):
             # Worker processes: each opens its hosts' containers' connections.
             self.connections = self.pool.container_connections(key.export_private_key())
@@ -333,7 +344,7 @@ class SSHExec:
         a container that is not there (a cold start) costs a refused
         connection, said nowhere."""
         container = self.config.container
-        if not self.enabled or self.connections is None or container is None:
+        if not self._on() or self.connections is None or container is None:
             return
         if container.network != "host":
             return  # the address comes with the probe's facts
@@ -388,7 +399,7 @@ class SSHExec:
     ) -> tuple[ExecFacts, Endpoint] | None:
         """The container's facts and its sshd's endpoint for a command run as
         `user`; None: this one takes `docker exec` (as the module's header says)."""
-        if not self.enabled or host in self.off or self.connections is None:
+        if not self._on() or host in self.off or self.connections is None:
             return None
         facts = await self.facts(host, runtime)
         if facts is None or not facts.running:

@@ -154,8 +154,24 @@ class Worker:
     async def op_held_open(
         self, hid: int, host: str, command: Command, encoding: str | None
     ) -> None:
+        await self._open_held(hid, lambda: self.pool.held_process(host, command, encoding=encoding))
+
+    async def op_container_held_open(
+        self, hid: int, ep: Any, text: str, stdin: str, label: str | None, on_end: str | None
+    ) -> Any:
+        """A copy's in-container end through the container's sshd, held as above;
+        the connections' counters once it is open."""
+        await self._open_held(
+            hid,
+            lambda: self.containers.held_process(ep, text, stdin=stdin, label=label, on_end=on_end),
+        )
+        return self.containers.counters
+
+    async def _open_held(
+        self, hid: int, opener: Callable[[], contextlib.AbstractAsyncContextManager[Any]]
+    ) -> None:
         held = self.held[hid] = _Held()
-        self.tg.start_soon(self._hold, hid, held, host, command, encoding)
+        self.tg.start_soon(self._hold, hid, held, opener)
         try:
             await asyncio.shield(held.opened)
         except BaseException:
@@ -163,10 +179,13 @@ class Worker:
             raise
 
     async def _hold(
-        self, hid: int, held: _Held, host: str, command: Command, encoding: str | None
+        self,
+        hid: int,
+        held: _Held,
+        opener: Callable[[], contextlib.AbstractAsyncContextManager[Any]],
     ) -> None:
         try:
-            async with self.pool.held_process(host, command, encoding=encoding) as process:
+            async with opener() as process:
                 held.process = process
                 held.opened.set_result(None)
                 self.tg.start_soon(self._watch, hid, process)

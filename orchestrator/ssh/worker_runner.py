@@ -190,6 +190,41 @@ class WorkerContainerConnections:
         self._counters[worker] = counters
         return bool(ok)
 
+    @contextlib.asynccontextmanager
+    async def held_process(
+        self,
+        ep: Any,
+        text: str,
+        *,
+        stdin: str = "",
+        label: str | None = None,
+        on_end: str | None = None,
+    ) -> AsyncIterator[Any]:
+        """As ContainerConnections.held_process (a copy's in-container end), the
+        process held in the worker holding the host's connection; NotStarted,
+        before the block, when it could not start."""
+        from orchestrator.ssh.container_channel import NotStarted
+
+        worker = self.runner.fleet.worker_of(ep.host)
+        hid = worker.new_id()
+        held = HeldProcess(worker, hid, ep.host, None)
+        worker.on_exit[hid] = held.exited
+        try:
+            try:
+                counters = await worker.call(
+                    "container_held_open", hid, ep, text, stdin, label, on_end
+                )
+            except WorkerLost as lost:
+                raise NotStarted(ep.host, "host", lost.text) from None
+            self._counters[worker] = counters
+            try:
+                yield held
+            finally:
+                with anyio.CancelScope(shield=True), contextlib.suppress(WorkerLost):
+                    await worker.call("held_close", hid)
+        finally:
+            worker.on_exit.pop(hid, None)
+
     async def aclose(self) -> None:
         """The workers close these connections when the runner closes."""
 

@@ -42,6 +42,24 @@ def cluster_variant(sandbox: Sandbox, directory: Path, **changes: Any) -> Path:
     return path
 
 
+def _sandbox_processes(sandbox: Sandbox) -> Iterator[int]:
+    """Pids of the processes inside this sandbox's hosts (and their
+    host-network containers), by network namespace."""
+    namespaces = set()
+    for h in sandbox.nodes:
+        st = os.stat(NETNS_DIR / str(h.netns))
+        namespaces.add((st.st_dev, st.st_ino))
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            st = os.stat(f"/proc/{entry}/ns/net")
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in namespaces:
+            yield int(entry)
+
+
 def sandbox_pids(sandbox: Sandbox, argv: list[str]) -> list[int]:
     """Processes running exactly `argv` inside this sandbox's hosts.
 
@@ -50,20 +68,20 @@ def sandbox_pids(sandbox: Sandbox, argv: list[str]) -> list[int]:
     commands at the same time. Containers run with --network host, so their
     processes are found too.
     """
-    namespaces = set()
-    for h in sandbox.nodes:
-        st = os.stat(NETNS_DIR / str(h.netns))
-        namespaces.add((st.st_dev, st.st_ino))
+    return [pid for pid in _sandbox_processes(sandbox) if cmdline(pid, retry=False) == argv]
+
+
+def sandbox_pids_holding(sandbox: Sandbox, needle: bytes) -> list[int]:
+    """Processes inside this sandbox's hosts whose command line holds `needle`
+    (NUL-separated arguments, as /proc gives them)."""
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in _sandbox_processes(sandbox):
         try:
-            st = os.stat(f"/proc/{entry}/ns/net")
+            line = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if (st.st_dev, st.st_ino) in namespaces and cmdline(int(entry), retry=False) == argv:
-            found.append(int(entry))
+        if needle in line:
+            found.append(pid)
     return found
 
 

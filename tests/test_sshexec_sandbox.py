@@ -26,13 +26,13 @@ import asyncssh
 import pytest
 import yaml
 from labtools import docker as runtime_cli
+from sandboxtools import sandbox_pids_holding
 
 from orchestrator.api import Cluster
 from orchestrator.containers.copy import Payload
 from orchestrator.events import CollectingSink, Message
 from orchestrator.results import HostResult
 from orchestrator.sandbox import Sandbox, sandbox_down, sandbox_up
-from orchestrator.sandbox.network import NETNS_DIR
 
 pytestmark = pytest.mark.sandbox
 
@@ -166,24 +166,7 @@ def test_a_missing_working_directory_fails_with_the_runtimes_exit_code_on_both(l
 
 
 def _processes(sb: Sandbox, needle: bytes) -> list[int]:
-    """Processes in the sandbox's hosts (and their host-network containers)
-    whose command line holds `needle`."""
-    spaces = set()
-    for h in sb.nodes:
-        st = os.stat(NETNS_DIR / str(h.netns))
-        spaces.add((st.st_dev, st.st_ino))
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            st = os.stat(f"/proc/{entry}/ns/net")
-            line = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if (st.st_dev, st.st_ino) in spaces and needle in line:
-            found.append(int(entry))
-    return found
+    return sandbox_pids_holding(sb, needle)
 
 
 def _gone(sb: Sandbox, needle: bytes, timeout: float = 10) -> bool:

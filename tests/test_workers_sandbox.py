@@ -30,13 +30,13 @@ import anyio
 import pytest
 import yaml
 from clitools import CVS, cvs_on, explain, json_docs
+from sandboxtools import sandbox_pids_holding, wait_until
 
 from orchestrator.api import Cluster
 from orchestrator.containers.copy import Payload
 from orchestrator.containers.locks import LEASE_SECONDS
 from orchestrator.events import CommandStarted, Event
 from orchestrator.sandbox import Sandbox, sandbox_down, sandbox_up
-from orchestrator.sandbox.network import NETNS_DIR
 from orchestrator.ssh.worker_runner import WorkerRunner
 
 pytestmark = pytest.mark.sandbox
@@ -189,33 +189,7 @@ def test_every_command_through_two_workers_gives_what_one_process_gives(
 
 
 def _processes(sb: Sandbox, needle: bytes) -> list[int]:
-    """Processes in the sandbox's hosts (and their host-network containers)
-    whose command line holds `needle`."""
-    spaces = set()
-    for h in sb.nodes:
-        st = os.stat(NETNS_DIR / str(h.netns))
-        spaces.add((st.st_dev, st.st_ino))
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            st = os.stat(f"/proc/{entry}/ns/net")
-            line = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if (st.st_dev, st.st_ino) in spaces and needle in line:
-            found.append(int(entry))
-    return found
-
-
-def wait_until(check: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.1)
-    return check()
+    return sandbox_pids_holding(sb, needle)
 
 
 async def _when_running(lab: Lab, needle: bytes, then: Callable[[], Any]) -> None:

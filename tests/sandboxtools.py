@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,3 +149,30 @@ def sshd_option(sandbox: Sandbox, host: str, key: str, value: str) -> Iterator[N
     finally:
         sandbox.host(host).sshd_options.pop(key, None)
         sandbox.restart_sshd(host)
+
+
+@contextlib.contextmanager
+def silent_server(address: str) -> Iterator[int]:
+    """A TCP server that accepts and never says a word (a stalled registry)."""
+    server = socket.socket()
+    server.bind((address, 0))
+    server.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(server.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(5)
+        for conn in held:
+            conn.close()
+        server.close()

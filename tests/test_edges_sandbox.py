@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import threading
 import time
@@ -24,6 +23,7 @@ import yaml
 from clitools import CVS, cvs_on, explain, last_json
 from conftest import _built
 from labtools import docker
+from sandboxtools import silent_server
 
 from orchestrator.sandbox import SSHD_TAG, Sandbox
 from orchestrator.sandbox.network import gateway_address
@@ -127,33 +127,6 @@ def test_exit_255_a_kill_and_a_real_restart_get_three_different_true_answers(lab
 
 
 # --- finding 9: nothing left running on a host after a bounded step gives up ---------
-
-
-@contextlib.contextmanager
-def silent_server(address: str) -> Iterator[int]:
-    """A TCP server that accepts and never says a word (a stalled registry)."""
-    server = socket.socket()
-    server.bind((address, 0))
-    server.listen(16)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            with contextlib.suppress(OSError):
-                held.append(server.accept()[0])
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield server.getsockname()[1]
-    finally:
-        stop.set()
-        thread.join(5)
-        for conn in held:
-            conn.close()
-        server.close()
 
 
 def processes_naming(text: str) -> list[str]:

@@ -14,9 +14,7 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
-import threading
 import time
 import uuid
 import xml.etree.ElementTree as ET
@@ -30,6 +28,7 @@ from clitools import CVS, last_json
 from clitools import cvs as run_cvs
 from conftest import _built
 from labtools import docker, explain
+from sandboxtools import silent_server
 
 from orchestrator.sandbox import SSHD_TAG, Sandbox
 from orchestrator.sandbox.network import gateway_address
@@ -328,33 +327,6 @@ def test_a_killed_up_on_a_frozen_dockerd_leaves_no_lock_directory(lab: Lab) -> N
 
 
 # --- point 3: start_timeout covers login, pull and load together -------------------
-
-
-@contextlib.contextmanager
-def silent_server(address: str) -> Iterator[int]:
-    """A TCP server that accepts and never says a word (a stalled registry)."""
-    server = socket.socket()
-    server.bind((address, 0))
-    server.listen(16)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            with contextlib.suppress(OSError):
-                held.append(server.accept()[0])
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield server.getsockname()[1]
-    finally:
-        stop.set()
-        thread.join(5)
-        for conn in held:
-            conn.close()
-        server.close()
 
 
 def test_a_registry_that_stalls_is_bounded_by_start_timeout_with_the_error_set(

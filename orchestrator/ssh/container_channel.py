@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from typing import Any, Literal, cast
 
 import anyio
 import asyncssh
+from asyncssh.constants import MSG_IGNORE
+from asyncssh.packet import String
 
 from orchestrator.errors import Call, Option, Phrase, Text
 from orchestrator.events import CommandFinished, CommandStarted, EventSink, NullSink
@@ -92,6 +95,41 @@ class Counters:
     failures: dict[str, int] = field(default_factory=dict)  # by ConnectKind
 
 
+# Reads answered after a login (_Reads.to_answer): its three writes.
+_ANSWERED_READS = 3
+
+
+class _Reads:
+    """The reads of one tunnelled connection, counted, and the count when its
+    login succeeded."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.at_login: int | None = None
+        self.wrote = False  # during the read being handled
+
+    def to_answer(self) -> bool:
+        """Whether this read is one of the first after the login, which are
+        answered (with an SSH_MSG_IGNORE when nothing else was written).
+
+        After a login OpenSSH's sshd writes three times (the login's success,
+        then its host keys and the `debug` messages of the authorized_keys
+        line's options), with TCP_NODELAY off: each write waits for the
+        previous one to be acknowledged, and the host's kernel, relaying,
+        delays that by 40 ms unless the host's sshd writes to it first. So
+        each of those reads is answered: without it, a 2-host attach waited
+        40 ms here for its first command (tcpdump)."""
+        return self.at_login is not None and 0 < self.count - self.at_login <= _ANSWERED_READS
+
+
+class _LoginNoted(asyncssh.SSHClient):
+    def __init__(self, reads: _Reads) -> None:
+        self._reads = reads
+
+    def auth_completed(self) -> None:
+        self._reads.at_login = self._reads.count
+
+
 class _CoalescingTunnel:
     """The host's connection as asyncssh's `tunnel`, with the tunnelled
     connection's writes gathered into one channel message per turn of the
@@ -107,19 +145,39 @@ class _CoalescingTunnel:
 
     def __init__(self, conn: asyncssh.SSHClientConnection) -> None:
         self._conn = conn
+        self.reads = _Reads()
 
     async def create_connection(
         self, session_factory: Callable[[], Any], remote_host: str, remote_port: int
     ) -> Any:
+        reads = self.reads
+
         def factory() -> Any:
             session = session_factory()
             made = session.connection_made
+            received = session.data_received
 
             def connection_made(chan: Any) -> None:
                 _coalesce_writes(chan)
+                write = chan.write
+
+                def noted(data: bytes) -> None:
+                    reads.wrote = True
+                    write(data)
+
+                chan.write = noted
                 made(chan)
 
+            def data_received(data: bytes, datatype: Any = None) -> None:
+                reads.count += 1  # before: a login noted in this read counts it
+                reads.wrote = False
+                received(data, datatype)
+                if reads.to_answer() and not reads.wrote:
+                    with contextlib.suppress(asyncssh.Error, OSError):
+                        session.send_packet(MSG_IGNORE, String(b""))
+
             session.connection_made = connection_made
+            session.data_received = data_received
             return session
 
         return await self._conn.create_connection(factory, remote_host, remote_port)
@@ -278,10 +336,12 @@ class ContainerConnections:
         known = asyncssh.import_known_hosts(f"{pattern} {ep.host_key}\n")
         try:
             with anyio.fail_after(self.connect_timeout):
+                tunnel = _CoalescingTunnel(host_link.conn)
                 conn = await asyncssh.connect(
                     ep.address,
                     ep.port,
-                    tunnel=_CoalescingTunnel(host_link.conn),
+                    tunnel=tunnel,
+                    client_factory=functools.partial(_LoginNoted, tunnel.reads),
                     username=ep.username,
                     client_keys=[self._key],
                     known_hosts=known,

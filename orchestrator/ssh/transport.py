@@ -45,6 +45,7 @@ from orchestrator.ssh.envpass import env_block, env_reader, new_token
 from orchestrator.ssh.keys import load_identities, strict_known_hosts
 from orchestrator.ssh.libsearch import asyncssh
 from orchestrator.ssh.output import LineSplitter, StreamTail, as_result_text
+from orchestrator.ssh.quickack import acknowledge_promptly
 from orchestrator.ssh.seam import Command
 from orchestrator.ssh.sshconfig import config_route, sshd_key
 
@@ -198,6 +199,7 @@ def _traced_factory(
 
         def made(conn: asyncssh.SSHClientConnection) -> None:
             trace.tcp_connected = True
+            acknowledge_promptly(conn)
             original(conn)
 
         client.connection_made = made  # type: ignore[method-assign]

@@ -155,7 +155,7 @@ def test_how_commands_reach_the_container_is_not_part_of_its_config_hash() -> No
 
 
 class _Channel:
-    """What `_coalesce_writes` wraps: records the writes that reach the channel."""
+    """What `coalesce_writes` wraps: records the writes that reach the channel."""
 
     def __init__(self) -> None:
         self.sent: list[bytes | str] = []
@@ -176,11 +176,11 @@ class _Channel:
 def test_tunnel_writes_of_one_loop_turn_leave_as_one_message() -> None:
     import anyio
 
-    from orchestrator.ssh.container_channel import _coalesce_writes
+    from orchestrator.ssh.segments import coalesce_writes
 
     async def main() -> list[bytes | str]:
         chan = _Channel()
-        _coalesce_writes(chan)
+        coalesce_writes(chan)
         chan.write(b"ignore-packet")
         chan.write(b"real-packet")
         assert chan.sent == []  # nothing until the loop turns

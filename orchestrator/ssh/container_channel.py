@@ -24,7 +24,6 @@ once started, the result says how it ended, as `SSHPool.run`'s does.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import time
@@ -40,6 +39,7 @@ from asyncssh.packet import String
 from orchestrator.errors import Call, Option, Phrase, Text
 from orchestrator.events import CommandFinished, CommandStarted, EventSink, NullSink
 from orchestrator.results import HostResult, Status
+from orchestrator.ssh.segments import coalesce_writes
 from orchestrator.ssh.transport import (
     PREFERRED_CIPHERS,
     SSHPool,
@@ -158,7 +158,7 @@ class _CoalescingTunnel:
             received = session.data_received
 
             def connection_made(chan: Any) -> None:
-                _coalesce_writes(chan)
+                coalesce_writes(chan, (asyncssh.Error, OSError))
                 write = chan.write
 
                 def noted(data: bytes) -> None:
@@ -181,38 +181,6 @@ class _CoalescingTunnel:
             return session
 
         return await self._conn.create_connection(factory, remote_host, remote_port)
-
-
-def _coalesce_writes(chan: Any) -> None:
-    """`chan.write` buffered until the event loop's next turn; whatever ends
-    the channel sends the buffer first."""
-    pending: list[bytes] = []
-    write, write_eof, close, abort = chan.write, chan.write_eof, chan.close, chan.abort
-    loop = asyncio.get_running_loop()
-
-    def flush() -> None:
-        if pending:
-            data = b"".join(pending)
-            pending.clear()
-            with contextlib.suppress(asyncssh.Error, OSError):
-                write(data)
-
-    def buffered(data: bytes) -> None:
-        if not pending:
-            loop.call_soon(flush)
-        pending.append(data)
-
-    def ending(then: Callable[[], None]) -> Callable[[], None]:
-        def end() -> None:
-            flush()
-            then()
-
-        return end
-
-    chan.write = buffered
-    chan.write_eof = ending(write_eof)
-    chan.close = ending(close)
-    chan.abort = ending(abort)
 
 
 def _kind(exc: BaseException) -> ConnectKind:

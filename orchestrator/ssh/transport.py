@@ -45,8 +45,8 @@ from orchestrator.ssh.envpass import env_block, env_reader, new_token
 from orchestrator.ssh.keys import load_identities, strict_known_hosts
 from orchestrator.ssh.libsearch import asyncssh
 from orchestrator.ssh.output import LineSplitter, StreamTail, as_result_text
-from orchestrator.ssh.quickack import acknowledge_promptly
 from orchestrator.ssh.seam import Command
+from orchestrator.ssh.segments import acknowledge_promptly, coalesce_writes, tcp_socket
 from orchestrator.ssh.sshconfig import config_route, sshd_key
 
 if TYPE_CHECKING:
@@ -199,7 +199,9 @@ def _traced_factory(
 
         def made(conn: asyncssh.SSHClientConnection) -> None:
             trace.tcp_connected = True
-            acknowledge_promptly(conn)
+            if tcp_socket(conn) is not None:
+                acknowledge_promptly(conn)
+                coalesce_writes(conn._transport)  # ssh/segments.py: one write per turn
             original(conn)
 
         client.connection_made = made  # type: ignore[method-assign]

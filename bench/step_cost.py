@@ -17,6 +17,10 @@ settle, then for each size and each path (`sshd`: containers/sshexec.py,
   processes: in a sandbox every host is on this machine, so that is the
   whole cost, but also whatever else runs here), and our own process's CPU
   per step;
+- step, `bare`: the floor of a session per step on the same connections
+  (`true` on a channel of each container's connection, nothing else: no
+  environment, no ssh_run.sh or run.sh, no pidfile): what the containers'
+  sshd, the login shell and `true` cost whoever the client is;
 - attach: a new invocation's `Cluster.open` + `up` (attach) + `exec
   hostname`, `--runs` times: the median wall time, as bench/attach.py;
 - suite (`--suite-hosts N`): `cvs run` of a suite of `--suite-steps` steps
@@ -29,6 +33,7 @@ settle, then for each size and each path (`sshd`: containers/sshexec.py,
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
@@ -37,12 +42,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
+import asyncssh
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -52,6 +58,9 @@ from orchestrator.api import Cluster
 from orchestrator.config import load_cluster
 
 PATHS = ("sshd", "exec")
+# A step's paths: ours through the sshd, through `docker exec`, and the floor
+# of a session per step on the same connections (_bare_sessions).
+STEP_PATHS = (*PATHS, "bare")
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -85,19 +94,46 @@ def variant_file(
     return out
 
 
-async def _steps(cluster_file: Path, steps: int) -> dict[str, Any]:
+async def _bare_sessions(cluster: Cluster) -> Callable[[], Awaitable[bool]]:
+    """A step of bare sessions: `true` on a channel of each container's
+    connection, and nothing else (no environment, no ssh_run.sh or run.sh, no
+    pidfile): what the sshd, the login shell and `true` cost whoever the
+    client is, the floor of a session per step."""
+    ssh_exec, conns = cluster.ssh_exec, []
+    for host in cluster.hosts:
+        facts = await ssh_exec.facts(host, cluster.runtimes[host])
+        ep = ssh_exec.endpoint(host, facts, "root") if facts is not None else None
+        if ep is None or ssh_exec.connections is None:
+            raise SystemExit(f"{host}: no sshd to run a bare session on")
+        conns.append(await ssh_exec.connections.connection(ep))
+
+    async def step() -> bool:
+        done = await asyncio.gather(
+            *(c.run("true", stdin=asyncssh.DEVNULL, check=False) for c in conns)
+        )
+        return all(r.exit_status == 0 for r in done)
+
+    return step
+
+
+async def _steps(cluster_file: Path, steps: int, bare: bool = False) -> dict[str, Any]:
     async with Cluster.open(cluster_file) as cluster:
         await cluster.up()
         for _ in range(3):
             await cluster.exec("true")
+
+        async def ours() -> bool:
+            return all(r.ok for r in (await cluster.exec("true")).values())
+
+        step = await _bare_sessions(cluster) if bare else ours
         walls: list[float] = []
         cpu0, own0 = cpu_seconds(), time.process_time()
         for _ in range(steps):
             start = time.perf_counter()
-            results = await cluster.exec("true")
+            ok = await step()
             walls.append(time.perf_counter() - start)
-            if not all(r.ok for r in results.values()):
-                raise SystemExit(f"a step failed: {results}")
+            if not ok:
+                raise SystemExit("a step failed")
         cpu, own = cpu_seconds() - cpu0, time.process_time() - own0
         connections = cluster.ssh_exec.connections
         counters = connections.counters if connections is not None else None
@@ -112,7 +148,7 @@ async def _steps(cluster_file: Path, steps: int) -> dict[str, Any]:
 
 
 def measure_steps(cluster_file: Path, hosts: int, path: str, steps: int) -> dict[str, Any]:
-    got = anyio.run(_steps, cluster_file, steps)
+    got = anyio.run(_steps, cluster_file, steps, path == "bare")
     walls = got["walls"]
     return {
         "what": "step",
@@ -296,8 +332,9 @@ def run_all(source: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     busy = settle()
     sys.stderr.write(f"step_cost: machine {busy:.0%} busy before the runs\n")
     for n in args.sizes:
-        for path in PATHS:
-            results.append(measure_steps(variant(named, work, n, path), n, path, args.steps))
+        for path in STEP_PATHS:
+            cluster = variant(named, work, n, "sshd" if path == "bare" else path)
+            results.append(measure_steps(cluster, n, path, args.steps))
     for n in args.attach_sizes:
         for path in PATHS:
             results.append(measure_attach(variant(named, work, n, path), n, path, args.runs))

@@ -33,3 +33,27 @@ def test_fanout_benchmark_smoke_reports_both_clients_on_every_host() -> None:
     assert summary["hosts"] == 4
     for key in ("fresh", "reused", "wall", "maxrss_kib"):
         assert summary[key]["ours"] > 0 and summary[key]["theirs"] > 0
+
+
+@pytest.mark.sandbox
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs root")
+def test_step_cost_benchmark_smoke_reports_every_path() -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "step_cost.py"),
+            *("--sandbox-hosts", "2", "--sizes", "2", "--attach-sizes", "2"),
+            *("--steps", "3", "--runs", "1", "--json"),
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in proc.stdout.strip().splitlines()]
+    steps = {r["path"]: r for r in rows if r["what"] == "step"}
+    assert set(steps) == {"sshd", "exec", "bare"}
+    assert steps["sshd"]["container_connects"] == 2 and not steps["sshd"]["fell_back"]
+    assert steps["exec"]["container_channels"] == 0
+    assert {r["path"] for r in rows if r["what"] == "attach"} == {"sshd", "exec"}

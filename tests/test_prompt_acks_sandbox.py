@@ -103,7 +103,7 @@ def test_the_first_request_after_a_container_login_is_answered_without_a_delayed
                 assert facts is not None and ssh_exec.connections is not None
                 ep = ssh_exec.endpoint("node1", facts, "root")
                 assert ep is not None
-                conn = await ssh_exec.connections._connect(ep)
+                conn = await ssh_exec.connections.connection(ep)
                 times.append(await _first_round_trip(conn))
         return times
 

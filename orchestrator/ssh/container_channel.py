@@ -275,6 +275,11 @@ class ContainerConnections:
             self._links[key] = link
             return link
 
+    async def connection(self, ep: Endpoint) -> asyncssh.SSHClientConnection:
+        """The connection to `ep`'s container that commands take, opened once
+        per invocation. Raises NotStarted."""
+        return (await self._link(ep)).conn
+
     async def warm(self, ep: Endpoint, bound: float = 2.0) -> bool:
         """Open the connection to `ep` ahead of its first command, and make its
         first round trip (the first after a handshake waits on the peers'

@@ -34,13 +34,14 @@ from typing import Any
 _QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 
 
-def coalesce_writes(target: Any, errors: tuple[type[BaseException], ...] = (OSError,)) -> None:
+def coalesce_writes(target: Any, errors: tuple[type[BaseException], ...] = (OSError,)) -> bool:
     """`target.write` buffered until the event loop's next turn, so the writes
     of one turn leave as one; whatever ends `target` (`write_eof`, `close`,
     `abort`) sends the buffer first. `target`: an asyncio transport or an
     asyncssh channel (anything with those four methods); `errors`: what a
     write of the buffer may raise once `target` is gone, ignored (the reader
-    learns of the loss on its side)."""
+    learns of the loss on its side). False, and `target` left as it was,
+    where its methods cannot be replaced (uvloop's transports)."""
     pending: list[bytes] = []
     write, write_eof, close, abort = target.write, target.write_eof, target.close, target.abort
     loop = asyncio.get_running_loop()
@@ -64,10 +65,14 @@ def coalesce_writes(target: Any, errors: tuple[type[BaseException], ...] = (OSEr
 
         return end
 
-    target.write = buffered
+    try:
+        target.write = buffered
+    except (AttributeError, TypeError):
+        return False
     target.write_eof = ending(write_eof)
     target.close = ending(close)
     target.abort = ending(abort)
+    return True
 
 
 def tcp_socket(conn: Any) -> Any:
@@ -92,8 +97,8 @@ def acknowledge_promptly(conn: Any) -> bool:
         return False
     received = conn.data_received
 
-    def data_received(data: bytes) -> None:
-        received(data)
+    def data_received(data: bytes, *rest: Any) -> None:
+        received(data, *rest)
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, quickack, 1)
 

@@ -188,10 +188,12 @@ def _retry_delay(attempt: int) -> float:
 
 
 def _traced_factory(
-    base: Callable[[], asyncssh.SSHClient] | None, trace: _AttemptTrace
+    base: Callable[[], asyncssh.SSHClient] | None, trace: _AttemptTrace, *, direct: bool
 ) -> Callable[[], asyncssh.SSHClient]:
     """The client factory of one attempt: `base`'s client, noting in `trace`
-    when the TCP connection is made."""
+    when the TCP connection is made. `direct`: the connection is a TCP socket
+    of our own (not through a jump, whose channel reports the jump's socket
+    as its own), tuned as ssh/segments.py says."""
 
     def make() -> asyncssh.SSHClient:
         client = base() if base is not None else asyncssh.SSHClient()
@@ -199,9 +201,9 @@ def _traced_factory(
 
         def made(conn: asyncssh.SSHClientConnection) -> None:
             trace.tcp_connected = True
-            if tcp_socket(conn) is not None:
+            if direct and tcp_socket(conn) is not None:
                 acknowledge_promptly(conn)
-                coalesce_writes(conn._transport)  # ssh/segments.py: one write per turn
+                coalesce_writes(conn._transport)
             original(conn)
 
         client.connection_made = made  # type: ignore[method-assign]
@@ -509,7 +511,11 @@ class SSHPool:
         attempt_opts = {
             **opts,
             "connect_timeout": allowed,
-            "client_factory": _traced_factory(opts.get("client_factory"), trace),
+            "client_factory": _traced_factory(
+                opts.get("client_factory"),
+                trace,
+                direct=not through_jump and opts.get("tunnel") is None,
+            ),
         }
         async with (
             self._handshake_limiter(opts, through_jump=through_jump),

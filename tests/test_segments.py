@@ -80,3 +80,29 @@ def test_a_connection_that_is_not_tcp_is_left_alone() -> None:
     assert acknowledge_promptly(protocol) is False
     protocol.data_received(b"one")
     assert sock.options == []
+
+
+class _Connection(_Protocol):
+    """An asyncssh connection as the client factory's `connection_made` sees it."""
+
+    def __init__(self, sock: _Socket) -> None:
+        super().__init__(sock)
+        self._transport = _Slotted()
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_only_a_connection_on_a_socket_of_our_own_is_tuned(direct: bool) -> None:
+    """Through a jump, asyncssh's connection reports the jump's socket as its
+    own: that one is left alone (the jump's connection is tuned as itself)."""
+    from orchestrator.ssh.transport import _AttemptTrace, _traced_factory
+
+    sock = _Socket(socket.AF_INET)
+    conn = _Connection(sock)
+    reads = conn.data_received
+
+    async def main() -> None:
+        client = _traced_factory(None, _AttemptTrace(), direct=direct)()
+        client.connection_made(conn)  # type: ignore[arg-type]
+
+    anyio.run(main)
+    assert (conn.data_received != reads) is (direct and hasattr(socket, "TCP_QUICKACK"))

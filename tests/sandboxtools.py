@@ -12,7 +12,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +44,11 @@ def cluster_variant(sandbox: Sandbox, directory: Path, **changes: Any) -> Path:
     return path
 
 
-def _sandbox_processes(sandbox: Sandbox) -> Iterator[int]:
-    """Pids of the processes inside this sandbox's hosts (and their
-    host-network containers), by network namespace."""
+def _processes_in(netns_names: list[str]) -> Iterator[int]:
+    """Pids of the processes in these network namespaces."""
     namespaces = set()
-    for h in sandbox.nodes:
-        st = os.stat(NETNS_DIR / str(h.netns))
+    for name in netns_names:
+        st = os.stat(NETNS_DIR / name)
         namespaces.add((st.st_dev, st.st_ino))
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -60,6 +59,22 @@ def _sandbox_processes(sandbox: Sandbox) -> Iterator[int]:
             continue
         if (st.st_dev, st.st_ino) in namespaces:
             yield int(entry)
+
+
+def _sandbox_processes(sandbox: Sandbox) -> Iterator[int]:
+    """Pids of the processes inside this sandbox's hosts (and their
+    host-network containers), by network namespace."""
+    return _processes_in([str(h.netns) for h in sandbox.nodes])
+
+
+def pids_in_netns(netns: str, match: Callable[[list[str]], bool]) -> list[int]:
+    """Processes in network namespace `netns` whose argv `match` accepts."""
+    found = []
+    for pid in _processes_in([netns]):
+        argv = cmdline(pid, retry=False)
+        if argv and match(argv):
+            found.append(pid)
+    return found
 
 
 def sandbox_pids(sandbox: Sandbox, argv: list[str]) -> list[int]:

@@ -21,32 +21,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from clitools import CVS
-from sandboxtools import wait_until
+from sandboxtools import pids_in_netns, wait_until
 
 from orchestrator.config import load_cluster
 from orchestrator.sandbox import Sandbox
-from orchestrator.sandbox.network import NETNS_DIR
-from orchestrator.sandbox.procs import cmdline
 
 REPO = Path(__file__).resolve().parent.parent
 SLEEP = ["sleep", "32"]
-
-
-def pids_in_netns(netns: str, match: Callable[[list[str]], bool]) -> list[int]:
-    st = os.stat(NETNS_DIR / netns)
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            ns = os.stat(f"/proc/{entry}/ns/net")
-        except OSError:
-            continue
-        if (ns.st_dev, ns.st_ino) == (st.st_dev, st.st_ino):
-            argv = cmdline(int(entry), retry=False)
-            if argv and match(argv):
-                found.append(int(entry))
-    return found
 
 
 @contextlib.contextmanager

@@ -27,9 +27,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 import anyio
 import asyncssh
@@ -94,6 +94,8 @@ class Counters:
     closed_links: int = 0  # connections found closed and dropped
     failures: dict[str, int] = field(default_factory=dict)  # by ConnectKind
 
+
+_T = TypeVar("_T")
 
 # Reads answered after a login (_Reads.to_answer): its three writes.
 _ANSWERED_READS = 3
@@ -359,19 +361,17 @@ class ContainerConnections:
         emit = self.sink.emit if stream_output else None
         tail = self.pool.output_tail
         async with link.channels:
-            try:
-                chan, client_session = await link.conn.create_session(
+            chan, client_session = await self._opened(
+                ep,
+                text,
+                label,
+                link.conn.create_session(
                     lambda: _CommandSession(ep.host, emit, tail),
                     text,
                     encoding="utf-8",
                     errors="replace",
-                )
-            except (asyncssh.Error, OSError) as exc:
-                self.drop(ep)
-                raise NotStarted(ep.host, "refused", f"no channel: {exc}") from None
-            self.counters.channels += 1
-            self.counters.open_channels += 1
-            self.sink.emit(CommandStarted(host=ep.host, command=text, label=label))
+                ),
+            )
             session = cast(_CommandSession, client_session)
             try:
                 async with self._waiting_on(link):
@@ -381,6 +381,21 @@ class ContainerConnections:
         host_result = session.result(*result, start)
         self.sink.emit(CommandFinished(host=ep.host, result=host_result, label=label))
         return host_result
+
+    async def _opened(
+        self, ep: Endpoint, text: str, label: str | None, opening: Awaitable[_T]
+    ) -> _T:
+        """`opening` (a channel on `ep`'s connection for `text`), counted and
+        announced; NotStarted, and the connection dropped, when it fails."""
+        try:
+            opened = await opening
+        except (asyncssh.Error, OSError) as exc:
+            self.drop(ep)
+            raise NotStarted(ep.host, "refused", f"no channel: {exc}") from None
+        self.counters.channels += 1
+        self.counters.open_channels += 1
+        self.sink.emit(CommandStarted(host=ep.host, command=text, label=label))
+        return opened
 
     @contextlib.asynccontextmanager
     async def held_process(
@@ -399,14 +414,9 @@ class ContainerConnections:
         says (`on_end`: what kills it, run when it has not ended)."""
         link = await self._link(ep)
         async with link.channels:
-            try:
-                process = await link.conn.create_process(text, encoding=None)
-            except (asyncssh.Error, OSError) as exc:
-                self.drop(ep)
-                raise NotStarted(ep.host, "refused", f"no channel: {exc}") from None
-            self.counters.channels += 1
-            self.counters.open_channels += 1
-            self.sink.emit(CommandStarted(host=ep.host, command=text, label=label))
+            process = await self._opened(
+                ep, text, label, link.conn.create_process(text, encoding=None)
+            )
             try:
                 if stdin:
                     process.stdin.write(stdin.encode())

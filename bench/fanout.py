@@ -51,8 +51,9 @@ HERE = Path(__file__).resolve()
 def worker_ours(
     cluster_file: Path, reuse_rounds: int, forks: int | None, workers: str = "auto"
 ) -> dict[str, Any]:
-    """Our transport: SSHPool + run_on_hosts, as `cvs exec --host-os` uses them
-    (`workers`: concurrency.workers, or auto: unset)."""
+    """Our transport: run_on_hosts on an SSHPool, or on a WorkerRunner where
+    `Cluster.open` would plan worker processes, as `cvs exec --host-os` uses
+    them (`workers`: concurrency.workers, or auto: unset)."""
     import anyio
     import yaml
 
@@ -60,7 +61,8 @@ def worker_ours(
     from orchestrator.config import ClusterConfig
     from orchestrator.ssh.fanout import run_on_hosts
     from orchestrator.ssh.transport import SSHPool
-    from orchestrator.ssh.workers import fleet_stats
+    from orchestrator.ssh.workers.parent import planned_workers
+    from orchestrator.ssh.workers.runner import WorkerRunner
 
     collector.tune()  # as the `cvs` process does once its command's modules are in
     doc = yaml.safe_load(cluster_file.read_text())
@@ -70,31 +72,44 @@ def worker_ours(
         doc["concurrency"] = {**doc.get("concurrency", {}), "workers": int(workers)}
     cfg = ClusterConfig.model_validate(doc)
     hosts = [h.name for h in cfg.hosts]
+    count = planned_workers(cfg, len(hosts))
+
+    def figures(runner: SSHPool | WorkerRunner) -> dict[str, int]:
+        """Handshakes, admission and (workers only) CPU, of this process's pool
+        or of the worker processes' pools."""
+        if isinstance(runner, WorkerRunner):
+            return runner.stats()
+        return {
+            "connects": runner.connects,
+            "peak_in_flight": runner.admission.peak_in_flight,
+            "window_decreases": runner.admission.window.decreases,
+        }
 
     async def run() -> dict[str, Any]:
-        async with SSHPool(cfg) as pool:
-            t0, c0 = time.perf_counter(), time.process_time()
-            first = await run_on_hosts(pool, hosts, "true")
+        runner = WorkerRunner(cfg, workers=count) if count > 1 else SSHPool(cfg)
+        # The fresh fan-out includes starting the worker processes, if any.
+        t0, c0 = time.perf_counter(), time.process_time()
+        async with runner:
+            first = await run_on_hosts(runner, hosts, "true")
             fresh, fanout_cpu = time.perf_counter() - t0, time.process_time() - c0
-            # Worker processes (concurrency.workers): their CPU so far, start-up included.
-            fanout_cpu += fleet_stats(pool).get("cpu_ms", 0) / 1000
+            # Worker processes: their CPU so far, start-up included.
+            fanout_cpu += figures(runner).get("cpu_ms", 0) / 1000
             reused, bad = [], [r for r in first.values() if not r.ok]
             for _ in range(reuse_rounds):
                 t1 = time.perf_counter()
-                again = await run_on_hosts(pool, hosts, "true")
+                again = await run_on_hosts(runner, hosts, "true")
                 reused.append(time.perf_counter() - t1)
                 bad += [r for r in again.values() if not r.ok]
-            spread = fleet_stats(pool)  # the worker processes' pools, if any
+            spread = figures(runner)
             return {
                 "fresh": fresh,
                 "fanout_cpu": fanout_cpu,
                 "reused": statistics.median(reused) if reused else None,
                 "failed": len(bad),
                 "example": str(bad[0]) if bad else None,
-                "handshakes": pool.connects + spread.get("connects", 0),
-                "peak_in_flight": pool.admission.peak_in_flight + spread.get("peak_in_flight", 0),
-                "window_decreases": pool.admission.window.decreases
-                + spread.get("window_decreases", 0),
+                "handshakes": spread["connects"],
+                "peak_in_flight": spread["peak_in_flight"],
+                "window_decreases": spread["window_decreases"],
                 "workers": spread.get("workers", 1),
                 "workers_maxrss_kib": spread.get("maxrss_kib", 0),
                 "ok": len(hosts) - len([r for r in first.values() if not r.ok]),

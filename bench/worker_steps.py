@@ -8,7 +8,7 @@ and a step (`exec true` in the containers, through their sshd and through
 Brings persistent containers up once, then per round, per workers setting,
 per path: a fresh `Cluster.open`, `up` (an attach), `--steps` steps, close;
 prints the attach's wall time, the mean step and the whole. On 2 cores
-the default never starts workers (ssh/workers.py); this shows what forcing
+the default never starts workers (ssh/workers/parent.py); this shows what forcing
 them costs where they cannot pay: the workers' start, and a frame each way
 per command.
 """

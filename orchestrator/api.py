@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from orchestrator.containers.sshexec import SSHExec
     from orchestrator.containers.status import HostStatus
     from orchestrator.remote.runtime import ContainerRuntime
-    from orchestrator.ssh.worker_runner import WorkerRunner
+    from orchestrator.ssh.workers.runner import WorkerRunner
 
 
 _IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
@@ -142,18 +142,18 @@ def not_ready_result(host: str, state: HostState, name: str) -> HostResult:
 
 def _runner(config: ClusterConfig, sink: EventSink) -> AbstractAsyncContextManager[HostRunner]:
     """How this invocation reaches its hosts: one `SSHPool` in this process, or,
-    past a fleet size where it pays (ssh/workers.py, `planned_workers`), worker
-    processes sharing the hosts (ssh/worker_runner.py)."""
+    past a fleet size where it pays (ssh/workers/parent.py, `planned_workers`), worker
+    processes sharing the hosts (ssh/workers/runner.py)."""
     if len(config.hosts) < 2:
         # workers.worker_count: one host is one process whatever is set;
         # `cvs exec` on one host imports no ssh.workers (tests/test_startup.py).
         return SSHPool(config, sink)
-    from orchestrator.ssh.workers import planned_workers
+    from orchestrator.ssh.workers.parent import planned_workers
 
     count = planned_workers(config, len(config.hosts))
     if count < 2:
         return SSHPool(config, sink)
-    from orchestrator.ssh.worker_runner import WorkerRunner
+    from orchestrator.ssh.workers.runner import WorkerRunner
 
     return WorkerRunner(config, sink, workers=count)
 
@@ -590,7 +590,7 @@ class Cluster:
                 "SSH login user runs the command (use `cd DIR && ...` in the command)"
             )
         if on_host:
-            # In worker processes past a fleet size where it pays (ssh/workers.py).
+            # In worker processes past a fleet size where it pays (ssh/workers/parent.py).
             return await run_on_hosts(
                 self.pool, selected, command, timeout=timeout, env=env, label="exec"
             )

@@ -68,7 +68,7 @@ NOT_FOR_EXEC = [
 # What `cvs exec --host-os` on one host must not import besides: an in-container
 # exec builds a docker command (containers.docker with limits.*, for the
 # host's runtime: remote.runtime) and names causes (containers.causes); a
-# fleet past a size may use worker processes (ssh.workers, ssh.worker_runner,
+# fleet past a size may use worker processes (the ssh.workers package,
 # with pickle); difflib is for a misspelt key in the cluster file. Each was
 # imported at every `cvs exec` (docs/performance.md, "Commands that connect").
 NOT_FOR_HOST_EXEC = [
@@ -80,7 +80,6 @@ NOT_FOR_HOST_EXEC = [
     "orchestrator.containers.mpi",
     "orchestrator.limits",
     "orchestrator.remote.runtime",
-    "orchestrator.ssh.worker_runner",
     "orchestrator.ssh.workers",
 ]
 

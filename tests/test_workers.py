@@ -1,4 +1,4 @@
-"""Worker processes for the fan-out (ssh/workers.py): when they are used, and
+"""Worker processes for the fan-out (ssh/workers/): when they are used, and
 that through them a fan-out behaves as in one process (the same results and
 events), a worker that dies loses only its hosts (named), and cancelling
 (Ctrl-C) ends every worker's remote processes.
@@ -28,10 +28,11 @@ from orchestrator.config import ClusterConfig, cluster_warnings, load_cluster
 from orchestrator.config.documents import ConfigError
 from orchestrator.events import CollectingSink, Event, Message
 from orchestrator.results import HostResult
-from orchestrator.ssh import workers
 from orchestrator.ssh.fanout import run_on_hosts
 from orchestrator.ssh.transport import SSHPool
-from orchestrator.ssh.workers import WORKERS_FROM, shards, worker_count
+from orchestrator.ssh.workers import parent
+from orchestrator.ssh.workers.parent import WORKERS_FROM, planned_workers, shards, worker_count
+from orchestrator.ssh.workers.runner import WorkerRunner
 
 REPO = Path(__file__).resolve().parents[1]
 HOSTS = 8
@@ -142,12 +143,18 @@ def config(path: Path, workers_: int) -> ClusterConfig:
     return ClusterConfig.model_validate(doc)
 
 
+def runner_for(cfg: ClusterConfig, sink: CollectingSink | None = None) -> SSHPool | WorkerRunner:
+    """What `Cluster.open` would reach the hosts with."""
+    count = planned_workers(cfg, len(cfg.hosts))
+    return WorkerRunner(cfg, sink, workers=count) if count > 1 else SSHPool(cfg, sink)
+
+
 def fan_out(
-    cfg: ClusterConfig, command: str, during: Callable[[SSHPool], Any] | None = None
-) -> tuple[dict[str, HostResult], list[Event], SSHPool]:
+    cfg: ClusterConfig, command: str, during: Callable[[Any], Any] | None = None
+) -> tuple[dict[str, HostResult], list[Event], Any]:
     sink = CollectingSink()
     hosts = [h.name for h in cfg.hosts]
-    pool = SSHPool(cfg, sink)
+    pool = runner_for(cfg, sink)
 
     async def main() -> dict[str, HostResult]:
         async with pool:
@@ -192,7 +199,7 @@ def test_through_workers_results_and_events_are_those_of_one_process(farm_file: 
     alone, alone_events, _ = fan_out(config(farm_file, 1), command)
     spread, spread_events, pool = fan_out(config(farm_file, 2), command)
 
-    assert len(workers._FLEETS.get(pool).workers) == 2  # type: ignore[union-attr]
+    assert len(pool.fleet.workers) == 2
     assert list(spread) == list(alone)  # host order
     for host, result in spread.items():
         mine = alone[host]
@@ -212,15 +219,15 @@ def test_a_worker_that_dies_loses_its_hosts_by_name_and_the_others_finish(
 ) -> None:
     marker = f"sleep 2.{uuid.uuid4().int % 10**6}"
 
-    async def kill_worker_one(pool: SSHPool) -> None:
+    async def kill_worker_one(pool: WorkerRunner) -> None:
         while not remote_pids(marker) or len(remote_pids(marker)) < HOSTS:
             await anyio.sleep(0.05)
-        fleet = workers._FLEETS[pool]
+        fleet = pool.fleet
         os.kill(fleet.workers[0].process.pid, signal.SIGKILL)
 
     results, _, pool = fan_out(config(farm_file, 2), f"{marker}; echo done", kill_worker_one)
 
-    fleet = workers._FLEETS[pool]
+    fleet = pool.fleet
     lost = {h for h, w in fleet.assigned.items() if w is fleet.workers[0]}
     assert lost and len(lost) < HOSTS
     for host, result in results.items():
@@ -239,14 +246,14 @@ def test_cancelling_a_fan_out_ends_every_workers_remote_processes(farm_file: Pat
     hosts = [h.name for h in cfg.hosts]
 
     async def main() -> None:
-        async with SSHPool(cfg) as pool:
+        async with WorkerRunner(cfg, workers=2) as pool:
             with anyio.move_on_after(30):
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(run_on_hosts, pool, hosts, marker)
                     while len(remote_pids(marker)) < HOSTS:
                         await anyio.sleep(0.05)
                     tg.cancel_scope.cancel()
-            assert len(workers._FLEETS[pool].workers) == 2
+            assert len(pool.fleet.workers) == 2
 
     started = time.monotonic()
     anyio.run(main)
@@ -286,11 +293,11 @@ def test_ctrl_c_on_cvs_exec_exits_130_and_ends_every_workers_remote_processes(
 def test_workers_above_the_cores_are_clamped_with_a_warning(
     farm_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(workers, "usable_cores", lambda: 2)
+    monkeypatch.setattr(parent, "usable_cores", lambda: 2)
     results, events, pool = fan_out(config(farm_file, 64), "true")
 
     assert all(r.ok for r in results.values())
-    assert len(workers._FLEETS[pool].workers) == 2
+    assert len(pool.fleet.workers) == 2
     warnings = [e for e in events if isinstance(e, Message) and e.level == "warning"]
     assert any("concurrency.workers is 64" in e.text for e in warnings)
 
@@ -299,12 +306,12 @@ PARENT = """
 import sys, anyio, yaml
 from orchestrator.config import ClusterConfig
 from orchestrator.ssh.fanout import run_on_hosts
-from orchestrator.ssh.transport import SSHPool
+from orchestrator.ssh.workers.runner import WorkerRunner
 doc = yaml.safe_load(open(sys.argv[1]).read())
 doc["concurrency"]["workers"] = 2
 cfg = ClusterConfig.model_validate(doc)
 async def main():
-    async with SSHPool(cfg) as pool:
+    async with WorkerRunner(cfg, workers=2) as pool:
         await run_on_hosts(pool, [h.name for h in cfg.hosts], sys.argv[2])
 anyio.run(main)
 """
@@ -341,7 +348,7 @@ def _ppid(pid: str) -> int:
         return -1
 
 
-# -- every command through the workers (ssh/worker_runner.py) ---------------------
+# -- every command through the workers (ssh/workers/runner.py) ---------------------
 
 HELD = "while read l; do echo got $l; done; echo bye >&2; exit 5"
 
@@ -372,7 +379,6 @@ async def _held_transcript(runner: Any) -> list[Any]:
 def test_a_held_process_in_a_worker_reads_writes_and_ends_as_in_one_process(
     farm_file: Path,
 ) -> None:
-    from orchestrator.ssh.worker_runner import WorkerRunner
 
     async def main() -> tuple[list[Any], list[Any]]:
         async with SSHPool(config(farm_file, 1)) as pool:
@@ -391,7 +397,6 @@ def test_a_worker_that_dies_ends_its_held_processes_and_names_itself_to_later_ca
     farm_file: Path,
 ) -> None:
     from orchestrator.errors import ConnectError
-    from orchestrator.ssh.worker_runner import WorkerRunner
 
     sink = CollectingSink()
     seen: dict[str, Any] = {}
@@ -434,7 +439,6 @@ def test_cluster_open_runs_through_workers_only_when_they_are_planned(
     farm_file: Path, tmp_path: Path
 ) -> None:
     from orchestrator.api import Cluster
-    from orchestrator.ssh.worker_runner import WorkerRunner
 
     source = tmp_path / "payload"
     source.write_bytes(os.urandom(200_000))
@@ -474,7 +478,6 @@ def test_a_held_process_that_ends_in_a_worker_shows_its_exit_status_as_in_one_pr
     farm_file: Path,
 ) -> None:
     # The lease renewer reads `exit_status` to tell that a lock holder ended.
-    from orchestrator.ssh.worker_runner import WorkerRunner
 
     async def statuses(runner: Any) -> list[int | None]:
         seen = []

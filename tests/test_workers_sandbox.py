@@ -1,4 +1,4 @@
-"""Every command through worker processes (ssh/worker_runner.py), on the
+"""Every command through worker processes (ssh/workers/runner.py), on the
 docker sandbox: with `concurrency.workers: 2` (this machine has 2 cores, so
 the default would be one process) `up`, `status`, in-container `exec`
 (through the containers' sshd and through `docker exec`), `cp` both ways,
@@ -37,7 +37,7 @@ from orchestrator.containers.copy import Payload
 from orchestrator.containers.locks import LEASE_SECONDS
 from orchestrator.events import CommandStarted, Event
 from orchestrator.sandbox import Sandbox, sandbox_down, sandbox_up
-from orchestrator.ssh.worker_runner import WorkerRunner
+from orchestrator.ssh.workers.runner import WorkerRunner
 
 pytestmark = pytest.mark.sandbox
 

@@ -395,7 +395,7 @@ class Concurrency(Model):
         description="Hosts worked on at once; the fleet size is safe: handshakes are admitted "
         "adaptively",
     )
-    # ssh/workers.py: when unset, workers only from WORKERS_FROM hosts on a
+    # ssh/workers/parent.py: when unset, workers only from WORKERS_FROM hosts on a
     # machine with WORKERS_MIN_CORES cores (on 2 cores they did not pay).
     workers: int | None = Field(
         default=None,

@@ -68,7 +68,7 @@ if TYPE_CHECKING:
 
     from orchestrator.ssh.container_channel import ContainerConnections, Endpoint, NotStarted
     from orchestrator.ssh.transport import SSHPool
-    from orchestrator.ssh.worker_runner import WorkerContainerConnections, WorkerRunner
+    from orchestrator.ssh.workers.runner import WorkerContainerConnections, WorkerRunner
 
 _T = TypeVar("_T")
 
@@ -282,7 +282,7 @@ class SSHExec:
             return False
         from orchestrator.ssh.container_channel import ContainerConnections
         from orchestrator.ssh.keys import default_state_dir
-        from orchestrator.ssh.worker_runner import WorkerRunner
+        from orchestrator.ssh.workers.runner import WorkerRunner
 
         try:
             key, self._host_keys = read_keys(

@@ -6,7 +6,6 @@ The only fleet-wide wait is the final join.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
@@ -14,7 +13,6 @@ import anyio
 
 from orchestrator.results import HostResult
 from orchestrator.ssh.seam import Command, HostRunner
-from orchestrator.ssh.transport import SSHPool
 
 T = TypeVar("T")
 
@@ -55,29 +53,11 @@ async def run_on_hosts(
     label: str | None = None,
     limit: int | None = None,
 ) -> dict[str, HostResult]:
-    """The same command (or one built per host) on every host, concurrently:
-    at most `limit` at once (an SSHPool's default: its cluster's
-    `concurrency.hosts`).
-
-    Past a fleet size where it pays, in worker processes, one per core
-    (ssh/workers.py): the same events and results, in host order."""
-    fleet = None
-    # One host never starts workers (workers.worker_count), and a fleet this
-    # pool started for an earlier fan-out exists only once ssh.workers is
-    # imported: `cvs exec` on one host does not import it (pickle, tempfile).
-    if len(hosts) > 1 or "orchestrator.ssh.workers" in sys.modules:
-        from orchestrator.ssh.workers import fleet_for
-
-        fleet = await fleet_for(pool, hosts)
-    if fleet is not None:
-        commands = {h: command(h) if callable(command) else command for h in hosts}
-        results = await fleet.run(commands, timeout=timeout, input=input, env=env, label=label)
-        return {h: results[h] for h in hosts}
-    if limit is None and isinstance(pool, SSHPool):
-        limit = pool.cluster.concurrency.hosts
-
-    async def work(host: str) -> HostResult:
-        cmd = command(host) if callable(command) else command
-        return await pool.run(host, cmd, timeout=timeout, input=input, env=env, label=label)
-
-    return await fan_out(hosts, work, limit=limit)
+    """The same command (or one built per host) on every host, concurrently,
+    through the runner's `run_many`: at most `limit` at once (by default the
+    runner's bound: an SSHPool's `concurrency.hosts`; worker processes each
+    their share of it). Results in host order."""
+    commands = {h: command(h) if callable(command) else command for h in hosts}
+    return await pool.run_many(
+        commands, timeout=timeout, input=input, env=env, label=label, limit=limit
+    )

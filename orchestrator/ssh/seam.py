@@ -14,7 +14,7 @@ docker is still tested on the sandbox.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
@@ -41,6 +41,21 @@ class HostRunner(Protocol):
     ) -> HostResult:
         """Run `command` on `host` and wait for it: never raises for the
         host's sake (unreachable, failed, timed out: the result says)."""
+        ...
+
+    async def run_many(
+        self,
+        commands: Mapping[str, Command],
+        *,
+        timeout: float | None = None,
+        input: str | None = None,
+        env: dict[str, str] | None = None,
+        label: str | None = None,
+        limit: int | None = None,
+    ) -> dict[str, HostResult]:
+        """`commands[host]` on each of its hosts, concurrently (at most `limit`
+        at once; by default the runner's own bound), results in the mapping's
+        order. Never raises for a host's sake, as `run`."""
         ...
 
     def held_process(

@@ -18,7 +18,7 @@ import os
 import random
 import shlex
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
@@ -42,6 +42,7 @@ from orchestrator.events import (
 from orchestrator.results import HostResult, Status
 from orchestrator.ssh.admission import AdmissionGate, AimdWindow
 from orchestrator.ssh.envpass import env_block, env_reader, new_token
+from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.keys import load_identities, strict_known_hosts
 from orchestrator.ssh.libsearch import asyncssh
 from orchestrator.ssh.output import LineSplitter, StreamTail, as_result_text
@@ -323,8 +324,6 @@ class SSHPool:
         self._cluster_jump: _JumpChain | None = None
         self._config_jumps: dict[str, _JumpChain] = {}
         self.jump_connects = 0  # handshakes with jump hosts that succeeded (for the tests)
-        # Run first when the pool closes: the worker processes (ssh/workers.py).
-        self.closers: list[Callable[[], Awaitable[None]]] = []
 
     async def __aenter__(self) -> SSHPool:
         if self.cluster.ssh.identity_files:
@@ -336,8 +335,6 @@ class SSHPool:
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
-            while self.closers:
-                await self.closers.pop()()
             for link in self._links.values():
                 link.conn.close()
             for link in self._links.values():
@@ -742,6 +739,26 @@ class SSHPool:
             )
         self.sink.emit(CommandFinished(host=host, result=result, label=label))
         return result
+
+    async def run_many(
+        self,
+        commands: Mapping[str, Command],
+        *,
+        timeout: float | None = None,
+        input: str | None = None,
+        env: dict[str, str] | None = None,
+        label: str | None = None,
+        limit: int | None = None,
+    ) -> dict[str, HostResult]:
+        """`commands[host]` on each host, at most `limit` at once (by default
+        `concurrency.hosts`), each as `run`; results in the mapping's order."""
+
+        async def one(host: str) -> HostResult:
+            return await self.run(
+                host, commands[host], timeout=timeout, input=input, env=env, label=label
+            )
+
+        return await fan_out(list(commands), one, limit=limit or self.cluster.concurrency.hosts)
 
     async def _run_on(
         self,

@@ -1,4 +1,4 @@
-"""A `HostRunner` (ssh/seam.py) backed by worker processes (ssh/workers.py).
+"""A `HostRunner` (ssh/seam.py) backed by worker processes (parent.py, child.py).
 
 When `Cluster.open` plans workers (`planned_workers`: past WORKERS_FROM
 hosts on 4+ cores, or `concurrency.workers: N`), every command of the
@@ -9,8 +9,11 @@ own event loop. Everything above the seam (the lock, the probe, the plan
 and its barrier, rollback, records, the live view, exit codes) runs in the
 parent as in one process, on the same `HostResult`s and events.
 
+The runner forwards the seam's calls and nothing else:
+
 - `run`: one call to the host's worker (`SSHPool.run` there); its events
   come back as frames, ahead of the result.
+- `run_many`: each worker gets its whole shard at once and fans out there.
 - `held_process`: the process is opened and held in the worker; the object
   yielded here proxies what the callers use (`stdout.readline/read`,
   `stderr.read`, `stdin.write/drain/write_eof`, `wait`, `send_signal`,
@@ -19,6 +22,9 @@ parent as in one process, on the same `HostResult`s and events.
 - `container_connections`: commands through a container's sshd, tunnelled
   over the worker's own connection to the host (one connection per
   container, in that worker).
+
+The runner owns the task group every frame task runs in: nothing outlives
+`async with WorkerRunner(...)`.
 
 A worker that dies loses only its hosts, by name: a `run` returns
 `unreachable` saying so, a held process reads its end (stderr says why), a
@@ -30,9 +36,9 @@ from __future__ import annotations
 
 import contextlib
 import shlex
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import anyio
 
@@ -41,13 +47,17 @@ from orchestrator.errors import ConnectError
 from orchestrator.events import CommandFinished, EventSink, NullSink
 from orchestrator.results import HostResult
 from orchestrator.ssh.seam import Command
-from orchestrator.ssh.workers import (
+from orchestrator.ssh.workers import frames as f
+from orchestrator.ssh.workers.parent import (
     WorkerFleet,
     WorkerLost,
-    _Worker,
+    WorkerProcess,
     new_fleet,
     plan_shards,
 )
+
+if TYPE_CHECKING:
+    from orchestrator.ssh.container_channel import Counters, Endpoint
 
 
 @dataclass(frozen=True)
@@ -59,35 +69,35 @@ class Completed:
 
 
 class _Reader:
-    def __init__(self, held: HeldProcess, stream: str) -> None:
+    def __init__(self, held: HeldProcess, stream: Literal["stdout", "stderr"]) -> None:
         self._held = held
         self._stream = stream
 
     async def readline(self) -> Any:
-        return await self._held._read(self._stream, "readline")
+        return await self._held.read(self._stream, "readline")
 
     async def read(self, n: int = -1) -> Any:
-        return await self._held._read(self._stream, "read", n)
+        return await self._held.read(self._stream, "read", n)
 
 
 class _Writer:
     def __init__(self, held: HeldProcess) -> None:
         self._held = held
 
-    def write(self, data: Any) -> None:
-        self._held._post("write", data)
+    def write(self, data: str | bytes) -> None:
+        self._held.post(f.Write(self._held.hid, data))
 
     async def drain(self) -> None:
-        await self._held._call("held_drain")
+        await self._held.worker.call(f.HeldDrain(self._held.hid))
 
     def write_eof(self) -> None:
-        self._held._post("eof")
+        self._held.post(f.Eof(self._held.hid))
 
 
 class HeldProcess:
     """A held process in a worker, as the parent's callers see it."""
 
-    def __init__(self, worker: _Worker, hid: int, host: str, encoding: str | None) -> None:
+    def __init__(self, worker: WorkerProcess, hid: int, host: str, encoding: str | None) -> None:
         self.worker = worker
         self.hid = hid
         self.host = host
@@ -103,60 +113,63 @@ class HeldProcess:
         self.exit_status = status
         self.closed = True
 
-    def _text(self, text: str) -> Any:
+    def _text(self, text: str) -> str | bytes:
         return text if self.encoding is not None else text.encode()
 
-    def _post(self, what: str, *args: Any) -> None:
+    def post(self, frame: f.Post) -> None:
         if self.worker.dead is not None or self.closed:
             raise BrokenPipeError(f"{self.host}: the held process's channel is closed")
-        self.worker.post(("post", what, self.hid, *args))
+        self.worker.post(frame)
 
-    async def _call(self, method: str, *args: Any) -> Any:
-        return await self.worker.call(method, self.hid, *args)
-
-    async def _read(self, stream: str, how: str, size: int = -1) -> Any:
+    async def read(
+        self,
+        stream: Literal["stdout", "stderr"],
+        how: Literal["readline", "read"],
+        size: int = -1,
+    ) -> object:
         try:
-            return await self._call("held_read", stream, how, size)
+            return await self.worker.call(f.HeldRead(self.hid, stream, how, size))
         except WorkerLost as lost:
             # Its end: what was lost, on stderr (the callers' error tails).
             return self._text(lost.text + "\n" if stream == "stderr" else "")
 
     async def wait(self) -> Completed:
         try:
-            status, code = await self._call("held_wait")
+            answer = await self.worker.call(f.HeldWait(self.hid))
         except WorkerLost:
             return Completed(None, None)
+        status, code = cast("tuple[int | None, int | None]", answer)
         return Completed(status, code)
 
     def send_signal(self, name: str) -> None:
-        self._post("signal", name)
+        self.post(f.Signal(self.hid, name))
 
 
 @contextlib.asynccontextmanager
 async def _held(
-    worker: _Worker,
+    worker: WorkerProcess,
     host: str,
     encoding: str | None,
-    opening: tuple[Any, ...],
+    opening: Callable[[int], f.Op],
     lost: Callable[[str], Exception],
-) -> AsyncIterator[tuple[HeldProcess, Any]]:
-    """A process held open in `worker` (the call `opening`, given the held id
-    after its method's name) while the block runs, and the open call's answer;
-    `lost(why)` is raised when the worker is gone before it opened. Closed in
-    the worker however the block ends."""
+) -> AsyncIterator[tuple[HeldProcess, object]]:
+    """A process held open in `worker` (the operation `opening(hid)`) while the
+    block runs, and the open call's answer; `lost(why)` is raised when the
+    worker is gone before it opened. Closed in the worker however the block
+    ends."""
     hid = worker.new_id()
     held = HeldProcess(worker, hid, host, encoding)
     worker.on_exit[hid] = held.exited
     try:
         try:
-            answer = await worker.call(opening[0], hid, *opening[1:])
+            answer = await worker.call(opening(hid))
         except WorkerLost as exc:
             raise lost(exc.text) from None
         try:
             yield held, answer
         finally:
             with anyio.CancelScope(shield=True), contextlib.suppress(WorkerLost):
-                await worker.call("held_close", hid)
+                await worker.call(f.HeldClose(hid))
     finally:
         worker.on_exit.pop(hid, None)
 
@@ -165,18 +178,17 @@ class WorkerContainerConnections:
     """`ContainerConnections` (ssh/container_channel.py) in the hosts' workers:
     `run` and `warm` go to the worker holding the host's connection."""
 
-    def __init__(self, runner: WorkerRunner, private_key: bytes) -> None:
-        from orchestrator.ssh.container_channel import Counters
-
-        self.runner = runner
-        self._counters: dict[_Worker, Counters] = {}
-        self.counters_type = Counters
-        runner.fleet.post_all(("keys", private_key))
+    def __init__(self, fleet: WorkerFleet, private_key: bytes) -> None:
+        self.fleet = fleet
+        self._counters: dict[WorkerProcess, Counters] = {}
+        fleet.post_all(f.Keys(private_key))
 
     @property
-    def counters(self) -> Any:
+    def counters(self) -> Counters:
         """The workers' counters, summed (as of their last answers)."""
-        total = self.counters_type()
+        from orchestrator.ssh.container_channel import Counters
+
+        total = Counters()
         for c in self._counters.values():
             total.connects += c.connects
             total.channels += c.channels
@@ -188,7 +200,7 @@ class WorkerContainerConnections:
 
     async def run(
         self,
-        ep: Any,
+        ep: Endpoint,
         text: str,
         *,
         timeout: float,
@@ -200,29 +212,28 @@ class WorkerContainerConnections:
         """As ContainerConnections.run: NotStarted when it could not start."""
         from orchestrator.ssh.container_channel import NotStarted
 
-        worker = self.runner.fleet.worker_of(ep.host)
-        options = {"timeout": timeout, "input": input, "label": label}
-        options |= {"stream_output": stream_output, "on_timeout": on_timeout}
+        worker = self.fleet.worker_of(ep.host)
+        op = f.ContainerRun(ep, text, timeout, input, label, stream_output, on_timeout)
         try:
-            result, counters = await worker.call("container_run", ep, text, **options)
+            answer = await worker.call(op)
         except WorkerLost as lost:
             raise NotStarted(ep.host, "host", lost.text) from None
-        self._counters[worker] = counters
-        return result  # type: ignore[no-any-return]
+        result, self._counters[worker] = cast("tuple[HostResult, Counters]", answer)
+        return result
 
-    async def warm(self, ep: Any) -> bool:
-        worker = self.runner.fleet.worker_of(ep.host)
+    async def warm(self, ep: Endpoint) -> bool:
+        worker = self.fleet.worker_of(ep.host)
         try:
-            ok, counters = await worker.call("container_warm", ep)
+            answer = await worker.call(f.ContainerWarm(ep))
         except WorkerLost:
             return False
-        self._counters[worker] = counters
-        return bool(ok)
+        ok, self._counters[worker] = cast("tuple[bool, Counters]", answer)
+        return ok
 
     @contextlib.asynccontextmanager
     async def held_process(
         self,
-        ep: Any,
+        ep: Endpoint,
         text: str,
         *,
         stdin: str = "",
@@ -234,14 +245,16 @@ class WorkerContainerConnections:
         before the block, when it could not start."""
         from orchestrator.ssh.container_channel import NotStarted
 
-        worker = self.runner.fleet.worker_of(ep.host)
-        opening = ("container_held_open", ep, text, stdin, label, on_end)
+        worker = self.fleet.worker_of(ep.host)
+
+        def opening(hid: int) -> f.Op:
+            return f.ContainerHeldOpen(hid, ep, text, stdin, label, on_end)
 
         def lost(text: str) -> Exception:
             return NotStarted(ep.host, "host", text)
 
         async with _held(worker, ep.host, None, opening, lost) as (held, counters):
-            self._counters[worker] = counters
+            self._counters[worker] = cast("Counters", counters)
             yield held
 
     async def aclose(self) -> None:
@@ -266,25 +279,39 @@ class WorkerRunner:
         self.output_tail = parse_size(cluster.output_tail) if output_tail is None else output_tail
         self.count = workers
         self.fleet: WorkerFleet = new_fleet(cluster, self.sink, self.output_tail)
+        self._stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> WorkerRunner:
         if self.cluster.ssh.identity_files:
             from orchestrator.ssh.keys import load_identities
 
             load_identities(self.cluster.ssh.identity_files)  # a bad file: one error, now
+        tg = await self._stack.enter_async_context(anyio.create_task_group())
+        # Runs before the task group ends: the workers close, their frame tasks end.
+        self._stack.push_async_callback(self._close, tg)
         try:
             hosts = [h.name for h in self.cluster.hosts]
-            await self.fleet.start(plan_shards(self.cluster, hosts, self.count))
+            await self.fleet.start(plan_shards(self.cluster, hosts, self.count), tg)
         except BaseException:
-            await self.fleet.aclose()
+            await self._stack.aclose()
             raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    async def _close(self, tg: anyio.abc.TaskGroup) -> None:
+        await self.fleet.aclose()  # shielded: the workers end also when cancelled
+        tg.cancel_scope.cancel()  # a frame task still waiting on a worker that never ended
+
     async def aclose(self) -> None:
-        await self.fleet.aclose()
+        # Not under a scope of its own: the task group's scope must be the
+        # innermost when it exits.
+        await self._stack.aclose()
+
+    def stats(self) -> dict[str, int]:
+        """The workers' handshakes, admission figures and CPU (for the benchmark)."""
+        return self.fleet.totals()
 
     async def run(
         self,
@@ -301,15 +328,30 @@ class WorkerRunner:
         """As SSHPool.run, in the host's worker. `on_timeout` is asked here,
         at once (the callers' are constants: `lambda: kill`)."""
         worker = self.fleet.worker_of(host)
-        options: dict[str, Any] = {"timeout": timeout, "input": input, "env": env}
-        options |= {"stream_output": stream_output, "label": label}
-        options["on_timeout"] = None if on_timeout is None else on_timeout()
+        kill = None if on_timeout is None else on_timeout()
+        op = f.RunOp(host, command, timeout, input, env, stream_output, label, kill)
         try:
-            result: HostResult = await worker.call("run", host, command, **options)
+            result = cast(HostResult, await worker.call(op))
         except WorkerLost as lost:
             result = HostResult(host, "unreachable", error=lost.text)
             self.sink.emit(CommandFinished(host=host, result=result, label=label))
         return result
+
+    async def run_many(
+        self,
+        commands: Mapping[str, Command],
+        *,
+        timeout: float | None = None,
+        input: str | None = None,
+        env: dict[str, str] | None = None,
+        label: str | None = None,
+        limit: int | None = None,
+    ) -> dict[str, HostResult]:
+        """As SSHPool.run_many, each worker fanning out over its hosts (each
+        at most its share of `concurrency.hosts` at once; `limit` is not
+        split further)."""
+        results = await self.fleet.run(commands, timeout=timeout, input=input, env=env, label=label)
+        return {h: results[h] for h in commands}
 
     @contextlib.asynccontextmanager
     async def held_process(
@@ -318,7 +360,9 @@ class WorkerRunner:
         """As SSHPool.held_process, the process held in the host's worker."""
         worker = self.fleet.worker_of(host)
         text = command if isinstance(command, str) else shlex.join(command)
-        opening = ("held_open", host, text, encoding)
+
+        def opening(hid: int) -> f.Op:
+            return f.HeldOpen(hid, host, text, encoding)
 
         def lost(text: str) -> Exception:
             return ConnectError(host, "unreachable", text)
@@ -327,4 +371,4 @@ class WorkerRunner:
             yield held
 
     def container_connections(self, private_key: bytes) -> WorkerContainerConnections:
-        return WorkerContainerConnections(self, private_key)
+        return WorkerContainerConnections(self.fleet, private_key)

@@ -44,18 +44,6 @@ class HostResult:
         """True when `stdout` or `stderr` is only the tail of what the command printed."""
         return bool(self.stdout_dropped or self.stderr_dropped)
 
-    def truncation_note(self) -> str | None:
-        """One line saying what was dropped and where the whole output is, if truncated."""
-        if not self.truncated:
-            return None
-        parts = [
-            f"first {n} characters of {name} dropped"
-            for name, n in (("stdout", self.stdout_dropped), ("stderr", self.stderr_dropped))
-            if n
-        ]
-        where = f"whole output in {self.output_file}" if self.output_file else "not kept"
-        return f"{'; '.join(parts)} ({where})"
-
     @property
     def reached(self) -> bool:
         return self.status not in CONNECTION_STATUSES

@@ -20,9 +20,8 @@ from orchestrator.limits.cdi import (
     parse_specs,
     runtime_cdi_problem,
     use_cdi,
-    visibility_overrides,
 )
-from orchestrator.limits.gpus import GPU, VISIBILITY_VARS, GPUSelection, select_gpus
+from orchestrator.limits.gpus import GPU, GPUSelection, select_gpus
 
 AMD_SPEC = """
 cdiVersion: "0.5.0"
@@ -220,10 +219,6 @@ def test_the_argv_is_one_device_flag_per_gpu():
         "amd.com/gpu=1",
     ]
     assert describe_devices(AMD_DEVICES[:2]) == "amd.com/gpu=0,1"
-
-
-def test_a_spec_setting_a_visible_devices_variable_is_noticed():
-    assert visibility_overrides(AMD_DEVICES, VISIBILITY_VARS) == ["ROCR_VISIBLE_DEVICES"]
 
 
 def test_the_container_numbers_cdi_gpus_from_zero():

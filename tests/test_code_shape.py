@@ -1,6 +1,7 @@
 """No function in orchestrator/ over 80 lines, none nesting its blocks more
 than 4 deep: a newcomer reads one screen at a time (docs/design.md). An
-`elif` continues its `if`; a nested function or class starts afresh."""
+`elif` continues its `if`; a nested function or class starts afresh. No
+`getattr` on a name built from a string: a call can be followed to its handler."""
 
 from __future__ import annotations
 
@@ -62,3 +63,54 @@ def test_the_depth_counts_blocks_not_elifs() -> None:
     )
     (func,) = ast.parse(code).body
     assert depth(func) == 2
+
+
+def composed_getattrs(tree: ast.AST) -> list[int]:
+    """Lines of `getattr(x, "op_" + name)` and the like: an attribute name
+    composed from a literal (a +, an f-string, % or .format), which is dispatch
+    by string that neither grep nor mypy can follow from a call to its handler."""
+
+    def composed(name: ast.AST) -> bool:
+        if isinstance(name, ast.JoinedStr):
+            return True
+        if isinstance(name, ast.BinOp) and isinstance(name.op, ast.Add | ast.Mod):
+            return any(
+                (isinstance(side, ast.Constant) and isinstance(side.value, str)) or composed(side)
+                for side in (name.left, name.right)
+            )
+        return (
+            isinstance(name, ast.Call)
+            and isinstance(name.func, ast.Attribute)
+            and name.func.attr == "format"
+        )
+
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("getattr", "hasattr")
+        and len(node.args) >= 2
+        and composed(node.args[1])
+    ]
+
+
+def test_no_getattr_dispatches_on_a_composed_name() -> None:
+    found = {
+        f"{path.relative_to(PACKAGE)}:{line}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for line in composed_getattrs(ast.parse(path.read_text()))
+    }
+    assert not found, f"getattr on a name built from a string (use a table or a match): {found}"
+
+
+def test_the_getattr_check_sees_concatenations_and_f_strings() -> None:
+    code = (
+        'getattr(self, "op_" + method)\n'
+        'getattr(self, f"op_{method}")\n'
+        'getattr(self, "op_%s" % method)\n'
+        'getattr(self, "op_{}".format(method))\n'
+        "getattr(self, name)\n"
+        'getattr(self, "stdout")\n'
+    )
+    assert composed_getattrs(ast.parse(code)) == [1, 2, 3, 4]

@@ -27,7 +27,6 @@ from orchestrator.containers.docker import (
     config_hash,
     exec_argv,
     image_inspect_argv,
-    inspect_argv,
     is_ours,
     load_argv,
     login_argv,
@@ -51,6 +50,11 @@ from orchestrator.remote.runtime import ContainerRuntime
 HOSTILE = "a; rm -rf / $(id) `id` 'q' \"d\" | & > <\n*"
 # Container env reaches `docker run` through an env file: one line per value.
 HOSTILE_LINE = HOSTILE.replace("\n", " ")
+
+
+def container_inspect(name: str) -> list[str]:
+    """The test's look at a container (`--type container`: not an image of that name)."""
+    return ["docker", "inspect", "--type", "container", name]
 
 
 def test_docker_runtime_prefix_direct_is_plain_docker() -> None:
@@ -138,7 +142,7 @@ def test_container_name_with_shell_metacharacters_is_rejected(name: str) -> None
     cfg = ContainerConfig(image="img:1")
     with pytest.raises(ValueError, match="invalid container name"):
         run_argv(["docker"], cfg, name, {})
-    for build in (inspect_argv, start_argv, stop_argv):
+    for build in (start_argv, stop_argv):
         with pytest.raises(ValueError):
             build(["docker"], name)
     with pytest.raises(ValueError):
@@ -208,7 +212,6 @@ def test_simple_lifecycle_argvs() -> None:
     assert stop_argv(["docker"], "c", timeout=5) == ["docker", "stop", "-t", "5", "c"]
     assert pull_argv(["docker"], "img:1") == ["docker", "pull", "img:1"]
     assert load_argv(["docker"], "/x/img.tar") == ["docker", "load", "-i", "/x/img.tar"]
-    assert inspect_argv(["docker"], "c") == ["docker", "inspect", "--type", "container", "c"]
 
 
 def test_managed_labels_are_recognised_as_ours_only_for_the_same_cluster() -> None:
@@ -332,9 +335,7 @@ def test_run_argv_settings_come_back_from_docker_inspect(
         timeout=120,
     )
     try:
-        info = parse_container_inspect(
-            dockerd.run_argv(inspect_argv(["docker"], "settings")).stdout
-        )
+        info = parse_container_inspect(dockerd.run_argv(container_inspect("settings")).stdout)
         assert info.name == "settings"
         assert info.running and info.state == "running"
         assert info.image_id == image_id
@@ -392,14 +393,14 @@ def test_stop_then_start_keeps_the_overlay_and_rm_makes_it_absent(
     dockerd.run_argv(run_argv(["docker"], cfg, "keeper", {}))
     dockerd.run_argv(exec_argv(["docker"], "keeper", ["sh", "-c", "echo kept > /kept"]))
     dockerd.run_argv(stop_argv(["docker"], "keeper", timeout=1))
-    stopped = parse_container_inspect(dockerd.run_argv(inspect_argv(["docker"], "keeper")).stdout)
+    stopped = parse_container_inspect(dockerd.run_argv(container_inspect("keeper")).stdout)
     assert stopped.state == "exited"
     dockerd.run_argv(start_argv(["docker"], "keeper"))
-    again = parse_container_inspect(dockerd.run_argv(inspect_argv(["docker"], "keeper")).stdout)
+    again = parse_container_inspect(dockerd.run_argv(container_inspect("keeper")).stdout)
     assert again.id == stopped.id and again.state == "running"
     assert dockerd.run_argv(exec_argv(["docker"], "keeper", ["cat", "/kept"])).stdout == "kept\n"
     dockerd.run_argv(["docker", "rm", "-f", "keeper"])
-    gone = dockerd.run_argv(inspect_argv(["docker"], "keeper"), check=False)
+    gone = dockerd.run_argv(container_inspect("keeper"), check=False)
     assert gone.returncode != 0
     assert classify_docker_error(gone.stderr, gone.returncode) == "not_found"
 
@@ -428,7 +429,7 @@ def test_daemon_down_is_classified_apart_from_not_found(tmp_path: Path) -> None:
         pytest.skip("no docker CLI")
     env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/none.sock"}
     out = subprocess.run(
-        ["sh", "-c", shlex.join(inspect_argv(["docker"], "c"))],
+        ["sh", "-c", shlex.join(container_inspect("c"))],
         env=env,
         capture_output=True,
         text=True,

@@ -18,6 +18,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import anyio
 import pytest
@@ -38,7 +39,6 @@ from orchestrator.containers.provision import (
     ensure_sshd,
     ensure_sshd_argv,
     frame_files,
-    parse_sshd_report,
     run_setup_script,
     setup_argv,
     setup_payload,
@@ -55,6 +55,17 @@ PORT = 2391
 DOCKER = ["docker"]  # the sandbox login user is in the docker group
 
 DEFAULT_SCRIPT = Path(__file__).resolve().parents[1] / "setup_scripts" / "default.sh"
+
+
+class SSHDReport(NamedTuple):
+    pid: int | None
+    started: bool  # False: it was already running
+
+
+def sshd_report(stdout: str) -> SSHDReport:
+    """`sshd-pid N` and whether ensure_sshd's stdout says `sshd: started`."""
+    pid = re.search(r"^sshd-pid (\d+)$", stdout, re.MULTILINE)
+    return SSHDReport(int(pid.group(1)) if pid else None, "sshd: started" in stdout.splitlines())
 
 
 def _cluster(hosts: list[HostSpec], **container: object) -> ClusterConfig:
@@ -220,22 +231,6 @@ def test_ensure_sshd_argv_passes_port_paths_and_login_as_arguments() -> None:
     assert argv[-9:-6] == ["2224", "/etc/cvs/hostfile", mpi.SSHD_PID_FILE]
     assert argv[-2:] == ["", "10.0.0.2"]  # login (the image's USER), inter-host address
     assert argv[3:5] == ["-u", "0"]
-
-
-@pytest.mark.parametrize(
-    ("stdout", "pid", "started"),
-    [
-        ("sshd: started\nsshd-pid 42", 42, True),
-        ("sshd: already running\nsshd-pid 7\n", 7, False),
-        ("sshd: unlocked root for key-only login\nsshd: started\nsshd-pid 9", 9, True),
-        ("", None, False),
-    ],
-)
-def test_sshd_report_parses_pid_and_whether_started(
-    stdout: str, pid: int | None, started: bool
-) -> None:
-    report = parse_sshd_report(stdout)
-    assert (report.pid, report.started) == (pid, started)
 
 
 def test_no_setup_script_means_the_packaged_default() -> None:
@@ -465,7 +460,7 @@ def test_every_container_reaches_every_peer_by_name_with_strict_host_keys(boxes:
     results = _run(_sshd_all, boxes)
     for host, r in results.items():
         assert r.ok, (host, r.tail())
-        assert parse_sshd_report(r.stdout).pid
+        assert sshd_report(r.stdout).pid
     for src in boxes.hosts:
         for dst in boxes.hosts:
             r = _ssh_peer(boxes, src, dst)
@@ -476,19 +471,19 @@ def test_every_container_reaches_every_peer_by_name_with_strict_host_keys(boxes:
 
 
 def test_ensure_sshd_again_leaves_the_running_sshd_alone(boxes: Boxes) -> None:
-    first = {h: parse_sshd_report(r.stdout) for h, r in _run(_sshd_all, boxes).items()}
-    second = {h: parse_sshd_report(r.stdout) for h, r in _run(_sshd_all, boxes).items()}
+    first = {h: sshd_report(r.stdout) for h, r in _run(_sshd_all, boxes).items()}
+    second = {h: sshd_report(r.stdout) for h, r in _run(_sshd_all, boxes).items()}
     for host in boxes.hosts:
         assert second[host].pid == first[host].pid
         assert not second[host].started
 
 
 def test_a_killed_sshd_is_restarted_on_that_host_only(boxes: Boxes) -> None:
-    before = {h: parse_sshd_report(r.stdout) for h, r in _run(_sshd_all, boxes).items()}
+    before = {h: sshd_report(r.stdout) for h, r in _run(_sshd_all, boxes).items()}
     pid = before["node2"].pid
     assert _run(boxes.exec, "node2", ["kill", str(pid)]).ok
     # The reparented sshd may linger as a zombie: the listen probe sees it gone.
-    after = {h: parse_sshd_report(r.stdout) for h, r in _run(_sshd_all, boxes).items()}
+    after = {h: sshd_report(r.stdout) for h, r in _run(_sshd_all, boxes).items()}
     assert after["node2"].started and after["node2"].pid != pid
     for host in ("node1", "node3"):
         assert not after[host].started and after[host].pid == before[host].pid
@@ -610,5 +605,5 @@ def test_default_script_installs_sshd_in_a_bare_image_and_it_listens(
     assert setup.ok, setup.tail(40)
     assert "installing openssh-server with apt-get" in setup.stdout
     assert marker.stdout.strip() == SetupScript.default().sha256
-    assert sshd.ok and parse_sshd_report(sshd.stdout).started, sshd.tail()
+    assert sshd.ok and sshd_report(sshd.stdout).started, sshd.tail()
     assert hop.ok and hop.stdout.strip().endswith("via-ssh"), hop.tail()

@@ -305,11 +305,6 @@ def run_env_file(cfg: ContainerConfig, gpus: GPUSelection | None = None) -> str 
     return "".join(lines)
 
 
-def inspect_argv(prefix: Sequence[str], name: str) -> list[str]:
-    # --type container: an image that happens to share the name is not a hit.
-    return [*prefix, "inspect", "--type", "container", validate_container_name(name)]
-
-
 def image_inspect_argv(prefix: Sequence[str], ref: str) -> list[str]:
     return [*prefix, "image", "inspect", _image_or_id(ref)]
 

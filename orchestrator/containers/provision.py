@@ -359,22 +359,3 @@ def _interface_address(cluster: ClusterConfig, host: str) -> str:
     spec = cluster.host(host)
     address = spec.vpc_address or spec.address or spec.name
     return address if _ADDRESS_RE.fullmatch(address) else ""
-
-
-@dataclass(frozen=True)
-class SSHDReport:
-    pid: int | None
-    started: bool  # False: it was already running
-
-
-def parse_sshd_report(stdout: str) -> SSHDReport:
-    """`sshd-pid N` and `sshd: started|already running` from ensure_sshd's stdout."""
-    pid = None
-    started = False
-    for line in stdout.splitlines():
-        m = re.fullmatch(r"sshd-pid (\d+)", line.strip())
-        if m:
-            pid = int(m.group(1))
-        elif line.strip() == "sshd: started":
-            started = True
-    return SSHDReport(pid, started)

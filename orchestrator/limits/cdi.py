@@ -230,17 +230,6 @@ def cdi_devices_for(
     return tuple(chosen)
 
 
-def visibility_overrides(devices: Sequence[CDIDevice], visibility_vars: Sequence[str]) -> list[str]:
-    """The visible-devices variables the chosen CDI devices set themselves.
-
-    cvs sets them again in the container's own numbering (0..N-1), after the
-    spec's edits (`-e` wins over a CDI edit in podman and docker), so the
-    value a spec writes in the host's numbering never reaches a program.
-    """
-    names = {v for d in devices for v in d.env}
-    return sorted(names.intersection(visibility_vars))
-
-
 # ------------------------------------------------------------------- runtimes
 
 

@@ -248,10 +248,6 @@ class ContainerConnections:
                 with anyio.move_on_after(2), contextlib.suppress(Exception):
                     await link.conn.wait_closed()
 
-    def is_open(self, ep: Endpoint) -> bool:
-        link = self._links.get((ep.host, ep.username))
-        return link is not None and not link.conn.is_closed()
-
     def drop(self, ep: Endpoint) -> None:
         """Forget (and close) the connection to `ep`'s container."""
         link = self._links.pop((ep.host, ep.username), None)

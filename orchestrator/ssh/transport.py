@@ -976,6 +976,6 @@ def _signal_number(name: str) -> int:
     import signal
 
     try:
-        return int(getattr(signal, "SIG" + name))
-    except (AttributeError, TypeError):
+        return int(signal.Signals[f"SIG{name}"])
+    except KeyError:
         return 0

@@ -35,7 +35,7 @@ import anyio
 
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
-from orchestrator.ssh.seam import Command, HostRunner
+from orchestrator.ssh.seam import Command, HostRunner, Request, Runner
 
 __all__ = [
     "HANG",
@@ -140,7 +140,7 @@ class HeldProcess:
         return self.program.args.get("mode", "") if self.program else ""
 
 
-class ScriptedHosts:
+class ScriptedHosts(Runner):
     """Hosts answering from a script; see the module doc."""
 
     def __init__(self, probes: Mapping[str, str]) -> None:
@@ -164,19 +164,8 @@ class ScriptedHosts:
     def labels(self, host: str | None = None) -> list[str]:
         return [label for h, label, _ in self.calls if host is None or h == host]
 
-    async def run(
-        self,
-        host: str,
-        command: Command,
-        *,
-        timeout: float | None = None,
-        input: str | bytes | None = None,
-        env: dict[str, str] | None = None,
-        stream_output: bool = True,
-        label: str | None = None,
-        on_timeout: Callable[[], Command] | None = None,
-    ) -> HostResult:
-        text = command if isinstance(command, str) else shlex.join(command)
+    async def send(self, host: str, request: Request) -> HostResult:
+        text, label, timeout = request.text, request.label, request.timeout
         self.calls.append((host, label or "", text))
         self.timeouts.append((host, label or "", timeout))
         await anyio.sleep(0.001)  # other hosts' work goes on meanwhile, as over SSH
@@ -196,24 +185,15 @@ class ScriptedHosts:
             return HostResult(host, "ok", 0, out, err)
         return HostResult(host, "failed", rc, out, err, error=err.strip() or f"exit {rc}")
 
-    async def run_many(
-        self,
-        commands: Mapping[str, Command],
-        *,
-        timeout: float | None = None,
-        input: str | None = None,
-        env: dict[str, str] | None = None,
-        label: str | None = None,
-        limit: int | None = None,
+    async def send_many(
+        self, requests: Mapping[str, Request], *, limit: int | None = None
     ) -> dict[str, HostResult]:
-        """`run` for each host, all at once (as over SSH, a slow host delays only itself)."""
+        """`send` for each host, all at once (as over SSH, a slow host delays only itself)."""
 
         async def one(host: str) -> HostResult:
-            return await self.run(
-                host, commands[host], timeout=timeout, input=input, env=env, label=label
-            )
+            return await self.send(host, requests[host])
 
-        return await fan_out(list(commands), one, limit=limit)
+        return await fan_out(list(requests), one, limit=limit)
 
     def _answer(self, host: str, label: str, text: str) -> tuple[int, str, str] | Delay:
         for rule in self._rules.get(label, []):

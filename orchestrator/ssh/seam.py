@@ -14,8 +14,10 @@ docker is still tested on the sandbox.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from orchestrator.results import HostResult
@@ -24,8 +26,50 @@ from orchestrator.results import HostResult
 Command = str | Sequence[str]
 
 
+@dataclass(frozen=True)
+class Request:
+    """One command for one host: what to run and how (httpx's `Request`).
+
+    `input` is fed to the command's standard input (secrets and payloads go
+    this way, never in argv); `env` travels over stdin too, ahead of it.
+    `timeout` None is the runner's default (`ssh.command_timeout`), `math.inf`
+    no deadline. `on_timeout` is a cleanup command for work the process group
+    does not own (the process inside `docker exec`). A new field takes a
+    default, so every `Request(...)` already written stays valid.
+    """
+
+    command: Command
+    timeout: float | None = None
+    input: str | bytes | None = None
+    env: Mapping[str, str] | None = None
+    stream_output: bool = True
+    label: str | None = None
+    on_timeout: Command | None = None
+
+    @property
+    def text(self) -> str:
+        """The command as the remote shell reads it."""
+        return self.command if isinstance(self.command, str) else shlex.join(self.command)
+
+
 class HostRunner(Protocol):
-    """Run commands on the cluster's hosts (SSHPool's public surface)."""
+    """Run commands on the cluster's hosts (SSHPool's public surface).
+
+    An implementation writes `send`, `send_many` and `held_process`;
+    `Runner` gives it `run` and `run_many` (keywords, built into Requests)."""
+
+    async def send(self, host: str, request: Request) -> HostResult:
+        """Run `request` on `host` and wait for it: never raises for the
+        host's sake (unreachable, failed, timed out: the result says)."""
+        ...
+
+    async def send_many(
+        self, requests: Mapping[str, Request], *, limit: int | None = None
+    ) -> dict[str, HostResult]:
+        """`requests[host]` on each of its hosts, concurrently (at most `limit`
+        at once; by default the runner's own bound), results in the mapping's
+        order. Never raises for a host's sake, as `send`."""
+        ...
 
     async def run(
         self,
@@ -34,13 +78,12 @@ class HostRunner(Protocol):
         *,
         timeout: float | None = None,
         input: str | bytes | None = None,
-        env: dict[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
         stream_output: bool = True,
         label: str | None = None,
         on_timeout: Callable[[], Command] | None = None,
     ) -> HostResult:
-        """Run `command` on `host` and wait for it: never raises for the
-        host's sake (unreachable, failed, timed out: the result says)."""
+        """`send` of the Request these make."""
         ...
 
     async def run_many(
@@ -49,13 +92,11 @@ class HostRunner(Protocol):
         *,
         timeout: float | None = None,
         input: str | None = None,
-        env: dict[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
         label: str | None = None,
         limit: int | None = None,
     ) -> dict[str, HostResult]:
-        """`commands[host]` on each of its hosts, concurrently (at most `limit`
-        at once; by default the runner's own bound), results in the mapping's
-        order. Never raises for a host's sake, as `run`."""
+        """`send_many` of the Requests these make."""
         ...
 
     def held_process(
@@ -66,3 +107,51 @@ class HostRunner(Protocol):
         `.stderr.read()`, `.wait()`. Raises ConnectError when the host is not
         reached; on exit its stdin is closed."""
         ...
+
+
+class Runner:
+    """The keyword forms of the seam, for every implementation: each builds
+    the Request (the one place the keywords are spelled) and sends it."""
+
+    async def send(self, host: str, request: Request) -> HostResult:
+        raise NotImplementedError
+
+    async def send_many(
+        self, requests: Mapping[str, Request], *, limit: int | None = None
+    ) -> dict[str, HostResult]:
+        raise NotImplementedError
+
+    async def run(
+        self,
+        host: str,
+        command: Command,
+        *,
+        timeout: float | None = None,
+        input: str | bytes | None = None,
+        env: Mapping[str, str] | None = None,
+        stream_output: bool = True,
+        label: str | None = None,
+        on_timeout: Callable[[], Command] | None = None,
+    ) -> HostResult:
+        """`command` on `host` (see Request); `on_timeout` is asked at once (the
+        callers' are constants: `lambda: kill`)."""
+        kill = None if on_timeout is None else on_timeout()
+        request = Request(command, timeout, input, env, stream_output, label, kill)
+        return await self.send(host, request)
+
+    async def run_many(
+        self,
+        commands: Mapping[str, Command],
+        *,
+        timeout: float | None = None,
+        input: str | None = None,
+        env: Mapping[str, str] | None = None,
+        label: str | None = None,
+        limit: int | None = None,
+    ) -> dict[str, HostResult]:
+        """`commands[host]` on each host, the same options for all."""
+        requests = {
+            host: Request(command, timeout, input, env, label=label)
+            for host, command in commands.items()
+        }
+        return await self.send_many(requests, limit=limit)

@@ -46,7 +46,7 @@ from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.keys import load_identities, strict_known_hosts
 from orchestrator.ssh.libsearch import asyncssh
 from orchestrator.ssh.output import LineSplitter, StreamTail, as_result_text
-from orchestrator.ssh.seam import Command
+from orchestrator.ssh.seam import Command, Request, Runner
 from orchestrator.ssh.segments import acknowledge_promptly, coalesce_writes, tcp_socket
 from orchestrator.ssh.sshconfig import config_route, sshd_key
 
@@ -290,7 +290,7 @@ async def keepalive_while_waiting(link: KeptAlive, interval: float) -> AsyncIter
                 link.conn.set_keepalive(0)
 
 
-class SSHPool:
+class SSHPool(Runner):
     """Connections to a cluster's hosts, opened lazily, one per host, reused."""
 
     def __init__(
@@ -697,32 +697,16 @@ class SSHPool:
 
     # -- running ------------------------------------------------------------
 
-    async def run(
-        self,
-        host: str,
-        command: Command,
-        *,
-        timeout: float | None = None,
-        input: str | bytes | None = None,
-        env: dict[str, str] | None = None,
-        stream_output: bool = True,
-        label: str | None = None,
-        on_timeout: Callable[[], Command] | None = None,
-    ) -> HostResult:
-        """Run `command` on `host` and wait for it.
-
-        `command` is an argv list (quoted here with `shlex.join`) or a shell
-        string that the caller built from quoted pieces. `input` is fed to the
-        command's standard input (secrets and payloads go this way, never in
-        argv). `timeout` defaults to `ssh.command_timeout`; `math.inf` is no
-        deadline (cancellation still kills the remote side). `on_timeout` gives
-        an extra cleanup command for work the process group does not own (e.g.
-        the process inside `docker exec`).
-        Never raises for remote failures: the result's status says what
-        happened.
+    async def send(self, host: str, request: Request) -> HostResult:
+        """Run `request` on `host` and wait for it (see `Request`): the
+        command is an argv list (quoted here with `shlex.join`) or a shell
+        string that the caller built from quoted pieces; cancellation kills
+        the remote side too. Never raises for remote failures: the result's
+        status says what happened.
         """
-        text = command if isinstance(command, str) else shlex.join(command)
-        timeout = self.cluster.ssh.command_timeout if timeout is None else timeout
+        label = request.label
+        text = request.text
+        timeout = self.cluster.ssh.command_timeout if request.timeout is None else request.timeout
         start = time.monotonic()
         try:
             link = await self.link(host)
@@ -734,54 +718,39 @@ class SSHPool:
             return result
         self.sink.emit(CommandStarted(host=host, command=text, label=label))
         async with link.channels, self._waiting_on(link):
-            result = await self._run_on(
-                link, host, text, timeout, input, env, stream_output, start, on_timeout, label
-            )
+            result = await self._run_on(link, host, request, timeout, start)
         self.sink.emit(CommandFinished(host=host, result=result, label=label))
         return result
 
-    async def run_many(
-        self,
-        commands: Mapping[str, Command],
-        *,
-        timeout: float | None = None,
-        input: str | None = None,
-        env: dict[str, str] | None = None,
-        label: str | None = None,
-        limit: int | None = None,
+    async def send_many(
+        self, requests: Mapping[str, Request], *, limit: int | None = None
     ) -> dict[str, HostResult]:
-        """`commands[host]` on each host, at most `limit` at once (by default
-        `concurrency.hosts`), each as `run`; results in the mapping's order."""
+        """`requests[host]` on each host, at most `limit` at once (by default
+        `concurrency.hosts`), each as `send`; results in the mapping's order."""
 
         async def one(host: str) -> HostResult:
-            return await self.run(
-                host, commands[host], timeout=timeout, input=input, env=env, label=label
-            )
+            return await self.send(host, requests[host])
 
-        return await fan_out(list(commands), one, limit=limit or self.cluster.concurrency.hosts)
+        return await fan_out(list(requests), one, limit=limit or self.cluster.concurrency.hosts)
 
     async def _run_on(
         self,
         link: _HostLink,
         host: str,
-        text: str,
+        request: Request,
         timeout: float,
-        input: str | bytes | None,
-        env: dict[str, str] | None,
-        stream_output: bool,
         start: float,
-        on_timeout: Callable[[], Command] | None,
-        label: str | None = None,
     ) -> HostResult:
-        command = text
+        command = text = request.text
+        label, input, on_timeout = request.label, request.input, request.on_timeout
         # Environment values travel over stdin, ahead of `input`: never in argv.
-        merged_env = {**self.cluster.env, **(env or {})}
+        merged_env = {**self.cluster.env, **(request.env or {})}
         prefix = ""
         if merged_env:
             token = new_token()
             text = env_reader(token) + text
             prefix = env_block(merged_env, token)
-        emit = self.sink.emit if stream_output else None
+        emit = self.sink.emit if request.stream_output else None
         tail = self.output_tail
         try:
             chan, client_session = await link.conn.create_session(
@@ -880,7 +849,7 @@ class SSHPool:
         link: _HostLink,
         chan: asyncssh.SSHClientChannel[str],
         session: _CommandSession,
-        on_timeout: Callable[[], Command] | None,
+        on_timeout: Command | None,
     ) -> None:
         """Stop the command: TERM its process group, then KILL if it lingers.
 
@@ -898,8 +867,7 @@ class SSHPool:
             with contextlib.suppress(asyncssh.Error, OSError):
                 chan.send_signal("KILL")
         if on_timeout is not None:
-            extra = on_timeout()
-            script = extra if isinstance(extra, str) else shlex.join(extra)
+            script = on_timeout if isinstance(on_timeout, str) else shlex.join(on_timeout)
             with anyio.move_on_after(5), contextlib.suppress(asyncssh.Error, OSError):
                 async with link.control:
                     await link.conn.run(script, check=False)

@@ -112,20 +112,13 @@ class Child:
         pool = self.pool
 
         async def one(host: str) -> HostResult:
-            result = await pool.run(
-                host,
-                fan.commands[host],
-                timeout=fan.timeout,
-                input=fan.input,
-                env=fan.env,
-                label=fan.label,
-            )
+            result = await pool.send(host, fan.requests[host])
             self.send(f.Result(fan.rid, result))
             return result
 
         try:
             with self.scopes.setdefault(fan.rid, anyio.CancelScope()):
-                await fan_out(list(fan.commands), one, limit=self.limit)
+                await fan_out(list(fan.requests), one, limit=self.limit)
         finally:
             self.scopes.pop(fan.rid, None)
             self.send(f.Done(fan.rid, self.stats()))
@@ -166,17 +159,7 @@ class Child:
         """The dispatch table: every operation has its handler (mypy checks)."""
         match op:
             case f.RunOp():
-                kill = op.on_timeout
-                return await self.pool.run(
-                    op.host,
-                    op.command,
-                    timeout=op.timeout,
-                    input=op.input,
-                    env=op.env,
-                    stream_output=op.stream_output,
-                    label=op.label,
-                    on_timeout=None if kill is None else (lambda: kill),
-                )
+                return await self.pool.send(op.host, op.request)
             case f.HeldOpen():
                 host, text, encoding = op.host, op.text, op.encoding
                 await self._open_held(

@@ -24,7 +24,7 @@ from typing import IO, TYPE_CHECKING, Literal
 from orchestrator.errors import Text
 from orchestrator.events import Event
 from orchestrator.results import HostResult, Status
-from orchestrator.ssh.seam import Command
+from orchestrator.ssh.seam import Request
 
 if TYPE_CHECKING:
     from orchestrator.config import ClusterConfig
@@ -65,16 +65,10 @@ def read_frame(stream: IO[bytes]) -> Frame | None:
 
 @dataclass(frozen=True)
 class RunOp:
-    """`SSHPool.run` (`on_timeout`: the command itself, asked in the parent)."""
+    """`SSHPool.send`."""
 
     host: str
-    command: Command
-    timeout: float | None
-    input: str | bytes | None
-    env: dict[str, str] | None
-    stream_output: bool
-    label: str | None
-    on_timeout: Command | None
+    request: Request
 
 
 @dataclass(frozen=True)
@@ -167,14 +161,10 @@ class Init:
 
 @dataclass(frozen=True)
 class Fan:
-    """`commands[host]` on each host, fanned out in the worker."""
+    """`requests[host]` on each host, fanned out in the worker."""
 
     rid: int
-    commands: Mapping[str, Command]
-    timeout: float | None
-    input: str | None
-    env: dict[str, str] | None
-    label: str | None
+    requests: Mapping[str, Request]
 
 
 @dataclass(frozen=True)

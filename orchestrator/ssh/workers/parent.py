@@ -57,7 +57,7 @@ from orchestrator.config.views import usable_cores, workers_clamped
 from orchestrator.errors import ConnectError
 from orchestrator.events import CommandFinished, EventSink, Message
 from orchestrator.results import HostResult
-from orchestrator.ssh.seam import Command
+from orchestrator.ssh.seam import Request
 from orchestrator.ssh.workers import frames as f
 
 # When `concurrency.workers` is unset, workers are used from this fleet size,
@@ -137,7 +137,7 @@ class WorkerLost(Exception):
 
 
 @dataclass
-class _Request:
+class _FanOut:
     """A fan-out (`Fan`) in flight in one worker."""
 
     hosts: set[str]
@@ -184,7 +184,7 @@ class WorkerProcess:
         self._outbox, inbox = anyio.create_memory_object_stream[bytes](math.inf)
         self._next = 0
         self.pending: dict[int, _Pending] = {}
-        self.requests: dict[int, _Request] = {}  # fan-outs in flight
+        self.requests: dict[int, _FanOut] = {}  # fan-outs in flight
         self.on_exit: dict[int, Callable[[int | None], None]] = {}  # held processes
         self.stats: Mapping[str, int] = {}
         self._io_done = anyio.Event()
@@ -310,7 +310,7 @@ class WorkerProcess:
                 return f" ({lines[-1].strip()[:200]})"
         return ""
 
-    def lose(self, request: _Request) -> None:
+    def lose(self, request: _FanOut) -> None:
         """The request's hosts not answered yet: lost with this worker, by name."""
         for host in sorted(request.hosts - request.results.keys()):
             result = HostResult(host, "unreachable", error=self.lost_text())
@@ -445,45 +445,38 @@ class WorkerFleet:
             if worker.dead is None:
                 worker.post(frame)
 
-    async def run(
-        self,
-        commands: Mapping[str, Command],
-        *,
-        timeout: float | None,
-        input: str | None,
-        env: dict[str, str] | None,
-        label: str | None,
-    ) -> dict[str, HostResult]:
-        """`commands[host]` on each host, each worker fanning out over its own."""
-        parts: dict[WorkerProcess, dict[str, Command]] = {}
-        for host, command in commands.items():
-            parts.setdefault(self.worker_of(host), {})[host] = command
-        requests: list[tuple[WorkerProcess, int, _Request]] = []
+    async def run(self, requests: Mapping[str, Request]) -> dict[str, HostResult]:
+        """`requests[host]` on each host, each worker fanning out over its own."""
+        parts: dict[WorkerProcess, dict[str, Request]] = {}
+        for host, one in requests.items():
+            parts.setdefault(self.worker_of(host), {})[host] = one
+        pending: list[tuple[WorkerProcess, int, _FanOut]] = []
         for worker, part in parts.items():
-            request = _Request(set(part), label=label or "exec")
+            label = next(iter(part.values())).label
+            fan = _FanOut(set(part), label=label or "exec")
             rid = 0
             if worker.dead is not None:
-                worker.lose(request)
+                worker.lose(fan)
             else:
                 rid = worker.new_id()
-                worker.requests[rid] = request
-                worker.post(f.Fan(rid, part, timeout, input, env, label))
-            requests.append((worker, rid, request))
+                worker.requests[rid] = fan
+                worker.post(f.Fan(rid, part))
+            pending.append((worker, rid, fan))
         try:
-            for _worker, _rid, request in requests:
-                await request.finished.wait()
+            for _worker, _rid, fan in pending:
+                await fan.finished.wait()
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await self._cancel(requests)
+                await self._cancel(pending)
             raise
         results: dict[str, HostResult] = {}
-        for _worker, _rid, request in requests:
-            if request.error is not None:
-                raise request.error
-            results.update(request.results)
+        for _worker, _rid, fan in pending:
+            if fan.error is not None:
+                raise fan.error
+            results.update(fan.results)
         return results
 
-    async def _cancel(self, requests: list[tuple[WorkerProcess, int, _Request]]) -> None:
+    async def _cancel(self, requests: list[tuple[WorkerProcess, int, _FanOut]]) -> None:
         """Each worker cancels the fan-out (its remote processes end as one
         process's do when cancelled); a worker that has not finished within
         CANCEL_GRACE is killed, and its hosts are reported lost."""

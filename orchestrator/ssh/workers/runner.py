@@ -46,7 +46,7 @@ from orchestrator.config import ClusterConfig
 from orchestrator.errors import ConnectError
 from orchestrator.events import CommandFinished, EventSink, NullSink
 from orchestrator.results import HostResult
-from orchestrator.ssh.seam import Command
+from orchestrator.ssh.seam import Command, Request, Runner
 from orchestrator.ssh.workers import frames as f
 from orchestrator.ssh.workers.parent import (
     WorkerFleet,
@@ -261,7 +261,7 @@ class WorkerContainerConnections:
         """The workers close these connections when the runner closes."""
 
 
-class WorkerRunner:
+class WorkerRunner(Runner):
     """A HostRunner whose hosts are served by worker processes, one event loop each."""
 
     def __init__(
@@ -313,45 +313,24 @@ class WorkerRunner:
         """The workers' handshakes, admission figures and CPU (for the benchmark)."""
         return self.fleet.totals()
 
-    async def run(
-        self,
-        host: str,
-        command: Command,
-        *,
-        timeout: float | None = None,
-        input: str | bytes | None = None,
-        env: dict[str, str] | None = None,
-        stream_output: bool = True,
-        label: str | None = None,
-        on_timeout: Callable[[], Command] | None = None,
-    ) -> HostResult:
-        """As SSHPool.run, in the host's worker. `on_timeout` is asked here,
-        at once (the callers' are constants: `lambda: kill`)."""
+    async def send(self, host: str, request: Request) -> HostResult:
+        """As SSHPool.send, in the host's worker."""
         worker = self.fleet.worker_of(host)
-        kill = None if on_timeout is None else on_timeout()
-        op = f.RunOp(host, command, timeout, input, env, stream_output, label, kill)
         try:
-            result = cast(HostResult, await worker.call(op))
+            result = cast(HostResult, await worker.call(f.RunOp(host, request)))
         except WorkerLost as lost:
             result = HostResult(host, "unreachable", error=lost.text)
-            self.sink.emit(CommandFinished(host=host, result=result, label=label))
+            self.sink.emit(CommandFinished(host=host, result=result, label=request.label))
         return result
 
-    async def run_many(
-        self,
-        commands: Mapping[str, Command],
-        *,
-        timeout: float | None = None,
-        input: str | None = None,
-        env: dict[str, str] | None = None,
-        label: str | None = None,
-        limit: int | None = None,
+    async def send_many(
+        self, requests: Mapping[str, Request], *, limit: int | None = None
     ) -> dict[str, HostResult]:
-        """As SSHPool.run_many, each worker fanning out over its hosts (each
+        """As SSHPool.send_many, each worker fanning out over its hosts (each
         at most its share of `concurrency.hosts` at once; `limit` is not
         split further)."""
-        results = await self.fleet.run(commands, timeout=timeout, input=input, env=env, label=label)
-        return {h: results[h] for h in commands}
+        results = await self.fleet.run(requests)
+        return {h: results[h] for h in requests}
 
     @contextlib.asynccontextmanager
     async def held_process(

@@ -33,12 +33,11 @@ from typing import Any, Literal, TypeVar, cast
 
 import anyio
 import asyncssh
-from asyncssh.constants import MSG_IGNORE
-from asyncssh.packet import String
 
 from orchestrator.errors import Call, Option, Phrase, Text
 from orchestrator.events import CommandFinished, CommandStarted, EventSink, NullSink
 from orchestrator.results import HostResult, Status
+from orchestrator.ssh import hooks
 from orchestrator.ssh.segments import coalesce_writes
 from orchestrator.ssh.transport import (
     PREFERRED_CIPHERS,
@@ -176,7 +175,7 @@ class _CoalescingTunnel:
                 received(data, datatype)
                 if reads.to_answer() and not reads.wrote:
                     with contextlib.suppress(asyncssh.Error, OSError):
-                        session.send_packet(MSG_IGNORE, String(b""))
+                        hooks.send_ignore(session)
 
             session.connection_made = connection_made
             session.data_received = data_received
@@ -285,15 +284,10 @@ class ContainerConnections:
         A failure here is nobody's: the command that needs it tries again."""
         try:
             link = await self._link(ep, counted=False)
-            # A keepalive request: a round trip that runs nothing in the
-            # container (this runs before the caller holds its lock). asyncssh
-            # has no public call for one; without it, `true` does the same.
-            request = getattr(link.conn, "_make_global_request", None)
+            # A round trip that runs nothing in the container (this runs
+            # before the caller holds its lock): ssh/hooks.py.
             with anyio.move_on_after(bound), contextlib.suppress(asyncssh.Error, OSError):
-                if request is not None:
-                    await request(b"keepalive@openssh.com")
-                else:
-                    await link.conn.run("true", check=False)
+                await hooks.round_trip(link.conn)
         except NotStarted:
             return False
         return True

@@ -40,6 +40,7 @@ from orchestrator.events import (
     OutputLine,
 )
 from orchestrator.results import HostResult, Status
+from orchestrator.ssh import hooks
 from orchestrator.ssh.admission import AdmissionGate, AimdWindow
 from orchestrator.ssh.envpass import env_block, env_reader, new_token
 from orchestrator.ssh.fanout import fan_out
@@ -204,7 +205,9 @@ def _traced_factory(
             trace.tcp_connected = True
             if direct and tcp_socket(conn) is not None:
                 acknowledge_promptly(conn)
-                coalesce_writes(conn._transport)
+                transport = hooks.raw_transport(conn)
+                if transport is not None:
+                    coalesce_writes(transport)
             original(conn)
 
         client.connection_made = made  # type: ignore[method-assign]

@@ -14,11 +14,12 @@ docker is still tested on the sandbox.
 
 from __future__ import annotations
 
+import abc
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from orchestrator.results import HostResult
 
@@ -52,53 +53,26 @@ class Request:
         return self.command if isinstance(self.command, str) else shlex.join(self.command)
 
 
-class HostRunner(Protocol):
-    """Run commands on the cluster's hosts (SSHPool's public surface).
+class HostRunner(abc.ABC):
+    """Run commands on the cluster's hosts: `SSHPool`, `WorkerRunner`, the
+    scripted fake. An implementation writes `send`, `send_many` and
+    `held_process`; `run` and `run_many`, the keyword forms most callers
+    use, build the Requests here, the one place their keywords are spelled."""
 
-    An implementation writes `send`, `send_many` and `held_process`;
-    `Runner` gives it `run` and `run_many` (keywords, built into Requests)."""
-
+    @abc.abstractmethod
     async def send(self, host: str, request: Request) -> HostResult:
         """Run `request` on `host` and wait for it: never raises for the
         host's sake (unreachable, failed, timed out: the result says)."""
-        ...
 
+    @abc.abstractmethod
     async def send_many(
         self, requests: Mapping[str, Request], *, limit: int | None = None
     ) -> dict[str, HostResult]:
         """`requests[host]` on each of its hosts, concurrently (at most `limit`
         at once; by default the runner's own bound), results in the mapping's
         order. Never raises for a host's sake, as `send`."""
-        ...
 
-    async def run(
-        self,
-        host: str,
-        command: Command,
-        *,
-        timeout: float | None = None,
-        input: str | bytes | None = None,
-        env: Mapping[str, str] | None = None,
-        stream_output: bool = True,
-        label: str | None = None,
-        on_timeout: Callable[[], Command] | None = None,
-    ) -> HostResult:
-        """`send` of the Request these make."""
-        ...
-
-    async def run_many(
-        self,
-        commands: Mapping[str, Command],
-        *,
-        timeout: float | None = None,
-        input: str | None = None,
-        env: Mapping[str, str] | None = None,
-        label: str | None = None,
-        limit: int | None = None,
-    ) -> dict[str, HostResult]:
-        """`send_many` of the Requests these make."""
-        ...
-
+    @abc.abstractmethod
     def held_process(
         self, host: str, command: Command, *, encoding: str | None = "utf-8"
     ) -> AbstractAsyncContextManager[Any]:
@@ -106,20 +80,6 @@ class HostRunner(Protocol):
         holder, a copy's stream): `.stdout.readline()`, `.stdin.write()`,
         `.stderr.read()`, `.wait()`. Raises ConnectError when the host is not
         reached; on exit its stdin is closed."""
-        ...
-
-
-class Runner:
-    """The keyword forms of the seam, for every implementation: each builds
-    the Request (the one place the keywords are spelled) and sends it."""
-
-    async def send(self, host: str, request: Request) -> HostResult:
-        raise NotImplementedError
-
-    async def send_many(
-        self, requests: Mapping[str, Request], *, limit: int | None = None
-    ) -> dict[str, HostResult]:
-        raise NotImplementedError
 
     async def run(
         self,

@@ -47,7 +47,7 @@ from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.keys import load_identities, strict_known_hosts
 from orchestrator.ssh.libsearch import asyncssh
 from orchestrator.ssh.output import LineSplitter, StreamTail, as_result_text
-from orchestrator.ssh.seam import Command, Request, Runner
+from orchestrator.ssh.seam import Command, HostRunner, Request
 from orchestrator.ssh.segments import acknowledge_promptly, coalesce_writes, tcp_socket
 from orchestrator.ssh.sshconfig import config_route, sshd_key
 
@@ -293,7 +293,7 @@ async def keepalive_while_waiting(link: KeptAlive, interval: float) -> AsyncIter
                 link.conn.set_keepalive(0)
 
 
-class SSHPool(Runner):
+class SSHPool(HostRunner):
     """Connections to a cluster's hosts, opened lazily, one per host, reused."""
 
     def __init__(

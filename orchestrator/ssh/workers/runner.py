@@ -46,7 +46,7 @@ from orchestrator.config import ClusterConfig
 from orchestrator.errors import ConnectError
 from orchestrator.events import CommandFinished, EventSink, NullSink
 from orchestrator.results import HostResult
-from orchestrator.ssh.seam import Command, Request, Runner
+from orchestrator.ssh.seam import Command, HostRunner, Request
 from orchestrator.ssh.workers import frames as f
 from orchestrator.ssh.workers.parent import (
     WorkerFleet,
@@ -261,7 +261,7 @@ class WorkerContainerConnections:
         """The workers close these connections when the runner closes."""
 
 
-class WorkerRunner(Runner):
+class WorkerRunner(HostRunner):
     """A HostRunner whose hosts are served by worker processes, one event loop each."""
 
     def __init__(

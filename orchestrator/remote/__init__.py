@@ -59,6 +59,8 @@ PROGRAMS = frozenset(
         "mpi_check",
         "slurm_holder",
         "slurm_epilog",
+        "spread_load",
+        "spread_space",
     }
 )
 

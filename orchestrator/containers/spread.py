@@ -31,7 +31,7 @@ they are fed again from another host); one that stalls (no byte for
 `stall` seconds once bytes flowed) is cut off the same way; a child that
 stops reading is dropped after `stall` seconds without holding up its
 siblings. Ctrl-C or any exit: every remote process of the round gets TERM
-(remote/bounded.sh ends its process group) and its channel closes.
+(remote/spread_load.sh and spread_send.sh end their process groups) and its channel closes.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import anyio
 
 from orchestrator import remote
 from orchestrator.config import ContainerConfig
-from orchestrator.containers.docker import bounded_argv, normalize_image_id, validate_image_ref
+from orchestrator.containers.docker import normalize_image_id, validate_image_ref
 from orchestrator.containers.spread_plan import SpreadPlan, refeed, space_shortfalls, tree
 from orchestrator.errors import ConnectError
 from orchestrator.events import EventSink, ImageProgress, Message
@@ -217,11 +217,11 @@ class Spread:
 
     def _send_argv(self, host: str) -> list[str]:
         rt = self.runtimes[host]
-        return bounded_argv([*rt.prefix, "save", *rt.archive_args, self.image])
+        return remote.argv("spread_send", *rt.prefix, "save", *rt.archive_args, self.image)
 
     def _load_argv(self, host: str, forward: bool) -> list[str]:
         rt = self.runtimes[host]
-        return bounded_argv(remote.argv("spread_load", "1" if forward else "0", *rt.prefix, "load"))
+        return remote.argv("spread_load", "1" if forward else "0", *rt.prefix, "load")
 
     async def _round(
         self,
@@ -341,7 +341,7 @@ class Spread:
 
 
 def _terminate(proc: Any) -> None:
-    """TERM the remote process group (remote/bounded.sh ends all of it) unless it
+    """TERM the remote process group (spread_*.sh end all of it) unless it
     has exited; then its channel may close."""
     if getattr(proc, "exit_status", None) is not None:
         return

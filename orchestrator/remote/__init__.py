@@ -60,6 +60,7 @@ PROGRAMS = frozenset(
         "slurm_holder",
         "slurm_epilog",
         "spread_load",
+        "spread_send",
         "spread_space",
     }
 )

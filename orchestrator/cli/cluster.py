@@ -204,7 +204,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         ]
         more = f" (+{', '.join(extras)})" if extras else ""
         sys.stdout.write(f"{host:<{width}}  {action.kind:<10} {cli_text(action.reason)}{more}\n")
-    if plan.spread is not None and plan.spread.registry_fetches_without:
+    if plan.spread is not None and (plan.spread.peers or plan.spread.registry_fetches):
         sys.stdout.write("".join(f"{line}\n" for line in plan.spread.lines()))
     for w in plan.warnings:
         sys.stderr.write(f"warning: {w}\n")

@@ -302,7 +302,7 @@ class Spread:
                 broken[k] = f"its feeder {feeder} could not be reached"
                 _terminate(proc)
             return
-        offset, mangle = 0, Spread.mangle
+        offset = 0
         try:
             while live:
                 # The first byte may wait for the whole `docker save` (the budget bounds it).
@@ -311,18 +311,7 @@ class Spread:
                     chunk = await src.stdout.read(CHUNK)
                 if not chunk:
                     break
-                for kid, proc in list(live.items()):
-                    data = mangle(kid, chunk, offset) if mangle is not None else chunk
-                    try:
-                        proc.stdin.write(data)
-                        with anyio.fail_after(self.stall):
-                            await proc.stdin.drain()
-                    except (TimeoutError, OSError, asyncssh.Error) as exc:
-                        why = "stopped reading" if isinstance(exc, TimeoutError) else str(exc)
-                        broken[kid] = f"receiving from {feeder}: {why}"
-                        _terminate(live.pop(kid))
-                        continue
-                    progress.add(kid, len(chunk), feeder)
+                await self._deliver(feeder, chunk, offset, live, broken, progress)
                 offset += len(chunk)
                 result.sent[feeder] = result.sent.get(feeder, 0) + len(chunk) * len(live)
         except TimeoutError:
@@ -338,6 +327,31 @@ class Spread:
         for proc in live.values():
             with contextlib.suppress(OSError, asyncssh.Error):
                 proc.stdin.write_eof()
+
+    async def _deliver(
+        self,
+        feeder: str,
+        chunk: bytes,
+        offset: int,
+        live: dict[str, Any],
+        broken: dict[str, str],
+        progress: _Progress,
+    ) -> None:
+        """One chunk into every live kid; one that does not take it within
+        `stall` seconds (or whose channel is gone) is dropped from `live`."""
+        mangle = Spread.mangle
+        for kid, proc in list(live.items()):
+            data = mangle(kid, chunk, offset) if mangle is not None else chunk
+            try:
+                proc.stdin.write(data)
+                with anyio.fail_after(self.stall):
+                    await proc.stdin.drain()
+            except (TimeoutError, OSError, asyncssh.Error) as exc:
+                why = "stopped reading" if isinstance(exc, TimeoutError) else str(exc)
+                broken[kid] = f"receiving from {feeder}: {why}"
+                _terminate(live.pop(kid))
+                continue
+            progress.add(kid, len(chunk), feeder)
 
 
 def _terminate(proc: Any) -> None:

@@ -29,6 +29,7 @@ from orchestrator.containers import spread as spread_mod
 from orchestrator.containers import spread_plan
 from orchestrator.events import CollectingSink, ImageProgress, Message
 from orchestrator.sandbox import SSHD_TAG, Sandbox
+from orchestrator.sandbox.registry import SandboxRegistry
 
 FOUR = ["node1", "node2", "node3", "node4"]
 THREE = FOUR[:3]
@@ -251,5 +252,82 @@ def test_ctrl_c_mid_spread_leaves_no_partial_image_and_no_process(
     ids = image_ids(lab, FOUR[1:], tag)
     assert all(i in ("", image_id) for i in ids.values()), ids  # nothing partial, nothing wrong
     up = cvs(path, "up")  # and the next `up` works
+    assert up.returncode == 0, explain(up)
+    assert set(image_ids(lab, FOUR, tag).values()) == {image_id}
+
+
+PUSHER = "node4"  # pushes the image; the test uses node1..node3
+
+
+@pytest.fixture
+def registry_image(sandbox: Sandbox, lab: Lab) -> Iterator[tuple[SandboxRegistry, str]]:
+    """(the sandbox registry, an image there no host has).
+
+    The bytes the registry serves are not read here: the sandbox hosts hold
+    the sshd image's layers already, so a pull fetches only the manifest and
+    config (bench/image_fanout.py measures bytes on a registry of its own)."""
+    with sandbox.registry() as reg:
+        ref = reg.ref(f"cvs-spread/{lab.name}", "1")
+        login = [*sandbox.docker_argv(PUSHER), "login", "-u", reg.username, "--password-stdin"]
+        subprocess.run(
+            [*login, reg.address], input=reg.password, text=True, check=True, capture_output=True
+        )
+        docker(sandbox, PUSHER, "tag", SSHD_TAG, ref)
+        try:
+            docker(sandbox, PUSHER, "push", "-q", ref)
+        finally:
+            docker(sandbox, PUSHER, "rmi", ref, check=False)
+            docker(sandbox, PUSHER, "logout", reg.address, check=False)
+        lab.tags.append(ref)
+        yield reg, ref
+
+
+def test_spread_from_the_registry_pulls_once(
+    lab: Lab, registry_image: tuple[SandboxRegistry, str]
+) -> None:
+    reg, ref = registry_image
+    credentials = {"username": reg.username, "password_file": str(reg.password_file)}
+    path = lab.cluster(lifetime="per_run", hosts=THREE, image=ref, registry=credentials)
+    plan = cvs(path, "plan")
+    assert "node1 pulls" in plan.stdout and "fetches: 1 (registry mode: 3)" in plan.stdout
+    up = cvs(path, "--json", "up")
+    assert up.returncode == 0, explain(up)
+    hosts = last_json(up)["hosts"]
+    assert hosts["node1"]["steps"]["pull"] == "ok"  # type: ignore[index]
+    for host in THREE[1:]:
+        steps = hosts[host]["steps"]  # type: ignore[index]
+        assert steps.get("spread") == "ok" and "pull" not in steps, steps
+    ids = image_ids(lab, THREE, ref)
+    assert len(set(ids.values())) == 1 and "" not in ids.values(), ids
+
+
+def test_sigkill_of_cvs_mid_spread_leaves_nothing_on_the_hosts(
+    lab: Lab, image_tar: tuple[str, Path, str]
+) -> None:
+    tag, tar, image_id = image_tar
+    path = lab.cluster(lifetime="per_run", hosts=FOUR, image=tag, image_tar=str(tar))
+    proc = subprocess.Popen(
+        [*CVS, "-c", str(path), "--json", "up"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "CI": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if '"ImageProgress"' in line:
+                break
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # Its channels closed with it: the loads read a cut archive, the save lost its reader.
+    assert wait_until(lambda: spread_processes(lab) == [], 60), spread_processes(lab)
+    ids = image_ids(lab, FOUR[1:], tag)
+    assert all(i in ("", image_id) for i in ids.values()), ids
+    up = cvs(path, "up")
     assert up.returncode == 0, explain(up)
     assert set(image_ids(lab, FOUR, tag).values()) == {image_id}

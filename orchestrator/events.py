@@ -115,6 +115,21 @@ class HostStep(Event):
 
 
 @dataclass(frozen=True)
+class ImageProgress(Event):
+    """The image moving onto `host` (containers/spread.py): `done` of `total`
+    bytes (0: not known), at `rate` bytes/s, from `source` (the host feeding
+    it); `eta`: seconds until every receiving host has it (None: not known
+    yet). At most one a second per host."""
+
+    host: str
+    done: int
+    total: int
+    rate: float
+    eta: float | None = None
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class Message(Event):
     """A line for the reader (information, a warning, an error), about `host` or none."""
 
@@ -275,6 +290,10 @@ class PlainSink(_PipeWriter):
                     detail = self.seen.line(host, shown, context=step)
                 said = say(detail, self.style)
                 return f"{host} - {step}: {status}{' - ' + said if said else ''}"
+            case ImageProgress(host=host, done=done, total=total, rate=rate, eta=eta) if (
+                self.verbose
+            ):
+                return f"{host} - image: {progress_text(done, total, rate, eta)}"
             case Connected(host=host, seconds=s, attempts=n) if self.verbose:
                 return f"{host} - connected in {s:.2f}s ({n} attempt{'s' if n > 1 else ''})"
         return None
@@ -290,3 +309,18 @@ def wants_plain(stream: IO[str]) -> bool:
     if os.environ.get("CI") or os.environ.get("NO_COLOR"):
         return True
     return not (hasattr(stream, "isatty") and stream.isatty())
+
+
+def progress_text(done: int, total: int, rate: float, eta: float | None) -> str:
+    """`120.0 MiB of 244.0 MiB at 28.1 MiB/s, all hosts in ~5s`."""
+
+    def size(n: float) -> str:
+        for unit in ("B", "KiB", "MiB", "GiB"):
+            if n < 1024 or unit == "GiB":
+                return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+            n /= 1024
+        return f"{n:.1f} GiB"
+
+    of = f" of {size(total)}" if total else ""
+    left = f", all hosts in ~{eta:.0f}s" if eta is not None else ""
+    return f"{size(done)}{of} at {size(rate)}/s{left}"

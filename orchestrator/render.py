@@ -21,9 +21,11 @@ from orchestrator.events import (
     Connecting,
     Event,
     HostStep,
+    ImageProgress,
     Message,
     OutputLine,
     in_words,
+    progress_text,
 )
 from orchestrator.results import HostResult
 
@@ -223,6 +225,8 @@ class RichSink:
                     if len(self.hosts) <= ROWS_MAX:
                         line = self.seen.line(h, f"{step}: {detail}")
                         self._say(Text.from_markup(f"[red]{h}[/] ! ") + Text(line))
+            case ImageProgress(host=h, done=done, total=total, rate=rate, eta=eta):
+                self._set(h, "[yellow]image", "running", progress_text(done, total, rate, eta))
             case Message(level=level, text=text, host=host):
                 style = {"warning": "yellow", "error": "red"}.get(level, "")
                 prefix = f"{host}: " if host else ""

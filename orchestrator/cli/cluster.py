@@ -187,6 +187,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             refused=reasons,
             warnings=plan.warnings,
             hosts={h: {"action": a.kind, "reason": a.reason} for h, a in plan.actions.items()},
+            spread=plan.spread.to_dict() if plan.spread is not None else None,
         )
         return plan.exit_code
     width = max((len(h) for h in plan.actions), default=4)
@@ -203,6 +204,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         ]
         more = f" (+{', '.join(extras)})" if extras else ""
         sys.stdout.write(f"{host:<{width}}  {action.kind:<10} {cli_text(action.reason)}{more}\n")
+    if plan.spread is not None and (plan.spread.peers or plan.spread.registry_fetches):
+        sys.stdout.write("".join(f"{line}\n" for line in plan.spread.lines()))
     for w in plan.warnings:
         sys.stderr.write(f"warning: {w}\n")
     if plan.refused:

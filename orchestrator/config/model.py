@@ -30,6 +30,7 @@ from orchestrator.config.units import parse_size
 Lifetime = Literal["no_launch", "per_run", "persistent"]
 HostKeyPolicy = Literal["strict", "accept-new", "off"]
 PullPolicy = Literal["missing", "always", "never"]
+Distribute = Literal["auto", "peers", "registry"]
 
 # Everything below reaches a remote command line, an ssh config or a docker
 # argv: each is checked with `fullmatch` (a `$` anchor lets a trailing newline
@@ -589,6 +590,13 @@ class ContainerConfig(Model):
     )
     registry: Registry | None = Field(
         default=None, description="Registry login before a pull (the password never in argv)"
+    )
+    distribute: Distribute = Field(
+        default="auto",
+        description="How hosts lacking the image get it: registry (each pulls, or loads "
+        "`image_tar`), peers (one host pulls or loads once, the others get it host to host, "
+        "pipelined, image ID checked), auto (peers when two or more hosts lack it, else "
+        "registry). See docs/distribution.md",
     )
     start_timeout: float = Field(
         default=900.0,

@@ -111,6 +111,8 @@ def config_hash(cfg: ContainerConfig) -> str:
     for key, default in (("runtime", "docker"), ("rootless", False), ("cdi", "auto")):
         if data.get(key) == default:
             data.pop(key, None)
+    # How the image reaches the hosts, not the container.
+    data.pop("distribute", None)
     if isinstance(data.get("sshd"), dict):
         # How commands reach the container (sshd.exec), not the container.
         data["sshd"].pop("exec", None)

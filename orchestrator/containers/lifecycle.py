@@ -78,6 +78,8 @@ from orchestrator.containers.provision import (
     mpi_check_bound,
     run_setup_script,
 )
+from orchestrator.containers.spread import Prepare, spread_and_prepare
+from orchestrator.containers.spread_plan import SpreadPlan, decide_spread
 from orchestrator.containers.subset import deciding, healed, narrowed, unread
 from orchestrator.errors import (
     ExitCode,
@@ -512,13 +514,18 @@ class Lifecycle:
             return self.docker_hung(step)
         return f"{step} did not finish within {timeout:g}s: stopped"
 
-    async def _prepare(self, host: str, state: HostState, outcome: HostOutcome) -> Prepared:
+    async def _prepare(
+        self, host: str, state: HostState, outcome: HostOutcome, peer_image: str | None = None
+    ) -> Prepared:
         """The plan's image step (login, load or pull); the tag's image; the
         configured devices present on the host; and, where the probe did not
-        list them, the host's GPUs."""
+        list them, the host's GPUs. `peer_image`: the image ID a spread gave
+        the host (checked there): no image step."""
         action = outcome.action
         tag_id, digests = state.tag_image_id, state.tag_repo_digests
-        if action.image_step is not None:
+        if peer_image is not None:
+            tag_id, digests = peer_image, ()
+        elif action.image_step is not None:
             fetched = await self._fetch_image(state.runtime.prefix, outcome)
             if fetched is None:
                 return Prepared()
@@ -690,7 +697,11 @@ class Lifecycle:
                     slurm=self.cluster.slurm,
                 )
             plan = mended
-        return plan if only is None else narrowed(plan, only, self.name, unread(states, only))
+        plan = plan if only is None else narrowed(plan, only, self.name, unread(states, only))
+        if plan.refused:
+            return plan
+        steps = {h: a.image_step if a.launches else None for h, a in plan.actions.items()}
+        return replace(plan, spread=decide_spread(self.cfg, steps, states))
 
     async def _tie_to_slurm_job(self, report: UpReport, states: Mapping[str, HostState]) -> None:
         """Inside a Slurm job, the per_run containers this `up` started end
@@ -717,10 +728,14 @@ class Lifecycle:
         launching = [h for h, a in plan.actions.items() if a.launches]
         prepared: dict[str, Prepared] = {}
 
-        async def prepare(host: str) -> None:
-            prepared[host] = await self._prepare(host, states[host], outcomes[host])
+        async def prepare(host: str, peer_image: str | None = None) -> str | None:
+            prepared[host] = await self._prepare(host, states[host], outcomes[host], peer_image)
+            return prepared[host].tag_image_id if outcomes[host].ok else None
 
-        await fan_out(launching, prepare, limit=self.forks)
+        if plan.spread is not None and plan.spread.peers:
+            await self._spread(plan.spread, launching, states, outcomes, prepare)
+        else:
+            await fan_out(launching, prepare, limit=self.forks)
         if any(not outcomes[h].ok for h in launching):
             # Nothing has started anywhere yet: stop here, report per host. The
             # hosts that got their image are not ready either (never `ok` for a
@@ -769,6 +784,41 @@ class Lifecycle:
             # A partial cold start would leave a partial persistent set.
             await self._roll_back(started, states, f"the cold start failed on {failed}", outcomes)
         return UpReport(plan, outcomes)
+
+    async def _spread(
+        self,
+        spread: SpreadPlan,
+        launching: Sequence[str],
+        states: Mapping[str, HostState],
+        outcomes: Mapping[str, HostOutcome],
+        prepare: Prepare,
+    ) -> None:
+        """The launching hosts' image from one fetch, host to host (containers/spread.py)."""
+
+        def fail(host: str, why: str) -> None:
+            outcomes[host].fail("spread", None, why)
+            self._step(host, "spread", "failed", why)
+
+        def received(host: str, feeder: str, seconds: float) -> None:
+            said = f"from {feeder}, image ID checked"
+            done = HostResult(host, "ok", exit_code=0, stdout=said, duration=seconds)
+            outcomes[host].steps.append(("spread", done))
+            self._step(host, "spread", "ok", said)
+
+        hosts = [spread.seed or "", *spread.receivers]
+        runtimes = {h: states[h].runtime for h in hosts if h in states}
+        await spread_and_prepare(
+            self.pool,
+            self.sink,
+            self.cfg,
+            spread,
+            launching,
+            runtimes,
+            prepare=prepare,
+            fail=fail,
+            received=received,
+            forks=self.forks,
+        )
 
     async def _check_peers(
         self, states: Mapping[str, HostState], outcomes: Mapping[str, HostOutcome]

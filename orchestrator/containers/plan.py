@@ -41,6 +41,7 @@ from orchestrator.containers.docker import (
 )
 from orchestrator.containers.docker import short_id as _short
 from orchestrator.containers.probe import HostState
+from orchestrator.containers.spread_plan import SpreadPlan
 from orchestrator.errors import Call, ExitCode, Option, Phrase, Refusal, Text, WayOut
 from orchestrator.limits.capacity import fit_to_host
 from orchestrator.limits.cdi import CDIDevice, SpecFile, parse_specs, use_cdi
@@ -117,6 +118,9 @@ class Plan:
     # clamped to its CPU count): what `up` runs it with. Empty when refused or
     # when no resources were given.
     resources: Mapping[str, EffectiveResources] = field(default_factory=dict)
+    # How the launching hosts lacking the image get it (containers/spread_plan.py):
+    # set by Lifecycle.decide_for, so `plan` shows what `up` then does.
+    spread: SpreadPlan | None = None
 
     @property
     def exit_code(self) -> ExitCode:

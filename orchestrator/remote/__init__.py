@@ -59,6 +59,9 @@ PROGRAMS = frozenset(
         "mpi_check",
         "slurm_holder",
         "slurm_epilog",
+        "spread_load",
+        "spread_send",
+        "spread_space",
     }
 )
 

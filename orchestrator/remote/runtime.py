@@ -95,6 +95,19 @@ class ContainerRuntime:
         return ["--podman-rootless" if self.rootless else "--podman"]
 
     @property
+    def archive_args(self) -> list[str]:
+        """`save` arguments for an archive whose `load` keeps the image ID
+        (podman's oci-archive would not: ../shared/DESIGN.md, "Runtimes")."""
+        return ["--format", "docker-archive"] if self.name == "podman" else []
+
+    @property
+    def root_dir_args(self) -> list[str]:
+        """`info` arguments printing the directory the runtime unpacks images into."""
+        if self.name == "podman":
+            return ["info", "-f", "{{.Store.GraphRoot}}"]
+        return ["info", "-f", "{{.DockerRootDir}}"]
+
+    @property
     def cdi_since(self) -> tuple[int, int] | None:
         """The first version of this runtime that takes CDI device names
         (`--device vendor/class=name`), when that depends on its version:

@@ -1,0 +1,155 @@
+"""The spread's decisions, pure (containers/spread_plan.py): the mode, the
+seed, the tree's shape from N, the fetches the registry serves, space, refeeds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator.config import ContainerConfig
+from orchestrator.containers.probe import HostState
+from orchestrator.containers.spread_plan import (
+    decide_spread,
+    fan_out_degree,
+    refeed,
+    space_shortfalls,
+    tree,
+)
+
+IMAGE_ID = "sha256:" + "a" * 64
+
+
+def cfg(**kw: Any) -> ContainerConfig:
+    return ContainerConfig(image="reg.example:5000/cvs:1", **kw)
+
+
+def states(have: tuple[str, ...], hosts: list[str]) -> dict[str, HostState]:
+    return {
+        h: HostState(
+            host=h,
+            access="direct",
+            container="absent",
+            tag_image_id=IMAGE_ID if h in have else None,
+        )
+        for h in hosts
+    }
+
+
+def hosts(n: int) -> list[str]:
+    return [f"node{i}" for i in range(1, n + 1)]
+
+
+@pytest.mark.parametrize(
+    ("distribute", "lacking", "n", "mode", "seed", "fetches", "why"),
+    [
+        # auto: peers from two hosts lacking the image; one pull.
+        ("auto", 4, 4, "peers", "node1", 1, "4 hosts lack it"),
+        ("auto", 2, 2, "peers", "node1", 1, "2 hosts lack it"),
+        # auto: one host lacking it pulls for itself.
+        ("auto", 1, 1, "registry", None, 1, "only one host lacks the image"),
+        ("auto", 0, 3, "registry", None, 0, "no host lacks the image"),
+        # registry: every host pulls, whatever N.
+        ("registry", 4, 4, "registry", None, 4, "container.distribute: registry"),
+        # peers with one host lacking it and another having it: fed, no fetch.
+        ("peers", 1, 2, "peers", "node2", 0, "container.distribute: peers"),
+        # auto with one lacking and one having: one host lacking it pulls itself.
+        ("auto", 1, 2, "registry", None, 1, "only one host lacks the image"),
+    ],
+)
+def test_mode_seed_and_fetches(
+    distribute: str, lacking: int, n: int, mode: str, seed: str | None, fetches: int, why: str
+) -> None:
+    names = hosts(n)
+    steps = {h: ("pull" if i < lacking else None) for i, h in enumerate(names)}
+    have = tuple(h for h, s in steps.items() if s is None)
+    plan = decide_spread(cfg(distribute=distribute), steps, states(have, names))
+    assert (plan.mode, plan.seed, plan.registry_fetches, plan.why) == (mode, seed, fetches, why)
+
+
+def test_a_host_with_the_tag_seeds_without_any_fetch() -> None:
+    names = hosts(4)
+    steps = {"node1": None, "node2": "pull", "node3": "pull", "node4": "pull"}
+    plan = decide_spread(cfg(), steps, states(("node1",), names))
+    assert plan.seed == "node1" and not plan.seed_fetches and plan.registry_fetches == 0
+    assert plan.receivers == ("node2", "node3", "node4")
+    assert plan.registry_fetches_without == 3
+
+
+def test_pull_always_seeds_from_one_pull_not_from_a_host_with_the_stale_tag() -> None:
+    names = hosts(3)
+    steps = {h: "pull" for h in names}
+    plan = decide_spread(cfg(pull="always"), steps, states(("node1",), names))
+    assert plan.seed == "node1" and plan.seed_fetches and plan.registry_fetches == 1
+
+
+def test_image_tar_seed_loads_and_says_so() -> None:
+    names = hosts(3)
+    plan = decide_spread(cfg(image_tar="/x.tar"), dict.fromkeys(names, "load"), states((), names))
+    assert plan.source == "image_tar" and plan.seed_fetches
+    assert plan.lines()[0].startswith("image: peers (3 hosts lack it): node1 loads image_tar")
+
+
+@pytest.mark.parametrize(
+    ("n", "k", "depth"),
+    [(1, 2, 1), (3, 2, 2), (4, 2, 2), (9, 3, 2), (10, 4, 2), (100, 10, 2), (1000, 32, 2)],
+)
+def test_tree_shape_follows_from_n(n: int, k: int, depth: int) -> None:
+    receivers = [f"r{i}" for i in range(n)]
+    feeds = tree("seed", receivers)
+    assert fan_out_degree(n) == k
+    # Everyone fed exactly once, nobody feeds more than K.
+    fed = [c for kids in feeds.values() for c in kids]
+    assert sorted(fed) == sorted(receivers) and len(set(fed)) == n
+    assert max(len(kids) for kids in feeds.values()) <= k
+    parent = {c: f for f, kids in feeds.items() for c in kids}
+
+    def hops(host: str) -> int:
+        return 0 if host == "seed" else 1 + hops(parent[host])
+
+    assert max(hops(r) for r in receivers) <= depth
+
+
+def test_the_four_host_tree_in_host_order() -> None:
+    assert tree("node1", ["node2", "node3", "node4"]) == {
+        "node1": ("node2", "node3"),
+        "node2": ("node4",),
+    }
+
+
+def test_space_short_hosts_are_named_unknown_ones_are_not() -> None:
+    gib = 1 << 30
+    short = space_shortfalls(10 * gib, {"a": 25 * gib, "b": 15 * gib, "c": None})
+    assert list(short) == ["b"]
+    assert "15.0 GiB free where the image needs 20.0 GiB" in short["b"]
+
+
+def test_refeed_spreads_the_failed_over_hosts_that_have_it_never_a_dead_one() -> None:
+    names = hosts(5)
+    plan = decide_spread(cfg(), dict.fromkeys(names, "pull"), states((), names))
+    again = refeed(plan, ["node3", "node2"], ["node4", "node5", "node2"], dead=["node2"])
+    assert again == {"node1": ("node4", "node2"), "node3": ("node5",)}
+    assert refeed(plan, [], ["node4"], dead=["node1"]) == {}
+
+
+def test_plan_lines_show_the_tree_and_the_saving() -> None:
+    names = hosts(4)
+    plan = decide_spread(cfg(), dict.fromkeys(names, "pull"), states((), names))
+    assert plan.lines() == [
+        "image: peers (4 hosts lack it): node1 pulls; 3 host(s) get it from a peer; "
+        "fetches: 1 (registry mode: 4)",
+        "  node1 -> node2, node3",
+        "  node2 -> node4",
+    ]
+    assert plan.to_dict()["feeds"] == {"node1": ["node2", "node3"], "node2": ["node4"]}
+
+
+def test_distribute_does_not_change_the_container_config_hash() -> None:
+    from orchestrator.containers.docker import config_hash
+
+    assert config_hash(cfg()) == config_hash(cfg(distribute="registry"))
+
+
+def test_distribute_rejects_other_words() -> None:
+    with pytest.raises(ValueError, match="distribute"):
+        cfg(distribute="torrent")

@@ -1,0 +1,333 @@
+"""The image spread for real (containers/spread.py): one host loads
+`image_tar` (or pulls) once, the others get the image host to host through
+the coordinator's SSH connections, checked by image ID; the faults.
+
+The image is the sandbox's sshd image under a tag no host has (small: CI's
+budget), saved to a tar every host can read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+from clitools import CVS
+from labtools import Lab, cvs, docker, explain, inspect
+from sandboxtools import pids_in_netns, wait_until
+
+from orchestrator.api import Cluster
+from orchestrator.containers import spread as spread_mod
+from orchestrator.containers import spread_plan
+from orchestrator.events import CollectingSink, ImageProgress, Message
+from orchestrator.sandbox import SSHD_TAG, Sandbox
+from orchestrator.sandbox.registry import SandboxRegistry
+
+FOUR = ["node1", "node2", "node3", "node4"]
+THREE = FOUR[:3]
+
+
+@pytest.fixture
+def lab(sandbox: Sandbox, tmp_path: Path) -> Iterator[Lab]:
+    lab = Lab(sandbox, tmp_path)
+    lab.clean()
+    try:
+        yield lab
+    finally:
+        lab.clean()
+
+
+@pytest.fixture
+def image_tar(sandbox: Sandbox, lab: Lab) -> Iterator[tuple[str, Path, str]]:
+    """(tag no host has, a `docker save` tar of it every host reads, its image ID)."""
+    tag = f"cvs-spread/{lab.name}:1"
+    directory = Path(tempfile.mkdtemp(prefix="cvs-spread-"))
+    directory.chmod(0o755)
+    tar = directory / "image.tar"
+    docker(sandbox, "node4", "tag", SSHD_TAG, tag)
+    try:
+        docker(sandbox, "node4", "save", "-o", str(tar), tag)
+        image_id = docker(sandbox, "node4", "image", "inspect", "-f", "{{.Id}}", tag).strip()
+    finally:
+        docker(sandbox, "node4", "rmi", tag, check=False)
+    tar.chmod(0o644)
+    lab.tags.append(tag)
+    try:
+        yield tag, tar, image_id
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def image_ids(lab: Lab, hosts: list[str], tag: str) -> dict[str, str]:
+    return {
+        h: docker(lab.sandbox, h, "image", "inspect", "-f", "{{.Id}}", tag, check=False).strip()
+        for h in hosts
+    }
+
+
+def last_json(proc: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    docs = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    assert docs, explain(proc)
+    return docs[-1]
+
+
+def spread_processes(lab: Lab) -> list[int]:
+    """Anything of a spread still running on any host (a load, a save)."""
+    found: list[int] = []
+    for node in lab.sandbox.nodes:
+        if node.netns is None:
+            continue
+        found += pids_in_netns(
+            node.netns,
+            lambda argv: any("cvs-spread_load" in a or a == "save" for a in argv),
+        )
+    return found
+
+
+def test_spread_to_four_hosts_loads_once_and_ends_with_equal_image_ids(
+    lab: Lab, image_tar: tuple[str, Path, str]
+) -> None:
+    tag, tar, image_id = image_tar
+    path = lab.cluster(lifetime="persistent", hosts=FOUR, image=tag, image_tar=str(tar))
+    plan = cvs(path, "plan")
+    assert plan.returncode == 0, explain(plan)
+    # The tree the plan shows (K = 2 for 3 receivers): node1 loads, feeds
+    # node2 and node3; node2 passes the bytes on to node4.
+    assert "image: peers" in plan.stdout and "node1 loads image_tar" in plan.stdout, plan.stdout
+    assert "node1 -> node2, node3" in plan.stdout and "node2 -> node4" in plan.stdout
+    up = cvs(path, "--json", "up")
+    assert up.returncode == 0, explain(up)
+    hosts = last_json(up)["hosts"]
+    assert hosts["node1"]["steps"]["load"] == "ok"  # type: ignore[index]
+    for host in FOUR[1:]:
+        steps = hosts[host]["steps"]  # type: ignore[index]
+        assert steps.get("spread") == "ok" and "load" not in steps and "pull" not in steps, steps
+        assert inspect(lab.sandbox, host, lab.name)["State"]["Running"]  # type: ignore[index]
+    assert set(image_ids(lab, FOUR, tag).values()) == {image_id}
+    events = [json.loads(x) for x in up.stdout.splitlines() if x.startswith("{")]
+    progress = [e for e in events if e.get("event") == "ImageProgress"]
+    assert {e["host"] for e in progress} == set(FOUR[1:]), progress[:3]
+    assert all(e["total"] > 0 and e["done"] <= e["total"] * 1.1 for e in progress)
+    assert spread_processes(lab) == []
+
+
+def test_distribute_registry_loads_on_every_host(
+    lab: Lab, image_tar: tuple[str, Path, str]
+) -> None:
+    tag, tar, image_id = image_tar
+    path = lab.cluster(
+        lifetime="persistent", hosts=THREE, image=tag, image_tar=str(tar), distribute="registry"
+    )
+    plan = cvs(path, "plan")
+    assert "image: registry (container.distribute: registry); fetches: 3" in plan.stdout
+    up = cvs(path, "--json", "up")
+    assert up.returncode == 0, explain(up)
+    for host, entry in last_json(up)["hosts"].items():  # type: ignore[union-attr]
+        assert entry["steps"]["load"] == "ok" and "spread" not in entry["steps"], (host, entry)
+    assert set(image_ids(lab, THREE, tag).values()) == {image_id}
+
+
+def run_up(path: Path, sink: CollectingSink) -> bool:
+    async def main() -> bool:
+        async with Cluster.open(path, sink=sink) as cluster:
+            report = await cluster.up(check=False)
+            return report.ok
+
+    return anyio.run(main)
+
+
+def test_corrupted_bytes_on_one_hop_are_refused_and_fetched_again(
+    lab: Lab, image_tar: tuple[str, Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tag, tar, image_id = image_tar
+    path = lab.cluster(lifetime="persistent", hosts=THREE, image=tag, image_tar=str(tar))
+
+    def flip(host: str, chunk: bytes, offset: int) -> bytes:
+        # Every byte past the first 64 KiB inverted on the way to node3 only.
+        if host != "node3" or offset + len(chunk) <= 65536:
+            return chunk
+        return bytes(b ^ 0xFF for b in chunk)
+
+    monkeypatch.setattr(spread_mod.Spread, "mangle", staticmethod(flip))
+    sink = CollectingSink()
+    assert run_up(path, sink), [str(e) for e in sink.events if isinstance(e, Message)]
+    said = [e for e in sink.events if isinstance(e, Message) and e.host == "node3"]
+    assert any("refused" in str(m.text) for m in said), said
+    assert any("fed again" in str(m.text) or "own pull or load" in str(m.text) for m in said)
+    assert set(image_ids(lab, THREE, tag).values()) == {image_id}
+
+
+def test_a_relay_killed_mid_spread_its_child_is_fed_from_another_host(
+    lab: Lab, image_tar: tuple[str, Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tag, tar, image_id = image_tar
+    path = lab.cluster(lifetime="persistent", hosts=FOUR, image=tag, image_tar=str(tar))
+    node2 = next(n for n in lab.sandbox.nodes if n.name == "node2")
+    killed: list[int] = []
+
+    def kill_relay(host: str, chunk: bytes, offset: int) -> bytes:
+        # node2 relays to node4: once node4 has 1 MiB, the relay dies (its
+        # load and the tee passing the bytes on, by pid, in node2's netns).
+        if host == "node4" and offset > (1 << 20) and not killed and node2.netns:
+            for pid in pids_in_netns(node2.netns, lambda a: "cvs-spread_load" in " ".join(a)):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        return chunk
+
+    monkeypatch.setattr(spread_mod.Spread, "mangle", staticmethod(kill_relay))
+    sink = CollectingSink()
+    start = time.monotonic()
+    ok = run_up(path, sink)
+    seconds = time.monotonic() - start
+    assert killed, "the relay's processes were not found"
+    assert ok, [str(e.text) for e in sink.events if isinstance(e, Message)]
+    said = " ".join(str(e.text) for e in sink.events if isinstance(e, Message))
+    assert "fed again from a host that has it" in said, said
+    assert set(image_ids(lab, FOUR, tag).values()) == {image_id}
+    assert seconds < 300, seconds  # bounded: no wait for the dead relay's timeouts
+    assert spread_processes(lab) == []
+
+
+def test_a_host_short_of_space_is_named_before_any_byte_moves(
+    lab: Lab, image_tar: tuple[str, Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tag, tar, _ = image_tar
+    path = lab.cluster(lifetime="persistent", hosts=THREE, image=tag, image_tar=str(tar))
+
+    # The sandbox's disks are large: ask for a million times the image instead.
+    def huge(size: int, free: dict[str, int | None]) -> dict[str, str]:
+        return spread_plan.space_shortfalls(size, free, 1e6)
+
+    monkeypatch.setattr(spread_mod, "space_shortfalls", huge)
+    moved: list[str] = []
+    monkeypatch.setattr(
+        spread_mod.Spread, "mangle", staticmethod(lambda h, c, o: moved.append(h) or c)
+    )
+    sink = CollectingSink()
+    assert not run_up(path, sink)
+    errors = [e for e in sink.events if isinstance(e, Message) and e.level == "error"]
+    assert {e.host for e in errors} == {"node2", "node3"}, errors
+    assert all("not enough space" in str(e.text) for e in errors)
+    assert moved == []  # nothing moved to any receiver
+    assert not any(isinstance(e, ImageProgress) for e in sink.events)
+    ids = image_ids(lab, ["node2", "node3"], tag)
+    assert ids == {"node2": "", "node3": ""}, ids
+    assert all(inspect(lab.sandbox, h, lab.name) is None for h in THREE)
+
+
+def test_ctrl_c_mid_spread_leaves_no_partial_image_and_no_process(
+    lab: Lab, image_tar: tuple[str, Path, str]
+) -> None:
+    tag, tar, image_id = image_tar
+    path = lab.cluster(lifetime="persistent", hosts=FOUR, image=tag, image_tar=str(tar))
+    proc = subprocess.Popen(
+        [*CVS, "-c", str(path), "--json", "up"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "CI": "1"},
+    )
+    try:
+        # Mid-spread: the first progress event of a receiver.
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if '"ImageProgress"' in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert wait_until(lambda: spread_processes(lab) == [], 30), spread_processes(lab)
+    ids = image_ids(lab, FOUR[1:], tag)
+    assert all(i in ("", image_id) for i in ids.values()), ids  # nothing partial, nothing wrong
+    up = cvs(path, "up")  # and the next `up` works
+    assert up.returncode == 0, explain(up)
+    assert set(image_ids(lab, FOUR, tag).values()) == {image_id}
+
+
+PUSHER = "node4"  # pushes the image; the test uses node1..node3
+
+
+@pytest.fixture
+def registry_image(sandbox: Sandbox, lab: Lab) -> Iterator[tuple[SandboxRegistry, str]]:
+    """(the sandbox registry, an image there no host has).
+
+    The bytes the registry serves are not read here: the sandbox hosts hold
+    the sshd image's layers already, so a pull fetches only the manifest and
+    config (bench/image_fanout.py measures bytes on a registry of its own)."""
+    with sandbox.registry() as reg:
+        ref = reg.ref(f"cvs-spread/{lab.name}", "1")
+        login = [*sandbox.docker_argv(PUSHER), "login", "-u", reg.username, "--password-stdin"]
+        subprocess.run(
+            [*login, reg.address], input=reg.password, text=True, check=True, capture_output=True
+        )
+        docker(sandbox, PUSHER, "tag", SSHD_TAG, ref)
+        try:
+            docker(sandbox, PUSHER, "push", "-q", ref)
+        finally:
+            docker(sandbox, PUSHER, "rmi", ref, check=False)
+            docker(sandbox, PUSHER, "logout", reg.address, check=False)
+        lab.tags.append(ref)
+        yield reg, ref
+
+
+def test_spread_from_the_registry_pulls_once(
+    lab: Lab, registry_image: tuple[SandboxRegistry, str]
+) -> None:
+    reg, ref = registry_image
+    credentials = {"username": reg.username, "password_file": str(reg.password_file)}
+    path = lab.cluster(lifetime="per_run", hosts=THREE, image=ref, registry=credentials)
+    plan = cvs(path, "plan")
+    assert "node1 pulls" in plan.stdout and "fetches: 1 (registry mode: 3)" in plan.stdout
+    up = cvs(path, "--json", "up")
+    assert up.returncode == 0, explain(up)
+    hosts = last_json(up)["hosts"]
+    assert hosts["node1"]["steps"]["pull"] == "ok"  # type: ignore[index]
+    for host in THREE[1:]:
+        steps = hosts[host]["steps"]  # type: ignore[index]
+        assert steps.get("spread") == "ok" and "pull" not in steps, steps
+    ids = image_ids(lab, THREE, ref)
+    assert len(set(ids.values())) == 1 and "" not in ids.values(), ids
+
+
+def test_sigkill_of_cvs_mid_spread_leaves_nothing_on_the_hosts(
+    lab: Lab, image_tar: tuple[str, Path, str]
+) -> None:
+    tag, tar, image_id = image_tar
+    path = lab.cluster(lifetime="per_run", hosts=FOUR, image=tag, image_tar=str(tar))
+    proc = subprocess.Popen(
+        [*CVS, "-c", str(path), "--json", "up"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "CI": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if '"ImageProgress"' in line:
+                break
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # Its channels closed with it: the loads read a cut archive, the save lost its reader.
+    assert wait_until(lambda: spread_processes(lab) == [], 60), spread_processes(lab)
+    ids = image_ids(lab, FOUR[1:], tag)
+    assert all(i in ("", image_id) for i in ids.values()), ids
+    up = cvs(path, "up")
+    assert up.returncode == 0, explain(up)
+    assert set(image_ids(lab, FOUR, tag).values()) == {image_id}

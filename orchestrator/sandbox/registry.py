@@ -196,3 +196,32 @@ def docker_config(registry: SandboxRegistry) -> str:
     machine's ~/.docker stays as it was)."""
     token = base64.b64encode(f"{registry.username}:{registry.password}".encode()).decode()
     return json.dumps({"auths": {registry.address: {"auth": token}}}) + "\n"
+
+
+MANIFEST_TYPES = ", ".join(
+    [
+        "application/vnd.docker.distribution.manifest.v2+json",
+        "application/vnd.oci.image.manifest.v1+json",
+    ]
+)
+
+
+def image_bytes(reference: str, username: str, password: str, timeout: float = 30.0) -> int:
+    """What pulling `reference` (host:port/repository:tag, on a sandbox
+    registry) moves: its config's and layers' sizes as the registry's
+    manifest states them (the compressed size S)."""
+    import urllib.request
+
+    server, _, rest = reference.partition("/")
+    repository, _, tag = rest.rpartition(":")
+    request = urllib.request.Request(
+        f"http://{server}/v2/{repository}/manifests/{tag}",
+        headers={
+            "Accept": MANIFEST_TYPES,
+            "Authorization": "Basic "
+            + base64.b64encode(f"{username}:{password}".encode()).decode(),
+        },
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as answer:
+        manifest = json.loads(answer.read(1 << 20))
+    return int(manifest["config"]["size"]) + sum(int(x["size"]) for x in manifest["layers"])

@@ -15,6 +15,7 @@ from clitools import cvs, explain
 from labtools import docker
 
 from orchestrator.sandbox import Sandbox, network, sandbox_down
+from orchestrator.sandbox.images import MPI_TAG
 from orchestrator.sandbox.registry import REGISTRY_USER, image_bytes, netns_registry_dir
 
 
@@ -97,6 +98,19 @@ def test_every_host_pulls_the_image_through_the_registry_which_serves_its_compre
         cvs("down", "--force", cluster=sb.cluster_file, timeout=300)
         for h in sb.nodes:
             docker(sb, h.name, "rmi", image, check=False)
+
+
+def test_with_mpi_the_registry_holds_the_mpi_image_and_no_node_has_it(
+    make_sandbox: Callable[..., Sandbox],
+) -> None:
+    sb = make_sandbox(2, mpi=True, registry=True)
+    env = registry_env(sb)
+    image = yaml.safe_load(sb.cluster_file.read_text())["container"]["image"]
+
+    assert image == env["REGISTRY_IMAGE"] == f"{env['REGISTRY']}/cvs/mpi:pushed"
+    assert image_bytes(image, REGISTRY_USER, password(sb)) > 50_000_000
+    for h in sb.nodes:
+        assert not has_image(sb, h.name, image) and not has_image(sb, h.name, MPI_TAG)
 
 
 def test_sandbox_down_leaves_no_registry_namespace_process_or_file(

@@ -773,7 +773,9 @@ def sandbox_up(
             say(f"loading {images.MPI_TAG} on {'node1' if registry else 'each node'}")
             _parallel(lambda h: _load_mpi_image(h, sb, mpi_tar, rootless), loaders)
         if registry:
-            _start_registry(sb, images.MPI_TAG if mpi else images.SSHD_TAG, say)
+            # The MPI image is on node1 only (above); the sshd image on every node.
+            source, holders = (images.MPI_TAG, sb.nodes[:1]) if mpi else (images.SSHD_TAG, sb.nodes)
+            _start_registry(sb, source, holders, say)
         if gpus:
             for h in sb.nodes:
                 slurm_sb.make_gpu_root(h.gpu_root, gpus)
@@ -808,10 +810,11 @@ def _write_cluster_files(sb: Sandbox, *, mpi: bool, rootless: bool) -> None:
         sb.egress_cluster_file.write_text(text)
 
 
-def _start_registry(sb: Sandbox, source: str, say: Progress) -> None:
+def _start_registry(sb: Sandbox, source: str, holders: list[SandboxHost], say: Progress) -> None:
     """The `--registry`: its namespace (shaped), the registry in it, `source`
     pushed to it from node1 under a name no node has, `source` removed from
-    every node (so its layers must come from the registry), registry.env."""
+    the nodes holding it (`holders`: then its layers must come from the
+    registry), registry.env."""
     network.create_registry_netns(sb.index, sb.registry_rate)
     reg = start_netns_registry(sb.index, sb.run_dir, sb.registry_data)
     sb.registry_pid = reg.pid
@@ -824,7 +827,7 @@ def _start_registry(sb: Sandbox, source: str, say: Progress) -> None:
     def forget(h: SandboxHost) -> None:
         procs.run([*sb.docker_argv(h), "rmi", source])
 
-    _parallel(forget, sb.nodes)
+    _parallel(forget, holders)
     sb.registry_image = ref
     sb.save()
     text = (

@@ -976,11 +976,14 @@ def sandbox_down(directory: Path, progress: Progress | None = None) -> None:
     attempt(f"bridge {sb.bridge}", lambda: network.delete_link(sb.bridge))
     shutil.rmtree(sb.run_dir, ignore_errors=True)
     # Only what `up` created: DIR may be shared with other files.
-    for name in ("hosts", "ssh", "slurm", "registry"):
+    for name in ("hosts", "ssh", "slurm"):
         shutil.rmtree(directory / name, ignore_errors=True)
-    names = ("cluster.yaml", "cluster-egress.yaml", "slurm.env", "registry.env", "registry.env.tmp")
-    for name in (*names, STATE_FILE + ".tmp"):
+    for name in ("cluster.yaml", "cluster-egress.yaml", "slurm.env", STATE_FILE + ".tmp"):
         (directory / name).unlink(missing_ok=True)
+    if sb.netns_registry:
+        shutil.rmtree(sb.registry_data, ignore_errors=True)
+        for path in (sb.registry_env_file, sb.registry_env_file.with_name("registry.env.tmp")):
+            path.unlink(missing_ok=True)
     if errors:
         raise SandboxError(
             f"sandbox down in {directory} is incomplete (rerun it): " + "; ".join(errors)

@@ -37,6 +37,7 @@ SANDBOX_FIXTURES = {
     "breakable",
     "faulty",
     "slurm_sandbox",
+    "registry_sandbox",
 }
 REQUIRED_TOOLS = ("ip", "nsenter", "dockerd", "sshd", "debootstrap", "ssh", "sudo")
 
@@ -161,6 +162,16 @@ def slurm_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]
     """node1, node2 with a real Slurm (munge, slurmctld, a slurmd in each
     host's namespace) and four stand-in GPUs each, declared as gres gpu:4."""
     with _built(tmp_path_factory.mktemp("slurm") / "sb", hosts=2, slurm=True, gpus=4) as sb:
+        yield sb
+
+
+@pytest.fixture(scope="session")
+def registry_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    """node1, node2 and `--registry --registry-rate 200mbit`: the cluster's
+    image only in the registry (its own namespace, its link shaped), which
+    the cluster file names; DIR/registry.env says where."""
+    directory = tmp_path_factory.mktemp("registry") / "sb"
+    with _built(directory, hosts=2, registry=True, registry_rate="200mbit") as sb:
         yield sb
 
 

@@ -57,3 +57,28 @@ def test_step_cost_benchmark_smoke_reports_every_path() -> None:
     assert steps["sshd"]["container_connects"] == 2 and not steps["sshd"]["fell_back"]
     assert steps["exec"]["container_channels"] == 0
     assert {r["path"] for r in rows if r["what"] == "attach"} == {"sshd", "exec"}
+
+
+@pytest.mark.sandbox
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs root")
+def test_image_fanout_benchmark_smoke_times_two_hosts_pulling_from_the_registry(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "image_fanout.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "image_fanout.py"), "--smoke", "--out", str(out)],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
+    report = json.loads(out.read_text())
+    (row,) = report["results"]
+    assert (row["hosts"], row["mode"], row["all_have_image"]) == (2, "registry", True)
+    # Both hosts pulled the whole image from the registry.
+    assert row["registry_bytes"] >= 2 * report["image_bytes"]
+    assert set(row["host_sent_bytes"]) == {"node1", "node2"}
+    assert row["cpu_s"] > 0 and row["maxrss_mib"] > 0
+    assert report["machine"]["nproc"] >= 1
+    assert "registry" in proc.stdout and "medians" in proc.stdout

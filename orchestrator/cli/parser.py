@@ -470,6 +470,20 @@ def _add_sandbox_parser(sub: _Subparsers, common: argparse.ArgumentParser) -> No
         help="K stand-in GPUs per host (a device root the cluster file names; with --slurm "
         "declared as gres gpu:K)",
     )
+    up.add_argument(
+        "--registry",
+        action="store_true",
+        help="docker hosts: a registry in a network namespace of its own on the bridge holds "
+        "the cluster's image under a name no host has (the hosts pull it at `cvs up`); the "
+        "cluster file names it and its login; DIR/registry.env sets REGISTRY, REGISTRY_NETNS "
+        "and REGISTRY_IF (whose tx_bytes count what it served)",
+    )
+    up.add_argument(
+        "--registry-rate",
+        metavar="RATE",
+        help="with --registry: shape the registry's link to RATE (tc tbf), digits then bit, "
+        "kbit, mbit or gbit, e.g. 20mbit (default: unshaped)",
+    )
     down = sandbox_sub.add_parser(
         "down",
         parents=[common],

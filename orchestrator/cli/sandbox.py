@@ -51,6 +51,8 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
                 mpi=args.mpi,
                 slurm=args.slurm,
                 gpus=args.gpus,
+                registry=args.registry,
+                registry_rate=args.registry_rate,
             )
             if args.lifetime != "per_run":
                 _set_sandbox_lifetime(box.cluster_file, args.lifetime)
@@ -61,6 +63,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
                     exit_code=ExitCode.OK,
                     cluster=str(box.cluster_file),
                     **({"slurm_env": str(box.slurm_env_file)} if box.slurm else {}),
+                    **({"registry_env": str(box.registry_env_file)} if box.netns_registry else {}),
                 )
             else:
                 sys.stdout.write(f"{box.cluster_file}\n")

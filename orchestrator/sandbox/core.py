@@ -35,7 +35,15 @@ import yaml
 from . import daemons, images, network, podman, prereqs, procs
 from . import slurm as slurm_sb
 from .errors import SandboxError
-from .registry import SandboxRegistry, sandbox_registry
+from .registry import (
+    REGISTRY_USER,
+    SandboxRegistry,
+    docker_config,
+    netns_registry_dir,
+    sandbox_registry,
+    start_netns_registry,
+    stop_netns_registry,
+)
 from .users import (
     DOCKER_USER,
     NO_DOCKER_USER,
@@ -51,6 +59,9 @@ EGRESS_NAME = "egress1"
 CONTAINER_NAME = "cvs-sandbox"
 SSHD_START_TIMEOUT = 20.0
 DOCKERD_START_TIMEOUT = 60.0
+# Pushing the cluster's image to the `--registry` (unshaped on the way in;
+# node1's dockerd compresses a few hundred MB on a loaded machine).
+PUSH_TIMEOUT = 600.0
 
 
 def _quiet(_: str) -> None:
@@ -178,6 +189,13 @@ class Sandbox:
     slurm_pids: dict[str, int] = field(default_factory=dict)
     # Stand-in GPUs per node (`--gpus K`), declared as gres gpu:K with --slurm.
     gpus: int = 0
+    # `--registry`: a registry in a namespace of its own on the bridge
+    # (network.create_registry_netns), its link shaped to `registry_rate`
+    # (None: unshaped), holding the cluster's image as `registry_image`.
+    netns_registry: bool = False
+    registry_rate: str | None = None
+    registry_pid: int | None = None
+    registry_image: str | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     # -- paths -----------------------------------------------------------
@@ -201,6 +219,16 @@ class Sandbox:
     def slurm_env_file(self) -> Path:
         """Source it to drive this sandbox's Slurm (`--slurm`)."""
         return self.directory / "slurm.env"
+
+    @property
+    def registry_env_file(self) -> Path:
+        """REGISTRY, REGISTRY_NETNS, REGISTRY_IF (`--registry`)."""
+        return self.directory / "registry.env"
+
+    @property
+    def registry_data(self) -> Path:
+        """The registry's blobs (`--registry`): big, so not in /run."""
+        return self.directory / "registry"
 
     def slurm_env(self) -> dict[str, str]:
         """The variables slurm.env sets (for a subprocess's environment)."""
@@ -248,6 +276,10 @@ class Sandbox:
             "slurm": self.slurm,
             "slurm_pids": dict(self.slurm_pids),
             "gpus": self.gpus,
+            "netns_registry": self.netns_registry,
+            "registry_rate": self.registry_rate,
+            "registry_pid": self.registry_pid,
+            "registry_image": self.registry_image,
         }
         with self._lock:
             tmp = self.state_file.with_suffix(".json.tmp")
@@ -466,10 +498,18 @@ def _require_root() -> None:
 
 
 def _cluster_yaml(
-    sb: Sandbox, hosts: list[SandboxHost], name: str, image: str, *, rootless: bool = False
+    sb: Sandbox,
+    hosts: list[SandboxHost],
+    name: str,
+    image: str,
+    *,
+    rootless: bool = False,
+    login: dict[str, str] | None = None,
 ) -> str:
     podman_hosts = any(h.runtime == "podman" for h in hosts)
     container: dict[str, Any] = {"image": image, "name": CONTAINER_NAME, "lifetime": "per_run"}
+    if login is not None:
+        container["registry"] = login
     if podman_hosts:
         # Rootful podman: the login user reaches it through `sudo -n podman`.
         container["runtime"] = "podman"
@@ -620,7 +660,14 @@ def _parallel(fn: Callable[[SandboxHost], None], hosts: list[SandboxHost]) -> No
 
 
 def _check_options(
-    runtime: str, *, rootless: bool, egress_host: bool, slurm: bool, gpus: int
+    runtime: str,
+    *,
+    rootless: bool,
+    egress_host: bool,
+    slurm: bool,
+    gpus: int,
+    registry: bool = False,
+    registry_rate: str | None = None,
 ) -> None:
     """The combinations `sandbox_up` builds (SandboxError for the others)."""
     if runtime not in ("docker", "podman"):
@@ -633,6 +680,12 @@ def _check_options(
         raise SandboxError(f"--gpus must be between 0 and 16, got {gpus}")
     if slurm and egress_host:
         raise SandboxError("the egress host is not a Slurm node; leave out egress_host for slurm")
+    if registry_rate is not None:
+        if not registry:
+            raise SandboxError("--registry-rate shapes the --registry; add --registry")
+        network.check_rate(registry_rate)
+    if registry and runtime != "docker":
+        raise SandboxError("--registry is built for docker hosts only; leave out --runtime podman")
 
 
 def sandbox_up(
@@ -646,6 +699,8 @@ def sandbox_up(
     mpi: bool = False,
     slurm: bool = False,
     gpus: int = 0,
+    registry: bool = False,
+    registry_rate: str | None = None,
 ) -> Sandbox:
     """Build the sandbox in `directory` (created; must not hold a live sandbox).
 
@@ -659,15 +714,29 @@ def sandbox_up(
     `slurm`: a real Slurm over the nodes (sandbox/slurm.py), driven with
     the variables in DIR/slurm.env. `gpus`: that many stand-in GPUs per node
     (a device root the cluster file names; gres gpu:K with `slurm`).
+    `registry`: a registry in a namespace of its own on the bridge, its link
+    shaped to `registry_rate` (tc tbf, e.g. "20mbit"; None: unshaped),
+    holding the cluster's image under a name no node has (the nodes lose the
+    original, so `cvs up` pulls it); the cluster file names it and the
+    registry login, DIR/registry.env says where to count what it served.
     On any failure (also Ctrl-C) everything created so far is torn down again.
     """
-    _check_options(runtime, rootless=rootless, egress_host=egress_host, slurm=slurm, gpus=gpus)
+    _check_options(
+        runtime,
+        rootless=rootless,
+        egress_host=egress_host,
+        slurm=slurm,
+        gpus=gpus,
+        registry=registry,
+        registry_rate=registry_rate,
+    )
     directory = Path(directory).absolute()
     # Before anything changes: root, every command, every place written.
     extra = {
         **(prereqs.PODMAN_COMMANDS if runtime == "podman" else {}),
         **(prereqs.ROOTLESS_COMMANDS if rootless else {}),
         **(slurm_sb.COMMANDS if slurm else {}),
+        **(prereqs.REGISTRY_COMMANDS if registry else {}),
     }
     prereqs.require(
         directory,
@@ -685,6 +754,7 @@ def sandbox_up(
     started = time.monotonic()
     sb = _new_sandbox(directory, hosts, egress_host, runtime)
     sb.slurm, sb.gpus = slurm, gpus
+    sb.netns_registry, sb.registry_rate = registry, registry_rate
     sb.save()
     try:
         say(f"sandbox {sb.index}: bridge {sb.bridge}, {network.SUBNET_PREFIX}.{sb.index}.0/24")
@@ -698,8 +768,14 @@ def sandbox_up(
             say(f"loading the images into {DOCKER_USER}'s rootless podman on each node")
             _parallel(lambda h: podman.load_rootless_images(h.rootless_env, DOCKER_USER), sb.nodes)
         if mpi_tar is not None:
-            say(f"loading {images.MPI_TAG} on each node")
-            _parallel(lambda h: _load_mpi_image(h, sb, mpi_tar, rootless), sb.nodes)
+            # With a registry only the node that pushes it needs it.
+            loaders = sb.nodes[:1] if registry else sb.nodes
+            say(f"loading {images.MPI_TAG} on {'node1' if registry else 'each node'}")
+            _parallel(lambda h: _load_mpi_image(h, sb, mpi_tar, rootless), loaders)
+        if registry:
+            # The MPI image is on node1 only (above); the sshd image on every node.
+            source, holders = (images.MPI_TAG, sb.nodes[:1]) if mpi else (images.SSHD_TAG, sb.nodes)
+            _start_registry(sb, source, holders, say)
         if gpus:
             for h in sb.nodes:
                 slurm_sb.make_gpu_root(h.gpu_root, gpus)
@@ -720,14 +796,86 @@ def sandbox_up(
 def _write_cluster_files(sb: Sandbox, *, mpi: bool, rootless: bool) -> None:
     """The nodes' cluster file, and the egress host's when there is one."""
     if sb.nodes:
-        image = images.MPI_TAG if mpi else images.SSHD_TAG
-        text = _cluster_yaml(sb, sb.nodes, "sandbox", image, rootless=rootless)
+        image = sb.registry_image or (images.MPI_TAG if mpi else images.SSHD_TAG)
+        login = None
+        if sb.registry_image is not None:
+            password_file = netns_registry_dir(sb.run_dir) / "password"
+            login = {"username": REGISTRY_USER, "password_file": str(password_file)}
+        text = _cluster_yaml(sb, sb.nodes, "sandbox", image, rootless=rootless, login=login)
         sb.cluster_file.write_text(text)
     if sb.egress is not None:
         assert sb.egress_cluster_file is not None
         # The base image: the default setup script apt-installs openssh-server here.
         text = _cluster_yaml(sb, [sb.egress], "sandbox-egress", images.BASE_TAG)
         sb.egress_cluster_file.write_text(text)
+
+
+def _start_registry(sb: Sandbox, source: str, holders: list[SandboxHost], say: Progress) -> None:
+    """The `--registry`: its namespace (shaped), the registry in it, `source`
+    pushed to it from node1 under a name no node has, `source` removed from
+    the nodes holding it (`holders`: then its layers must come from the
+    registry), registry.env."""
+    network.create_registry_netns(sb.index, sb.registry_rate)
+    reg = start_netns_registry(sb.index, sb.run_dir, sb.registry_data)
+    sb.registry_pid = reg.pid
+    sb.save()
+    ref = reg.ref("cvs/" + source.rsplit(":", 1)[-1], "pushed")
+    shaped = f"shaped to {sb.registry_rate}" if sb.registry_rate else "unshaped"
+    say(f"registry at {reg.address} ({shaped}): pushing {source} as {ref}")
+    _push(sb, reg, source, ref)
+
+    def forget(h: SandboxHost) -> None:
+        procs.run([*sb.docker_argv(h), "rmi", source])
+
+    _parallel(forget, holders)
+    sb.registry_image = ref
+    sb.save()
+    text = (
+        "# Written by `cvs sandbox up --registry`; removed by `cvs sandbox down`.\n"
+        "# What the registry served: the tx_bytes of REGISTRY_IF inside REGISTRY_NETNS,\n"
+        "# ip netns exec $REGISTRY_NETNS cat /sys/class/net/$REGISTRY_IF/statistics/tx_bytes\n"
+        f"export REGISTRY={reg.address}\n"
+        f"export REGISTRY_NETNS={network.registry_netns_name(sb.index)}\n"
+        f"export REGISTRY_IF={network.REGISTRY_INTERFACE}\n"
+        f"export REGISTRY_IMAGE={ref}\n"
+        f"export REGISTRY_RATE={sb.registry_rate or ''}\n"
+    )
+    tmp = sb.registry_env_file.with_name("registry.env.tmp")
+    tmp.write_text(text)
+    tmp.replace(sb.registry_env_file)
+
+
+def _push(sb: Sandbox, reg: SandboxRegistry, source: str, ref: str) -> None:
+    """`docker push` of `source` as `ref` by node1's dockerd, logged in through
+    a DOCKER_CONFIG of our own (removed after); node1 keeps no `ref` tag."""
+    docker = sb.docker_argv(sb.nodes[0])
+    config_dir = reg.directory / "docker-config"
+    config_dir.mkdir(mode=0o700)
+    try:
+        fd = os.open(config_dir / "config.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(docker_config(reg))
+        env = {**os.environ, "DOCKER_CONFIG": str(config_dir)}
+        procs.run([*docker, "tag", source, ref])
+        procs.run_env([*docker, "push", "-q", ref], env=env, timeout=PUSH_TIMEOUT)
+        procs.run([*docker, "rmi", ref])
+    finally:
+        shutil.rmtree(config_dir, ignore_errors=True)
+
+
+def _stop_registry(sb: Sandbox) -> None:
+    """The `--registry`'s process, namespace and link: by pid, then whatever
+    is still in its namespace (ours: nothing else runs there), then the
+    namespace. Names follow from the index, so this also runs after a crash
+    that left the state without them."""
+    stop_netns_registry(sb.registry_pid, sb.run_dir)
+    ns = network.registry_netns_name(sb.index)
+    if network.netns_exists(ns):
+        for pid in procs.run(["ip", "netns", "pids", ns], check=False).split():
+            procs.kill_now(int(pid))
+        network.delete_netns(ns)
+    network.delete_link(network.registry_veth_name(sb.index))
+    sb.registry_pid = None
 
 
 def _start_slurm(sb: Sandbox, say: Progress) -> None:
@@ -766,6 +914,10 @@ def load_sandbox(directory: Path) -> Sandbox:
         slurm=bool(data.get("slurm", False)),
         slurm_pids={str(k): int(v) for k, v in data.get("slurm_pids", {}).items()},
         gpus=int(data.get("gpus", 0)),
+        netns_registry=bool(data.get("netns_registry", False)),
+        registry_rate=data.get("registry_rate"),
+        registry_pid=data.get("registry_pid"),
+        registry_image=data.get("registry_image"),
     )
 
 
@@ -806,6 +958,7 @@ def sandbox_down(directory: Path, progress: Progress | None = None) -> None:
 
     if sb.slurm_pids:
         attempt("slurm", lambda: slurm_sb.stop(sb.slurm_paths, sb.slurm_pids))
+    attempt("registry", lambda: _stop_registry(sb))
     say(f"stopping {len(sb.hosts)} host(s)")
     _parallel(stop_host, sb.hosts)
     # A containerd shim can outlive `docker rm` and dockerd by a moment; every
@@ -827,6 +980,10 @@ def sandbox_down(directory: Path, progress: Progress | None = None) -> None:
         shutil.rmtree(directory / name, ignore_errors=True)
     for name in ("cluster.yaml", "cluster-egress.yaml", "slurm.env", STATE_FILE + ".tmp"):
         (directory / name).unlink(missing_ok=True)
+    if sb.netns_registry:
+        shutil.rmtree(sb.registry_data, ignore_errors=True)
+        for path in (sb.registry_env_file, sb.registry_env_file.with_name("registry.env.tmp")):
+            path.unlink(missing_ok=True)
     if errors:
         raise SandboxError(
             f"sandbox down in {directory} is incomplete (rerun it): " + "; ".join(errors)

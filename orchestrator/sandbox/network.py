@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import ipaddress
 import json
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,3 +137,59 @@ def delete_netns(name: str) -> None:
 
 def netns_exists(name: str) -> bool:
     return (NETNS_DIR / name).exists()
+
+
+# -- the shaped registry's own namespace (`cvs sandbox up --registry`) --------
+
+# Hosts take .1-.250, the bridge .254: .253 is the registry's.
+REGISTRY_HOST_NUMBER = 253
+# The registry's side of its veth: what `tx_bytes` counts is what it served.
+REGISTRY_INTERFACE = "eth0"
+# A tc rate as `tbf` reads it, in bits per second (no bytes-per-second units:
+# one spelling, no `mbit`/`mbps` mix-up).
+RATE_PATTERN = re.compile(r"[1-9][0-9]{0,9}(k|m|g)?bit")
+
+
+def registry_netns_name(index: int) -> str:
+    return f"cvs{index}-registry"
+
+
+def registry_veth_name(index: int) -> str:
+    return f"cvs{index}reg"
+
+
+def registry_address(index: int) -> str:
+    return host_address(index, REGISTRY_HOST_NUMBER)
+
+
+def check_rate(rate: str) -> str:
+    """`rate` if it full-matches RATE_PATTERN (e.g. 20mbit), else SandboxError."""
+    if not RATE_PATTERN.fullmatch(rate):
+        raise SandboxError(
+            f"--registry-rate {rate!r} is not a rate: write digits and bit, kbit, mbit or "
+            "gbit (e.g. 20mbit)"
+        )
+    return rate
+
+
+def create_registry_netns(index: int, rate: str | None) -> None:
+    """The registry's namespace on the sandbox bridge at registry_address(index);
+    with `rate`, its egress interface shaped to it (tbf)."""
+    ns = registry_netns_name(index)
+    veth = registry_veth_name(index)
+    run(["ip", "netns", "add", ns])
+    peer = ["peer", "name", REGISTRY_INTERFACE, "netns", ns]
+    run(["ip", "link", "add", veth, "type", "veth", *peer])
+    run(["ip", "link", "set", veth, "master", bridge_name(index)])
+    run(["ip", "link", "set", veth, "up"])
+    inside = ["ip", "-n", ns]
+    run([*inside, "link", "set", "lo", "up"])
+    run([*inside, "addr", "add", f"{registry_address(index)}/24", "dev", REGISTRY_INTERFACE])
+    run([*inside, "link", "set", REGISTRY_INTERFACE, "up"])
+    if rate is not None:
+        # What the registry sends leaves by its own eth0: shaping it there shapes
+        # what it serves and nothing else (DESIGN.md, "Moving an image").
+        run(
+            ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", REGISTRY_INTERFACE,
+             "root", "tbf", "rate", check_rate(rate), "burst", "64kb", "latency", "50ms"]
+        )  # fmt: skip

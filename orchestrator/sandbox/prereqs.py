@@ -51,6 +51,8 @@ ROOTLESS_COMMANDS: dict[str, str] = {
     "newgidmap": "uidmap",
     "runuser": "util-linux",
 }
+# `--registry`: the registry, and tc to shape its link.
+REGISTRY_COMMANDS: dict[str, str] = {"docker-registry": "docker-registry", "tc": "iproute2"}
 
 
 SBIN_DIRS = "/usr/local/sbin:/usr/sbin:/sbin"

@@ -11,7 +11,9 @@ process mentioning the run dir is ours).
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import secrets
 import shutil
 import socket
@@ -66,17 +68,10 @@ def _answers(address: str, port: int) -> bool:
         return False
 
 
-@contextlib.contextmanager
-def sandbox_registry(index: int, run_dir: Path) -> Iterator[SandboxRegistry]:
-    """Start a registry for sandbox `index` (files under `run_dir`), stop it after."""
-    if shutil.which(REGISTRY_BINARY) is None:
-        raise SandboxError(
-            f"{REGISTRY_BINARY} is not installed: apt-get install docker-registry "
-            "(.ci/bootstrap installs it)"
-        )
-    address = network.gateway_address(index)
-    port = _free_port(address)
-    directory = run_dir / f"registry-{port}"
+def _write_files(directory: Path, listen: str, data: Path) -> tuple[str, Path, Path]:
+    """htpasswd, password file and config.yml in `directory` (created); the
+    registry listens on `listen` (host:port) and stores under `data`.
+    Returns (password, password file, config)."""
     directory.mkdir(parents=True)
     password = secrets.token_urlsafe(18)
     (directory / "htpasswd").write_text(f"{REGISTRY_USER}:{_bcrypt(password)}\n")
@@ -90,16 +85,22 @@ def sandbox_registry(index: int, run_dir: Path) -> Iterator[SandboxRegistry]:
             [
                 "version: 0.1",
                 "log: {level: warn}",
-                f"storage: {{filesystem: {{rootdirectory: {directory / 'data'}}}, "
-                "delete: {enabled: true}}",
-                f"http: {{addr: '{address}:{port}', secret: {secrets.token_hex(16)}}}",
+                f"storage: {{filesystem: {{rootdirectory: {data}}}, delete: {{enabled: true}}}}",
+                f"http: {{addr: '{listen}', secret: {secrets.token_hex(16)}}}",
                 f"auth: {{htpasswd: {{realm: cvs-sandbox, path: {directory / 'htpasswd'}}}}}",
                 "",
             ]
         )
     )
-    pid = procs.spawn([REGISTRY_BINARY, "serve", str(config)], directory / "registry.log")
-    marker = str(config)
+    return password, password_file, config
+
+
+def _serve(prefix: list[str], config: Path, address: str, port: int) -> int:
+    """Start the registry (`prefix` + its argv) and wait until it answers;
+    stopped again if it does not. Returns its pid (the command's: every
+    prefix used here execs)."""
+    directory = config.parent
+    pid = procs.spawn([*prefix, REGISTRY_BINARY, "serve", str(config)], directory / "registry.log")
     try:
         procs.wait_for(
             lambda: _answers(address, port) or not procs.alive(pid),
@@ -109,14 +110,118 @@ def sandbox_registry(index: int, run_dir: Path) -> Iterator[SandboxRegistry]:
         if not procs.alive(pid):
             log = (directory / "registry.log").read_text(errors="replace")[-500:]
             raise SandboxError(f"the sandbox registry exited: {log}")
-        yield SandboxRegistry(
-            address=f"{address}:{port}",
-            username=REGISTRY_USER,
-            password=password,
-            password_file=password_file,
-            pid=pid,
-            directory=directory,
+    except BaseException:
+        procs.stop(pid, str(config), timeout=10)
+        raise
+    return pid
+
+
+def _require_binary() -> None:
+    if shutil.which(REGISTRY_BINARY) is None:
+        raise SandboxError(
+            f"{REGISTRY_BINARY} is not installed: apt-get install docker-registry "
+            "(.ci/bootstrap installs it)"
         )
+
+
+@contextlib.contextmanager
+def sandbox_registry(index: int, run_dir: Path) -> Iterator[SandboxRegistry]:
+    """Start a registry for sandbox `index` (files under `run_dir`), stop it after."""
+    _require_binary()
+    address = network.gateway_address(index)
+    port = _free_port(address)
+    directory = run_dir / f"registry-{port}"
+    try:
+        password, password_file, config = _write_files(
+            directory, f"{address}:{port}", directory / "data"
+        )
+        pid = _serve([], config, address, port)
+        try:
+            yield SandboxRegistry(
+                address=f"{address}:{port}",
+                username=REGISTRY_USER,
+                password=password,
+                password_file=password_file,
+                pid=pid,
+                directory=directory,
+            )
+        finally:
+            procs.stop(pid, str(config), timeout=10)
     finally:
-        procs.stop(pid, marker, timeout=10)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+# The shaped registry's port: the namespace is its own, nothing else listens there.
+NETNS_REGISTRY_PORT = 5000
+
+
+def netns_registry_dir(run_dir: Path) -> Path:
+    """Its config, htpasswd, password and log: under the sandbox's run dir
+    (which the login users traverse, and which `sandbox down` sweeps for
+    processes mentioning it)."""
+    return run_dir / "registry"
+
+
+def start_netns_registry(index: int, run_dir: Path, data: Path) -> SandboxRegistry:
+    """The registry of `cvs sandbox up --registry`, in its own namespace
+    (network.create_registry_netns, made before), storing under `data`.
+    It lives as long as the sandbox: `sandbox_down` stops it."""
+    _require_binary()
+    address = network.registry_address(index)
+    directory = netns_registry_dir(run_dir)
+    password, password_file, config = _write_files(
+        directory, f"{address}:{NETNS_REGISTRY_PORT}", data
+    )
+    # `ip netns exec` execs the registry: the pid spawned is the registry's.
+    prefix = ["ip", "netns", "exec", network.registry_netns_name(index)]
+    pid = _serve(prefix, config, address, NETNS_REGISTRY_PORT)
+    return SandboxRegistry(
+        address=f"{address}:{NETNS_REGISTRY_PORT}",
+        username=REGISTRY_USER,
+        password=password,
+        password_file=password_file,
+        pid=pid,
+        directory=directory,
+    )
+
+
+def stop_netns_registry(pid: int | None, run_dir: Path) -> str:
+    """Stop it by pid, only while its command line still names its config."""
+    return procs.stop(pid, str(netns_registry_dir(run_dir) / "config.yml"), timeout=10)
+
+
+def docker_config(registry: SandboxRegistry) -> str:
+    """A docker CLI config.json logged in to `registry` (written to a
+    DOCKER_CONFIG directory of our own: no `docker login` argv, and the
+    machine's ~/.docker stays as it was)."""
+    token = base64.b64encode(f"{registry.username}:{registry.password}".encode()).decode()
+    return json.dumps({"auths": {registry.address: {"auth": token}}}) + "\n"
+
+
+MANIFEST_TYPES = ", ".join(
+    [
+        "application/vnd.docker.distribution.manifest.v2+json",
+        "application/vnd.oci.image.manifest.v1+json",
+    ]
+)
+
+
+def image_bytes(reference: str, username: str, password: str, timeout: float = 30.0) -> int:
+    """What pulling `reference` (host:port/repository:tag, on a sandbox
+    registry) moves: its config's and layers' sizes as the registry's
+    manifest states them (the compressed size S)."""
+    import urllib.request
+
+    server, _, rest = reference.partition("/")
+    repository, _, tag = rest.rpartition(":")
+    request = urllib.request.Request(
+        f"http://{server}/v2/{repository}/manifests/{tag}",
+        headers={
+            "Accept": MANIFEST_TYPES,
+            "Authorization": "Basic "
+            + base64.b64encode(f"{username}:{password}".encode()).decode(),
+        },
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as answer:
+        manifest = json.loads(answer.read(1 << 20))
+    return int(manifest["config"]["size"]) + sum(int(x["size"]) for x in manifest["layers"])

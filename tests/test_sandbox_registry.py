@@ -1,0 +1,171 @@
+"""`cvs sandbox up --registry [--registry-rate RATE]`: the cluster's image in
+a registry of the sandbox's own, in a network namespace of its own whose link
+is shaped with tc, and `sandbox down` taking all of it away again."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from clitools import cvs, explain
+from labtools import docker
+
+from orchestrator.sandbox import Sandbox, network, sandbox_down
+from orchestrator.sandbox.images import MPI_TAG
+from orchestrator.sandbox.registry import REGISTRY_USER, image_bytes, netns_registry_dir
+
+
+def registry_env(sb: Sandbox) -> dict[str, str]:
+    """The `export NAME=value` lines of DIR/registry.env."""
+    pairs = (
+        line.removeprefix("export ").split("=", 1)
+        for line in sb.registry_env_file.read_text().splitlines()
+        if line.startswith("export ")
+    )
+    return dict(pairs)  # type: ignore[arg-type]
+
+
+def tx_bytes(env: dict[str, str]) -> int:
+    path = f"/sys/class/net/{env['REGISTRY_IF']}/statistics/tx_bytes"
+    argv = ["ip", "netns", "exec", env["REGISTRY_NETNS"], "cat", path]
+    return int(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+
+
+def password(sb: Sandbox) -> str:
+    return (netns_registry_dir(sb.run_dir) / "password").read_text().strip()
+
+
+def has_image(sb: Sandbox, host: str, ref: str) -> bool:
+    return bool(docker(sb, host, "images", "-q", ref))
+
+
+def test_the_registry_runs_in_a_namespace_of_its_own_with_its_link_shaped(
+    registry_sandbox: Sandbox,
+) -> None:
+    sb = registry_sandbox
+    ns = network.registry_netns_name(sb.index)
+
+    qdisc = subprocess.run(
+        ["ip", "netns", "exec", ns, "tc", "qdisc", "show", "dev", network.REGISTRY_INTERFACE],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    in_ns = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
+
+    assert "tbf" in qdisc and "rate 200Mbit" in qdisc, qdisc
+    assert sb.registry_pid is not None and str(sb.registry_pid) in in_ns.split()
+
+
+def test_registry_env_names_the_registry_its_namespace_and_the_interface_that_counts(
+    registry_sandbox: Sandbox,
+) -> None:
+    sb = registry_sandbox
+    env = registry_env(sb)
+    cluster = yaml.safe_load(sb.cluster_file.read_text())
+
+    assert env["REGISTRY"] == f"{network.registry_address(sb.index)}:5000"
+    assert env["REGISTRY_NETNS"] == network.registry_netns_name(sb.index)
+    assert env["REGISTRY_IF"] == network.REGISTRY_INTERFACE
+    assert tx_bytes(env) >= 0
+    image = cluster["container"]["image"]
+    assert image == env["REGISTRY_IMAGE"] and image.startswith(env["REGISTRY"] + "/")
+    assert cluster["container"]["registry"]["username"] == REGISTRY_USER
+    assert not any(has_image(sb, h.name, image) for h in sb.nodes)
+
+
+def test_every_host_pulls_the_image_through_the_registry_which_serves_its_compressed_size(
+    registry_sandbox: Sandbox,
+) -> None:
+    sb = registry_sandbox
+    env = registry_env(sb)
+    image = env["REGISTRY_IMAGE"]
+    size = image_bytes(image, REGISTRY_USER, password(sb))
+    before = tx_bytes(env)
+    try:
+        up = cvs("up", cluster=sb.cluster_file, timeout=600)
+        served = tx_bytes(env) - before
+
+        assert up.returncode == 0, explain(up)
+        assert all(has_image(sb, h.name, image) for h in sb.nodes)
+        # Two pulls of S, plus HTTP and TCP's own bytes (a few percent).
+        assert 2 * size <= served <= 2 * size * 1.1 + 1_000_000, (served, size)
+    finally:
+        cvs("down", "--force", cluster=sb.cluster_file, timeout=300)
+        for h in sb.nodes:
+            docker(sb, h.name, "rmi", image, check=False)
+
+
+def test_with_mpi_the_registry_holds_the_mpi_image_and_no_node_has_it(
+    make_sandbox: Callable[..., Sandbox],
+) -> None:
+    sb = make_sandbox(2, mpi=True, registry=True)
+    env = registry_env(sb)
+    image = yaml.safe_load(sb.cluster_file.read_text())["container"]["image"]
+
+    assert image == env["REGISTRY_IMAGE"] == f"{env['REGISTRY']}/cvs/mpi:pushed"
+    assert image_bytes(image, REGISTRY_USER, password(sb)) > 50_000_000
+    for h in sb.nodes:
+        assert not has_image(sb, h.name, image) and not has_image(sb, h.name, MPI_TAG)
+
+
+def test_sandbox_down_leaves_no_registry_namespace_process_or_file(
+    make_sandbox: Callable[..., Sandbox],
+) -> None:
+    sb = make_sandbox(1, registry=True, registry_rate="50mbit")
+    ns, link = network.registry_netns_name(sb.index), network.registry_veth_name(sb.index)
+    pid = sb.registry_pid
+    assert network.netns_exists(ns) and network.link_exists(link) and pid is not None
+
+    sandbox_down(sb.directory)
+
+    assert not network.netns_exists(ns) and not network.link_exists(link)
+    assert not Path(f"/proc/{pid}").exists()
+    assert not sb.registry_env_file.exists() and not sb.registry_data.exists()
+    assert not netns_registry_dir(sb.run_dir).exists()
+
+
+def test_sandbox_down_after_a_crash_that_lost_the_registry_pid_still_removes_it(
+    make_sandbox: Callable[..., Sandbox],
+) -> None:
+    sb = make_sandbox(1, registry=True)
+    ns = network.registry_netns_name(sb.index)
+    pid = sb.registry_pid
+    state = json.loads(sb.state_file.read_text())
+    state["registry_pid"] = None  # `up` killed between starting it and saving its pid
+    sb.state_file.write_text(json.dumps(state))
+
+    sandbox_down(sb.directory)
+
+    assert not network.netns_exists(ns)
+    assert not Path(f"/proc/{pid}").exists()
+
+
+@pytest.mark.parametrize("rate", ["fast", "20mbps", "20 mbit", "0mbit", "20mbit;x"])
+def test_a_bad_registry_rate_is_refused_before_anything_is_built(tmp_path: Path, rate: str) -> None:
+    directory = tmp_path / "sb"
+
+    proc = cvs("sandbox", "up", "--hosts", "1", "--registry", "--registry-rate", rate,
+               "--dir", str(directory))  # fmt: skip
+
+    assert proc.returncode == 2, explain(proc)
+    assert "is not a rate" in proc.stderr and "20mbit" in proc.stderr, explain(proc)
+    assert len(proc.stderr.strip().splitlines()) == 1, explain(proc)
+    assert not directory.exists()
+
+
+def test_a_registry_rate_without_the_registry_is_refused(tmp_path: Path) -> None:
+    proc = cvs("sandbox", "up", "--registry-rate", "20mbit", "--dir", str(tmp_path / "sb"))
+
+    assert proc.returncode == 2, explain(proc)
+    assert "add --registry" in proc.stderr, explain(proc)
+    assert not (tmp_path / "sb").exists()
+
+
+def test_rates_tc_reads_are_accepted_whole() -> None:
+    for rate in ("20mbit", "512kbit", "1gbit", "800bit"):
+        assert network.check_rate(rate) == rate

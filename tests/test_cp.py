@@ -6,18 +6,22 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from clitools import last_json
-from exectools import NODES, containers_up, cvs, yaml_container
-from sandboxtools import cluster_variant
+from clitools import CVS, REPO, last_json
+from exectools import CLI_ENV, NODES, containers_up, cvs, yaml_container
+from sandboxtools import cluster_variant, wait_until
 
 from orchestrator.containers.copy import compare
+from orchestrator.containers.locks import LEASE_SECONDS
 from orchestrator.sandbox import Sandbox
 
 PAYLOAD = bytes(range(256)) * 4096 + b"tail\n"  # 1 MiB + 5 bytes, every byte value
@@ -279,3 +283,107 @@ def test_a_file_that_arrives_different_never_replaces_dest(
     assert in_container(sandbox, "node3", "cat", "/tmp/keep.txt").stdout == "old\n"
     leftovers = in_container(sandbox, "node3", "sh", "-c", "ls -a /tmp | grep cvs-cp || true")
     assert leftovers.stdout == ""
+
+
+# --- a copy is whole or absent (issue 42, item 7) -------------------------------------
+
+BIG = 40 * 2**20  # per file: long enough to be caught midway on every host
+
+
+@pytest.fixture(scope="module", params=["exec", "sshd"])
+def cut_cluster(
+    request: pytest.FixtureRequest, sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Path, str]]:
+    """(cluster file, container name): copies through `docker exec -i`, or
+    through the containers' own sshd (containers/sshexec.py)."""
+    name = f"cvs-t-cut-{request.param}"
+    container = yaml_container(sandbox, name=name)
+    if request.param == "exec":
+        container["sshd"] = {"enabled": False}
+    cluster = cluster_variant(sandbox, tmp_path_factory.mktemp(name), container=container)
+    with containers_up(cluster):
+        yield cluster, name
+
+
+def _merged_dir(sandbox: Sandbox, host: str, name: str) -> Path:
+    """The container's root filesystem as this machine sees it (docker's
+    overlay): looked at without a `docker exec` per look."""
+    argv = [*sandbox.docker_argv(host), "inspect", "-f", "{{.GraphDriver.Data.MergedDir}}", name]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+    return Path(out.stdout.strip())
+
+
+def _temps(root: Path) -> list[Path]:
+    """cvs's temp names under `root`: `.cvs-cp.PID` files, `.cvs-cp.PID.d` staging trees."""
+    return list(root.rglob(".cvs-cp.*")) if root.exists() else []
+
+
+def _bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
+
+
+def _interrupt_midway(
+    cluster: Path, roots: dict[str, Path], src: Path, dest: str, signum: int
+) -> float:
+    """`cvs cp SRC DEST` to every host, sent `signum` once every host holds
+    more than 1 MiB of it under `roots` (each host's DEST parent, as seen
+    from here); the seconds from the signal until no temp name is left."""
+    proc = subprocess.Popen(
+        [*CVS, "cp", "-c", str(cluster), str(src), dest],
+        env=CLI_ENV,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        midway = wait_until(lambda: all(_bytes(r) > 2**20 for r in roots.values()), 90, 0.02)
+        proc.send_signal(signum)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert midway, "the copy never got under way on every host"
+    assert proc.returncode != 0, out
+    start = time.monotonic()
+    gone = wait_until(lambda: not any(_temps(r) for r in roots.values()), LEASE_SECONDS, 0.05)
+    seconds = time.monotonic() - start
+    left = {h: [str(p) for p in _temps(r)] for h, r in roots.items() if _temps(r)}
+    assert gone, f"temp names left {LEASE_SECONDS}s after the signal: {left}"
+    return seconds
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGINT], ids=["sigkill", "sigint"])
+def test_a_directory_copy_cut_midway_leaves_no_file_under_its_final_name(
+    cut_cluster: tuple[Path, str], sandbox: Sandbox, tmp_path: Path, signum: int
+) -> None:
+    cluster, name = cut_cluster
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    for file in ("a.bin", "b.bin", "sub/c.bin"):
+        with (tree / file).open("wb") as f:
+            f.truncate(BIG)
+    parent = f"/srv/cut-{uuid.uuid4().hex[:8]}"
+    roots = {h: _merged_dir(sandbox, h, name) / parent.lstrip("/") for h in NODES}
+    seconds = _interrupt_midway(cluster, roots, tree, f"{parent}/tree", signum)
+    print(f"temp names gone {seconds:.2f}s after {signal.Signals(signum).name}")
+    for host, root in roots.items():
+        assert not (root / "tree").exists(), f"{host}: {sorted(root.rglob('*'))}"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGINT], ids=["sigkill", "sigint"])
+def test_a_file_copy_cut_midway_leaves_no_temp_file_and_the_old_file(
+    cut_cluster: tuple[Path, str], sandbox: Sandbox, tmp_path: Path, signum: int
+) -> None:
+    cluster, name = cut_cluster
+    src = tmp_path / "big.bin"
+    with src.open("wb") as f:
+        f.truncate(3 * BIG)
+    parent = f"/srv/cut-{uuid.uuid4().hex[:8]}"
+    roots = {h: _merged_dir(sandbox, h, name) / parent.lstrip("/") for h in NODES}
+    for root in roots.values():
+        root.mkdir(parents=True)
+        (root / "big.bin").write_text("old\n")
+    seconds = _interrupt_midway(cluster, roots, src, f"{parent}/big.bin", signum)
+    print(f"temp names gone {seconds:.2f}s after {signal.Signals(signum).name}")
+    for host, root in roots.items():
+        assert (root / "big.bin").read_text() == "old\n", host

@@ -224,6 +224,13 @@ def test_attach_restarts_sshd_only_where_it_does_not_listen() -> None:
     assert plan.actions["h2"].start_sshd
 
 
+def test_reprovision_installs_the_sshd_files_again_where_an_sshd_listens() -> None:
+    # The way out of an impostor host key (issue 42, item 8): the key is installed again.
+    hs = states(host("h1", R), host("h2", R))
+    plan = decide_plan(cfg("persistent"), hs, reprovision=True)
+    assert all(a.provision and a.start_sshd for a in plan.actions.values())
+
+
 def test_healing_says_where_it_resumes_and_keeps_the_others_attached() -> None:
     hs = states(host("h1", R), host("h2", E), host("h3", P, status="paused"))
     plan = decide_plan(cfg("persistent"), hs)

@@ -366,6 +366,54 @@ def test_a_corrupted_copy_never_replaces_the_destination(
     assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
 
 
+def _directory_payload(tmp_path: Path) -> bytes:
+    from orchestrator.containers.copy import Payload
+
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "a").write_bytes(b"a" * 70000)
+    (src / "sub" / "b").write_text("b\n")
+    payload = Payload.from_path(src)
+    try:
+        return payload.read(0, payload.size)
+    finally:
+        payload.close()
+
+
+def test_a_copied_directory_lands_whole_with_its_checksums(
+    sh: tuple[str, ...], tmp_path: Path
+) -> None:
+    data = _directory_payload(tmp_path)
+    dest = tmp_path / "d"
+    argv = remote.argv("copy_receive", f"{dest}/", "src", "dir", "755", "")
+    got = subprocess.run([*sh, *argv[1:]], input=data, capture_output=True, timeout=30)
+    assert got.returncode == 0, got.stderr
+    assert (dest / "src" / "a").read_bytes() == b"a" * 70000
+    assert (dest / "src" / "sub" / "b").read_text() == "b\n"
+    assert b"./sub/b" in got.stdout and b"@@cvs-final:" in got.stdout
+    assert sorted(p.name for p in dest.iterdir()) == ["src"]  # no staging left
+
+
+@pytest.mark.parametrize("cut", ["in-a-file", "between-files", "before-the-manifest"])
+def test_a_cut_directory_stream_lands_nothing_and_leaves_nothing(
+    sh: tuple[str, ...], tmp_path: Path, cut: str
+) -> None:
+    data = _directory_payload(tmp_path)
+    # A cut between members is a valid archive to tar: only the manifest,
+    # last, says the stream is whole.
+    at = {
+        "in-a-file": 30000,
+        "between-files": data.index(b"./d/sub/b\0"),
+        "before-the-manifest": data.index(b"./sha256\0"),
+    }[cut]
+    dest = tmp_path / "d"
+    dest.mkdir()
+    argv = remote.argv("copy_receive", f"{dest}/", "src", "dir", "755", "")
+    got = subprocess.run([*sh, *argv[1:]], input=data[:at], capture_output=True, timeout=30)
+    assert got.returncode != 0
+    assert list(dest.iterdir()) == []
+
+
 # --- setup.sh, setup_kill.sh, sshd.sh (their real runs are in containers) ---------
 
 

@@ -15,6 +15,7 @@ import dataclasses
 import os
 import re
 import shutil
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -26,10 +27,12 @@ import anyio
 import asyncssh
 import pytest
 import yaml
+from clitools import cvs
 from labtools import docker as runtime_cli
 from sandboxtools import sandbox_pids_holding
 
 from orchestrator.api import Cluster
+from orchestrator.containers import mpi
 from orchestrator.containers.copy import Payload
 from orchestrator.events import CollectingSink, Message
 from orchestrator.results import HostResult
@@ -258,6 +261,36 @@ def test_a_host_key_other_than_cvs_gave_is_refused_and_said_once(lab: Lab) -> No
     assert all("host key other than the one cvs gave it: refused" in w for w in warnings)
     counters = cluster.ssh_exec.connections.counters  # type: ignore[union-attr]
     assert counters.connects == 0 and counters.failures == {"host_key": len(HOSTS)}
+
+
+def _install_an_impostor_host_key(lab: Lab, host: str) -> None:
+    """Someone else's host key in the container, and its sshd started again on it."""
+    key = asyncssh.generate_private_key("ssh-ed25519").export_private_key().decode()
+    script = (
+        f'cat >{mpi.HOST_KEY_PATH} && kill -9 "$(cat {mpi.SSHD_PID_FILE})" && i=0 && '
+        f"until /usr/sbin/sshd -f {mpi.SSHD_CONFIG_PATH} -E /var/log/cvs-sshd.log; do "
+        "i=$((i + 1)); [ $i -lt 100 ] || exit 1; sleep 0.1; done"
+    )
+    argv = [*lab.sb.runtime_argv(host), "exec", "-i", "-u", "0", lab.name, "sh", "-c", script]
+    done = subprocess.run(argv, input=key, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_an_impostor_host_key_is_refused_until_up_reprovision_installs_ours(lab: Lab) -> None:
+    for host in HOSTS:
+        _install_an_impostor_host_key(lab, host)
+    refused = cvs("exec", "--", "echo", "ran", cluster=lab.cluster_file, cwd=lab.directory)
+    assert refused.returncode == 0, refused.stderr  # through `docker exec` instead
+    for host in HOSTS:
+        line = next(x for x in refused.stderr.splitlines() if f"on {host})" in x)
+        assert "offered a host key other than the one cvs gave it: refused" in line
+        assert "`cvs up --reprovision`" in line
+    up = cvs("up", "--reprovision", cluster=lab.cluster_file, cwd=lab.directory, timeout=600)
+    assert up.returncode == 0, up.stdout + up.stderr
+    results, cluster, warnings = run(lab, "echo ran")
+    assert all(r.ok and r.stdout == "ran" for r in results.values()), results
+    assert warnings == []
+    assert _channels(cluster) == len(HOSTS)  # through each container's sshd
 
 
 def _kill_sshd_script() -> str:

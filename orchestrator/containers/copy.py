@@ -10,9 +10,12 @@ host's copy goes over a new channel of that host's SSH connection into
 (containers/sshexec.py decides, as for `exec`: same user, environment and
 working directory), over a channel of the connection to that sshd. It
 lands under DEST the way `cp -r` would put it (inside DEST when DEST is a
-directory or ends with `/`, else as DEST), and is then checked:
-the remote side prints the sha256 of every file it wrote, compared with the
-local ones. A file that differs fails that host.
+directory or ends with `/`, else as DEST), whole or not at all: the
+remote side (remote/copy_receive.sh) gives nothing its final name before it
+arrived complete and matches its sha256, and removes its temp names on every
+exit (cvs killed or interrupted: the channel closes). It then prints the
+sha256 of every file it wrote, compared with the local ones. A file that
+differs fails that host.
 
 `gather_from_hosts` does the reverse for one file per host, into
 `DIR/<host>/<name>`, checked the same way.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import os
 import shlex
 import stat
@@ -129,16 +133,24 @@ class Payload:
 
     @classmethod
     def _from_directory(cls, source: Path) -> Payload:
+        """The tree under `./d/`, then the manifest `./sha256` (sha256sum's
+        lines), last: the receiving side (remote/copy_receive.sh) moves nothing
+        to its final name unless the manifest arrived and every file matches."""
         checksums: dict[str, str] = {}
         spool = tempfile.TemporaryFile()  # noqa: SIM115 - closed by Payload.close
         try:
             with tarfile.open(fileobj=spool, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                tar.addfile(_member("./d", tarfile.DIRTYPE, 0o755))
                 for path in _walk(source):
                     rel = path.relative_to(source)
                     _check_name(rel, source)
-                    tar.add(path, arcname=f"./{rel}", recursive=False)
+                    tar.add(path, arcname=f"./d/{rel}", recursive=False)
                     if path.is_file() and not path.is_symlink():
                         checksums[f"./{rel}"] = _sha256_file(path)
+                manifest = "".join(f"{h}  {p}\n" for p, h in checksums.items()).encode()
+                info = _member("./sha256", tarfile.REGTYPE, 0o644)
+                info.size = len(manifest)
+                tar.addfile(info, io.BytesIO(manifest))
         except OSError as exc:
             spool.close()
             raise CopyError(f"{source}: {exc.strerror or exc}") from None
@@ -156,6 +168,12 @@ class Payload:
 
     def close(self) -> None:
         self.stream.close()
+
+
+def _member(name: str, kind: bytes, mode: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.mtime = kind, mode, int(time.time())
+    return info
 
 
 def _walk(source: Path) -> list[Path]:

@@ -1166,7 +1166,9 @@ def _kept_actions(
                 "attach",
                 f"persistent: running {where}, attach; {why}",
                 provision=provision,
-                start_sshd=sshd and state.sshd_listening is not True,
+                # Provisioning (`up --reprovision`) installs the sshd's files
+                # again, host key included, even where an sshd listens.
+                start_sshd=sshd and (provision or state.sshd_listening is not True),
             )
         else:
             paused = _state_word(state) == "paused"

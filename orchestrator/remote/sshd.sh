@@ -14,7 +14,8 @@
 # base64 lines, `@@cvs-end` per file, then `@@cvs-done`. LOGIN is the user
 # commands run as (container.user, else the image's USER; may be empty: root).
 # sshd is left alone if its pidfile names a live sshd AND it listens on PORT
-# (cvs_listening; no `pgrep -f` that could match the check itself); otherwise
+# (cvs_listening; no `pgrep -f` that could match the check itself) AND the
+# host key and config installed are the ones it has; otherwise
 # it is (re)started and must be listening within 5 s. Prints `sshd: started`
 # or `sshd: already running`, and `sshd-pid N`. The exit codes are mirrored by
 # orchestrator/containers/provision.py (a test compares them).
@@ -83,6 +84,14 @@ put() {
     chown "$4" "$2.cvs-tmp" && mv -f "$2.cvs-tmp" "$2"; } ||
     fail $EXIT_INSTALL "could not write $2"
 }
+# sshd reads its host key and config only when it starts: when either
+# differs from what is installed now (someone replaced the key: an impostor,
+# which `up --reprovision` undoes), a running sshd is replaced below. No cmp
+# in the image: replaced too (never left serving another key).
+changed=''
+for f in "host_key $host_key" "sshd_config $config"; do
+  cmp -s "$dir/${f%% *}" "${f#* }" 2>/dev/null || changed=1
+done
 put host_key "$host_key" 600 0:0
 put sshd_config "$config" 600 0:0
 put hostfile "$hostfile" 644 0:0
@@ -152,13 +161,15 @@ pid_alive() {
 }
 nap() { sleep 0.1 2>/dev/null || sleep 1; }
 
-if pid_alive && cvs_listening /proc/net "$port_hex"; then
+if [ -z "$changed" ] && pid_alive && cvs_listening /proc/net "$port_hex"; then
   echo "sshd: already running"
   echo "sshd-pid $pid"
   exit 0
 fi
 if pid_alive; then
-  # Ours (pidfile) but not on this port (e.g. the port changed): replace it.
+  # Ours (pidfile) but not on this port (e.g. the port changed), or started
+  # with another host key or config: replace it.
+  [ -z "$changed" ] || echo "sshd: restarted: its host key or config was not this cluster's"
   kill "$pid" 2>/dev/null
   i=0
   while pid_alive && [ $i -lt 30 ]; do

@@ -37,7 +37,7 @@ from asyncssh.constants import MSG_IGNORE
 from asyncssh.packet import String
 
 from orchestrator.errors import Call, Option, Phrase, Text
-from orchestrator.events import CommandFinished, CommandStarted, EventSink, NullSink
+from orchestrator.events import CommandFinished, EventSink, NullSink, started
 from orchestrator.results import HostResult, Status
 from orchestrator.ssh.segments import coalesce_writes
 from orchestrator.ssh.transport import (
@@ -394,7 +394,7 @@ class ContainerConnections:
             raise NotStarted(ep.host, "refused", f"no channel: {exc}") from None
         self.counters.channels += 1
         self.counters.open_channels += 1
-        self.sink.emit(CommandStarted(host=ep.host, command=text, label=label))
+        self.sink.emit(started(ep.host, text, label))
         return opened
 
     @contextlib.asynccontextmanager

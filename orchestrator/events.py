@@ -9,8 +9,11 @@ with `JsonLinesSink` as well (see `TeeSink`).
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -76,12 +79,68 @@ class ConnectFailed(Event):
 
 
 @dataclass(frozen=True)
+class SentProgram:
+    """A program cvs sent as one word of a command (orchestrator/remote): its
+    name and the sha256 of its text, which events carry instead of the text."""
+
+    name: str
+    sha256: str
+
+
+@dataclass(frozen=True)
 class CommandStarted(Event):
-    """`command` started on `host` (`label`: what cvs ran it for, e.g. exec)."""
+    """`command` started on `host` (`label`: what cvs ran it for, e.g. exec).
+
+    Build it with `started`: the programs sent in the command (11-15 KB each,
+    the same on every host) are named in `command` and listed in `programs`,
+    never copied into every host's event."""
 
     host: str
     command: str
     label: str | None = None
+    programs: tuple[SentProgram, ...] = ()
+
+
+# A program's text is a shell word of its own, single-quoted by shlex.quote
+# (`'...'"'"'...'`); one this long, or over several lines, is a program.
+_QUOTED_WORD = re.compile(r"""(?<![^\s=])(?:'[^']*'|"'")+(?![^\s;|&)])""")
+_PROGRAM_WORD = 512
+# sha256 -> name, filled by orchestrator.remote as it builds each program.
+_NAMES: dict[str, str] = {}
+
+
+def name_program(name: str, text: str) -> None:
+    """Remember that `text` is program `name` (orchestrator.remote.program)."""
+    _NAMES[hashlib.sha256(text.encode()).hexdigest()] = name
+
+
+def started(host: str, command: str, label: str | None = None) -> CommandStarted:
+    """CommandStarted for `command`, its programs named (`SentProgram`)."""
+    shown, programs = _named(command)
+    return CommandStarted(host=host, command=shown, label=label, programs=programs)
+
+
+@functools.lru_cache(maxsize=64)
+def _named(command: str) -> tuple[str, tuple[SentProgram, ...]]:
+    """`command` with each program word as `<program NAME sha256:12HEX>`.
+    Cached: a fan-out sends the same text to every host."""
+    if len(command) < _PROGRAM_WORD:
+        return command, ()
+    programs: list[SentProgram] = []
+
+    def name(match: re.Match[str]) -> str:
+        word = match.group(0)
+        if len(word) < _PROGRAM_WORD and "\n" not in word:
+            return word
+        text = word.replace("'\"'\"'", "'")[1:-1]  # shlex.quote undone
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        after = command[match.end() :].split(None, 1)
+        fallback = after[0].removeprefix("cvs-") if after and after[0].startswith("cvs-") else "?"
+        program = SentProgram(_NAMES.get(digest, fallback), digest)
+        programs.append(program)
+        return f"<program {program.name} sha256:{digest[:12]}>"
+
+    return _QUOTED_WORD.sub(name, command), tuple(programs)
 
 
 @dataclass(frozen=True)
@@ -221,7 +280,9 @@ def _to_devnull(stream: IO[str]) -> None:
 
 
 class JsonLinesSink(_PipeWriter):
-    """One JSON object per event; used for `--json` and for run directories."""
+    """One JSON object per event; used for `--json` and for run directories.
+    `output` False: the hosts' output is not what the command is for (status,
+    up, plan, ...): no OutputLine events, and CommandFinished without stdout."""
 
     def __init__(self, stream: IO[str], *, output: bool = True) -> None:
         self.stream = stream
@@ -233,8 +294,14 @@ class JsonLinesSink(_PipeWriter):
         if not self.output and isinstance(event, OutputLine):
             return
         event = in_words(event, self.style)
+        doc = event.to_dict()
+        if not self.output and isinstance(event, CommandFinished) and event.result.stdout:
+            # Not what the command is for (a program's frames, read by cvs: a
+            # probe's inspect JSON): the result line says what it found.
+            doc["result"]["stdout"] = ""
+            doc["stdout_left_out"] = len(event.result.stdout)
         with self._lock:
-            self._put(self.stream, json.dumps(event.to_dict(), default=str) + "\n")
+            self._put(self.stream, json.dumps(doc, default=str) + "\n")
 
     def close(self) -> None:
         if not self.broken:

@@ -395,7 +395,9 @@ def _outside_selection(args: argparse.Namespace) -> list[str]:
 def cmd_status(args: argparse.Namespace) -> int:
     from orchestrator.containers.status import status_exit_code
 
-    output = getattr(args, "output", None) or ("json" if args.json else "table")
+    # --json is JSON lines on stdout whatever -o says: its one result line is
+    # -o json's document (docs/cli-output.md).
+    output = "json" if args.json else getattr(args, "output", None) or "table"
     # Each host's reason is printed with the table (`HOST: reason`), once.
     rows = run_with_cluster(args, lambda c: c.status(), connect_failures=False)
     code = status_exit_code(rows)

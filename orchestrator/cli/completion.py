@@ -98,5 +98,12 @@ def completion_script(shell: str) -> str:
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    sys.stdout.write(completion_script(args.shell))
+    script = completion_script(args.shell)
+    if getattr(args, "json", False):
+        from orchestrator.cli.common import write_json_result
+
+        # JSON lines on stdout for every command: the script is the result's.
+        write_json_result(args, ok=True, exit_code=ExitCode.OK, shell=args.shell, script=script)
+    else:
+        sys.stdout.write(script)
     return ExitCode.OK

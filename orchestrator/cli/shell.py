@@ -86,6 +86,9 @@ def _not_running(cluster: ClusterConfig, host: str) -> str | None:
 def cmd_shell(args: argparse.Namespace) -> int:
     from orchestrator.ssh.openssh import openssh_argv
 
+    if args.json:
+        # The terminal is ssh's, with nothing of ours to say in JSON lines.
+        raise UsageError("cvs shell is interactive: it has no --json form")
     cluster = load(args)
     names = [h.name for h in cluster.hosts]
     if args.host not in names:

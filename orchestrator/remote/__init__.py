@@ -23,6 +23,8 @@ from __future__ import annotations
 import functools
 from importlib import resources
 
+from orchestrator.events import name_program
+
 # Which libraries each program needs, in order. A program not named here
 # needs none.
 _LIBRARIES: dict[str, tuple[str, ...]] = {
@@ -91,7 +93,9 @@ def program(name: str) -> str:
         raise ValueError(f"no remote program named {name!r}")
     parts = [source(lib) for lib in _LIBRARIES.get(name, ())] + [source(name)]
     parts += [source(then) for then in _FOLLOWED_BY.get(name, ())]
-    return "".join(_compact(p) for p in parts)
+    text = "".join(_compact(p) for p in parts)
+    name_program(name, text)  # events name it, never carry its text
+    return text
 
 
 def argv(name: str, *args: str) -> list[str]:

@@ -35,7 +35,7 @@ import anyio
 import asyncssh
 
 from orchestrator.errors import Call, Option, Phrase, Text
-from orchestrator.events import CommandFinished, CommandStarted, EventSink, NullSink
+from orchestrator.events import CommandFinished, EventSink, NullSink, started
 from orchestrator.results import HostResult, Status
 from orchestrator.ssh import hooks
 from orchestrator.ssh.segments import coalesce_writes
@@ -384,7 +384,7 @@ class ContainerConnections:
             raise NotStarted(ep.host, "refused", f"no channel: {exc}") from None
         self.counters.channels += 1
         self.counters.open_channels += 1
-        self.sink.emit(CommandStarted(host=ep.host, command=text, label=label))
+        self.sink.emit(started(ep.host, text, label))
         return opened
 
     @contextlib.asynccontextmanager

@@ -30,7 +30,6 @@ from orchestrator.config.units import parse_size
 from orchestrator.errors import ConnectError
 from orchestrator.events import (
     CommandFinished,
-    CommandStarted,
     Connected,
     ConnectFailed,
     Connecting,
@@ -38,6 +37,7 @@ from orchestrator.events import (
     Message,
     NullSink,
     OutputLine,
+    started,
 )
 from orchestrator.results import HostResult, Status
 from orchestrator.ssh import hooks
@@ -719,7 +719,7 @@ class SSHPool(HostRunner):
             )
             self.sink.emit(CommandFinished(host=host, result=result, label=label))
             return result
-        self.sink.emit(CommandStarted(host=host, command=text, label=label))
+        self.sink.emit(started(host, text, label))
         async with link.channels, self._waiting_on(link):
             result = await self._run_on(link, host, request, timeout, start)
         self.sink.emit(CommandFinished(host=host, result=result, label=label))
@@ -833,7 +833,7 @@ class SSHPool(HostRunner):
         text = command if isinstance(command, str) else shlex.join(command)
         link = await self.link(host)
         async with link.channels, self._waiting_on(link):
-            self.sink.emit(CommandStarted(host=host, command=text, label="held"))
+            self.sink.emit(started(host, text, "held"))
             process = await link.conn.create_process(text, encoding=encoding, errors="replace")
             try:
                 yield process

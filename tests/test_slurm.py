@@ -30,7 +30,7 @@ from orchestrator.config.slurm import (
 )
 from orchestrator.config.views import job_container_name
 from orchestrator.containers.docker import LABEL_GPUS, managed_labels
-from orchestrator.containers.jobend import holder_argv
+from orchestrator.containers.jobend import holder_argv, ready_nodes
 from orchestrator.containers.plan import decide_plan
 from orchestrator.containers.probe import HostState
 from orchestrator.limits.gpus import GPU, GPUSelection, Unsatisfiable
@@ -385,39 +385,71 @@ def test_an_unreachable_host_of_the_file_is_still_told_to_remove_it_from_the_fil
 CID = "c" * 64
 
 
+INV = "0123456789abcdef"
+
+
+def fake_runtime(tmp_path: Path, *listed: str) -> list[str]:
+    """A runtime argv that logs each call and answers `ps` with `listed`, a line each."""
+    log = tmp_path / "runtime.log"
+    body = f'echo "$@" >> {log}; case $1 in ps) printf "%s\\n" {" ".join(listed)} ;; esac'
+    return ["sh", "-c", body, "runtime"]
+
+
 @pytest.mark.parametrize("shell", ["dash", "sh"])
-def test_the_holder_removes_its_nodes_container_by_id_on_sigterm(
+def test_the_holder_removes_its_jobs_and_invocations_containers_by_id_on_sigterm(
     shell: str, tmp_path: Path
 ) -> None:
-    log = tmp_path / "runtime.log"
-    runtime = ["sh", "-c", f'echo "$@" >> {log}', "runtime"]
-    argv = remote.argv("slurm_holder", f"node2={'d' * 64}", f"node1={CID}", "--", *runtime)
+    runtime = fake_runtime(tmp_path, CID, "not-an-id")
+    argv = remote.argv("slurm_holder", "42", INV, "--", *runtime)
     env = {"PATH": os.environ["PATH"], "SLURMD_NODENAME": "node1"}
     proc = subprocess.Popen([shell, *argv[1:]], env=env, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
-    assert proc.stdout.readline() == f"ready node1 {CID}\n"
+    assert proc.stdout.readline() == f"ready node1 42 {INV}\n"
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=30)
+    assert proc.stdout.readline() == f"removed node1 {CID}\n"
+    proc.kill()  # Slurm's SIGKILL after KillWait ends the sweeps
+    proc.communicate(timeout=30)
+    calls = (tmp_path / "runtime.log").read_text().splitlines()
+    assert calls[0] == (
+        f"ps -aq --no-trunc --filter label=io.cvs.slurm-job=42 "
+        f"--filter label=io.cvs.invocation={INV}"
+    )
+    assert calls[1] == f"rm -f -v {CID}"  # by ID; the line that is no ID is skipped
+    assert all(c.startswith(("ps ", f"rm -f -v {CID}")) for c in calls)
+
+
+def test_a_holder_sweeps_ten_times_after_sigterm_then_exits(tmp_path: Path) -> None:
+    argv = remote.argv("slurm_holder", "42", INV, "--", *fake_runtime(tmp_path))
+    env = {"PATH": os.environ["PATH"], "SLURMD_NODENAME": "node1"}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().startswith("ready ")
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
     assert proc.returncode == 0
-    assert out == f"removed node1 {CID}\n"
-    assert log.read_text() == f"rm -f -v {CID}\n"  # its own container, by ID, nothing else
+    assert (tmp_path / "runtime.log").read_text().count("ps -aq") == 10
 
 
-def test_a_holder_on_a_node_it_holds_nothing_for_exits_at_once() -> None:
-    argv = remote.argv("slurm_holder", f"node2={CID}", "--", "docker")
+@pytest.mark.parametrize("job, inv", [("4x", INV), ("42", "XYZ"), ("", INV)])
+def test_a_holder_with_a_bad_job_or_invocation_refuses_at_once(job: str, inv: str) -> None:
+    argv = remote.argv("slurm_holder", job, inv, "--", "docker")
     env = {"PATH": os.environ["PATH"], "SLURMD_NODENAME": "node1"}
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 2 and "no container for node 'node1'" in proc.stderr
+    assert proc.returncode == 2 and "cvs-holder: bad" in proc.stderr
 
 
 def test_the_holder_step_is_one_overlapping_task_per_node_of_the_job() -> None:
     job = SlurmJob("42", (SlurmNode("n1", "a"), SlurmNode("n2", "b"), SlurmNode("n3", "c")))
-    argv = holder_argv(job, {"n3": CID, "n1": CID}, ["sudo", "-n", "docker"])
+    argv = holder_argv(job, ["n3", "n1"], INV, ["sudo", "-n", "docker"])
     assert argv[:8] == [
         "srun", "--jobid=42", "--overlap", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
         "--nodelist=n1,n3", "--job-name=cvs-holder",
     ]  # fmt: skip
-    assert argv[-3:] == ["sudo", "-n", "docker"]
+    assert argv[-7:] == ["cvs-slurm_holder", "42", INV, "--", "sudo", "-n", "docker"]
+
+
+def test_ready_nodes_are_read_from_the_holders_lines() -> None:
+    text = f"ready n1 42 {INV}\nsrun: error: n2: task 1: Exited\nready n3 42 {INV}\n"
+    assert ready_nodes(text) == {"n1", "n3"}
 
 
 def test_the_epilog_exits_0_outside_a_job_and_without_a_runtime(tmp_path: Path) -> None:

@@ -24,7 +24,14 @@ from orchestrator.config.documents import (
 from orchestrator.config.gpu_devices import gpu_subset_problems
 from orchestrator.config.hostlist import HostlistError, abbreviate_hosts, expand_hostlist
 from orchestrator.config.model import ClusterConfig, ContainerConfig
-from orchestrator.config.slurm import HOST_SOURCES, Run, SlurmJob, query_job, run_scontrol
+from orchestrator.config.slurm import (
+    HOST_SOURCES,
+    Run,
+    SlurmJob,
+    job_sshd_port,
+    query_job,
+    run_scontrol,
+)
 from orchestrator.errors import Param, Phrase, Text
 
 # ---- hosts -----------------------------------------------------------------
@@ -324,6 +331,9 @@ def cluster_from_data(
         raise first_problem(lines) from None
     if job is not None:
         cluster = cluster.model_copy(update={"slurm": job})
+        cluster = _job_sshd_port(cluster, job)
+    elif cluster.container is not None and cluster.container.lifetime == "per_job":
+        raise ConfigError(located.error(["container", "lifetime"], PER_JOB_OUTSIDE))
     if cluster.container is not None:
         for path, message in gpu_subset_problems(cluster.container):
             if cluster.cvs_notes:
@@ -334,6 +344,26 @@ def cluster_from_data(
                 )
             raise ConfigError(located.error(path, message))
     return _resolve_paths(cluster, base_dir, located, check_files)
+
+
+PER_JOB_OUTSIDE = (
+    "per_job containers live for a Slurm job, and its hosts do not come from one: run cvs "
+    "inside an allocation (salloc, sbatch) with `hosts: {from: slurm}` or --hosts-from slurm, "
+    "or set lifetime to per_run or persistent"
+)
+
+
+def _job_sshd_port(cluster: ClusterConfig, job: SlurmJob) -> ClusterConfig:
+    """Inside a job, a per_run or per_job container's sshd listens on the
+    job's port (config/slurm.py) unless the file sets `sshd.port`: two jobs
+    on the same nodes with one file each get their own."""
+    container = cluster.container
+    if container is None or container.lifetime not in ("per_run", "per_job"):
+        return cluster
+    if "port" in container.sshd.model_fields_set:
+        return cluster
+    sshd = container.sshd.model_copy(update={"port": job_sshd_port(job.job_id)})
+    return cluster.model_copy(update={"container": container.model_copy(update={"sshd": sshd})})
 
 
 def parse_cluster(

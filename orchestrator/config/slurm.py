@@ -79,6 +79,19 @@ class JobFacts:
 
 # ---------------------------------------------------------------- pure parts
 
+# The in-container sshd's port inside a job when the file fixes none: one per
+# job, so two jobs packed onto the same nodes (host network) do not both want
+# 2224. Below Linux's ephemeral range (32768-60999): no outgoing connection
+# holds it by chance.
+JOB_PORT_BASE = 20000
+JOB_PORT_SPAN = 10000
+
+
+def job_sshd_port(job_id: str) -> int:
+    """20000 + job ID mod 10000: jobs whose IDs differ by less than 10000 (any
+    two running at once on a node, in practice) get different ports."""
+    return JOB_PORT_BASE + int(job_id) % JOB_PORT_SPAN
+
 
 def slurm_nodelist(env: Mapping[str, str]) -> tuple[str, str] | None:
     """(variable name, value) of the allocation's node list, or None outside one."""

@@ -20,8 +20,10 @@ from plan_states import CLUSTER, cfg, host, kinds, states
 from orchestrator import remote
 from orchestrator.config import ConfigError, GPURequest, container_name, load_cluster
 from orchestrator.config.slurm import (
+    SlurmError,
     SlurmJob,
     SlurmNode,
+    job_sshd_port,
     parse_gpu_indices,
     parse_job,
     parse_node_addresses,
@@ -281,10 +283,43 @@ def _cvs(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[st
 def test_cli_hosts_from_slurm_outside_an_allocation_exits_2(tmp_path: Path) -> None:
     path = tmp_path / "cluster.yaml"
     path.write_text(LISTED_FILE)
-    proc = _cvs(["validate", "-c", str(path), "--hosts-from", "slurm"], {})
+    proc = _cvs(["plan", "-c", str(path), "--hosts-from", "slurm"], {})
     assert proc.returncode == 2
     assert proc.stderr.startswith("cvs: --hosts-from slurm: hosts come from Slurm")
     assert "Traceback" not in proc.stderr
+
+
+def test_validate_outside_a_job_checks_the_rest_and_says_hosts_come_from_the_job(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(SLURM_FILE + "container: {image: img:1, lifetime: per_job}\n")
+    proc = _cvs(["validate", "-c", str(path)], {})
+    assert proc.returncode == 0, proc.stderr
+    assert "hosts come from the running Slurm job at run time" in proc.stderr
+    assert proc.stderr.endswith("ok, hosts from the Slurm job\n")
+    assert "hosts:\n  from: slurm\n" in proc.stdout and "slurm-node" not in proc.stdout
+    # ...and the rest is still checked.
+    path.write_text(SLURM_FILE + "container: {image: img:1, lifetime: bogus}\n")
+    proc = _cvs(["validate", "-c", str(path)], {})
+    assert proc.returncode == 2 and "container.lifetime: invalid value" in proc.stderr
+
+
+def test_slurm_epilog_json_is_one_result_line_with_the_script() -> None:
+    proc = _cvs(["slurm", "epilog", "--json"], {})
+    assert proc.returncode == 0, proc.stderr
+    (line,) = proc.stdout.splitlines()
+    doc = json.loads(line)
+    assert doc["ok"] is True and doc["epilog"] == remote.source("slurm_epilog")
+
+
+def test_a_slurmctld_that_does_not_answer_is_exit_3_not_a_usage_error() -> None:
+    def stalled(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
+        raise subprocess.TimeoutExpired(list(argv), timeout)
+
+    with pytest.raises(SlurmError) as caught:
+        query_job(IN_JOB, where="x", run=stalled)
+    assert caught.value.exit_code == 3 and "did not answer" in str(caught.value)
 
 
 # ------------------------------------------------------- GPUs from the allocation
@@ -462,3 +497,50 @@ def test_the_epilog_exits_0_outside_a_job_and_without_a_runtime(tmp_path: Path) 
             capture_output=True,
         )
         assert proc.returncode == 0, proc.stderr
+
+
+# ------------------------------------------------------- per_job, a port per job
+
+
+def _job_file(tmp_path: Path, container: str) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(f"name: j\nhosts: {{from: slurm}}\ncontainer: {container}\n")
+    return path
+
+
+def test_per_job_outside_a_job_is_one_line_naming_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / "listed.yaml"
+    path.write_text("name: p\nhosts: [a1, a2]\ncontainer: {image: img:1, lifetime: per_job}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_cluster(path, env={})
+    said = str(caught.value)
+    assert "\n" not in said and said.startswith(f"{path}:3: container.lifetime: per_job ")
+    assert "inside an allocation" in said and "per_run or persistent" in said
+
+
+def test_per_job_inside_a_job_is_named_for_the_job(tmp_path: Path) -> None:
+    path = _job_file(tmp_path, "{image: img:1, name: rvs, lifetime: per_job}")
+    cluster = load_cluster(path, env=IN_JOB, slurm_run=fake_scontrol(), check_files=False)
+    assert container_name(cluster) == "rvs-j7"
+
+
+def test_the_sshd_port_inside_a_job_is_the_jobs_unless_the_file_sets_one(
+    tmp_path: Path,
+) -> None:
+    run = fake_scontrol()
+    for lifetime in ("per_run", "per_job"):
+        path = _job_file(tmp_path, f"{{image: img:1, name: rvs, lifetime: {lifetime}}}")
+        cluster = load_cluster(path, env=IN_JOB, slurm_run=run, check_files=False)
+        assert cluster.container is not None and cluster.container.sshd.port == 20007
+    fixed = _job_file(tmp_path, "{image: img:1, name: rvs, sshd: {port: 2300}}")
+    cluster = load_cluster(fixed, env=IN_JOB, slurm_run=run, check_files=False)
+    assert cluster.container is not None and cluster.container.sshd.port == 2300
+    kept = _job_file(tmp_path, "{image: img:1, name: rvs, lifetime: persistent}")
+    cluster = load_cluster(kept, env=IN_JOB, slurm_run=run, check_files=False)
+    assert cluster.container is not None and cluster.container.sshd.port == 2224
+
+
+def test_job_ports_stay_in_their_documented_range() -> None:
+    assert job_sshd_port("7") == 20007
+    assert job_sshd_port("123456789012") == 29012
+    assert {job_sshd_port(str(j)) for j in range(500, 10500)} == set(range(20000, 30000))

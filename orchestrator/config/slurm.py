@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from orchestrator.config.documents import ConfigError
 from orchestrator.config.hostlist import HostlistError, expand_hostlist, split_patterns
-from orchestrator.errors import Phrase, Text
+from orchestrator.errors import ExitCode, Phrase, Text
 
 # SLURM_NODELIST is the older name; both are set inside allocations today.
 NODELIST_VARIABLES = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
@@ -42,6 +42,17 @@ _GRES_RE = re.compile(r"gpu(?::[^:(,]+)?:(\d+)(?:\(IDX:([^)]*)\))?")
 
 class SlurmError(ConfigError):
     """Slurm cannot tell us the allocation (exit 2, nothing started)."""
+
+
+class SlurmOutsideJob(SlurmError):
+    """Hosts come from Slurm, but this process is not in a job (exit 2)."""
+
+
+class SlurmUnanswered(SlurmError):
+    """slurmctld did not answer within the bound: not a usage error but a
+    controller out of reach (exit 3, as for a host), nothing started."""
+
+    exit_code = ExitCode.UNREACHABLE
 
 
 @dataclass(frozen=True)
@@ -199,7 +210,7 @@ def slurm_hosts(env: Mapping[str, str], *, where: Text) -> list[str]:
 
 
 def _outside_job(where: Text) -> SlurmError:
-    return SlurmError(
+    return SlurmOutsideJob(
         Phrase(
             where,
             ": hosts come from Slurm, but SLURM_JOB_ID is not set: run cvs inside an "
@@ -269,7 +280,7 @@ def _ask(run: Run, argv: list[str], where: Text, timeout: float) -> str:
             )
         ) from None
     except subprocess.TimeoutExpired:
-        raise SlurmError(
+        raise SlurmUnanswered(
             Phrase(
                 where,
                 f": slurmctld did not answer `{shown}` within {timeout:.0f}s; check "

@@ -20,10 +20,12 @@ from plan_states import CLUSTER, cfg, host, kinds, states
 from orchestrator import remote
 from orchestrator.config import ConfigError, GPURequest, container_name, load_cluster
 from orchestrator.config.slurm import (
+    GONE,
     SlurmError,
     SlurmJob,
     SlurmNode,
     job_sshd_port,
+    job_state,
     parse_gpu_indices,
     parse_job,
     parse_node_addresses,
@@ -33,6 +35,7 @@ from orchestrator.config.slurm import (
 from orchestrator.config.views import job_container_name
 from orchestrator.containers.docker import LABEL_GPUS, managed_labels
 from orchestrator.containers.jobend import holder_argv, ready_nodes
+from orchestrator.containers.jobleft import JobContainer, decide, parse_listing
 from orchestrator.containers.plan import decide_plan
 from orchestrator.containers.probe import HostState
 from orchestrator.limits.gpus import GPU, GPUSelection, Unsatisfiable
@@ -544,3 +547,48 @@ def test_job_ports_stay_in_their_documented_range() -> None:
     assert job_sshd_port("7") == 20007
     assert job_sshd_port("123456789012") == 29012
     assert {job_sshd_port(str(j)) for j in range(500, 10500)} == set(range(20000, 30000))
+
+
+# ------------------------------------------------------- containers of jobs, from outside
+
+
+def _listed(job: str, lifetime: str = "per_run", state: str = "running") -> JobContainer:
+    return JobContainer("node1", CID, f"rvs-j{job}", state, job, lifetime)
+
+
+def test_a_job_container_listing_is_read_strictly() -> None:
+    text = (
+        f"{CID} /rvs-j42 running 42 per_run\n"
+        f"{CID} /rvs-j43 exited 43; per_run\n"  # not a job ID
+        "garbage\n"
+        f"{'z' * 64} /x running 44 per_run\n"  # not an ID
+    )
+    assert parse_listing("node1", text) == [_listed("42")]
+
+
+def test_only_containers_of_jobs_that_are_over_are_removed_from_outside() -> None:
+    found = [_listed("1"), _listed("2"), _listed("3"), _listed("4"), _listed("5", "persistent")]
+    states = {
+        "1": ("CANCELLED", ""), "2": (GONE, ""), "3": ("RUNNING", ""),
+        "4": (None, "slurmctld did not answer within 20s"), "5": ("COMPLETED", ""),
+    }  # fmt: skip
+    verdicts = {v.container.job: v for v in decide(found, states)}
+    assert {j for j, v in verdicts.items() if v.remove} == {"1", "2"}
+    assert "job 2 is over (no longer known to Slurm)" in verdicts["2"].why
+    assert verdicts["3"].why.startswith("job 3 is RUNNING: its end removes it")
+    assert "could not ask Slurm whether job 4 is over" in verdicts["4"].why
+    assert "persistent" in verdicts["5"].why
+
+
+def test_a_job_slurmctld_no_longer_knows_is_gone_and_a_stalled_one_unknown() -> None:
+    def purged(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
+        return 1, "", "slurm_load_jobs error: Invalid job id specified\n"
+
+    def stalled(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
+        raise subprocess.TimeoutExpired(list(argv), timeout)
+
+    assert job_state("42", run=purged) == (GONE, "")
+    state, why = job_state("42", run=stalled)
+    assert state is None and "did not answer" in why
+    running = fake_scontrol()
+    assert job_state("7", run=running) == ("RUNNING", "")

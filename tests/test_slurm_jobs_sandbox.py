@@ -29,6 +29,7 @@ from test_slurm_sandbox import (
 
 from orchestrator.config.slurm import job_sshd_port
 from orchestrator.sandbox import Sandbox
+from orchestrator.sandbox.procs import cmdline, pids_mentioning
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "slurm.md"
 NONE = {"node1": 0, "node2": 0}
@@ -168,3 +169,44 @@ def test_two_jobs_on_the_same_nodes_with_one_file_each_get_their_own_sshd_port(
         assert "reached-node2" in said, said
         assert f"Port {ports[n]}" in said, said
     assert containers(slurm_sandbox, "node1", "name=cvs-ports") == []
+
+
+def test_outside_a_job_status_shows_and_down_removes_containers_whose_job_is_over(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    # The holder killed (as a failed node's would be) and no epilog: the
+    # job's containers outlive it, under their job's name.
+    cluster = variant(slurm_sandbox, tmp_path / "c", name="cvs-left")
+    ready, killed = tmp_path / "ready", tmp_path / "killed"
+    script = (
+        f"$CVS -c {cluster} --hosts-from slurm up > /dev/null || exit 1\n"
+        f'echo "$SLURM_JOB_ID" > {ready}\n'
+        f"while [ ! -e {killed} ]; do sleep 0.2; done"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CVS_"))}
+    env.update(slurm_sandbox.slurm_env())
+    argv = ["salloc", "-N2", "sh", "-c", f"CVS={shlex.quote(CVS)}\n{script}"]
+    pipe = subprocess.PIPE
+    proc = subprocess.Popen(argv, env=env, text=True, stdout=pipe, stderr=pipe)
+    try:
+        wait_until(lambda: ready.exists() or proc.poll() is not None, 240, "the job's up")
+        assert ready.exists(), proc.communicate()
+        job = ready.read_text().strip()
+        holders = [p for p in pids_mentioning("cvs-slurm_holder") if job in cmdline(p)]
+        assert holders
+        for pid in holders:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        killed.touch()
+        proc.communicate(timeout=120)
+    wait_until(lambda: job_state(slurm_sandbox, job) not in ("RUNNING", "COMPLETING"), 60, "end")
+    assert job_containers(slurm_sandbox, job) == {"node1": 1, "node2": 1}
+    outside = [*CVS.split(" "), "-c", str(cluster)]
+    status = slurm(slurm_sandbox, *outside, "status", timeout=120)
+    name = f"cvs-left-j{job}"
+    for node in ("node1", "node2"):
+        assert f"{node}: {name} (running): job {job} is over" in status.stdout, status
+    down = slurm(slurm_sandbox, *outside, "down", timeout=120)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert f"node1: job container {name} (running): job {job} is over" in down.stdout
+    assert job_containers(slurm_sandbox, job) == NONE

@@ -338,13 +338,15 @@ def _write_host_lines(lines: dict[str, str]) -> None:
 def cmd_down(args: argparse.Namespace) -> int:
     from orchestrator.containers.plan import down_leftovers
 
-    async def down(cluster: Any) -> tuple[Any, Plan, dict[str, HostResult]]:
+    async def down(cluster: Any) -> tuple[Any, Plan, dict[str, HostResult], list[Any]]:
         # A refusal (PolicyRefused: a busy lock under --no-wait) is reported by cli.main.
         plan, results = await cluster.down(force=args.force, wait=not args.no_wait)
-        return cluster.config.container, plan, results
+        # Outside a job: the containers of this cluster's jobs that are over, too.
+        jobs = await cluster.job_containers(remove=True)
+        return cluster.config.container, plan, results, jobs
 
     outside = _outside_selection(args)
-    container, plan, results = run_with_cluster(args, down)
+    container, plan, results, jobs = run_with_cluster(args, down)
     code = exit_code_for(list(results.values())) if results else ExitCode.OK
     if plan.unknown_hosts:
         code = max(code, ExitCode.UNREACHABLE)
@@ -355,6 +357,14 @@ def cmd_down(args: argparse.Namespace) -> int:
         force=args.force,
     )
     left = restyled(left, CLI_STYLE)
+    from orchestrator.containers.jobleft import describe
+
+    job_lines = [(v.container.host, describe(v), v.remove) for v in jobs]
+    for job_host, said, removed_it in job_lines:
+        if not removed_it:  # never "nothing left" while one of this cluster's runs
+            left[job_host] = f"{left[job_host]}; {said}" if job_host in left else said
+    if any(not r and "removing it failed" in t for _, t, r in job_lines):
+        code = max(code, ExitCode.FAILED)
     if args.json:
         write_json_result(
             args,
@@ -364,6 +374,7 @@ def cmd_down(args: argparse.Namespace) -> int:
             hosts={h: {"action": a.kind, "reason": a.reason} for h, a in plan.actions.items()},
             left=left,
             not_looked_at=outside,
+            job_containers=[_job_row(v) for v in jobs],
         )
         return code
     # The plan's warnings were said as it was made (the lifecycle's events): once.
@@ -375,6 +386,9 @@ def cmd_down(args: argparse.Namespace) -> int:
         done = "" if r is None else (" ok" if r.ok else f" FAILED: {cli_text(r.error or '')}")
         lines[host] = f"{cli_text(action.reason)}{done}"
     _write_host_lines(lines)
+    for job_host, said, removed_it in job_lines:
+        if removed_it:
+            sys.stdout.write(f"{job_host}: job container {said}\n")
     removed = [h for h, r in results.items() if r.ok]
     where = " host(s)" if not outside else f" of the {len(plan.actions)} chosen host(s)"
     if left:
@@ -396,6 +410,13 @@ def cmd_down(args: argparse.Namespace) -> int:
     return code
 
 
+def _job_row(v: Any) -> dict[str, Any]:
+    """One container of a Slurm job (containers/jobleft.Verdict) for --json."""
+    c = v.container
+    return {"host": c.host, "name": c.name, "state": c.state, "job": c.job,
+            "lifetime": c.lifetime, "removed_or_over": v.remove, "why": v.why}  # fmt: skip
+
+
 def _outside_selection(args: argparse.Namespace) -> list[str]:
     """The cluster's hosts that --hosts/-x leave out (none without either)."""
     if not (getattr(args, "hosts", None) or getattr(args, "exclude", None)):
@@ -415,18 +436,26 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     output = getattr(args, "output", None) or ("json" if args.json else "table")
     # Each host's reason is printed with the table (`HOST: reason`), once.
-    rows = run_with_cluster(args, lambda c: c.status(), connect_failures=False)
+    from orchestrator.containers.jobleft import describe
+
+    async def both(cluster: Any) -> tuple[Any, list[Any]]:
+        # Outside a job, this cluster's containers that jobs started, too.
+        return await cluster.status(), await cluster.job_containers()
+
+    rows, jobs = run_with_cluster(args, both, connect_failures=False)
     code = status_exit_code(rows)
+    job_rows = [_job_row(v) for v in jobs]
     if output in ("json", "yaml"):
         # Keyed by host, like every other subcommand's `hosts`.
         hosts = {r.host: r.to_dict() for r in rows}
+        extra: dict[str, Any] = {"job_containers": job_rows} if job_rows else {}
         if output == "json":
-            write_json_result(args, ok=code == 0, exit_code=code, hosts=hosts)
+            write_json_result(args, ok=code == 0, exit_code=code, hosts=hosts, **extra)
         else:
             import yaml
 
             doc = {"command": "status", "ok": code == 0, "exit_code": int(code), "error": None}
-            sys.stdout.write(yaml.safe_dump({**doc, "hosts": hosts}, sort_keys=False))
+            sys.stdout.write(yaml.safe_dump({**doc, "hosts": hosts, **extra}, sort_keys=False))
         return code
     from orchestrator.render import print_status_table
 
@@ -434,4 +463,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     forced = bool(os.environ.get("FORCE_COLOR")) and not os.environ.get("NO_COLOR")
     plain = wants_plain(sys.stdout) and not forced
     print_status_table(rows, wide=output == "wide", plain=plain, style=CLI_STYLE)
+    if jobs:
+        sys.stdout.write("containers of Slurm jobs (`cvs down` removes those whose job is over):\n")
+        for v in jobs:
+            sys.stdout.write(f"  {v.container.host}: {describe(v)}\n")
     return code

@@ -293,6 +293,37 @@ def _ask(run: Run, argv: list[str], where: Text, timeout: float) -> str:
     return out
 
 
+# States in which a job still holds its nodes: its containers are its own.
+LIVE_STATES = frozenset(
+    {"RUNNING", "PENDING", "SUSPENDED", "COMPLETING", "CONFIGURING", "RESIZING", "REQUEUED",
+     "STOPPED", "SIGNALING", "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
+)  # fmt: skip
+# What job_state says of a job slurmctld no longer knows (ended, then purged).
+GONE = "GONE"
+
+
+def job_state(
+    job_id: str, *, run: Run = run_scontrol, timeout: float = SCONTROL_TIMEOUT
+) -> tuple[str | None, str]:
+    """(state, why) of any job, asked of slurmctld: its JobState, GONE when
+    slurmctld no longer knows it, or None with why it could not be asked."""
+    if not JOB_ID_RE.fullmatch(job_id):
+        return None, f"{job_id!r} is not a job ID"
+    try:
+        code, out, err = run(["scontrol", "show", "job", "-o", job_id], timeout)
+    except FileNotFoundError:
+        return None, "scontrol is not installed on this machine"
+    except subprocess.TimeoutExpired:
+        return None, f"slurmctld did not answer within {timeout:.0f}s"
+    if code != 0:
+        if "invalid job id" in err.lower():
+            return GONE, ""
+        first = next((line for line in err.splitlines() if line.strip()), f"exit {code}")
+        return None, f"scontrol: {first.strip()[:200]}"
+    state = parse_job(out).state
+    return (state, "") if state else (None, "scontrol printed no JobState")
+
+
 def query_job(
     env: Mapping[str, str],
     *,

@@ -59,6 +59,7 @@ PROGRAMS = frozenset(
         "mpi_check",
         "slurm_holder",
         "slurm_epilog",
+        "job_containers",
     }
 )
 

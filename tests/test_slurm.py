@@ -193,7 +193,9 @@ def test_a_cvs_suite_asking_the_container_name_gets_the_jobs(
     from orchestrator.compat.cvs import CvsOrchestrator
     from orchestrator.config import loader
 
-    monkeypatch.setattr(loader, "query_job", lambda env, *, where, run: job(node1=()))
+    monkeypatch.setattr(
+        loader, "query_job", lambda env, *, where, run, over_ok=False: job(node1=())
+    )
     cluster = _cvs_file(tmp_path, ["node1"])
     keys = json.loads(cluster.read_text())
     keys.update(priv_key_file=str(cluster), password=None, head_node_dict=None)
@@ -592,3 +594,15 @@ def test_a_job_slurmctld_no_longer_knows_is_gone_and_a_stalled_one_unknown() -> 
     assert state is None and "did not answer" in why
     running = fake_scontrol()
     assert job_state("7", run=running) == ("RUNNING", "")
+
+
+def test_a_job_that_is_over_gives_its_nodes_to_down_and_status_only() -> None:
+    over = fake_scontrol(job=JOB.replace("JobState=RUNNING", "JobState=CANCELLED"))
+    with pytest.raises(ConfigError, match=r"not running: .*`cvs status` and `cvs down`"):
+        query_job(IN_JOB, where="x", run=over)
+    got = query_job(IN_JOB, where="x", run=over, over_ok=True)
+    assert [n.name for n in got.nodes] == ["node1", "node2"]
+    pending = fake_scontrol(job=JOB.replace("JobState=RUNNING", "JobState=PENDING"))
+    with pytest.raises(ConfigError, match=r"job 7 is PENDING, not running: run cvs inside a "
+                       r"running allocation$"):  # fmt: skip
+        query_job(IN_JOB, where="x", run=pending, over_ok=True)

@@ -171,12 +171,10 @@ def test_two_jobs_on_the_same_nodes_with_one_file_each_get_their_own_sshd_port(
     assert containers(slurm_sandbox, "node1", "name=cvs-ports") == []
 
 
-def test_outside_a_job_status_shows_and_down_removes_containers_whose_job_is_over(
-    slurm_sandbox: Sandbox, tmp_path: Path
-) -> None:
-    # The holder killed (as a failed node's would be) and no epilog: the
-    # job's containers outlive it, under their job's name.
-    cluster = variant(slurm_sandbox, tmp_path / "c", name="cvs-left")
+def left_behind(sb: Sandbox, tmp_path: Path, name: str) -> tuple[Path, str]:
+    """A job whose holder was SIGKILLed (as a failed node's would be) and no
+    epilog: its containers outlive it, under their job's name. (file, job)"""
+    cluster = variant(sb, tmp_path / "c", name=name)
     ready, killed = tmp_path / "ready", tmp_path / "killed"
     script = (
         f"$CVS -c {cluster} --hosts-from slurm up > /dev/null || exit 1\n"
@@ -184,7 +182,7 @@ def test_outside_a_job_status_shows_and_down_removes_containers_whose_job_is_ove
         f"while [ ! -e {killed} ]; do sleep 0.2; done"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CVS_"))}
-    env.update(slurm_sandbox.slurm_env())
+    env.update(sb.slurm_env())
     argv = ["salloc", "-N2", "sh", "-c", f"CVS={shlex.quote(CVS)}\n{script}"]
     pipe = subprocess.PIPE
     proc = subprocess.Popen(argv, env=env, text=True, stdout=pipe, stderr=pipe)
@@ -199,8 +197,15 @@ def test_outside_a_job_status_shows_and_down_removes_containers_whose_job_is_ove
     finally:
         killed.touch()
         proc.communicate(timeout=120)
-    wait_until(lambda: job_state(slurm_sandbox, job) not in ("RUNNING", "COMPLETING"), 60, "end")
-    assert job_containers(slurm_sandbox, job) == {"node1": 1, "node2": 1}
+    wait_until(lambda: job_state(sb, job) not in ("RUNNING", "COMPLETING"), 60, "the job's end")
+    assert job_containers(sb, job) == {"node1": 1, "node2": 1}
+    return cluster, job
+
+
+def test_outside_a_job_status_shows_and_down_removes_containers_whose_job_is_over(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    cluster, job = left_behind(slurm_sandbox, tmp_path, "cvs-left")
     outside = [*CVS.split(" "), "-c", str(cluster)]
     status = slurm(slurm_sandbox, *outside, "status", timeout=120)
     name = f"cvs-left-j{job}"
@@ -209,4 +214,17 @@ def test_outside_a_job_status_shows_and_down_removes_containers_whose_job_is_ove
     down = slurm(slurm_sandbox, *outside, "down", timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
     assert f"node1: job container {name} (running): job {job} is over" in down.stdout
+    assert job_containers(slurm_sandbox, job) == NONE
+
+
+def test_hosts_from_slurm_down_after_the_job_is_over_removes_what_it_left(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    cluster, job = left_behind(slurm_sandbox, tmp_path, "cvs-over")
+    env = {"SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": "node[1-2]"}
+    argv = [*CVS.split(" "), "-c", str(cluster), "--hosts-from", "slurm"]
+    refused = slurm(slurm_sandbox, *argv, "exec", "--", "true", env=env, timeout=120)
+    assert refused.returncode == 2 and "`cvs status` and `cvs down`" in refused.stderr
+    down = slurm(slurm_sandbox, *argv, "down", env=env, timeout=120)
+    assert down.returncode == 0, down.stdout + down.stderr
     assert job_containers(slurm_sandbox, job) == NONE

@@ -345,6 +345,7 @@ def cmd_down(args: argparse.Namespace) -> int:
         jobs = await cluster.job_containers(remove=True)
         return cluster.config.container, plan, results, jobs
 
+    args.job_over_ok = True  # hosts from a job that is over: remove what it left
     outside = _outside_selection(args)
     container, plan, results, jobs = run_with_cluster(args, down)
     code = exit_code_for(list(results.values())) if results else ExitCode.OK
@@ -442,6 +443,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         # Outside a job, this cluster's containers that jobs started, too.
         return await cluster.status(), await cluster.job_containers()
 
+    args.job_over_ok = True  # hosts from a job that is over: show what it left
     rows, jobs = run_with_cluster(args, both, connect_failures=False)
     code = status_exit_code(rows)
     job_rows = [_job_row(v) for v in jobs]

@@ -107,6 +107,7 @@ def _hosts_from_source(
     *,
     cvs_nodes: bool = False,
     at_run_time: bool = False,
+    job_over_ok: bool = False,
 ) -> tuple[dict[str, Any], SlurmJob | None, bool]:
     """`hosts: {from: slurm}` (or `--hosts-from slurm`): the hosts of the running
     job, asked of Slurm (config/slurm.py). A host the file lists by name keeps
@@ -140,7 +141,7 @@ def _hosts_from_source(
         entries, _ = _expand_hosts(raw, located)
         listed = {e["name"]: e for e in entries}
     try:
-        job = query_job(env, where=where, run=slurm_run)
+        job = query_job(env, where=where, run=slurm_run, over_ok=job_over_ok)
     except SlurmOutsideJob:
         if not at_run_time:
             raise
@@ -289,6 +290,7 @@ def cluster_from_data(
     env: Mapping[str, str] | None = None,
     slurm_run: Run = run_scontrol,
     hosts_at_run_time: bool = False,
+    job_over_ok: bool = False,
 ) -> ClusterConfig:
     """Validate already-parsed cluster data (a YAML/JSON document).
 
@@ -311,6 +313,7 @@ def cluster_from_data(
         slurm_run,
         cvs_nodes=cvs_nodes,
         at_run_time=hosts_at_run_time,
+        job_over_ok=job_over_ok,
     )
     if "hosts" not in data:
         raise ConfigError(f"{source}: hosts: required key is missing")
@@ -393,6 +396,7 @@ def parse_cluster(
     env: Mapping[str, str] | None = None,
     slurm_run: Run = run_scontrol,
     hosts_at_run_time: bool = False,
+    job_over_ok: bool = False,
 ) -> ClusterConfig:
     """Parse cluster-file text. `source` names the file in messages; relative
     paths in it resolve against `base_dir`. Raises ConfigError only."""
@@ -407,6 +411,7 @@ def parse_cluster(
             env=env,
             slurm_run=slurm_run,
             hosts_at_run_time=hosts_at_run_time,
+            job_over_ok=job_over_ok,
         )
     except ConfigError:
         raise
@@ -424,6 +429,7 @@ def load_cluster(
     env: Mapping[str, str] | None = None,
     slurm_run: Run = run_scontrol,
     hosts_at_run_time: bool = False,
+    job_over_ok: bool = False,
 ) -> ClusterConfig:
     """Load and validate a cluster file (YAML, JSON, or CVS cluster JSON).
 
@@ -431,7 +437,8 @@ def load_cluster(
     setup script (`cvs validate --no-check-files`, samples on another box).
     `hosts_at_run_time`: hosts from Slurm outside a job are not an error
     (`cvs validate`): the file is checked over the hosts it lists, or a
-    stand-in, and `slurm` stays None.
+    stand-in, and `slurm` stays None. `job_over_ok`: a job that is over
+    still gives its nodes (`cvs down`, `cvs status` after the job).
     """
     source = str(path)
     text = read_document_text(source, "cluster file")
@@ -445,5 +452,6 @@ def load_cluster(
         env=env,
         slurm_run=slurm_run,
         hosts_at_run_time=hosts_at_run_time,
+        job_over_ok=job_over_ok,
     )
     return cluster.model_copy(update={"source_file": str(resolved)})

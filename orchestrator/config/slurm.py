@@ -330,20 +330,30 @@ def query_job(
     where: Text,
     run: Run = run_scontrol,
     timeout: float = SCONTROL_TIMEOUT,
+    over_ok: bool = False,
 ) -> SlurmJob:
-    """The running job this process is in, asked of Slurm (SlurmError otherwise)."""
+    """The running job this process is in, asked of Slurm (SlurmError otherwise).
+    `over_ok` (`cvs down`, `cvs status`): a job that is over still gives its
+    nodes, so what it left there can be seen and removed."""
     job_id = slurm_job_id(env)
     if job_id is None:
         raise _outside_job(where)
     if not JOB_ID_RE.fullmatch(job_id):
         raise SlurmError(Phrase(where, f": SLURM_JOB_ID={job_id!r} is not a job ID"))
     facts = parse_job(_ask(run, ["scontrol", "show", "job", "-d", job_id], where, timeout))
-    if facts.state != "RUNNING":
+    over = facts.state not in LIVE_STATES and bool(facts.state)
+    if facts.state != "RUNNING" and not (over_ok and over):
+        after = (
+            "; what it left on its nodes: `cvs status` and `cvs down` (they take a job that "
+            "is over)"
+            if over
+            else ""
+        )
         raise SlurmError(
             Phrase(
                 where,
                 f": job {job_id} is {facts.state or 'in an unknown state'}, not running: "
-                "run cvs inside a running allocation",
+                f"run cvs inside a running allocation{after}",
             )
         )
     if not facts.nodelist or facts.nodelist == "(null)":

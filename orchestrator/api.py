@@ -35,11 +35,15 @@ from orchestrator.ssh.fanout import fan_out, run_on_hosts
 from orchestrator.ssh.seam import HostRunner
 from orchestrator.ssh.transport import SSHPool
 
+# Lifetimes whose containers inside a job are named for it (config/views.py).
+JOB_SCOPED = ("per_run", "per_job")
+
 if TYPE_CHECKING:
     # Imported where used: `cvs exec` needs none of copy, probe, status or drift,
     # and `cvs exec --host-os` none of causes, docker or limits.gpus either
     # (tests/test_startup.py).
     from orchestrator.containers.copy import Payload, Progress
+    from orchestrator.containers.jobleft import Verdict
     from orchestrator.containers.lifecycle import Lifecycle, UpReport
     from orchestrator.containers.locks import HostLocks
     from orchestrator.containers.mpi import MPICheck
@@ -481,6 +485,24 @@ class Cluster:
 
         ids = {h: normalize_image_id(r.stdout.strip()) for h, r in results.items() if r.ok}
         return {h: i for h, i in ids.items() if _IMAGE_ID_RE.fullmatch(i)}
+
+    async def job_containers(self, *, remove: bool = False) -> list[Verdict]:
+        """Outside a Slurm job: this cluster's containers that invocations inside
+        jobs started (named for their job, so `status` and `down` by name miss
+        them), each with its verdict; `remove`: those whose job is over are
+        removed, by ID (containers/jobleft.py). [] inside a job, and for
+        no_launch and persistent (whose names carry no job)."""
+        from orchestrator.config.slurm import job_state
+        from orchestrator.containers.jobleft import survey
+
+        cfg = self.config.container
+        if self.config.slurm is not None or cfg is None or cfg.lifetime not in JOB_SCOPED:
+            return []
+        lc = self._lifecycle()
+        states = await lc.probe_all()
+        timeout = cfg.runtime_timeout
+        return await survey(self.pool, states, lc.identity, job_state, timeout=timeout,
+                            remove=remove)  # fmt: skip
 
     async def status(self) -> list[HostStatus]:
         """One typed record per host: reachability, docker access, container state,

@@ -20,8 +20,12 @@ from plan_states import CLUSTER, cfg, host, kinds, states
 from orchestrator import remote
 from orchestrator.config import ConfigError, GPURequest, container_name, load_cluster
 from orchestrator.config.slurm import (
+    GONE,
+    SlurmError,
     SlurmJob,
     SlurmNode,
+    job_sshd_port,
+    job_state,
     parse_gpu_indices,
     parse_job,
     parse_node_addresses,
@@ -30,7 +34,8 @@ from orchestrator.config.slurm import (
 )
 from orchestrator.config.views import job_container_name
 from orchestrator.containers.docker import LABEL_GPUS, managed_labels
-from orchestrator.containers.jobend import holder_argv
+from orchestrator.containers.jobend import holder_argv, ready_nodes
+from orchestrator.containers.jobleft import JobContainer, decide, parse_listing
 from orchestrator.containers.plan import decide_plan
 from orchestrator.containers.probe import HostState
 from orchestrator.limits.gpus import GPU, GPUSelection, Unsatisfiable
@@ -188,7 +193,9 @@ def test_a_cvs_suite_asking_the_container_name_gets_the_jobs(
     from orchestrator.compat.cvs import CvsOrchestrator
     from orchestrator.config import loader
 
-    monkeypatch.setattr(loader, "query_job", lambda env, *, where, run: job(node1=()))
+    monkeypatch.setattr(
+        loader, "query_job", lambda env, *, where, run, over_ok=False: job(node1=())
+    )
     cluster = _cvs_file(tmp_path, ["node1"])
     keys = json.loads(cluster.read_text())
     keys.update(priv_key_file=str(cluster), password=None, head_node_dict=None)
@@ -281,10 +288,43 @@ def _cvs(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[st
 def test_cli_hosts_from_slurm_outside_an_allocation_exits_2(tmp_path: Path) -> None:
     path = tmp_path / "cluster.yaml"
     path.write_text(LISTED_FILE)
-    proc = _cvs(["validate", "-c", str(path), "--hosts-from", "slurm"], {})
+    proc = _cvs(["plan", "-c", str(path), "--hosts-from", "slurm"], {})
     assert proc.returncode == 2
     assert proc.stderr.startswith("cvs: --hosts-from slurm: hosts come from Slurm")
     assert "Traceback" not in proc.stderr
+
+
+def test_validate_outside_a_job_checks_the_rest_and_says_hosts_come_from_the_job(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(SLURM_FILE + "container: {image: img:1, lifetime: per_job}\n")
+    proc = _cvs(["validate", "-c", str(path)], {})
+    assert proc.returncode == 0, proc.stderr
+    assert "hosts come from the running Slurm job at run time" in proc.stderr
+    assert proc.stderr.endswith("ok, hosts from the Slurm job\n")
+    assert "hosts:\n  from: slurm\n" in proc.stdout and "slurm-node" not in proc.stdout
+    # ...and the rest is still checked.
+    path.write_text(SLURM_FILE + "container: {image: img:1, lifetime: bogus}\n")
+    proc = _cvs(["validate", "-c", str(path)], {})
+    assert proc.returncode == 2 and "container.lifetime: invalid value" in proc.stderr
+
+
+def test_slurm_epilog_json_is_one_result_line_with_the_script() -> None:
+    proc = _cvs(["slurm", "epilog", "--json"], {})
+    assert proc.returncode == 0, proc.stderr
+    (line,) = proc.stdout.splitlines()
+    doc = json.loads(line)
+    assert doc["ok"] is True and doc["epilog"] == remote.source("slurm_epilog")
+
+
+def test_a_slurmctld_that_does_not_answer_is_exit_3_not_a_usage_error() -> None:
+    def stalled(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
+        raise subprocess.TimeoutExpired(list(argv), timeout)
+
+    with pytest.raises(SlurmError) as caught:
+        query_job(IN_JOB, where="x", run=stalled)
+    assert caught.value.exit_code == 3 and "did not answer" in str(caught.value)
 
 
 # ------------------------------------------------------- GPUs from the allocation
@@ -385,39 +425,71 @@ def test_an_unreachable_host_of_the_file_is_still_told_to_remove_it_from_the_fil
 CID = "c" * 64
 
 
+INV = "0123456789abcdef"
+
+
+def fake_runtime(tmp_path: Path, *listed: str) -> list[str]:
+    """A runtime argv that logs each call and answers `ps` with `listed`, a line each."""
+    log = tmp_path / "runtime.log"
+    body = f'echo "$@" >> {log}; case $1 in ps) printf "%s\\n" {" ".join(listed)} ;; esac'
+    return ["sh", "-c", body, "runtime"]
+
+
 @pytest.mark.parametrize("shell", ["dash", "sh"])
-def test_the_holder_removes_its_nodes_container_by_id_on_sigterm(
+def test_the_holder_removes_its_jobs_and_invocations_containers_by_id_on_sigterm(
     shell: str, tmp_path: Path
 ) -> None:
-    log = tmp_path / "runtime.log"
-    runtime = ["sh", "-c", f'echo "$@" >> {log}', "runtime"]
-    argv = remote.argv("slurm_holder", f"node2={'d' * 64}", f"node1={CID}", "--", *runtime)
+    runtime = fake_runtime(tmp_path, CID, "not-an-id")
+    argv = remote.argv("slurm_holder", "42", INV, "--", *runtime)
     env = {"PATH": os.environ["PATH"], "SLURMD_NODENAME": "node1"}
     proc = subprocess.Popen([shell, *argv[1:]], env=env, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
-    assert proc.stdout.readline() == f"ready node1 {CID}\n"
+    assert proc.stdout.readline() == f"ready node1 42 {INV}\n"
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=30)
+    assert proc.stdout.readline() == f"removed node1 {CID}\n"
+    proc.kill()  # Slurm's SIGKILL after KillWait ends the sweeps
+    proc.communicate(timeout=30)
+    calls = (tmp_path / "runtime.log").read_text().splitlines()
+    assert calls[0] == (
+        f"ps -aq --no-trunc --filter label=io.cvs.slurm-job=42 "
+        f"--filter label=io.cvs.invocation={INV}"
+    )
+    assert calls[1] == f"rm -f -v {CID}"  # by ID; the line that is no ID is skipped
+    assert all(c.startswith(("ps ", f"rm -f -v {CID}")) for c in calls)
+
+
+def test_a_holder_sweeps_ten_times_after_sigterm_then_exits(tmp_path: Path) -> None:
+    argv = remote.argv("slurm_holder", "42", INV, "--", *fake_runtime(tmp_path))
+    env = {"PATH": os.environ["PATH"], "SLURMD_NODENAME": "node1"}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().startswith("ready ")
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
     assert proc.returncode == 0
-    assert out == f"removed node1 {CID}\n"
-    assert log.read_text() == f"rm -f -v {CID}\n"  # its own container, by ID, nothing else
+    assert (tmp_path / "runtime.log").read_text().count("ps -aq") == 10
 
 
-def test_a_holder_on_a_node_it_holds_nothing_for_exits_at_once() -> None:
-    argv = remote.argv("slurm_holder", f"node2={CID}", "--", "docker")
+@pytest.mark.parametrize("job, inv", [("4x", INV), ("42", "XYZ"), ("", INV)])
+def test_a_holder_with_a_bad_job_or_invocation_refuses_at_once(job: str, inv: str) -> None:
+    argv = remote.argv("slurm_holder", job, inv, "--", "docker")
     env = {"PATH": os.environ["PATH"], "SLURMD_NODENAME": "node1"}
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 2 and "no container for node 'node1'" in proc.stderr
+    assert proc.returncode == 2 and "cvs-holder: bad" in proc.stderr
 
 
 def test_the_holder_step_is_one_overlapping_task_per_node_of_the_job() -> None:
     job = SlurmJob("42", (SlurmNode("n1", "a"), SlurmNode("n2", "b"), SlurmNode("n3", "c")))
-    argv = holder_argv(job, {"n3": CID, "n1": CID}, ["sudo", "-n", "docker"])
+    argv = holder_argv(job, ["n3", "n1"], INV, ["sudo", "-n", "docker"])
     assert argv[:8] == [
         "srun", "--jobid=42", "--overlap", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
         "--nodelist=n1,n3", "--job-name=cvs-holder",
     ]  # fmt: skip
-    assert argv[-3:] == ["sudo", "-n", "docker"]
+    assert argv[-7:] == ["cvs-slurm_holder", "42", INV, "--", "sudo", "-n", "docker"]
+
+
+def test_ready_nodes_are_read_from_the_holders_lines() -> None:
+    text = f"ready n1 42 {INV}\nsrun: error: n2: task 1: Exited\nready n3 42 {INV}\n"
+    assert ready_nodes(text) == {"n1", "n3"}
 
 
 def test_the_epilog_exits_0_outside_a_job_and_without_a_runtime(tmp_path: Path) -> None:
@@ -430,3 +502,107 @@ def test_the_epilog_exits_0_outside_a_job_and_without_a_runtime(tmp_path: Path) 
             capture_output=True,
         )
         assert proc.returncode == 0, proc.stderr
+
+
+# ------------------------------------------------------- per_job, a port per job
+
+
+def _job_file(tmp_path: Path, container: str) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(f"name: j\nhosts: {{from: slurm}}\ncontainer: {container}\n")
+    return path
+
+
+def test_per_job_outside_a_job_is_one_line_naming_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / "listed.yaml"
+    path.write_text("name: p\nhosts: [a1, a2]\ncontainer: {image: img:1, lifetime: per_job}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_cluster(path, env={})
+    said = str(caught.value)
+    assert "\n" not in said and said.startswith(f"{path}:3: container.lifetime: per_job ")
+    assert "inside an allocation" in said and "per_run or persistent" in said
+
+
+def test_per_job_inside_a_job_is_named_for_the_job(tmp_path: Path) -> None:
+    path = _job_file(tmp_path, "{image: img:1, name: rvs, lifetime: per_job}")
+    cluster = load_cluster(path, env=IN_JOB, slurm_run=fake_scontrol(), check_files=False)
+    assert container_name(cluster) == "rvs-j7"
+
+
+def test_the_sshd_port_inside_a_job_is_the_jobs_unless_the_file_sets_one(
+    tmp_path: Path,
+) -> None:
+    run = fake_scontrol()
+    for lifetime in ("per_run", "per_job"):
+        path = _job_file(tmp_path, f"{{image: img:1, name: rvs, lifetime: {lifetime}}}")
+        cluster = load_cluster(path, env=IN_JOB, slurm_run=run, check_files=False)
+        assert cluster.container is not None and cluster.container.sshd.port == 20007
+    fixed = _job_file(tmp_path, "{image: img:1, name: rvs, sshd: {port: 2300}}")
+    cluster = load_cluster(fixed, env=IN_JOB, slurm_run=run, check_files=False)
+    assert cluster.container is not None and cluster.container.sshd.port == 2300
+    kept = _job_file(tmp_path, "{image: img:1, name: rvs, lifetime: persistent}")
+    cluster = load_cluster(kept, env=IN_JOB, slurm_run=run, check_files=False)
+    assert cluster.container is not None and cluster.container.sshd.port == 2224
+
+
+def test_job_ports_stay_in_their_documented_range() -> None:
+    assert job_sshd_port("7") == 20007
+    assert job_sshd_port("123456789012") == 29012
+    assert {job_sshd_port(str(j)) for j in range(500, 10500)} == set(range(20000, 30000))
+
+
+# ------------------------------------------------------- containers of jobs, from outside
+
+
+def _listed(job: str, lifetime: str = "per_run", state: str = "running") -> JobContainer:
+    return JobContainer("node1", CID, f"rvs-j{job}", state, job, lifetime)
+
+
+def test_a_job_container_listing_is_read_strictly() -> None:
+    text = (
+        f"{CID} /rvs-j42 running 42 per_run\n"
+        f"{CID} /rvs-j43 exited 43; per_run\n"  # not a job ID
+        "garbage\n"
+        f"{'z' * 64} /x running 44 per_run\n"  # not an ID
+    )
+    assert parse_listing("node1", text) == [_listed("42")]
+
+
+def test_only_containers_of_jobs_that_are_over_are_removed_from_outside() -> None:
+    found = [_listed("1"), _listed("2"), _listed("3"), _listed("4"), _listed("5", "persistent")]
+    states = {
+        "1": ("CANCELLED", ""), "2": (GONE, ""), "3": ("RUNNING", ""),
+        "4": (None, "slurmctld did not answer within 20s"), "5": ("COMPLETED", ""),
+    }  # fmt: skip
+    verdicts = {v.container.job: v for v in decide(found, states)}
+    assert {j for j, v in verdicts.items() if v.remove} == {"1", "2"}
+    assert "job 2 is over (no longer known to Slurm)" in verdicts["2"].why
+    assert verdicts["3"].why.startswith("job 3 is RUNNING: its end removes it")
+    assert "could not ask Slurm whether job 4 is over" in verdicts["4"].why
+    assert "persistent" in verdicts["5"].why
+
+
+def test_a_job_slurmctld_no_longer_knows_is_gone_and_a_stalled_one_unknown() -> None:
+    def purged(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
+        return 1, "", "slurm_load_jobs error: Invalid job id specified\n"
+
+    def stalled(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
+        raise subprocess.TimeoutExpired(list(argv), timeout)
+
+    assert job_state("42", run=purged) == (GONE, "")
+    state, why = job_state("42", run=stalled)
+    assert state is None and "did not answer" in why
+    running = fake_scontrol()
+    assert job_state("7", run=running) == ("RUNNING", "")
+
+
+def test_a_job_that_is_over_gives_its_nodes_to_down_and_status_only() -> None:
+    over = fake_scontrol(job=JOB.replace("JobState=RUNNING", "JobState=CANCELLED"))
+    with pytest.raises(ConfigError, match=r"not running: .*`cvs status` and `cvs down`"):
+        query_job(IN_JOB, where="x", run=over)
+    got = query_job(IN_JOB, where="x", run=over, over_ok=True)
+    assert [n.name for n in got.nodes] == ["node1", "node2"]
+    pending = fake_scontrol(job=JOB.replace("JobState=RUNNING", "JobState=PENDING"))
+    with pytest.raises(ConfigError, match=r"job 7 is PENDING, not running: run cvs inside a "
+                       r"running allocation$"):  # fmt: skip
+        query_job(IN_JOB, where="x", run=pending, over_ok=True)

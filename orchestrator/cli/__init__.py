@@ -13,6 +13,7 @@ import errno
 import gc
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -80,6 +81,30 @@ def _main_with_writers(argv: Sequence[str] | None) -> int:
             _discard_stdout()
 
 
+def _terminate_as_interrupt() -> None:
+    """SIGTERM (scancel, a time limit, `kill`) and SIGHUP (salloc when its job
+    is revoked, a closed terminal) stop cvs as Ctrl-C does: the command's own
+    clean-up runs (per_run and per_job containers it was starting are
+    removed, remote commands stopped) and it exits 130, instead of dying
+    with its containers left behind."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        # Whatever handles SIGINT now (asyncio's runner cancels its main task
+        # and raises KeyboardInterrupt on a second one); the default raises
+        # KeyboardInterrupt. SIGINT ignored (a background job of a script):
+        # still an interrupt.
+        current = signal.getsignal(signal.SIGINT)
+        if callable(current):
+            current(signal.SIGINT, frame)  # type: ignore[arg-type]
+            return
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
+            if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup: stays ignored
+                signal.signal(sig, interrupt)
+
+
 def _stdout_closed() -> int:
     """Whoever read our stdout went away (`cvs status | head -1`): one line on
     stderr, no traceback, whatever the command (the work itself was done or
@@ -135,6 +160,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
         handler = getattr(importlib.import_module(f"orchestrator.cli.{module_name}"), func_name)
         if process_owned:
             from orchestrator.cli import collector
+
+            _terminate_as_interrupt()
 
             collector.import_for(handler)  # what it imports when it runs, too
             collector.tune()  # after the imports: they are frozen, never scanned again

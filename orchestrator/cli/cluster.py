@@ -41,17 +41,37 @@ if TYPE_CHECKING:
     from orchestrator.containers.plan import Plan
 
 
+SLURM_AT_RUN_TIME = (
+    "hosts come from the running Slurm job at run time (cvs inside salloc or an sbatch "
+    "script); outside a job the rest of the file was checked"
+)
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from orchestrator.config import cluster_warnings, cvs_import_notes, normalized_cluster
+    from orchestrator.config.loader import RUN_TIME_HOST
+    from orchestrator.config.slurm import SlurmOutsideJob
     from orchestrator.limits.resources import cluster_effective_resources
 
-    cluster = load(args, check_files=not args.no_check_files)
+    try:
+        cluster = load(args, check_files=not args.no_check_files)
+        at_run_time = False
+    except SlurmOutsideJob:
+        # Outside a job the hosts of `hosts: {from: slurm}` are not known yet:
+        # check the rest, and say where the hosts will come from.
+        cluster = load(args, check_files=not args.no_check_files, hosts_at_run_time=True)
+        at_run_time = True
     # A value that loads but that docker would refuse (cpus 0.001, memory 1Ki)
     # raises ResourceError, a ConfigError: exit 2 naming the key.
     cluster_effective_resources(cluster)
     doc = normalized_cluster(cluster)
     warnings = cluster_warnings(cluster)
     notes = cvs_import_notes(cluster)
+    if at_run_time:
+        doc["hosts"] = {"from": "slurm"}
+        if doc.get("head") == RUN_TIME_HOST["name"]:
+            doc.pop("head")
+        notes = [*notes, SLURM_AT_RUN_TIME]
     if args.json:
         write_json_result(
             args, ok=True, exit_code=ExitCode.OK, cluster=doc, warnings=warnings, notes=notes
@@ -64,7 +84,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             sys.stderr.write(f"warning: {w}\n")
         for n in notes:
             sys.stderr.write(f"note: {n}\n")
-        sys.stderr.write(f"{cluster_path(args)}: ok, {len(cluster.hosts)} hosts\n")
+        count = "hosts from the Slurm job" if at_run_time else f"{len(cluster.hosts)} hosts"
+        sys.stderr.write(f"{cluster_path(args)}: ok, {count}\n")
     return ExitCode.OK
 
 
@@ -320,13 +341,16 @@ def _write_host_lines(lines: dict[str, str]) -> None:
 def cmd_down(args: argparse.Namespace) -> int:
     from orchestrator.containers.plan import down_leftovers
 
-    async def down(cluster: Any) -> tuple[Any, Plan, dict[str, HostResult]]:
+    async def down(cluster: Any) -> tuple[Any, Plan, dict[str, HostResult], list[Any]]:
         # A refusal (PolicyRefused: a busy lock under --no-wait) is reported by cli.main.
         plan, results = await cluster.down(force=args.force, wait=not args.no_wait)
-        return cluster.config.container, plan, results
+        # Outside a job: the containers of this cluster's jobs that are over, too.
+        jobs = await cluster.job_containers(remove=True)
+        return cluster.config.container, plan, results, jobs
 
+    args.job_over_ok = True  # hosts from a job that is over: remove what it left
     outside = _outside_selection(args)
-    container, plan, results = run_with_cluster(args, down)
+    container, plan, results, jobs = run_with_cluster(args, down)
     code = exit_code_for(list(results.values())) if results else ExitCode.OK
     if plan.unknown_hosts:
         code = max(code, ExitCode.UNREACHABLE)
@@ -337,6 +361,14 @@ def cmd_down(args: argparse.Namespace) -> int:
         force=args.force,
     )
     left = restyled(left, CLI_STYLE)
+    from orchestrator.containers.jobleft import describe
+
+    job_lines = [(v.container.host, describe(v), v.remove) for v in jobs]
+    for job_host, said, removed_it in job_lines:
+        if not removed_it:  # never "nothing left" while one of this cluster's runs
+            left[job_host] = f"{left[job_host]}; {said}" if job_host in left else said
+    if any(not r and "removing it failed" in t for _, t, r in job_lines):
+        code = max(code, ExitCode.FAILED)
     if args.json:
         write_json_result(
             args,
@@ -346,6 +378,7 @@ def cmd_down(args: argparse.Namespace) -> int:
             hosts={h: {"action": a.kind, "reason": a.reason} for h, a in plan.actions.items()},
             left=left,
             not_looked_at=outside,
+            job_containers=[_job_row(v) for v in jobs],
         )
         return code
     # The plan's warnings were said as it was made (the lifecycle's events): once.
@@ -357,6 +390,9 @@ def cmd_down(args: argparse.Namespace) -> int:
         done = "" if r is None else (" ok" if r.ok else f" FAILED: {cli_text(r.error or '')}")
         lines[host] = f"{cli_text(action.reason)}{done}"
     _write_host_lines(lines)
+    for job_host, said, removed_it in job_lines:
+        if removed_it:
+            sys.stdout.write(f"{job_host}: job container {said}\n")
     removed = [h for h, r in results.items() if r.ok]
     where = " host(s)" if not outside else f" of the {len(plan.actions)} chosen host(s)"
     if left:
@@ -376,6 +412,13 @@ def cmd_down(args: argparse.Namespace) -> int:
             "(`cvs status` shows what runs there)\n"
         )
     return code
+
+
+def _job_row(v: Any) -> dict[str, Any]:
+    """One container of a Slurm job (containers/jobleft.Verdict) for --json."""
+    c = v.container
+    return {"host": c.host, "name": c.name, "state": c.state, "job": c.job,
+            "lifetime": c.lifetime, "removed_or_over": v.remove, "why": v.why}  # fmt: skip
 
 
 def _outside_selection(args: argparse.Namespace) -> list[str]:
@@ -399,18 +442,27 @@ def cmd_status(args: argparse.Namespace) -> int:
     # -o json's document (docs/cli-output.md).
     output = "json" if args.json else getattr(args, "output", None) or "table"
     # Each host's reason is printed with the table (`HOST: reason`), once.
-    rows = run_with_cluster(args, lambda c: c.status(), connect_failures=False)
+    from orchestrator.containers.jobleft import describe
+
+    async def both(cluster: Any) -> tuple[Any, list[Any]]:
+        # Outside a job, this cluster's containers that jobs started, too.
+        return await cluster.status(), await cluster.job_containers()
+
+    args.job_over_ok = True  # hosts from a job that is over: show what it left
+    rows, jobs = run_with_cluster(args, both, connect_failures=False)
     code = status_exit_code(rows)
+    job_rows = [_job_row(v) for v in jobs]
     if output in ("json", "yaml"):
         # Keyed by host, like every other subcommand's `hosts`.
         hosts = {r.host: r.to_dict() for r in rows}
+        extra: dict[str, Any] = {"job_containers": job_rows} if job_rows else {}
         if output == "json":
-            write_json_result(args, ok=code == 0, exit_code=code, hosts=hosts)
+            write_json_result(args, ok=code == 0, exit_code=code, hosts=hosts, **extra)
         else:
             import yaml
 
             doc = {"command": "status", "ok": code == 0, "exit_code": int(code), "error": None}
-            sys.stdout.write(yaml.safe_dump({**doc, "hosts": hosts}, sort_keys=False))
+            sys.stdout.write(yaml.safe_dump({**doc, "hosts": hosts, **extra}, sort_keys=False))
         return code
     from orchestrator.render import print_status_table
 
@@ -418,4 +470,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     forced = bool(os.environ.get("FORCE_COLOR")) and not os.environ.get("NO_COLOR")
     plain = wants_plain(sys.stdout) and not forced
     print_status_table(rows, wide=output == "wide", plain=plain, style=CLI_STYLE)
+    if jobs:
+        sys.stdout.write("containers of Slurm jobs (`cvs down` removes those whose job is over):\n")
+        for v in jobs:
+            sys.stdout.write(f"  {v.container.host}: {describe(v)}\n")
     return code

@@ -60,6 +60,8 @@ def load(args: argparse.Namespace, **kwargs: Any) -> Any:
     from orchestrator.config import load_cluster
 
     hosts_from = getattr(args, "hosts_from", None)
+    if getattr(args, "job_over_ok", False):  # `down`, `status`: what an ended job left
+        kwargs.setdefault("job_over_ok", True)
     cluster = load_cluster(cluster_path(args), hosts_from=hosts_from, **kwargs)
     if cluster.slurm is not None:
         # Every --json result of this invocation names the job (write_json_result).

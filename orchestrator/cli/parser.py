@@ -598,7 +598,7 @@ def _add_shell_parsers(sub: _Subparsers, common: argparse.ArgumentParser) -> Non
     p = sub.add_parser(
         "slurm",
         help="what cvs ships for Slurm sites (the epilog)",
-        description="Slurm helpers. Inside a job cvs needs nothing installed: per_run "
+        description="Slurm helpers. Inside a job cvs needs nothing installed: per_run and per_job "
         "containers end with the job through a holder step. The epilog is for sites that "
         "also want them removed after a node failure.",
         epilog="example: cvs slurm epilog --install /etc/slurm/epilog.d/cvs.sh",
@@ -608,7 +608,9 @@ def _add_shell_parsers(sub: _Subparsers, common: argparse.ArgumentParser) -> Non
     )
     ep = slurm_sub.add_parser(
         "epilog",
-        help="print (or --install) the Slurm epilog that removes a job's per_run containers",
+        parents=[common],  # `cvs slurm epilog --json` as `cvs --json slurm epilog`
+        help="print (or --install) the Slurm epilog that removes a job's per_run and per_job "
+        "containers",
         epilog="examples:\n"
         "  cvs slurm epilog                                  # print it\n"
         "  cvs slurm epilog --install /etc/slurm/epilog.d/cvs.sh",

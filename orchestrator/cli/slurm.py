@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from orchestrator import remote
+from orchestrator.cli.common import write_json_result
 from orchestrator.errors import ExitCode, UsageError
 
 
@@ -19,7 +20,10 @@ def epilog_text() -> str:
 def cmd_slurm(args: argparse.Namespace) -> int:
     text = epilog_text()
     if args.install is None:
-        sys.stdout.write(text)
+        if args.json:  # one result line; the script is its `epilog` field
+            write_json_result(args, ok=True, exit_code=ExitCode.OK, epilog=text)
+        else:
+            sys.stdout.write(text)
         return ExitCode.OK
     path = Path(args.install)
     if path.is_dir():
@@ -34,6 +38,8 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise UsageError(f"cvs slurm epilog --install {path}: {exc.strerror or exc}") from None
+    if args.json:
+        write_json_result(args, ok=True, exit_code=ExitCode.OK, installed=str(path))
     sys.stderr.write(
         f"cvs: installed {path}; point slurm.conf at it (Epilog={path}, or call it from the "
         "site's epilog) on every node\n"

@@ -24,7 +24,15 @@ from orchestrator.config.documents import (
 from orchestrator.config.gpu_devices import gpu_subset_problems
 from orchestrator.config.hostlist import HostlistError, abbreviate_hosts, expand_hostlist
 from orchestrator.config.model import ClusterConfig, ContainerConfig
-from orchestrator.config.slurm import HOST_SOURCES, Run, SlurmJob, query_job, run_scontrol
+from orchestrator.config.slurm import (
+    HOST_SOURCES,
+    Run,
+    SlurmJob,
+    SlurmOutsideJob,
+    job_sshd_port,
+    query_job,
+    run_scontrol,
+)
 from orchestrator.errors import Param, Phrase, Text
 
 # ---- hosts -----------------------------------------------------------------
@@ -98,10 +106,13 @@ def _hosts_from_source(
     slurm_run: Run,
     *,
     cvs_nodes: bool = False,
-) -> tuple[dict[str, Any], SlurmJob | None]:
+    at_run_time: bool = False,
+    job_over_ok: bool = False,
+) -> tuple[dict[str, Any], SlurmJob | None, bool]:
     """`hosts: {from: slurm}` (or `--hosts-from slurm`): the hosts of the running
     job, asked of Slurm (config/slurm.py). A host the file lists by name keeps
-    what the file says of it (its address wins over Slurm's NodeAddr)."""
+    what the file says of it (its address wins over Slurm's NodeAddr). The
+    flag: the hosts are deferred to the job (`at_run_time`, outside one)."""
     raw = data.get("hosts")
     where: Text
     if hosts_from is not None:
@@ -117,7 +128,7 @@ def _hosts_from_source(
             raise ConfigError(located.error(["hosts", "from"], message))
         where = located.error(["hosts", "from"], "slurm").rsplit(": ", 1)[0]
     else:
-        return data, None
+        return data, None, False
     if hosts_from not in HOST_SOURCES:
         raise ConfigError(
             Phrase(
@@ -125,15 +136,23 @@ def _hosts_from_source(
                 f" {hosts_from!r}: unknown host source (known: {', '.join(HOST_SOURCES)})",
             )
         )
-    job = query_job(env, where=where, run=slurm_run)
     listed: dict[str, dict[str, Any]] = {}
     if isinstance(raw, list | str):
         entries, _ = _expand_hosts(raw, located)
         listed = {e["name"]: e for e in entries}
+    try:
+        job = query_job(env, where=where, run=slurm_run, over_ok=job_over_ok)
+    except SlurmOutsideJob:
+        if not at_run_time:
+            raise
+        # `cvs validate` outside a job: the hosts are the job's at run time;
+        # the rest of the file is checked over the ones it lists, or one
+        # stand-in.
+        return {**data, "hosts": list(listed.values()) or [dict(RUN_TIME_HOST)]}, None, True
     if cvs_nodes:
-        return {**data, "hosts": _job_nodes_listed(listed, job, where)}, job
+        return {**data, "hosts": _job_nodes_listed(listed, job, where)}, job, False
     hosts = [{"name": n.name, "address": n.address, **listed.get(n.name, {})} for n in job.nodes]
-    return {**data, "hosts": hosts}, job
+    return {**data, "hosts": hosts}, job, False
 
 
 def _job_nodes_listed(
@@ -270,6 +289,8 @@ def cluster_from_data(
     hosts_from: str | None = None,
     env: Mapping[str, str] | None = None,
     slurm_run: Run = run_scontrol,
+    hosts_at_run_time: bool = False,
+    job_over_ok: bool = False,
 ) -> ClusterConfig:
     """Validate already-parsed cluster data (a YAML/JSON document).
 
@@ -284,13 +305,15 @@ def cluster_from_data(
             raise ConfigError(located.error([key], "is set by the loader (the file); remove it"))
     if "cvs_notes" in data and located.raw is not None:
         raise ConfigError(located.error(["cvs_notes"], "is set by the CVS-JSON import; remove it"))
-    data, job = _hosts_from_source(
+    data, job, deferred = _hosts_from_source(
         data,
         located,
         hosts_from,
         os.environ if env is None else env,
         slurm_run,
         cvs_nodes=cvs_nodes,
+        at_run_time=hosts_at_run_time,
+        job_over_ok=job_over_ok,
     )
     if "hosts" not in data:
         raise ConfigError(f"{source}: hosts: required key is missing")
@@ -324,6 +347,9 @@ def cluster_from_data(
         raise first_problem(lines) from None
     if job is not None:
         cluster = cluster.model_copy(update={"slurm": job})
+        cluster = _job_sshd_port(cluster, job)
+    elif cluster.container is not None and cluster.container.lifetime == "per_job" and not deferred:
+        raise ConfigError(located.error(["container", "lifetime"], PER_JOB_OUTSIDE))
     if cluster.container is not None:
         for path, message in gpu_subset_problems(cluster.container):
             if cluster.cvs_notes:
@@ -336,6 +362,30 @@ def cluster_from_data(
     return _resolve_paths(cluster, base_dir, located, check_files)
 
 
+# The stand-in host `cvs validate` checks a `hosts: {from: slurm}` file over
+# outside a job.
+RUN_TIME_HOST = {"name": "slurm-node", "address": "127.0.0.1"}
+
+PER_JOB_OUTSIDE = (
+    "per_job containers live for a Slurm job, and its hosts do not come from one: run cvs "
+    "inside an allocation (salloc, sbatch) with `hosts: {from: slurm}` or --hosts-from slurm, "
+    "or set lifetime to per_run or persistent"
+)
+
+
+def _job_sshd_port(cluster: ClusterConfig, job: SlurmJob) -> ClusterConfig:
+    """Inside a job, a per_run or per_job container's sshd listens on the
+    job's port (config/slurm.py) unless the file sets `sshd.port`: two jobs
+    on the same nodes with one file each get their own."""
+    container = cluster.container
+    if container is None or container.lifetime not in ("per_run", "per_job"):
+        return cluster
+    if "port" in container.sshd.model_fields_set:
+        return cluster
+    sshd = container.sshd.model_copy(update={"port": job_sshd_port(job.job_id)})
+    return cluster.model_copy(update={"container": container.model_copy(update={"sshd": sshd})})
+
+
 def parse_cluster(
     text: str,
     source: str,
@@ -345,6 +395,8 @@ def parse_cluster(
     hosts_from: str | None = None,
     env: Mapping[str, str] | None = None,
     slurm_run: Run = run_scontrol,
+    hosts_at_run_time: bool = False,
+    job_over_ok: bool = False,
 ) -> ClusterConfig:
     """Parse cluster-file text. `source` names the file in messages; relative
     paths in it resolve against `base_dir`. Raises ConfigError only."""
@@ -358,6 +410,8 @@ def parse_cluster(
             hosts_from=hosts_from,
             env=env,
             slurm_run=slurm_run,
+            hosts_at_run_time=hosts_at_run_time,
+            job_over_ok=job_over_ok,
         )
     except ConfigError:
         raise
@@ -374,11 +428,17 @@ def load_cluster(
     hosts_from: str | None = None,
     env: Mapping[str, str] | None = None,
     slurm_run: Run = run_scontrol,
+    hosts_at_run_time: bool = False,
+    job_over_ok: bool = False,
 ) -> ClusterConfig:
     """Load and validate a cluster file (YAML, JSON, or CVS cluster JSON).
 
     `check_files=False` skips existence checks of identity files and the
     setup script (`cvs validate --no-check-files`, samples on another box).
+    `hosts_at_run_time`: hosts from Slurm outside a job are not an error
+    (`cvs validate`): the file is checked over the hosts it lists, or a
+    stand-in, and `slurm` stays None. `job_over_ok`: a job that is over
+    still gives its nodes (`cvs down`, `cvs status` after the job).
     """
     source = str(path)
     text = read_document_text(source, "cluster file")
@@ -391,5 +451,7 @@ def load_cluster(
         hosts_from=hosts_from,
         env=env,
         slurm_run=slurm_run,
+        hosts_at_run_time=hosts_at_run_time,
+        job_over_ok=job_over_ok,
     )
     return cluster.model_copy(update={"source_file": str(resolved)})

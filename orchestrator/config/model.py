@@ -27,7 +27,7 @@ from pydantic import (
 from orchestrator.config.slurm import SlurmJob
 from orchestrator.config.units import parse_size
 
-Lifetime = Literal["no_launch", "per_run", "persistent"]
+Lifetime = Literal["no_launch", "per_run", "persistent", "per_job"]
 HostKeyPolicy = Literal["strict", "accept-new", "off"]
 PullPolicy = Literal["missing", "always", "never"]
 Distribute = Literal["auto", "peers", "registry"]
@@ -496,7 +496,8 @@ class SSHDConfig(Model):
         ge=1,
         le=65535,
         description="Port the in-container sshd listens on (differ per cluster on shared hosts "
-        "with `network: host`)",
+        "with `network: host`); unset inside a Slurm job (per_run, per_job): one per job, "
+        "20000 + job ID mod 10000",
     )
     enabled: Literal["auto", True, False] = Field(
         default="auto",
@@ -577,7 +578,8 @@ class ContainerConfig(Model):
     lifetime: Lifetime = Field(
         default="per_run",
         description="What `up` and `down` do: no_launch (use running containers only), per_run "
-        "(fresh each run, removed after), persistent (kept between runs)",
+        "(fresh each run, removed after), persistent (kept between runs), per_job (inside a Slurm "
+        "job: kept across invocations, removed when the job ends)",
     )
     pull: PullPolicy = Field(
         default="missing",

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from orchestrator.config.documents import ConfigError
 from orchestrator.config.hostlist import HostlistError, expand_hostlist, split_patterns
-from orchestrator.errors import Phrase, Text
+from orchestrator.errors import ExitCode, Phrase, Text
 
 # SLURM_NODELIST is the older name; both are set inside allocations today.
 NODELIST_VARIABLES = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
@@ -42,6 +42,17 @@ _GRES_RE = re.compile(r"gpu(?::[^:(,]+)?:(\d+)(?:\(IDX:([^)]*)\))?")
 
 class SlurmError(ConfigError):
     """Slurm cannot tell us the allocation (exit 2, nothing started)."""
+
+
+class SlurmOutsideJob(SlurmError):
+    """Hosts come from Slurm, but this process is not in a job (exit 2)."""
+
+
+class SlurmUnanswered(SlurmError):
+    """slurmctld did not answer within the bound: not a usage error but a
+    controller out of reach (exit 3, as for a host), nothing started."""
+
+    exit_code = ExitCode.UNREACHABLE
 
 
 @dataclass(frozen=True)
@@ -78,6 +89,19 @@ class JobFacts:
 
 
 # ---------------------------------------------------------------- pure parts
+
+# The in-container sshd's port inside a job when the file fixes none: one per
+# job, so two jobs packed onto the same nodes (host network) do not both want
+# 2224. Below Linux's ephemeral range (32768-60999): no outgoing connection
+# holds it by chance.
+JOB_PORT_BASE = 20000
+JOB_PORT_SPAN = 10000
+
+
+def job_sshd_port(job_id: str) -> int:
+    """20000 + job ID mod 10000: jobs whose IDs differ by less than 10000 (any
+    two running at once on a node, in practice) get different ports."""
+    return JOB_PORT_BASE + int(job_id) % JOB_PORT_SPAN
 
 
 def slurm_nodelist(env: Mapping[str, str]) -> tuple[str, str] | None:
@@ -186,7 +210,7 @@ def slurm_hosts(env: Mapping[str, str], *, where: Text) -> list[str]:
 
 
 def _outside_job(where: Text) -> SlurmError:
-    return SlurmError(
+    return SlurmOutsideJob(
         Phrase(
             where,
             ": hosts come from Slurm, but SLURM_JOB_ID is not set: run cvs inside an "
@@ -256,7 +280,7 @@ def _ask(run: Run, argv: list[str], where: Text, timeout: float) -> str:
             )
         ) from None
     except subprocess.TimeoutExpired:
-        raise SlurmError(
+        raise SlurmUnanswered(
             Phrase(
                 where,
                 f": slurmctld did not answer `{shown}` within {timeout:.0f}s; check "
@@ -269,26 +293,67 @@ def _ask(run: Run, argv: list[str], where: Text, timeout: float) -> str:
     return out
 
 
+# States in which a job still holds its nodes: its containers are its own.
+LIVE_STATES = frozenset(
+    {"RUNNING", "PENDING", "SUSPENDED", "COMPLETING", "CONFIGURING", "RESIZING", "REQUEUED",
+     "STOPPED", "SIGNALING", "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
+)  # fmt: skip
+# What job_state says of a job slurmctld no longer knows (ended, then purged).
+GONE = "GONE"
+
+
+def job_state(
+    job_id: str, *, run: Run = run_scontrol, timeout: float = SCONTROL_TIMEOUT
+) -> tuple[str | None, str]:
+    """(state, why) of any job, asked of slurmctld: its JobState, GONE when
+    slurmctld no longer knows it, or None with why it could not be asked."""
+    if not JOB_ID_RE.fullmatch(job_id):
+        return None, f"{job_id!r} is not a job ID"
+    try:
+        code, out, err = run(["scontrol", "show", "job", "-o", job_id], timeout)
+    except FileNotFoundError:
+        return None, "scontrol is not installed on this machine"
+    except subprocess.TimeoutExpired:
+        return None, f"slurmctld did not answer within {timeout:.0f}s"
+    if code != 0:
+        if "invalid job id" in err.lower():
+            return GONE, ""
+        first = next((line for line in err.splitlines() if line.strip()), f"exit {code}")
+        return None, f"scontrol: {first.strip()[:200]}"
+    state = parse_job(out).state
+    return (state, "") if state else (None, "scontrol printed no JobState")
+
+
 def query_job(
     env: Mapping[str, str],
     *,
     where: Text,
     run: Run = run_scontrol,
     timeout: float = SCONTROL_TIMEOUT,
+    over_ok: bool = False,
 ) -> SlurmJob:
-    """The running job this process is in, asked of Slurm (SlurmError otherwise)."""
+    """The running job this process is in, asked of Slurm (SlurmError otherwise).
+    `over_ok` (`cvs down`, `cvs status`): a job that is over still gives its
+    nodes, so what it left there can be seen and removed."""
     job_id = slurm_job_id(env)
     if job_id is None:
         raise _outside_job(where)
     if not JOB_ID_RE.fullmatch(job_id):
         raise SlurmError(Phrase(where, f": SLURM_JOB_ID={job_id!r} is not a job ID"))
     facts = parse_job(_ask(run, ["scontrol", "show", "job", "-d", job_id], where, timeout))
-    if facts.state != "RUNNING":
+    over = facts.state not in LIVE_STATES and bool(facts.state)
+    if facts.state != "RUNNING" and not (over_ok and over):
+        after = (
+            "; what it left on its nodes: `cvs status` and `cvs down` (they take a job that "
+            "is over)"
+            if over
+            else ""
+        )
         raise SlurmError(
             Phrase(
                 where,
                 f": job {job_id} is {facts.state or 'in an unknown state'}, not running: "
-                "run cvs inside a running allocation",
+                f"run cvs inside a running allocation{after}",
             )
         )
     if not facts.nodelist or facts.nodelist == "(null)":

@@ -47,13 +47,13 @@ def container_name(cluster: ClusterConfig) -> str:
         name = re.sub(r"[^a-zA-Z0-9_.-]+", "-", raw)[:128]
         if not CONTAINER_NAME_RE.fullmatch(name):  # cannot happen: starts with "cvs"
             raise ConfigError(f"cannot derive a container name from {raw!r}; set container.name")
-    if cluster.slurm is not None and cluster.container.lifetime == "per_run":
+    if cluster.slurm is not None and cluster.container.lifetime in ("per_run", "per_job"):
         return job_container_name(name, cluster.slurm.job_id)
     return name
 
 
 def job_container_name(name: str, job_id: str) -> str:
-    """A per_run container's name inside a Slurm job: `<name>-j<job ID>`, so two
+    """A per_run (or per_job) container's name inside a Slurm job: `<name>-j<job ID>`, so two
     jobs of one user sharing a node with the same cluster file each keep their
     own (a persistent container keeps its name: later jobs attach to it)."""
     suffix = f"-j{job_id}"

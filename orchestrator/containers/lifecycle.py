@@ -56,7 +56,7 @@ from orchestrator.containers.docker import (
     unpause_argv,
 )
 from orchestrator.containers.drift import limits_drift
-from orchestrator.containers.jobend import tie_to_job
+from orchestrator.containers.jobend import JOB_LIFETIMES, tie_to_job
 from orchestrator.containers.locks import HostLocks, Mode
 from orchestrator.containers.plan import (
     DOWN_FORCE,
@@ -656,8 +656,8 @@ class Lifecycle:
                     )
             if plan.refused:
                 raise PolicyRefused(plan.refusals)
+            await self._tie_to_slurm_job(plan, states)
             report = await self._execute(plan, states)
-            await self._tie_to_slurm_job(report, states)
             await self.locks.downgrade()
             self.locks.ready = {
                 h: states[h].runtime
@@ -703,20 +703,17 @@ class Lifecycle:
         steps = {h: a.image_step if a.launches else None for h, a in plan.actions.items()}
         return replace(plan, spread=decide_spread(self.cfg, steps, states))
 
-    async def _tie_to_slurm_job(self, report: UpReport, states: Mapping[str, HostState]) -> None:
-        """Inside a Slurm job, the per_run containers this `up` started end
-        with the job (containers/jobend.py); a persistent one never does."""
+    async def _tie_to_slurm_job(self, plan: Plan, states: Mapping[str, HostState]) -> None:
+        """Inside a Slurm job, the per_run and per_job containers this `up`
+        will start are tied to the job before any starts (containers/jobend.py):
+        TieError, nothing started, when the tie cannot be made. A persistent
+        container never goes with a job."""
         job = self.cluster.slurm
-        if job is None or self.cfg.lifetime != "per_run":
+        if job is None or self.cfg.lifetime not in JOB_LIFETIMES:
             return
-        ids = {
-            h: o.container_id
-            for h, o in report.outcomes.items()
-            if o.ok and o.container_id and o.action.launches and states[h].runtime.known
-        }
-        prefixes = {h: states[h].runtime.prefix for h in ids}
-        for warning in await tie_to_job(job, ids, prefixes):
-            self.sink.emit(Message(level="warning", text=warning))
+        nodes = [h for h, a in plan.actions.items() if a.launches and states[h].runtime.known]
+        prefixes = {h: states[h].runtime.prefix for h in nodes}
+        await tie_to_job(job, self.invocation, nodes, prefixes)
 
     async def _execute(self, plan: Plan, states: Mapping[str, HostState]) -> UpReport:
         """Act on a plan that was not refused: prepare the launching hosts,
@@ -771,7 +768,7 @@ class Lifecycle:
             # and half-started ones would only confuse the next run.
             # A `docker run` cut short may still have created its container, so
             # every launching host is cleaned (they were ours to replace anyway).
-            if self.cfg.lifetime == "per_run":
+            if self.cfg.lifetime in JOB_LIFETIMES:
                 await self._roll_back(launching, states, "interrupted")
             raise
         if keys is not None:

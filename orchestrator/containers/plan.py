@@ -8,6 +8,8 @@ table in docs/design.md:
 - no_launch: verify running everywhere; never start or remove anything.
 - per_run: start fresh everywhere; replace a same-named container only if it
   carries our label (`--force` replaces a foreign one too).
+- per_job (inside a Slurm job; the name carries the job ID): up as
+  persistent, down as per_run; the job's end removes them (jobend.py).
 - persistent: all running -> attach; none present -> cold start; present
   everywhere, stopped (exited, created) or paused on some or all hosts ->
   restart those (`docker start` / `docker unpause`: keeps the overlay, so a
@@ -1227,8 +1229,13 @@ def decide_down(
             actions[host] = HostAction(
                 "none", Phrase("persistent: kept (", DOWN_FORCE, " removes)")
             )
-        elif cfg.lifetime == "per_run" and state.labels.get(LABEL_LIFETIME) == "persistent":
-            actions[host] = HostAction("none", "labelled persistent: a per_run down keeps it")
+        elif (
+            cfg.lifetime in ("per_run", "per_job")
+            and state.labels.get(LABEL_LIFETIME) == "persistent"
+        ):
+            actions[host] = HostAction(
+                "none", f"labelled persistent: a {cfg.lifetime} down keeps it"
+            )
             kept_persistent.append(host)
         elif ours or force:
             whose = "our" if ours else FOREIGN

@@ -61,9 +61,13 @@ PROGRAMS = frozenset(
         "mpi_check",
         "slurm_holder",
         "slurm_epilog",
+<<<<<<< ours
         "spread_load",
         "spread_send",
         "spread_space",
+=======
+        "job_containers",
+>>>>>>> theirs
     }
 )
 

@@ -1,36 +1,49 @@
-# Ties per_run containers to a Slurm job. cvs starts it as one step of the
-# job on every node (`srun --overlap`, one task per node); it prints a ready
-# line and waits. When Slurm ends the step (the job completed, was
-# cancelled, hit its time limit), the SIGTERM it sends makes the holder
-# remove its node's container by ID and exit. A container already removed
-# (`cvs down`) is not an error. Never calls a Slurm command.
+# Ties the containers one cvs invocation starts inside a Slurm job to that
+# job. cvs starts it as one step of the job on every node (`srun --overlap`,
+# one task per node) BEFORE it starts any container; it prints a ready line
+# and waits. When Slurm ends the step (the job completed, was cancelled, hit
+# its time limit), the SIGTERM it sends makes the holder remove its node's
+# containers labelled with this job and this invocation, by ID. It sweeps
+# again every second until Slurm's SIGKILL (KillWait later) or ten sweeps: a
+# `docker run` of an `up` cut short by the same scancel may still be creating
+# one. Nothing to remove is not an error. Never calls a Slurm command.
 #
-#   slurm_holder.sh NODE=ID... -- RUNTIME...
-#     NODE=ID   the container this node holds ($SLURMD_NODENAME picks it)
-#     RUNTIME   the runtime's argv prefix on the nodes (docker, sudo -n podman)
+#   slurm_holder.sh JOB INVOCATION -- RUNTIME...
+#     JOB         the job's ID (label io.cvs.slurm-job)
+#     INVOCATION  the invocation's ID (label io.cvs.invocation)
+#     RUNTIME     the runtime's argv prefix on the nodes (docker, sudo -n podman)
 me=${SLURMD_NODENAME:-}
-id=
-while [ $# -gt 0 ] && [ "$1" != -- ]; do
-  case $1 in "$me="*) id=${1#"$me="} ;; esac
-  shift
-done
-[ $# -gt 0 ] && shift
-if [ -z "$me" ] || [ -z "$id" ] || [ $# -eq 0 ]; then
-  echo "cvs-holder: no container for node '$me'" >&2
+job=${1:-}
+inv=${2:-}
+case $job in '' | *[!0-9]*) echo "cvs-holder: bad job ID" >&2; exit 2 ;; esac
+case $inv in '' | *[!0-9a-f]*) echo "cvs-holder: bad invocation ID" >&2; exit 2 ;; esac
+shift 2
+[ "${1:-}" = -- ] && shift
+if [ $# -eq 0 ]; then
+  echo "cvs-holder: no runtime" >&2
   exit 2
 fi
-case $id in *[!0-9a-f]*) echo "cvs-holder: bad container ID" >&2; exit 2 ;; esac
-release() {
-  "$@" rm -f -v "$id" >/dev/null 2>&1
-  echo "removed $me $id"
-  exit 0
+sweep() {
+  ids=$("$@" ps -aq --no-trunc --filter "label=io.cvs.slurm-job=$job" \
+    --filter "label=io.cvs.invocation=$inv" 2>/dev/null) || return 0
+  for id in $ids; do
+    case $id in *[!0-9a-f]*) continue ;; esac
+    "$@" rm -f -v "$id" >/dev/null 2>&1 && echo "removed $me $id"
+  done
+  return 0
 }
+ended=0
 # "$@" is the runtime's argv from here on (never shifted again).
-trap 'release "$@"' TERM INT HUP
-echo "ready $me $id"
-# A short sleep in the foreground: the trap runs within a second of the
-# signal, and no background sleep is left behind (one killed while it is
-# still between fork and exec would miss the signal).
+trap 'ended=1' TERM INT HUP
+echo "ready $me $job $inv"
+# A short sleep in the foreground: the trap is seen within a second of the
+# signal, and no background sleep is left behind.
+n=0
 while :; do
+  if [ "$ended" = 1 ]; then
+    sweep "$@"
+    n=$((n + 1))
+    [ "$n" -ge 10 ] && exit 0
+  fi
   sleep 1
 done

@@ -1,0 +1,230 @@
+"""Slurm jobs as people run them (issue 42), on the sandbox's real Slurm:
+containers tied to their job before `up` says ready, `lifetime: per_job`,
+an sshd port per job."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from sandboxtools import cluster_variant
+from test_slurm_sandbox import (
+    CVS,
+    JOB_LABEL,
+    containers,
+    in_job,
+    job_containers,
+    job_state,
+    sbatch,
+    slurm,
+    wait_until,
+)
+
+from orchestrator.config.slurm import job_sshd_port
+from orchestrator.sandbox import Sandbox
+from orchestrator.sandbox.procs import cmdline, pids_mentioning
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "slurm.md"
+NONE = {"node1": 0, "node2": 0}
+
+
+def variant(sb: Sandbox, directory: Path, **container: Any) -> Path:
+    """The sandbox's file (node names, device roots) with container keys changed."""
+    doc = yaml.safe_load(sb.cluster_file.read_text())
+    return cluster_variant(sb, directory, container={**doc["container"], **container})
+
+
+def test_scancel_while_up_is_cold_starting_leaves_no_container(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    # A setup script that takes its time: `up` is still provisioning when
+    # the job is cancelled, the containers already run on every node.
+    slow = tmp_path / "slow.sh"
+    slow.write_text("sleep 300\n")
+    cluster = variant(slurm_sandbox, tmp_path / "c", name="cvs-cold", setup_script=str(slow))
+    job = sbatch(slurm_sandbox, tmp_path, f"$CVS -c {cluster} --hosts-from slurm up")
+    wait_until(
+        lambda: (
+            job_containers(slurm_sandbox, job) == {"node1": 1, "node2": 1}
+            or job_state(slurm_sandbox, job) not in ("PENDING", "RUNNING")
+        ),
+        240,
+        f"job {job}'s containers",
+    )
+    assert job_containers(slurm_sandbox, job) == {"node1": 1, "node2": 1}, (
+        tmp_path / "job.out"
+    ).read_text()
+    assert slurm(slurm_sandbox, "scancel", job).returncode == 0
+    took = wait_until(lambda: job_containers(slurm_sandbox, job) == NONE, 60, "removal")
+    print(f"cold-starting containers gone {took:.1f}s after scancel")
+    time.sleep(5)  # past KillWait: nothing came back (a `docker run` cut short)
+    assert job_containers(slurm_sandbox, job) == NONE
+    assert took < 30
+
+
+def test_a_holder_step_that_cannot_start_fails_up_and_starts_nothing(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    # node2's slurmd stopped: slurmctld grants the step, node2 never runs its task.
+    cluster = variant(slurm_sandbox, tmp_path / "c", name="cvs-untied")
+    slurmd = slurm_sandbox.slurm_pids["slurmd:node2"]
+    script = f"kill -STOP {slurmd}\n$CVS -c {cluster} --hosts-from slurm up\nrc=$?\n"
+    script += f"kill -CONT {slurmd}\nexit $rc"
+    try:
+        proc = in_job(slurm_sandbox, script, "-N2", timeout=300)
+    finally:
+        os.kill(slurmd, signal.SIGCONT)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "node2: cannot tie containers to Slurm job" in proc.stderr
+    assert "nothing was started" in proc.stderr
+    for node in ("node1", "node2"):
+        assert containers(slurm_sandbox, node, "name=cvs-untied") == []
+
+
+def docs_example() -> tuple[dict[str, Any], str]:
+    """docs/slurm.md's first cluster file and the cvs line of the block after it."""
+    text = DOCS.read_text()
+    blocks = re.findall(r"```(yaml|sh)\n(.*?)```", text, re.S)
+    (i, (_, first)) = next((i, b) for i, b in enumerate(blocks) if b[0] == "yaml")
+    line = next(x for x in blocks[i + 1][1].splitlines() if x.startswith("cvs "))
+    return yaml.safe_load(first), line
+
+
+def test_the_docs_install_then_test_example_keeps_per_job_containers_until_scancel(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    doc, line = docs_example()
+    assert doc["container"]["lifetime"] == "per_job" and doc["hosts"] == {"from": "slurm"}
+    # The example's file, with the sandbox's image and ssh settings.
+    cluster = variant(slurm_sandbox, tmp_path / "c", name="cvs-pj", lifetime="per_job")
+    body = yaml.safe_load(cluster.read_text())
+    cluster.write_text(yaml.safe_dump({**body, "hosts": doc["hosts"]}, sort_keys=False))
+    flag = tmp_path / "ran"
+    script = f"cd {tmp_path}\n{line.replace('cvs ', '$CVS ')}\necho rc=$? > {flag}\nsleep 600"
+    job = sbatch(slurm_sandbox, tmp_path, script.replace("cluster.yaml", str(cluster)))
+    wait_until(flag.exists, 300, f"job {job}'s two runs")
+    out = (tmp_path / "job.out").read_text()
+    assert flag.read_text() == "rc=0\n", out
+    # Between and after the runs the same container stayed on each node.
+    assert job_containers(slurm_sandbox, job) == {"node1": 1, "node2": 1}, out
+    (info,) = containers(slurm_sandbox, "node1", f"label={JOB_LABEL}={job}")
+    assert info["Config"]["Labels"]["io.cvs.lifetime"] == "per_job"
+    assert info["Name"] == f"/cvs-pj-j{job}"
+    assert slurm(slurm_sandbox, "scancel", job).returncode == 0
+    took = wait_until(lambda: job_containers(slurm_sandbox, job) == NONE, 60, "removal")
+    print(f"per_job containers gone {took:.1f}s after scancel")
+    assert took < 30
+
+
+def test_two_jobs_on_the_same_nodes_with_one_file_each_get_their_own_sshd_port(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    cluster = variant(slurm_sandbox, tmp_path / "c", name="cvs-ports")
+    procs: list[subprocess.Popen[str]] = []
+    script = (
+        f"$CVS -c {cluster} --hosts-from slurm up > /dev/null || exit 1\n"
+        'echo "job=$SLURM_JOB_ID" > {out}/ready-{n}\n'
+        f"$CVS -c {cluster} --hosts-from slurm exec --hosts head -- "
+        "sh -c 'ssh node2 echo reached-node2 && grep Port ~/.ssh/config' > {out}/ssh-{n}\n"
+        "rc=$?\n"
+        f"while [ ! -e {tmp_path}/release ]; do sleep 0.2; done\n"
+        f"$CVS -c {cluster} --hosts-from slurm down > /dev/null; exit $rc"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CVS_"))}
+    env.update(slurm_sandbox.slurm_env())
+    try:
+        for n in ("a", "b"):
+            text = script.replace("{out}", str(tmp_path)).replace("{n}", n)
+            argv = ["salloc", "-N2", "sh", "-c", f"CVS={shlex.quote(CVS)}\n{text}"]
+            pipe = subprocess.PIPE
+            procs.append(subprocess.Popen(argv, env=env, text=True, stdout=pipe, stderr=pipe))
+            deadline = time.monotonic() + 240
+            while not (tmp_path / f"ready-{n}").exists():
+                assert procs[-1].poll() is None, procs[-1].communicate()
+                assert time.monotonic() < deadline, f"job {n} did not come up"
+                time.sleep(0.5)
+        running = {
+            c["Name"].lstrip("/"): c["Config"]["Labels"]["io.cvs.sshd-port"]
+            for c in containers(slurm_sandbox, "node1", "name=cvs-ports")
+        }
+    finally:
+        (tmp_path / "release").touch()
+        outs = [p.communicate(timeout=180) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    jobs = {n: (tmp_path / f"ready-{n}").read_text().strip().split("=")[1] for n in ("a", "b")}
+    ports = {n: job_sshd_port(jobs[n]) for n in ("a", "b")}
+    assert ports["a"] != ports["b"]
+    # Both jobs' containers run side by side on node1, each with its job's port...
+    assert running == {f"cvs-ports-j{jobs[n]}": str(ports[n]) for n in ("a", "b")}
+    for n in ("a", "b"):
+        said = (tmp_path / f"ssh-{n}").read_text()
+        # ...and each head's ssh reaches its own job's node2 through its config.
+        assert "reached-node2" in said, said
+        assert f"Port {ports[n]}" in said, said
+    assert containers(slurm_sandbox, "node1", "name=cvs-ports") == []
+
+
+def left_behind(sb: Sandbox, tmp_path: Path, name: str) -> tuple[Path, str]:
+    """A job whose holder was SIGKILLed (as a failed node's would be) and no
+    epilog: its containers outlive it, under their job's name. (file, job)"""
+    cluster = variant(sb, tmp_path / "c", name=name)
+    ready, killed = tmp_path / "ready", tmp_path / "killed"
+    script = (
+        f"$CVS -c {cluster} --hosts-from slurm up > /dev/null || exit 1\n"
+        f'echo "$SLURM_JOB_ID" > {ready}\n'
+        f"while [ ! -e {killed} ]; do sleep 0.2; done"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CVS_"))}
+    env.update(sb.slurm_env())
+    argv = ["salloc", "-N2", "sh", "-c", f"CVS={shlex.quote(CVS)}\n{script}"]
+    pipe = subprocess.PIPE
+    proc = subprocess.Popen(argv, env=env, text=True, stdout=pipe, stderr=pipe)
+    try:
+        wait_until(lambda: ready.exists() or proc.poll() is not None, 240, "the job's up")
+        assert ready.exists(), proc.communicate()
+        job = ready.read_text().strip()
+        holders = [p for p in pids_mentioning("cvs-slurm_holder") if job in cmdline(p)]
+        assert holders
+        for pid in holders:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        killed.touch()
+        proc.communicate(timeout=120)
+    wait_until(lambda: job_state(sb, job) not in ("RUNNING", "COMPLETING"), 60, "the job's end")
+    assert job_containers(sb, job) == {"node1": 1, "node2": 1}
+    return cluster, job
+
+
+def test_outside_a_job_status_shows_and_down_removes_containers_whose_job_is_over(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    cluster, job = left_behind(slurm_sandbox, tmp_path, "cvs-left")
+    outside = [*CVS.split(" "), "-c", str(cluster)]
+    status = slurm(slurm_sandbox, *outside, "status", timeout=120)
+    name = f"cvs-left-j{job}"
+    for node in ("node1", "node2"):
+        assert f"{node}: {name} (running): job {job} is over" in status.stdout, status
+    down = slurm(slurm_sandbox, *outside, "down", timeout=120)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert f"node1: job container {name} (running): job {job} is over" in down.stdout
+    assert job_containers(slurm_sandbox, job) == NONE
+
+
+def test_hosts_from_slurm_down_after_the_job_is_over_removes_what_it_left(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    cluster, job = left_behind(slurm_sandbox, tmp_path, "cvs-over")
+    env = {"SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": "node[1-2]"}
+    argv = [*CVS.split(" "), "-c", str(cluster), "--hosts-from", "slurm"]
+    refused = slurm(slurm_sandbox, *argv, "exec", "--", "true", env=env, timeout=120)
+    assert refused.returncode == 2 and "`cvs status` and `cvs down`" in refused.stderr
+    down = slurm(slurm_sandbox, *argv, "down", env=env, timeout=120)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert job_containers(slurm_sandbox, job) == NONE

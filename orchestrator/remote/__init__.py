@@ -61,13 +61,10 @@ PROGRAMS = frozenset(
         "mpi_check",
         "slurm_holder",
         "slurm_epilog",
-<<<<<<< ours
         "spread_load",
         "spread_send",
         "spread_space",
-=======
         "job_containers",
->>>>>>> theirs
     }
 )
 

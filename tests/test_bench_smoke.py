@@ -18,6 +18,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+# Real sshds on the loopback (root): an integration test, with the sandbox's.
+@pytest.mark.sandbox
 @pytest.mark.skipif(os.geteuid() != 0, reason="the loopback farm starts sshd (root)")
 @pytest.mark.skipif(importlib.util.find_spec("pssh") is None, reason="parallel-ssh not installed")
 def test_fanout_benchmark_smoke_reports_both_clients_on_every_host() -> None:

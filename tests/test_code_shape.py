@@ -6,6 +6,7 @@ than 4 deep: a newcomer reads one screen at a time (docs/design.md). An
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "orchestrator"
@@ -34,10 +35,17 @@ def depth(node: ast.AST, level: int = 0) -> int:
     return deepest
 
 
+@cache
+def modules() -> tuple[tuple[Path, ast.Module], ...]:
+    """Every module of the package, parsed once for all the checks here."""
+    return tuple((path, ast.parse(path.read_text())) for path in sorted(PACKAGE.rglob("*.py")))
+
+
+@cache
 def functions() -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
     found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+    for path, tree in modules():
+        for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 found.append((f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}", node))
     return found
@@ -53,7 +61,8 @@ def test_no_function_is_over_80_lines() -> None:
 
 
 def test_no_function_nests_its_blocks_more_than_4_deep() -> None:
-    deep = {where: depth(node) for where, node in functions() if depth(node) > MAX_DEPTH}
+    depths = {where: depth(node) for where, node in functions()}
+    deep = {where: d for where, d in depths.items() if d > MAX_DEPTH}
     assert not deep, f"functions nesting more than {MAX_DEPTH} deep: {deep}"
 
 
@@ -98,8 +107,8 @@ def composed_getattrs(tree: ast.AST) -> list[int]:
 def test_no_getattr_dispatches_on_a_composed_name() -> None:
     found = {
         f"{path.relative_to(PACKAGE)}:{line}"
-        for path in sorted(PACKAGE.rglob("*.py"))
-        for line in composed_getattrs(ast.parse(path.read_text()))
+        for path, tree in modules()
+        for line in composed_getattrs(tree)
     }
     assert not found, f"getattr on a name built from a string (use a table or a match): {found}"
 

@@ -123,7 +123,13 @@ def test_validate_warns_that_workers_above_the_cores_are_clamped(
 
 # -- through real sshds ---------------------------------------------------------------
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the loopback farm starts sshd (root)")
+_root = pytest.mark.skipif(os.geteuid() != 0, reason="the loopback farm starts sshd (root)")
+
+
+def needs_root(test: Callable[..., None]) -> Callable[..., None]:
+    """A test on the loopback farm's real sshds (root): an integration test,
+    run with the sandbox's (`-m sandbox`), not in the fast subset."""
+    return pytest.mark.sandbox(_root(test))
 
 
 @pytest.fixture(scope="module")

@@ -80,7 +80,7 @@ def test_the_barrier_refuses_a_tag_that_differs_after_the_pull_and_says_what_cha
         lambda host, text: (0, f'[{{"Id": "{OTHER_ID if host == "h3" else IMAGE_ID}"}}]', ""),
     )
     with pytest.raises(PolicyRefused) as refused:
-        up(lifecycle(hosts))
+        up(lifecycle(hosts, distribute="registry"))  # every host pulls (no spread)
     (refusal,) = refused.value.refusals
     assert refusal.kind == "tag_identity" and "different images" in refusal.reason
     # What the pull did is said, as data and in the message: not "nothing changed".
@@ -146,7 +146,7 @@ def test_a_pull_failing_on_one_host_reports_no_host_ready_and_starts_nothing() -
     hosts = started_hosts(image_id=None)  # not on any host: each pulls first
     hosts.answer("pull", lambda host, text: (1, "", "manifest unknown") if host == "h2" else None)
     hosts.answer("image", lambda host, text: (0, f'[{{"Id": "{IMAGE_ID}"}}]', ""))
-    report = up(lifecycle(hosts, "persistent"))
+    report = up(lifecycle(hosts, "persistent", distribute="registry"))  # every host pulls
     assert "run" not in hosts.labels()
     assert report.ready == []
     for host in ("h1", "h3"):

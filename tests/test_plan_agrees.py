@@ -169,6 +169,9 @@ def assert_up_agrees(plan: Plan, up: PolicyRefused | UpReport) -> None:
 
 
 def cfg(lifetime: str = "per_run", **kw: Any) -> ContainerConfig:
+    # Every host pulls for itself: the spread's streams are not scripted here
+    # (tests/test_spread_sandbox.py runs them on the sandbox).
+    kw.setdefault("distribute", "registry")
     return ContainerConfig(image="img:1", name="ctr", lifetime=lifetime, **kw)
 
 

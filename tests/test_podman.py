@@ -523,7 +523,7 @@ def test_podman_loads_image_tar_where_the_tag_is_missing(lab: Lab) -> None:
         podman(lab.sb, "node1", "rmi", tag)
         path = lab.cluster(lifetime="per_run", hosts=["node1", "node2"], image=tag)
         doc = yaml.safe_load(path.read_text())
-        doc["container"].update(image_tar=str(tar), pull="never")
+        doc["container"].update(image_tar=str(tar), pull="never", distribute="registry")
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
         rc, report = cvs_json(path, "up")
@@ -599,7 +599,9 @@ def test_podman_cold_start_logs_in_and_pulls_on_hosts_lacking_the_image(
 ) -> None:
     lab, (reg, ref) = registry_lab, podman_registry
     credentials = {"username": reg.username, "password_file": str(reg.password_file)}
-    path = lab.cluster(lifetime="persistent", hosts=TWO, image=ref, registry=credentials)
+    path = lab.cluster(
+        lifetime="persistent", hosts=TWO, image=ref, registry=credentials, distribute="registry"
+    )  # every host pulls (the spread: tests/test_spread_podman.py)
 
     up = cvs(path, "--json", "up")
 
@@ -629,7 +631,12 @@ def test_podman_pull_always_replaces_a_stale_local_tag_before_the_cold_start(
         lab.sb.import_skewed_image(host, ref)
     credentials = {"username": reg.username, "password_file": str(reg.password_file)}
     path = lab.cluster(
-        lifetime="persistent", hosts=TWO, image=ref, registry=credentials, pull="always"
+        lifetime="persistent",
+        hosts=TWO,
+        image=ref,
+        registry=credentials,
+        pull="always",
+        distribute="registry",  # every host pulls
     )
 
     rc, report = cvs_json(path, "up")

@@ -62,7 +62,9 @@ def test_cold_start_logs_in_and_pulls_on_hosts_lacking_the_image(
 ) -> None:
     reg, ref = registry
     credentials = {"username": reg.username, "password_file": str(reg.password_file)}
-    path = lab.cluster(lifetime="persistent", hosts=TWO, image=ref, registry=credentials)
+    path = lab.cluster(
+        lifetime="persistent", hosts=TWO, image=ref, registry=credentials, distribute="registry"
+    )  # every host pulls (the spread: tests/test_spread_sandbox.py)
     up = cvs(path, "--json", "up")
     assert up.returncode == 0, explain(up)
     hosts = report(up)["hosts"]
@@ -106,7 +108,9 @@ def image_tar(sandbox: Sandbox) -> Iterator[tuple[str, Path]]:
 def test_image_tar_is_loaded_on_hosts_lacking_it(lab: Lab, image_tar: tuple[str, Path]) -> None:
     tag, tar = image_tar
     lab.tags.append(tag)
-    path = lab.cluster(lifetime="persistent", hosts=TWO, image=tag, image_tar=str(tar))
+    path = lab.cluster(
+        lifetime="persistent", hosts=TWO, image=tag, image_tar=str(tar), distribute="registry"
+    )  # every host loads it
     up = cvs(path, "--json", "up")
     assert up.returncode == 0, explain(up)
     for host, entry in report(up)["hosts"].items():  # type: ignore[union-attr]

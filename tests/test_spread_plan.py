@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from orchestrator.config import ContainerConfig
-from orchestrator.containers.probe import HostState
 from orchestrator.containers.spread_plan import (
     decide_spread,
     fan_out_degree,
@@ -17,23 +16,9 @@ from orchestrator.containers.spread_plan import (
     tree,
 )
 
-IMAGE_ID = "sha256:" + "a" * 64
-
 
 def cfg(**kw: Any) -> ContainerConfig:
     return ContainerConfig(image="reg.example:5000/cvs:1", **kw)
-
-
-def states(have: tuple[str, ...], hosts: list[str]) -> dict[str, HostState]:
-    return {
-        h: HostState(
-            host=h,
-            access="direct",
-            container="absent",
-            tag_image_id=IMAGE_ID if h in have else None,
-        )
-        for h in hosts
-    }
 
 
 def hosts(n: int) -> list[str]:
@@ -51,9 +36,10 @@ def hosts(n: int) -> list[str]:
         ("auto", 0, 3, "registry", None, 0, "no host lacks the image"),
         # registry: every host pulls, whatever N.
         ("registry", 4, 4, "registry", None, 4, "container.distribute: registry"),
-        # peers with one host lacking it and another having it: fed, no fetch.
-        ("peers", 1, 2, "peers", "node2", 0, "container.distribute: peers"),
-        # auto with one lacking and one having: one host lacking it pulls itself.
+        ("peers", 3, 3, "peers", "node1", 1, "container.distribute: peers"),
+        # One host lacking it pulls itself, even where another has the tag
+        # (it must end with what the registry names): nothing to spread.
+        ("peers", 1, 2, "registry", None, 1, "only one host lacks the image"),
         ("auto", 1, 2, "registry", None, 1, "only one host lacks the image"),
     ],
 )
@@ -62,31 +48,23 @@ def test_mode_seed_and_fetches(
 ) -> None:
     names = hosts(n)
     steps = {h: ("pull" if i < lacking else None) for i, h in enumerate(names)}
-    have = tuple(h for h, s in steps.items() if s is None)
-    plan = decide_spread(cfg(distribute=distribute), steps, states(have, names))
+    plan = decide_spread(cfg(distribute=distribute), steps)
     assert (plan.mode, plan.seed, plan.registry_fetches, plan.why) == (mode, seed, fetches, why)
 
 
-def test_a_host_with_the_tag_seeds_without_any_fetch() -> None:
-    names = hosts(4)
+def test_the_seed_pulls_even_where_another_host_has_the_tag() -> None:
+    # node1 has the tag (pull: missing): node2 pulls, node3 and node4 are fed
+    # from it; node1's own tag is left to the skew check.
     steps = {"node1": None, "node2": "pull", "node3": "pull", "node4": "pull"}
-    plan = decide_spread(cfg(), steps, states(("node1",), names))
-    assert plan.seed == "node1" and not plan.seed_fetches and plan.registry_fetches == 0
-    assert plan.receivers == ("node2", "node3", "node4")
-    assert plan.registry_fetches_without == 3
-
-
-def test_pull_always_seeds_from_one_pull_not_from_a_host_with_the_stale_tag() -> None:
-    names = hosts(3)
-    steps = {h: "pull" for h in names}
-    plan = decide_spread(cfg(pull="always"), steps, states(("node1",), names))
-    assert plan.seed == "node1" and plan.seed_fetches and plan.registry_fetches == 1
+    plan = decide_spread(cfg(), steps)
+    assert plan.seed == "node2" and plan.registry_fetches == 1
+    assert plan.receivers == ("node3", "node4") and plan.registry_fetches_without == 3
 
 
 def test_image_tar_seed_loads_and_says_so() -> None:
     names = hosts(3)
-    plan = decide_spread(cfg(image_tar="/x.tar"), dict.fromkeys(names, "load"), states((), names))
-    assert plan.source == "image_tar" and plan.seed_fetches
+    plan = decide_spread(cfg(image_tar="/x.tar"), dict.fromkeys(names, "load"))
+    assert plan.source == "image_tar"
     assert plan.lines()[0].startswith("image: peers (3 hosts lack it): node1 loads image_tar")
 
 
@@ -126,7 +104,7 @@ def test_space_short_hosts_are_named_unknown_ones_are_not() -> None:
 
 def test_refeed_spreads_the_failed_over_hosts_that_have_it_never_a_dead_one() -> None:
     names = hosts(5)
-    plan = decide_spread(cfg(), dict.fromkeys(names, "pull"), states((), names))
+    plan = decide_spread(cfg(), dict.fromkeys(names, "pull"))
     again = refeed(plan, ["node3", "node2"], ["node4", "node5", "node2"], dead=["node2"])
     assert again == {"node1": ("node4", "node2"), "node3": ("node5",)}
     assert refeed(plan, [], ["node4"], dead=["node1"]) == {}
@@ -134,7 +112,7 @@ def test_refeed_spreads_the_failed_over_hosts_that_have_it_never_a_dead_one() ->
 
 def test_plan_lines_show_the_tree_and_the_saving() -> None:
     names = hosts(4)
-    plan = decide_spread(cfg(), dict.fromkeys(names, "pull"), states((), names))
+    plan = decide_spread(cfg(), dict.fromkeys(names, "pull"))
     assert plan.lines() == [
         "image: peers (4 hosts lack it): node1 pulls; 3 host(s) get it from a peer; "
         "fetches: 1 (registry mode: 4)",

@@ -8,6 +8,7 @@ budget), saved to a tar every host can read.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -79,16 +80,23 @@ def last_json(proc: subprocess.CompletedProcess[str]) -> dict[str, object]:
     return docs[-1]
 
 
+def _spreading(argv: list[str]) -> bool:
+    """A spread's program, its tee, or the runtime CLI's load or save."""
+    return (
+        any(a.startswith("cvs-spread_") for a in argv)
+        or argv[:2] == ["tee", "/dev/fd/3"]
+        or argv[-1:] == ["load"]
+        or "save" in argv
+    )
+
+
 def spread_processes(lab: Lab) -> list[int]:
     """Anything of a spread still running on any host (a load, a save)."""
     found: list[int] = []
     for node in lab.sandbox.nodes:
         if node.netns is None:
             continue
-        found += pids_in_netns(
-            node.netns,
-            lambda argv: any("cvs-spread_load" in a or a == "save" for a in argv),
-        )
+        found += pids_in_netns(node.netns, _spreading)
     return found
 
 
@@ -331,3 +339,42 @@ def test_sigkill_of_cvs_mid_spread_leaves_nothing_on_the_hosts(
     up = cvs(path, "up")
     assert up.returncode == 0, explain(up)
     assert set(image_ids(lab, FOUR, tag).values()) == {image_id}
+
+
+def test_a_stalled_relay_is_cut_off_within_the_bound_and_its_child_fed_again(
+    lab: Lab, image_tar: tuple[str, Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tag, tar, image_id = image_tar
+    # The stall bound is container.runtime_timeout: 10 s here.
+    path = lab.cluster(
+        lifetime="per_run", hosts=FOUR, image=tag, image_tar=str(tar), runtime_timeout=10
+    )
+    node2 = next(n for n in lab.sandbox.nodes if n.name == "node2")
+    stopped: list[int] = []
+
+    def stall_relay(host: str, chunk: bytes, offset: int) -> bytes:
+        # node2 relays to node4: once node4 has 1 MiB, node2's tee (what
+        # passes the bytes on, and feeds its own load) stops dead.
+        if host == "node4" and offset > (1 << 20) and not stopped and node2.netns:
+            for pid in pids_in_netns(node2.netns, lambda a: a[:2] == ["tee", "/dev/fd/3"]):
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+        return chunk
+
+    monkeypatch.setattr(spread_mod.Spread, "mangle", staticmethod(stall_relay))
+    sink = CollectingSink()
+    start = time.monotonic()
+    try:
+        ok = run_up(path, sink)
+    finally:
+        for pid in stopped:  # whatever cvs left of it (it should have KILLed it)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    seconds = time.monotonic() - start
+    assert stopped, "the relay's tee was not found"
+    said = " ".join(str(e.text) for e in sink.events if isinstance(e, Message))
+    assert ok, said
+    assert "its feeder node2 stalled: no byte for 10s" in said, said
+    assert set(image_ids(lab, FOUR, tag).values()) == {image_id}
+    assert seconds < 300, seconds
+    assert wait_until(lambda: spread_processes(lab) == [], 30), spread_processes(lab)

@@ -701,7 +701,7 @@ class Lifecycle:
         if plan.refused:
             return plan
         steps = {h: a.image_step if a.launches else None for h, a in plan.actions.items()}
-        return replace(plan, spread=decide_spread(self.cfg, steps, states))
+        return replace(plan, spread=decide_spread(self.cfg, steps))
 
     async def _tie_to_slurm_job(self, plan: Plan, states: Mapping[str, HostState]) -> None:
         """Inside a Slurm job, the per_run and per_job containers this `up`

@@ -395,12 +395,13 @@ async def spread_and_prepare(
     received: Received,
     forks: int | None = None,
 ) -> SpreadResult | None:
-    """The launching hosts' image steps with a spread: the seed's first
-    (when it fetches), then the spread to the receivers while the hosts that
-    need nothing prepare; a receiver the spread could not serve runs its own
-    image step (the registry or image_tar: another source), one short of
-    space fails before anything moved to it. None: the seed's fetch failed
-    and every host ran its own step."""
+    """The launching hosts' image steps with a spread: the seed's first,
+    then the spread to the receivers while the hosts that need nothing
+    prepare; a receiver the spread could not serve runs its own image step
+    (the registry or image_tar: another source), one short of space fails
+    before anything moved to it. None: the seed's fetch failed, and no other
+    host fetches (a start goes everywhere or nowhere: the caller holds them
+    back, naming the seed)."""
     for line in plan.lines():
         sink.emit(Message(level="info", text=line))
     seed = plan.seed or ""
@@ -409,14 +410,9 @@ async def spread_and_prepare(
     async def own(host: str) -> None:
         await prepare(host, None)
 
-    expected = await prepare(seed, None) if seed in launching else None
-    if expected is None and seed in launching:
-        text = f"the seed {seed} did not get the image: every host fetches its own"
-        sink.emit(Message(level="warning", text=text))
-        await fan_out([h for h in launching if h != seed], own, limit=forks)
-        return None
+    expected = await prepare(seed, None)
     if expected is None:
-        expected = await Spread(pool, sink, cfg, runtimes, plan).image_id(seed)
+        return None
     result = SpreadResult()
     async with anyio.create_task_group() as tg:
         if rest:
@@ -425,14 +421,11 @@ async def spread_and_prepare(
                 await fan_out(rest, own, limit=forks)
 
             tg.start_soon(others)
-        if expected is None:
-            result.failed = dict.fromkeys(plan.receivers, f"the seed {seed} lost the image")
-        else:
-            start = time.monotonic()
-            size = await image_size(pool, cfg, seed, runtimes[seed])
-            result = await Spread(pool, sink, cfg, runtimes, plan).run(expected, size)
-            for host in result.got:
-                received(host, plan.parent(host) or seed, time.monotonic() - start)
+        start = time.monotonic()
+        size = await image_size(pool, cfg, seed, runtimes[seed])
+        result = await Spread(pool, sink, cfg, runtimes, plan).run(expected, size)
+        for host in result.got:
+            received(host, plan.parent(host) or seed, time.monotonic() - start)
     for host, why in result.short.items():
         fail(host, f"not enough space, nothing moved: {why}")
     for host, why in result.failed.items():

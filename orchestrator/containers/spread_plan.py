@@ -1,12 +1,12 @@
 """PURE: how the image reaches the hosts that lack it (`container.distribute`).
 
-    spread = decide_spread(cfg, image_steps, states)
+    spread = decide_spread(cfg, image_steps)
 
 `registry`: every host lacking the image runs its own image step (a pull,
 or a load of `image_tar`), as before: the registry (or the shared
 filesystem) serves N x S bytes. `peers`: one host gets the image once (the
-seed: a host that already has the tag, else the first host lacking it,
-which pulls or loads), and every other one gets it from a host that has it,
+seed: the first host lacking it, which pulls or loads as it would alone),
+and every other one lacking it gets it from a host that has it,
 pipelined: each receiver loads the bytes while passing them on to the hosts
 it feeds (containers/spread.py moves them). `auto`: peers when two or more
 hosts lack the image, else registry.
@@ -32,7 +32,6 @@ from types import MappingProxyType
 from typing import Literal
 
 from orchestrator.config import ContainerConfig
-from orchestrator.containers.probe import HostState
 
 Mode = Literal["peers", "registry"]
 ImageStep = Literal["pull", "load"] | None
@@ -46,10 +45,8 @@ SPACE_FACTOR = 2.0
 class SpreadPlan:
     mode: Mode
     why: str  # one line: why this mode
-    # The host that fetches (pull / load of image_tar) or already has the image;
-    # None in registry mode.
+    # The host that fetches (pull / load of image_tar) first; None in registry mode.
     seed: str | None = None
-    seed_fetches: bool = False  # the seed runs its image step first (else it has the tag)
     # Who feeds whom: feeder -> the hosts it passes the bytes to, in order.
     feeds: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
     receivers: tuple[str, ...] = ()  # the hosts that get the image from a peer
@@ -57,7 +54,7 @@ class SpreadPlan:
     registry_fetches: int = 0
     # What every host would have fetched with `registry`: the saving, for the plan.
     registry_fetches_without: int = 0
-    source: Literal["registry", "image_tar", "host"] = "registry"
+    source: Literal["registry", "image_tar"] = "registry"
 
     @property
     def peers(self) -> bool:
@@ -75,7 +72,6 @@ class SpreadPlan:
             "mode": self.mode,
             "why": self.why,
             "seed": self.seed,
-            "seed_fetches": self.seed_fetches,
             "source": self.source,
             "feeds": {f: list(c) for f, c in self.feeds.items()},
             "registry_fetches": self.registry_fetches,
@@ -86,8 +82,7 @@ class SpreadPlan:
         """What `cvs plan` prints (and `up` says before it moves a byte)."""
         if not self.peers:
             return [f"image: {self.mode} ({self.why}); fetches: {self.registry_fetches}"]
-        where = {"registry": "pulls", "image_tar": "loads image_tar", "host": "has the image"}
-        seed = f"{self.seed} {where[self.source] if self.seed_fetches else where['host']}"
+        seed = f"{self.seed} {'pulls' if self.source == 'registry' else 'loads image_tar'}"
         out = [
             f"image: peers ({self.why}): {seed}; {len(self.receivers)} host(s) get it from a "
             f"peer; fetches: {self.registry_fetches} (registry mode: "
@@ -113,51 +108,34 @@ def tree(seed: str, receivers: Sequence[str], k: int | None = None) -> dict[str,
     return {f: tuple(c) for f, c in feeds.items()}
 
 
-def decide_spread(
-    cfg: ContainerConfig,
-    image_steps: Mapping[str, ImageStep],
-    states: Mapping[str, HostState],
-) -> SpreadPlan:
+def decide_spread(cfg: ContainerConfig, image_steps: Mapping[str, ImageStep]) -> SpreadPlan:
     """The spread for the launching hosts (`image_steps`: host -> its plan's
     image step, in host order; None where the tag is there already)."""
     needing = [h for h, step in image_steps.items() if step is not None]
-    source: Literal["registry", "image_tar", "host"] = (
+    source: Literal["registry", "image_tar"] = (
         "image_tar" if cfg.image_tar is not None and cfg.pull != "always" else "registry"
     )
     every = len(needing)
     if cfg.distribute == "registry":
         why = "container.distribute: registry"
         return SpreadPlan("registry", why, registry_fetches=every, source=source)
-    # A host with the tag already can seed without any fetch, unless the tag
-    # must be fetched again (pull: always).
-    having = [
-        h
-        for h, s in states.items()
-        if h not in needing
-        and s.known
-        and s.tag_image_id is not None
-        and cfg.pull != "always"
-        and h in image_steps
-    ]
-    receivers_if_seeded = len(needing) if having else len(needing) - 1
-    if receivers_if_seeded < 1 or (cfg.distribute == "auto" and every < 2):
+    # The seed always fetches, even where another host has the tag already:
+    # the receivers must end with the image the registry (or image_tar) names,
+    # and a host's older tag stays subject to the skew check (the barrier).
+    if every < 2:
         why = "no host lacks the image" if every == 0 else "only one host lacks the image"
         return SpreadPlan("registry", why, registry_fetches=every, source=source)
     why = "container.distribute: peers" if cfg.distribute == "peers" else f"{every} hosts lack it"
-    if having:
-        seed, receivers, fetches, seed_fetches = having[0], needing, 0, False
-    else:
-        seed, receivers, fetches, seed_fetches = needing[0], needing[1:], 1, True
+    seed, receivers = needing[0], needing[1:]
     return SpreadPlan(
         "peers",
         why,
         seed,
-        seed_fetches,
         MappingProxyType(tree(seed, receivers)),
         tuple(receivers),
-        registry_fetches=fetches,
+        registry_fetches=1,
         registry_fetches_without=every,
-        source=source if seed_fetches else "host",
+        source=source,
     )
 
 

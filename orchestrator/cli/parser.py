@@ -470,6 +470,21 @@ def _add_sandbox_parser(sub: _Subparsers, common: argparse.ArgumentParser) -> No
         help="K stand-in GPUs per host (a device root the cluster file names; with --slurm "
         "declared as gres gpu:K)",
     )
+    _add_sandbox_registry_args(up)
+    down = sandbox_sub.add_parser(
+        "down",
+        parents=[common],
+        help="remove everything it made",
+        description="Remove the sandbox under --dir: its hosts' containers, daemons, sshds, "
+        "network namespaces, bridge and files; what other sandboxes use stays.",
+        epilog="example: cvs sandbox down --dir /tmp/cvs-sandbox",
+    )
+    down.add_argument("--dir", help=f"where it lives (default {DEFAULT_SANDBOX_DIR})")
+    p.set_defaults(func="sandbox:cmd_sandbox")
+
+
+def _add_sandbox_registry_args(up: argparse.ArgumentParser) -> None:
+    """`sandbox up --registry [--registry-rate RATE]`."""
     up.add_argument(
         "--registry",
         action="store_true",
@@ -484,16 +499,6 @@ def _add_sandbox_parser(sub: _Subparsers, common: argparse.ArgumentParser) -> No
         help="with --registry: shape the registry's link to RATE (tc tbf), digits then bit, "
         "kbit, mbit or gbit, e.g. 20mbit (default: unshaped)",
     )
-    down = sandbox_sub.add_parser(
-        "down",
-        parents=[common],
-        help="remove everything it made",
-        description="Remove the sandbox under --dir: its hosts' containers, daemons, sshds, "
-        "network namespaces, bridge and files; what other sandboxes use stays.",
-        epilog="example: cvs sandbox down --dir /tmp/cvs-sandbox",
-    )
-    down.add_argument("--dir", help=f"where it lives (default {DEFAULT_SANDBOX_DIR})")
-    p.set_defaults(func="sandbox:cmd_sandbox")
 
 
 # ---- cp, runs, shell, completion ------------------------------------------------

@@ -714,11 +714,7 @@ def sandbox_up(
     `slurm`: a real Slurm over the nodes (sandbox/slurm.py), driven with
     the variables in DIR/slurm.env. `gpus`: that many stand-in GPUs per node
     (a device root the cluster file names; gres gpu:K with `slurm`).
-    `registry`: a registry in a namespace of its own on the bridge, its link
-    shaped to `registry_rate` (tc tbf, e.g. "20mbit"; None: unshaped),
-    holding the cluster's image under a name no node has (the nodes lose the
-    original, so `cvs up` pulls it); the cluster file names it and the
-    registry login, DIR/registry.env says where to count what it served.
+    `registry`: the image only in a registry shaped to `registry_rate` (`_start_registry`).
     On any failure (also Ctrl-C) everything created so far is torn down again.
     """
     _check_options(
@@ -732,16 +728,10 @@ def sandbox_up(
     )
     directory = Path(directory).absolute()
     # Before anything changes: root, every command, every place written.
-    extra = {
-        **(prereqs.PODMAN_COMMANDS if runtime == "podman" else {}),
-        **(prereqs.ROOTLESS_COMMANDS if rootless else {}),
-        **(slurm_sb.COMMANDS if slurm else {}),
-        **(prereqs.REGISTRY_COMMANDS if registry else {}),
-    }
     prereqs.require(
         directory,
         [network.RUN_ROOT, network.NETNS_DIR, images.cache_dir(), SUDOERS_FILE.parent],
-        extra,
+        _commands(runtime, rootless=rootless, slurm=slurm, registry=registry),
     )
     say = progress or _quiet
     if hosts < (0 if egress_host else 1) or hosts > 250:
@@ -753,8 +743,7 @@ def sandbox_up(
     directory.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     sb = _new_sandbox(directory, hosts, egress_host, runtime)
-    sb.slurm, sb.gpus = slurm, gpus
-    sb.netns_registry, sb.registry_rate = registry, registry_rate
+    sb.slurm, sb.gpus, sb.netns_registry, sb.registry_rate = slurm, gpus, registry, registry_rate
     sb.save()
     try:
         say(f"sandbox {sb.index}: bridge {sb.bridge}, {network.SUBNET_PREFIX}.{sb.index}.0/24")
@@ -764,21 +753,9 @@ def sandbox_up(
         podman_template = podman.ensure_template(say) if runtime == "podman" else None
         mpi_tar = images.ensure_mpi_image(say) if mpi else None
         _parallel(lambda h: _start_host(sb, h, template, say, podman_template), sb.hosts)
-        if rootless:
-            say(f"loading the images into {DOCKER_USER}'s rootless podman on each node")
-            _parallel(lambda h: podman.load_rootless_images(h.rootless_env, DOCKER_USER), sb.nodes)
-        if mpi_tar is not None:
-            # With a registry only the node that pushes it needs it.
-            loaders = sb.nodes[:1] if registry else sb.nodes
-            say(f"loading {images.MPI_TAG} on {'node1' if registry else 'each node'}")
-            _parallel(lambda h: _load_mpi_image(h, sb, mpi_tar, rootless), loaders)
-        if registry:
-            # The MPI image is on node1 only (above); the sshd image on every node.
-            source, holders = (images.MPI_TAG, sb.nodes[:1]) if mpi else (images.SSHD_TAG, sb.nodes)
-            _start_registry(sb, source, holders, say)
-        if gpus:
-            for h in sb.nodes:
-                slurm_sb.make_gpu_root(h.gpu_root, gpus)
+        _load_images(sb, mpi_tar, rootless=rootless, say=say)
+        for h in sb.nodes if gpus else []:
+            slurm_sb.make_gpu_root(h.gpu_root, gpus)
         if slurm:
             _start_slurm(sb, say)
         _write_cluster_files(sb, mpi=mpi, rootless=rootless)
@@ -791,6 +768,35 @@ def sandbox_up(
         raise
     say(f"sandbox ready in {time.monotonic() - started:.1f}s: {sb.cluster_file}")
     return sb
+
+
+def _commands(runtime: str, *, rootless: bool, slurm: bool, registry: bool) -> dict[str, str]:
+    """What this sandbox runs beyond prereqs.REQUIRED_COMMANDS."""
+    return {
+        **(prereqs.PODMAN_COMMANDS if runtime == "podman" else {}),
+        **(prereqs.ROOTLESS_COMMANDS if rootless else {}),
+        **(slurm_sb.COMMANDS if slurm else {}),
+        **(prereqs.REGISTRY_COMMANDS if registry else {}),
+    }
+
+
+def _load_images(sb: Sandbox, mpi_tar: Path | None, *, rootless: bool, say: Progress) -> None:
+    """The images beyond the seeded ones: rootless stores, the MPI image,
+    and with `--registry` the cluster's image moved into the registry."""
+    if rootless:
+        say(f"loading the images into {DOCKER_USER}'s rootless podman on each node")
+        _parallel(lambda h: podman.load_rootless_images(h.rootless_env, DOCKER_USER), sb.nodes)
+    # With a registry only node1, which pushes it, needs the MPI image.
+    loaders = sb.nodes[:1] if sb.netns_registry else sb.nodes
+    if mpi_tar is not None:
+        say(f"loading {images.MPI_TAG} on {'node1' if sb.netns_registry else 'each node'}")
+        _parallel(lambda h: _load_mpi_image(h, sb, mpi_tar, rootless), loaders)
+    if sb.netns_registry:
+        # The MPI image is on node1 only (above); the sshd image on every node.
+        if mpi_tar is not None:
+            _start_registry(sb, images.MPI_TAG, loaders, say)
+        else:
+            _start_registry(sb, images.SSHD_TAG, sb.nodes, say)
 
 
 def _write_cluster_files(sb: Sandbox, *, mpi: bool, rootless: bool) -> None:

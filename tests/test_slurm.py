@@ -34,7 +34,7 @@ from orchestrator.config.slurm import (
 )
 from orchestrator.config.views import job_container_name
 from orchestrator.containers.docker import LABEL_GPUS, managed_labels
-from orchestrator.containers.jobend import holder_argv, ready_nodes
+from orchestrator.containers.jobend import holder_argv, holder_env, ready_nodes
 from orchestrator.containers.jobleft import JobContainer, decide, parse_listing
 from orchestrator.containers.plan import decide_plan
 from orchestrator.containers.probe import HostState
@@ -606,3 +606,11 @@ def test_a_job_that_is_over_gives_its_nodes_to_down_and_status_only() -> None:
     with pytest.raises(ConfigError, match=r"job 7 is PENDING, not running: run cvs inside a "
                        r"running allocation$"):  # fmt: skip
         query_job(IN_JOB, where="x", run=pending, over_ok=True)
+
+
+def test_the_holders_srun_leaves_the_jobs_own_srun_inputs_out() -> None:
+    env = {"SLURM_CONF": "/etc/slurm.conf", "SLURM_MPI_TYPE": "pmix", "SLURM_JOB_ID": "7",
+           "SRUN_CPUS_PER_TASK": "4", "PMIX_RANK": "0", "PATH": "/bin"}  # fmt: skip
+    assert holder_env(env) == {"SLURM_CONF": "/etc/slurm.conf", "PATH": "/bin"}
+    job = SlurmJob("42", (SlurmNode("n1", "a"),))
+    assert "--mpi=none" in holder_argv(job, ["n1"], INV, ["docker"])

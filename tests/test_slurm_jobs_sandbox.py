@@ -228,3 +228,34 @@ def test_hosts_from_slurm_down_after_the_job_is_over_removes_what_it_left(
     down = slurm(slurm_sandbox, *argv, "down", env=env, timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
     assert job_containers(slurm_sandbox, job) == NONE
+
+
+def test_sigterm_during_a_cold_starting_up_removes_its_containers_and_exits_130(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    # What Slurm sends the job's cvs on scancel, without the holder's help:
+    # hosts from the file, no job at all.
+    slow = tmp_path / "slow.sh"
+    slow.write_text("sleep 300\n")
+    cluster = variant(slurm_sandbox, tmp_path / "c", name="cvs-term", setup_script=str(slow))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CVS_"))}
+    argv = [*CVS.split(" "), "-c", str(cluster), "up"]
+    pipe = subprocess.PIPE
+    proc = subprocess.Popen(argv, env=env, text=True, stdout=pipe, stderr=pipe)
+    try:
+
+        def started() -> bool:
+            assert proc.poll() is None, proc.communicate()
+            return all(containers(slurm_sandbox, n, "name=cvs-term") for n in ("node1", "node2"))
+
+        wait_until(started, 240, "the containers")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, out + err
+    assert "interrupted" in err
+    for node in ("node1", "node2"):
+        assert containers(slurm_sandbox, node, "name=cvs-term") == []

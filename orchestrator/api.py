@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, cast
 from orchestrator.config import (
     ClusterConfig,
     GPURequest,
+    cluster_identity,
     container_name,
     load_cluster,
     sshd_wanted,
@@ -498,11 +499,13 @@ class Cluster:
         cfg = self.config.container
         if self.config.slurm is not None or cfg is None or cfg.lifetime not in JOB_SCOPED:
             return []
-        lc = self._lifecycle()
-        states = await lc.probe_all()
-        timeout = cfg.runtime_timeout
-        return await survey(self.pool, states, lc.identity, job_state, timeout=timeout,
-                            remove=remove)  # fmt: skip
+        from orchestrator.remote.runtime import ContainerRuntime
+
+        flag = ContainerRuntime.unprobed(cfg.runtime, cfg.rootless).flag
+        hosts = [h.name for h in self.config.hosts]
+        identity = cluster_identity(self.config)
+        return await survey(self.pool, hosts, flag, identity, job_state,
+                            timeout=cfg.runtime_timeout, remove=remove)  # fmt: skip
 
     async def status(self) -> list[HostStatus]:
         """One typed record per host: reachability, docker access, container state,

@@ -24,6 +24,7 @@ from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
 
 if TYPE_CHECKING:
+    from orchestrator.containers.jobleft import Verdict
     from orchestrator.containers.lifecycle import UpReport
     from orchestrator.containers.mpi import MPICheck
     from orchestrator.containers.plan import Plan
@@ -119,6 +120,11 @@ class SyncCluster:
     def release_locks(self) -> None:
         """Let go of the hosts' locks (closing the cluster does it too)."""
         self._portal.call(self._cluster.release_locks)
+
+    def job_containers(self, *, remove: bool = False) -> list[Verdict]:
+        """Outside a Slurm job, this cluster's containers of jobs (see
+        `Cluster.job_containers`)."""
+        return self._portal.call(lambda: self._cluster.job_containers(remove=remove))
 
     def status(self) -> list[HostStatus]:
         """One typed record per host (see `Cluster.status`)."""

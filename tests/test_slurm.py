@@ -34,8 +34,14 @@ from orchestrator.config.slurm import (
 )
 from orchestrator.config.views import job_container_name
 from orchestrator.containers.docker import LABEL_GPUS, managed_labels
-from orchestrator.containers.jobend import holder_argv, ready_nodes
-from orchestrator.containers.jobleft import JobContainer, decide, parse_listing
+from orchestrator.containers.jobend import holder_argv, holder_env, ready_nodes
+from orchestrator.containers.jobleft import (
+    JobContainer,
+    decide,
+    listing_argv,
+    parse_listing,
+    remove_argv,
+)
 from orchestrator.containers.plan import decide_plan
 from orchestrator.containers.probe import HostState
 from orchestrator.limits.gpus import GPU, GPUSelection, Unsatisfiable
@@ -606,3 +612,39 @@ def test_a_job_that_is_over_gives_its_nodes_to_down_and_status_only() -> None:
     with pytest.raises(ConfigError, match=r"job 7 is PENDING, not running: run cvs inside a "
                        r"running allocation$"):  # fmt: skip
         query_job(IN_JOB, where="x", run=pending, over_ok=True)
+
+
+def test_the_holders_srun_leaves_the_jobs_own_srun_inputs_out() -> None:
+    env = {"SLURM_CONF": "/etc/slurm.conf", "SLURM_MPI_TYPE": "pmix", "SLURM_JOB_ID": "7",
+           "SRUN_CPUS_PER_TASK": "4", "PMIX_RANK": "0", "PATH": "/bin"}  # fmt: skip
+    assert holder_env(env) == {"SLURM_CONF": "/etc/slurm.conf", "PATH": "/bin"}
+    job = SlurmJob("42", (SlurmNode("n1", "a"),))
+    assert "--mpi=none" in holder_argv(job, ["n1"], INV, ["docker"])
+
+
+def test_the_job_container_listing_asks_by_label_and_inspects_what_it_found(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "docker.log"
+    fake = tmp_path / "docker"
+    fake.write_text(
+        f'#!/bin/sh\necho "$@" >> {log}\n'
+        f'case $1 in ps) echo {CID} ;; inspect) echo "{CID} /rvs-j42 exited 42 per_job" ;; esac\n'
+    )
+    fake.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:{os.environ['PATH']}", "DOCKER_HOST": "unix:///nonexistent"}
+    argv = listing_argv([], "my cluster")
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert parse_listing("n1", proc.stdout) == [
+        JobContainer("n1", CID, "rvs-j42", "exited", "42", "per_job")
+    ]
+    calls = log.read_text().splitlines()
+    assert calls[0] == (
+        "ps -aq --no-trunc --filter label=io.cvs.managed=my cluster --filter label=io.cvs.slurm-job"
+    )
+    removed = subprocess.run(remove_argv([], [CID]), env=env, capture_output=True, timeout=30)
+    assert removed.returncode == 0
+    assert log.read_text().splitlines()[-1] == f"rm -f -v {CID}"
+    with pytest.raises(ValueError):
+        remove_argv([], ["42; rm -rf /"])

@@ -10,6 +10,7 @@ import shlex
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,8 @@ from orchestrator.sandbox.procs import cmdline, pids_mentioning
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "slurm.md"
 NONE = {"node1": 0, "node2": 0}
+HOSTFILE = "/etc/cvs/hostfile"
+MakeSandbox = Callable[..., Sandbox]
 
 
 def variant(sb: Sandbox, directory: Path, **container: Any) -> Path:
@@ -228,3 +231,78 @@ def test_hosts_from_slurm_down_after_the_job_is_over_removes_what_it_left(
     down = slurm(slurm_sandbox, *argv, "down", env=env, timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
     assert job_containers(slurm_sandbox, job) == NONE
+
+
+def test_sigterm_during_a_cold_starting_up_removes_its_containers_and_exits_130(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    # What Slurm sends the job's cvs on scancel, without the holder's help:
+    # hosts from the file, no job at all.
+    slow = tmp_path / "slow.sh"
+    slow.write_text("sleep 300\n")
+    cluster = variant(slurm_sandbox, tmp_path / "c", name="cvs-term", setup_script=str(slow))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CVS_"))}
+    argv = [*CVS.split(" "), "-c", str(cluster), "up"]
+    pipe = subprocess.PIPE
+    proc = subprocess.Popen(argv, env=env, text=True, stdout=pipe, stderr=pipe)
+    try:
+
+        def started() -> bool:
+            assert proc.poll() is None, proc.communicate()
+            return all(containers(slurm_sandbox, n, "name=cvs-term") for n in ("node1", "node2"))
+
+        wait_until(started, 240, "the containers")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, out + err
+    assert "interrupted" in err
+    for node in ("node1", "node2"):
+        assert containers(slurm_sandbox, node, "name=cvs-term") == []
+
+
+def test_two_mpi_jobs_on_the_same_nodes_with_one_file_both_run_mpirun(
+    make_sandbox: MakeSandbox, tmp_path: Path
+) -> None:
+    # The MPI image (Open MPI): both jobs' heads run mpirun over their own
+    # job's sshd port, side by side on the same two nodes, with no port option.
+    sb = make_sandbox(hosts=2, slurm=True, mpi=True)
+    cluster = variant(sb, tmp_path / "c", name="cvs-mpi")
+    mpirun = (
+        f"mpirun -np 2 --allow-run-as-root --hostfile {HOSTFILE} "
+        "sh -c 'echo rank-$OMPI_COMM_WORLD_RANK'"
+    )
+    script = (
+        f"$CVS -c {cluster} --hosts-from slurm up > /dev/null || exit 1\n"
+        "touch {out}/ready-{n}\n"
+        "while [ ! -e {out}/go ]; do sleep 0.2; done\n"
+        f"$CVS -c {cluster} --hosts-from slurm exec --hosts head -- {shlex.quote(mpirun)} "
+        "> {out}/mpi-{n}\nrc=$?\n"
+        f"$CVS -c {cluster} --hosts-from slurm down > /dev/null; exit $rc"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CVS_"))}
+    env.update(sb.slurm_env())
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for n in ("a", "b"):
+            text = script.replace("{out}", str(tmp_path)).replace("{n}", n)
+            argv = ["salloc", "-N2", "sh", "-c", f"CVS={shlex.quote(CVS)}\n{text}"]
+            pipe = subprocess.PIPE
+            procs.append(subprocess.Popen(argv, env=env, text=True, stdout=pipe, stderr=pipe))
+            ready = tmp_path / f"ready-{n}"
+            wait_until(
+                lambda r=ready: r.exists() or procs[-1].poll() is not None,  # type: ignore[misc]
+                300,
+                f"job {n}",
+            )
+            assert ready.exists(), procs[-1].communicate()
+    finally:
+        (tmp_path / "go").touch()  # both up at once: now both run MPI
+        outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    for n in ("a", "b"):
+        said = (tmp_path / f"mpi-{n}").read_text()
+        assert "rank-0" in said and "rank-1" in said, said

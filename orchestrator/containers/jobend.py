@@ -64,9 +64,23 @@ def holder_argv(
         f"--nodelist={','.join(chosen)}",
         "--job-name=cvs-holder",
         "--kill-on-bad-exit=0",
+        "--mpi=none",  # the holder is no MPI program, whatever the job's MPI type
         "--unbuffered",
         *remote.argv("slurm_holder", job.job_id, invocation, "--", *runtime),
     ]
+
+
+def holder_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The holder's srun environment: the job's own srun inputs left out
+    (SLURM_MPI_TYPE=pmix, SLURM_CPUS_PER_TASK, SLURM_MEM_PER_CPU... set for
+    the user's steps would bend or fail this one; the argv says all it
+    needs, the job ID included), PMI and PMIx variables too; SLURM_CONF
+    kept (which controller)."""
+    return {
+        k: v
+        for k, v in env.items()
+        if k == "SLURM_CONF" or not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "PMI_", "PMIX_"))
+    }
 
 
 def ready_nodes(text: str) -> set[str]:
@@ -124,6 +138,7 @@ async def start_holder(
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,  # outlives this cvs; Slurm ends it with the job
+                    env=holder_env(os.environ),
                 )
             except OSError as exc:
                 raise TieError(_tie_failed(job, nodes, f"srun: {exc.strerror or exc}")) from None

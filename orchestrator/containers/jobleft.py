@@ -21,8 +21,6 @@ from orchestrator import remote
 from orchestrator.config.model import CONTAINER_NAME_RE
 from orchestrator.config.slurm import GONE, JOB_ID_RE, LIVE_STATES
 from orchestrator.containers.docker import CONTAINER_ID_RE
-from orchestrator.containers.lifecycle import remove_command
-from orchestrator.containers.probe import HostState
 from orchestrator.errors import first_line
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.seam import HostRunner
@@ -51,8 +49,18 @@ class Verdict:
     why: str
 
 
-def listing_argv(prefix: Sequence[str], identity: str) -> list[str]:
-    return remote.argv("job_containers", identity, "--", *prefix)
+def listing_argv(flag: Sequence[str], identity: str) -> list[str]:
+    """The listing on a host no probe has seen (remote/job_containers.sh):
+    `flag` names the runtime (ContainerRuntime.flag)."""
+    return remote.argv("job_containers", *flag, "list", identity)
+
+
+def remove_argv(flag: Sequence[str], ids: Sequence[str]) -> list[str]:
+    """`rm -f -v` of these containers, by ID (validated here and on the host)."""
+    for cid in ids:
+        if not CONTAINER_ID_RE.fullmatch(cid):
+            raise ValueError(f"invalid container ID {cid!r}")
+    return remote.argv("job_containers", *flag, "remove", *ids)
 
 
 def parse_listing(host: str, text: str) -> list[JobContainer]:
@@ -125,25 +133,29 @@ def describe(v: Verdict) -> str:
 
 async def survey(
     pool: HostRunner,
-    states: Mapping[str, HostState],
+    hosts: Sequence[str],
+    flag: Sequence[str],
     identity: str,
     ask: Callable[[str], tuple[str | None, str]],
     *,
     timeout: float,
     remove: bool,
 ) -> list[Verdict]:
-    """List the job containers on every host whose runtime the probe reached,
-    decide, and (`remove`) remove those whose job is over, by ID: a failed
-    removal is kept, saying why."""
+    """List the job containers on `hosts` (one round trip; none to probe
+    first), decide, and (`remove`) remove those whose job is over, by ID: a
+    failed removal is kept, saying why. A host that does not answer is
+    skipped (the command's own probe names it)."""
     found: list[JobContainer] = []
 
     async def listing(host: str) -> None:
-        argv = listing_argv(states[host].runtime.prefix, identity)
-        r = await pool.run(host, argv, timeout=timeout, stream_output=False, label="job containers")
+        r = await pool.run(
+            host, listing_argv(flag, identity), timeout=timeout, stream_output=False,
+            label="job containers",
+        )  # fmt: skip
         if r.ok:
             found.extend(parse_listing(host, r.stdout))
 
-    await fan_out([h for h, s in states.items() if s.runtime.known], listing)
+    await fan_out(list(hosts), listing)
     verdicts = decide(found, job_states([c.job for c in found], ask))
     if not remove:
         return verdicts
@@ -154,15 +166,14 @@ async def survey(
             by_host.setdefault(v.container.host, []).append(v)
 
     async def rm(host: str) -> None:
-        for v in by_host[host]:
-            c = v.container
-            # By ID, and the host's records of that container go too.
-            command = remove_command(states[host].runtime.prefix, c.id)
-            r = await pool.run(host, command, timeout=timeout, stream_output=False, label="remove")
+        gone = by_host[host]
+        argv = remove_argv(flag, [v.container.id for v in gone])
+        r = await pool.run(host, argv, timeout=timeout, stream_output=False, label="remove")
+        why = "" if r.ok else first_line(str(r.error or r.stderr or r.status))
+        for v in gone:
             if r.ok:
                 out.append(replace(v, why=f"{v.why}: removed"))
             else:
-                why = first_line(str(r.error or r.stderr or r.status))
                 out.append(replace(v, remove=False, why=f"{v.why}: removing it failed ({why})"))
 
     await fan_out(list(by_host), rm)

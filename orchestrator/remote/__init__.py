@@ -34,6 +34,7 @@ _LIBRARIES: dict[str, tuple[str, ...]] = {
     "record": ("records",),
     "docker": ("access",),
     "diagnose": ("access",),
+    "job_containers": ("access",),
 }
 LIBRARIES = frozenset(lib for libs in _LIBRARIES.values() for lib in libs)
 # Programs whose text another program's follows in one shell: ssh_run.sh

@@ -670,10 +670,33 @@ class Cluster:
             return await self._explain(host, name, result, runtime, pidfile_of(token))
 
         try:
-            return await fan_out(selected, one, limit=self.config.concurrency.hosts)
+            results = await fan_out(selected, one, limit=self.config.concurrency.hosts)
+            return await self._after_mpirun(command, results)
         finally:
             if own_lock:
                 await locks.release(selected)
+
+    async def _after_mpirun(
+        self, command: str | Sequence[str], results: dict[str, HostResult]
+    ) -> dict[str, HostResult]:
+        """A failed `mpirun` (or mpiexec) names the peers whose container ended."""
+        from orchestrator.containers.peers import launches_mpi
+
+        return await self.name_ended_peers(results) if launches_mpi(command) else results
+
+    async def name_ended_peers(self, results: dict[str, HostResult]) -> dict[str, HostResult]:
+        """`results` of a failed MPI job, naming the hosts whose container
+        exited or disappeared meanwhile, with what their runtime said
+        (containers/peers.py: one bounded look per host); as they were when
+        none did, or none failed."""
+        if self.config.container is None or all(r.ok for r in results.values()):
+            return results
+        from orchestrator.containers.peers import name_ended_peers
+
+        name = container_name(self.config)
+        ready = self._lifecycle().locks.ready
+        runtimes = {h: ready.get(h) or self.runtimes[h] for h in self.hosts}
+        return await name_ended_peers(self.pool, self.config, name, runtimes, results)
 
     def _exec_user(self, name: str, user: str | None, workdir: str | None) -> str | None:
         """Who runs an exec in the container (the option, else the cluster's

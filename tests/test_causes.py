@@ -17,12 +17,14 @@ from orchestrator.containers.causes import (
     ContainerFacts,
     container_cause,
     output_cause,
+    peers_cause,
     pull_cause,
     read_diagnosis,
     wants_diagnosis,
     with_cause,
 )
 from orchestrator.containers.lifecycle import HostOutcome, UpReport
+from orchestrator.containers.peers import launches_mpi
 from orchestrator.containers.plan import HostAction, Plan
 from orchestrator.results import HostResult
 from orchestrator.suites.model import Step
@@ -282,3 +284,71 @@ def test_a_failed_pull_names_the_image_and_what_the_registry_said(
     said = pull_cause(image, output)
     assert said.startswith(expected), said
     assert "Error response from daemon" not in said, said
+
+
+# --- after a failed MPI job: which peer's container ended (issue 42, item 4) --------
+
+
+def test_a_peer_whose_container_exited_during_the_job_is_named_with_its_state() -> None:
+    peers: dict[str, ContainerFacts | None] = {
+        "node1": facts(),
+        "node2": facts(status="exited", exit_code=137, finished_at=NOW - 1),
+        "node3": facts(),
+    }
+    assert peers_cause(peers, elapsed=30) == (
+        "an MPI peer's container ended: node2: its container exited while the job ran "
+        "(docker: state exited, exit code 137, OOMKilled false)"
+    )
+
+
+def test_an_oom_killed_peer_says_so_and_a_removed_one_is_gone() -> None:
+    peers: dict[str, ContainerFacts | None] = {
+        "a": facts(status="exited", exit_code=137, oom_killed=True, finished_at=NOW - 1),
+        "b": ContainerFacts(now=NOW, error="Error: No such container: cvs-x"),
+    }
+    text = str(peers_cause(peers, elapsed=30, runtime="podman"))
+    assert (
+        "a: its container exited while the job ran (podman: state exited, exit code 137, "
+        "OOMKilled true)"
+    ) in text
+    assert "b: its container is gone (podman: no such container)" in text
+
+
+def test_a_peer_stopped_before_the_job_is_not_said_to_have_died_during_it() -> None:
+    peers: dict[str, ContainerFacts | None] = {
+        "a": facts(status="exited", exit_code=0, finished_at=NOW - 3600)
+    }
+    assert "a: its container is not running (docker: state exited, exit code 0" in str(
+        peers_cause(peers, elapsed=30)
+    )
+
+
+@pytest.mark.parametrize(
+    "peers",
+    [
+        {"a": facts(), "b": facts()},
+        {"a": facts(), "b": None},  # not reached: no evidence, no name
+        {"a": facts(), "b": ContainerFacts(now=NOW, error="Cannot connect to the Docker daemon")},
+    ],
+)
+def test_no_peer_is_named_without_evidence_that_its_container_ended(
+    peers: dict[str, ContainerFacts | None],
+) -> None:
+    assert peers_cause(peers, elapsed=30) is None
+
+
+@pytest.mark.parametrize(
+    ("command", "mpi"),
+    [
+        ("mpirun -np 3 hostname", True),
+        (["/usr/bin/mpiexec", "-n", "2", "true"], True),
+        ("cd /x && mpirun -np 2 ./a.out | tee log", True),
+        (["sh", "-c", "mpirun -np 2 true"], True),
+        ("echo mpirun-like; ls", False),
+        ("hostname", False),
+    ],
+)
+def test_an_mpi_launch_is_told_by_a_word_of_the_command(
+    command: str | list[str], mpi: bool
+) -> None:
+    assert launches_mpi(command) is mpi

@@ -15,13 +15,15 @@ import re
 import shutil
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
-from clitools import cvs
+from clitools import CVS, cvs
+from sandboxtools import wait_until
 from suitetools import results, write_suite
 
 from orchestrator.sandbox import Sandbox, load_sandbox
@@ -324,3 +326,72 @@ def test_a_job_through_cvs_orch_exec_with_cvs_own_mpirun_line(box: MPIBox) -> No
     finally:
         orch.teardown_containers()
         orch.close()
+
+
+# --- the host that died is named (issue 42, item 4) ------------------------------------
+
+
+def _rank_job(marker: str) -> str:
+    """Each rank marks that it runs, then waits: a job to kill a rank's container under."""
+    return f"mpirun -np 3 --hostfile {HOSTFILE} sh -c 'touch {marker}; sleep 300'"
+
+
+def _ok(argv: list[str]) -> bool:
+    return subprocess.run(argv, capture_output=True, timeout=60).returncode == 0
+
+
+def _kill_a_container_midway(box: MPIBox, argv: list[str], host: str, marker: str) -> str:
+    """Start `cvs ARGV`, kill `host`'s container once its rank runs; cvs's output."""
+    name = yaml.safe_load(box.cluster.read_text())["container"]["name"]
+    runtime = box.sandbox.runtime_argv(host)
+    proc = subprocess.Popen(
+        [*CVS, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        look = [*runtime, "exec", name, "test", "-e", marker]
+        running = wait_until(lambda: _ok(look), 120, 0.5)
+        assert running, "the rank never started on " + host
+        subprocess.run([*runtime, "kill", name], check=True, capture_output=True, timeout=60)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+        proc.wait()
+    return out
+
+
+def _up_again(box: MPIBox) -> None:
+    again = cvs("up", cluster=box.cluster, timeout=300)  # starts the killed container again
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_an_mpirun_whose_peer_container_is_killed_names_that_host_and_its_state(
+    box: MPIBox,
+) -> None:
+    marker = f"/tmp/cvs-rank-{uuid.uuid4().hex[:8]}"
+    argv = ["-c", str(box.cluster), "exec", "--hosts", "node1", "--", _rank_job(marker)]
+    try:
+        out = _kill_a_container_midway(box, argv, "node3", marker)
+    finally:
+        _up_again(box)
+    line = next(x for x in out.splitlines() if x.startswith("node1") and "failed" in x)
+    assert "an MPI peer's container ended: node3: its container exited while the job ran" in line
+    assert f"({box.runtime}: state exited, exit code 137, OOMKilled false)" in line, line
+    assert "node2:" not in line
+
+
+def test_an_mpi_step_whose_peer_container_is_killed_names_that_host_and_its_state(
+    box: MPIBox,
+) -> None:
+    marker = f"/tmp/cvs-rank-{uuid.uuid4().hex[:8]}"
+    # mpirun by way of a variable: the step's being `mpi: true` is what counts.
+    run = "launcher=mpirun; $" + _rank_job(marker).replace("mpirun", "launcher", 1)
+    suite = write_suite(box.directory, "mpi-dies", [{"name": "job", "mpi": True, "run": run}])
+    run_dir = box.directory / "run-dies"
+    argv = ["run", "-c", str(box.cluster), str(suite), "--run-dir", str(run_dir)]
+    try:
+        _kill_a_container_midway(box, argv, "node2", marker)
+    finally:
+        _up_again(box)
+    reason = results(run_dir)["steps"][0]["hosts"]["node1"]["reason"]
+    assert "an MPI peer's container ended: node2: its container exited while the job ran" in reason
+    assert f"({box.runtime}: state exited, exit code 137, OOMKilled false)" in reason, reason

@@ -27,13 +27,14 @@ import anyio
 import asyncssh
 import pytest
 import yaml
-from clitools import cvs
+from clitools import CVS, cvs
 from labtools import docker as runtime_cli
-from sandboxtools import sandbox_pids_holding
+from sandboxtools import sandbox_pids_holding, wait_until
 
 from orchestrator.api import Cluster
 from orchestrator.containers import mpi
 from orchestrator.containers.copy import Payload
+from orchestrator.containers.locks import LEASE_SECONDS
 from orchestrator.events import CollectingSink, Message
 from orchestrator.results import HostResult
 from orchestrator.sandbox import Sandbox, sandbox_down, sandbox_up
@@ -664,3 +665,45 @@ def test_a_gather_that_times_out_leaves_no_process_in_the_container(
     assert {r.status for r in results.values()} == {"timeout"}, results
     assert _gone(lab.sb, b"cvs-copy_send")
     assert not any(tmp_path.iterdir())
+
+
+def _kb_under(lab: Lab, host: str, root: str) -> int:
+    out = runtime_cli(lab.sb, host, "exec", lab.name, "sh", "-c", f"du -sk {root} || echo 0")
+    return int(out.split()[0])
+
+
+@pytest.mark.parametrize("kind", ["file", "dir"])
+def test_a_copy_whose_cvs_is_killed_midway_lands_nothing_and_leaves_no_temp_name(
+    lab: Lab, tmp_path: Path, kind: str
+) -> None:
+    """Issue 42, item 7, through each container's sshd (where a killed
+    single-file copy used to leave its temp file), on docker and podman."""
+    src = tmp_path / "payload"
+    files = [src] if kind == "file" else [src / "a.bin", src / "sub" / "b.bin"]
+    for file in files:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        with file.open("wb") as f:  # sparse: nothing written here
+            f.truncate(400 * 2**20 // len(files))
+    parent = f"/tmp/cp-kill-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen(
+        [*CVS, "-c", str(lab.cluster_file), "cp", str(src), f"{parent}/payload"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        midway = wait_until(lambda: all(_kb_under(lab, h, parent) > 1024 for h in HOSTS), 120, 0.2)
+        proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert midway, "the copy never got under way on every host"
+
+    def clean() -> bool:
+        return all(
+            runtime_cli(lab.sb, h, "exec", lab.name, "ls", "-A", parent) == "" for h in HOSTS
+        )
+
+    assert wait_until(clean, LEASE_SECONDS, 0.2), {
+        h: runtime_cli(lab.sb, h, "exec", lab.name, "ls", "-A", parent) for h in HOSTS
+    }

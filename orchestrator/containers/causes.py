@@ -273,6 +273,46 @@ def _running_cause(
     )
 
 
+def _ended(facts: ContainerFacts, runtime: str, began: float | None) -> str | None:
+    """Why this peer's container is not there for an MPI job, from what its
+    runtime said: not running (state, exit code, OOMKilled), or removed; None
+    when it runs, or when the runtime could not say (no evidence either way)."""
+    if facts.error is not None:
+        gone = "no such container" in facts.error.lower() or "no such object" in facts.error.lower()
+        return f"its container is gone ({runtime}: no such container)" if gone else None
+    if facts.status is None or facts.status == "running":
+        return None
+    ended = facts.finished_at is not None and began is not None and facts.finished_at >= began
+    code = "?" if facts.exit_code is None else str(facts.exit_code)
+    return (
+        f"its container {'exited while the job ran' if ended else 'is not running'} ({runtime}: "
+        f"state {facts.status}, exit code {code}, OOMKilled {str(facts.oom_killed).lower()})"
+    )
+
+
+def peers_cause(
+    peers: dict[str, ContainerFacts | None], *, elapsed: float, runtime: str = "docker"
+) -> Text | None:
+    """After an MPI job failed (it ran `elapsed` seconds): the hosts whose
+    container exited or disappeared, each with what its runtime said (issue
+    42, item 4); None when every container answered running. An exit code
+    alone names no host: only these facts do. `None` facts: not looked at
+    (the host was not reached)."""
+    named: list[str] = []
+    for host, facts in peers.items():
+        if facts is None:
+            continue
+        began = None if facts.now is None else facts.now - elapsed - _SLACK_SECONDS
+        why = _ended(facts, runtime, began)
+        if why is not None:
+            named.append(f"{host}: {why}")
+    if not named:
+        return None
+    unreached = [h for h, f in peers.items() if f is None]
+    tail = f"; not looked at: {', '.join(unreached)} (not reached)" if unreached else ""
+    return f"an MPI peer's container ended: {'; '.join(named)}{tail}"
+
+
 def with_cause(result: HostResult, cause: Text | None) -> HostResult:
     """`result` whose `error` names `cause` after the code (`exit code 137: ...`)."""
     if cause is None:
@@ -292,6 +332,7 @@ __all__ = [
     "diagnosis_command",
     "hung_cause",
     "output_cause",
+    "peers_cause",
     "pull_cause",
     "read_diagnosis",
     "wants_diagnosis",

@@ -31,6 +31,7 @@ from orchestrator.config.hostlist import compress_hostlist
 from orchestrator.containers.copy import CopyError, Payload
 from orchestrator.containers.hints import hint_for
 from orchestrator.containers.mpi import MPIHosts, host_slots, parse_hostfile
+from orchestrator.containers.peers import launches_mpi
 from orchestrator.errors import Call, ExitCode, Phrase, PolicyRefused, Text, without_prefix
 from orchestrator.errortext import fold_errors
 from orchestrator.events import EventSink, HostStep, Message
@@ -308,6 +309,10 @@ async def _run_step(
             user=step.user,
             workdir=step.workdir,
         )
+        if step.mpi and not launches_mpi(step.run or ""):
+            # Which peer's container ended, when the job failed (`exec` looks
+            # by itself when the command names mpirun).
+            results = await cluster.name_ended_peers(results)
     outcome = StepOutcome(
         name=step.name,
         hosts=hosts,

@@ -9,6 +9,7 @@ tests/test_heal.py against the sandbox.
 from __future__ import annotations
 
 import errno
+import json
 import subprocess
 from pathlib import Path
 
@@ -152,3 +153,31 @@ def test_different_errors_from_several_hosts_tasks_are_each_reported_and_the_wor
         "cvs: node1: docker run failed",
         "cvs: node2: bad image reference",
     ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "option", "fixed"),
+    [
+        (["-c", "f", "--hosts", "node1", "up"], "--hosts", "cvs -c f up --hosts node1"),
+        (["-c", "f", "-x=node2", "-v", "status"], "-x", "cvs -c f -v status -x=node2"),
+        (["--force", "-c", "f", "down"], "--force", "cvs -c f down --force"),
+    ],
+)
+def test_an_option_of_the_command_written_before_it_says_where_it_goes(
+    argv: list[str], option: str, fixed: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == ExitCode.USAGE and "invalid choice" not in err
+    command = next(w for w in argv if w in ("up", "status", "down"))
+    assert f"{option} is an option of `cvs {command}`: write it after the command ({fixed})" in err
+
+
+def test_a_misplaced_option_under_json_names_its_command(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["--json", "-c", "f", "--hosts", "node1", "plan"])
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["command"], doc["exit_code"]) == ("plan", 2)

@@ -123,3 +123,35 @@ def test_the_getattr_check_sees_concatenations_and_f_strings() -> None:
         'getattr(self, "stdout")\n'
     )
     assert composed_getattrs(ast.parse(code)) == [1, 2, 3, 4]
+def test_no_module_imports_traversable_from_importlib_abc() -> None:
+    """importlib.abc.Traversable is deprecated since 3.12 and gone in 3.14:
+    importlib.resources.abc holds it."""
+    package = Path(__file__).resolve().parents[1] / "orchestrator"
+    found = [
+        str(path)
+        for path in package.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.module == "importlib.abc"
+    ]
+    assert found == []
+
+
+def test_every_directory_of_the_package_is_in_pyprojects_packages() -> None:
+    """setuptools leaves out (and warns of) an importable directory missing
+    from `packages`, such as suites/templates, whose report.html.j2 `cvs run`
+    needs: each directory with files is listed."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    listed = set(
+        tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    package = root / "orchestrator"
+    found = {
+        ".".join(d.relative_to(root).parts)
+        for d in [package, *package.rglob("*")]
+        if d.is_dir()
+        and d.name != "__pycache__"
+        and any(f.is_file() and not f.name.endswith((".pyc",)) for f in d.iterdir())
+    }
+    assert found - listed == set()

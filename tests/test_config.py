@@ -772,3 +772,15 @@ def test_the_old_docker_timeout_key_is_read_and_reported_as_deprecated() -> None
     assert config_hash(old.container) == config_hash(new.container)
     with pytest.raises(ConfigError, match="both given: keep runtime_timeout"):
         load({"docker_timeout": 5, "runtime_timeout": 5})
+
+
+def test_the_unknown_key_message_offers_only_keys_a_user_may_write(tmp_path: Path) -> None:
+    error = load_error(write(tmp_path, "name: x\nhosts: [a]\nbogus_key_zz: 1\n"))
+    assert "known keys: name, hosts, head, ssh," in error
+    for loader_set in ("source", "source_file", "cvs_notes", "slurm"):
+        assert loader_set not in error.split("known keys:")[1], error
+
+
+def test_a_key_the_loader_sets_is_not_suggested_for_a_near_miss(tmp_path: Path) -> None:
+    error = load_error(write(tmp_path, "name: x\nhosts: [a]\nsource_fil: f\n"))
+    assert "did you mean" not in error and "source_file" not in error.split("known keys:")[1]

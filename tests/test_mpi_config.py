@@ -120,3 +120,18 @@ def test_slots_above_a_host_cpu_count_are_named_at_up() -> None:
     assert warning.startswith("mpi.slots 8 is more than the CPUs of b (b: 4)")
     capped = cluster(mpi={"slots": 2}, resources={"cpus": 2})
     assert mpi.slots_warnings(capped, {"a": 1}) == []  # resources.cpus decides (validate)
+
+
+def test_a_peer_check_failure_next_to_a_container_off_the_host_network_names_its_mode() -> None:
+    found = mpi.parse_mpi_check(
+        "peer-fail node2 connect to host 10.0.0.2 port 2224: Network is unreachable\n"
+    )
+    (line,) = found.problems("img:1", "node1", 10, {"node1": "bridge", "node2": "host"})
+    assert "node1's container is on network 'bridge', not the host's" in line
+    assert "restarts a stopped sshd" not in line and "`cvs up --force`" in line
+
+
+def test_a_peer_check_failure_on_the_host_network_keeps_the_sshd_words() -> None:
+    found = mpi.parse_mpi_check("peer-fail node2 Connection refused\n")
+    (line,) = found.problems("img:1", "node1", 10, {"node1": "host", "node2": "host"})
+    assert "restarts a stopped sshd" in line and "network" not in line.split("(")[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -96,3 +97,30 @@ def test_runs_show_json_keeps_the_runs_verdict_apart_from_this_commands_success(
     doc = json.loads(capsys.readouterr().out)
     assert (doc["command"], doc["ok"], doc["exit_code"], doc["error"]) == ("runs", True, 0, None)
     assert (doc["run"]["ok"], doc["run"]["exit_code"]) == (False, 1), doc["run"]
+
+
+def test_an_older_killed_run_is_listed_below_newer_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_runs(tmp_path)  # runs started at 05:06:07 and 06:06:07, killed at 07:00
+    (tmp_path / "20250304T040000Z-killed_earlier" / "logs").mkdir(parents=True)
+    assert main(["runs", "--dir", str(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    names = [Path(r["path"]).name.split("-", 1)[1] for r in doc["runs"]]
+    assert names == ["killed", "install_x", "test_x", "killed_earlier"]
+
+
+def test_a_refused_run_is_listed_refused_with_no_host_ok(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    refused = failing_outcome(suite="refused_x")
+    refused.refused, refused.error = True, "refused: persistent containers run there"
+    for step in refused.steps:  # as the runner records a refusal (skipped_step)
+        step.results = {
+            h: replace(r, status="skipped", exit_code=None, reason="refused")
+            for h, r in step.results.items()
+        }
+    RunRecorder.create(tmp_path / "20250304T050607Z-refused_x").finish(refused, report=write_report)
+    assert main(["runs", "--dir", str(tmp_path)]) == 0
+    row = capsys.readouterr().out.splitlines()[1].split()
+    assert row[:6] == ["refused_x", "2025-03-04T05:06:07Z", "refused", "(4)", "0", "0"]

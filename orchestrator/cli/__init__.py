@@ -14,6 +14,7 @@ import gc
 import importlib
 import os
 import signal
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -150,7 +151,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:
         # argparse has printed the usage error; --json callers get the result line too.
         if exc.code == 2 and "--json" in argv:
-            _json_error(argv[0] if argv and not argv[0].startswith("-") else None, "usage error")
+            commands = _our_commands()
+            _json_error(next((w for w in argv if w in commands), None), "usage error")
         raise
     _apply_color(getattr(args, "color", None))
     from orchestrator.errors import CvsError, ExitCode, PolicyRefused
@@ -255,6 +257,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if cvs_cli.cvs_importable():
         # `cvs --help` says which commands are CVS's.
         parser.epilog = "\n\n".join(p for p in (parser.epilog, cvs_cli.help_epilog()) if p)
+    misplaced = _misplaced_option(parser, argv)
+    if misplaced:
+        parser.error(misplaced)
     args, unknown = parser.parse_known_args(argv)
     if getattr(args, "func", None) != "run:cmd_run":
         if unknown:
@@ -266,6 +271,47 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         unknown += argv[cut + 1 :]
     args.pytest_args = unknown
     return args
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _takes_value(action: argparse.Action, word: str) -> bool:
+    """Whether `word` (an option) takes the next word as its value."""
+    return action.nargs != 0 and "=" not in word
+
+
+def _misplaced_option(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """`cvs -c f --hosts node1 up`: an option of the command written before it
+    (argparse would say `invalid choice: 'node1'`). The words that say so and
+    the command line that works; None when the line has no such option."""
+    commands = _subcommands(parser)
+    i = 0
+    while i < len(argv) and argv[i].startswith("-") and argv[i] != "--":
+        word = argv[i]
+        known = parser._option_string_actions.get(word.split("=", 1)[0])
+        if known is not None:
+            i += 2 if _takes_value(known, word) else 1
+            continue
+        command = next((w for w in argv[i + 1 :] if w in commands), None)
+        if command is None:
+            return None
+        action = commands[command]._option_string_actions.get(word.split("=", 1)[0])
+        if action is None:
+            return None
+        moved = argv[i : i + 2] if _takes_value(action, word) else argv[i : i + 1]
+        rest = argv[:i] + argv[i + len(moved) :]
+        at = rest.index(command) + 1
+        fixed = shlex.join(["cvs", *rest[:at], *moved, *rest[at:]])
+        return (
+            f"{word.split('=', 1)[0]} is an option of `cvs {command}`: write it after the "
+            f"command ({fixed})"
+        )
+    return None
 
 
 def _first_expected(group: BaseExceptionGroup) -> BaseException | None:

@@ -22,6 +22,9 @@ from orchestrator.suites.report import (
     verdict_word,
 )
 
+# How a run directory's name starts (suites/records.py, run_dir).
+_NAME_STAMP = "%Y%m%dT%H%M%SZ"
+
 
 @dataclass(frozen=True)
 class PastRun:
@@ -33,9 +36,14 @@ class PastRun:
 
     @property
     def sort_key(self) -> tuple[str, str]:
-        stamp = self.outcome.started.isoformat() if self.outcome else ""
-        # Run dirs are named by UTC start time: the name orders those without results too.
-        return (stamp or self.path.name, self.path.name)
+        # One form for both, or a killed run's name sorts above every run with
+        # results: the start time from results.json, else from the directory's
+        # name (run dirs are named by their UTC start, `20250304T050607Z-suite`).
+        if self.outcome is not None:
+            stamp = self.outcome.started.strftime(_NAME_STAMP)
+        else:
+            stamp = self.path.name.split("-", 1)[0]
+        return (stamp, self.path.name)
 
 
 def read_run(path: Path) -> PastRun:
@@ -61,12 +69,15 @@ def find_runs(base: Path) -> list[PastRun]:
 
 
 def host_counts(outcome: RunOutcome) -> tuple[int, int]:
-    """(hosts with every step ok or skipped, hosts where some step was not ok)."""
+    """(hosts where some step ran and every step was ok or skipped after
+    it, hosts where some step was not ok). A host where no step ran (the
+    run was refused, `up` failed) is neither: nothing was ok there."""
     bad = {
         h for s in outcome.steps for h, r in s.results.items() if r.status not in ("ok", "skipped")
     }
+    ran = {h for s in outcome.steps for h, r in s.results.items() if r.status == "ok"}
     hosts = run_hosts(outcome)
-    return len([h for h in hosts if h not in bad]), len(bad)
+    return len([h for h in hosts if h in ran and h not in bad]), len(bad)
 
 
 def _row(run: PastRun) -> dict[str, Any]:

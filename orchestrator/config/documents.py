@@ -386,8 +386,17 @@ def _error_message(err: dict[str, Any], where: _ErrorPath) -> str:
     got = describe_value(value)
     if kind == "extra_forbidden":
         key = where.path[-1] if where.path else "?"
-        fields = list(where.model.model_fields) if where.model is not None else []
-        fields = [f for f in fields if f != "source"]
+        model_fields = where.model.model_fields if where.model is not None else {}
+        # What the loader sets (source, source_file, cvs_notes, slurm) is no
+        # key a user may write: never offered as one.
+        fields = [
+            name
+            for name, info in model_fields.items()
+            if not (
+                isinstance(info.json_schema_extra, dict)
+                and info.json_schema_extra.get("set_by_loader")
+            )
+        ]
         import difflib  # only for an unknown key: not on every load (tests/test_startup.py)
 
         close = difflib.get_close_matches(str(key), fields, n=1, cutoff=0.6)

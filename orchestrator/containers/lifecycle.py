@@ -851,9 +851,16 @@ class Lifecycle:
         if found.ssh_missing:
             text = f"no ssh client in {head}'s container: the peers' sshd were not checked"
             self.sink.emit(Message(level="warning", host=head, text=text))
+        # A container kept (adopted, attached) runs on the network it was
+        # created with; one this `up` started has the file's.
+        modes = {
+            h: s.exec_facts.network_mode
+            for h, s in states.items()
+            if s.exec_facts and h in outcomes and not outcomes[h].action.launches
+        }
         for peer, why in found.peers_failed:
             (problem,) = replace(found, peers_failed=((peer, why),)).problems(
-                self.cfg.image, head, per_peer
+                self.cfg.image, head, per_peer, modes
             )
             outcomes[peer].fail("peers", None, problem.removeprefix(f"{peer}: "))
             self._step(peer, "peers", "failed", problem)

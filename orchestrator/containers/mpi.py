@@ -218,8 +218,18 @@ class MPICheck:
     peers_failed: tuple[tuple[str, str], ...] = ()  # (peer, ssh's last words)
     hostfile: tuple[str, ...] = ()
 
-    def problems(self, image: str, head: str, seconds: float) -> list[str]:
-        """One line per reason an MPI launch from `head` would fail or hang."""
+    def problems(
+        self,
+        image: str,
+        head: str,
+        seconds: float,
+        network_modes: Mapping[str, str] | None = None,
+    ) -> list[str]:
+        """One line per reason an MPI launch from `head` would fail or hang.
+        `network_modes`: each container's network mode where the inspect
+        read it (HostConfig.NetworkMode); one that is not `host` is named as
+        the cause, not a stopped sshd."""
+        modes = network_modes or {}
         out = []
         if self.mpirun_missing:
             out.append(
@@ -228,6 +238,19 @@ class MPICheck:
                 "(Debian: openmpi-bin; docs/mpi.md)"
             )
         for peer, why in self.peers_failed:
+            off = [
+                (h, modes[h]) for h in dict.fromkeys((head, peer)) if modes.get(h, "host") != "host"
+            ]
+            if off:
+                named = " and ".join(f"{h}'s container is on network {m!r}" for h, m in off)
+                out.append(
+                    f"{peer}: its container's sshd did not answer `ssh {peer} true` from "
+                    f"{head}'s container ({why}): {named}, not the host's: the sshd listen on "
+                    "the hosts' addresses, which only containers on the host network reach "
+                    "(an adopted container keeps the network it was created with): recreate "
+                    "it with container.network: host (`cvs up --force`)"
+                )
+                continue
             out.append(
                 f"{peer}: its container's sshd did not answer `ssh {peer} true` from {head}'s "
                 f"container ({why}; each peer gets {seconds:g}s): an MPI launch would fail "

@@ -76,7 +76,8 @@ def narrowed(plan: Plan, only: Sequence[str], container: str, unknown: Sequence[
     if plan.lifetime == "persistent":
         inside = [h for h, a in plan.actions.items() if h in chosen and a.launches]
         outside = [h for h, a in plan.actions.items() if h not in chosen and a.launches]
-        outside += [h for h in unknown if h not in chosen and h not in outside]
+        launching_outside = set(outside)  # a set: thousands of hosts left out
+        outside += [h for h in unknown if h not in chosen and h not in launching_outside]
         if inside and outside:
             refusal = Refusal(
                 "partial_set_hosts",
@@ -116,7 +117,8 @@ def healed(
         return plan
     chosen = set(only) if only is not None else set(states)
     missing = [h for h in states if h in chosen and states[h].container == "absent"]
-    present = [h for h in states if h not in missing]
+    absent_here = set(missing)
+    present = [h for h in states if h not in absent_here]
     if not missing or not present:
         return plan
     for h in present:

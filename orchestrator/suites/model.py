@@ -22,7 +22,7 @@ import os
 import re
 from dataclasses import dataclass
 from importlib import resources
-from importlib.abc import Traversable
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Literal
 

@@ -11,7 +11,8 @@
 # Descendants are found from /proc/*/status (no pgrep/ps: minimal images lack
 # them), read once per walk: the pid -> parent table, then the tree from it.
 # KILL goes to the first walk's pids too: once TERM has ended the recording
-# shell, a command that ignored TERM is no longer its descendant.
+# shell, a command that ignored TERM is no longer its descendant. Prints
+# `ended PIDFILE` for each command it ended (nothing when none was left).
 # tree ROOT: ROOT and its descendants, one walk of /proc.
 tree() {
   _table=''
@@ -53,6 +54,7 @@ end() {
   # shellcheck disable=SC2046,SC2086  # lists of pids, split on purpose
   kill -KILL $pids $(tree "$p") 2>/dev/null
   rm -f "$1"
+  echo "ended $1"
 }
 if [ "$1" = --session ]; then
   case $2 in '' | *[!0-9a-f]*) exit 2 ;; esac

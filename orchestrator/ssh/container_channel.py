@@ -519,9 +519,11 @@ class ContainerConnections:
         if on_timeout is None:
             return "remote process killed"
         with anyio.CancelScope(shield=True):
-            done = await self.pool.run_control(host, on_timeout, bound=KILL_BOUND)
-        if done:
+            said = await self.pool.run_control(host, on_timeout, bound=KILL_BOUND)
+        if said is not None and "ended " in said:
             return "its processes in the container were ended through the host"
+        if said is not None:
+            return "none of its processes was left in the container (looked through the host)"
         return (
             f"its processes in the container could not be ended through the host within "
             f"{KILL_BOUND:g}s (they may still run)"

@@ -873,18 +873,20 @@ class SSHPool:
                     await process.wait_closed()
                 process.close()
 
-    async def run_control(self, host: str, script: str, *, bound: float = 5.0) -> bool:
+    async def run_control(self, host: str, script: str, *, bound: float = 5.0) -> str | None:
         """Run shell text `script` on `host` on the channel its connection
         keeps for cleanups (a kill: never waiting behind the work channels),
-        within `bound` seconds; True when it ran and exited 0."""
+        within `bound` seconds: its stdout when it exited 0, else None."""
         link = self._links.get(host)
         if link is None or link.conn.is_closed():
-            return False
+            return None
         with anyio.move_on_after(bound), contextlib.suppress(asyncssh.Error, OSError):
             async with link.control:
                 done = await link.conn.run(script, check=False)
-            return done.exit_status == 0
-        return False
+            if done.exit_status == 0:
+                out = done.stdout
+                return out.decode(errors="replace") if isinstance(out, bytes) else str(out or "")
+        return None
 
     async def _kill(
         self,

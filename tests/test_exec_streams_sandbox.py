@@ -147,6 +147,27 @@ def test_stdin_reaches_the_command_through_the_runtime_exec_too(lab: Lab) -> Non
     )
 
 
+def test_a_stdin_that_never_ends_does_not_keep_cvs_once_the_commands_end(lab: Lab) -> None:
+    proc = subprocess.Popen(
+        [*CVS, "-c", str(lab.cluster_file), "exec", "--", "echo ran"],
+        stdin=subprocess.PIPE,  # open, never written, never closed
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "CI": "1"},
+    )
+    try:
+        code = proc.wait(timeout=120)  # a few lines of output: the pipes do not fill
+        assert proc.stdout is not None and proc.stderr is not None
+        out, err = proc.stdout.read().decode(), proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        assert proc.stdin is not None
+        proc.stdin.close()
+    assert code == 0, err
+    assert sorted(out.splitlines()) == [f"{h} | ran" for h in HOSTS]
+
+
 def test_dash_n_closes_the_commands_stdin(lab: Lab) -> None:
     proc = cvs_bytes(lab, "exec", "-n", "--", "cat; echo end", input=b"hi\n")
     assert proc.returncode == 0, explain(text_of(proc))

@@ -17,6 +17,7 @@ as they came (a single-host `cvs exec -N`), instead of lines.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -57,9 +58,14 @@ class StdinFeed:
         return receive
 
     async def _read(self) -> bytes:
-        # A thread, abandoned on cancel: a terminal or a pipe that never ends
-        # must not keep cvs once every command has ended.
-        return await anyio.to_thread.run_sync(os.read, self.fd, self.chunk, abandon_on_cancel=True)
+        # A pipe (or socket, or device) is waited on by the event loop, then
+        # read: a pipe that never ends must not keep cvs once every command
+        # has ended, as a thread blocked in read(2) would at exit. A regular
+        # file is always readable (epoll refuses it): a thread reads it.
+        if stat.S_ISREG(os.fstat(self.fd).st_mode):
+            return await anyio.to_thread.run_sync(os.read, self.fd, self.chunk)
+        await anyio.wait_readable(self.fd)
+        return os.read(self.fd, self.chunk)
 
     async def run(self) -> None:
         """Read until the end of the input (or no reader is left), handing

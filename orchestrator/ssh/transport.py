@@ -1051,7 +1051,10 @@ async def _fed_until_closed(
     """Until the command ends: its stdin closed at once, or fed from `stdin`
     (then closed) while it runs; what it did not read when it ended is moot."""
     if stdin is None:
-        chan.write_eof()
+        # A command may end before it reads its stdin (a working directory it
+        # could not enter): the channel may be closing already.
+        with contextlib.suppress(asyncssh.Error, OSError):
+            chan.write_eof()
         await session.closed.wait()
         return
     async with anyio.create_task_group() as tg:

@@ -10,6 +10,7 @@ One `Cluster` holds one SSH connection per host for its whole life.
 from __future__ import annotations
 
 import re
+import secrets
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
@@ -27,13 +28,20 @@ from orchestrator.config import (
 )
 from orchestrator.config.hostlist import SelectionError, abbreviate_hosts
 from orchestrator.config.hostlist import select_hosts as _select
-from orchestrator.containers.exec import NOT_RUNNING_EXIT, container_command, pidfile_of
+from orchestrator.containers.exec import (
+    NOT_RUNNING_EXIT,
+    container_command,
+    kill_command,
+    pidfile_of,
+)
 from orchestrator.errors import CvsError, Param, Phrase, Text, UsageError, first_line, join_text
 from orchestrator.errors import HostSelectionError as HostSelectionError
 from orchestrator.events import EventSink, Message, NullSink
 from orchestrator.results import HostResult, exit_code_for
 from orchestrator.ssh.fanout import fan_out, run_on_hosts
 from orchestrator.ssh.seam import HostRunner
+from orchestrator.ssh.stdin import ExecIO, RawOutput
+from orchestrator.ssh.streams import ExecStreams
 from orchestrator.ssh.transport import SSHPool
 
 # Lifetimes whose containers inside a job are named for it (config/views.py).
@@ -178,6 +186,9 @@ class Cluster:
         self.purpose = "up"
         # Commands in the containers through their sshd (containers/sshexec.py).
         self._ssh_exec: SSHExec | None = None
+        # What this invocation's commands' pidfiles start with: the lock
+        # holders' guard ends them all (remote/kill_tree.sh --session).
+        self._session = secrets.token_hex(4)
 
     @classmethod
     @asynccontextmanager
@@ -565,6 +576,8 @@ class Cluster:
         workdir: str | None = None,
         raise_on_failure: bool = False,
         wait: bool = True,
+        stdin: int | None = None,
+        raw_output: RawOutput | None = None,
     ) -> dict[str, HostResult]:
         """Run a command on every selected host: inside the container when the
         cluster has a container block (and `host_os` is not set), else on the
@@ -580,17 +593,29 @@ class Cluster:
 
         In the containers it holds each host's lock shared for the duration
         (the one `up` left, else its own), so nothing replaces them meanwhile.
+
+        `stdin`, a file descriptor: its bytes go to every host's command,
+        streamed, the same bytes to each (ClusterShell's convention); None:
+        the command's stdin is closed. `raw_output(stream, data)` takes the
+        output as bytes, as they came, instead of `OutputLine` events (one
+        host: `cvs exec -N`); results keep their tails either way, with the
+        bytes that were not text counted (`HostResult.stdout_not_text`).
         """
-        results = await self._exec(
-            command,
-            hosts=hosts,
-            timeout=timeout,
-            host_os=host_os,
-            env=env,
-            user=user,
-            workdir=workdir,
-            wait=wait,
-        )
+        if raw_output is not None and len(hosts or self.hosts) != 1:
+            raise UsageError("exec: output as bytes (raw_output) is for one host")
+        io = ExecStreams(stdin, raw_output, self.pool)
+        async with io.feeding():
+            results = await self._exec(
+                command,
+                hosts=hosts,
+                timeout=timeout,
+                host_os=host_os,
+                env=env,
+                user=user,
+                workdir=workdir,
+                wait=wait,
+                io=io,
+            )
         if raise_on_failure and not all(r.ok for r in results.values()):
             raise ExecFailed(results)
         return results
@@ -606,21 +631,24 @@ class Cluster:
         user: str | None,
         workdir: str | None,
         wait: bool = True,
+        io: ExecStreams | None = None,
     ) -> dict[str, HostResult]:
         selected = list(hosts or self.hosts)
+        io = io or ExecStreams(None, None, self.pool)
+        io.start(selected)
         on_host = host_os or self.config.container is None
         if on_host and (user is not None or workdir is not None):
             raise UsageError(
                 "exec: user and workdir apply inside the container; on the host the "
                 "SSH login user runs the command (use `cd DIR && ...` in the command)"
             )
+        if on_host and io.wanted:
+            return await io.on_hosts(selected, command, timeout=timeout, env=env)
         if on_host:
             # In worker processes past a fleet size where it pays (ssh/workers/parent.py).
             return await run_on_hosts(
                 self.pool, selected, command, timeout=timeout, env=env, label="exec"
             )
-        import secrets
-
         name = container_name(self.config)
         container_env = self._guard_gpu_env({**self.config.env, **(env or {})})
         as_user = self._exec_user(name, user, workdir)
@@ -632,11 +660,18 @@ class Cluster:
             before = await self._lock_for_exec(selected, name, ready, wait=wait)
 
         async def one(host: str) -> HostResult:
+            async with io.of(host) as streams:
+                return await in_container(host, streams)
+
+        async def in_container(host: str, streams: ExecIO | None) -> HostResult:
             if host in before:
                 return before[host]
             runtime = ready.get(host) or self.runtimes[host]
+            # This invocation's commands end with its lock on the host, should
+            # it go without a word (SIGKILL, a lost laptop): remote/lock.sh.
+            locks.guard(host, kill_command(name, self._session, runtime, session=True))
             # Through the container's sshd when it runs; None: docker exec.
-            token = secrets.token_hex(6)  # its pidfile: evidence for a diagnosis
+            token = self._session + secrets.token_hex(6)  # its pidfile: evidence for a diagnosis
             via_sshd = await self.ssh_exec.run(
                 host,
                 command,
@@ -646,28 +681,22 @@ class Cluster:
                 workdir=workdir,
                 timeout=timeout,
                 token=token,
+                io=streams,
             )
-            if via_sshd is not None:
-                return await self._explain(host, name, via_sshd, runtime, pidfile_of(token))
-            script, kill, stdin = container_command(
-                name,
-                command,
-                token=token,
-                env=container_env,
-                user=as_user,
-                workdir=workdir,
-                # Known running (this Cluster's `up`, or the probe above, under
-                # the lock held): no separate running check on the host.
-                runtime=runtime,
-            )
-            result = await self.pool.run(
-                host, script, timeout=timeout, input=stdin, label="exec", on_timeout=lambda: kill
-            )
-            if result.exit_code == NOT_RUNNING_EXIT and result.stderr.startswith("container "):
-                # The host's shell says "here"; the reader needs to know where.
-                here = result.stderr.strip()
-                return replace(result, error=here.replace(" running here", f" running on {host}"))
-            return await self._explain(host, name, result, runtime, pidfile_of(token))
+            if via_sshd is None:
+                return await self._via_runtime(
+                    host,
+                    command,
+                    token,
+                    runtime,
+                    io,
+                    streams,
+                    timeout=timeout,
+                    env=container_env,
+                    user=as_user,
+                    workdir=workdir,
+                )
+            return await self._explain(host, name, via_sshd, runtime, pidfile_of(token))
 
         try:
             results = await fan_out(selected, one, limit=self.config.concurrency.hosts)
@@ -697,6 +726,44 @@ class Cluster:
         ready = self._lifecycle().locks.ready
         runtimes = {h: ready.get(h) or self.runtimes[h] for h in self.hosts}
         return await name_ended_peers(self.pool, self.config, name, runtimes, results)
+
+    async def _via_runtime(
+        self,
+        host: str,
+        command: str | Sequence[str],
+        token: str,
+        runtime: ContainerRuntime,
+        io: ExecStreams,
+        streams: ExecIO | None,
+        *,
+        timeout: float | None,
+        env: dict[str, str],
+        user: str | None,
+        workdir: str | None,
+    ) -> HostResult:
+        """`command` in `host`'s container through `RUNTIME exec` (the
+        container's sshd is not the way this time)."""
+        name = container_name(self.config)
+        script, kill, stdin = container_command(
+            name,
+            command,
+            token=token,
+            env=env,
+            user=user,
+            workdir=workdir,
+            # Known running (this Cluster's `up`, or the probe above, under
+            # the lock held): no separate running check on the host.
+            runtime=runtime,
+            stdin=streams is not None and streams.stdin is not None,
+        )
+        result = await io.run(
+            host, script, timeout=timeout, input=stdin, on_timeout=lambda: kill, io=streams
+        )
+        if result.exit_code == NOT_RUNNING_EXIT and result.stderr.startswith("container "):
+            # The host's shell says "here"; the reader needs to know where.
+            here = result.stderr.strip()
+            return replace(result, error=here.replace(" running here", f" running on {host}"))
+        return await self._explain(host, name, result, runtime, pidfile_of(token))
 
     def _exec_user(self, name: str, user: str | None, workdir: str | None) -> str | None:
         """Who runs an exec in the container (the option, else the cluster's

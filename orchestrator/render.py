@@ -370,6 +370,9 @@ def _status_errors(
     what the table's `?` means (once: the table's rows stay one per host)."""
     explained = False
     for r in rows:
+        init = r.init_note()
+        if init is not None:
+            sys.stderr.write(f"{r.host}: note: {init}\n")
         if r.error:
             note = ""
             if not explained and (not r.probed or r.access is None):

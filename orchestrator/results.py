@@ -34,6 +34,10 @@ class HostResult:
     stdout_dropped: int = 0
     stderr_dropped: int = 0
     output_file: str | None = None
+    # Bytes of each stream that were not UTF-8 text: `stdout`/`stderr` (and
+    # the streamed lines) show each as a `\xNN` escape, never silently changed.
+    stdout_not_text: int = 0
+    stderr_not_text: int = 0
 
     @property
     def ok(self) -> bool:
@@ -43,6 +47,17 @@ class HostResult:
     def truncated(self) -> bool:
         """True when `stdout` or `stderr` is only the tail of what the command printed."""
         return bool(self.stdout_dropped or self.stderr_dropped)
+
+    def not_text_note(self) -> str | None:
+        """One line saying how many bytes of each stream were not text, if any."""
+        parts = [
+            f"{n} byte{'s' if n != 1 else ''} of {name}"
+            for name, n in (("stdout", self.stdout_not_text), ("stderr", self.stderr_not_text))
+            if n
+        ]
+        if not parts:
+            return None
+        return f"{' and '.join(parts)} not UTF-8 text, shown as \\xNN escapes"
 
     @property
     def reached(self) -> bool:
@@ -66,6 +81,7 @@ class HostResult:
             "truncated": self.truncated,
             "dropped": {"stdout": self.stdout_dropped, "stderr": self.stderr_dropped},
             "output_file": self.output_file,
+            "not_text": {"stdout": self.stdout_not_text, "stderr": self.stderr_not_text},
         }
 
 

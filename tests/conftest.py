@@ -98,6 +98,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         # `cvs` the tests start would inherit that: the Ctrl-C tests would see
         # it ignored. A handler of ours is reset to the default in children.
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # `cvs exec` passes its stdin on to the commands (issue 42), and every
+    # `cvs` the tests start inherits ours: a runner's pipe that never ends
+    # would be every command's stdin. /dev/null, unless a test gives one.
+    with contextlib.suppress(OSError):
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

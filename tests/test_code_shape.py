@@ -123,6 +123,8 @@ def test_the_getattr_check_sees_concatenations_and_f_strings() -> None:
         'getattr(self, "stdout")\n'
     )
     assert composed_getattrs(ast.parse(code)) == [1, 2, 3, 4]
+
+
 def test_no_module_imports_traversable_from_importlib_abc() -> None:
     """importlib.abc.Traversable is deprecated since 3.12 and gone in 3.14:
     importlib.resources.abc holds it."""

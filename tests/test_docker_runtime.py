@@ -89,7 +89,7 @@ def test_run_argv_puts_every_option_before_image_and_sleep_infinity() -> None:
     )
     argv = run_argv(["docker"], cfg, "c1", {"k": "v"}, resources=EffectiveResources(cpus=2))
     assert argv == [
-        "docker", "run", "-d", "--name", "c1",
+        "docker", "run", "-d", "--init", "--name", "c1",
         "--label", "k=v",
         "--network", "host",
         "--ipc", "host",
@@ -130,7 +130,7 @@ def test_run_argv_leaves_out_options_that_are_not_set() -> None:
     cfg = ContainerConfig(image="img:1", ipc=None, user="app")
     argv = run_argv(["sudo", "-n", "docker"], cfg, "c", {})
     assert argv == [
-        "sudo", "-n", "docker", "run", "-d", "--name", "c", "--network", "host",
+        "sudo", "-n", "docker", "run", "-d", "--init", "--name", "c", "--network", "host",
         "img:1", "sleep", "infinity",
     ]  # fmt: skip
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import time
@@ -284,6 +285,39 @@ def test_the_lock_runs_the_program_under_it_and_a_second_taker_is_busy(
     assert not lock.exists()  # the last one out removed it
 
 
+def _holder_with_guard(sh: tuple[str, ...], tmp_path: Path, lines: str) -> Path:
+    """A lock holder given `lines` on stdin, then stdin closed; the file its
+    guard (`echo ran > FILE`) would write."""
+    mark = tmp_path / "guard-ran"
+    holder = subprocess.Popen(
+        [*sh, *lock_argv(tmp_path / "cvs-g-h.lock", "s")[1:]],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    holder.communicate(lines.replace("FILE", str(mark)), timeout=30)
+    return mark
+
+
+def test_a_lock_whose_coordinator_goes_without_a_word_runs_its_guard(
+    sh: tuple[str, ...], tmp_path: Path
+) -> None:
+    mark = _holder_with_guard(sh, tmp_path, "guard T1\n  echo ran > 'FILE'\nT1\nrenew\n")
+    assert mark.read_text() == "ran\n"
+
+
+def test_a_lock_released_in_order_does_not_run_its_guard(
+    sh: tuple[str, ...], tmp_path: Path
+) -> None:
+    mark = _holder_with_guard(sh, tmp_path, "guard T1\necho ran > 'FILE'\nT1\nrelease\n")
+    assert not mark.exists()
+
+
+def test_a_guard_cut_short_is_never_run(sh: tuple[str, ...], tmp_path: Path) -> None:
+    mark = _holder_with_guard(sh, tmp_path, "guard T1\necho ran > 'FILE'\n")
+    assert not mark.exists()
+
+
 # --- docker.sh: access where no probe said -------------------------------------------
 
 
@@ -334,6 +368,49 @@ def test_kill_tree_stops_the_command_and_its_children(sh: tuple[str, ...], tmp_p
     finally:
         started.kill()
     assert not pidfile.exists()
+
+
+def test_kill_tree_of_a_session_stops_every_command_of_it(
+    sh: tuple[str, ...], tmp_path: Path
+) -> None:
+    session = secrets.token_hex(4)
+    pidfiles = [Path(f"/tmp/.cvs-exec-{session}{i}.pid") for i in range(2)]
+    started = [
+        subprocess.Popen([*sh, *remote.argv("run", str(p), "", "sleep", "60")[1:]])
+        for p in pidfiles
+    ]
+    try:
+        for _ in range(100):
+            if all(p.exists() and p.read_text().strip() for p in pidfiles):
+                break
+            time.sleep(0.05)
+        out = run(sh, remote.argv("kill_tree", "--session", session))
+        assert out.returncode == 0 and sorted(out.stdout.split()) == sorted(
+            ["ended", "ended", *map(str, pidfiles)]
+        )
+        assert all(p.wait(timeout=10) != 0 for p in started)
+    finally:
+        for p in started:
+            p.kill()
+        for f in pidfiles:
+            f.unlink(missing_ok=True)
+    assert not any(f.exists() for f in pidfiles)
+
+
+def test_kill_tree_leaves_a_pid_that_is_no_longer_the_commands_alone(
+    sh: tuple[str, ...], tmp_path: Path
+) -> None:
+    # A container restarted since: the pid in the file is another process now.
+    other = subprocess.Popen(["sleep", "60"])
+    pidfile = tmp_path / "pid"
+    pidfile.write_text(f"{other.pid}\n")
+    try:
+        out = run(sh, remote.argv("kill_tree", str(pidfile)))
+        assert out.returncode == 0 and out.stdout == ""
+        assert other.poll() is None
+        assert pidfile.exists()  # the evidence stays (containers/causes.py)
+    finally:
+        other.kill()
 
 
 # --- copy_receive.sh / copy_send.sh ---------------------------------------------------

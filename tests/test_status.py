@@ -75,7 +75,20 @@ def test_what_could_not_be_probed_is_null_never_a_guess() -> None:
         "limits": EffectiveResources().describe(),
         "drift": None,
         "error": "connect timed out",
+        "init": None,
     }
+
+
+def test_a_container_made_without_an_init_is_noted_one_made_with_it_is_not() -> None:
+    old = HostState(
+        host="node1", access="direct", container="running", container_id="c1", init=False
+    )
+    new = HostState(
+        host="node1", access="direct", container="running", container_id="c1", init=True
+    )
+    assert (row(old).to_dict()["init"], row(new).to_dict()["init"]) == (False, True)
+    assert "without an init" in (row(old).init_note() or "")
+    assert row(new).init_note() is None
 
 
 def test_a_probed_host_without_a_container_says_so_not_unknown() -> None:

@@ -13,8 +13,8 @@ import errno
 import gc
 import importlib
 import os
-import signal
 import shlex
+import signal
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING

@@ -14,6 +14,7 @@ from orchestrator.cli.collector import imports_first
 from orchestrator.cli.common import (
     CLI_STYLE,
     CONNECTING,
+    RawWriter,
     chosen_hosts,
     cli_reasons,
     cli_text,
@@ -25,6 +26,7 @@ from orchestrator.cli.common import (
     only_hosts,
     print_json_summary,
     run_with_cluster,
+    stdin_to_pass,
     tell_stdout_closed,
     while_stdout_is_read,
     write_json_result,
@@ -104,12 +106,14 @@ def cmd_exec(args: argparse.Namespace) -> int:
     # One argument is taken as shell text (`cvs exec -- 'a | b'`), several as argv.
     remote: str | list[str] = command[0] if len(command) == 1 else command
     sink = make_sink(args, output=not args.group, cluster=cluster_cfg)
+    raw = _raw_writer(args, hosts)
+    stdin = None if args.no_stdin else stdin_to_pass()
 
     async def main() -> dict[str, HostResult] | None:
         async with Cluster.open(cluster_cfg, sink=sink) as cluster:
             # Whoever reads our stdout went away (`| head -1`): stop the remote
             # commands (cancellation kills them) instead of running on unread.
-            async with while_stdout_is_read(sink):
+            async with while_stdout_is_read(raw or sink):
                 return await cluster.exec(
                     remote,
                     hosts=hosts,
@@ -119,6 +123,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
                     user=args.user,
                     workdir=args.workdir,
                     wait=not args.no_wait,
+                    stdin=stdin,
+                    raw_output=raw,
                 )
             return None
 
@@ -146,6 +152,12 @@ def cmd_exec(args: argparse.Namespace) -> int:
         # Grouped by identical error: a thousand unreachable hosts are one line.
         for line in failure_summary(results, host_aliases(cluster_cfg)):
             sys.stderr.write(line + "\n")
+    for r in results.values():
+        note = r.not_text_note()
+        if note is not None and raw is None:
+            sys.stderr.write(
+                f"{r.host}: {note} (the bytes as they are: `cvs exec -N` on one host)\n"
+            )
     truncated = [r for r in results.values() if r.truncated]
     if truncated:
         from orchestrator.render import compress_hosts
@@ -158,6 +170,20 @@ def cmd_exec(args: argparse.Namespace) -> int:
         )
     sys.stderr.write(summary_line(results) + "\n")
     return code
+
+
+def _raw_writer(args: argparse.Namespace, hosts: list[str]) -> RawWriter | None:
+    """`-N`: the one host's output as it is; a usage error where it cannot be."""
+    if not args.no_prefix:
+        return None
+    if len(hosts) != 1:
+        raise UsageError(
+            f"cvs exec -N: output without prefixes is for one host ({len(hosts)} selected: "
+            "pick one with --hosts)"
+        )
+    if args.json or args.group:
+        raise UsageError("cvs exec -N: output as bytes cannot go with --json or --group")
+    return RawWriter()
 
 
 def _with_the_way_out(result: HostResult) -> HostResult:

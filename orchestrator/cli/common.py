@@ -228,7 +228,7 @@ def run_with_cluster(
 
 
 @contextlib.asynccontextmanager
-async def while_stdout_is_read(sink: EventSink) -> AsyncIterator[Any]:
+async def while_stdout_is_read(sink: EventSink | RawWriter) -> AsyncIterator[Any]:
     """A cancel scope for the work that is cancelled once whoever reads our
     stdout goes away (`cvs exec ... | head -1`), so remote commands stop
     instead of running on unread; the caller sees it as `cancelled_caught`.
@@ -250,6 +250,51 @@ async def while_stdout_is_read(sink: EventSink) -> AsyncIterator[Any]:
                 yield scope
             finally:
                 watchers.cancel_scope.cancel()
+
+
+class RawWriter:
+    """`cvs exec -N`: a host's stdout and stderr onto ours, byte for byte, as
+    they come (`Cluster.exec(raw_output=...)`). A reader of our stdout that
+    went away stops the commands, as the sinks do (`on_broken`)."""
+
+    on_broken: Callable[[], None] | None = None
+
+    def __init__(self) -> None:
+        self.broken = False
+
+    def __call__(self, stream: str, data: bytes) -> None:
+        out = sys.stderr if stream == "stderr" else sys.stdout
+        if self.broken and out is sys.stdout:
+            return
+        try:
+            out.buffer.write(data)
+            out.buffer.flush()
+        except BrokenPipeError:
+            if out is not sys.stdout:
+                return
+            self.broken = True
+            with contextlib.suppress(OSError, ValueError):
+                fd = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(fd, sys.stdout.fileno())
+                os.close(fd)
+            if self.on_broken is not None:
+                self.on_broken()
+
+
+def stdin_to_pass() -> int | None:
+    """Our stdin's descriptor when `cvs exec` passes it to the commands: not
+    when it is a terminal (nobody means to type into every host: ssh -n's
+    habit without the option) or /dev/null, or closed (None)."""
+    try:
+        st = os.fstat(0)
+        if os.isatty(0):
+            return None
+        null = os.stat(os.devnull)
+    except OSError:
+        return None
+    if stat.S_ISCHR(st.st_mode) and st.st_rdev == null.st_rdev:
+        return None
+    return 0
 
 
 def _stdout_is_a_pipe() -> bool:

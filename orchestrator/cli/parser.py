@@ -288,6 +288,21 @@ def _add_exec_parser(sub: _Subparsers, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-wait", action="store_true", help=NO_WAIT_HELP)
     p.add_argument(
+        "-n",
+        "--no-stdin",
+        action="store_true",
+        help="close CMD's stdin (as ssh -n); without it, cvs's stdin goes to CMD on every "
+        "selected host, streamed, the same bytes to each (as clush does), unless it is a "
+        "terminal or /dev/null",
+    )
+    p.add_argument(
+        "-N",
+        "--no-prefix",
+        action="store_true",
+        help="one host: its stdout and stderr as they are, byte for byte, without the "
+        "`host | ` prefix (`cvs exec -N --hosts node1 -- cat f > copy`)",
+    )
+    p.add_argument(
         "command",
         nargs=argparse.REMAINDER,
         metavar="-- CMD ...",

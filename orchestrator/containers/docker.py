@@ -228,7 +228,11 @@ def run_argv(
     cdi: Sequence[CDIDevice] | None = None,
     keep_groups: bool = False,
 ) -> list[str]:
-    """`docker run -d …` for a long-lived container that idles on `sleep infinity`.
+    """`docker run -d …` for a long-lived container that idles on `sleep infinity`,
+    under the runtime's init (`--init`: docker-init, podman's catatonit) as
+    PID 1, which reaps the orphans commands leave (an `sshd`, `orted` or
+    `mpirun` whose parent went first): `sleep` reaps nothing, and zombies
+    count against the pids cap.
 
     The one place a container's run argv is assembled. `cfg.devices` is used
     as given: the caller filters it per host (only the devices present there).
@@ -242,7 +246,7 @@ def run_argv(
     """
     validate_container_name(name)
     validate_image_ref(cfg.image)
-    argv = [*prefix, "run", "-d", "--name", name]
+    argv = [*prefix, "run", "-d", "--init", "--name", name]
     for key, value in labels.items():
         _validate_label(key, value)
         argv += ["--label", f"{key}={value}"]
@@ -475,6 +479,8 @@ class ContainerInfo:
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     started_at: str | None = None
     limits: ContainerLimits = field(default_factory=ContainerLimits)
+    # The runtime's init is PID 1 (HostConfig.Init: `run --init`); None: not said.
+    init: bool | None = None
 
     @property
     def state(self) -> ContainerStatus:
@@ -600,7 +606,16 @@ def parse_container_inspect(text: str) -> ContainerInfo:
         labels=_str_map(config.get("Labels")),
         started_at=started if isinstance(started, str) and started != _ZERO_TIME else None,
         limits=_limits(obj.get("HostConfig")),
+        init=_init(obj.get("HostConfig")),
     )
+
+
+def _init(host_config: Any) -> bool | None:
+    """HostConfig.Init: true with `--init`; docker says null, podman false,
+    without it; None when there is no HostConfig to read."""
+    if not isinstance(host_config, dict):
+        return None
+    return host_config.get("Init") is True
 
 
 def parse_image_inspect(text: str) -> ImageInfo:

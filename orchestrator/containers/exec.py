@@ -12,6 +12,7 @@ run.sh before it starts the command.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
@@ -84,13 +85,15 @@ def container_command(
     user: str | None = None,
     workdir: str | None = None,
     runtime: ContainerRuntime | None = None,
+    stdin: bool = False,
 ) -> ContainerCommand:
     """How to run `command` in container `name` (and stop it on timeout).
 
     The host side finds how to reach docker and that the container runs, in
     the same round trip as the command itself. The command runs as `user`
     (`docker exec -u`; default: the image's USER) in `workdir` (default: the
-    image's WORKDIR).
+    image's WORKDIR). `stdin`: the caller streams the command's stdin after
+    the environment block (`docker exec -i`).
 
     A known `runtime` says the container is known to run and how to reach
     docker: an `up` of this invocation probed it under the lock it still
@@ -114,15 +117,36 @@ def container_command(
         if not WORKDIR_RE.fullmatch(workdir):
             raise ValueError(f"invalid working directory {workdir!r} (an absolute path)")
         exec_opts += ["-w", workdir]
-    env_token, stdin = "", None
+    env_token, block = "", None
     if env:
         # Values over stdin, read in the container before the command starts.
         env_token = new_token()
-        exec_opts, stdin = ["-i", *exec_opts], env_block(env, env_token)
+        block = env_block(env, env_token)
+    if env or stdin:
+        exec_opts = ["-i", *exec_opts]
     run = remote.argv("run", _pidfile(token), env_token, *argv)
     inner = ["exec", *exec_opts, name, *run]
     script = in_running_container(name, inner, runtime)
+    kill = kill_command(name, _pidfile(token), runtime or ContainerRuntime())
+    return ContainerCommand(script, kill, block)
+
+
+_SESSION_RE = re.compile(r"[0-9a-f]{8,32}")
+
+
+def kill_command(
+    name: str, pidfile: str, runtime: ContainerRuntime, *, session: bool = False
+) -> str:
+    """Host shell text that ends the process tree run.sh recorded in
+    `pidfile` in container `name` (remote/kill_tree.sh), through the runtime:
+    it needs no connection to the container's sshd. `session`: `pidfile` is
+    an invocation's prefix instead, and every command of it is ended."""
+    from orchestrator.containers.docker import validate_container_name
+
+    validate_container_name(name)
+    if session and not _SESSION_RE.fullmatch(pidfile):
+        raise ValueError(f"invalid session {pidfile!r}")
+    which = ["--session", pidfile] if session else [pidfile]
     # As root: the command may run as any user (or -u root).
-    kill_argv = ["exec", "-u", "0", name, *remote.argv("kill_tree", _pidfile(token))]
-    kill = shlex.join((runtime or ContainerRuntime()).read(kill_argv))
-    return ContainerCommand(script, kill, stdin)
+    kill_argv = ["exec", "-u", "0", name, *remote.argv("kill_tree", *which)]
+    return shlex.join(runtime.read(kill_argv))

@@ -60,6 +60,7 @@ from orchestrator.errors import ConnectError, Option, PolicyRefused, Refusal, Wa
 from orchestrator.events import EventSink, Message
 from orchestrator.remote.frames import FRAME, READY, split_lock_frames
 from orchestrator.remote.runtime import ContainerRuntime, runtime_hung
+from orchestrator.ssh.envpass import new_token
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.seam import HostRunner
 
@@ -193,6 +194,7 @@ class HostLocks:
         self.ready: dict[str, ContainerRuntime] = {}
         # What the last probe under these locks found, per host.
         self.states: dict[str, HostState] = {}
+        self._guarded: set[str] = set()
 
     @property
     def hosts(self) -> list[str]:
@@ -408,9 +410,27 @@ class HostLocks:
                 process.stdin.write("shared\n")
         self.mode = "shared"
 
+    def guard(self, host: str, text: str) -> None:
+        """Give `host`'s holder `text`, host shell text that ends this
+        invocation's commands there (once per host): the holder runs it when
+        it ends without our `release` (we died, or went silent past the
+        lease), so the commands go with the lock (remote/lock.sh)."""
+        held = self._held.get(host)
+        if held is None or host in self._guarded:
+            return
+        end = new_token()
+        with contextlib.suppress(Exception):
+            held[1].stdin.write(f"guard {end}\n{text}\n{end}\n")
+            self._guarded.add(host)
+
     async def release(self, hosts: Sequence[str] | None = None) -> None:
-        """Close the holders (all, or those of `hosts`): the remote shells release."""
+        """Close the holders (all, or those of `hosts`): the remote shells
+        release, told first that this is in order (no guard to run)."""
         chosen = [h for h in (hosts if hosts is not None else list(self._held)) if h in self._held]
+        for h in chosen:
+            self._guarded.discard(h)
+            with contextlib.suppress(Exception):
+                self._held[h][1].stdin.write("release\n")
         stacks = [self._held.pop(h)[0] for h in chosen]
         for h in chosen:
             self.ready.pop(h, None)

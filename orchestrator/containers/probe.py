@@ -70,6 +70,7 @@ class HostState:
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     started_at: str | None = None
     host_config: ContainerLimits | None = None  # parsed limits for drift checks
+    init: bool | None = None  # the runtime's init is PID 1 (`run --init`); None: not known
     tag_image_id: str | None = None  # what cfg.image resolves to on this host now (None: absent)
     tag_repo_digests: tuple[str, ...] = ()
     tag_error: str | None = None  # image inspect failed for a reason other than "no such image"
@@ -479,6 +480,7 @@ def _container_facts(
         labels=labels,
         started_at=cinfo.started_at,
         host_config=runtime_limits(runtime, cinfo.limits),
+        init=cinfo.init,
     )
     with contextlib.suppress(ValueError):
         values["exec_facts"] = exec_facts_of(cobj)

@@ -56,12 +56,13 @@ from orchestrator import remote
 from orchestrator.config import ClusterConfig, container_name, sshd_wanted
 from orchestrator.config.model import WORKDIR_RE
 from orchestrator.containers.docker import LABEL_SSHD_PORT, validate_container_name
-from orchestrator.containers.exec import ContainerCommand
+from orchestrator.containers.exec import ContainerCommand, kill_command, pidfile_of
 from orchestrator.errors import Call, Phrase, Text
 from orchestrator.events import EventSink, Message
 from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
 from orchestrator.ssh.envpass import env_block, new_token
+from orchestrator.ssh.stdin import ExecIO
 
 if TYPE_CHECKING:
     import asyncssh
@@ -219,7 +220,7 @@ def ssh_command(
     if not WORKDIR_RE.fullmatch(workdir):
         raise ValueError(f"invalid working directory {workdir!r} (an absolute path)")
     token = token or secrets.token_hex(6)
-    pidfile = f"/tmp/.cvs-exec-{token}.pid"
+    pidfile = pidfile_of(token)
     argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
     env_token = new_token()
     no_workdir = str(NO_WORKDIR_EXIT.get(runtime, 126))
@@ -452,15 +453,20 @@ class SSHExec:
         timeout: float | None,
         label: str = "exec",
         token: str | None = None,
+        io: ExecIO | None = None,
     ) -> HostResult | None:
         """Run `command` in `host`'s container through its sshd; None: take
         `docker exec` (this command, or the rest of the invocation, as the
         module's header says). `token` names its pidfile (exec.pidfile_of),
-        which a diagnosis reads (containers/causes.py)."""
+        which a diagnosis reads (containers/causes.py), and which the kill
+        reads when cvs gives up on the command: through the host's runtime
+        (`RUNTIME exec -u 0 NAME kill_tree.sh`), so that it works when the
+        connection to the sshd is what was lost. `io`: stdin, raw output."""
         route = await self._route(host, runtime, user)
         if route is None or self.connections is None:
             return None
         facts, ep = route
+        token = token or secrets.token_hex(6)
         cmd = ssh_command(
             command,
             exec_env(facts, runtime, env),
@@ -468,15 +474,17 @@ class SSHExec:
             runtime=runtime.name,
             token=token,
         )
+        kill = kill_command(container_name(self.config), pidfile_of(token), runtime)
         bound = self.config.ssh.command_timeout if timeout is None else timeout
         connections = self.connections
+        options: dict[str, Any] = {"timeout": bound, "input": cmd.stdin, "label": label}
+        if io is not None:
+            options["io"] = io  # only then: worker processes take no `io` (api.py)
         return await self._started(
             host,
             runtime,
             facts,
-            lambda: connections.run(
-                ep, cmd.script, timeout=bound, input=cmd.stdin, label=label, on_timeout=cmd.kill
-            ),
+            lambda: connections.run(ep, cmd.script, on_timeout=kill, **options),
         )
 
     async def held_process(

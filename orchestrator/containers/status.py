@@ -40,6 +40,9 @@ class HostStatus:
     error: str | None = None  # why the probe could not tell
     # The cluster's runtime: what the table calls the access column.
     runtime: str = "docker"
+    # The runtime's init is PID 1, reaping orphans (`run --init`, since issue
+    # 42); False: made before, without it; None: no container, or not known.
+    init: bool | None = None
 
     @property
     def docker(self) -> str | None:
@@ -89,7 +92,18 @@ class HostStatus:
             "limits": dict(self.limits),
             "drift": list(self.drift) if probed else None,
             "error": self.error,
+            "init": self.init if probed else None,
         }
+
+    def init_note(self) -> str | None:
+        """One line when the container was made without an init (before cvs
+        gave it one): its PID 1 reaps no orphans, so zombies accumulate."""
+        if self.init is not False or self.state in ("absent", "unknown"):
+            return None
+        return (
+            "its container was made without an init (PID 1 reaps no orphans: zombies "
+            "accumulate and count against the pids cap); a container cvs makes now has one"
+        )
 
 
 def host_status(
@@ -124,6 +138,7 @@ def host_status(
         drift=tuple(drift),
         error=state.error,
         runtime=state.runtime_name,
+        init=state.init if state.container_id else None,
     )
 
 

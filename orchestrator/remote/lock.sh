@@ -23,6 +23,16 @@
 # most after its last word. A write to a channel that is gone (SIGPIPE)
 # releases too.
 #
+# The guard (issue 42): the commands this invocation runs in the container
+# end with its lock. A line `guard TOKEN`, then shell text for this host up
+# to a line TOKEN, sets what ends them (containers/locks.py, HostLocks.guard:
+# a kill of every command of the invocation through the runtime). A line
+# `release` says the invocation lets go in order (its commands are done or
+# were ended by cvs itself); when the shell ends any other way (stdin closed
+# by a coordinator that died, the lease run out, a signal), it runs the
+# guard first, bounded (20 s, where timeout(1) exists), with no
+# output: the commands go within the same bound as the lock.
+#
 # Frames: `@@cvs:lock held s|x | busy | waiting | timeout | noflock | error
 # TEXT`, `@@cvs:holder LINE`, then `@@cvs:ready`.
 # `test -ef` is not POSIX, but dash, bash and busybox sh have it (the shell
@@ -73,6 +83,13 @@ release() {
     kill -9 "$watcher" 2>/dev/null
     wait "$watcher" 2>/dev/null
   fi
+  if [ -n "$guard" ] && [ "$orderly" != yes ]; then
+    if command -v timeout >/dev/null 2>&1; then
+      timeout 20 sh -c "$guard" </dev/null >/dev/null 2>&1
+    else
+      sh -c "$guard" </dev/null >/dev/null 2>&1
+    fi
+  fi
   # Unlock by closing the shell's descriptor, the last one open on the lock
   # (flock(1) has exited, and commands got it closed or have ended).
   exec 9<&-
@@ -108,7 +125,7 @@ watch_lease() {
   ) &
   watcher=$!
 }
-watcher=
+watcher='' guard='' orderly=''
 if take -n; then
   :
 elif [ "$wait" = no ]; then
@@ -143,12 +160,22 @@ if [ $# -gt 0 ]; then
 fi
 echo '@@cvs:ready'
 case $lease in none) ;; *) watch_lease ;; esac
-while read -r cmd; do
+while IFS= read -r cmd; do
   # Any line renews the lease: it lays down the token the watcher takes.
   # (`true`, a regular builtin: a failed redirection on `:` ends the shell.)
   true 2>/dev/null >"$token"
   case $cmd in
     shared) flock -s 9 && echo '@@cvs:lock held s' ;;
+    release) orderly=yes ;;
+    'guard '*)
+      # Taken only whole: a coordinator that died while writing it set none.
+      end=${cmd#guard } text='' whole=''
+      while IFS= read -r line; do
+        [ "$line" = "$end" ] && { whole=yes; break; }
+        text="$text$line
+"
+      done
+      [ -z "$whole" ] || guard=$text ;;
   esac
 done
 exit 0

@@ -39,12 +39,18 @@ from orchestrator.events import CommandFinished, EventSink, NullSink, started
 from orchestrator.results import HostResult, Status
 from orchestrator.ssh import hooks
 from orchestrator.ssh.segments import coalesce_writes
+from orchestrator.ssh.stdin import ExecIO
 from orchestrator.ssh.transport import (
     PREFERRED_CIPHERS,
     SSHPool,
     _CommandSession,
+    _fed_until_closed,
     keepalive_while_waiting,
 )
+
+# How long ending a command's processes through the host may take (a
+# `RUNTIME exec` of kill_tree.sh: its TERM, 0.3 s, then KILL).
+KILL_BOUND = 10.0
 
 # Why a container's sshd could not be used.
 ConnectKind = Literal["refused", "timeout", "host_key", "auth", "host", "protocol"]
@@ -336,36 +342,40 @@ class ContainerConnections:
         label: str | None = None,
         stream_output: bool = True,
         on_timeout: str | None = None,
+        io: ExecIO | None = None,
     ) -> HostResult:
         """Run shell text `text` (the login shell reads it) in `ep`'s container.
 
         Raises NotStarted when it could not start. Once started, it is the
-        caller's: the result's status says how it ended; a timeout or a
-        cancellation signals the session's process group and runs
-        `on_timeout` on a channel kept for it (which is what ends it for a
-        root login: the containers' sshd refuses channel signals there,
-        "session signalling requires privilege separation").
+        caller's: the result's status says how it ended. When cvs gives up on
+        it (a timeout, a cancellation, the connection to the sshd lost while
+        it ran), the session's process group is signalled and `on_timeout`,
+        shell text for the HOST, runs there on the channel its connection
+        keeps for it: that is what ends the command's processes in the
+        container (the containers' sshd refuses channel signals for a root
+        login, "session signalling requires privilege separation", and a lost
+        connection leaves them running), and the result says so. `io`:
+        stdin fed while it runs, output as bytes (ssh/stdin.py).
         """
         start = time.monotonic()
+        io = io or ExecIO()
         link = await self._link(ep)
         emit = self.sink.emit if stream_output else None
         tail = self.pool.output_tail
+        raw = io.raw
         async with link.channels:
             chan, client_session = await self._opened(
                 ep,
                 text,
                 label,
                 link.conn.create_session(
-                    lambda: _CommandSession(ep.host, emit, tail),
-                    text,
-                    encoding="utf-8",
-                    errors="replace",
+                    lambda: _CommandSession(ep.host, emit, tail, raw), text, encoding=None
                 ),
             )
             session = cast(_CommandSession, client_session)
             try:
                 async with self._waiting_on(link):
-                    result = await self._wait(link, chan, session, timeout, input, on_timeout)
+                    result = await self._wait(link, chan, session, timeout, input, on_timeout, io)
             finally:
                 self.counters.open_channels -= 1
         host_result = session.result(*result, start)
@@ -439,11 +449,12 @@ class ContainerConnections:
     async def _wait(
         self,
         link: _Link,
-        chan: asyncssh.SSHClientChannel[str],
+        chan: asyncssh.SSHClientChannel[bytes],
         session: _CommandSession,
         timeout: float,
         input: str | None,
         on_timeout: str | None,
+        io: ExecIO,
     ) -> tuple[Status, int | None, str | None]:
         try:
             with anyio.fail_after(timeout):
@@ -451,37 +462,33 @@ class ContainerConnections:
                 # directory it could not enter): what it did not read is moot.
                 with contextlib.suppress(asyncssh.Error, OSError):
                     if input is not None:
-                        chan.write(input)
-                    chan.write_eof()
-                await session.closed.wait()
+                        chan.write(input.encode())
+                await _fed_until_closed(chan, session, io.stdin)
         except TimeoutError:
-            await self._kill(link, chan, session, on_timeout)
+            ended = await self._kill(link, chan, session, on_timeout)
             chan.close()
-            return (
-                "timeout",
-                session.exit_code,
-                f"timed out after {timeout:g}s; remote process killed",
-            )
+            return ("timeout", session.exit_code, f"timed out after {timeout:g}s; {ended}")
         except (asyncssh.Error, OSError) as exc:
-            return self._lost(link, exc)
+            return await self._lost(link, exc, on_timeout)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._kill(link, chan, session, on_timeout)
                 chan.close()
             raise
         if session.lost is not None:
-            return self._lost(link, session.lost)
+            return await self._lost(link, session.lost, on_timeout)
         code = session.exit_code
         if code is None:
             # Closed without an exit status: the sshd (or the container) went away.
-            return self._lost(link, None)
+            return await self._lost(link, None, on_timeout)
         return ("ok", 0, None) if code == 0 else ("failed", code, f"exit code {code}")
 
-    def _lost(
-        self, link: _Link, exc: BaseException | None
+    async def _lost(
+        self, link: _Link, exc: BaseException | None, on_timeout: str | None
     ) -> tuple[Status, int | None, str | None]:
         """A started command whose connection went away: `failed` with no exit
-        code while its host still answers (the caller asks the runtime why),
+        code while its host still answers (its processes in the container
+        ended through the host; the caller asks the runtime why),
         `unreachable` when the host's own connection went too."""
         ep = link.endpoint
         self.drop(ep)
@@ -489,10 +496,27 @@ class ContainerConnections:
         why = f": {exc}" if exc is not None else ""
         if host_link is None or host_link.conn.is_closed():
             return "unreachable", None, f"connection to {ep.host} lost while running{why}"
+        ended = await self._end_on_host(ep.host, on_timeout)
         return (
             "failed",
             None,
-            f"the container's sshd closed the connection while the command ran{why}",
+            f"the container's sshd closed the connection while the command ran{why}; {ended}",
+        )
+
+    async def _end_on_host(self, host: str, on_timeout: str | None) -> str:
+        """Run `on_timeout` (the command's kill, for the host) on the host's
+        connection: what the result says of the command's processes."""
+        if on_timeout is None:
+            return "remote process killed"
+        with anyio.CancelScope(shield=True):
+            said = await self.pool.run_control(host, on_timeout, bound=KILL_BOUND)
+        if said is not None and "ended " in said:
+            return "its processes in the container were ended through the host"
+        if said is not None:
+            return "none of its processes was left in the container (looked through the host)"
+        return (
+            f"its processes in the container could not be ended through the host within "
+            f"{KILL_BOUND:g}s (they may still run)"
         )
 
     def _waiting_on(self, link: _Link) -> contextlib.AbstractAsyncContextManager[None]:
@@ -502,11 +526,12 @@ class ContainerConnections:
     async def _kill(
         self,
         link: _Link,
-        chan: asyncssh.SSHClientChannel[str],
+        chan: asyncssh.SSHClientChannel[bytes],
         session: _CommandSession,
         on_timeout: str | None,
-    ) -> None:
-        """TERM the session's process group, KILL if it lingers, then `on_timeout`."""
+    ) -> str:
+        """TERM the session's process group, KILL if it lingers, then
+        `on_timeout` on the host (`_end_on_host`): what the result says."""
         with contextlib.suppress(asyncssh.Error, OSError):
             chan.send_signal("TERM")
         with anyio.move_on_after(0.5):
@@ -514,7 +539,4 @@ class ContainerConnections:
         if not session.closed.is_set():
             with contextlib.suppress(asyncssh.Error, OSError):
                 chan.send_signal("KILL")
-        if on_timeout is not None and not link.conn.is_closed():
-            with anyio.move_on_after(5), contextlib.suppress(asyncssh.Error, OSError):
-                async with link.control:
-                    await link.conn.run(on_timeout, check=False)
+        return await self._end_on_host(link.endpoint.host, on_timeout)

@@ -12,6 +12,7 @@ that never ends is not re-joined per chunk but delivered in pieces of
 
 from __future__ import annotations
 
+import codecs
 from collections import deque
 from collections.abc import Callable
 
@@ -112,3 +113,67 @@ def as_result_text(tail: StreamTail) -> str:
     """The tail as `HostResult` carries it: one trailing newline removed."""
     text = tail.text()
     return text[:-1] if text.endswith("\n") else text
+
+
+class MarkingDecoder:
+    """A stream's bytes as text, never silently changed: UTF-8 decoded across
+    chunk boundaries, every byte that is not part of UTF-8 text shown as a
+    `\\xNN` escape, and those bytes counted (`not_text`), so that whoever
+    shows the text can say it is not what was printed. Linear in the bytes,
+    in C: one decoder escapes, a second one (dropping what is not text)
+    counts what is."""
+
+    def __init__(self, *, show: bool = True) -> None:
+        factory = codecs.getincrementaldecoder("utf-8")
+        self._shown = factory(errors="backslashreplace") if show else None
+        self._valid = factory(errors="ignore")
+        self._bytes_in = 0
+        self._valid_out = 0
+
+    def decode(self, data: bytes, final: bool = False) -> str:
+        """`data` as text (the empty string when made with show=False)."""
+        self._bytes_in += len(data)
+        valid = self._valid.decode(data, final)
+        self._valid_out += len(valid) if valid.isascii() else len(valid.encode())
+        return self._shown.decode(data, final) if self._shown is not None else ""
+
+    @property
+    def not_text(self) -> int:
+        """Bytes so far that are not UTF-8 text (an unfinished sequence at the
+        end is not counted until the stream ends: `flush`)."""
+        pending = len(self._valid.getstate()[0])
+        return self._bytes_in - self._valid_out - pending
+
+    def flush(self) -> str:
+        """The end of the stream: an unfinished sequence is not text."""
+        return self.decode(b"", final=True)
+
+
+class BytesTail:
+    """The last `limit` bytes of a stream, and how many came before them (a
+    stream passed on as bytes keeps its tail as bytes)."""
+
+    def __init__(self, limit: int = DEFAULT_TAIL) -> None:
+        self.limit = limit
+        self._chunks: deque[bytes] = deque()
+        self._size = 0
+        self._popped = 0
+
+    def add(self, data: bytes) -> None:
+        if not data:
+            return
+        self._chunks.append(data)
+        self._size += len(data)
+        while self._chunks and self._size - len(self._chunks[0]) >= self.limit:
+            first = self._chunks.popleft()
+            self._size -= len(first)
+            self._popped += len(first)
+
+    @property
+    def dropped(self) -> int:
+        return self._popped + max(0, self._size - self.limit)
+
+    def data(self) -> bytes:
+        joined = b"".join(self._chunks)
+        extra = len(joined) - self.limit
+        return joined[extra:] if extra > 0 else joined

@@ -19,9 +19,12 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.results import HostResult
+
+if TYPE_CHECKING:
+    from orchestrator.ssh.stdin import ExecIO
 
 # An argv list (quoted once with shlex.join) or shell text.
 Command = str | Sequence[str]
@@ -46,6 +49,9 @@ class Request:
     stream_output: bool = True
     label: str | None = None
     on_timeout: Command | None = None
+    # `cvs exec`'s own stdin and byte output (ssh/stdin.py): SSHPool only, in
+    # this process (a worker process has no terminal to stream).
+    io: ExecIO | None = None
 
     @property
     def text(self) -> str:
@@ -92,11 +98,12 @@ class HostRunner(abc.ABC):
         stream_output: bool = True,
         label: str | None = None,
         on_timeout: Callable[[], Command] | None = None,
+        io: ExecIO | None = None,
     ) -> HostResult:
         """`command` on `host` (see Request); `on_timeout` is asked at once (the
         callers' are constants: `lambda: kill`)."""
         kill = None if on_timeout is None else on_timeout()
-        request = Request(command, timeout, input, env, stream_output, label, kill)
+        request = Request(command, timeout, input, env, stream_output, label, kill, io)
         return await self.send(host, request)
 
     async def run_many(

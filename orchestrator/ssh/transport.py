@@ -46,12 +46,20 @@ from orchestrator.ssh.envpass import env_block, env_reader, new_token
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.keys import load_identities, strict_known_hosts
 from orchestrator.ssh.libsearch import asyncssh
-from orchestrator.ssh.output import LineSplitter, StreamTail, as_result_text
+from orchestrator.ssh.output import (
+    BytesTail,
+    LineSplitter,
+    MarkingDecoder,
+    StreamTail,
+    as_result_text,
+)
 from orchestrator.ssh.seam import Command, HostRunner, Request
 from orchestrator.ssh.segments import acknowledge_promptly, coalesce_writes, tcp_socket
 from orchestrator.ssh.sshconfig import config_route, sshd_key
+from orchestrator.ssh.stdin import ExecIO, RawOutput
 
 if TYPE_CHECKING:
+    from anyio.abc import ObjectReceiveStream
     from tenacity import AsyncRetrying, RetryCallState
 
 PREFERRED_CIPHERS = [
@@ -705,9 +713,10 @@ class SSHPool(HostRunner):
         command is an argv list (quoted here with `shlex.join`) or a shell
         string that the caller built from quoted pieces; cancellation kills
         the remote side too. Never raises for remote failures: the result's
-        status says what happened.
+        status says what happened. `request.io` streams stdin to it after
+        `input` and takes its output as bytes (ssh/stdin.py).
         """
-        label = request.label
+        label, io = request.label, request.io
         text = request.text
         timeout = self.cluster.ssh.command_timeout if request.timeout is None else request.timeout
         start = time.monotonic()
@@ -718,6 +727,8 @@ class SSHPool(HostRunner):
                 host, exc.status, duration=time.monotonic() - start, error=exc.message
             )
             self.sink.emit(CommandFinished(host=host, result=result, label=label))
+            if io is not None and io.stdin is not None:
+                await io.stdin.aclose()  # never run: out of the stdin feed
             return result
         self.sink.emit(started(host, text, label))
         async with link.channels, self._waiting_on(link):
@@ -746,6 +757,7 @@ class SSHPool(HostRunner):
     ) -> HostResult:
         command = text = request.text
         label, input, on_timeout = request.label, request.input, request.on_timeout
+        io = request.io or ExecIO()
         # Environment values travel over stdin, ahead of `input`: never in argv.
         merged_env = {**self.cluster.env, **(request.env or {})}
         prefix = ""
@@ -757,9 +769,11 @@ class SSHPool(HostRunner):
         tail = self.output_tail
         try:
             chan, client_session = await link.conn.create_session(
-                lambda: _CommandSession(host, emit, tail), text, encoding="utf-8", errors="replace"
+                lambda: _CommandSession(host, emit, tail, io.raw), text, encoding=None
             )
         except (asyncssh.Error, OSError) as exc:
+            if io.stdin is not None:
+                await io.stdin.aclose()
             return HostResult(
                 host,
                 "unreachable",
@@ -774,11 +788,10 @@ class SSHPool(HostRunner):
         try:
             with anyio.fail_after(timeout):
                 if prefix:
-                    chan.write(prefix)
+                    chan.write(prefix.encode())
                 if input is not None:
-                    chan.write(input.decode() if isinstance(input, bytes) else input)
-                chan.write_eof()
-                await session.closed.wait()
+                    chan.write(input.encode() if isinstance(input, str) else input)
+                await _fed_until_closed(chan, session, io.stdin)
         except TimeoutError:
             status, error = "timeout", f"timed out after {timeout:g}s; remote process killed"
             await self._kill(link, chan, session, on_timeout)
@@ -847,10 +860,25 @@ class SSHPool(HostRunner):
                     await process.wait_closed()
                 process.close()
 
+    async def run_control(self, host: str, script: str, *, bound: float = 5.0) -> str | None:
+        """Run shell text `script` on `host` on the channel its connection
+        keeps for cleanups (a kill: never waiting behind the work channels),
+        within `bound` seconds: its stdout when it exited 0, else None."""
+        link = self._links.get(host)
+        if link is None or link.conn.is_closed():
+            return None
+        with anyio.move_on_after(bound), contextlib.suppress(asyncssh.Error, OSError):
+            async with link.control:
+                done = await link.conn.run(script, check=False)
+            if done.exit_status == 0:
+                out = done.stdout
+                return out.decode(errors="replace") if isinstance(out, bytes) else str(out or "")
+        return None
+
     async def _kill(
         self,
         link: _HostLink,
-        chan: asyncssh.SSHClientChannel[str],
+        chan: asyncssh.SSHClientChannel[bytes],
         session: _CommandSession,
         on_timeout: Command | None,
     ) -> None:
@@ -876,24 +904,39 @@ class SSHPool(HostRunner):
                     await link.conn.run(script, check=False)
 
 
-class _CommandSession(asyncssh.SSHClientSession[str]):
+class _CommandSession(asyncssh.SSHClientSession[bytes]):
     """One command's output, straight from asyncssh's callbacks: streamed as
-    `OutputLine` events and kept as a bounded tail per stream.
+    `OutputLine` events (or handed on as bytes: `raw`) and kept as a bounded
+    tail per stream; and its stdin, fed from `cvs exec`'s (ssh/stdin.py).
 
-    Callbacks instead of reader tasks: a fan-out over hundreds of reused
-    connections spends its time here, and tasks per channel doubled it.
+    The channel carries bytes: output is decoded here, each byte that is not
+    UTF-8 text shown as a `\\xNN` escape and counted (ssh/output.py), never
+    replaced silently. Callbacks instead of reader tasks: a fan-out over
+    hundreds of reused connections spends its time here, and tasks per
+    channel doubled it.
     """
 
-    def __init__(self, host: str, emit: Callable[[OutputLine], None] | None, tail: int) -> None:
+    def __init__(
+        self,
+        host: str,
+        emit: Callable[[OutputLine], None] | None,
+        tail: int,
+        raw: RawOutput | None = None,
+    ) -> None:
         self.host = host
+        self.raw = raw
         self.tails = {"stdout": StreamTail(tail), "stderr": StreamTail(tail)}
+        self.byte_tails = {"stdout": BytesTail(tail), "stderr": BytesTail(tail)}
+        self.decoders = {"stdout": MarkingDecoder(), "stderr": MarkingDecoder()}
         self.splitters: dict[str, LineSplitter] = {}
-        if emit is not None:
+        if emit is not None and raw is None:
             for stream in ("stdout", "stderr"):
                 self.splitters[stream] = LineSplitter(self._emitter(emit, stream))
         self.exit_code: int | None = None
         self.lost: Exception | None = None
         self.closed = anyio.Event()
+        self._writable = anyio.Event()
+        self._writable.set()
 
     def _emitter(
         self, emit: Callable[[OutputLine], None], stream: str
@@ -905,29 +948,69 @@ class _CommandSession(asyncssh.SSHClientSession[str]):
 
         return line
 
-    def data_received(self, data: str, datatype: asyncssh.DataType) -> None:
+    def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
         stream = "stderr" if datatype == asyncssh.EXTENDED_DATA_STDERR else "stdout"
-        self.tails[stream].add(data)
+        if self.raw is not None:
+            # As they came: kept as bytes, decoded (the tail only) at the end.
+            self.byte_tails[stream].add(data)
+            self.raw(stream, data)
+            return
+        self._text(stream, self.decoders[stream].decode(data))
+
+    def _text(self, stream: str, text: str) -> None:
+        self.tails[stream].add(text)
         splitter = self.splitters.get(stream)
         if splitter is not None:
-            splitter.feed(data)
+            splitter.feed(text)
+
+    def pause_writing(self) -> None:
+        self._writable = anyio.Event()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    async def feed(
+        self, chan: asyncssh.SSHClientChannel[bytes], source: ObjectReceiveStream[bytes]
+    ) -> None:
+        """Write what `source` brings (this host's share of the stdin feed)
+        to the command's stdin, no faster than the channel drains, then close
+        it. Closing `source` however this ends drops the host from the feed;
+        a command that ended before reading it all is no error."""
+        async with source:
+            with contextlib.suppress(asyncssh.Error, OSError):
+                async for data in source:
+                    chan.write(data)
+                    await self._writable.wait()
+                chan.write_eof()
 
     def result(
         self, status: Status, exit_code: int | None, error: str | None, start: float
     ) -> HostResult:
         """The command's result: how it ended (the caller's reading), its kept
-        tails and what they dropped, and the time since `start` (monotonic)."""
-        out, err = self.tails["stdout"], self.tails["stderr"]
+        tails and what they dropped (bytes when handed on raw, else
+        characters), what was not text, and the time since `start`."""
+        kept: dict[str, tuple[str, int, int]] = {}
+        for stream in ("stdout", "stderr"):
+            if self.raw is not None:
+                decoder, tail = MarkingDecoder(), self.byte_tails[stream]
+                text = decoder.decode(tail.data(), final=True)
+                kept[stream] = (_one_newline_off(text), tail.dropped, decoder.not_text)
+            else:
+                chars, bad = self.tails[stream], self.decoders[stream].not_text
+                kept[stream] = (as_result_text(chars), chars.dropped, bad)
+        (out, out_dropped, out_bad), (err, err_dropped, err_bad) = kept["stdout"], kept["stderr"]
         return HostResult(
             self.host,
             status,
             exit_code=exit_code,
-            stdout=as_result_text(out),
-            stderr=as_result_text(err),
+            stdout=out,
+            stderr=err,
             duration=time.monotonic() - start,
             error=error,
-            stdout_dropped=out.dropped,
-            stderr_dropped=err.dropped,
+            stdout_dropped=out_dropped,
+            stderr_dropped=err_dropped,
+            stdout_not_text=out_bad,
+            stderr_not_text=err_bad,
         )
 
     def exit_status_received(self, status: int) -> None:
@@ -937,10 +1020,37 @@ class _CommandSession(asyncssh.SSHClientSession[str]):
         self.exit_code = 128 + _signal_number(signal)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        for stream, decoder in self.decoders.items():
+            if self.raw is None:
+                self._text(stream, decoder.flush())
         for splitter in self.splitters.values():
             splitter.flush()
         self.lost = exc
         self.closed.set()
+
+
+async def _fed_until_closed(
+    chan: asyncssh.SSHClientChannel[bytes],
+    session: _CommandSession,
+    stdin: ObjectReceiveStream[bytes] | None,
+) -> None:
+    """Until the command ends: its stdin closed at once, or fed from `stdin`
+    (then closed) while it runs; what it did not read when it ended is moot."""
+    if stdin is None:
+        # A command may end before it reads its stdin (a working directory it
+        # could not enter): the channel may be closing already.
+        with contextlib.suppress(asyncssh.Error, OSError):
+            chan.write_eof()
+        await session.closed.wait()
+        return
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(session.feed, chan, stdin)
+        await session.closed.wait()
+        tg.cancel_scope.cancel()
+
+
+def _one_newline_off(text: str) -> str:
+    return text[:-1] if text.endswith("\n") else text
 
 
 def _signal_number(name: str) -> int:

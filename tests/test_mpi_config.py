@@ -128,7 +128,7 @@ def test_a_peer_check_failure_next_to_a_container_off_the_host_network_names_its
     )
     (line,) = found.problems("img:1", "node1", 10, {"node1": "bridge", "node2": "host"})
     assert "node1's container is on network 'bridge', not the host's" in line
-    assert "restarts a stopped sshd" not in line and "`cvs up --force`" in line
+    assert "restarts a stopped sshd" not in line and "(container.network: host)" in line
 
 
 def test_a_peer_check_failure_on_the_host_network_keeps_the_sshd_words() -> None:

@@ -247,8 +247,8 @@ class MPICheck:
                     f"{peer}: its container's sshd did not answer `ssh {peer} true` from "
                     f"{head}'s container ({why}): {named}, not the host's: the sshd listen on "
                     "the hosts' addresses, which only containers on the host network reach "
-                    "(an adopted container keeps the network it was created with): recreate "
-                    "it with container.network: host (`cvs up --force`)"
+                    "(an adopted container keeps the network it was created with): replace "
+                    "it with one on the host network (container.network: host)"
                 )
                 continue
             out.append(

@@ -642,13 +642,8 @@ class Cluster:
                 "exec: user and workdir apply inside the container; on the host the "
                 "SSH login user runs the command (use `cd DIR && ...` in the command)"
             )
-        if on_host and io.wanted:
-            return await io.on_hosts(selected, command, timeout=timeout, env=env)
         if on_host:
-            # In worker processes past a fleet size where it pays (ssh/workers/parent.py).
-            return await run_on_hosts(
-                self.pool, selected, command, timeout=timeout, env=env, label="exec"
-            )
+            return await self._exec_on_hosts(selected, command, io, timeout=timeout, env=env)
         name = container_name(self.config)
         container_env = self._guard_gpu_env({**self.config.env, **(env or {})})
         as_user = self._exec_user(name, user, workdir)
@@ -704,6 +699,23 @@ class Cluster:
         finally:
             if own_lock:
                 await locks.release(selected)
+
+    async def _exec_on_hosts(
+        self,
+        selected: list[str],
+        command: str | Sequence[str],
+        io: ExecStreams,
+        *,
+        timeout: float | None,
+        env: dict[str, str] | None,
+    ) -> dict[str, HostResult]:
+        """`command` on the hosts themselves (`--host-os`, or no container)."""
+        if io.wanted:
+            return await io.on_hosts(selected, command, timeout=timeout, env=env)
+        # In worker processes past a fleet size where it pays (ssh/workers/parent.py).
+        return await run_on_hosts(
+            self.pool, selected, command, timeout=timeout, env=env, label="exec"
+        )
 
     async def _after_mpirun(
         self, command: str | Sequence[str], results: dict[str, HostResult]

@@ -126,6 +126,11 @@ class SyncCluster:
         `Cluster.job_containers`)."""
         return self._portal.call(lambda: self._cluster.job_containers(remove=remove))
 
+    def name_ended_peers(self, results: dict[str, HostResult]) -> dict[str, HostResult]:
+        """`results` of a failed MPI job, naming the hosts whose container ended
+        meanwhile (see `Cluster.name_ended_peers`)."""
+        return self._portal.call(lambda: self._cluster.name_ended_peers(results))
+
     def status(self) -> list[HostStatus]:
         """One typed record per host (see `Cluster.status`)."""
         return self._portal.call(self._cluster.status)

@@ -636,14 +636,8 @@ class Cluster:
         selected = list(hosts or self.hosts)
         io = io or ExecStreams(None, None, self.pool)
         io.start(selected)
-        on_host = host_os or self.config.container is None
-        if on_host and (user is not None or workdir is not None):
-            raise UsageError(
-                "exec: user and workdir apply inside the container; on the host the "
-                "SSH login user runs the command (use `cd DIR && ...` in the command)"
-            )
-        if on_host:
-            return await self._exec_on_hosts(selected, command, io, timeout=timeout, env=env)
+        if host_os or self.config.container is None:
+            return await self._exec_on_hosts(selected, command, timeout, env, user, workdir, io)
         name = container_name(self.config)
         container_env = self._guard_gpu_env({**self.config.env, **(env or {})})
         as_user = self._exec_user(name, user, workdir)
@@ -704,12 +698,18 @@ class Cluster:
         self,
         selected: list[str],
         command: str | Sequence[str],
-        io: ExecStreams,
-        *,
         timeout: float | None,
         env: dict[str, str] | None,
+        user: str | None,
+        workdir: str | None,
+        io: ExecStreams,
     ) -> dict[str, HostResult]:
-        """`command` on the hosts themselves (`--host-os`, or no container)."""
+        """`command` on the hosts themselves (no container, or `host_os`)."""
+        if user is not None or workdir is not None:
+            raise UsageError(
+                "exec: user and workdir apply inside the container; on the host the "
+                "SSH login user runs the command (use `cd DIR && ...` in the command)"
+            )
         if io.wanted:
             return await io.on_hosts(selected, command, timeout=timeout, env=env)
         # In worker processes past a fleet size where it pays (ssh/workers/parent.py).

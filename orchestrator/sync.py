@@ -22,6 +22,7 @@ from orchestrator.containers.status import HostStatus
 from orchestrator.events import EventSink
 from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
+from orchestrator.ssh.stdin import RawOutput
 
 if TYPE_CHECKING:
     from orchestrator.containers.jobleft import Verdict
@@ -196,9 +197,13 @@ class SyncCluster:
         workdir: str | None = None,
         raise_on_failure: bool = False,
         wait: bool = True,
+        stdin: int | None = None,
+        raw_output: RawOutput | None = None,
     ) -> dict[str, HostResult]:
         """Run a command on every selected host (see `Cluster.exec`; `raise_on_failure`
-        raises `ExecFailed` when any host did not succeed)."""
+        raises `ExecFailed` when any host did not succeed; `stdin`, a file
+        descriptor, streamed to every host; `raw_output` takes one host's output
+        as bytes)."""
         return self._portal.call(
             lambda: self._cluster.exec(
                 command,
@@ -210,5 +215,7 @@ class SyncCluster:
                 workdir=workdir,
                 raise_on_failure=raise_on_failure,
                 wait=wait,
+                stdin=stdin,
+                raw_output=raw_output,
             )
         )

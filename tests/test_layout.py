@@ -174,6 +174,7 @@ def test_status_json_row_keeps_its_keys() -> None:
         "provisioned": "other script (cccccccccccc)",
         "limits": EffectiveResources(pids=64).describe(),
         "drift": [],
+        "init": None,  # not probed here: unknown, shown as unknown
         "error": None,
     }
 

@@ -604,7 +604,7 @@ def test_a_job_slurmctld_no_longer_knows_is_gone_and_a_stalled_one_unknown() -> 
 
 def test_a_job_that_is_over_gives_its_nodes_to_down_and_status_only() -> None:
     over = fake_scontrol(job=JOB.replace("JobState=RUNNING", "JobState=CANCELLED"))
-    with pytest.raises(ConfigError, match=r"not running: .*`cvs status` and `cvs down`"):
+    with pytest.raises(ConfigError, match=r"not running: .*`status\(\)` and `down\(\)`"):
         query_job(IN_JOB, where="x", run=over)
     got = query_job(IN_JOB, where="x", run=over, over_ok=True)
     assert [n.name for n in got.nodes] == ["node1", "node2"]

@@ -329,6 +329,7 @@ _FLAGS: dict[tuple[str, bool], str] = {
     ("reprovision", True): "--reprovision",
     ("heal", True): "--heal",
     ("wait", False): "--no-wait",
+    ("stdin", False): "--no-stdin",
 }
 # The API parameter each flag gives a value to (errors.Param).
 _PARAMS: dict[str, str] = {

@@ -368,8 +368,8 @@ RUN_TIME_HOST = {"name": "slurm-node", "address": "127.0.0.1"}
 
 PER_JOB_OUTSIDE = (
     "per_job containers live for a Slurm job, and its hosts do not come from one: run cvs "
-    "inside an allocation (salloc, sbatch) with `hosts: {from: slurm}` or --hosts-from slurm, "
-    "or set lifetime to per_run or persistent"
+    "inside an allocation (salloc, sbatch) with `hosts: {from: slurm}`, or set lifetime to "
+    "per_run or persistent"
 )
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from orchestrator.config.documents import ConfigError
 from orchestrator.config.hostlist import HostlistError, expand_hostlist, split_patterns
-from orchestrator.errors import ExitCode, Phrase, Text
+from orchestrator.errors import Call, ExitCode, Phrase, Text
 
 # SLURM_NODELIST is the older name; both are set inside allocations today.
 NODELIST_VARIABLES = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
@@ -344,8 +344,13 @@ def query_job(
     over = facts.state not in LIVE_STATES and bool(facts.state)
     if facts.state != "RUNNING" and not (over_ok and over):
         after = (
-            "; what it left on its nodes: `cvs status` and `cvs down` (they take a job that "
-            "is over)"
+            Phrase(
+                "; what it left on its nodes: ",
+                Call("status"),
+                " and ",
+                Call("down"),
+                " (they take a job that is over)",
+            )
             if over
             else ""
         )

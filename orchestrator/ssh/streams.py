@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import anyio
 from anyio.abc import ObjectReceiveStream, TaskGroup
 
-from orchestrator.errors import UsageError
+from orchestrator.errors import Call, Option, Phrase, UsageError
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.seam import Command, HostRunner
@@ -46,9 +46,13 @@ class ExecStreams:
         """The scope the feed runs in (`start` starts it); it stops on exit."""
         if self.wanted and not isinstance(self.pool, SSHPool):
             raise UsageError(
-                "exec: stdin and output as bytes need the commands in this process, and "
-                "this cluster runs them in worker processes (concurrency.workers): "
-                "close stdin (`cvs exec -n`), or set concurrency.workers: 1"
+                Phrase(
+                    "exec: stdin and output as bytes need the commands in this process, and "
+                    "this cluster runs them in worker processes (concurrency.workers): "
+                    "close stdin (",
+                    Call("exec", (Option("stdin", False),)),
+                    "), or set concurrency.workers: 1",
+                )
             )
         async with anyio.create_task_group() as tg:
             self._tg = tg

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 from sandboxtools import cluster_variant
-from test_slurm_sandbox import (
+from slurmtools import (
     CVS,
     JOB_LABEL,
     containers,

@@ -398,3 +398,25 @@ def test_per_job_containers_go_with_the_job_when_its_cvs_is_sigkilled_mid_exec(
     print(f"per_job containers gone {took:.1f}s after the job's end (cvs exec SIGKILLed)")
     assert took < 30
     assert "exec=137" in (tmp_path / "job.out").read_text()
+
+
+def test_per_job_containers_go_with_the_job_when_its_cvs_is_sigkilled_mid_run(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    suite = tmp_path / "long.yaml"
+    suite.write_text("name: long\nsteps:\n  - name: wait\n    run: sleep 600\n    timeout: 900\n")
+    marker = str(tmp_path / "c" / "cluster.yaml")
+    run = f"$CVS -c {marker} --hosts-from slurm run --run-dir {tmp_path / 'run'} {suite}"
+    job = up_in_batch(slurm_sandbox, tmp_path, f"{run}\necho run=$?\nsleep 5", lifetime="per_job")
+    top = [*slurm_sandbox.docker_argv("node1"), "top", f"cvs-kept-j{job}"]
+
+    def the_step() -> bool:
+        out = subprocess.run(top, capture_output=True, text=True).stdout
+        return "sleep 600" in out
+
+    wait_until(the_step, 120, "the run's step in node1's container")
+    kill_cvs(marker, "run")
+    took = gone_after_the_job(slurm_sandbox, job)
+    print(f"per_job containers gone {took:.1f}s after the job's end (cvs run SIGKILLed)")
+    assert took < 30
+    assert "run=137" in (tmp_path / "job.out").read_text()

@@ -7,7 +7,8 @@ JSON sink, the result line) on scripted hosts (orchestrator/testing.py)
 instead of SSH: each host answers the real probe program with what
 remote/probe.sh prints for a host whose image is there and container absent
 (tests/scripted.py), and the runner emits the events `SSHPool.run` emits
-around each command (Connecting, Connected, CommandStarted, CommandFinished).
+around each command (Connecting, Connected, CommandStarted, CommandFinished); outside a job
+each host also answers status's look for containers of Slurm jobs (none).
 What is measured is what cvs writes, which does not depend on the network.
 Prints one line per size: total bytes, bytes of events and of the result
 line, and bytes per host. The sandbox figure (3 real hosts) is
@@ -74,6 +75,9 @@ def measure(count: int, workdir: Path) -> dict[str, Any]:
     cluster.write_text(yaml.safe_dump(doc))
     hosts = _runner_class()({h: probe_output() for h in names})
     hosts.answer("probe", lambda host, text: (0, probe_output(), ""))
+    # Outside a job, status also lists each host's containers of Slurm jobs
+    # (containers/jobleft.py): none here.
+    hosts.answer("job containers", lambda host, text: (0, "", ""))
 
     @contextlib.asynccontextmanager
     async def scripted(config: Any, sink: Any) -> AsyncIterator[Any]:

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import IO, Any, Literal, Protocol
 
 from orchestrator.errors import API_STYLE, Style, Text, restyled, say
@@ -118,6 +118,27 @@ def started(host: str, command: str, label: str | None = None) -> CommandStarted
     """CommandStarted for `command`, its programs named (`SentProgram`)."""
     shown, programs = _named(command)
     return CommandStarted(host=host, command=shown, label=label, programs=programs)
+
+
+def named_here(event: Event) -> Event:
+    """`event` as this process names its programs. A worker process
+    (ssh/workers) builds its CommandStarted without the names: programs are
+    built, and so named, in the main process, and the worker cannot import
+    orchestrator.remote (a layer above). Its events pass through the main
+    process, which names what it knows (a program passed as an argument has
+    no `cvs-NAME` after it to fall back on)."""
+    if not isinstance(event, CommandStarted):
+        return event
+    programs, command = [], event.command
+    for sent in event.programs:
+        name = _NAMES.get(sent.sha256, sent.name)
+        if name != sent.name:
+            short = sent.sha256[:12]
+            command = command.replace(
+                f"<program {sent.name} sha256:{short}>", f"<program {name} sha256:{short}>", 1
+            )
+        programs.append(SentProgram(name, sent.sha256))
+    return replace(event, command=command, programs=tuple(programs))
 
 
 @functools.lru_cache(maxsize=64)

@@ -144,7 +144,12 @@ def test_json_status_on_three_hosts_is_at_most_8_kb(cluster: Path) -> None:
     assert sorted(result["hosts"]) == ["node1", "node2", "node3"]
     assert {h["state"] for h in result["hosts"].values()} == {"running"}
     assert len(proc.stdout.encode()) <= 8 * 1024, len(proc.stdout.encode())
-    probe = hashlib.sha256(remote.program("probe").encode()).hexdigest()
+    print(f"cvs --json status, 3 hosts: {len(proc.stdout.encode())} bytes")
+    # Per host, outside a job: the probe, and the look for containers of
+    # ended jobs (Slurm, issue 42 item 1); each names its program.
     starts = [e for e in events if e["event"] == "CommandStarted"]
-    assert len(starts) == 3
-    assert all({"name": "probe", "sha256": probe} in e["programs"] for e in starts)
+    for name in ("probe", "job_containers"):
+        sha = hashlib.sha256(remote.program(name).encode()).hexdigest()
+        named = [e for e in starts if {"name": name, "sha256": sha} in e["programs"]]
+        assert sorted(e["host"] for e in named) == ["node1", "node2", "node3"], name
+    assert len(starts) == 6, [e["label"] for e in starts]

@@ -6,15 +6,23 @@ fan-out over real sshds is bench/fanout.py's."""
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import anyio
+import pytest
 from scripted import ScriptedHosts, probe_output
 
 from orchestrator.config import ClusterConfig, ContainerConfig, HostSpec
 from orchestrator.containers.lifecycle import Lifecycle
 from orchestrator.containers.plan import Plan
+from orchestrator.errors import ConnectError
 from orchestrator.events import NullSink
+from orchestrator.ssh.fanout import fan_out
+from orchestrator.ssh.transport import SSHPool
 
 UNREACHABLE = (255, "", "ssh: connect to host: Name or service not known")
 
@@ -72,3 +80,62 @@ def test_a_one_host_plan_grows_linearly_with_the_fleet() -> None:
     # lookup). CPU time, the best of two: the machine's load moves wall time.
     small, large = cpu_seconds(500), cpu_seconds(5000)
     assert large < 18 * small, (small, large)
+
+
+# -- the connects' name resolution (orchestrator/ssh/resolver.py) ---------------
+
+FAKE_DOMAIN = ".cvs-test.invalid"
+
+
+class SlowResolver:
+    """socket.getaddrinfo for names under FAKE_DOMAIN: each answer takes
+    `seconds` and is "not known", as a resolver that must ask a DNS server.
+    Nothing leaves the machine: any other name is resolved as a numeric
+    address only (AI_NUMERICHOST), never looked up."""
+
+    def __init__(self, real: Callable[..., Any], seconds: float) -> None:
+        self.real, self.seconds = real, seconds
+        self.lock = threading.Lock()
+        self.calls = self.now = self.widest = 0
+
+    def __call__(self, host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if not (isinstance(host, str) and host.endswith(FAKE_DOMAIN)):
+            return self.real(host, port, 0, 0, 0, socket.AI_NUMERICHOST)
+        with self.lock:
+            self.calls += 1
+            self.now += 1
+            self.widest = max(self.widest, self.now)
+        try:
+            time.sleep(self.seconds)
+        finally:
+            with self.lock:
+                self.now -= 1
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+
+def test_names_that_do_not_resolve_are_resolved_as_wide_as_the_connects(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The last round's regression: every connect resolved in asyncio's
+    # default executor, 6 threads on 2 cores, so 5000 names the resolver
+    # cannot answer queued behind 6 lookups at a time (minutes). Counted, not
+    # timed: how many lookups were in flight at once, and one per host.
+    resolver = SlowResolver(socket.getaddrinfo, seconds=0.05)
+    monkeypatch.setattr(socket, "getaddrinfo", resolver)
+    hosts = [f"n{n:04d}{FAKE_DOMAIN}" for n in range(400)]
+    cluster = ClusterConfig.model_validate(
+        {
+            "name": "unresolved",
+            "hosts": [{"name": h} for h in hosts],
+            "ssh": {"host_key_policy": "off", "use_ssh_config": False, "user": "nobody"},
+        }
+    )
+
+    async def main() -> dict[str, ConnectError | None]:
+        async with SSHPool(cluster) as pool:
+            return await fan_out(hosts, pool.connect, limit=cluster.concurrency.hosts)
+
+    failures = list(anyio.run(main).values())
+    assert all(f is not None and "not known" in f.message for f in failures), failures[:3]
+    assert resolver.calls == len(hosts)  # a name that does not resolve is not retried
+    assert resolver.widest >= 32, resolver.widest  # 6 before: the default executor

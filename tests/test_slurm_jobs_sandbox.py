@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 from sandboxtools import cluster_variant
-from test_slurm_sandbox import (
+from slurmtools import (
     CVS,
     JOB_LABEL,
     containers,
@@ -25,6 +25,7 @@ from test_slurm_sandbox import (
     job_state,
     sbatch,
     slurm,
+    up_in_batch,
     wait_until,
 )
 
@@ -306,3 +307,116 @@ def test_two_mpi_jobs_on_the_same_nodes_with_one_file_both_run_mpirun(
     for n in ("a", "b"):
         said = (tmp_path / f"mpi-{n}").read_text()
         assert "rank-0" in said and "rank-1" in said, said
+
+
+# ------------------------------------------- per_job: every way a job ends, one test each
+
+
+def gone_after_the_job(sb: Sandbox, job: str) -> float:
+    """Seconds from the job's end (as slurmctld reports it) to no container of
+    it on any node; the job's end is waited for first (up to 150 s)."""
+    wait_until(lambda: job_state(sb, job) not in ("PENDING", "RUNNING"), 150, f"job {job}'s end")
+    took = wait_until(lambda: job_containers(sb, job) == NONE, 60, "removal")
+    time.sleep(5)  # past KillWait: nothing came back
+    assert job_containers(sb, job) == NONE
+    return took
+
+
+def kill_cvs(marker: str, command: str) -> None:
+    """SIGKILL the job's cvs running `command` on the file `marker` (by pid:
+    the processes this test's job started)."""
+
+    def running() -> list[int]:
+        return [p for p in pids_mentioning(marker) if command in cmdline(p)]
+
+    wait_until(running, 60, f"the job's cvs {command}")
+    for pid in running():
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_per_job_containers_go_within_30s_of_the_time_limit(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    job = up_in_batch(slurm_sandbox, tmp_path, "sleep 600", "--time=1", lifetime="per_job")
+    took = gone_after_the_job(slurm_sandbox, job)
+    print(f"per_job containers gone {took:.1f}s after the time limit")
+    assert took < 30
+    wait_until(lambda: job_state(slurm_sandbox, job) != "COMPLETING", 60, "the job's end")
+    assert job_state(slurm_sandbox, job) == "TIMEOUT"
+
+
+def test_per_job_containers_go_within_30s_of_the_jobs_normal_end(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    # The script ends on its own; the containers stayed until then.
+    job = up_in_batch(slurm_sandbox, tmp_path, "sleep 15", lifetime="per_job")
+    took = gone_after_the_job(slurm_sandbox, job)
+    print(f"per_job containers gone {took:.1f}s after the job's normal end")
+    assert took < 30
+    wait_until(lambda: job_state(slurm_sandbox, job) != "COMPLETING", 60, "the job's end")
+    assert job_state(slurm_sandbox, job) == "COMPLETED"
+
+
+def test_per_job_containers_go_with_the_job_when_its_cvs_is_sigkilled_mid_up(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    # A setup script that takes its time: up is provisioning, the containers
+    # already run, when cvs dies without a word; the job goes on and ends.
+    slow = tmp_path / "slow.sh"
+    slow.write_text("sleep 300\n")
+    cluster = variant(
+        slurm_sandbox, tmp_path / "c", name="cvs-pjk", lifetime="per_job", setup_script=str(slow)
+    )
+    script = f"$CVS -c {cluster} --hosts-from slurm up\necho up=$?\nsleep 5"
+    job = sbatch(slurm_sandbox, tmp_path, script)
+    wait_until(
+        lambda: (
+            job_containers(slurm_sandbox, job) == {"node1": 1, "node2": 1}
+            or job_state(slurm_sandbox, job) not in ("PENDING", "RUNNING")
+        ),
+        240,
+        f"job {job}'s containers",
+    )
+    assert job_containers(slurm_sandbox, job) == {"node1": 1, "node2": 1}, (
+        tmp_path / "job.out"
+    ).read_text()
+    kill_cvs(str(cluster), "up")
+    took = gone_after_the_job(slurm_sandbox, job)
+    print(f"per_job containers gone {took:.1f}s after the job's end (cvs up SIGKILLed)")
+    assert took < 30
+    assert "up=137" in (tmp_path / "job.out").read_text()
+
+
+def test_per_job_containers_go_with_the_job_when_its_cvs_is_sigkilled_mid_exec(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    marker = str(tmp_path / "c" / "cluster.yaml")
+    then = f"$CVS -c {marker} --hosts-from slurm exec -- sleep 600\necho exec=$?\nsleep 5"
+    job = up_in_batch(slurm_sandbox, tmp_path, then, lifetime="per_job")
+    kill_cvs(marker, "exec")
+    took = gone_after_the_job(slurm_sandbox, job)
+    print(f"per_job containers gone {took:.1f}s after the job's end (cvs exec SIGKILLed)")
+    assert took < 30
+    assert "exec=137" in (tmp_path / "job.out").read_text()
+
+
+def test_per_job_containers_go_with_the_job_when_its_cvs_is_sigkilled_mid_run(
+    slurm_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    suite = tmp_path / "long.yaml"
+    suite.write_text("name: long\nsteps:\n  - name: wait\n    run: sleep 600\n    timeout: 900\n")
+    marker = str(tmp_path / "c" / "cluster.yaml")
+    run = f"$CVS -c {marker} --hosts-from slurm run --run-dir {tmp_path / 'run'} {suite}"
+    job = up_in_batch(slurm_sandbox, tmp_path, f"{run}\necho run=$?\nsleep 5", lifetime="per_job")
+    top = [*slurm_sandbox.docker_argv("node1"), "top", f"cvs-kept-j{job}"]
+
+    def the_step() -> bool:
+        out = subprocess.run(top, capture_output=True, text=True).stdout
+        return "sleep 600" in out
+
+    wait_until(the_step, 120, "the run's step in node1's container")
+    kill_cvs(marker, "run")
+    took = gone_after_the_job(slurm_sandbox, job)
+    print(f"per_job containers gone {took:.1f}s after the job's end (cvs run SIGKILLed)")
+    assert took < 30
+    assert "run=137" in (tmp_path / "job.out").read_text()

@@ -7,7 +7,6 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import tarfile
 import time
 from collections.abc import Callable
@@ -18,6 +17,17 @@ import pytest
 import yaml
 from clitools import last_json
 from sandboxtools import cluster_variant
+from slurmtools import (
+    CVS,
+    JOB_LABEL,
+    containers,
+    in_job,
+    job_containers,
+    job_state,
+    slurm,
+    up_in_batch,
+    wait_until,
+)
 
 from orchestrator.config.slurm import SCONTROL_TIMEOUT
 from orchestrator.sandbox import Sandbox, SandboxError, sandbox_down
@@ -25,32 +35,6 @@ from orchestrator.sandbox import slurm as slurm_sb
 from orchestrator.sandbox.procs import cmdline, pids_mentioning
 
 MakeSandbox = Callable[..., Sandbox]
-
-
-def containers(sb: Sandbox, host: str, *filters: str) -> list[dict[str, Any]]:
-    """`docker inspect` of every container on that host (optionally filtered)."""
-    argv = [*sb.docker_argv(host), "ps", "-aq", *(f"--filter={f}" for f in filters)]
-    ids = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()
-    if not ids:
-        return []
-    out = subprocess.run([*sb.docker_argv(host), "inspect", *ids], capture_output=True, text=True)
-    return list(json.loads(out.stdout))
-
-
-def slurm(
-    sb: Sandbox, *argv: str, timeout: float = 60.0, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """A Slurm client command against the sandbox's controller (as slurm.env
-    does), plus `env`; none of this process's own SLURM_* or CVS_* variables."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CVS_"))}
-    return subprocess.run(
-        list(argv),
-        env={**base, **sb.slurm_env(), **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def test_slurm_env_file_points_clients_at_the_sandbox_controller(slurm_sandbox: Sandbox) -> None:
@@ -116,24 +100,6 @@ def test_a_slurmd_that_never_registers_fails_up_and_leaves_nothing(
 
 
 # ---------------------------------------------------------------- cvs in a job
-
-CVS = f"{shlex.quote(sys.executable)} -m orchestrator"
-
-
-def in_job(
-    sb: Sandbox,
-    script: str,
-    *salloc_args: str,
-    env: dict[str, str] | None = None,
-    timeout: float = 300.0,
-) -> subprocess.CompletedProcess[str]:
-    """`salloc ARGS sh -c SCRIPT` on the sandbox's Slurm: the script runs on this
-    machine inside the allocation (SLURM_JOB_ID, SLURM_JOB_NODELIST set), with
-    $CVS the cvs under test."""
-    return slurm(
-        sb, "salloc", *salloc_args, "sh", "-c", f"CVS={shlex.quote(CVS)}\n{script}",
-        timeout=timeout, env=env,
-    )  # fmt: skip
 
 
 def slurm_file(sb: Sandbox, directory: Path, **changes: Any) -> Path:
@@ -307,58 +273,6 @@ def test_a_gpu_count_beyond_the_allocation_is_refused_and_nothing_starts(
 
 
 # ------------------------------------------------------- containers that end with the job
-
-JOB_LABEL = "io.cvs.slurm-job"
-
-
-def sbatch(sb: Sandbox, tmp_path: Path, script: str, *args: str) -> str:
-    """Submit SCRIPT (with $CVS set) as a batch job on both nodes; its job ID."""
-    path = tmp_path / "job.sh"
-    path.write_text(f"#!/bin/sh\nCVS={shlex.quote(CVS)}\n{script}\n")
-    proc = slurm(
-        sb, "sbatch", "--parsable", "-N2", "-o", str(tmp_path / "job.out"), *args, str(path)
-    )
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.strip().split(";")[0]
-
-
-def job_state(sb: Sandbox, job: str) -> str:
-    out = slurm(sb, "scontrol", "show", "job", job).stdout
-    return next((w.split("=", 1)[1] for w in out.split() if w.startswith("JobState=")), "")
-
-
-def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> float:
-    """Poll; the seconds it took. Fails naming `what` after `timeout`."""
-    started = time.monotonic()
-    while not predicate():
-        assert time.monotonic() - started < timeout, f"timed out waiting for {what}"
-        time.sleep(0.25)
-    return time.monotonic() - started
-
-
-def job_containers(sb: Sandbox, job: str) -> dict[str, int]:
-    return {h.name: len(containers(sb, h.name, f"label={JOB_LABEL}={job}")) for h in sb.nodes}
-
-
-def up_in_batch(sb: Sandbox, tmp_path: Path, then: str, *args: str, lifetime: str = "") -> str:
-    """A batch job that brings the sandbox's containers up, marks it, then runs
-    `then`; returns the job ID once its containers run on both nodes."""
-    changes: dict[str, Any] = {}
-    if lifetime:
-        doc = yaml.safe_load(sb.cluster_file.read_text())
-        changes["container"] = {**doc["container"], "lifetime": lifetime, "name": "cvs-kept"}
-    cluster = cluster_variant(sb, tmp_path / "c", **changes)
-    flag = tmp_path / "up.done"
-    script = f"$CVS -c {cluster} --hosts-from slurm up || exit 1\ntouch {flag}\n{then}"
-    job = sbatch(sb, tmp_path, script, *args)
-    wait_until(
-        lambda: flag.exists() or job_state(sb, job) not in ("PENDING", "RUNNING"),
-        240,
-        f"job {job}'s cvs up",
-    )
-    assert flag.exists(), (tmp_path / "job.out").read_text()
-    assert job_containers(sb, job) == {"node1": 1, "node2": 1}
-    return job
 
 
 def test_per_run_containers_go_within_30s_of_scancel(

@@ -9,7 +9,9 @@ root); the decisions are pure and tested without it.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -24,9 +26,10 @@ import pytest
 import yaml
 from clitools import CVS
 
+from orchestrator import remote
 from orchestrator.config import ClusterConfig, cluster_warnings, load_cluster
 from orchestrator.config.documents import ConfigError
-from orchestrator.events import CollectingSink, Event, Message
+from orchestrator.events import CollectingSink, CommandStarted, Event, Message
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import run_on_hosts
 from orchestrator.ssh.transport import SSHPool
@@ -505,3 +508,18 @@ def test_a_held_process_that_ends_in_a_worker_shows_its_exit_status_as_in_one_pr
 
     alone, spread = anyio.run(main)
     assert alone == spread == [None, 3]
+
+
+@needs_root
+def test_through_workers_a_program_passed_as_an_argument_is_named(farm_file: Path) -> None:
+    # Programs are named where they are built, in this process; a worker
+    # builds its CommandStarted without those names, and a program that is
+    # an argument has no `cvs-NAME` after it to fall back on (it was `?`).
+    text = remote.program("check")
+    sha = hashlib.sha256(text.encode()).hexdigest()
+    _, events, pool = fan_out(config(farm_file, 2), shlex.join(["true", text]))
+    assert len(pool.fleet.workers) == 2
+    starts = [e for e in events if isinstance(e, CommandStarted)]
+    assert len(starts) == HOSTS
+    assert {(p.name, p.sha256) for e in starts for p in e.programs} == {("check", sha)}
+    assert all(f"<program check sha256:{sha[:12]}>" in e.command for e in starts)

@@ -53,6 +53,7 @@ from orchestrator.ssh.output import (
     StreamTail,
     as_result_text,
 )
+from orchestrator.ssh.resolver import widen_default_executor
 from orchestrator.ssh.seam import Command, HostRunner, Request
 from orchestrator.ssh.segments import acknowledge_promptly, coalesce_writes, tcp_socket
 from orchestrator.ssh.sshconfig import config_route, sshd_key
@@ -525,6 +526,8 @@ class SSHPool(HostRunner):
                 direct=not through_jump and opts.get("tunnel") is None,
             ),
         }
+        # Resolution and asyncssh's options use the loop's threads (resolver.py).
+        widen_default_executor()
         async with (
             self._handshake_limiter(opts, through_jump=through_jump),
             self.admission.slot() as ticket,

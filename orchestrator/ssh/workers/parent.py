@@ -55,7 +55,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from orchestrator.config import ClusterConfig
 from orchestrator.config.views import usable_cores, workers_clamped
 from orchestrator.errors import ConnectError
-from orchestrator.events import CommandFinished, EventSink, Message
+from orchestrator.events import CommandFinished, EventSink, Message, named_here
 from orchestrator.results import HostResult
 from orchestrator.ssh.seam import Request
 from orchestrator.ssh.workers import frames as f
@@ -260,7 +260,7 @@ class WorkerProcess:
     def _dispatch(self, frame: f.ToParent) -> None:
         match frame:
             case f.EventFrame():
-                self.sink.emit(frame.event)
+                self.sink.emit(named_here(frame.event))
             case f.Reply():
                 pending = self.pending.pop(frame.cid, None)
                 if pending is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import importlib.util
 import itertools
 import os
 import pwd
@@ -39,6 +40,14 @@ SANDBOX_FIXTURES = {
     "slurm_sandbox",
     "registry_sandbox",
 }
+# Property tests try their full counts under Hypothesis's `ci` profile (.ci/test
+# sets HYPOTHESIS_PROFILE=ci), a fifth of them elsewhere (tests/properties.py).
+# Loaded here, before pytest's `--hypothesis-profile` is read and before any test
+# module is imported. The plugin tests' venvs (.ci/venvs) have no hypothesis.
+if importlib.util.find_spec("hypothesis") is not None:
+    import properties
+
+    properties.load_profile(os.environ.get("HYPOTHESIS_PROFILE", properties.DEV))
 REQUIRED_TOOLS = ("ip", "nsenter", "dockerd", "sshd", "debootstrap", "ssh", "sudo")
 
 # The pytests these tests start (`cvs run`'s child, plain pytest in a temporary

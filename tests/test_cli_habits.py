@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from clitools import cvs as run_cvs
+from clitools import cvs_in_process
 
 from orchestrator import __version__
 from orchestrator.cli import _apply_color, build_parser
@@ -129,11 +130,12 @@ def test_excluding_every_host_is_a_usage_error(lab: Any) -> None:
 def test_forks_and_limit_set_the_host_concurrency(tmp_path: Path) -> None:
     path = tmp_path / "cluster.yaml"
     path.write_text(CLUSTER)
+    # In this process: `validate` decides all this before it contacts any host.
     for flag in ("--forks", "--limit"):
-        proc = cvs_as_typed("validate", "-c", str(path), flag, "3", "--json")
+        proc = cvs_in_process("validate", "-c", str(path), flag, "3", "--json", ci=False)
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout)["cluster"]["concurrency"]["hosts"] == 3
-    proc = cvs_as_typed("validate", "-c", str(path), "--forks", "0")
+    proc = cvs_in_process("validate", "-c", str(path), "--forks", "0", ci=False)
     assert proc.returncode == 2 and "must be at least 1" in proc.stderr
 
 

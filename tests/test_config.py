@@ -12,6 +12,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from properties import examples
 
 from orchestrator.config import (
     ClusterConfig,
@@ -696,7 +697,7 @@ near_valid = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(250), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(structures, near_valid))
 def test_random_structures_give_config_or_config_error(data: object) -> None:
     try:
@@ -708,7 +709,7 @@ def test_random_structures_give_config_or_config_error(data: object) -> None:
     assert isinstance(result, ClusterConfig)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.one_of(structures, near_valid))
 def test_random_yaml_documents_give_config_or_config_error(data: object) -> None:
     try:
@@ -727,7 +728,7 @@ yaml_ish = st.lists(
 ).map("".join)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.one_of(st.text(max_size=60), yaml_ish))
 def test_random_text_gives_config_or_config_error(text: str) -> None:
     try:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from properties import examples
 
 from orchestrator.config.hostlist import (
     MAX_HOSTS,
@@ -189,7 +190,7 @@ def clusters_and_hostlists(draw: st.DrawFn) -> tuple[list[str], str, set[str]]:
     return names, ",".join(parts), wanted
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(case=clusters_and_hostlists())
 def test_selection_equals_the_reference_set_in_cluster_order(
     case: tuple[list[str], str, set[str]],
@@ -198,7 +199,7 @@ def test_selection_equals_the_reference_set_in_cluster_order(
     assert select_hosts(names, pattern) == [n for n in names if n in wanted]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     case=clusters_and_hostlists(),
     extra=st.integers(min_value=41, max_value=99),
@@ -268,7 +269,7 @@ def test_compress_then_expand_gives_the_same_hosts(spec: list[tuple[str, int, bo
     assert sorted(expanded) == sorted(names)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(case=clusters_and_hostlists(), prefix=st.sampled_from(["node", "gpu", "r1n", "n-", "no"]))
 def test_a_glob_part_selects_what_fnmatch_selects(
     case: tuple[list[str], str, set[str]], prefix: str

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from plan_states import CLUSTER, IMG_A, IMG_B, OTHER_SHA, SHA, cfg, host, kinds, states
+from properties import examples
 
 from orchestrator.cli.common import cli_reasons, cli_text
 from orchestrator.config import ContainerConfig
@@ -417,7 +418,7 @@ def host_states(draw: st.DrawFn) -> dict[str, HostState]:
 LIFETIMES = st.sampled_from(["no_launch", "per_run", "persistent"])
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(hs=host_states(), reprovision=st.booleans(), pull=st.sampled_from(["missing", "always"]))
 def test_persistent_containers_are_never_removed_without_force(
     hs: dict[str, HostState], reprovision: bool, pull: str
@@ -431,7 +432,7 @@ def test_persistent_containers_are_never_removed_without_force(
     assert not any(a.removes for a in down.actions.values())
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(hs=host_states(), lifetime=LIFETIMES, force=st.booleans())
 def test_unknown_host_always_refuses_persistent_and_no_launch(
     hs: dict[str, HostState], lifetime: str, force: bool
@@ -442,7 +443,7 @@ def test_unknown_host_always_refuses_persistent_and_no_launch(
         assert set(plan.unknown_hosts) == {h for h, s in hs.items() if not s.known}
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(hs=host_states(), lifetime=LIFETIMES, force=st.booleans())
 def test_plan_invariants(hs: dict[str, HostState], lifetime: str, force: bool) -> None:
     plan = decide_plan(cfg(lifetime), hs, force=force)
@@ -466,7 +467,7 @@ def test_plan_invariants(hs: dict[str, HostState], lifetime: str, force: bool) -
             assert action.unpause == (state.container_status == "paused")
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(hs=host_states())
 def test_persistent_heals_exactly_when_every_container_is_ours_present_and_resumable(
     hs: dict[str, HostState],
@@ -493,7 +494,7 @@ def test_persistent_heals_exactly_when_every_container_is_ours_present_and_resum
         assert plan.refused
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(hs=host_states(), lifetime=LIFETIMES, force=st.booleans())
 def test_down_never_removes_foreign_or_unknown_without_force(
     hs: dict[str, HostState], lifetime: str, force: bool

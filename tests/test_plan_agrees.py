@@ -28,6 +28,7 @@ import anyio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from properties import examples
 from scripted import ScriptedHosts
 
 from orchestrator.config import ClusterConfig, ContainerConfig, HostSpec
@@ -307,7 +308,7 @@ def cluster_states(draw: st.DrawFn) -> tuple[ContainerConfig, dict[str, HostStat
     return config, states, draw(st.booleans())
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(cluster_states())
 def test_up_refuses_exactly_when_and_why_plan_does_and_otherwise_acts_on_it(
     case: tuple[ContainerConfig, dict[str, HostState], bool],

@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from properties import examples
 
 from orchestrator.events import Message
 from orchestrator.results import HostResult
@@ -153,7 +154,7 @@ def runs(draw: st.DrawFn) -> RunOutcome:
     )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(run=runs())
 def test_any_outcome_gives_valid_results_and_one_testcase_per_step_and_host(
     run: RunOutcome,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from clitools import cvs, explain
+from clitools import cvs_in_process, explain
 
 
 @pytest.mark.parametrize(
@@ -25,7 +25,7 @@ def test_sandbox_flags_that_do_not_go_together_are_refused_before_anything_is_bu
 ) -> None:
     directory = tmp_path / "sb"
 
-    proc = cvs("sandbox", "up", "--hosts", "1", "--dir", str(directory), *flags)
+    proc = cvs_in_process("sandbox", "up", "--hosts", "1", "--dir", str(directory), *flags)
 
     assert proc.returncode == 2, explain(proc)
     assert said in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, explain(proc)
@@ -33,7 +33,7 @@ def test_sandbox_flags_that_do_not_go_together_are_refused_before_anything_is_bu
 
 
 def test_sandbox_runtime_names_only_the_runtimes_there_are(tmp_path: Path) -> None:
-    proc = cvs("sandbox", "up", "--runtime", "enroot", "--dir", str(tmp_path / "sb"))
+    proc = cvs_in_process("sandbox", "up", "--runtime", "enroot", "--dir", str(tmp_path / "sb"))
 
     assert proc.returncode == 2, explain(proc)
     assert "invalid choice: 'enroot'" in proc.stderr and "docker" in proc.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from clitools import cvs, explain
+from clitools import cvs, cvs_in_process, explain
 from labtools import docker
 
 from orchestrator.sandbox import Sandbox, network, sandbox_down
@@ -149,8 +149,8 @@ def test_sandbox_down_after_a_crash_that_lost_the_registry_pid_still_removes_it(
 def test_a_bad_registry_rate_is_refused_before_anything_is_built(tmp_path: Path, rate: str) -> None:
     directory = tmp_path / "sb"
 
-    proc = cvs("sandbox", "up", "--hosts", "1", "--registry", "--registry-rate", rate,
-               "--dir", str(directory))  # fmt: skip
+    proc = cvs_in_process("sandbox", "up", "--hosts", "1", "--registry", "--registry-rate", rate,
+                          "--dir", str(directory))  # fmt: skip
 
     assert proc.returncode == 2, explain(proc)
     assert "is not a rate" in proc.stderr and "20mbit" in proc.stderr, explain(proc)
@@ -159,7 +159,8 @@ def test_a_bad_registry_rate_is_refused_before_anything_is_built(tmp_path: Path,
 
 
 def test_a_registry_rate_without_the_registry_is_refused(tmp_path: Path) -> None:
-    proc = cvs("sandbox", "up", "--registry-rate", "20mbit", "--dir", str(tmp_path / "sb"))
+    sb = tmp_path / "sb"
+    proc = cvs_in_process("sandbox", "up", "--registry-rate", "20mbit", "--dir", str(sb))
 
     assert proc.returncode == 2, explain(proc)
     assert "add --registry" in proc.stderr, explain(proc)

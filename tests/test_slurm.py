@@ -434,6 +434,18 @@ CID = "c" * 64
 INV = "0123456789abcdef"
 
 
+def quick_sleep_path(tmp_path: Path) -> str:
+    """PATH with a `sleep` that pauses 20 ms whatever it is asked: the holder's
+    second between sweeps is `sleep 1` found on PATH, and what these tests read
+    (the sweeps' count and order, the exit) does not depend on its length."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    shim = bindir / "sleep"
+    shim.write_text(f"#!/bin/sh\nexec {shutil.which('sleep')} 0.02\n")
+    shim.chmod(0o755)
+    return f"{bindir}:{os.environ['PATH']}"
+
+
 def fake_runtime(tmp_path: Path, *listed: str) -> list[str]:
     """A runtime argv that logs each call and answers `ps` with `listed`, a line each."""
     log = tmp_path / "runtime.log"
@@ -447,7 +459,7 @@ def test_the_holder_removes_its_jobs_and_invocations_containers_by_id_on_sigterm
 ) -> None:
     runtime = fake_runtime(tmp_path, CID, "not-an-id")
     argv = remote.argv("slurm_holder", "42", INV, "--", *runtime)
-    env = {"PATH": os.environ["PATH"], "SLURMD_NODENAME": "node1"}
+    env = {"PATH": quick_sleep_path(tmp_path), "SLURMD_NODENAME": "node1"}
     proc = subprocess.Popen([shell, *argv[1:]], env=env, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     assert proc.stdout.readline() == f"ready node1 42 {INV}\n"
@@ -466,7 +478,7 @@ def test_the_holder_removes_its_jobs_and_invocations_containers_by_id_on_sigterm
 
 def test_a_holder_sweeps_ten_times_after_sigterm_then_exits(tmp_path: Path) -> None:
     argv = remote.argv("slurm_holder", "42", INV, "--", *fake_runtime(tmp_path))
-    env = {"PATH": os.environ["PATH"], "SLURMD_NODENAME": "node1"}
+    env = {"PATH": quick_sleep_path(tmp_path), "SLURMD_NODENAME": "node1"}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().startswith("ready ")
     proc.send_signal(signal.SIGTERM)

@@ -170,6 +170,24 @@ def test_a_step_reason_names_the_cause_after_the_code() -> None:
     assert judged.reason == "exit 137, expected 0: killed by the out-of-memory killer"
 
 
+def test_with_cause_keeps_the_cause_as_a_field_of_its_own() -> None:
+    result = with_cause(HostResult("h", "failed", 137, error="exit code 137"), "OOM")
+    assert result.cause == "OOM"
+    assert str(result.error) == "exit code 137: OOM"  # the line still says it after the code
+
+
+def test_a_step_reason_reads_the_cause_field_not_the_error_text() -> None:
+    # An error that merely reads like `exit code N: ...` is not taken apart: it
+    # is said whole, and the cause comes from the field alone.
+    step = Step.model_validate({"name": "alloc", "run": "x"})
+    worded = HostResult("h", "failed", 3, error="exit code 3: made up by the command")
+    assert judge(step, worded).reason == "exit 3, expected 0: exit code 3: made up by the command"
+    bare = HostResult("h", "failed", 3, error="exit code 3")
+    assert judge(step, bare).reason == "exit 3, expected 0"  # the code, not twice
+    caused = HostResult("h", "failed", 3, error="anything", cause="the cause")
+    assert judge(step, caused).reason == "exit 3, expected 0: the cause"
+
+
 # --- point 6: an up report after a rollback ------------------------------------------
 
 

@@ -155,6 +155,16 @@ def judge(step: Step, result: HostResult, tail_lines: int = TAIL_LINES) -> StepH
     return StepHostOutcome(status="ok", **base)
 
 
+def step_detail(judged: StepHostOutcome) -> str:
+    """A judged host's `HostStep` detail: the reason, after how it ended when
+    that is not the event's own `failed` (`timeout: timed out after 5s`), so
+    no reader strips the status word off again."""
+    if judged.ok:
+        return ""
+    reason = str(judged.reason or judged.status)
+    return reason if judged.status == "failed" else f"{judged.status}: {reason}"
+
+
 def skipped_step(
     step: Step, hosts: list[str], reason: Text, status: StepHostStatus = "skipped"
 ) -> StepOutcome:
@@ -328,8 +338,7 @@ async def _run_step(
         judged = judge(step, result)
         outcome.results[h] = judged
         status: Literal["ok", "failed"] = "ok" if judged.ok else "failed"
-        detail = "" if judged.ok else f"{judged.status}: {judged.reason!s}"
-        sink.emit(HostStep(host=h, step=step.name, status=status, detail=detail))
+        sink.emit(HostStep(host=h, step=step.name, status=status, detail=step_detail(judged)))
     return outcome
 
 

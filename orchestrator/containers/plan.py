@@ -1273,14 +1273,8 @@ def decide_down(
                 " removes it",
             )
         )
-    why = {h: _unknown_why(states[h]) for h in unknown}
-    return Plan(
-        cfg.lifetime,
-        _frozen(actions),
-        warnings=warnings,
-        unknown_hosts=tuple(unknown),
-        unknown_why=why,
-    )
+    plan = Plan(cfg.lifetime, _frozen(actions), warnings=warnings, unknown_hosts=tuple(unknown))
+    return replace(plan, unknown_why={h: _unknown_why(states[h]) for h in unknown})
 
 
 def down_leftovers(

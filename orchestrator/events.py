@@ -373,9 +373,7 @@ class PlainSink(_PipeWriter):
                 self.verbose or status == "failed" or (status == "started" and step in SLOW_STEPS)
             ):
                 if status == "failed" and detail:
-                    # `flag: failed - exit 1`, not `flag: failed - failed: exit 1`
-                    shown = say(detail, self.style).removeprefix("failed: ")
-                    detail = self.seen.line(host, shown, context=step)
+                    detail = self.seen.line(host, say(detail, self.style), context=step)
                 said = say(detail, self.style)
                 return f"{host} - {step}: {status}{' - ' + said if said else ''}"
             case ImageProgress(host=host, done=done, total=total, rate=rate, eta=eta) if (

@@ -38,6 +38,11 @@ class HostResult:
     # the streamed lines) show each as a `\xNN` escape, never silently changed.
     stdout_not_text: int = 0
     stderr_not_text: int = 0
+    # Why the command ended as it did, read on the host (containers/causes.py:
+    # the OOM killer, the container's end), kept apart from `error`, which
+    # says it after the code (`exit code 137: <cause>`), so readers need not
+    # take the line apart.
+    cause: Text | None = None
 
     @property
     def ok(self) -> bool:

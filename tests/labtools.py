@@ -81,9 +81,19 @@ class Lab:
 
     sandbox: Sandbox
     directory: Path
-    name: str = field(default_factory=lambda: f"cvs-lc-{uuid.uuid4().hex[:8]}")
+    name: str = ""  # default: the prefix and a random suffix
     tags: list[str] = field(default_factory=list)
     _count: int = 0
+    prefix: str = "cvs-lc"
+    # Container keys every `container_file` sets (a test module's defaults).
+    base: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.name = self.name or f"{self.prefix}-{uuid.uuid4().hex[:8]}"
+
+    @property
+    def sb(self) -> Sandbox:
+        return self.sandbox
 
     def cluster(
         self,
@@ -111,6 +121,23 @@ class Lab:
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         return path
 
+    def container_file(self, lifetime: str = "persistent", **container: Any) -> Path:
+        """The sandbox's cluster file as it is (all its hosts, its ssh user),
+        with a container block of our name, the lifetime, `base` and the given
+        keys (nothing else: no sshd block unless given)."""
+        doc = yaml.safe_load(self.sandbox.cluster_file.read_text())
+        doc["state_dir"] = str(self.directory / "state")
+        block = {"image": SSHD_TAG, "name": self.name, "lifetime": lifetime}
+        doc["container"] = {**block, **self.base, **container}
+        path = self.directory / f"cluster-{uuid.uuid4().hex[:6]}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
+
+    def lock_dir(self, host: str) -> Path:
+        """The lock directory of our container on `host` (the sandbox's hosts
+        share this machine's /tmp)."""
+        return Path(f"/tmp/cvs-{self.name}-{host}.lock")
+
     def tag(self, host: str, source: str, tag: str) -> None:
         docker(self.sandbox, host, "tag", source, tag)
         self.tags.append(tag)
@@ -120,3 +147,8 @@ class Lab:
             docker(self.sandbox, node.name, "rm", "-f", "-v", self.name, check=False)
             for tag in set(self.tags):
                 docker(self.sandbox, node.name, "rmi", tag, check=False)
+
+    def clean_locks(self) -> None:
+        """What a killed holder left of our lock directories."""
+        for lock in Path("/tmp").glob(f"cvs-{self.name}-*.lock"):
+            subprocess.run(["rm", "-rf", str(lock)], check=False)

@@ -170,6 +170,43 @@ def test_a_step_reason_names_the_cause_after_the_code() -> None:
     assert judged.reason == "exit 137, expected 0: killed by the out-of-memory killer"
 
 
+def test_with_cause_keeps_the_cause_as_a_field_of_its_own() -> None:
+    result = with_cause(HostResult("h", "failed", 137, error="exit code 137"), "OOM")
+    assert result.cause == "OOM"
+    assert str(result.error) == "exit code 137: OOM"  # the line still says it after the code
+
+
+def test_a_step_reason_reads_the_cause_field_not_the_error_text() -> None:
+    # An error that merely reads like `exit code N: ...` is not taken apart: it
+    # is said whole, and the cause comes from the field alone.
+    step = Step.model_validate({"name": "alloc", "run": "x"})
+    worded = HostResult("h", "failed", 3, error="exit code 3: made up by the command")
+    assert judge(step, worded).reason == "exit 3, expected 0: exit code 3: made up by the command"
+    bare = HostResult("h", "failed", 3, error="exit code 3")
+    assert judge(step, bare).reason == "exit 3, expected 0"  # the code, not twice
+    caused = HostResult("h", "failed", 3, error="anything", cause="the cause")
+    assert judge(step, caused).reason == "exit 3, expected 0: the cause"
+
+
+def test_a_failed_steps_event_detail_is_the_reason_and_a_timeout_says_so() -> None:
+    from orchestrator.suites.runner import step_detail
+
+    step = Step.model_validate({"name": "alloc", "run": "x", "timeout": 5})
+    failed = judge(step, HostResult("h", "failed", 3, error="exit code 3"))
+    assert step_detail(failed) == "exit 3, expected 0"  # the event's status says "failed"
+    timed_out = judge(step, HostResult("h", "timeout", None, error="timed out"))
+    assert step_detail(timed_out) == "timeout: timed out after 5s"
+    assert step_detail(judge(step, HostResult("h", "ok", 0))) == ""
+
+
+def test_the_console_shows_a_failed_steps_detail_whole() -> None:
+    from orchestrator.events import HostStep, PlainSink
+
+    sink = PlainSink(io.StringIO())
+    line = sink.render(HostStep(host="h", step="pull", status="failed", detail="failed: x"))
+    assert line == "h - pull: failed - failed: x"  # nothing taken off the host's words
+
+
 # --- point 6: an up report after a rollback ------------------------------------------
 
 

@@ -268,3 +268,29 @@ def test_every_readme_shell_block_runs_or_says_why_not() -> None:
         assert step in tour[0], step
     assert tour[0].index("cvs run install_demo") < tour[0].index("cvs run test_demo")
     assert "cvs down" in tour[0] and tour[0].rstrip().endswith("cvs sandbox down --dir ./sandbox")
+
+
+# ---- the design page ---------------------------------------------------------------------
+
+DESIGN = ROOT / "docs" / "design.md"
+DESIGN_LINES = 400  # the map, read in one sitting; figures and stories go to performance.md
+
+
+def test_the_design_page_is_a_map_of_at_most_400_lines() -> None:
+    lines = len(DESIGN.read_text().splitlines())
+    assert lines <= DESIGN_LINES, (
+        f"docs/design.md has {lines} lines (at most {DESIGN_LINES}): move measurements and "
+        "their stories to docs/performance.md, a user's details to the user's page"
+    )
+
+
+def test_every_file_the_design_page_names_exists() -> None:
+    package = ROOT / "orchestrator"
+    by_name = {p.name for p in package.rglob("*") if p.suffix in (".py", ".sh")}
+    named = set(re.findall(r"[\w./-]+\.(?:py|sh)\b", DESIGN.read_text()))
+    missing = sorted(
+        n
+        for n in named
+        if not ((ROOT / n).exists() or (package / n).exists() or ("/" not in n and n in by_name))
+    )
+    assert not missing, f"docs/design.md names files that are not there: {missing}"

@@ -13,19 +13,17 @@ import os
 import subprocess
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 from clitools import CVS, cvs_on, explain, last_json
 from conftest import _built
-from labtools import docker
+from labtools import Lab, docker
 from sandboxtools import silent_server
 
-from orchestrator.sandbox import SSHD_TAG, Sandbox
+from orchestrator.sandbox import Sandbox
 from orchestrator.sandbox.network import gateway_address
 
 NODES = ["node1", "node2", "node3"]
@@ -39,40 +37,14 @@ def edges(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
         yield sb
 
 
-class Lab:
-    def __init__(self, sb: Sandbox, directory: Path) -> None:
-        self.sb = sb
-        self.directory = directory
-        self.name = f"cvs-edge-{uuid.uuid4().hex[:8]}"
-
-    def cluster(self, lifetime: str = "persistent", **container: Any) -> Path:
-        doc = yaml.safe_load(self.sb.cluster_file.read_text())
-        doc["state_dir"] = str(self.directory / "state")
-        doc["container"] = {
-            "image": SSHD_TAG,
-            "name": self.name,
-            "lifetime": lifetime,
-            "docker_timeout": 10,
-            **container,
-        }
-        path = self.directory / f"cluster-{uuid.uuid4().hex[:6]}.yaml"
-        path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        return path
-
-    def clean(self) -> None:
-        for node in self.sb.nodes:
-            docker(self.sb, node.name, "rm", "-f", "-v", self.name, check=False)
-        for lock in Path("/tmp").glob(f"cvs-{self.name}-*.lock"):
-            subprocess.run(["rm", "-rf", str(lock)], check=False)
-
-
 @pytest.fixture
 def lab(edges: Sandbox, tmp_path: Path) -> Iterator[Lab]:
-    lab = Lab(edges, tmp_path)
+    lab = Lab(edges, tmp_path, prefix="cvs-edge", base={"docker_timeout": 10})
     try:
         yield lab
     finally:
         lab.clean()
+        lab.clean_locks()
 
 
 # --- finding 1: causes only from evidence ------------------------------------------
@@ -87,7 +59,7 @@ def exec_error(cluster: Path, command: str) -> str:
 
 
 def test_exit_255_a_kill_and_a_real_restart_get_three_different_true_answers(lab: Lab) -> None:
-    cluster = lab.cluster(sshd={"enabled": False})
+    cluster = lab.container_file(sshd={"enabled": False})
     assert cvs_on(cluster, "up").returncode == 0
     # At once after the start: the container started a moment before each command.
     plain = exec_error(cluster, "exit 255")
@@ -142,7 +114,7 @@ def test_a_login_that_stalls_leaves_no_docker_login_running_on_any_host(lab: Lab
     with contextlib.ExitStack() as stack:
         stack.callback(password.unlink, missing_ok=True)
         port = stack.enter_context(silent_server(gateway))
-        cluster = lab.cluster(
+        cluster = lab.container_file(
             image=f"{gateway}:{port}/cvs/stalled:1",
             start_timeout=5,
             sshd={"enabled": False},
@@ -163,7 +135,7 @@ def test_a_login_that_stalls_leaves_no_docker_login_running_on_any_host(lab: Lab
 def test_hosts_never_starts_a_missing_member_alone_unless_healing_and_it_ends_like_the_others(
     lab: Lab,
 ) -> None:
-    cluster = lab.cluster(start_timeout=120)
+    cluster = lab.container_file(start_timeout=120)
     assert cvs_on(cluster, "up").returncode == 0
     docker(lab.sb, "node3", "rm", "-f", lab.name)
     plan = cvs_on(cluster, "plan", "--hosts", "node3")
@@ -209,7 +181,7 @@ def test_hosts_never_starts_a_missing_member_alone_unless_healing_and_it_ends_li
 
 
 def test_two_overlapping_hosts_subsets_changing_containers_both_finish(lab: Lab) -> None:
-    cluster = lab.cluster(sshd={"enabled": False}, start_timeout=90)
+    cluster = lab.container_file(sshd={"enabled": False}, start_timeout=90)
     assert cvs_on(cluster, "up").returncode == 0
     procs = [
         subprocess.Popen(
@@ -233,7 +205,7 @@ def test_two_overlapping_hosts_subsets_changing_containers_both_finish(lab: Lab)
 def test_up_names_an_image_the_registry_does_not_have_as_not_found(lab: Lab) -> None:
     with lab.sb.registry() as reg:
         image = reg.ref("cvs/no-such-image", "1")
-        cluster = lab.cluster(
+        cluster = lab.container_file(
             image=image,
             sshd={"enabled": False},
             registry={"username": reg.username, "password_file": str(reg.password_file)},
@@ -255,7 +227,7 @@ def test_up_names_an_image_the_registry_does_not_have_as_not_found(lab: Lab) -> 
 
 
 def test_shell_on_an_absent_container_says_so_and_exits_1(lab: Lab) -> None:
-    cluster = lab.cluster()
+    cluster = lab.container_file()
     proc = cvs_on(cluster, "shell", "node2", input="")
     assert proc.returncode == 1, explain(proc)
     assert proc.stderr.strip() == (
@@ -269,7 +241,7 @@ def test_shell_on_an_absent_container_says_so_and_exits_1(lab: Lab) -> None:
 def test_a_step_whose_container_stopped_tells_cvs_up_in_the_console_and_results(
     lab: Lab,
 ) -> None:
-    cluster = lab.cluster(sshd={"enabled": False})
+    cluster = lab.container_file(sshd={"enabled": False})
     assert cvs_on(cluster, "up").returncode == 0
     suite = lab.directory / "nap.yaml"
     suite.write_text(yaml.safe_dump({"name": "nap", "steps": [{"name": "nap", "run": "sleep 60"}]}))

@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import time
-import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,10 +26,10 @@ import yaml
 from clitools import CVS, last_json
 from clitools import cvs as run_cvs
 from conftest import _built
-from labtools import docker, explain
+from labtools import Lab, docker, explain
 from sandboxtools import silent_server
 
-from orchestrator.sandbox import SSHD_TAG, Sandbox
+from orchestrator.sandbox import Sandbox
 from orchestrator.sandbox.network import gateway_address
 
 NODES = ["node1", "node2", "node3"]
@@ -49,46 +48,21 @@ def cvs_sub(
     return run_cvs(*args[:1], "-c", str(cluster), *args[1:], timeout=timeout, cwd=cwd)
 
 
-class Lab:
-    def __init__(self, sb: Sandbox, directory: Path) -> None:
-        self.sb = sb
-        self.directory = directory
-        self.name = f"cvs-fault-{uuid.uuid4().hex[:8]}"
-
-    def cluster(self, lifetime: str = "persistent", **container: Any) -> Path:
-        doc = yaml.safe_load(self.sb.cluster_file.read_text())
-        doc["state_dir"] = str(self.directory / "state")
-        doc["container"] = {
-            "image": SSHD_TAG,
-            "name": self.name,
-            "lifetime": lifetime,
-            "sshd": {"enabled": False},
-            "runtime_timeout": 5,
-            **container,
-        }
-        path = self.directory / f"cluster-{uuid.uuid4().hex[:6]}.yaml"
-        path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        return path
-
-    def lock_dir(self, host: str) -> Path:
-        return Path(f"/tmp/cvs-{self.name}-{host}.lock")
-
-    def clean(self) -> None:
-        for node in self.sb.nodes:
-            docker(self.sb, node.name, "rm", "-f", "-v", self.name, check=False)
-        for lock in Path("/tmp").glob(f"cvs-{self.name}-*.lock"):
-            subprocess.run(["rm", "-rf", str(lock)], check=False)
-
-
 @pytest.fixture
 def lab(faulty: Sandbox, tmp_path: Path) -> Iterator[Lab]:
-    lab = Lab(faulty, tmp_path)
+    lab = Lab(
+        faulty,
+        tmp_path,
+        prefix="cvs-fault",
+        base={"sshd": {"enabled": False}, "runtime_timeout": 5},
+    )
     try:
         yield lab
     finally:
         for node in faulty.nodes:  # whatever a test stopped comes back
             faulty.start_dockerd(node)
         lab.clean()
+        lab.clean_locks()
 
 
 def write_suite(directory: Path, name: str, steps: list[dict[str, Any]]) -> Path:
@@ -113,7 +87,7 @@ GREEDY = "a=$(head -c 200000000 /dev/zero | tr '\\0' x); echo ${#a}"
 def test_a_step_killed_by_the_oom_killer_says_out_of_memory_in_exec_and_the_run_record(
     lab: Lab,
 ) -> None:
-    cluster = lab.cluster(resources={"memory": "64Mi"})
+    cluster = lab.container_file(resources={"memory": "64Mi"})
     assert cvs_sub(cluster, "up").returncode == 0
     proc = cvs_sub(cluster, "exec", "--hosts", "node2", "--json", "--", GREEDY)
     assert proc.returncode == 1, explain(proc)
@@ -139,7 +113,7 @@ def test_a_step_killed_by_the_oom_killer_says_out_of_memory_in_exec_and_the_run_
 
 
 def test_a_container_stopped_under_a_step_is_named_in_the_run_record(lab: Lab) -> None:
-    cluster = lab.cluster()
+    cluster = lab.container_file()
     assert cvs_sub(cluster, "up").returncode == 0
     suite = write_suite(lab.directory, "long", [{"name": "nap", "run": "sleep 60"}])
     run_dir = lab.directory / "run"
@@ -178,7 +152,7 @@ def test_a_container_stopped_under_a_step_is_named_in_the_run_record(lab: Lab) -
 
 
 def test_the_runtime_going_away_under_exec_is_named_and_the_others_finish(lab: Lab) -> None:
-    cluster = lab.cluster()
+    cluster = lab.container_file()
     assert cvs_sub(cluster, "up").returncode == 0
     proc = subprocess.Popen(
         [*CVS, "exec", "-c", str(cluster), "--json", "--", "sleep 15"],
@@ -231,7 +205,7 @@ def full_filesystem_under(path: Path, work: Path) -> Iterator[None]:
 
 
 def test_a_full_disk_on_one_host_rolls_back_and_no_host_is_reported_ready(lab: Lab) -> None:
-    cluster = lab.cluster()
+    cluster = lab.container_file()
     node2 = lab.sb.host("node2")
     # Where `docker run` writes a new container's files on node2.
     with full_filesystem_under(node2.data_root / "containers", lab.directory):
@@ -279,7 +253,7 @@ BOUND = "docker did not answer within container.runtime_timeout (5s)"
 
 
 def test_a_frozen_dockerd_bounds_status_exec_up_and_down_naming_the_host(lab: Lab) -> None:
-    cluster = lab.cluster()
+    cluster = lab.container_file()
     assert cvs_sub(cluster, "up").returncode == 0
     # Generous against this shared 2-core machine; the bound itself is 5 s.
     limit = 5 + 20
@@ -308,7 +282,7 @@ def test_a_frozen_dockerd_bounds_status_exec_up_and_down_naming_the_host(lab: La
 
 
 def test_a_killed_up_on_a_frozen_dockerd_leaves_no_lock_directory(lab: Lab) -> None:
-    cluster = lab.cluster()
+    cluster = lab.container_file()
     with frozen_dockerd(lab.sb, "node2"):
         proc = subprocess.Popen(
             [*CVS, "up", "-c", str(cluster)],
@@ -340,7 +314,7 @@ def test_a_registry_that_stalls_is_bounded_by_start_timeout_with_the_error_set(
     with contextlib.ExitStack() as stack:
         stack.callback(password.unlink, missing_ok=True)
         port = stack.enter_context(silent_server(gateway))
-        cluster = lab.cluster(
+        cluster = lab.container_file(
             image=f"{gateway}:{port}/cvs/stalled:1",
             start_timeout=8,
             registry={"username": "bot", "password_file": str(password)},
@@ -390,7 +364,7 @@ def lock_free(path: Path) -> bool:
 def test_a_lock_held_over_a_silent_network_is_freed_within_its_lease(lab: Lab) -> None:
     from orchestrator.containers.locks import LEASE_SECONDS, RENEW_SECONDS
 
-    cluster = lab.cluster()
+    cluster = lab.container_file()
     assert cvs_sub(cluster, "up").returncode == 0
     proc = subprocess.Popen(
         [*CVS, "exec", "-c", str(cluster), "--", "sleep 60"],
@@ -443,7 +417,7 @@ def test_an_up_after_one_killed_mid_provisioning_stops_the_old_setup_script_firs
 ) -> None:
     script = lab.directory / "setup.sh"
     script.write_text(SLOW_SETUP)
-    cluster = lab.cluster(setup_script=str(script))
+    cluster = lab.container_file(setup_script=str(script))
     proc = subprocess.Popen(
         [*CVS, "up", "-c", str(cluster)],
         env={**os.environ, "CI": "1"},

@@ -12,7 +12,6 @@ import json
 import shutil
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -24,11 +23,11 @@ import yaml
 from clitools import cvs_on
 from conftest import _built
 from gpuroots import AMD, make_device_root
-from labtools import docker, explain
+from labtools import Lab, docker, explain
 
 from orchestrator.api import Cluster, ExecFailed, UpFailed
 from orchestrator.errors import CvsError
-from orchestrator.sandbox import SSHD_TAG, Sandbox
+from orchestrator.sandbox import Sandbox
 from orchestrator.sync import SyncCluster
 
 THREE = ["node1", "node2", "node3"]
@@ -64,41 +63,9 @@ def status_of(sb: Sandbox, host: str, name: str) -> tuple[str, str] | None:
     return doc["Id"], doc["State"]["Status"]
 
 
-class Lab:
-    def __init__(self, sb: Sandbox, directory: Path) -> None:
-        self.sb = sb
-        self.directory = directory
-        self.name = f"cvs-heal-{uuid.uuid4().hex[:8]}"
-
-    def cluster(
-        self, *, lifetime: str, sshd_port: int | None = None, setup_script: str | None = None
-    ) -> Path:
-        doc = yaml.safe_load(self.sb.cluster_file.read_text())
-        doc["state_dir"] = str(self.directory / "state")
-        doc["container"] = {
-            "image": SSHD_TAG,
-            "name": self.name,
-            "lifetime": lifetime,
-            "sshd": {"enabled": False} if sshd_port is None else {"port": sshd_port},
-        }
-        if setup_script is not None:
-            script = self.directory / "setup.sh"
-            script.write_text(setup_script)
-            doc["container"]["setup_script"] = str(script)
-        path = self.directory / f"cluster-{lifetime}.yaml"
-        path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        return path
-
-    def clean(self) -> None:
-        for node in self.sb.nodes:
-            docker(self.sb, node.name, "rm", "-f", "-v", self.name, check=False)
-        for lock in Path("/tmp").glob(f"cvs-{self.name}-*.lock"):
-            lock.rmdir() if lock.is_dir() else lock.unlink(missing_ok=True)
-
-
 @pytest.fixture
 def lab(breakable: Sandbox, tmp_path: Path) -> Iterator[Lab]:
-    lab = Lab(breakable, tmp_path)
+    lab = Lab(breakable, tmp_path, prefix="cvs-heal")
     try:
         yield lab
     finally:
@@ -106,6 +73,7 @@ def lab(breakable: Sandbox, tmp_path: Path) -> Iterator[Lab]:
             breakable.start_dockerd(node)
             breakable.start_sshd(node)
         lab.clean()
+        lab.clean_locks()
 
 
 # --- issue 10.1: a node reboot heals ------------------------------------------
@@ -174,7 +142,9 @@ if [ "$(hostname)" = node2 ]; then echo "no GPU driver on this node" >&2; exit 7
 def test_up_raises_up_failed_with_per_host_reasons_when_one_host_fails_setup(
     lab: Lab, breakable: Sandbox, tmp_path: Path
 ) -> None:
-    path = lab.cluster(lifetime="per_run", sshd_port=2442, setup_script=FAILS_ON_NODE2)
+    script = lab.directory / "setup.sh"
+    script.write_text(FAILS_ON_NODE2)
+    path = lab.cluster(lifetime="per_run", sshd_port=2442, setup_script=str(script))
 
     async def up(check: bool) -> Any:
         async with Cluster.open(path) as cluster:

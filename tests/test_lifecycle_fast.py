@@ -155,3 +155,14 @@ def test_a_pull_failing_on_one_host_reports_no_host_ready_and_starts_nothing() -
             report.outcomes[host].summary == "cold_start NOT STARTED: the cold start failed on h2"
         )
     assert str(report.outcomes["h2"].summary).startswith("cold_start FAILED at pull")
+
+
+def test_a_held_back_hosts_summary_reads_the_why_field_not_the_error_text() -> None:
+    from orchestrator.containers.lifecycle import HostOutcome
+    from orchestrator.containers.plan import HostAction
+
+    outcome = HostOutcome("h1", HostAction("cold_start", "none present"))
+    outcome.hold_back("not started: said by a peer")
+    assert outcome.held_back == "not started: said by a peer"
+    # the why whole, even when it reads like the error's own prefix
+    assert outcome.summary == "cold_start NOT STARTED: not started: said by a peer"

@@ -135,3 +135,11 @@ def test_a_peer_check_failure_on_the_host_network_keeps_the_sshd_words() -> None
     found = mpi.parse_mpi_check("peer-fail node2 Connection refused\n")
     (line,) = found.problems("img:1", "node1", 10, {"node1": "host", "node2": "host"})
     assert "restarts a stopped sshd" in line and "network" not in line.split("(")[0]
+
+
+def test_a_peers_own_problem_is_the_line_without_its_name_in_front() -> None:
+    # The peer's outcome takes `peer_problem` as data; `problems` names the peer.
+    found = mpi.parse_mpi_check("peer-fail node2 Connection refused\n")
+    own = found.peer_problem("node2", "Connection refused", "node1", 10)
+    assert own.startswith("its container's sshd did not answer `ssh node2 true`")
+    assert found.problems("img:1", "node1", 10) == [f"node2: {own}"]

@@ -527,6 +527,17 @@ def test_down_leftovers_name_unknown_and_failed_hosts_and_how_to_finish() -> Non
     assert "removing it failed (dockerd gone)" in left["h3"]
 
 
+def test_down_leftovers_take_the_unknown_hosts_reason_from_the_plan_not_its_words() -> None:
+    from orchestrator.containers.plan import down_leftovers
+
+    hs = states(HostState.unreachable("h2", "state unknown: said by sshd"))
+    plan = decide_down(cfg("persistent"), hs, force=True)
+    assert plan.unknown_why == {"h2": "state unknown: said by sshd"}
+    (left,) = down_leftovers(cfg("persistent"), plan, {}, force=True).values()
+    # the probe's words whole, even when they read like the action's prefix
+    assert "(state unknown: state unknown: said by sshd)" in cli_text(left)
+
+
 def test_down_leftovers_empty_when_everything_is_gone() -> None:
     from orchestrator.containers.plan import down_leftovers
 

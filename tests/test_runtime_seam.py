@@ -70,6 +70,54 @@ def test_the_allow_list_holds_only_what_is_still_there() -> None:
         assert len(lines) == count, f"{rel}: {lines} (allowed {count}): update ALLOWED"
 
 
+def _mappings_keyed_by_a_runtime_name(tree: ast.AST) -> list[int]:
+    """Lines of a dict literal (or `dict(docker=...)`) keyed by runtime
+    names: both of them, or nothing else (a table by runtime name is a branch
+    on it). A record with one field called "docker" (status's deprecated JSON
+    key, remote/docker.sh's libraries) is not such a table."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            keys = {kw.arg for kw in node.keywords} if node.func.id == "dict" else set()
+        else:
+            continue
+        named = keys & RUNTIMES
+        if named and (named == RUNTIMES or keys <= RUNTIMES):
+            lines.append(node.lineno)
+    return lines
+
+
+# file -> why a mapping keyed by a runtime's name is in place there.
+MAPPINGS_ALLOWED = {
+    "remote/runtime.py": "the seam itself",
+}
+
+
+def test_no_mapping_outside_the_runtime_seam_is_keyed_by_the_runtimes_name() -> None:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith("sandbox/") or rel in MAPPINGS_ALLOWED:
+            continue  # the sandbox stands alone (it builds docker and podman hosts)
+        lines = _mappings_keyed_by_a_runtime_name(ast.parse(path.read_text()))
+        if lines:
+            found[rel] = lines
+    assert not found, (
+        f"mappings keyed by the runtime's name outside remote/runtime.py: {found}; make "
+        "the value a ContainerRuntime property"
+    )
+
+
+def test_a_mapping_keyed_by_a_runtime_name_is_found() -> None:
+    tree = ast.parse(
+        'EXIT = {"docker": 126, "podman": 127}\nW = dict(podman=1)\n'
+        'ROW = {"host": 1, "docker": 2}\n'
+    )
+    assert _mappings_keyed_by_a_runtime_name(tree) == [1, 2]
+
+
 # Remote side: the shell programs ask lib access.sh (cvs_runtime_frame,
 # cvs_inspect, cvs_time_format, cvs_other_runtime, cvs_docker_order) instead
 # of testing which runtime they run under.

@@ -314,11 +314,12 @@ def peers_cause(
 
 
 def with_cause(result: HostResult, cause: Text | None) -> HostResult:
-    """`result` whose `error` names `cause` after the code (`exit code 137: ...`)."""
+    """`result` whose `error` names `cause` after the code (`exit code 137: ...`)
+    and whose `cause` holds it alone."""
     if cause is None:
         return result
     base = result.error or result.status
-    return replace(result, error=Phrase(base, ": ", cause))
+    return replace(result, error=Phrase(base, ": ", cause), cause=cause)
 
 
 def hung_cause(seconds: float, runtime: str = "docker") -> str:

@@ -89,7 +89,6 @@ from orchestrator.errors import (
     Text,
     UsageError,
     first_line,
-    without_prefix,
 )
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.limits.cdi import SpecFile, describe_devices, spec_files
@@ -147,6 +146,9 @@ class HostOutcome:
     # step elsewhere undid it): the host is then not ready, whatever its
     # own steps said. Set on a failed host too (its state stays failed).
     rolled_back: Text | None = None
+    # Why nothing was started here (`hold_back`): kept apart from `error`,
+    # which says it after "not started: ", so `summary` need not take it apart.
+    held_back: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -176,6 +178,7 @@ class HostOutcome:
         (a start goes everywhere or nowhere): not ready, and says why."""
         if self.state == "ready":
             self.state = "not_started"
+            self.held_back = why
             self.error = Phrase("not started: ", why)
 
     @property
@@ -187,10 +190,9 @@ class HostOutcome:
             return f"{kind} ok ({', '.join(name for name, _ in self.steps) or 'nothing to do'})"
         if self.state == "rolled_back":
             return Phrase(f"{kind} ROLLED BACK: ", self.rolled_back or "")
+        if self.state == "not_started" and self.held_back is not None:
+            return Phrase(f"{kind} NOT STARTED: ", first_line(self.held_back))
         first = first_line(self.error or "failed")
-        if self.state == "not_started":
-            why = without_prefix(first, "not started: ")
-            return Phrase(f"{kind} NOT STARTED: ", first if why is None else why)
         removed = " (rolled back)" if self.rolled_back is not None else ""
         return Phrase(f"{kind} FAILED at ", first, removed)
 
@@ -859,11 +861,9 @@ class Lifecycle:
             if s.exec_facts and h in outcomes and not outcomes[h].action.launches
         }
         for peer, why in found.peers_failed:
-            (problem,) = replace(found, peers_failed=((peer, why),)).problems(
-                self.cfg.image, head, per_peer, modes
-            )
-            outcomes[peer].fail("peers", None, problem.removeprefix(f"{peer}: "))
-            self._step(peer, "peers", "failed", problem)
+            problem = found.peer_problem(peer, why, head, per_peer, modes)
+            outcomes[peer].fail("peers", None, problem)
+            self._step(peer, "peers", "failed", f"{peer}: {problem}")
 
     def _barrier(
         self,

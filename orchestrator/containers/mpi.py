@@ -238,25 +238,36 @@ class MPICheck:
                 "(Debian: openmpi-bin; docs/mpi.md)"
             )
         for peer, why in self.peers_failed:
-            off = [
-                (h, modes[h]) for h in dict.fromkeys((head, peer)) if modes.get(h, "host") != "host"
-            ]
-            if off:
-                named = " and ".join(f"{h}'s container is on network {m!r}" for h, m in off)
-                out.append(
-                    f"{peer}: its container's sshd did not answer `ssh {peer} true` from "
-                    f"{head}'s container ({why}): {named}, not the host's: the sshd listen on "
-                    "the hosts' addresses, which only containers on the host network reach "
-                    "(an adopted container keeps the network it was created with): replace "
-                    "it with one on the host network (container.network: host)"
-                )
-                continue
-            out.append(
-                f"{peer}: its container's sshd did not answer `ssh {peer} true` from {head}'s "
-                f"container ({why}; each peer gets {seconds:g}s): an MPI launch would fail "
-                "there (bringing the containers up again restarts a stopped sshd)"
-            )
+            out.append(f"{peer}: {self.peer_problem(peer, why, head, seconds, modes)}")
         return out
+
+    def peer_problem(
+        self,
+        peer: str,
+        why: str,
+        head: str,
+        seconds: float,
+        network_modes: Mapping[str, str] | None = None,
+    ) -> str:
+        """Why an MPI launch from `head` would fail on `peer`, whose sshd did
+        not answer (`why`: ssh's last words); `problems` says it after the
+        peer's name, a host's own outcome without it."""
+        modes = network_modes or {}
+        off = [(h, modes[h]) for h in dict.fromkeys((head, peer)) if modes.get(h, "host") != "host"]
+        if off:
+            named = " and ".join(f"{h}'s container is on network {m!r}" for h, m in off)
+            return (
+                f"its container's sshd did not answer `ssh {peer} true` from "
+                f"{head}'s container ({why}): {named}, not the host's: the sshd listen on "
+                "the hosts' addresses, which only containers on the host network reach "
+                "(an adopted container keeps the network it was created with): replace "
+                "it with one on the host network (container.network: host)"
+            )
+        return (
+            f"its container's sshd did not answer `ssh {peer} true` from {head}'s "
+            f"container ({why}; each peer gets {seconds:g}s): an MPI launch would fail "
+            "there (bringing the containers up again restarts a stopped sshd)"
+        )
 
 
 def parse_mpi_check(stdout: str) -> MPICheck:

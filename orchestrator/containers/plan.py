@@ -116,6 +116,9 @@ class Plan:
     refusals: list[Refusal] = field(default_factory=list)  # the reasons, as data
     warnings: list[Text] = field(default_factory=list)
     unknown_hosts: tuple[str, ...] = ()  # hosts whose state could not be determined
+    # host -> why its state is unknown (the probe's error), as data: `down`
+    # names it without taking the action's reason apart.
+    unknown_why: Mapping[str, str] = field(default_factory=dict)
     # host -> what its container asks for, fitted to the host's capacity (cpus
     # clamped to its CPU count): what `up` runs it with. Empty when refused or
     # when no resources were given.
@@ -168,9 +171,13 @@ def _state_word(state: HostState) -> str:
     return state.container or "unknown"
 
 
+def _unknown_why(state: HostState) -> str:
+    return state.error or "probe failed"
+
+
 def _describe(state: HostState, ours: bool) -> str:
     if not state.known:
-        return f"state unknown: {state.error or 'probe failed'}"
+        return f"state unknown: {_unknown_why(state)}"
     if state.container == "absent":
         return "absent"
     return f"{_state_word(state)} ({'ours' if ours else _whose(state)})"
@@ -1266,7 +1273,8 @@ def decide_down(
                 " removes it",
             )
         )
-    return Plan(cfg.lifetime, _frozen(actions), warnings=warnings, unknown_hosts=tuple(unknown))
+    plan = Plan(cfg.lifetime, _frozen(actions), warnings=warnings, unknown_hosts=tuple(unknown))
+    return replace(plan, unknown_why={h: _unknown_why(states[h]) for h in unknown})
 
 
 def down_leftovers(
@@ -1290,9 +1298,7 @@ def down_leftovers(
     unknown = set(plan.unknown_hosts)
     for host, action in plan.actions.items():
         if host in unknown:
-            why = action.reason
-            if isinstance(why, str):
-                why = why.removeprefix("state unknown: ")
+            why = plan.unknown_why.get(host, "probe failed")
             left[host] = Phrase(
                 f"{label} may still be there (state unknown: ",
                 why,

@@ -202,10 +202,6 @@ def exec_env(
     return env
 
 
-# What `RUNTIME exec -w DIR` exits with when DIR cannot be entered.
-NO_WORKDIR_EXIT = {"docker": 126, "podman": 127}
-
-
 def ssh_command(
     command: str | Sequence[str],
     env: Mapping[str, str],
@@ -223,7 +219,8 @@ def ssh_command(
     pidfile = pidfile_of(token)
     argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
     env_token = new_token()
-    no_workdir = str(NO_WORKDIR_EXIT.get(runtime, 126))
+    # exits as `RUNTIME exec -w DIR` would when DIR cannot be entered
+    no_workdir = str(ContainerRuntime.unprobed(runtime).no_workdir_exit)
     script = shlex.join(remote.argv("ssh_run", workdir, no_workdir, pidfile, env_token, *argv))
     kill = shlex.join(remote.argv("kill_tree", pidfile))
     return ContainerCommand(script, kill, env_block(env, env_token))

@@ -148,6 +148,12 @@ class ContainerRuntime:
         return self.name == "docker"
 
     @property
+    def no_workdir_exit(self) -> int:
+        """What `RUNTIME exec -w DIR` exits with when DIR cannot be entered
+        (docker 126, podman 127): the container's sshd path exits the same."""
+        return 127 if self.name == "podman" else 126
+
+    @property
     def gpu_vendors_without_cdi(self) -> frozenset[str]:
         """The GPU vendors whose GPUs reach this runtime's containers without
         CDI: AMD's device nodes everywhere, NVIDIA's through docker's `--gpus`

@@ -32,7 +32,7 @@ from orchestrator.containers.copy import CopyError, Payload
 from orchestrator.containers.hints import hint_for
 from orchestrator.containers.mpi import MPIHosts, host_slots, parse_hostfile
 from orchestrator.containers.peers import launches_mpi
-from orchestrator.errors import Call, ExitCode, Phrase, PolicyRefused, Text, without_prefix
+from orchestrator.errors import Call, ExitCode, Phrase, PolicyRefused, Text
 from orchestrator.errortext import fold_errors
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.results import HostResult
@@ -134,12 +134,12 @@ def judge(step: Step, result: HostResult, tail_lines: int = TAIL_LINES) -> StepH
     if result.exit_code != expect.exit_code:
         reason = f"exit {result.exit_code}, expected {expect.exit_code}"
         error: Text = result.error or ""
-        # `exit code 137: <cause>` (containers/causes.py): the cause, not the code twice.
-        cause = without_prefix(error, f"exit code {result.exit_code}: ")
+        # The cause read on the host (containers/causes.py), not the code twice;
+        # an error that is only the code (the transport's) adds nothing.
         said: Text = reason
-        if cause is not None:
-            said = Phrase(reason, ": ", _clip(cause, 240))
-        elif error and not str(error).startswith(("exit code", "exit status")):
+        if result.cause is not None:
+            said = Phrase(reason, ": ", _clip(result.cause, 240))
+        elif error and str(error) != f"exit code {result.exit_code}":
             said = Phrase(reason, ": ", _clip(error))
         return StepHostOutcome(status="failed", reason=said, **base)
     wanted = expect.stdout_re()
@@ -153,6 +153,16 @@ def judge(step: Step, result: HostResult, tail_lines: int = TAIL_LINES) -> StepH
             reason = f"stdout matched {expect.not_stdout!r}: {_clip(found.group(0))!r}"
             return StepHostOutcome(status="failed", reason=reason, **base)
     return StepHostOutcome(status="ok", **base)
+
+
+def step_detail(judged: StepHostOutcome) -> str:
+    """A judged host's `HostStep` detail: the reason, after how it ended when
+    that is not the event's own `failed` (`timeout: timed out after 5s`), so
+    no reader strips the status word off again."""
+    if judged.ok:
+        return ""
+    reason = str(judged.reason or judged.status)
+    return reason if judged.status == "failed" else f"{judged.status}: {reason}"
 
 
 def skipped_step(
@@ -328,8 +338,7 @@ async def _run_step(
         judged = judge(step, result)
         outcome.results[h] = judged
         status: Literal["ok", "failed"] = "ok" if judged.ok else "failed"
-        detail = "" if judged.ok else f"{judged.status}: {judged.reason!s}"
-        sink.emit(HostStep(host=h, step=step.name, status=status, detail=detail))
+        sink.emit(HostStep(host=h, step=step.name, status=status, detail=step_detail(judged)))
     return outcome
 
 

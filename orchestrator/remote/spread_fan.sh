@@ -13,7 +13,8 @@
 # to every kid as it arrives (tee into a fifo per kid) while it loads: a
 # pipelined relay. `@@cvs:kid N STATUS` on stderr says how each kid's
 # ssh (its load, its own kids) ended. The exit status is the local
-# command's. On TERM, HUP or INT the whole process group ends.
+# command's. On TERM, HUP or INT the whole process group ends; on the seed
+# also when stdin (cvs's channel) closes.
 dir=$1 mode=${2:-load}
 exec 4<&0
 set --
@@ -37,15 +38,23 @@ trap 'trap "" TERM HUP INT; kill -TERM 0; sleep 0.3; kill -KILL 0' TERM HUP INT
 # shellcheck disable=SC2086
 if [ "$mode" = send ]; then
   { "$@" | tee $fifos >/dev/null; } &
+  child=$!
+  # The seed's fan is cvs's own command: when cvs's channel closes (cvs let
+  # go, or died) its stdin ends, and so does the whole stream.
+  { cat >/dev/null; kill -TERM $$; } <&4 &
 else
   # A background job's stdin is /dev/null unless redirected.
   { tee $fifos | "$@" >&2; } <&4 &
+  child=$!
 fi
-child=$!
+exec 4<&-
 wait "$child"
 rc=$?
 for p in $pids; do
   wait "${p#*:}"
   printf '@@cvs:kid %s %s\n' "${p%%:*}" "$?" >&2
 done
+# The stdin watcher (and anything else of this group) goes with the fan.
+trap '' TERM
+kill -TERM 0 2>/dev/null
 exit "$rc"

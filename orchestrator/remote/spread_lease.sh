@@ -29,11 +29,17 @@ keys=$HOME/.ssh/authorized_keys
 tag="cvs-spread-$id-$$"
 added=no
 edit() {
-  # $1: the line to add, or empty to remove ours. Under flock where there
-  # is one: other invocations (or hosts sharing this home) edit it too.
+  # $1: the line to add, or empty to remove ours. Under a lock on $HOME
+  # (flock, where there is one; no lock file to leave behind): other
+  # invocations, or hosts sharing this home, edit it too.
   (
     if command -v flock >/dev/null 2>&1; then
-      exec 9>"$HOME/.ssh/.cvs-spread.lock" && flock -w 20 9
+      exec 9<"$HOME" && flock -w 20 9
+    fi
+    made=$HOME/.ssh/.cvs-spread-created
+    if [ ! -d "$HOME/.ssh" ]; then
+      mkdir -m 700 "$HOME/.ssh" || exit 1
+      echo dir >>"$made"
     fi
     tmp="$keys.cvs-$$"
     if [ -f "$keys" ]; then
@@ -41,18 +47,17 @@ edit() {
       grep -v -F -e " $tag" "$keys" >"$tmp"
     else
       : >"$tmp"
-      echo file >>"$HOME/.ssh/.cvs-spread-created"
+      echo file >>"$made"
     fi
     [ -n "$1" ] && printf '%s\n' "$1" >>"$tmp"
-    if [ ! -s "$tmp" ] && [ -f "$HOME/.ssh/.cvs-spread-created" ]; then
+    if [ ! -s "$tmp" ] && [ -f "$made" ]; then
       # The file was cvs's own: it goes, as does ~/.ssh if cvs made it.
       rm -f "$tmp" "$keys"
-      if grep -q dir "$HOME/.ssh/.cvs-spread-created"; then
-        rm -f "$HOME/.ssh/.cvs-spread-created" "$HOME/.ssh/.cvs-spread.lock"
+      if grep -q dir "$made"; then
+        rm -f "$made"
         rmdir "$HOME/.ssh" 2>/dev/null
-      else
-        rm -f "$HOME/.ssh/.cvs-spread-created" "$HOME/.ssh/.cvs-spread.lock"
       fi
+      rm -f "$made"
       exit 0
     fi
     mv -f "$tmp" "$keys"
@@ -66,6 +71,9 @@ cleanup() {
 }
 trap 'cleanup; exit 0' EXIT
 trap 'exit 1' TERM HUP INT
+# A word to a coordinator that is gone must not kill this shell before it
+# cleans up (SIGPIPE ends a shell without its EXIT trap).
+trap '' PIPE
 # The bound: TERM to this shell after LIMIT seconds, whatever stdin does.
 (sleep "$limit" && kill -TERM $$) &
 while IFS= read -r line; do
@@ -79,9 +87,6 @@ while IFS= read -r line; do
     'auth '*)
       from=${line#auth }
       case $from in *[!A-Za-z0-9.:_-]* | '') echo '@@cvs:error bad from'; exit 2 ;; esac
-      if [ ! -d "$HOME/.ssh" ]; then
-        mkdir -m 700 "$HOME/.ssh" && echo dir >>"$HOME/.ssh/.cvs-spread-created"
-      fi
       pub=$(cat "$dir/pub")
       added=yes
       edit "from=\"$from\",restrict,command=\"sh $dir/fan.sh $dir\" $pub $tag" || {

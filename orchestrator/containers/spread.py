@@ -15,8 +15,10 @@ on any host (no listener, no key, no port, no file) and so nothing can be
 left behind by a SIGKILL of cvs: when cvs dies its SSH channels close, the
 loads read a cut archive and tag nothing, the saves lose their reader. The
 cost is the coordinator's link, which carries every hop (measured in
-docs/distribution.md); a host-to-host transport would change only how a
-feeder's stream reaches its children, not the plan or the checks.
+docs/distribution.md). With `container.spread_transport: direct` the edges
+whose hosts reach each other go host to host instead
+(containers/spread_direct.py: a key for this invocation, held by leases);
+the others, and whatever that round did not deliver, come through here.
 
 Checks: before any byte moves, every receiver's free space in the runtime's
 root is read and a host short of about twice the image is named and left

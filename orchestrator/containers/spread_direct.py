@@ -114,51 +114,61 @@ class DirectHop:
         feeds = split.feeds
         receivers = [k for kids in feeds.values() for k in kids]
         sources = [f for f in feeds if f not in receivers]
-        parent = {k: f for f, kids in feeds.items() for k in kids}
         broken: dict[str, str] = {}
-        keys = {r: asyncssh.generate_private_key("ssh-ed25519") for r in receivers}
-        limit = f"{self.budget + LEASE_MARGIN:.0f}"
         async with contextlib.AsyncExitStack() as stack:
-            leases: dict[str, Any] = {}
-            ready: dict[str, tuple[str, str]] = {}
             try:
                 with anyio.fail_after(self.timeout * 2):
-                    for host in [*sources, *receivers]:
-                        argv = remote.argv("spread_lease", self.run_id, limit)
-                        leases[host] = await stack.enter_async_context(
-                            self.pool.held_process(host, argv)
-                        )
-                    for host, lease in leases.items():
-                        lines = self._setup_lines(host, host in parent)
-                        if host in parent:
-                            pub = keys[host].export_public_key("openssh").decode().split()
-                            frm = endpoints[parent[host]][0]
-                            lines += [f"w pub {pub[0]} {pub[1]}", f"auth {frm}"]
-                        lease.stdin.write("\n".join([*lines, "go"]) + "\n")
-                    for host, lease in leases.items():
-                        m = _READY.fullmatch((await lease.stdout.readline()).strip())
-                        if m is None:
-                            raise _SetupError(f"{host}: the spread's lease did not start")
-                        ready[host] = (m[1], m[2])
-                    for feeder, kids in feeds.items():
-                        lines = []
-                        for n, kid in enumerate(kids):
-                            private = keys[kid].export_private_key("openssh").decode()
-                            lines += [f"w key.{n} {x}" for x in private.splitlines()]
-                            address, port = endpoints[kid]
-                            pattern = address if port == 22 else f"[{address}]:{port}"
-                            lines.append(f"w known_hosts {pattern} {split.host_keys[kid]}")
-                            lines.append(f"w kids {n} {ready[kid][1]} {address} {port}")
-                        leases[feeder].stdin.write("\n".join([*lines, "sync"]) + "\n")
-                    for feeder in feeds:
-                        line = (await leases[feeder].stdout.readline()).strip()
-                        if line != "@@cvs:synced":
-                            raise _SetupError(f"{feeder}: the spread's lease refused its keys")
+                    ready = await self._leases(stack, split, endpoints, [*sources, *receivers])
             except (TimeoutError, _SetupError, ConnectError, OSError, asyncssh.Error) as exc:
                 why = f"the direct hop could not be set up: {exc or 'no answer'}"
                 return dict.fromkeys(receivers, why)
             await self._stream(sources, ready, feeds, broken, stack)
         return broken
+
+    async def _leases(
+        self,
+        stack: contextlib.AsyncExitStack,
+        split: DirectSplit,
+        endpoints: Mapping[str, Endpoint],
+        hosts: Sequence[str],
+    ) -> dict[str, tuple[str, str]]:
+        """A lease on every host of the round, the receivers' keys
+        authorized, the feeders' keys and known_hosts in place: host ->
+        (its lease's directory, its login user)."""
+        feeds = split.feeds
+        parent = {k: f for f, kids in feeds.items() for k in kids}
+        keys = {r: asyncssh.generate_private_key("ssh-ed25519") for r in parent}
+        limit = f"{self.budget + LEASE_MARGIN:.0f}"
+        leases: dict[str, Any] = {}
+        for host in hosts:
+            argv = remote.argv("spread_lease", self.run_id, limit)
+            leases[host] = await stack.enter_async_context(self.pool.held_process(host, argv))
+        for host, lease in leases.items():
+            lines = self._setup_lines(host, host in parent)
+            if host in parent:
+                pub = keys[host].export_public_key("openssh").decode().split()
+                lines += [f"w pub {pub[0]} {pub[1]}", f"auth {endpoints[parent[host]][0]}"]
+            lease.stdin.write("\n".join([*lines, "go"]) + "\n")
+        ready: dict[str, tuple[str, str]] = {}
+        for host, lease in leases.items():
+            m = _READY.fullmatch((await lease.stdout.readline()).strip())
+            if m is None:
+                raise _SetupError(f"{host}: the spread's lease did not start")
+            ready[host] = (m[1], m[2])
+        for feeder, kids in feeds.items():
+            lines = []
+            for n, kid in enumerate(kids):
+                private = keys[kid].export_private_key("openssh").decode()
+                lines += [f"w key.{n} {x}" for x in private.splitlines()]
+                address, port = endpoints[kid]
+                pattern = address if port == 22 else f"[{address}]:{port}"
+                lines.append(f"w known_hosts {pattern} {split.host_keys[kid]}")
+                lines.append(f"w kids {n} {ready[kid][1]} {address} {port}")
+            leases[feeder].stdin.write("\n".join([*lines, "sync"]) + "\n")
+        for feeder in feeds:
+            if (await leases[feeder].stdout.readline()).strip() != "@@cvs:synced":
+                raise _SetupError(f"{feeder}: the spread's lease refused its keys")
+        return ready
 
     def _setup_lines(self, host: str, receiving: bool) -> list[str]:
         save, load = self.cmds[host]

@@ -19,6 +19,9 @@ the shape, and every feeder one stream in: sqrt(N) feeders keep what the
 coordinator reads small while the depth (hops a byte takes, each adding a
 host's load latency) stays at 2 for any N up to K^2.
 
+With `container.spread_transport: direct`, direct_split decides per edge,
+from the reachability probe's facts, which edges go host to host.
+
 Everything here is a function of probed facts and the config, so `cvs plan`
 shows the spread `up` then does (the same call, in Lifecycle.decide_for).
 """

@@ -137,3 +137,35 @@ def test_direct_spread_sigkill_of_cvs_leaves_no_key_no_file_no_process(
     assert time.monotonic() - start < 60
     up = cvs(path, "up")
     assert up.returncode == 0, explain(up)
+
+
+def test_direct_spread_ctrl_c_exits_130_and_removes_keys_files_and_processes(
+    lab: Lab, image_tar: tuple[str, Path, str]
+) -> None:
+    tag, tar, image_id = image_tar
+    path = lab.cluster(
+        lifetime="persistent", hosts=THREE, image=tag, image_tar=str(tar), spread_transport="direct"
+    )
+    before_keys = keys_state()
+    proc = subprocess.Popen([*CVS, "-c", str(path), "up"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "CI": "1"})  # fmt: skip
+    try:
+        assert wait_until(lambda: "cvs-spread-" in keys_state()[2], timeout=180), "no key line"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    # Cleanup by cvs itself (its leases' channels close): no wait for a bound.
+    assert wait_until(lambda: keys_state() == before_keys and not leftovers(lab), timeout=30), (
+        keys_state(),
+        leftovers(lab),
+    )
+    ids = image_ids(lab, THREE[1:], tag)
+    assert all(i in ("", image_id) for i in ids.values()), ids
+    up = cvs(path, "up")
+    assert up.returncode == 0, explain(up)
+    assert set(image_ids(lab, THREE, tag).values()) == {image_id}

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from orchestrator.config import ContainerConfig
+from orchestrator.containers import spread_plan
 from orchestrator.containers.spread_plan import (
     decide_spread,
     fan_out_degree,
@@ -118,6 +119,7 @@ def test_plan_lines_show_the_tree_and_the_saving() -> None:
         "fetches: 1 (registry mode: 4)",
         "  node1 -> node2, node3",
         "  node2 -> node4",
+        "  transport: relay (through cvs's own SSH connections)",
     ]
     assert plan.to_dict()["feeds"] == {"node1": ["node2", "node3"], "node2": ["node4"]}
 
@@ -126,8 +128,50 @@ def test_distribute_does_not_change_the_container_config_hash() -> None:
     from orchestrator.containers.docker import config_hash
 
     assert config_hash(cfg()) == config_hash(cfg(distribute="registry"))
+    assert config_hash(cfg()) == config_hash(cfg(spread_transport="direct"))
 
 
 def test_distribute_rejects_other_words() -> None:
     with pytest.raises(ValueError, match="distribute"):
         cfg(distribute="torrent")
+
+
+# -- the direct hop: which edges go host to host ------------------------------
+
+K = frozenset({"ssh-ed25519 AAAAkey"})
+
+
+def test_plan_shows_the_direct_transport() -> None:
+    plan = decide_spread(cfg(spread_transport="direct"), dict.fromkeys(hosts(3), "pull"))
+    assert plan.transport == "direct"
+    assert plan.to_dict()["transport"] == "direct"
+    assert plan.lines()[-1].startswith("  transport: direct (host to host over ssh")
+
+
+def test_direct_split_takes_every_edge_whose_key_the_receiver_confirms() -> None:
+    feeds = {"node1": ("node2", "node3"), "node2": ("node4",)}
+    scanned = {e: K for e in [("node1", "node2"), ("node1", "node3"), ("node2", "node4")]}
+    own = {h: K for h in ["node2", "node3", "node4"]}
+    split = spread_plan.direct_split(feeds, scanned, own)
+    assert dict(split.feeds) == feeds
+    assert set(split.host_keys.values()) == {"ssh-ed25519 AAAAkey"}
+    assert sorted(split.host_keys) == ["node2", "node3", "node4"]
+    assert not split.relayed
+
+
+def test_direct_split_relays_an_unreachable_receiver_and_its_subtree() -> None:
+    feeds = {"node1": ("node2", "node3"), "node2": ("node4",)}
+    scanned = {("node1", "node2"): None, ("node1", "node3"): K, ("node2", "node4"): K}
+    own = {h: K for h in ["node2", "node3", "node4"]}
+    split = spread_plan.direct_split(feeds, scanned, own)
+    assert dict(split.feeds) == {"node1": ("node3",)}
+    assert split.relayed["node2"] == "node1 cannot reach it (no sshd answer)"
+    assert "node2" in split.relayed["node4"]
+
+
+def test_direct_split_refuses_a_key_the_receiver_does_not_show_itself() -> None:
+    feeds = {"node1": ("node2",)}
+    other = frozenset({"ssh-ed25519 AAAAother"})
+    split = spread_plan.direct_split(feeds, {("node1", "node2"): other}, {"node2": K})
+    assert not split.feeds
+    assert "host key" in split.relayed["node2"]

@@ -40,8 +40,9 @@ def podman_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox
         sandbox_down(directory)
 
 
+@pytest.mark.parametrize("transport", ["relay", "direct"])
 def test_podman_spread_keeps_the_image_id_on_every_host(
-    podman_sandbox: Sandbox, tmp_path: Path
+    podman_sandbox: Sandbox, tmp_path: Path, transport: str
 ) -> None:
     sb = podman_sandbox
     name = f"cvs-sp-{uuid.uuid4().hex[:8]}"
@@ -65,6 +66,7 @@ def test_podman_spread_keeps_the_image_id_on_every_host(
             "image": tag,
             "image_tar": str(tar),
             "sshd": {"enabled": False},
+            "spread_transport": transport,
         }
         path = tmp_path / "cluster.yaml"
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -72,6 +74,8 @@ def test_podman_spread_keeps_the_image_id_on_every_host(
         assert "node1 -> node2, node3" in plan.stdout, explain(plan)
         up = cvs_on(path, "--json", "up", timeout=240)
         assert up.returncode == 0, explain(up)
+        assert "not reached host to host" not in up.stdout, explain(up)
+        assert "image not received" not in up.stdout, explain(up)  # no second round
         hosts = last_json(up)["hosts"]
         assert hosts["node1"]["steps"]["load"] == "ok", hosts["node1"]
         for host in THREE[1:]:

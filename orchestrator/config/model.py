@@ -31,6 +31,7 @@ Lifetime = Literal["no_launch", "per_run", "persistent", "per_job"]
 HostKeyPolicy = Literal["strict", "accept-new", "off"]
 PullPolicy = Literal["missing", "always", "never"]
 Distribute = Literal["auto", "peers", "registry"]
+SpreadTransport = Literal["relay", "direct"]
 
 # Everything below reaches a remote command line, an ssh config or a docker
 # argv: each is checked with `fullmatch` (a `$` anchor lets a trailing newline
@@ -599,6 +600,13 @@ class ContainerConfig(Model):
         "`image_tar`), peers (one host pulls or loads once, the others get it host to host, "
         "pipelined, image ID checked), auto (peers when two or more hosts lack it, else "
         "registry). See docs/distribution.md",
+    )
+    spread_transport: SpreadTransport = Field(
+        default="relay",
+        description="How a peers spread moves the bytes: relay (through cvs's own SSH "
+        "connections), direct (host to host over the hosts' ssh with a key for this "
+        "invocation only; hosts that cannot reach each other are relayed). See "
+        "docs/distribution.md",
     )
     start_timeout: float = Field(
         default=900.0,

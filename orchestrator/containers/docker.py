@@ -113,6 +113,7 @@ def config_hash(cfg: ContainerConfig) -> str:
             data.pop(key, None)
     # How the image reaches the hosts, not the container.
     data.pop("distribute", None)
+    data.pop("spread_transport", None)
     if isinstance(data.get("sshd"), dict):
         # How commands reach the container (sshd.exec), not the container.
         data["sshd"].pop("exec", None)

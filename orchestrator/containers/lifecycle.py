@@ -806,6 +806,10 @@ class Lifecycle:
 
         hosts = [spread.seed or "", *spread.receivers]
         runtimes = {h: states[h].runtime for h in hosts if h in states}
+        # Where a peer reaches each host's sshd: where cvs itself does (transport `direct`).
+        specs = {h: self.cluster.host(h) for h in hosts if h}
+        ssh_port = self.cluster.ssh.port
+        endpoints = {h: (s.address or s.name, s.port or ssh_port) for h, s in specs.items()}
         await spread_and_prepare(
             self.pool,
             self.sink,
@@ -817,6 +821,7 @@ class Lifecycle:
             fail=fail,
             received=received,
             forks=self.forks,
+            endpoints=endpoints,
         )
 
     async def _check_peers(

@@ -15,8 +15,10 @@ on any host (no listener, no key, no port, no file) and so nothing can be
 left behind by a SIGKILL of cvs: when cvs dies its SSH channels close, the
 loads read a cut archive and tag nothing, the saves lose their reader. The
 cost is the coordinator's link, which carries every hop (measured in
-docs/distribution.md); a host-to-host transport would change only how a
-feeder's stream reaches its children, not the plan or the checks.
+docs/distribution.md). With `container.spread_transport: direct` the edges
+whose hosts reach each other go host to host instead
+(containers/spread_direct.py: a key for this invocation, held by leases);
+the others, and whatever that round did not deliver, come through here.
 
 Checks: before any byte moves, every receiver's free space in the runtime's
 root is read and a host short of about twice the image is named and left
@@ -37,6 +39,7 @@ siblings. Ctrl-C or any exit: every remote process of the round gets TERM
 from __future__ import annotations
 
 import contextlib
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +50,7 @@ import anyio
 from orchestrator import remote
 from orchestrator.config import ContainerConfig
 from orchestrator.containers.docker import normalize_image_id, validate_image_ref
+from orchestrator.containers.spread_direct import DirectHop, Endpoint
 from orchestrator.containers.spread_plan import SpreadPlan, refeed, space_shortfalls, tree
 from orchestrator.errors import ConnectError
 from orchestrator.events import EventSink, ImageProgress, Message
@@ -115,8 +119,11 @@ class Spread:
         *,
         stall: float | None = None,
         budget: float | None = None,
+        endpoints: Mapping[str, Endpoint] | None = None,
     ) -> None:
         self.pool, self.sink, self.cfg, self.plan = pool, sink, cfg, plan
+        # Where peers reach each host's sshd: the `direct` transport needs it.
+        self.endpoints = endpoints
         self.runtimes = runtimes
         self.image = validate_image_ref(cfg.image)
         # Once bytes flow, a feeder silent this long is cut off (a docker call's bound).
@@ -171,7 +178,10 @@ class Spread:
             return result
         progress = _Progress(self.sink, size, receivers)
         feeds = tree(seed, receivers) if result.short else dict(plan.feeds)
-        broken, dead = await self._round(feeds, progress, result)
+        if plan.transport == "direct" and self.endpoints is not None:
+            broken, dead = await self._direct(feeds, expected_id, result), set[str]()
+        else:
+            broken, dead = await self._round(feeds, progress, result)
         await self._verify(receivers, expected_id, result, broken)
         again = [h for h in receivers if h in broken and h not in dead]
         if again:
@@ -191,6 +201,33 @@ class Spread:
             broken = {**{h: w for h, w in broken.items() if h not in again}, **retry}
         result.failed = {h: w for h, w in broken.items() if h not in result.got}
         return result
+
+    async def _direct(
+        self, feeds: Mapping[str, tuple[str, ...]], expected: str, result: SpreadResult
+    ) -> dict[str, str]:
+        """The direct transport (containers/spread_direct.py) on every edge
+        whose hosts reach each other: receiver -> why it is not served that
+        way (the retry round feeds it through cvs)."""
+        assert self.endpoints is not None
+        cmds = {
+            h: (
+                [*self.runtimes[h].prefix, "save", *self.runtimes[h].archive_args, self.image],
+                [*self.runtimes[h].prefix, "load"],
+            )
+            for h in {*feeds, *(k for kids in feeds.values() for k in kids)}
+        }
+        hop = DirectHop(
+            self.pool, self.runtimes, cmds, timeout=self.cfg.runtime_timeout, budget=self.budget,
+            run_id=secrets.token_hex(6),
+        )  # fmt: skip
+        split = await hop.probe(feeds, self.endpoints)
+        for host, why in split.relayed.items():
+            text = f"not reached host to host: {why}; it gets the image through cvs"
+            self.sink.emit(Message(level="warning", host=host, text=text))
+        broken = dict(split.relayed)
+        if split.feeds:
+            broken.update(await hop.run(split, self.endpoints))
+        return broken
 
     async def _verify(
         self, hosts: Sequence[str], expected: str, result: SpreadResult, broken: dict[str, str]
@@ -394,6 +431,7 @@ async def spread_and_prepare(
     fail: Fail,
     received: Received,
     forks: int | None = None,
+    endpoints: Mapping[str, Endpoint] | None = None,
 ) -> SpreadResult | None:
     """The launching hosts' image steps with a spread: the seed's first,
     then the spread to the receivers while the hosts that need nothing
@@ -423,7 +461,8 @@ async def spread_and_prepare(
             tg.start_soon(others)
         start = time.monotonic()
         size = await image_size(pool, cfg, seed, runtimes[seed])
-        result = await Spread(pool, sink, cfg, runtimes, plan).run(expected, size)
+        spread = Spread(pool, sink, cfg, runtimes, plan, endpoints=endpoints)
+        result = await spread.run(expected, size)
         for host in result.got:
             received(host, plan.parent(host) or seed, time.monotonic() - start)
     for host, why in result.short.items():

@@ -19,6 +19,9 @@ the shape, and every feeder one stream in: sqrt(N) feeders keep what the
 coordinator reads small while the depth (hops a byte takes, each adding a
 host's load latency) stays at 2 for any N up to K^2.
 
+With `container.spread_transport: direct`, direct_split decides per edge,
+from the reachability probe's facts, which edges go host to host.
+
 Everything here is a function of probed facts and the config, so `cvs plan`
 shows the spread `up` then does (the same call, in Lifecycle.decide_for).
 """
@@ -35,6 +38,7 @@ from orchestrator.config import ContainerConfig
 
 Mode = Literal["peers", "registry"]
 ImageStep = Literal["pull", "load"] | None
+Transport = Literal["relay", "direct"]
 
 # `docker load` unpacks into the runtime's root before it commits the layers
 # (../shared/DESIGN.md, "Runtimes"): a receiver needs about twice the image.
@@ -55,6 +59,9 @@ class SpreadPlan:
     # What every host would have fetched with `registry`: the saving, for the plan.
     registry_fetches_without: int = 0
     source: Literal["registry", "image_tar"] = "registry"
+    # How the bytes move (`container.spread_transport`); `direct` edges are
+    # decided per edge by a probe before the spread (direct_split).
+    transport: Transport = "relay"
 
     @property
     def peers(self) -> bool:
@@ -76,6 +83,7 @@ class SpreadPlan:
             "feeds": {f: list(c) for f, c in self.feeds.items()},
             "registry_fetches": self.registry_fetches,
             "registry_fetches_without": self.registry_fetches_without,
+            "transport": self.transport,
         }
 
     def lines(self) -> list[str]:
@@ -89,6 +97,12 @@ class SpreadPlan:
             f"{self.registry_fetches_without})"
         ]
         out += [f"  {feeder} -> {', '.join(kids)}" for feeder, kids in self.feeds.items()]
+        out.append(
+            "  transport: direct (host to host over ssh; an edge whose hosts cannot reach "
+            "each other goes through cvs)"
+            if self.transport == "direct"
+            else "  transport: relay (through cvs's own SSH connections)"
+        )
         return out
 
 
@@ -136,6 +150,7 @@ def decide_spread(cfg: ContainerConfig, image_steps: Mapping[str, ImageStep]) ->
         registry_fetches=1,
         registry_fetches_without=every,
         source=source,
+        transport=cfg.spread_transport,
     )
 
 
@@ -173,3 +188,59 @@ def refeed(
     for i, host in enumerate(failed):
         out.setdefault(feeders[i % len(feeders)], []).append(host)
     return {f: tuple(c) for f, c in out.items()}
+
+
+# -- the direct hop (transport `direct`) ------------------------------------
+
+
+@dataclass(frozen=True)
+class DirectSplit:
+    """Which edges of a spread carry the bytes host to host."""
+
+    # feeder -> children over the feeder's own ssh: every edge whose receiver
+    # the feeder reached and whose host key the receiver itself confirmed.
+    feeds: Mapping[str, tuple[str, ...]]
+    # receiver -> the known_hosts key (`TYPE BASE64`) its feeder accepts.
+    host_keys: Mapping[str, str]
+    # receiver -> why not direct (it, and those under it, go through the coordinator).
+    relayed: Mapping[str, str]
+
+
+def direct_split(
+    feeds: Mapping[str, tuple[str, ...]],
+    scanned: Mapping[tuple[str, str], frozenset[str] | None],
+    own: Mapping[str, frozenset[str]],
+) -> DirectSplit:
+    """The direct part of `feeds` from probed facts: `scanned[(feeder,
+    receiver)]` the host keys the feeder saw at the receiver's sshd (None: no
+    answer within the bound, or the probe failed), `own[receiver]` the keys
+    the receiver's sshd shows to the receiver itself (through the
+    coordinator's verified connection). An edge is direct when the feeder
+    reached the receiver and saw a key the receiver confirms; a receiver
+    under a relayed one is relayed too (its feeder never gets the bytes
+    directly), and is fed by the coordinator from a host that has them."""
+    out: dict[str, list[str]] = {}
+    keys: dict[str, str] = {}
+    relayed: dict[str, str] = {}
+    receivers = {kid for kids in feeds.values() for kid in kids}
+    sources = [f for f in feeds if f not in receivers]
+    order = list(sources)
+    for feeder in order:  # breadth first: a feeder's own fate is known first
+        for kid in feeds.get(feeder, ()):
+            order.append(kid)
+            seen = scanned.get((feeder, kid))
+            confirmed = sorted(seen & own.get(kid, frozenset())) if seen else []
+            if feeder in relayed:
+                relayed[kid] = f"its feeder {feeder} is fed through the coordinator"
+            elif seen is None:
+                relayed[kid] = f"{feeder} cannot reach it (no sshd answer)"
+            elif not confirmed:
+                relayed[kid] = f"the host key {feeder} sees is not the one it shows itself"
+            else:
+                out.setdefault(feeder, []).append(kid)
+                keys[kid] = confirmed[0]
+    return DirectSplit(
+        MappingProxyType({f: tuple(c) for f, c in out.items()}),
+        MappingProxyType(keys),
+        MappingProxyType(relayed),
+    )

@@ -65,6 +65,9 @@ PROGRAMS = frozenset(
         "spread_load",
         "spread_send",
         "spread_space",
+        "spread_lease",
+        "spread_fan",
+        "spread_reach",
         "job_containers",
     }
 )

@@ -30,7 +30,8 @@ def sshd_base_options(
         "PubkeyAuthentication": "yes",
         # The keys file sits in /run (readable by the login users, which sshd
         # switches to while reading it); the sandbox dir may be a 0700 tmp dir.
-        "AuthorizedKeysFile": str(authorized_keys),
+        # ~/.ssh/authorized_keys too: a direct image spread adds its key there.
+        "AuthorizedKeysFile": f"{authorized_keys} .ssh/authorized_keys",
         "StrictModes": "no",
         "AllowUsers": " ".join(LOGIN_USERS),
         "PermitRootLogin": "no",

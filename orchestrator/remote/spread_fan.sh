@@ -1,0 +1,60 @@
+# One host's part of a direct image spread (containers/spread.py): copied
+# into the lease's directory (spread_lease.sh) and run from there, by the
+# coordinator on the seed, or by sshd as the forced command of the key a
+# feeder connects with on a receiver.
+#
+#   sh DIR/fan.sh DIR [send]
+#
+# DIR/cmd: the local command, one argument a line (with `send`, on the seed:
+# `docker save … IMAGE`, whose output is the stream; else, on a receiver:
+# `docker load`, whose input is the stream). DIR/kids: `N USER ADDRESS PORT` a line, the hosts
+# this one feeds, each reached with ssh using DIR/key.N and only the host
+# keys in DIR/known_hosts (nothing of the user's ssh config). The stream goes
+# to every kid as it arrives (tee into a fifo per kid) while it loads: a
+# pipelined relay. `@@cvs:kid N STATUS` on stderr says how each kid's
+# ssh (its load, its own kids) ended. The exit status is the local
+# command's. On TERM, HUP or INT the whole process group ends; on the seed
+# also when stdin (cvs's channel) closes.
+dir=$1 mode=${2:-load}
+exec 4<&0
+set --
+while IFS= read -r a; do set -- "$@" "$a"; done <"$dir/cmd"
+fifos=''
+pids=''
+if [ -s "$dir/kids" ]; then
+  while read -r n user addr port; do
+    mkfifo "$dir/f.$n" || exit 1
+    ssh -F /dev/null -i "$dir/key.$n" -o IdentitiesOnly=yes -o BatchMode=yes \
+      -o StrictHostKeyChecking=yes -o UserKnownHostsFile="$dir/known_hosts" \
+      -o GlobalKnownHostsFile=/dev/null -o ConnectTimeout=10 \
+      -o ServerAliveInterval=5 -o ServerAliveCountMax=3 \
+      -p "$port" -l "$user" "$addr" cvs-spread <"$dir/f.$n" >/dev/null 2>"$dir/e.$n" &
+    pids="$pids $n:$!"
+    fifos="$fifos $dir/f.$n"
+  done <"$dir/kids"
+fi
+trap 'trap "" TERM HUP INT; kill -TERM 0; sleep 0.3; kill -KILL 0' TERM HUP INT
+# $fifos: paths without blanks (spread_lease.sh refuses a directory with any).
+# shellcheck disable=SC2086
+if [ "$mode" = send ]; then
+  { "$@" | tee $fifos >/dev/null; } &
+  child=$!
+  # The seed's fan is cvs's own command: when cvs's channel closes (cvs let
+  # go, or died) its stdin ends, and so does the whole stream.
+  { cat >/dev/null; kill -TERM $$; } <&4 &
+else
+  # A background job's stdin is /dev/null unless redirected.
+  { tee $fifos | "$@" >&2; } <&4 &
+  child=$!
+fi
+exec 4<&-
+wait "$child"
+rc=$?
+for p in $pids; do
+  wait "${p#*:}"
+  printf '@@cvs:kid %s %s\n' "${p%%:*}" "$?" >&2
+done
+# The stdin watcher (and anything else of this group) goes with the fan.
+trap '' TERM
+kill -TERM 0 2>/dev/null
+exit "$rc"

@@ -1,0 +1,171 @@
+"""The direct hop of an image spread for real (containers/spread_direct.py,
+`container.spread_transport: direct`): the bytes go feeder to receiver over
+the hosts' own ssh with a key for this invocation only; cvs carries none of
+them. The key's line in authorized_keys, the key files and the lease go on
+every exit path; hosts that cannot reach each other are fed through cvs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from clitools import CVS
+from labtools import Lab, cvs, explain
+from sandboxtools import cmdline, pids_in_netns, wait_until
+from test_spread_sandbox import FOUR, THREE, image_ids, image_tar, lab, last_json
+
+from orchestrator.sandbox import Sandbox, network
+from orchestrator.sandbox.users import DOCKER_USER
+
+pytestmark = pytest.mark.sandbox
+__all__ = ["image_tar", "lab"]  # fixtures, used by name
+
+HOME = Path(os.path.expanduser(f"~{DOCKER_USER}"))
+KEYS = HOME / ".ssh" / "authorized_keys"
+
+
+def keys_state() -> tuple[bool, bool, str]:
+    """(~/.ssh exists, authorized_keys exists, its text) of the login user."""
+    ssh = HOME / ".ssh"
+    return ssh.exists(), KEYS.exists(), KEYS.read_text() if KEYS.exists() else ""
+
+
+def bridge_tx(sandbox: Sandbox) -> int:
+    """Bytes this machine (cvs) sent onto the sandbox's bridge: host-to-host
+    frames are forwarded between ports and never counted here."""
+    path = Path(f"/sys/class/net/{network.bridge_name(sandbox.index)}/statistics/tx_bytes")
+    return int(path.read_text())
+
+
+def _direct(argv: list[str]) -> bool:
+    """A lease, a fan (the seed's or a forced command's) or a fan's ssh."""
+    return any(x == "cvs-spread_lease" or x.endswith("/fan.sh") or x == "cvs-spread" for x in argv)
+
+
+def leftovers(lab: Lab) -> list[str]:
+    """Lease shells, fans, their ssh, key directories: anything a direct spread leaves."""
+    found = [str(p) for p in Path("/tmp").glob("cvs-spread.*")]
+    for node in lab.sandbox.nodes:
+        if node.netns is None:
+            continue
+        found += [
+            f"{node.name}:{pid}:{' '.join(cmdline(pid, retry=False) or [])[:200]}"
+            for pid in pids_in_netns(node.netns, _direct)
+        ]
+    return found
+
+
+def test_direct_spread_to_four_hosts_sends_no_image_bytes_through_cvs(
+    lab: Lab, image_tar: tuple[str, Path, str]
+) -> None:
+    tag, tar, image_id = image_tar
+    size = tar.stat().st_size
+    path = lab.cluster(
+        lifetime="persistent", hosts=FOUR, image=tag, image_tar=str(tar), spread_transport="direct"
+    )
+    plan = cvs(path, "plan")
+    assert "transport: direct" in plan.stdout, explain(plan)
+    before_keys = keys_state()
+    before_tx = bridge_tx(lab.sandbox)
+    up = cvs(path, "--json", "up")
+    sent = bridge_tx(lab.sandbox) - before_tx
+    assert up.returncode == 0, explain(up)
+    hosts = last_json(up)["hosts"]
+    for host in FOUR[1:]:
+        steps = hosts[host]["steps"]  # type: ignore[index]
+        assert steps.get("spread") == "ok" and "load" not in steps, (host, steps)
+    assert set(image_ids(lab, FOUR, tag).values()) == {image_id}
+    # The relay would send 3 x the image; direct sends commands only.
+    assert sent < size * 0.2, (sent, size)
+    assert "not reached host to host" not in up.stdout, explain(up)
+    assert keys_state() == before_keys
+    assert leftovers(lab) == []
+
+
+def test_direct_spread_unreachable_host_is_named_and_fed_through_cvs(
+    lab: Lab, image_tar: tuple[str, Path, str]
+) -> None:
+    tag, tar, image_id = image_tar
+    path = lab.cluster(
+        lifetime="persistent", hosts=THREE, image=tag, image_tar=str(tar), spread_transport="direct"
+    )
+    node1, node3 = (next(n for n in lab.sandbox.nodes if n.name == x) for x in ("node1", "node3"))
+    assert node1.netns is not None
+    # node1 (the seed) cannot open a connection to node3's sshd; cvs still can.
+    rule = ["OUTPUT", "-d", node3.address, "-p", "tcp", "--dport", str(node3.port), "-j", "REJECT"]
+    ipt = ["ip", "netns", "exec", node1.netns, "iptables"]
+    subprocess.run([*ipt, "-I", *rule], check=True)
+    try:
+        before_keys = keys_state()
+        up = cvs(path, "--json", "up")
+    finally:
+        subprocess.run([*ipt, "-D", *rule], check=True)
+    assert up.returncode == 0, explain(up)
+    assert "node1 cannot reach it" in up.stdout, explain(up)
+    assert "not reached host to host" in up.stdout, explain(up)
+    steps = last_json(up)["hosts"]["node3"]["steps"]  # type: ignore[index]
+    assert steps.get("spread") == "ok" and "load" not in steps, steps
+    assert set(image_ids(lab, THREE, tag).values()) == {image_id}
+    assert keys_state() == before_keys
+    assert leftovers(lab) == []
+
+
+def test_direct_spread_sigkill_of_cvs_leaves_no_key_no_file_no_process(
+    lab: Lab, image_tar: tuple[str, Path, str]
+) -> None:
+    tag, tar, _ = image_tar
+    path = lab.cluster(
+        lifetime="persistent", hosts=THREE, image=tag, image_tar=str(tar), spread_transport="direct"
+    )
+    before_keys = keys_state()
+    proc = subprocess.Popen([*CVS, "-c", str(path), "up"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        # Mid-spread: a key line of this spread is in authorized_keys.
+        assert wait_until(lambda: "cvs-spread-" in keys_state()[2], timeout=180), "no key line"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    start = time.monotonic()
+    gone = wait_until(lambda: keys_state() == before_keys and not leftovers(lab), timeout=60)
+    assert gone, (keys_state(), leftovers(lab))
+    assert time.monotonic() - start < 60
+    up = cvs(path, "up")
+    assert up.returncode == 0, explain(up)
+
+
+def test_direct_spread_ctrl_c_exits_130_and_removes_keys_files_and_processes(
+    lab: Lab, image_tar: tuple[str, Path, str]
+) -> None:
+    tag, tar, image_id = image_tar
+    path = lab.cluster(
+        lifetime="persistent", hosts=THREE, image=tag, image_tar=str(tar), spread_transport="direct"
+    )
+    before_keys = keys_state()
+    proc = subprocess.Popen([*CVS, "-c", str(path), "up"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "CI": "1"})  # fmt: skip
+    try:
+        assert wait_until(lambda: "cvs-spread-" in keys_state()[2], timeout=180), "no key line"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    # Cleanup by cvs itself (its leases' channels close): no wait for a bound.
+    assert wait_until(lambda: keys_state() == before_keys and not leftovers(lab), timeout=30), (
+        keys_state(),
+        leftovers(lab),
+    )
+    ids = image_ids(lab, THREE[1:], tag)
+    assert all(i in ("", image_id) for i in ids.values()), ids
+    up = cvs(path, "up")
+    assert up.returncode == 0, explain(up)
+    assert set(image_ids(lab, THREE, tag).values()) == {image_id}

@@ -17,7 +17,7 @@ import pytest
 from clitools import CVS
 from labtools import Lab, cvs, explain
 from sandboxtools import cmdline, pids_in_netns, wait_until
-from test_spread_sandbox import FOUR, THREE, image_ids, image_tar, lab, last_json
+from spreadtools import FOUR, THREE, image_ids, image_tar, lab, last_json
 
 from orchestrator.sandbox import Sandbox, network
 from orchestrator.sandbox.users import DOCKER_USER

@@ -11,10 +11,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +22,7 @@ import pytest
 from clitools import CVS
 from labtools import Lab, cvs, docker, explain, inspect
 from sandboxtools import pids_in_netns, wait_until
+from spreadtools import FOUR, THREE, image_ids, image_tar, lab, last_json
 
 from orchestrator.api import Cluster
 from orchestrator.containers import spread as spread_mod
@@ -32,52 +31,7 @@ from orchestrator.events import CollectingSink, ImageProgress, Message
 from orchestrator.sandbox import SSHD_TAG, Sandbox
 from orchestrator.sandbox.registry import SandboxRegistry
 
-FOUR = ["node1", "node2", "node3", "node4"]
-THREE = FOUR[:3]
-
-
-@pytest.fixture
-def lab(sandbox: Sandbox, tmp_path: Path) -> Iterator[Lab]:
-    lab = Lab(sandbox, tmp_path)
-    lab.clean()
-    try:
-        yield lab
-    finally:
-        lab.clean()
-
-
-@pytest.fixture
-def image_tar(sandbox: Sandbox, lab: Lab) -> Iterator[tuple[str, Path, str]]:
-    """(tag no host has, a `docker save` tar of it every host reads, its image ID)."""
-    tag = f"cvs-spread/{lab.name}:1"
-    directory = Path(tempfile.mkdtemp(prefix="cvs-spread-"))
-    directory.chmod(0o755)
-    tar = directory / "image.tar"
-    docker(sandbox, "node4", "tag", SSHD_TAG, tag)
-    try:
-        docker(sandbox, "node4", "save", "-o", str(tar), tag)
-        image_id = docker(sandbox, "node4", "image", "inspect", "-f", "{{.Id}}", tag).strip()
-    finally:
-        docker(sandbox, "node4", "rmi", tag, check=False)
-    tar.chmod(0o644)
-    lab.tags.append(tag)
-    try:
-        yield tag, tar, image_id
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-def image_ids(lab: Lab, hosts: list[str], tag: str) -> dict[str, str]:
-    return {
-        h: docker(lab.sandbox, h, "image", "inspect", "-f", "{{.Id}}", tag, check=False).strip()
-        for h in hosts
-    }
-
-
-def last_json(proc: subprocess.CompletedProcess[str]) -> dict[str, object]:
-    docs = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
-    assert docs, explain(proc)
-    return docs[-1]
+__all__ = ["image_tar", "lab"]  # fixtures, used by name
 
 
 def _spreading(argv: list[str]) -> bool:

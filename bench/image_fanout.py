@@ -62,6 +62,7 @@ from orchestrator.sandbox.registry import REGISTRY_USER, image_bytes, netns_regi
 REPO = Path(__file__).resolve().parent.parent
 MODES = ("registry", "peers")
 CVS_TIMEOUT = 1800.0
+LOAD_EVERY = 5.0
 
 
 def machine() -> dict[str, Any]:
@@ -136,15 +137,21 @@ def cvs(cluster_file: Path, *args: str, timeout: float = 600.0) -> subprocess.Co
 def timed_up(cluster_file: Path) -> dict[str, Any]:
     """`cvs up`: wall time to its exit, its CPU (user + sys) and max RSS (wait4)."""
     argv = [sys.executable, "-m", "orchestrator", "-c", str(cluster_file), "up"]
+    loads: list[float] = []  # the 1-minute load average, every LOAD_EVERY s while it runs
     with tempfile.TemporaryFile() as out:
         t0 = time.perf_counter()
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=cvs_env())
         deadline = t0 + CVS_TIMEOUT
+        next_load = t0
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
-            if time.perf_counter() > deadline:
+            now = time.perf_counter()
+            if now >= next_load:
+                loads.append(round(os.getloadavg()[0], 2))
+                next_load = now + LOAD_EVERY
+            if now > deadline:
                 proc.kill()
                 pid, status, usage = os.wait4(proc.pid, 0)
                 break
@@ -158,6 +165,7 @@ def timed_up(cluster_file: Path) -> dict[str, Any]:
         "s": round(wall, 2),
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
         "maxrss_mib": round(usage.ru_maxrss / 1024, 1),
+        "loadavg_during": loads,
         "output_tail": tail if proc.returncode else "",
     }
 
@@ -202,6 +210,7 @@ def one_round(
         "registry_bytes": reg1 - reg0,
         "host_sent_bytes": sent,
         "loadavg_before": [round(x, 2) for x in load],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
     }
 
 
@@ -215,6 +224,21 @@ def sandbox(hosts: int, rate: str, mpi: bool) -> Iterator[Sandbox]:
             )
         finally:
             sandbox_down(directory)
+
+
+def commit() -> str:
+    """The checkout measured (with `+dirty` when it has uncommitted changes)."""
+    git = ["git", "-C", str(REPO)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True)
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def write_report(path: Path, report: dict[str, Any]) -> None:
+    """Whole or not at all: a temp file, then renamed."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.replace(path)
 
 
 def say(text: str) -> None:
@@ -318,6 +342,18 @@ def main() -> int:
                     f"peers` ({why}); measured registry only"
                 )
                 say(notes[-1])
+        head: dict[str, Any] = {
+            "what": "image_fanout",
+            "image": env["REGISTRY_IMAGE"],
+            "image_bytes": size,
+            "rate": args.rate,
+            "sizes": args.sizes,
+            "modes": modes,
+            "rounds": args.rounds,
+            "machine": started,
+            "commit": commit(),
+            "notes": notes,
+        }
         sys.stdout.write(HEADER)
         for rnd in range(1, args.rounds + 1):
             # Who goes first alternates per round (a shared machine drifts).
@@ -330,6 +366,8 @@ def main() -> int:
                     results.append(r)
                     sys.stdout.write(row_text(r, size))
                     sys.stdout.flush()
+                    # Every row as it comes: a run cut short keeps what it measured.
+                    write_report(args.out, {**head, "results": results})
         shutil.rmtree(work, ignore_errors=True)
     medians = summary(results, size)
     sys.stdout.write("\nmedians:\n")
@@ -343,23 +381,10 @@ def main() -> int:
         )
     for note in notes:
         sys.stdout.write(f"note: {note}\n")
-    report = {
-        "what": "image_fanout",
-        "image": env["REGISTRY_IMAGE"],
-        "image_bytes": size,
-        "rate": args.rate,
-        "sizes": args.sizes,
-        "modes": modes,
-        "rounds": args.rounds,
-        "machine": started,
-        "loadavg_after": os.getloadavg(),
-        "notes": notes,
-        "results": results,
-        "medians": medians,
-    }
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    tmp.replace(args.out)
+    write_report(
+        args.out,
+        {**head, "loadavg_after": os.getloadavg(), "results": results, "medians": medians},
+    )
     sys.stdout.write(f"wrote {args.out}\n")
     return 0 if all(r["all_have_image"] for r in results) else 1
 

@@ -5,6 +5,7 @@ in the same run, on the same sandbox (issue 43).
     python bench/image_fanout.py                                  # N = 2 4 6, both modes, 3 rounds
     python bench/image_fanout.py --sizes 2 4 --modes registry --rounds 1
     python bench/image_fanout.py --smoke --out /tmp/fanout.json   # N = 2, registry, 1 round
+    python bench/image_fanout.py --smoke --modes peers            # N = 2, peers, 1 round
 
 Builds one sandbox of max(N) hosts with `cvs sandbox up --registry
 --registry-rate RATE` (default 20mbit: the registry's link, not this
@@ -296,7 +297,9 @@ def summary(results: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 6], help="hosts (N)")
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument(
+        "--modes", nargs="+", choices=MODES, help="default: both (--smoke: registry)"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rate", default="20mbit", help="the registry's link (tc tbf rate)")
     parser.add_argument(
@@ -304,13 +307,15 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("image_fanout.json"), help="JSON file")
     parser.add_argument(
-        "--smoke", action="store_true", help="N = 2, registry, 1 round, sshd image, 1gbit"
+        "--smoke",
+        action="store_true",
+        help="N = 2, 1 round, sshd image, 1gbit (the mode: --modes, else registry)",
     )
     args = parser.parse_args()
     if args.smoke:
-        args.sizes, args.modes, args.rounds, args.image, args.rate = (
-            [2], ["registry"], 1, "sshd", "1gbit"
-        )  # fmt: skip
+        args.sizes, args.rounds, args.image, args.rate = [2], 1, "sshd", "1gbit"
+        args.modes = args.modes or ["registry"]
+    args.modes = args.modes or list(MODES)
     if os.geteuid() != 0:
         raise SystemExit("image_fanout: the sandbox needs root")
     notes: list[str] = []

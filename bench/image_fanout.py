@@ -42,14 +42,13 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -321,12 +320,14 @@ def main() -> int:
     notes: list[str] = []
     results: list[dict[str, Any]] = []
     started = machine()
-    with sandbox(max(args.sizes), args.rate, args.image == "mpi") as sb:
+    with ExitStack() as stack:
+        sb = stack.enter_context(sandbox(max(args.sizes), args.rate, args.image == "mpi"))
         env = registry_env(sb)
         password = (netns_registry_dir(sb.run_dir) / "password").read_text().strip()
         size = image_bytes(env["REGISTRY_IMAGE"], REGISTRY_USER, password)
         say(f"{env['REGISTRY_IMAGE']}: {mb(size)} MB compressed (S), registry at {args.rate}")
-        work = Path(tempfile.mkdtemp(prefix="cvs-bench-image-work-"))
+        # Gone on every exit, Ctrl-C included (the sandbox's own directory is too).
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cvs-bench-work-")))
         modes = list(args.modes)
         # `registry` is set explicitly where the key exists (its default,
         # auto, would spread); a checkout without the key pulls everywhere.
@@ -373,7 +374,6 @@ def main() -> int:
                     sys.stdout.flush()
                     # Every row as it comes: a run cut short keeps what it measured.
                     write_report(args.out, {**head, "results": results})
-        shutil.rmtree(work, ignore_errors=True)
     medians = summary(results, size)
     sys.stdout.write("\nmedians:\n")
     for m in medians:

@@ -5,6 +5,7 @@ in the same run, on the same sandbox (issue 43).
     python bench/image_fanout.py                                  # N = 2 4 6, both modes, 3 rounds
     python bench/image_fanout.py --sizes 2 4 --modes registry --rounds 1
     python bench/image_fanout.py --smoke --out /tmp/fanout.json   # N = 2, registry, 1 round
+    python bench/image_fanout.py --smoke --modes peers            # N = 2, peers, 1 round
 
 Builds one sandbox of max(N) hosts with `cvs sandbox up --registry
 --registry-rate RATE` (default 20mbit: the registry's link, not this
@@ -41,14 +42,13 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,7 @@ from orchestrator.sandbox.registry import REGISTRY_USER, image_bytes, netns_regi
 REPO = Path(__file__).resolve().parent.parent
 MODES = ("registry", "peers")
 CVS_TIMEOUT = 1800.0
+LOAD_EVERY = 5.0
 
 
 def machine() -> dict[str, Any]:
@@ -136,15 +137,21 @@ def cvs(cluster_file: Path, *args: str, timeout: float = 600.0) -> subprocess.Co
 def timed_up(cluster_file: Path) -> dict[str, Any]:
     """`cvs up`: wall time to its exit, its CPU (user + sys) and max RSS (wait4)."""
     argv = [sys.executable, "-m", "orchestrator", "-c", str(cluster_file), "up"]
+    loads: list[float] = []  # the 1-minute load average, every LOAD_EVERY s while it runs
     with tempfile.TemporaryFile() as out:
         t0 = time.perf_counter()
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=cvs_env())
         deadline = t0 + CVS_TIMEOUT
+        next_load = t0
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
-            if time.perf_counter() > deadline:
+            now = time.perf_counter()
+            if now >= next_load:
+                loads.append(round(os.getloadavg()[0], 2))
+                next_load = now + LOAD_EVERY
+            if now > deadline:
                 proc.kill()
                 pid, status, usage = os.wait4(proc.pid, 0)
                 break
@@ -158,6 +165,7 @@ def timed_up(cluster_file: Path) -> dict[str, Any]:
         "s": round(wall, 2),
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
         "maxrss_mib": round(usage.ru_maxrss / 1024, 1),
+        "loadavg_during": loads,
         "output_tail": tail if proc.returncode else "",
     }
 
@@ -202,6 +210,7 @@ def one_round(
         "registry_bytes": reg1 - reg0,
         "host_sent_bytes": sent,
         "loadavg_before": [round(x, 2) for x in load],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
     }
 
 
@@ -215,6 +224,21 @@ def sandbox(hosts: int, rate: str, mpi: bool) -> Iterator[Sandbox]:
             )
         finally:
             sandbox_down(directory)
+
+
+def commit() -> str:
+    """The checkout measured (with `+dirty` when it has uncommitted changes)."""
+    git = ["git", "-C", str(REPO)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True)
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def write_report(path: Path, report: dict[str, Any]) -> None:
+    """Whole or not at all: a temp file, then renamed."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.replace(path)
 
 
 def say(text: str) -> None:
@@ -272,7 +296,9 @@ def summary(results: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 6], help="hosts (N)")
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument(
+        "--modes", nargs="+", choices=MODES, help="default: both (--smoke: registry)"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rate", default="20mbit", help="the registry's link (tc tbf rate)")
     parser.add_argument(
@@ -280,24 +306,28 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("image_fanout.json"), help="JSON file")
     parser.add_argument(
-        "--smoke", action="store_true", help="N = 2, registry, 1 round, sshd image, 1gbit"
+        "--smoke",
+        action="store_true",
+        help="N = 2, 1 round, sshd image, 1gbit (the mode: --modes, else registry)",
     )
     args = parser.parse_args()
     if args.smoke:
-        args.sizes, args.modes, args.rounds, args.image, args.rate = (
-            [2], ["registry"], 1, "sshd", "1gbit"
-        )  # fmt: skip
+        args.sizes, args.rounds, args.image, args.rate = [2], 1, "sshd", "1gbit"
+        args.modes = args.modes or ["registry"]
+    args.modes = args.modes or list(MODES)
     if os.geteuid() != 0:
         raise SystemExit("image_fanout: the sandbox needs root")
     notes: list[str] = []
     results: list[dict[str, Any]] = []
     started = machine()
-    with sandbox(max(args.sizes), args.rate, args.image == "mpi") as sb:
+    with ExitStack() as stack:
+        sb = stack.enter_context(sandbox(max(args.sizes), args.rate, args.image == "mpi"))
         env = registry_env(sb)
         password = (netns_registry_dir(sb.run_dir) / "password").read_text().strip()
         size = image_bytes(env["REGISTRY_IMAGE"], REGISTRY_USER, password)
         say(f"{env['REGISTRY_IMAGE']}: {mb(size)} MB compressed (S), registry at {args.rate}")
-        work = Path(tempfile.mkdtemp(prefix="cvs-bench-image-work-"))
+        # Gone on every exit, Ctrl-C included (the sandbox's own directory is too).
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cvs-bench-work-")))
         modes = list(args.modes)
         # `registry` is set explicitly where the key exists (its default,
         # auto, would spread); a checkout without the key pulls everywhere.
@@ -318,6 +348,18 @@ def main() -> int:
                     f"peers` ({why}); measured registry only"
                 )
                 say(notes[-1])
+        head: dict[str, Any] = {
+            "what": "image_fanout",
+            "image": env["REGISTRY_IMAGE"],
+            "image_bytes": size,
+            "rate": args.rate,
+            "sizes": args.sizes,
+            "modes": modes,
+            "rounds": args.rounds,
+            "machine": started,
+            "commit": commit(),
+            "notes": notes,
+        }
         sys.stdout.write(HEADER)
         for rnd in range(1, args.rounds + 1):
             # Who goes first alternates per round (a shared machine drifts).
@@ -330,7 +372,8 @@ def main() -> int:
                     results.append(r)
                     sys.stdout.write(row_text(r, size))
                     sys.stdout.flush()
-        shutil.rmtree(work, ignore_errors=True)
+                    # Every row as it comes: a run cut short keeps what it measured.
+                    write_report(args.out, {**head, "results": results})
     medians = summary(results, size)
     sys.stdout.write("\nmedians:\n")
     for m in medians:
@@ -343,23 +386,10 @@ def main() -> int:
         )
     for note in notes:
         sys.stdout.write(f"note: {note}\n")
-    report = {
-        "what": "image_fanout",
-        "image": env["REGISTRY_IMAGE"],
-        "image_bytes": size,
-        "rate": args.rate,
-        "sizes": args.sizes,
-        "modes": modes,
-        "rounds": args.rounds,
-        "machine": started,
-        "loadavg_after": os.getloadavg(),
-        "notes": notes,
-        "results": results,
-        "medians": medians,
-    }
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    tmp.replace(args.out)
+    write_report(
+        args.out,
+        {**head, "loadavg_after": os.getloadavg(), "results": results, "medians": medians},
+    )
     sys.stdout.write(f"wrote {args.out}\n")
     return 0 if all(r["all_have_image"] for r in results) else 1
 

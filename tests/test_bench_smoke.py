@@ -84,3 +84,29 @@ def test_image_fanout_benchmark_smoke_times_two_hosts_pulling_from_the_registry(
     assert row["cpu_s"] > 0 and row["maxrss_mib"] > 0
     assert report["machine"]["nproc"] >= 1
     assert "registry" in proc.stdout and "medians" in proc.stdout
+
+
+@pytest.mark.sandbox
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs root")
+def test_image_fanout_benchmark_smoke_spreads_one_pull_to_two_hosts(tmp_path: Path) -> None:
+    out = tmp_path / "image_fanout.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "image_fanout.py"),
+            *("--smoke", "--modes", "peers", "--out", str(out)),
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
+    report = json.loads(out.read_text())
+    (row,) = report["results"]
+    assert (row["hosts"], row["mode"], row["all_have_image"]) == (2, "peers", True)
+    # One pull: the registry served the image once, not twice.
+    assert report["image_bytes"] <= row["registry_bytes"] < 1.3 * report["image_bytes"]
+    # The seed (node1) sent the whole image on (an uncompressed archive: more than S).
+    assert row["host_sent_bytes"]["node1"] > report["image_bytes"]
+    assert row["loadavg_during"] and report["commit"]

@@ -99,13 +99,14 @@ async def _bare_sessions(cluster: Cluster) -> Callable[[], Awaitable[bool]]:
     connection, and nothing else (no environment, no ssh_run.sh or run.sh, no
     pidfile): what the sshd, the login shell and `true` cost whoever the
     client is, the floor of a session per step."""
+    from orchestrator.containers.route import Sshd
+
     ssh_exec, conns = cluster.ssh_exec, []
     for host in cluster.hosts:
-        facts = await ssh_exec.facts(host, cluster.runtimes[host])
-        ep = ssh_exec.endpoint(host, facts, "root") if facts is not None else None
-        if ep is None or ssh_exec.connections is None:
-            raise SystemExit(f"{host}: no sshd to run a bare session on")
-        conns.append(await ssh_exec.connections.connection(ep))
+        way = await ssh_exec.route(host, cluster.runtimes[host], "root")
+        if not isinstance(way, Sshd) or ssh_exec.connections is None:
+            raise SystemExit(f"{host}: no sshd to run a bare session on ({way})")
+        conns.append(await ssh_exec.connections.connection(ssh_exec.endpoint(host, way)))
 
     async def step() -> bool:
         done = await asyncio.gather(

@@ -633,6 +633,8 @@ class Cluster:
         wait: bool = True,
         io: ExecStreams | None = None,
     ) -> dict[str, HostResult]:
+        from orchestrator.containers.route import Sshd
+
         selected = list(hosts or self.hosts)
         io = io or ExecStreams(None, None, self.pool)
         io.start(selected)
@@ -659,33 +661,35 @@ class Cluster:
             # This invocation's commands end with its lock on the host, should
             # it go without a word (SIGKILL, a lost laptop): remote/lock.sh.
             locks.guard(host, kill_command(name, self._session, runtime, session=True))
-            # Through the container's sshd when it runs; None: docker exec.
+            # The way decided once per host (containers/route.py): its sshd
+            # when it runs, else (or when it did not start there) RUNTIME exec.
             token = self._session + secrets.token_hex(6)  # its pidfile: evidence for a diagnosis
-            via_sshd = await self.ssh_exec.run(
+            way = await self.ssh_exec.route(host, runtime, as_user, workdir)
+            if isinstance(way, Sshd):
+                done = await self.ssh_exec.run(
+                    way,
+                    host,
+                    command,
+                    runtime=runtime,
+                    env=container_env,
+                    timeout=timeout,
+                    token=token,
+                    io=streams,
+                )
+                if isinstance(done, HostResult):
+                    return await self._explain(host, name, done, runtime, pidfile_of(token))
+            return await self._via_runtime(
                 host,
                 command,
-                runtime=runtime,
+                token,
+                runtime,
+                io,
+                streams,
+                timeout=timeout,
                 env=container_env,
                 user=as_user,
                 workdir=workdir,
-                timeout=timeout,
-                token=token,
-                io=streams,
             )
-            if via_sshd is None:
-                return await self._via_runtime(
-                    host,
-                    command,
-                    token,
-                    runtime,
-                    io,
-                    streams,
-                    timeout=timeout,
-                    env=container_env,
-                    user=as_user,
-                    workdir=workdir,
-                )
-            return await self._explain(host, name, via_sshd, runtime, pidfile_of(token))
 
         try:
             results = await fan_out(selected, one, limit=self.config.concurrency.hosts)

@@ -92,13 +92,12 @@ async def _host(cluster: Cluster) -> asyncssh.SSHClientConnection:
 
 
 async def _container(cluster: Cluster) -> asyncssh.SSHClientConnection:
+    from orchestrator.containers.route import Sshd
+
     ssh_exec = cluster.ssh_exec
-    assert ssh_exec._on()  # starts its connections
-    facts = await ssh_exec.facts("node1", cluster.runtimes["node1"])
-    assert facts is not None and ssh_exec.connections is not None
-    ep = ssh_exec.endpoint("node1", facts, "root")
-    assert ep is not None
-    return await ssh_exec.connections.connection(ep)
+    way = await ssh_exec.route("node1", cluster.runtimes["node1"], "root")
+    assert isinstance(way, Sshd) and ssh_exec.connections is not None, way
+    return await ssh_exec.connections.connection(ssh_exec.endpoint("node1", way))
 
 
 def test_the_first_request_after_a_host_login_is_answered_without_a_delayed_ack(

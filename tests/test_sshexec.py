@@ -14,14 +14,12 @@ import anyio
 import pytest
 
 from orchestrator import remote
+from orchestrator.containers.route import ExecFacts, RuntimeExec, Sshd, login_user, sshd_address
 from orchestrator.containers.sshexec import (
     DEFAULT_PATH,
-    ExecFacts,
     exec_env,
-    login_user,
     parse_exec_facts,
     ssh_command,
-    sshd_address,
 )
 from orchestrator.remote.runtime import ContainerRuntime
 
@@ -209,15 +207,32 @@ class _Pool:
 
 
 class _SSHExec:
-    def __init__(self, process: Any) -> None:
-        self.process = process
+    """A routed sshd path: `way` for every host, `process` (or a RuntimeExec:
+    it did not start) from a held process."""
+
+    def __init__(self, way: Any, process: Any = "through the sshd") -> None:
+        self.way, self.process = way, process
         self.asked: list[tuple[str, list[str]]] = []
 
+    async def route(self, host: str, runtime: ContainerRuntime, user: str | None) -> Any:
+        return self.way
+
     async def held_process(
-        self, stack: Any, host: str, argv: list[str], *, runtime: ContainerRuntime
+        self, stack: Any, way: Any, host: str, argv: list[str], *, runtime: ContainerRuntime
     ) -> Any:
+        assert way is self.way
         self.asked.append((host, argv))
         return self.process
+
+
+_SSHD = Sshd(
+    "127.0.0.1",
+    2224,
+    "root",
+    "ssh-ed25519 AAAA",
+    "/",
+    ExecFacts("c", True, "", "", "", (), "h1", "host", (), None),
+)
 
 
 def _open(ssh_exec: Any, pool: Any) -> Any:
@@ -234,14 +249,21 @@ def _open(ssh_exec: Any, pool: Any) -> Any:
     return anyio.run(main)
 
 
-def test_a_copy_takes_the_containers_sshd_when_it_gives_a_process() -> None:
-    pool, ssh_exec = _Pool(), _SSHExec(process="through the sshd")
+def test_a_copy_routed_to_the_containers_sshd_takes_it() -> None:
+    pool, ssh_exec = _Pool(), _SSHExec(_SSHD)
     assert _open(ssh_exec, pool) == "through the sshd"
     assert ssh_exec.asked == [("h1", ["sh", "-c", "x"])] and pool.scripts == []
 
 
-def test_a_copy_the_sshd_path_declines_goes_through_docker_exec() -> None:
-    pool, ssh_exec = _Pool(), _SSHExec(process=None)
+def test_a_copy_routed_to_the_runtime_goes_through_docker_exec() -> None:
+    pool, ssh_exec = _Pool(), _SSHExec(RuntimeExec("one host"))
+    with pytest.raises(OSError, match="not a host"):
+        _open(ssh_exec, pool)
+    assert ssh_exec.asked == [] and pool.scripts == ["DOCKER EXEC SCRIPT"]
+
+
+def test_a_copy_that_did_not_start_at_the_sshd_goes_through_docker_exec() -> None:
+    pool, ssh_exec = _Pool(), _SSHExec(_SSHD, process=RuntimeExec("refused"))
     with pytest.raises(OSError, match="not a host"):
         _open(ssh_exec, pool)
     assert pool.scripts == ["DOCKER EXEC SCRIPT"]
@@ -259,7 +281,7 @@ def test_a_copy_to_the_hosts_own_os_never_asks_the_containers_sshd(tmp_path: Pat
     source = tmp_path / "f.txt"
     source.write_text("f\n")
     pool: Any = _Pool()
-    ssh_exec: Any = _SSHExec(process="through the sshd")
+    ssh_exec: Any = _SSHExec(_SSHD)
     payload = Payload.from_path(source)
     try:
         results = anyio.run(

@@ -236,6 +236,27 @@ def test_the_shared_lock_is_held_while_a_command_runs_through_the_sshd(lab: Lab)
     assert seen["holders"] == [1] * len(HOSTS)
 
 
+def test_verbose_exec_says_each_hosts_route(lab: Lab) -> None:
+    port = yaml.safe_load(lab.cluster_file.read_text())["container"].get("sshd", {}).get("port")
+    sshd = cvs("-v", "exec", "--", "true", cluster=lab.cluster_file, cwd=lab.directory)
+    assert sshd.returncode == 0, sshd.stderr
+    for host in HOSTS:
+        said = re.search(
+            rf"^{host} - route: ok - via the container's sshd \(127\.0\.0\.1:(\d+)\)$",
+            sshd.stderr,
+            re.M,
+        )
+        assert said is not None, sshd.stderr
+        assert port is None or int(said.group(1)) == port
+    other = cvs(
+        "-v", "exec", "--user", "nobody", "--", "true", cluster=lab.cluster_file, cwd=lab.directory
+    )
+    assert other.returncode == 0, other.stderr
+    for host in HOSTS:
+        line = f"{host} - route: ok - via `{lab.runtime} exec`: user 'nobody': its sshd lets in"
+        assert line in other.stderr, other.stderr
+
+
 # --- faults (each leaves the containers as it found them) ---------------------
 
 

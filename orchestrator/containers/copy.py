@@ -42,6 +42,7 @@ import anyio
 from orchestrator import remote
 from orchestrator.config import ClusterConfig, container_name
 from orchestrator.containers.exec import in_running_container
+from orchestrator.containers.route import RuntimeExec, Sshd
 from orchestrator.errors import ConnectError
 from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
@@ -271,14 +272,16 @@ def _opener(
     runtime: ContainerRuntime,
 ) -> Opener:
     """The copy's remote end: `argv` in the container through its sshd when
-    `ssh_exec` takes it (containers/sshexec.py decides, as for `exec`), else
+    `ssh_exec` routes it there (containers/route.py decides, as for `exec`), else
     `script` (`docker exec -i ...`, or the host's shell) on a host channel."""
 
     async def open_(stack: contextlib.AsyncExitStack[Any]) -> Any:
         if ssh_exec is not None:
-            process = await ssh_exec.held_process(stack, host, argv, runtime=runtime)
-            if process is not None:
-                return process
+            way = await ssh_exec.route(host, runtime, None)
+            if isinstance(way, Sshd):
+                process = await ssh_exec.held_process(stack, way, host, argv, runtime=runtime)
+                if not isinstance(process, RuntimeExec):
+                    return process
         return await stack.enter_async_context(pool.held_process(host, script, encoding=None))
 
     return open_

@@ -36,7 +36,8 @@ from orchestrator.containers.docker import (
     runtime_limits,
     validate_container_name,
 )
-from orchestrator.containers.sshexec import ExecFacts, exec_facts_of
+from orchestrator.containers.route import ExecFacts
+from orchestrator.containers.sshexec import exec_facts_of
 from orchestrator.limits.cdi import SpecFile, spec_files
 from orchestrator.limits.gpus import GPU, parse_discovery
 from orchestrator.limits.gpus import MARKER as GPU_MARKER

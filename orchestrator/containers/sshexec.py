@@ -5,23 +5,24 @@ runc on the host for every command (75-90 ms for `true` on two sandbox
 hosts). A container of a multi-host cluster already runs an sshd with keys
 cvs made: a channel on a connection to it costs what a host channel costs.
 So `Cluster.exec` (and whatever runs on it: `cvs exec`, suite steps, the
-CVS-compatible engine) asks `SSHExec.run` first, and takes the `docker exec`
-path (containers/exec.py) when it answers None; a copy (containers/copy.py)
-asks `SSHExec.held_process` for its in-container end the same way, else
-takes `docker exec -i`.
+CVS-compatible engine) asks `SSHExec.route` which way each host's commands
+go (containers/route.py decides from the facts below, once per invocation
+per host, and `-v` says it), then runs on that way: `SSHExec.run` for the
+sshd, the `docker exec` path (containers/exec.py) for the runtime; a copy
+(containers/copy.py) takes the same route for its in-container end
+(`SSHExec.held_process`, else `docker exec -i`).
 
-Which path, decided from facts (pure functions below, `login_user` and
-`sshd_address`):
+Which way, from facts (containers/route.py's table):
 
 - the cluster runs no sshd (`sshd.enabled: false`, one host), this cluster's
   keys are not in its state directory, the container's network has no
-  address the host can reach: `docker exec`, nothing said;
+  address the host can reach: `docker exec`, said under `-v` only;
 - the command's user is neither root nor the user the sshd lets in (the
   image's USER, or container.user), or names a group (`-u name:group`):
-  `docker exec` for that command, nothing said;
+  `docker exec` for that command, said under `-v` only;
 - the sshd does not answer, refuses the key, or offers another host key
   (refused, never learned): `docker exec` for the rest of the invocation on
-  that host, and one warning saying why.
+  that host, and one warning saying why (`run` answers with that route).
 
 A connection that worked and is found closed before a step (the sshd died
 between steps, the container restarted) is opened again once; when that
@@ -46,7 +47,6 @@ import json
 import secrets
 import shlex
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -57,8 +57,10 @@ from orchestrator.config import ClusterConfig, container_name, sshd_wanted
 from orchestrator.config.model import WORKDIR_RE
 from orchestrator.containers.docker import LABEL_SSHD_PORT, validate_container_name
 from orchestrator.containers.exec import ContainerCommand, kill_command, pidfile_of
+from orchestrator.containers.route import ExecFacts, Route, RouteFacts, RuntimeExec, Sshd
+from orchestrator.containers.route import route as decide
 from orchestrator.errors import Call, Phrase, Text
-from orchestrator.events import EventSink, Message
+from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
 from orchestrator.ssh.envpass import env_block, new_token
@@ -77,22 +79,6 @@ _T = TypeVar("_T")
 # (the daemon's `CreateDaemonEnvironment`); HOSTNAME is the container's.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _IPV4_RE_PARTS = 4
-
-
-@dataclass(frozen=True)
-class ExecFacts:
-    """What one `inspect` of the running container says, for the sshd path."""
-
-    container_id: str
-    running: bool
-    started_at: str
-    user: str  # Config.User: the image's USER, or container.user
-    workdir: str  # Config.WorkingDir ("" means /)
-    env: tuple[tuple[str, str], ...]  # Config.Env, in order
-    hostname: str
-    network_mode: str
-    addresses: tuple[str, ...]  # IPv4 addresses on its networks (bridge)
-    sshd_port: int | None  # the port it was started with (label), None: not labelled
 
 
 def facts_command(name: str, runtime: ContainerRuntime) -> list[str]:
@@ -152,32 +138,6 @@ def exec_facts_of(obj: Mapping[str, Any]) -> ExecFacts:
         addresses=tuple(dict.fromkeys(a for a in addresses if _ipv4(a))),
         sshd_port=int(port_label) if port_label.isdigit() else None,
     )
-
-
-def sshd_address(facts: ExecFacts) -> str | None:
-    """Where the host reaches the container's sshd: the loopback with host
-    networking, the container's first IPv4 address on a bridge; None when
-    there is none (`none`, another container's namespace)."""
-    mode = facts.network_mode
-    if mode == "host":
-        return "127.0.0.1"
-    if mode == "none" or mode.startswith("container:"):
-        return None
-    return facts.addresses[0] if facts.addresses else None
-
-
-def login_user(requested: str | None, facts: ExecFacts) -> str | None:
-    """The user to log in to the container's sshd as, for a command that runs
-    as `requested` (None: the container's user); None when the sshd cannot
-    give that user (remote/sshd.sh lets in root and the container's user, by
-    name), so the command takes `docker exec -u`."""
-    user = facts.user if requested is None else requested
-    if user in ("", "root", "0"):
-        return "root"
-    if ":" in user or user.isdigit():
-        return None  # a group, or a bare uid: only docker exec -u gives exactly that
-    login = facts.user.split(":", 1)[0]
-    return user if user == login else None
 
 
 def exec_env(
@@ -246,7 +206,8 @@ def read_keys(state_dir: Path, hosts: Sequence[str]) -> tuple[asyncssh.SSHKey, d
 
 class SSHExec:
     """The sshd path of one invocation (one `Cluster`): the facts read once
-    per host, the connections, and which hosts went back to `docker exec`."""
+    per host, the route each host's commands take (decided once, shown under
+    `-v`), the connections, and which hosts went back to `docker exec`."""
 
     def __init__(
         self, config: ClusterConfig, pool: SSHPool | WorkerRunner, sink: EventSink
@@ -261,9 +222,23 @@ class SSHExec:
         self.off: dict[str, Text] = {}  # host -> why it takes docker exec (said once)
         self._worked: set[str] = set()  # hosts where a command ran through the sshd
         self._warming: dict[str, asyncio.Task[bool]] = {}  # warm_up's connects
+        # (host, user, workdir) -> the way decided (containers/route.py).
+        self._routes: dict[tuple[str, str | None, str | None], Route] = {}
+        self._shown: dict[str, Route] = {}  # host -> the route last said under -v
         # No keys yet: a first cold start makes them, in this same invocation.
         self._keys_missing = False
+        self._enabled = False
         self.enabled = self._start()
+
+    @property
+    def enabled(self) -> bool:
+        """Whether this path is open (tests close it to compare the two)."""
+        return self._enabled
+
+    @enabled.setter
+    def enabled(self, value: bool) -> None:
+        self._enabled = value
+        self._routes.clear()  # decided with the path open, or closed: decide again
 
     def _on(self) -> bool:
         """Whether this path is open; keys a cold start of this invocation made
@@ -297,6 +272,19 @@ class SSHExec:
             self.connections = ContainerConnections(self.pool, key, sink=self.sink)
         return True
 
+    def _closed(self) -> Text | None:
+        """Why this invocation has no sshd path (None: it has one)."""
+        if self._on() and self.connections is not None:
+            return None
+        container = self.config.container
+        if container is None or not container.sshd.exec:
+            return "the cluster file turns the sshd path off (sshd.exec: false)"
+        if not sshd_wanted(container, len(self.config.hosts)):
+            return "its containers run no sshd (sshd.enabled, or one host)"
+        if self._keys_missing:
+            return "this cluster's keys are not in its state directory"
+        return "the sshd path is closed in this invocation"
+
     async def aclose(self) -> None:
         for task in self._warming.values():
             task.cancel()
@@ -310,6 +298,8 @@ class SSHExec:
         if host in self.off:
             return
         self.off[host] = why
+        for key in [k for k in self._routes if k[0] == host]:
+            del self._routes[key]  # decided again: the runtime, for `why`
         text = Phrase(  # the renderers put the host first
             why,
             f"; commands in its container go through `{runtime.name} exec` "
@@ -337,29 +327,43 @@ class SSHExec:
     def warm_up(self, hosts: Sequence[str]) -> None:
         """Start connecting to these hosts' container sshds now, in the
         background, while the caller's lock and probe round trip runs: the
-        endpoint the cluster file implies (host networking, sshd.port, root or
-        container.user). A command whose facts say otherwise connects anew;
-        a container that is not there (a cold start) costs a refused
+        route the cluster file implies (its network, sshd.port, its user),
+        decided as for a command. A command whose facts say otherwise connects
+        anew; a container that is not there (a cold start) costs a refused
         connection, said nowhere."""
         container = self.config.container
-        if not self._on() or self.connections is None or container is None:
+        if container is None or self._closed() is not None or self.connections is None:
             return
-        if container.network != "host":
-            return  # the address comes with the probe's facts
-        user = container.user or "root"
-        if user in ("0", "root"):
-            user = "root"
-        elif ":" in user or user.isdigit():
-            return
-        from orchestrator.ssh.container_channel import Endpoint
-
+        expected = ExecFacts(
+            container_id="",
+            running=True,
+            started_at="",
+            user=container.user or "",
+            workdir="",
+            env=(),
+            hostname="",
+            network_mode=container.network,
+            addresses=(),  # on a bridge the address comes with the probe's facts
+            sshd_port=None,
+        )
         loop = asyncio.get_running_loop()
         for host in hosts:
-            key = self._host_keys.get(host)
-            if key is None or host in self.off or host in self._warming:
+            if host in self._warming:
                 continue
-            ep = Endpoint(host, "127.0.0.1", container.sshd.port, user, key)
-            self._warming[host] = loop.create_task(self.connections.warm(ep))
+            way = decide(
+                RouteFacts(
+                    closed=None,
+                    off=self.off.get(host),
+                    container=expected,
+                    host_key=self._host_keys.get(host),
+                    user=None,
+                    workdir=None,
+                    default_port=container.sshd.port,
+                )
+            )
+            if isinstance(way, Sshd):
+                ep = self.endpoint(host, way)
+                self._warming[host] = loop.create_task(self.connections.warm(ep))
 
     async def _warmed(self, host: str) -> None:
         task = self._warming.get(host)
@@ -381,33 +385,57 @@ class SSHExec:
                     self._facts[host] = await self._read_facts(host, runtime)
         return self._facts[host]
 
-    def endpoint(self, host: str, facts: ExecFacts, username: str) -> Endpoint | None:
-        container = self.config.container
-        address = sshd_address(facts)
-        key = self._host_keys.get(host)
-        if container is None or address is None or key is None:
-            return None
+    def endpoint(self, host: str, way: Sshd) -> Endpoint:
+        """The connection `way` names, for the container connections."""
         from orchestrator.ssh.container_channel import Endpoint
 
-        port = facts.sshd_port or container.sshd.port
-        return Endpoint(host, address, port, username, key, facts.container_id)
+        container_id = way.container.container_id
+        return Endpoint(host, way.address, way.port, way.user, way.host_key, container_id)
 
-    async def _route(
-        self, host: str, runtime: ContainerRuntime, user: str | None
-    ) -> tuple[ExecFacts, Endpoint] | None:
-        """The container's facts and its sshd's endpoint for a command run as
-        `user`; None: this one takes `docker exec` (as the module's header says)."""
-        if not self._on() or host in self.off or self.connections is None:
-            return None
-        facts = await self.facts(host, runtime)
-        if facts is None or not facts.running:
-            return None  # the docker path reports it, as it always did
-        username = login_user(user, facts)
-        ep = self.endpoint(host, facts, username) if username is not None else None
-        if ep is None:
-            return None
-        await self._warmed(host)
-        return facts, ep
+    async def route(
+        self,
+        host: str,
+        runtime: ContainerRuntime,
+        user: str | None,
+        workdir: str | None = None,
+    ) -> Route:
+        """The way a command run as `user` in `workdir` takes into `host`'s
+        container (containers/route.py decides), decided once per invocation
+        and said under `-v` when it is new for the host. Inspects the
+        container once, when the path is open."""
+        closed = self._closed()
+        key = (host, user, workdir)
+        way = self._routes.get(key)
+        if way is None:
+            off = self.off.get(host)
+            facts = await self.facts(host, runtime) if closed is None and off is None else None
+            assert self.config.container is not None
+            way = decide(
+                RouteFacts(
+                    closed=closed,
+                    off=off,
+                    container=facts,
+                    host_key=self._host_keys.get(host),
+                    user=user,
+                    workdir=workdir,
+                    default_port=self.config.container.sshd.port,
+                )
+            )
+            self._routes[key] = way
+            self._show(host, way, runtime)
+        if isinstance(way, Sshd):
+            await self._warmed(host)
+        return way
+
+    def _show(self, host: str, way: Route, runtime: ContainerRuntime) -> None:
+        """`-v`'s line for `host`'s route, when it is not the one said last."""
+        if self._shown.get(host) == way:
+            return
+        self._shown[host] = way
+        detail: Text = (
+            str(way) if isinstance(way, Sshd) else Phrase(f"via `{runtime.name} exec`: ", way.why)
+        )
+        self.sink.emit(HostStep(host=host, step="route", status="ok", detail=detail))
 
     async def _started(
         self,
@@ -415,11 +443,12 @@ class SSHExec:
         runtime: ContainerRuntime,
         facts: ExecFacts,
         start: Callable[[], Awaitable[_T]],
-    ) -> _T | None:
-        """`start()` (a command through the sshd); None when it could not
-        start: a connection that had worked is opened again once, else the
-        host goes to `docker exec` with one warning (nothing said when the
-        host itself was not reached: the docker path reports that)."""
+    ) -> _T | RuntimeExec:
+        """`start()` (a command through the sshd), or the way it takes instead
+        when it could not start: a connection that had worked is opened again
+        once, else the host goes to `docker exec` with one warning (nothing
+        said, and for this command only, when the host itself was not
+        reached: the docker path reports that)."""
         from orchestrator.ssh.container_channel import NotStarted
 
         was_open = host in self._worked
@@ -430,88 +459,83 @@ class SSHExec:
                 return started
             except NotStarted as exc:
                 if exc.kind == "host":
-                    return None
+                    return RuntimeExec(exc.reason)
                 if attempt == 1 and was_open and exc.kind == "refused":
                     continue  # the connection had worked: open it again, once
                 why = await self._why(host, runtime, facts, exc, was_open)
                 self._fall_back(host, why, runtime)
-                return None
-        return None
+                return RuntimeExec(why)
+        raise AssertionError("unreachable: the second attempt returns")
 
     async def run(
         self,
+        way: Sshd,
         host: str,
         command: str | Sequence[str],
         *,
         runtime: ContainerRuntime,
         env: Mapping[str, str],
-        user: str | None,
-        workdir: str | None,
         timeout: float | None,
         label: str = "exec",
         token: str | None = None,
         io: ExecIO | None = None,
-    ) -> HostResult | None:
-        """Run `command` in `host`'s container through its sshd; None: take
-        `docker exec` (this command, or the rest of the invocation, as the
-        module's header says). `token` names its pidfile (exec.pidfile_of),
-        which a diagnosis reads (containers/causes.py), and which the kill
-        reads when cvs gives up on the command: through the host's runtime
-        (`RUNTIME exec -u 0 NAME kill_tree.sh`), so that it works when the
-        connection to the sshd is what was lost. `io`: stdin, raw output."""
-        route = await self._route(host, runtime, user)
-        if route is None or self.connections is None:
-            return None
-        facts, ep = route
+    ) -> HostResult | RuntimeExec:
+        """Run `command` in `host`'s container the way `route` gave (its
+        sshd, as its user, in its working directory); a RuntimeExec when it
+        could not start there: the way it takes instead (this command, or the
+        rest of the invocation, as the module's header says). `token` names
+        its pidfile (exec.pidfile_of), which a diagnosis reads
+        (containers/causes.py), and which the kill reads when cvs gives up on
+        the command: through the host's runtime (`RUNTIME exec -u 0 NAME
+        kill_tree.sh`), so that it works when the connection to the sshd is
+        what was lost. `io`: stdin, raw output."""
+        connections = self.connections
+        assert connections is not None  # an Sshd route is only given with them
         token = token or secrets.token_hex(6)
         cmd = ssh_command(
             command,
-            exec_env(facts, runtime, env),
-            workdir=workdir or facts.workdir or "/",
+            exec_env(way.container, runtime, env),
+            workdir=way.workdir,
             runtime=runtime.name,
             token=token,
         )
         kill = kill_command(container_name(self.config), pidfile_of(token), runtime)
         bound = self.config.ssh.command_timeout if timeout is None else timeout
-        connections = self.connections
+        ep = self.endpoint(host, way)
         options: dict[str, Any] = {"timeout": bound, "input": cmd.stdin, "label": label}
         if io is not None:
             options["io"] = io  # only then: worker processes take no `io` (api.py)
         return await self._started(
             host,
             runtime,
-            facts,
+            way.container,
             lambda: connections.run(ep, cmd.script, on_timeout=kill, **options),
         )
 
     async def held_process(
         self,
-        stack: contextlib.AsyncExitStack,
+        stack: contextlib.AsyncExitStack[Any],
+        way: Sshd,
         host: str,
         argv: Sequence[str],
         *,
         runtime: ContainerRuntime,
         label: str = "cp",
-    ) -> asyncssh.SSHClientProcess[bytes] | None:
-        """`argv` in `host`'s container through its sshd as a process whose
+    ) -> asyncssh.SSHClientProcess[bytes] | RuntimeExec:
+        """`argv` in `host`'s container the way `route` gave, as a process whose
         bytes the caller streams (a copy's in-container end), held open until
-        `stack` closes; None: take `docker exec -i` instead, decided as for
-        `run` (the container's user, its environment and working directory,
-        what `docker exec -i NAME ARGV` gives)."""
-        route = await self._route(host, runtime, None)
-        if route is None or self.connections is None:
-            return None
-        facts, ep = route
-        try:
-            env = exec_env(facts, runtime, {})
-            cmd = ssh_command(argv, env, workdir=facts.workdir or "/", runtime=runtime.name)
-        except ValueError:
-            return None  # a working directory not ours to quote: docker exec takes it
+        `stack` closes (the container's user, its environment and working
+        directory: what `docker exec -i NAME ARGV` gives); a RuntimeExec when
+        it could not start there, as for `run`."""
         connections = self.connections
+        assert connections is not None  # an Sshd route is only given with them
+        env = exec_env(way.container, runtime, {})
+        cmd = ssh_command(argv, env, workdir=way.workdir, runtime=runtime.name)
+        ep = self.endpoint(host, way)
         return await self._started(
             host,
             runtime,
-            facts,
+            way.container,
             lambda: stack.enter_async_context(
                 connections.held_process(
                     ep, cmd.script, stdin=cmd.stdin or "", label=label, on_end=cmd.kill

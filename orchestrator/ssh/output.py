@@ -15,6 +15,7 @@ from __future__ import annotations
 import codecs
 from collections import deque
 from collections.abc import Callable
+from typing import AnyStr, Generic
 
 # The default tail kept per stream: the last 1 MiB (characters; bytes for ASCII).
 DEFAULT_TAIL = 1 << 20
@@ -24,22 +25,24 @@ MAX_LINE = 64 * 1024
 LineHandler = Callable[[str, bool], None]  # (text, continues)
 
 
-class StreamTail:
-    """The last `limit` characters of a stream, and how many came before them."""
+class _Tail(Generic[AnyStr]):
+    """The last `limit` items (characters or bytes) of a stream, and how many
+    came before them: whole chunks before the tail are dropped as they pass."""
 
-    def __init__(self, limit: int = DEFAULT_TAIL) -> None:
+    def __init__(self, empty: AnyStr, limit: int = DEFAULT_TAIL) -> None:
         if limit < 0:
             raise ValueError(f"tail limit must be >= 0, not {limit}")
         self.limit = limit
-        self._chunks: deque[str] = deque()
+        self._empty: AnyStr = empty
+        self._chunks: deque[AnyStr] = deque()
         self._size = 0
         self._popped = 0
 
-    def add(self, text: str) -> None:
-        if not text:
+    def add(self, chunk: AnyStr) -> None:
+        if not chunk:
             return
-        self._chunks.append(text)
-        self._size += len(text)
+        self._chunks.append(chunk)
+        self._size += len(chunk)
         # Drop whole chunks that lie entirely before the tail.
         while self._chunks and self._size - len(self._chunks[0]) >= self.limit:
             first = self._chunks.popleft()
@@ -48,17 +51,27 @@ class StreamTail:
 
     @property
     def dropped(self) -> int:
-        """Characters received but no longer kept."""
+        """Items received but no longer kept."""
         return self._popped + max(0, self._size - self.limit)
 
     @property
     def received(self) -> int:
         return self._popped + self._size
 
-    def text(self) -> str:
-        joined = "".join(self._chunks)
+    def _kept(self) -> AnyStr:
+        joined = self._empty.join(self._chunks)
         extra = len(joined) - self.limit
         return joined[extra:] if extra > 0 else joined
+
+
+class StreamTail(_Tail[str]):
+    """The last `limit` characters of a stream, and how many came before them."""
+
+    def __init__(self, limit: int = DEFAULT_TAIL) -> None:
+        super().__init__("", limit)
+
+    def text(self) -> str:
+        return self._kept()
 
 
 class LineSplitter:
@@ -149,31 +162,12 @@ class MarkingDecoder:
         return self.decode(b"", final=True)
 
 
-class BytesTail:
+class BytesTail(_Tail[bytes]):
     """The last `limit` bytes of a stream, and how many came before them (a
     stream passed on as bytes keeps its tail as bytes)."""
 
     def __init__(self, limit: int = DEFAULT_TAIL) -> None:
-        self.limit = limit
-        self._chunks: deque[bytes] = deque()
-        self._size = 0
-        self._popped = 0
-
-    def add(self, data: bytes) -> None:
-        if not data:
-            return
-        self._chunks.append(data)
-        self._size += len(data)
-        while self._chunks and self._size - len(self._chunks[0]) >= self.limit:
-            first = self._chunks.popleft()
-            self._size -= len(first)
-            self._popped += len(first)
-
-    @property
-    def dropped(self) -> int:
-        return self._popped + max(0, self._size - self.limit)
+        super().__init__(b"", limit)
 
     def data(self) -> bytes:
-        joined = b"".join(self._chunks)
-        extra = len(joined) - self.limit
-        return joined[extra:] if extra > 0 else joined
+        return self._kept()

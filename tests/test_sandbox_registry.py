@@ -79,15 +79,20 @@ def test_registry_env_names_the_registry_its_namespace_and_the_interface_that_co
 
 
 def test_every_host_pulls_the_image_through_the_registry_which_serves_its_compressed_size(
-    registry_sandbox: Sandbox,
+    registry_sandbox: Sandbox, tmp_path: Path
 ) -> None:
     sb = registry_sandbox
     env = registry_env(sb)
     image = env["REGISTRY_IMAGE"]
     size = image_bytes(image, REGISTRY_USER, password(sb))
+    # Every host pulls (distribute: registry), not the spread's one pull.
+    doc = yaml.safe_load(sb.cluster_file.read_text())
+    doc["container"]["distribute"] = "registry"
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump(doc))
     before = tx_bytes(env)
     try:
-        up = cvs("up", cluster=sb.cluster_file, timeout=600)
+        up = cvs("up", cluster=cluster, timeout=600)
         served = tx_bytes(env) - before
 
         assert up.returncode == 0, explain(up)
@@ -95,7 +100,7 @@ def test_every_host_pulls_the_image_through_the_registry_which_serves_its_compre
         # Two pulls of S, plus HTTP and TCP's own bytes (a few percent).
         assert 2 * size <= served <= 2 * size * 1.1 + 1_000_000, (served, size)
     finally:
-        cvs("down", "--force", cluster=sb.cluster_file, timeout=300)
+        cvs("down", "--force", cluster=cluster, timeout=300)
         for h in sb.nodes:
             docker(sb, h.name, "rmi", image, check=False)
 

@@ -358,7 +358,8 @@ def query_job(
             Phrase(
                 where,
                 f": job {job_id} is {facts.state or 'in an unknown state'}, not running: "
-                f"run cvs inside a running allocation{after}",
+                "run cvs inside a running allocation",
+                after,
             )
         )
     if not facts.nodelist or facts.nodelist == "(null)":

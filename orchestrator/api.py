@@ -493,7 +493,7 @@ class Cluster:
             )
 
         results = await fan_out(self.hosts, one, limit=self.config.concurrency.hosts)
-        from orchestrator.containers.docker import normalize_image_id
+        from orchestrator.containers.inspection import normalize_image_id
 
         ids = {h: normalize_image_id(r.stdout.strip()) for h, r in results.items() if r.ok}
         return {h: i for h, i in ids.items() if _IMAGE_ID_RE.fullmatch(i)}

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from orchestrator.config import ContainerConfig
-from orchestrator.containers.docker import managed_labels
+from orchestrator.containers.labels import managed_labels
 from orchestrator.containers.probe import HostState
 
 IMG_A = "sha256:" + "a" * 64

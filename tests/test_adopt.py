@@ -6,7 +6,7 @@ import pytest
 from plan_states import IMG_B, cfg, host, kinds, states
 
 from orchestrator.cli.common import cli_text
-from orchestrator.containers.docker import LABEL_MANAGED
+from orchestrator.containers.labels import LABEL_OWNER
 from orchestrator.containers.plan import decide_plan
 from orchestrator.remote.frames import parse_sections
 from orchestrator.remote.records import adopted_argv, adopted_records
@@ -73,4 +73,4 @@ def test_adoption_record_needs_a_container_id(bad: str | None) -> None:
 
 def test_adoption_record_quotes_the_cluster_name() -> None:
     argv = adopted_argv(ID, "a b'c")
-    assert argv[-3:] == ["adopted", ID, "a b'c"] and LABEL_MANAGED not in argv[2]
+    assert argv[-3:] == ["adopted", ID, "a b'c"] and LABEL_OWNER not in argv[2]

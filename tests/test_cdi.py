@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from orchestrator.config import ContainerConfig, GPURequest
 from orchestrator.config.gpu_devices import gpu_subset_problems
-from orchestrator.containers.docker import config_hash
+from orchestrator.containers.labels import config_hash
 from orchestrator.limits.cdi import (
     CDIDevice,
     CDIError,

@@ -759,7 +759,7 @@ def test_host_lookup_follows_a_copy_that_replaces_the_hosts() -> None:
 
 def test_the_old_docker_timeout_key_is_read_and_reported_as_deprecated() -> None:
     from orchestrator.config import cluster_from_data, cluster_warnings
-    from orchestrator.containers.docker import config_hash
+    from orchestrator.containers.labels import config_hash
 
     def load(container: dict[str, object]) -> Any:
         data = {"hosts": ["a"], "container": {"image": "x", **container}}

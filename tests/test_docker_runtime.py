@@ -19,21 +19,12 @@ import pytest
 from private_dockerd import TEST_IMAGE, PrivateDockerd
 
 from orchestrator.config import ContainerConfig, Registry
-from orchestrator.containers.docker import (
-    LABEL_CONFIG_HASH,
-    LABEL_MANAGED,
-    DockerOutputError,
-    classify_docker_error,
-    config_hash,
+from orchestrator.containers.argv import (
     exec_argv,
     image_inspect_argv,
-    is_ours,
     load_argv,
     login_argv,
     login_command,
-    managed_labels,
-    parse_container_inspect,
-    parse_image_inspect,
     pull_argv,
     run_argv,
     run_env_file,
@@ -41,6 +32,19 @@ from orchestrator.containers.docker import (
     stop_argv,
     validate_container_name,
 )
+from orchestrator.containers.inspection import (
+    RuntimeOutputError,
+    parse_container_inspect,
+    parse_image_inspect,
+)
+from orchestrator.containers.labels import (
+    LABEL_CONFIG_HASH,
+    LABEL_OWNER,
+    config_hash,
+    is_ours,
+    managed_labels,
+)
+from orchestrator.containers.runtime_errors import classify_runtime_error
 from orchestrator.limits.gpus import GPU, GPUSelection
 from orchestrator.limits.resources import EffectiveResources
 from orchestrator.remote.runtime import ContainerRuntime
@@ -216,7 +220,7 @@ def test_simple_lifecycle_argvs() -> None:
 
 def test_managed_labels_are_recognised_as_ours_only_for_the_same_cluster() -> None:
     labels = managed_labels("alpha", "abc")
-    assert labels == {LABEL_MANAGED: "alpha", LABEL_CONFIG_HASH: "abc"}
+    assert labels == {LABEL_OWNER: "alpha", LABEL_CONFIG_HASH: "abc"}
     assert is_ours(labels, "alpha")
     assert not is_ours(labels, "beta")
     assert not is_ours({}, "alpha")
@@ -258,18 +262,18 @@ def test_validate_container_name_returns_good_name() -> None:
     ],
 )
 def test_classify_docker_error(stderr: str, rc: int, kind: str) -> None:
-    assert classify_docker_error(stderr, rc) == kind
+    assert classify_runtime_error(stderr, rc) == kind
 
 
 @pytest.mark.parametrize("text", ["", "not json", "[]", "[1]", '[{"Id": "x"}]', "{}"])
 def test_container_inspect_parser_rejects_what_is_not_a_container(text: str) -> None:
-    with pytest.raises(DockerOutputError):
+    with pytest.raises(RuntimeOutputError):
         parse_container_inspect(text)
 
 
 @pytest.mark.parametrize("text", ["", "[]", '[{"RepoTags": []}]'])
 def test_image_inspect_parser_rejects_what_is_not_an_image(text: str) -> None:
-    with pytest.raises(DockerOutputError):
+    with pytest.raises(RuntimeOutputError):
         parse_image_inspect(text)
 
 
@@ -402,7 +406,7 @@ def test_stop_then_start_keeps_the_overlay_and_rm_makes_it_absent(
     dockerd.run_argv(["docker", "rm", "-f", "keeper"])
     gone = dockerd.run_argv(container_inspect("keeper"), check=False)
     assert gone.returncode != 0
-    assert classify_docker_error(gone.stderr, gone.returncode) == "not_found"
+    assert classify_runtime_error(gone.stderr, gone.returncode) == "not_found"
 
 
 @pytestmark_real
@@ -417,7 +421,7 @@ def test_image_inspect_and_load_round_trip_keeps_the_id(
     dockerd.docker("save", "-o", str(tar), TEST_IMAGE)
     dockerd.docker("rmi", TEST_IMAGE)
     missing = dockerd.run_argv(image_inspect_argv(["docker"], TEST_IMAGE), check=False)
-    assert classify_docker_error(missing.stderr, missing.returncode) == "not_found"
+    assert classify_runtime_error(missing.stderr, missing.returncode) == "not_found"
     dockerd.run_argv(load_argv(["docker"], str(tar)))
     reloaded = dockerd.run_argv(image_inspect_argv(["docker"], TEST_IMAGE)).stdout
     assert parse_image_inspect(reloaded).id == image_id
@@ -435,4 +439,4 @@ def test_daemon_down_is_classified_apart_from_not_found(tmp_path: Path) -> None:
         text=True,
     )
     assert out.returncode != 0
-    assert classify_docker_error(out.stderr, out.returncode) == "daemon_down"
+    assert classify_runtime_error(out.stderr, out.returncode) == "daemon_down"

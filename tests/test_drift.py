@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import load_cluster
-from orchestrator.containers.docker import LABEL_CONFIG_HASH, ContainerLimits
 from orchestrator.containers.drift import cluster_expectations, container_drift
+from orchestrator.containers.inspection import ContainerLimits
+from orchestrator.containers.labels import LABEL_CONFIG_HASH
 from orchestrator.containers.probe import HostState
 from orchestrator.containers.status import host_status
 from orchestrator.limits.resources import ResourceError

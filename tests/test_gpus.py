@@ -474,7 +474,7 @@ def test_a_kept_value_never_names_an_ordinal_outside_the_selection(
 
 def test_run_argv_drops_container_env_that_would_widen_the_selection() -> None:
     from orchestrator.config import ContainerConfig
-    from orchestrator.containers.docker import run_argv, run_env_file
+    from orchestrator.containers.argv import run_argv, run_env_file
     from orchestrator.limits.gpus import GPU, GPUSelection
 
     gpus = GPUSelection(

@@ -69,7 +69,7 @@ def test_plan_names_an_image_on_no_host_and_pull_never_as_not_found() -> None:
 def test_a_persistent_set_under_a_per_run_file_is_one_refusal_with_true_ways_out() -> None:
     """Issue 30, finding 7: two refusals (one offering --force, which the other
     says never works) and `not created by cvs`, which was false."""
-    from orchestrator.containers.docker import managed_labels
+    from orchestrator.containers.labels import managed_labels
 
     labels = managed_labels("cvs", lifetime="persistent")
     probed = states(*(host(h, "running", labels=labels) for h in ("n1", "n2", "n3")))

@@ -30,7 +30,7 @@ from labtools import CLI_TIMEOUT, THREE, Lab, cvs, docker, explain, inspect
 
 from orchestrator.api import Cluster
 from orchestrator.cli import build_parser
-from orchestrator.containers.docker import LABEL_MANAGED
+from orchestrator.containers.labels import LABEL_OWNER
 from orchestrator.events import CollectingSink, CommandStarted
 from orchestrator.sandbox import BASE_TAG, NO_DOCKER_USER, SSHD_TAG, SUDO_USER, Sandbox
 
@@ -350,7 +350,7 @@ def test_per_run_up_then_down_leaves_no_container(lab: Lab, sandbox: Sandbox) ->
     assert run_steps(report) == 3
     for host in THREE:
         doc = inspect(sandbox, host, lab.name)
-        assert doc is not None and LABEL_MANAGED in doc["Config"]["Labels"]
+        assert doc is not None and LABEL_OWNER in doc["Config"]["Labels"]
 
     down = cvs(path, "down")
 

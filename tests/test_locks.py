@@ -22,7 +22,7 @@ from clitools import CVS
 from labtools import Lab, cvs, explain, inspect, wait_for_holders
 
 from orchestrator.api import Cluster
-from orchestrator.containers.docker import LABEL_INVOCATION, LABEL_LIFETIME
+from orchestrator.containers.labels import LABEL_INVOCATION, LABEL_LIFETIME
 from orchestrator.sandbox import Sandbox
 
 TWO = ["node1", "node2"]

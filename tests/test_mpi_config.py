@@ -11,7 +11,7 @@ from clitools import cvs_in_process
 
 from orchestrator.config import ClusterConfig, ContainerConfig, HostSpec
 from orchestrator.containers import mpi
-from orchestrator.containers.docker import container_env
+from orchestrator.containers.argv import container_env
 from orchestrator.containers.provision import mpi_check_argv
 from orchestrator.suites.runner import mpi_env
 

@@ -12,14 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.config import ContainerConfig
-from orchestrator.containers.docker import (
+from orchestrator.containers.argv import remove_started_by_command, rm_id_argv
+from orchestrator.containers.labels import (
     LABEL_INVOCATION,
     LABEL_LIFETIME,
     LABEL_SSHD_PORT,
     is_ours,
     managed_labels,
-    remove_started_by_command,
-    rm_id_argv,
 )
 from orchestrator.containers.locks import (
     describe_holders,

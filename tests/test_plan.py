@@ -12,7 +12,7 @@ from properties import examples
 
 from orchestrator.cli.common import cli_reasons, cli_text
 from orchestrator.config import ContainerConfig
-from orchestrator.containers.docker import LABEL_CONFIG_HASH, managed_labels
+from orchestrator.containers.labels import LABEL_CONFIG_HASH, managed_labels
 from orchestrator.containers.plan import (
     check_tag_identity,
     decide_down,

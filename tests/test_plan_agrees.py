@@ -32,7 +32,7 @@ from properties import examples
 from scripted import ScriptedHosts
 
 from orchestrator.config import ClusterConfig, ContainerConfig, HostSpec
-from orchestrator.containers.docker import LABEL_LIFETIME, managed_labels
+from orchestrator.containers.labels import LABEL_LIFETIME, managed_labels
 from orchestrator.containers.lifecycle import Lifecycle, UpReport
 from orchestrator.containers.plan import Plan
 from orchestrator.containers.probe import HostState

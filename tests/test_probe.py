@@ -16,7 +16,8 @@ from private_dockerd import TEST_IMAGE, PrivateDockerd
 
 from orchestrator import remote
 from orchestrator.config import ContainerConfig
-from orchestrator.containers.docker import managed_labels, run_argv
+from orchestrator.containers.argv import run_argv
+from orchestrator.containers.labels import managed_labels
 from orchestrator.containers.probe import (
     HostState,
     inspect_image_arg,

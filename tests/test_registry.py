@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from labtools import Lab, cvs, docker, explain, inspect
 
-from orchestrator.containers.docker import image_registry
+from orchestrator.containers.argv import image_registry
 from orchestrator.sandbox import SSHD_TAG, Sandbox
 from orchestrator.sandbox.registry import SandboxRegistry
 

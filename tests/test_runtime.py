@@ -11,14 +11,14 @@ import pytest
 from orchestrator import remote
 from orchestrator.config import ContainerConfig
 from orchestrator.config.rootless import rootless_notes
-from orchestrator.containers.docker import (
+from orchestrator.containers.argv import remove_started_by_command
+from orchestrator.containers.exec import container_command
+from orchestrator.containers.inspection import (
     ContainerLimits,
     parse_container_inspect,
     parse_image_inspect,
-    remove_started_by_command,
     runtime_limits,
 )
-from orchestrator.containers.exec import container_command
 from orchestrator.containers.probe import parse_probe_output, probe_argv
 from orchestrator.limits.resources import EffectiveResources
 from orchestrator.limits.rootless import rootless_cap_refusal

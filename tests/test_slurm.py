@@ -33,7 +33,6 @@ from orchestrator.config.slurm import (
     slurm_hosts,
 )
 from orchestrator.config.views import job_container_name
-from orchestrator.containers.docker import LABEL_GPUS, managed_labels
 from orchestrator.containers.jobend import holder_argv, holder_env, ready_nodes
 from orchestrator.containers.jobleft import (
     JobContainer,
@@ -42,6 +41,7 @@ from orchestrator.containers.jobleft import (
     parse_listing,
     remove_argv,
 )
+from orchestrator.containers.labels import LABEL_GPUS, managed_labels
 from orchestrator.containers.plan import decide_plan
 from orchestrator.containers.probe import HostState
 from orchestrator.limits.gpus import GPU, GPUSelection, Unsatisfiable

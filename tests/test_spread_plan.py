@@ -125,7 +125,7 @@ def test_plan_lines_show_the_tree_and_the_saving() -> None:
 
 
 def test_distribute_does_not_change_the_container_config_hash() -> None:
-    from orchestrator.containers.docker import config_hash
+    from orchestrator.containers.labels import config_hash
 
     assert config_hash(cfg()) == config_hash(cfg(distribute="registry"))
     assert config_hash(cfg()) == config_hash(cfg(spread_transport="direct"))

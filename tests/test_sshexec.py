@@ -144,7 +144,7 @@ def test_a_relative_working_directory_is_refused() -> None:
 
 def test_how_commands_reach_the_container_is_not_part_of_its_config_hash() -> None:
     from orchestrator.config import ContainerConfig
-    from orchestrator.containers.docker import config_hash
+    from orchestrator.containers.labels import config_hash
 
     on = ContainerConfig(image="img:1")
     off = ContainerConfig(image="img:1", sshd={"exec": False})

@@ -66,7 +66,7 @@ NOT_FOR_EXEC = [
     "orchestrator.suites",
 ]
 # What `cvs exec --host-os` on one host must not import besides: an in-container
-# exec builds a docker command (containers.docker with limits.*, for the
+# exec builds a runtime command (containers.argv with limits.*, for the
 # host's runtime: remote.runtime) and names causes (containers.causes); a
 # fleet past a size may use worker processes (the ssh.workers package,
 # with pickle); difflib is for a misspelt key in the cluster file. Each was
@@ -76,7 +76,10 @@ NOT_FOR_HOST_EXEC = [
     "difflib",
     "pickle",
     "orchestrator.containers.causes",
-    "orchestrator.containers.docker",
+    "orchestrator.containers.argv",
+    "orchestrator.containers.inspection",
+    "orchestrator.containers.labels",
+    "orchestrator.containers.runtime_errors",
     "orchestrator.containers.mpi",
     "orchestrator.limits",
     "orchestrator.remote.runtime",

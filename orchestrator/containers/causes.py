@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from orchestrator import remote
-from orchestrator.containers.docker import image_registry, validate_container_name
+from orchestrator.containers.argv import image_registry, validate_container_name
 from orchestrator.errors import Call, Phrase, Text
 from orchestrator.remote.runtime import ContainerRuntime, runtime_hung
 from orchestrator.results import HostResult

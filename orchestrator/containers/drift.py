@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from orchestrator.config import ClusterConfig
-from orchestrator.containers.docker import LABEL_CONFIG_HASH, container_limits_drift
+from orchestrator.containers.inspection import container_limits_drift
+from orchestrator.containers.labels import LABEL_CONFIG_HASH
 from orchestrator.containers.probe import HostState
 from orchestrator.limits.capacity import fit_to_host
 from orchestrator.limits.resources import (

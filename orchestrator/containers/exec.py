@@ -24,7 +24,7 @@ from orchestrator.ssh.envpass import env_block, new_token
 if TYPE_CHECKING:
     from orchestrator.remote.runtime import ContainerRuntime
 
-# containers.docker (with limits.*), remote.runtime and secrets are imported
+# containers.argv (with limits.*), remote.runtime and secrets are imported
 # where a container command is built: `cvs exec --host-os` needs only
 # NOT_RUNNING_EXIT of this module (tests/test_startup.py).
 
@@ -65,7 +65,7 @@ def in_running_container(
     found running, in the same round trip; exit 125 with one line saying so
     (naming `host`) when it is not. A known `runtime` (probed under this
     invocation's lock) skips the check."""
-    from orchestrator.containers.docker import validate_container_name
+    from orchestrator.containers.argv import validate_container_name
     from orchestrator.remote.runtime import DOCKER_CLI_ENV, ContainerRuntime
 
     validate_container_name(name)
@@ -102,7 +102,7 @@ def container_command(
     """
     import secrets
 
-    from orchestrator.containers.docker import validate_container_name
+    from orchestrator.containers.argv import validate_container_name
     from orchestrator.remote.runtime import ContainerRuntime
 
     validate_container_name(name)
@@ -141,7 +141,7 @@ def kill_command(
     `pidfile` in container `name` (remote/kill_tree.sh), through the runtime:
     it needs no connection to the container's sshd. `session`: `pidfile` is
     an invocation's prefix instead, and every command of it is ended."""
-    from orchestrator.containers.docker import validate_container_name
+    from orchestrator.containers.argv import validate_container_name
 
     validate_container_name(name)
     if session and not _SESSION_RE.fullmatch(pidfile):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from orchestrator import remote
 from orchestrator.config.model import CONTAINER_NAME_RE
 from orchestrator.config.slurm import GONE, JOB_ID_RE, LIVE_STATES
-from orchestrator.containers.docker import CONTAINER_ID_RE
+from orchestrator.containers.argv import CONTAINER_ID_RE
 from orchestrator.errors import first_line
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.seam import HostRunner

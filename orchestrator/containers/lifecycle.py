@@ -35,18 +35,12 @@ from orchestrator.config import (
 )
 from orchestrator.config.hostlist import abbreviate_hosts
 from orchestrator.containers import mpi
-from orchestrator.containers.causes import output_cause, pull_cause
-from orchestrator.containers.docker import (
+from orchestrator.containers.argv import (
     CONTAINER_ID_RE,
-    LABEL_INVOCATION,
     bounded_argv,
-    config_hash,
     image_inspect_argv,
     load_argv,
     login_command,
-    managed_labels,
-    parse_image_inspect,
-    parse_run_id,
     pull_argv,
     remove_started_by_command,
     rm_id_argv,
@@ -55,8 +49,11 @@ from orchestrator.containers.docker import (
     start_argv,
     unpause_argv,
 )
+from orchestrator.containers.causes import output_cause, pull_cause
 from orchestrator.containers.drift import limits_drift
+from orchestrator.containers.inspection import parse_image_inspect, parse_run_id
 from orchestrator.containers.jobend import JOB_LIFETIMES, tie_to_job
+from orchestrator.containers.labels import LABEL_INVOCATION, config_hash, managed_labels
 from orchestrator.containers.locks import HostLocks, Mode
 from orchestrator.containers.plan import (
     DOWN_FORCE,

@@ -33,15 +33,15 @@ from orchestrator.config import ContainerConfig, Lifetime, sshd_wanted
 from orchestrator.config.hostlist import MAX_NAMED_HOSTS as _MAX_NAMED_HOSTS
 from orchestrator.config.hostlist import abbreviate_hosts as _names
 from orchestrator.config.slurm import SlurmJob
-from orchestrator.containers.docker import (
+from orchestrator.containers.argv import image_registry
+from orchestrator.containers.inspection import short_id as _short
+from orchestrator.containers.labels import (
     LABEL_CONFIG_HASH,
     LABEL_GPUS,
     LABEL_LIFETIME,
-    LABEL_MANAGED,
-    image_registry,
+    LABEL_OWNER,
     is_ours,
 )
-from orchestrator.containers.docker import short_id as _short
 from orchestrator.containers.probe import HostState
 from orchestrator.containers.spread_plan import SpreadPlan
 from orchestrator.errors import Call, ExitCode, Option, Phrase, Refusal, Text, WayOut
@@ -186,7 +186,7 @@ def _describe(state: HostState, ours: bool) -> str:
 def _whose(state: HostState) -> str:
     """Who made a container that is not this cluster's for this lifetime, as
     its labels say (`not created by cvs` only when none says cvs did)."""
-    owner = state.labels.get(LABEL_MANAGED)
+    owner = state.labels.get(LABEL_OWNER)
     if not owner:
         return "not created by cvs"
     lifetime = state.labels.get(LABEL_LIFETIME)
@@ -452,7 +452,7 @@ def decide_plan(
     *,
     force: bool = False,
     reprovision: bool = False,
-    our_label: str = LABEL_MANAGED,
+    our_label: str = LABEL_OWNER,
     cluster_name: str = "cvs",
     script_sha256: str | None = None,
     config_hash: str | None = None,
@@ -533,7 +533,7 @@ def with_host_facts(
     cluster_name: str,
     resources: Mapping[str, EffectiveResources] | None,
     slurm: SlurmJob | None,
-    our_label: str = LABEL_MANAGED,
+    our_label: str = LABEL_OWNER,
 ) -> Plan:
     """A plan whose actions were decided elsewhere (`up --heal` completing a
     persistent set, containers/subset.py) with the launching hosts' details
@@ -919,7 +919,7 @@ def _foreign_reason(cfg: ContainerConfig, foreign: list[str], cluster_name: str)
     return Refusal(
         "foreign",
         f"{_label(cfg)} on {_names(foreign)} was not created by cvs for cluster "
-        f"{cluster_name!r} (no matching {LABEL_MANAGED} label) and is never removed unless "
+        f"{cluster_name!r} (no matching {LABEL_OWNER} label) and is never removed unless "
         "asked to",
         tuple(foreign),
         tuple(ways),
@@ -1200,7 +1200,7 @@ def decide_down(
     states: Mapping[str, HostState],
     *,
     force: bool = False,
-    our_label: str = LABEL_MANAGED,
+    our_label: str = LABEL_OWNER,
     cluster_name: str = "cvs",
 ) -> Plan:
     """What `cvs down` removes on each host. Never refuses: it does what it safely can.

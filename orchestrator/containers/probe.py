@@ -23,20 +23,18 @@ from typing import Any, Literal
 
 from orchestrator import remote
 from orchestrator.config import ContainerConfig
-from orchestrator.containers.docker import (
-    LABEL_MANAGED,
-    LABEL_SSHD_PORT,
+from orchestrator.containers.argv import image_inspect_argv, validate_container_name
+from orchestrator.containers.inspection import (
     ContainerInfo,
     ContainerLimits,
-    DockerOutputError,
-    classify_docker_error,
-    image_inspect_argv,
+    RuntimeOutputError,
     parse_container_inspect,
     parse_image_inspect,
     runtime_limits,
-    validate_container_name,
 )
+from orchestrator.containers.labels import LABEL_OWNER, LABEL_SSHD_PORT
 from orchestrator.containers.route import ExecFacts
+from orchestrator.containers.runtime_errors import classify_runtime_error
 from orchestrator.containers.sshexec import exec_facts_of
 from orchestrator.limits.cdi import SpecFile, spec_files
 from orchestrator.limits.gpus import GPU, parse_discovery
@@ -213,7 +211,7 @@ def probe_argv(
     holders_filter = holders_format = ""
     if port_check:
         holders_filter = f"label={LABEL_SSHD_PORT}={sshd_port}"
-        holders_format = "{{.Names}}\t" + runtime.label_column(LABEL_MANAGED)
+        holders_format = "{{.Names}}\t" + runtime.label_column(LABEL_OWNER)
     return remote.argv(
         "probe",
         name,
@@ -284,7 +282,7 @@ def _access_failure(
     rootless: bool = False,
 ) -> HostState:
     texts = [s for s in (direct, sudo) if s is not None]
-    kinds = [classify_docker_error(s.stderr or s.stdout, s.rc) for s in texts]
+    kinds = [classify_runtime_error(s.stderr or s.stdout, s.rc) for s in texts]
     labels = [
         label for label, s in ((runtime, direct), (f"sudo -n {runtime}", sudo)) if s is not None
     ]
@@ -415,7 +413,7 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
     values.update(_host_facts(sections))
     try:
         objects = _inspect_objects(inspect.stdout, runtime)
-    except DockerOutputError as exc:
+    except RuntimeOutputError as exc:
         return HostState(**values, error=str(exc), error_kind="garbled")  # type: ignore[arg-type]
     missing = set(_NO_SUCH_RE.findall(inspect.stderr))
     # `docker inspect A B` prints the objects it found in argument order and
@@ -437,7 +435,7 @@ def parse_probe_output(host: str, exit_status: int, stdout: str, stderr: str) ->
         return HostState(**values, container="absent")  # type: ignore[arg-type]
     try:
         cinfo = parse_container_inspect(json.dumps(cobj))
-    except DockerOutputError as exc:
+    except RuntimeOutputError as exc:
         return HostState(**values, error=str(exc), error_kind="garbled")  # type: ignore[arg-type]
 
     values.update(_container_facts(sections, cinfo, cobj, runtime))
@@ -468,9 +466,9 @@ def _container_facts(
     and in-container check say."""
     labels = cinfo.labels
     adopted_by = adopted_records(sections).get(cinfo.id or "")
-    if adopted_by is not None and LABEL_MANAGED not in labels:
+    if adopted_by is not None and LABEL_OWNER not in labels:
         # Adopted (issue 15): owned as if cvs had labelled it at start.
-        labels = MappingProxyType({**labels, LABEL_MANAGED: adopted_by})
+        labels = MappingProxyType({**labels, LABEL_OWNER: adopted_by})
     values: dict[str, object] = dict(
         container=cinfo.state,
         container_status=cinfo.status,
@@ -510,11 +508,11 @@ def _inspect_objects(text: str, runtime: str = "docker") -> list[dict[str, Any]]
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise DockerOutputError(
+        raise RuntimeOutputError(
             f"{runtime} inspect: not JSON ({exc.msg} at char {exc.pos})"
         ) from None
     if not isinstance(data, list) or not all(isinstance(o, dict) for o in data):
-        raise DockerOutputError(f"{runtime} inspect: expected a JSON list of objects")
+        raise RuntimeOutputError(f"{runtime} inspect: expected a JSON list of objects")
     return data
 
 
@@ -533,7 +531,7 @@ def _image_facts(
         return {"tag_error": f"{arg} does not name an image here"}
     try:
         info = parse_image_inspect(json.dumps(obj))
-    except DockerOutputError as exc:
+    except RuntimeOutputError as exc:
         return {"tag_error": str(exc)}
     return {"tag_image_id": info.id, "tag_repo_digests": info.repo_digests}
 

@@ -25,7 +25,7 @@ from orchestrator.config import ClusterConfig, ConfigError, ContainerConfig
 from orchestrator.config.loader import read_default_setup_script
 from orchestrator.config.model import CONTAINER_USER_RE
 from orchestrator.containers import mpi
-from orchestrator.containers.docker import exec_argv
+from orchestrator.containers.argv import exec_argv
 from orchestrator.remote import records
 from orchestrator.results import HostResult
 from orchestrator.ssh.keys import ClusterKeys

@@ -49,7 +49,8 @@ import anyio
 
 from orchestrator import remote
 from orchestrator.config import ContainerConfig
-from orchestrator.containers.docker import normalize_image_id, validate_image_ref
+from orchestrator.containers.argv import validate_image_ref
+from orchestrator.containers.inspection import normalize_image_id
 from orchestrator.containers.spread_direct import DirectHop, Endpoint
 from orchestrator.containers.spread_plan import SpreadPlan, refeed, space_shortfalls, tree
 from orchestrator.errors import ConnectError

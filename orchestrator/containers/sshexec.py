@@ -55,8 +55,9 @@ import anyio
 from orchestrator import remote
 from orchestrator.config import ClusterConfig, container_name, sshd_wanted
 from orchestrator.config.model import WORKDIR_RE
-from orchestrator.containers.docker import LABEL_SSHD_PORT, validate_container_name
+from orchestrator.containers.argv import validate_container_name
 from orchestrator.containers.exec import ContainerCommand, kill_command, pidfile_of
+from orchestrator.containers.labels import LABEL_SSHD_PORT
 from orchestrator.containers.route import ExecFacts, Route, RouteFacts, RuntimeExec, Sshd
 from orchestrator.containers.route import route as decide
 from orchestrator.errors import Call, Phrase, Text

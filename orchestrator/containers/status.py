@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-from orchestrator.containers.docker import short_id
 from orchestrator.containers.drift import container_drift
+from orchestrator.containers.inspection import short_id
 from orchestrator.containers.probe import HostState
 from orchestrator.errors import ExitCode
 from orchestrator.limits.resources import EffectiveResources

@@ -25,7 +25,7 @@ is only elsewhere). So rootless is asked for explicitly (`container.rootless`).
 | limits unset | PidsLimit null, ShmSize 64 MiB | PidsLimit 2048, ShmSize 62.5 MiB (**) |
 
 (*) one podman template cannot meet a container and an image (remote/podman.sh).
-(**) containers.conf's defaults; containers/docker.py reads them as unset.
+(**) containers.conf's defaults; containers/inspection.py reads them as unset.
 
 A cluster runs one runtime on every host: image IDs, CLI spellings, GPU
 flags and in-container defaults differ, and one `cvs up` would start two

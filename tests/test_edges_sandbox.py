@@ -106,7 +106,7 @@ def processes_naming(text: str) -> list[str]:
     return [line for line in ps.stdout.splitlines() if text in line and "ps -eo" not in line]
 
 
-def test_a_login_that_stalls_leaves_no_docker_login_running_on_any_host(lab: Lab) -> None:
+def test_a_login_that_stalls_leaves_no_runtime_login_running_on_any_host(lab: Lab) -> None:
     password = Path(f"/tmp/{lab.name}-registry-pass")  # readable by the hosts' login user
     password.write_text("secret\n")
     password.chmod(0o644)

@@ -473,7 +473,7 @@ def test_login_user_without_docker_access_gets_a_per_host_error_naming_the_fix(
     assert identities(sandbox, THREE, lab.name) == dict.fromkeys(THREE)
 
 
-def test_status_exits_1_naming_every_host_when_the_login_user_has_no_docker_access(
+def test_status_exits_1_naming_every_host_when_the_login_user_has_no_access_to_docker(
     lab: Lab,
 ) -> None:
     path = lab.cluster(lifetime="per_run", user=NO_DOCKER_USER)

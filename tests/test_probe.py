@@ -203,7 +203,7 @@ def test_sudo_is_used_when_plain_docker_is_denied(
 
 
 @pytestmark_real
-def test_no_docker_access_is_a_clear_error(
+def test_no_access_to_docker_is_a_clear_error(
     dockerd: PrivateDockerd, cfg: ContainerConfig, tmp_path: Path
 ) -> None:
     denied = "echo 'permission denied while trying to connect to the Docker daemon socket' >&2\n"
@@ -224,7 +224,7 @@ def test_docker_not_installed_is_named(cfg: ContainerConfig, tmp_path: Path) -> 
     env = {**os.environ, "PATH": fake_bin(tmp_path, {}, BASICS)}
     state = run_probe(env, cfg)
     assert state.access == "none"
-    assert state.error_kind == "no_docker"
+    assert state.error_kind == "no_runtime"
 
 
 @pytestmark_real
@@ -361,7 +361,7 @@ def test_marker_found_inside_is_recorded_so_the_next_probe_stays_outside(
 
 
 @pytestmark_real
-def test_stopped_container_with_a_record_needs_no_docker_cp(
+def test_stopped_container_with_a_record_needs_no_cp_from_it(
     dockerd: PrivateDockerd, cfg: ContainerConfig, container: str, tmp_path: Path, state_home: Path
 ) -> None:
     record(state_home, container_id(dockerd, container))

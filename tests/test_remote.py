@@ -318,7 +318,7 @@ def test_a_guard_cut_short_is_never_run(sh: tuple[str, ...], tmp_path: Path) -> 
     assert not mark.exists()
 
 
-# --- docker.sh: access where no probe said -------------------------------------------
+# --- runtime.sh: access where no probe said ------------------------------------------
 
 
 def test_docker_reads_fall_back_to_sudo_when_plain_docker_fails(

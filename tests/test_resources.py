@@ -224,7 +224,7 @@ def test_docker_args_carry_every_set_key_in_bytes_and_exact_cpus():
     ]  # fmt: skip
 
 
-def test_unbounded_resources_give_no_docker_args():
+def test_unbounded_resources_give_no_run_args():
     assert EffectiveResources().docker_args() == []
 
 

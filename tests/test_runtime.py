@@ -83,17 +83,17 @@ def test_rootful_podman_is_plain_only_for_root_never_the_users_rootless_store(tm
 
 
 def test_docker_hosts_get_the_programs_exactly_as_before():
-    # No runtime flag for docker: docker.sh and probe.sh see the arguments
+    # No runtime flag for docker: runtime.sh and probe.sh see the arguments
     # they always did.
     tail = ["inspect", "-f", "{{.Image}}", "c"]
-    assert Runtime().read(tail) == remote.argv("docker", "read", *tail)
+    assert Runtime().read(tail) == remote.argv("runtime", "read", *tail)
     assert len(probe_argv(None, "c", sshd_port=2224, marker_path="/m")) == 11
 
 
 def test_a_podman_exec_never_falls_back_to_docker():
     cmd = container_command("c", "true", runtime=Runtime.unprobed("podman"))
-    assert "cvs-docker --podman running c" in cmd.script
-    assert "cvs-docker --podman read exec" in cmd.kill
+    assert "cvs-runtime --podman running c" in cmd.script
+    assert "cvs-runtime --podman read exec" in cmd.kill
     known = container_command("c", "true", runtime=Runtime("sudo", "podman"))
     assert "exec sudo -n podman exec" in known.script
 
@@ -187,7 +187,7 @@ def test_a_podman_cluster_on_a_docker_only_host_is_refused_naming_both():
     )
     state = parse_probe_output("n1", 0, text, "")
     assert not state.known
-    assert state.error is not None and state.error_kind == "no_docker"
+    assert state.error is not None and state.error_kind == "no_runtime"
     assert state.error.startswith("podman is not installed or not on PATH")
     assert "this host has docker" in state.error and "container.runtime: docker" in state.error
 

@@ -34,7 +34,7 @@ NOW = 1_800_000_000.0
 DOCKER_WORD = re.compile(r"\bdocker", re.IGNORECASE)
 
 
-def no_docker(text: str) -> bool:
+def never_says_docker(text: str) -> bool:
     # container.runtime_timeout is the setting's name, the same on both runtimes.
     return not DOCKER_WORD.search(text.replace("container.runtime_timeout", ""))
 
@@ -46,7 +46,7 @@ def test_a_hung_podman_is_named_with_the_bound_and_where_to_look() -> None:
         "podman did not answer within container.runtime_timeout (5s) on the probe"
     )
     assert "podman has no daemon" in text and "storage lock" in text
-    assert no_docker(text), text
+    assert never_says_docker(text), text
 
 
 def test_a_hung_docker_keeps_its_words() -> None:
@@ -80,7 +80,7 @@ def test_what_happened_to_a_podman_container_is_said_in_podmans_name(
 
     assert docker_cause is not None and "docker" in docker_cause
     assert podman_cause is not None and "podman" in podman_cause
-    assert no_docker(str(podman_cause).replace(str(facts.error), "")), podman_cause
+    assert never_says_docker(str(podman_cause).replace(str(facts.error), "")), podman_cause
 
 
 def test_a_podman_diagnosis_that_hung_or_said_nothing_names_podman() -> None:
@@ -88,7 +88,7 @@ def test_a_podman_diagnosis_that_hung_or_said_nothing_names_podman() -> None:
     assert read_diagnosis("now 1\nerror \n", "podman").error == "podman failed"
     hung = hung_cause(5, "podman")
     assert hung.startswith("podman did not answer within container.runtime_timeout (5s)")
-    assert no_docker(hung), hung
+    assert never_says_docker(hung), hung
 
 
 def test_the_diagnosis_asks_the_hosts_runtime() -> None:
@@ -150,7 +150,7 @@ def test_a_podman_host_of_unknown_state_is_told_how_to_reach_podman() -> None:
 
     text = " ".join(w.text for r in plan.refusals for w in r.ways_out)
     assert plan.refused and "podman installed" in text and "sudo -n podman" in text
-    assert no_docker(text), text
+    assert never_says_docker(text), text
 
 
 def test_a_rootless_podman_host_of_unknown_state_is_told_about_the_login_users_podman() -> None:
@@ -160,7 +160,7 @@ def test_a_rootless_podman_host_of_unknown_state_is_told_about_the_login_users_p
     )
 
     text = " ".join(w.text for r in plan.refusals for w in r.ways_out)
-    assert "the login user's own podman" in text and no_docker(text), text
+    assert "the login user's own podman" in text and never_says_docker(text), text
 
 
 def test_podman_restart_and_healing_name_podmans_verbs() -> None:
@@ -172,7 +172,7 @@ def test_podman_restart_and_healing_name_podmans_verbs() -> None:
     assert plan.actions["n2"].kind == "restart"
     assert "`podman start`" in plan.actions["n2"].reason
     healing = [w for w in plan.warnings if w.startswith("healing")]
-    assert healing and all(no_docker(w) for w in healing), plan.warnings
+    assert healing and all(never_says_docker(w) for w in healing), plan.warnings
 
 
 def test_podman_refusals_name_podmans_verbs() -> None:
@@ -198,9 +198,9 @@ def test_podman_refusals_name_podmans_verbs() -> None:
     for plan in (unreadable, partial, missing):
         assert plan.refused
         ways = " ".join(w.text for r in plan.refusals for w in r.ways_out)
-        assert "podman" in ways and no_docker(ways), ways
+        assert "podman" in ways and never_says_docker(ways), ways
     ways = " ".join(w.text for r in skew for w in r.ways_out)
-    assert "`podman save`" in ways and no_docker(ways), ways
+    assert "`podman save`" in ways and never_says_docker(ways), ways
 
 
 # --- run-error hints -----------------------------------------------------------------
@@ -245,7 +245,7 @@ def test_a_podman_run_error_hint_speaks_of_podman(tmp_path: Path, error: str) ->
     hint = hint_for(error, container)
 
     assert hint is not None, error
-    assert "podman" in hint.fix and no_docker(hint.fix), hint.fix
+    assert "podman" in hint.fix and never_says_docker(hint.fix), hint.fix
 
 
 def test_podmans_own_nofile_maximum_is_named_when_only_another_ulimit_was_set(

@@ -74,7 +74,7 @@ def _mappings_keyed_by_a_runtime_name(tree: ast.AST) -> list[int]:
     """Lines of a dict literal (or `dict(docker=...)`) keyed by runtime
     names: both of them, or nothing else (a table by runtime name is a branch
     on it). A record with one field called "docker" (status's deprecated JSON
-    key, remote/docker.sh's libraries) is not such a table."""
+    key) is not such a table."""
     lines = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Dict):

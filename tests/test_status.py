@@ -38,11 +38,11 @@ def test_a_container_in_any_state_docker_reported_exits_0(container: str) -> Non
     "state",
     [
         HostState(host="node2", error="docker daemon not reachable", error_kind="daemon_down"),
-        HostState(host="node2", access="none", error="no docker", error_kind="no_docker"),
+        HostState(host="node2", access="none", error="no docker", error_kind="no_runtime"),
         HostState(host="node2", access="none", error="no access", error_kind="no_access"),
         parse_probe_output("node2", 0, "@@cvs:probe 3\nnot a frame\n", ""),
     ],
-    ids=["daemon_down", "no_docker", "no_access", "garbled"],
+    ids=["daemon_down", "no_runtime", "no_access", "garbled"],
 )
 def test_a_reached_host_whose_docker_state_is_unknown_exits_1(state: HostState) -> None:
     assert state.reachable and not state.known  # what the probe makes of it

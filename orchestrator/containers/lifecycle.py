@@ -374,7 +374,7 @@ class Lifecycle:
         if not result.reached:
             return HostState.unreachable(host, str(result.error or result.status))
         if result.status == "timeout":
-            return HostState.hung(host, self.docker_hung("the probe"))
+            return HostState.hung(host, self.runtime_hung_error("the probe"))
         return parse_probe_output(host, result.exit_code or 0, result.stdout, result.stderr)
 
     async def probe_all(self, hosts: Sequence[str] | None = None) -> dict[str, HostState]:
@@ -491,7 +491,7 @@ class Lifecycle:
         self._step(outcome.host, step, "ok")
         return result
 
-    def docker_hung(self, what: str) -> str:
+    def runtime_hung_error(self, what: str) -> str:
         """Why a runtime call was given up on: the runtime (docker or podman),
         the bound, its name, the suspect."""
         return runtime_hung(self.cfg.runtime, self.cfg.runtime_timeout, what) + "; stopped"
@@ -510,7 +510,7 @@ class Lifecycle:
                 f"({self.cfg.start_timeout:g}s): stopped, nothing started on this host"
             )
         if timeout == self.cfg.runtime_timeout:
-            return self.docker_hung(step)
+            return self.runtime_hung_error(step)
         return f"{step} did not finish within {timeout:g}s: stopped"
 
     async def _prepare(
@@ -1154,7 +1154,7 @@ class Lifecycle:
                     label="remove",
                 )
                 if r.status == "timeout":
-                    r = replace(r, error=self.docker_hung(f"{self.cfg.runtime} rm"))
+                    r = replace(r, error=self.runtime_hung_error(f"{self.cfg.runtime} rm"))
                 self._step(host, "remove", "ok" if r.ok else "failed", r.error or "")
                 return r
 

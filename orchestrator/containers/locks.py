@@ -321,8 +321,8 @@ class HostLocks:
         # renewals stop (a dead coordinator, a silent network), LEASE_SECONDS on.
         stack.callback(LeaseRenewer(process, on_lost=lambda: self._lost(host)).cancel)
         answer = await self._read(host, process, path, probe is not None)
-        if answer.state is not None and answer.state.error_kind == "docker_hung":
-            # The probe is stuck in docker: stop it (TERM to the remote
+        if answer.state is not None and answer.state.error_kind == "runtime_hung":
+            # The probe is stuck in the runtime: stop it (TERM to the remote
             # process group; the lock program's traps release the lock and
             # remove its directory) instead of holding the lock behind it.
             with contextlib.suppress(Exception):

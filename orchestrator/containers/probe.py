@@ -46,7 +46,7 @@ from orchestrator.remote.runtime import ContainerRuntime, RuntimeName
 AccessMode = Literal["direct", "sudo", "none"]
 ContainerState = Literal["absent", "running", "exited", "other"]
 ErrorKind = Literal[
-    "unreachable", "no_docker", "no_access", "daemon_down", "garbled", "docker", "docker_hung"
+    "unreachable", "no_runtime", "no_access", "daemon_down", "garbled", "runtime_hung"
 ]
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}\b")
@@ -120,8 +120,8 @@ class HostState:
 
     @classmethod
     def hung(cls, host: str, reason: str) -> HostState:
-        """Reached, but docker did not answer in time: its state is unknown."""
-        return cls(host=host, error=reason, error_kind="docker_hung")
+        """Reached, but the runtime did not answer in time: its state is unknown."""
+        return cls(host=host, error=reason, error_kind="runtime_hung")
 
     @property
     def runtime(self) -> ContainerRuntime:
@@ -320,7 +320,7 @@ def _docker_access_failure(host: str, kinds: Sequence[str], detail: str) -> Host
             host=host,
             access="none",
             error=f"docker is not installed or not on PATH ({detail})",
-            error_kind="no_docker",
+            error_kind="no_runtime",
         )
     return HostState(
         host=host,
@@ -344,7 +344,7 @@ def _podman_access_failure(
             access="none",
             runtime_name=runtime,
             error=f"{runtime} is not installed or not on PATH ({detail})",
-            error_kind="no_docker",
+            error_kind="no_runtime",
         )
     how = (
         "rootless podman needs the login user's subuid/subgid ranges (/etc/subuid)"

@@ -32,7 +32,7 @@ _LIBRARIES: dict[str, tuple[str, ...]] = {
     "check": ("listen",),
     "sshd": ("listen", "iface"),
     "record": ("records",),
-    "docker": ("access",),
+    "runtime": ("access",),
     "diagnose": ("access",),
     "job_containers": ("access",),
 }
@@ -47,7 +47,7 @@ PROGRAMS = frozenset(
         "check",
         "lock",
         "record",
-        "docker",
+        "runtime",
         "setup",
         "setup_kill",
         "sshd",

@@ -6,7 +6,7 @@ podman), how it is reached (`direct`: plain `docker`/`podman`; `sudo`: `sudo -n
 the operations that differ between runtimes are spelled. The probe finds it
 (remote/probe.sh) and every command on that host then uses it: `up`'s steps,
 `exec`, `cp`, the suites, the CVS adapter. Where no probe ran in this
-invocation, the host finds it itself with the same rule (remote/docker.sh,
+invocation, the host finds it itself with the same rule (remote/runtime.sh,
 lib access.sh), in the same round trip as the command.
 
 Rootful podman needs root: a login user that is not root reaches it through
@@ -174,7 +174,7 @@ class ContainerRuntime:
         access in turn on the host until one answers."""
         if self.access is not None:
             return self.argv(args)
-        return remote.argv("docker", *self.flag, "read", *args)
+        return remote.argv("runtime", *self.flag, "read", *args)
 
     def when_running(self, name: str, args: Sequence[str], not_running: str) -> list[str]:
         """`RUNTIME ARGS` once container `name` runs; else `not_running` on
@@ -182,7 +182,7 @@ class ContainerRuntime:
         (an `up` of this invocation probed the container under its lock)."""
         if self.access is not None:
             return self.argv(args)
-        return remote.argv("docker", *self.flag, "running", name, not_running, *args)
+        return remote.argv("runtime", *self.flag, "running", name, not_running, *args)
 
     def name_filter(self, name: str) -> str:
         """`ps --filter` value matching exactly the container called `name`."""

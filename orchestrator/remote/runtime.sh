@@ -2,9 +2,9 @@
 # prepended): `cvs exec` and `cvs cp` without an `up`, reads by suites.
 # A leading --podman / --podman-rootless names podman (access.sh).
 #
-#   docker.sh read ARGS…               `docker ARGS`, a read: with each access
+#   runtime.sh read ARGS…              `RUNTIME ARGS`, a read: with each access
 #                                      in turn until one succeeds
-#   docker.sh running NAME MESSAGE ARGS…  `docker ARGS` once container NAME is
+#   runtime.sh running NAME MESSAGE ARGS…  `RUNTIME ARGS` once container NAME is
 #                                      found running (the same round trip);
 #                                      else MESSAGE on stderr, exit 125
 case $1 in --podman | --podman-rootless) cvs_runtime "$1"; shift ;; esac
@@ -30,5 +30,5 @@ case $what in
     printf '%s\n' "$message" >&2
     exit 125 ;;
 esac
-echo "cvs: docker.sh: unknown mode $what" >&2
+echo "cvs: runtime.sh: unknown mode $what" >&2
 exit 2

@@ -261,7 +261,7 @@ def test_validate_container_name_returns_good_name() -> None:
         ("something else", 1, "other"),
     ],
 )
-def test_classify_docker_error(stderr: str, rc: int, kind: str) -> None:
+def test_classify_runtime_error(stderr: str, rc: int, kind: str) -> None:
     assert classify_runtime_error(stderr, rc) == kind
 
 

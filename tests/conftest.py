@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from private_dockerd import PrivateDockerd, private_dockerd_skip_reason
+from slurmtools import JobEnd, slurm, up_in_batch
 
 from orchestrator.sandbox import Sandbox, sandbox_down, sandbox_up
 
@@ -189,6 +190,29 @@ def registry_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandb
     directory = tmp_path_factory.mktemp("registry") / "sb"
     with _built(directory, hosts=2, registry=True, registry_rate="200mbit") as sb:
         yield sb
+
+
+@pytest.fixture(scope="session")
+def time_limited_jobs(
+    slurm_sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, JobEnd]]:
+    """Two batch jobs of a minute (`--time=1`, Slurm's shortest), per_run and
+    per_job containers, started together and each followed to its end in a
+    thread: the two time-limit tests (test_slurm_sandbox, test_slurm_jobs_sandbox)
+    share one wait for the limit instead of a minute and a half each."""
+    ends: dict[str, JobEnd] = {}
+    try:
+        for lifetime in ("per_run", "per_job"):
+            path = tmp_path_factory.mktemp(f"time-limit-{lifetime}")
+            # per_run: the sandbox's own file as it is (its lifetime).
+            kept = lifetime if lifetime == "per_job" else ""
+            job = up_in_batch(slurm_sandbox, path, "sleep 600", "--time=1", lifetime=kept)
+            ends[lifetime] = JobEnd(slurm_sandbox, job)
+        yield ends
+    finally:
+        for end in ends.values():
+            end.stop()
+            slurm(slurm_sandbox, "scancel", end.job)
 
 
 @pytest.fixture

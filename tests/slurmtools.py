@@ -10,6 +10,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -117,3 +118,53 @@ def up_in_batch(sb: Sandbox, tmp_path: Path, then: str, *args: str, lifetime: st
     assert flag.exists(), (tmp_path / "job.out").read_text()
     assert job_containers(sb, job) == {"node1": 1, "node2": 1}
     return job
+
+
+NONE_LEFT = {"node1": 0, "node2": 0}
+
+
+class JobEnd:
+    """A job followed from outside in a thread of its own, from its submission
+    until no container of it is left: when slurmctld first reported it over,
+    and how long its containers outlived that. Slurm's shortest time limit is
+    a minute, so the time-limit tests (per_run and per_job) share one wait:
+    both jobs run at once, each test reads its own (tests/conftest.py)."""
+
+    def __init__(self, sb: Sandbox, job: str) -> None:
+        self.sb = sb
+        self.job = job
+        self.took: float | None = None  # seconds from the job's end to no container
+        self.gone_at = 0.0  # time.monotonic() when none was left
+        self.error = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name=f"job {job}", daemon=True)
+        self._thread.start()
+
+    def _follow(self) -> None:
+        # The same bounds the tests waited with (150 s to the end, 60 s for removal).
+        try:
+            started = time.monotonic()
+            while job_state(self.sb, self.job) in ("PENDING", "RUNNING"):
+                if self._stop.wait(0.25) or time.monotonic() - started > 150:
+                    self.error = f"job {self.job} did not end within 150 s"
+                    return
+            ended = time.monotonic()
+            while job_containers(self.sb, self.job) != NONE_LEFT:
+                if self._stop.wait(0.25) or time.monotonic() - ended > 60:
+                    self.error = f"job {self.job}'s containers were not removed within 60 s"
+                    return
+            self.gone_at = time.monotonic()
+            self.took = self.gone_at - ended
+        except Exception as e:  # said by the test that reads it
+            self.error = f"following job {self.job}: {e!r}"
+
+    def result(self) -> float:
+        """Once followed to the end: the seconds the containers outlived the job."""
+        self._thread.join(timeout=300)
+        assert not self._thread.is_alive(), f"still following job {self.job}"
+        assert self.took is not None, self.error
+        return self.took
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)

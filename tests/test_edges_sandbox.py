@@ -247,7 +247,10 @@ def test_a_step_whose_container_stopped_tells_cvs_up_in_the_console_and_results(
     cluster = lab.container_file(sshd={"enabled": False})
     assert cvs_on(cluster, "up").returncode == 0
     suite = lab.directory / "nap.yaml"
-    suite.write_text(yaml.safe_dump({"name": "nap", "steps": [{"name": "nap", "run": "sleep 60"}]}))
+    # The step runs until node3's container is stopped and the test wakes the
+    # others (a fixed `sleep 60` made the test a minute long for nothing), 120 s at most.
+    nap = "i=0; until [ -e /tmp/cvs-wake ] || [ $i -ge 600 ]; do sleep 0.2; i=$((i+1)); done"
+    suite.write_text(yaml.safe_dump({"name": "nap", "steps": [{"name": "nap", "run": nap}]}))
     run_dir = lab.directory / "run"
     proc = subprocess.Popen(
         [*CVS, "run", "-c", str(cluster), str(suite), "--run-dir", str(run_dir)],
@@ -267,6 +270,8 @@ def test_a_step_whose_container_stopped_tells_cvs_up_in_the_console_and_results(
             time.sleep(0.2)
         time.sleep(2)
         docker(lab.sb, "node3", "stop", "-t", "1", lab.name)
+        for host in ("node1", "node2"):
+            docker(lab.sb, host, "exec", lab.name, "touch", "/tmp/cvs-wake")
         out, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:

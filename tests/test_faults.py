@@ -112,10 +112,24 @@ def test_a_step_killed_by_the_oom_killer_says_out_of_memory_in_exec_and_the_run_
     assert len(messages) == 3 and all("out-of-memory killer" in m for m in messages), messages
 
 
+# A step that runs until the test wakes it (`wake`), or 120 s at most.
+NAP_UNTIL_WOKEN = (
+    "i=0; until [ -e /tmp/cvs-wake ] || [ $i -ge 600 ]; do sleep 0.2; i=$((i+1)); done"
+)
+
+
+def wake(lab: Lab, hosts: list[str]) -> None:
+    """End `NAP_UNTIL_WOKEN` in our container on `hosts` (exit 0 there)."""
+    for host in hosts:
+        docker(lab.sb, host, "exec", lab.name, "touch", "/tmp/cvs-wake")
+
+
 def test_a_container_stopped_under_a_step_is_named_in_the_run_record(lab: Lab) -> None:
     cluster = lab.container_file()
     assert cvs_sub(cluster, "up").returncode == 0
-    suite = write_suite(lab.directory, "long", [{"name": "nap", "run": "sleep 60"}])
+    # The step waits for a file the test makes once node3's container is stopped
+    # (a fixed `sleep 60` made the test a minute long for nothing).
+    suite = write_suite(lab.directory, "long", [{"name": "nap", "run": NAP_UNTIL_WOKEN}])
     run_dir = lab.directory / "run"
     proc = subprocess.Popen(
         [*CVS, "run", "-c", str(cluster), str(suite), "--run-dir", str(run_dir)],
@@ -137,6 +151,7 @@ def test_a_container_stopped_under_a_step_is_named_in_the_run_record(lab: Lab) -
         )
         time.sleep(2)
         docker(lab.sb, "node3", "stop", "-t", "1", lab.name)
+        wake(lab, ["node1", "node2"])
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:

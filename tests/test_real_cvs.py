@@ -21,6 +21,7 @@ import sys
 import tarfile
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,17 +127,32 @@ def _skip_without_peers() -> None:
 
 
 @pytest.fixture(scope="session")
-def real_cvs(tmp_path_factory: pytest.TempPathFactory) -> RealCvs:
-    """CVS and this project on the newest pytest the pins allow (once per session)."""
+def real_cvs_builds(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, Future[RealCvs]]]:
+    """Both venvs, built at once in two threads when the first is asked for:
+    each is mostly pip and CVS's own tests in subprocesses (over a minute), so
+    the second no longer waits for the first. Teardown waits for both."""
     _skip_without_peers()
-    return _build_real_cvs(tmp_path_factory.mktemp("real-cvs"))
+    newest = tmp_path_factory.mktemp("real-cvs")
+    oldest = tmp_path_factory.mktemp("real-cvs-pytest8")
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="real-cvs") as pool:
+        yield {
+            "newest": pool.submit(_build_real_cvs, newest),
+            "pytest8": pool.submit(_build_real_cvs, oldest, "pytest==8.0.*"),
+        }
 
 
 @pytest.fixture(scope="session")
-def real_cvs_pytest8(tmp_path_factory: pytest.TempPathFactory) -> RealCvs:
+def real_cvs(real_cvs_builds: dict[str, Future[RealCvs]]) -> RealCvs:
+    """CVS and this project on the newest pytest the pins allow (once per session)."""
+    return real_cvs_builds["newest"].result()
+
+
+@pytest.fixture(scope="session")
+def real_cvs_pytest8(real_cvs_builds: dict[str, Future[RealCvs]]) -> RealCvs:
     """The same on pytest 8.0, the oldest this project claims (`pytest>=8`)."""
-    _skip_without_peers()
-    return _build_real_cvs(tmp_path_factory.mktemp("real-cvs-pytest8"), "pytest==8.0.*")
+    return real_cvs_builds["pytest8"].result()
 
 
 # ---- stock CVS, this project installed and not asked for --------------------------------

@@ -19,6 +19,7 @@ from sandboxtools import cluster_variant
 from slurmtools import (
     CVS,
     JOB_LABEL,
+    JobEnd,
     containers,
     in_job,
     job_containers,
@@ -335,12 +336,16 @@ def kill_cvs(marker: str, command: str) -> None:
 
 
 def test_per_job_containers_go_within_30s_of_the_time_limit(
-    slurm_sandbox: Sandbox, tmp_path: Path
+    slurm_sandbox: Sandbox, time_limited_jobs: dict[str, JobEnd]
 ) -> None:
-    job = up_in_batch(slurm_sandbox, tmp_path, "sleep 600", "--time=1", lifetime="per_job")
-    took = gone_after_the_job(slurm_sandbox, job)
+    # The job ran from the fixture on, next to test_slurm_sandbox's per_run one.
+    end = time_limited_jobs["per_job"]
+    job = end.job
+    took = end.result()
     print(f"per_job containers gone {took:.1f}s after the time limit")
     assert took < 30
+    time.sleep(max(0.0, end.gone_at + 5 - time.monotonic()))  # past KillWait: nothing came back
+    assert job_containers(slurm_sandbox, job) == NONE
     wait_until(lambda: job_state(slurm_sandbox, job) != "COMPLETING", 60, "the job's end")
     assert job_state(slurm_sandbox, job) == "TIMEOUT"
 

@@ -20,6 +20,7 @@ from sandboxtools import cluster_variant
 from slurmtools import (
     CVS,
     JOB_LABEL,
+    JobEnd,
     containers,
     in_job,
     job_containers,
@@ -288,13 +289,12 @@ def test_per_run_containers_go_within_30s_of_scancel(
 
 
 def test_per_run_containers_go_within_30s_of_the_time_limit(
-    slurm_sandbox: Sandbox, tmp_path: Path
+    slurm_sandbox: Sandbox, time_limited_jobs: dict[str, JobEnd]
 ) -> None:
-    job = up_in_batch(slurm_sandbox, tmp_path, "sleep 600", "--time=1")
-    wait_until(lambda: job_state(slurm_sandbox, job) != "RUNNING", 150, "the time limit")
-    took = wait_until(
-        lambda: job_containers(slurm_sandbox, job) == {"node1": 0, "node2": 0}, 30, "removal"
-    )
+    # The job ran from the fixture on, next to test_slurm_jobs_sandbox's per_job one.
+    end = time_limited_jobs["per_run"]
+    job = end.job
+    took = end.result()
     print(f"containers gone {took:.1f}s after the job's end")
     assert took < 30
     wait_until(lambda: job_state(slurm_sandbox, job) != "COMPLETING", 60, "the job's end")

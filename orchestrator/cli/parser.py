@@ -251,7 +251,7 @@ def _add_validate_parser(sub: _Subparsers, common: argparse.ArgumentParser) -> N
         action="store_true",
         help="do not require identity files and setup scripts to exist here",
     )
-    p.set_defaults(func="cluster:cmd_validate")
+    p.set_defaults(func="validate:cmd_validate")
 
 
 def _add_exec_parser(sub: _Subparsers, common: argparse.ArgumentParser) -> None:
@@ -308,7 +308,7 @@ def _add_exec_parser(sub: _Subparsers, common: argparse.ArgumentParser) -> None:
         metavar="-- CMD ...",
         help="the command: one argument is shell text, several are argv",
     )
-    p.set_defaults(func="cluster:cmd_exec")
+    p.set_defaults(func="exec:cmd_exec")
 
 
 def _add_lifecycle_parsers(sub: _Subparsers, common: argparse.ArgumentParser) -> None:

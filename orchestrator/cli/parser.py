@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from orchestrator import __version__
+
 if TYPE_CHECKING:
     # What `ArgumentParser.add_subparsers()` returns; argparse has no public name for it.
     _Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -56,8 +58,6 @@ class Parser(argparse.ArgumentParser):
 
 
 def _version() -> str:
-    from orchestrator import __version__
-
     return __version__
 
 

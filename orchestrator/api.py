@@ -33,7 +33,7 @@ from orchestrator.containers.exec import (
     kill_command,
     pidfile_of,
 )
-from orchestrator.errors import CvsError, Param, Phrase, Text, UsageError, first_line, join_text
+from orchestrator.errors import CvsError, Phrase, Text, UsageError, first_line, join_text
 from orchestrator.errors import HostSelectionError as HostSelectionError
 from orchestrator.events import EventSink, Message, NullSink
 from orchestrator.results import HostResult, exit_code_for

@@ -63,15 +63,16 @@ from orchestrator.errors import Call, Phrase, Text
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
+from orchestrator.ssh.container_channel import ContainerConnections, Endpoint, NotStarted
 from orchestrator.ssh.envpass import env_block, new_token
+from orchestrator.ssh.keys import USER_KEY_FILE, default_state_dir
+from orchestrator.ssh.libsearch import asyncssh
 from orchestrator.ssh.stdin import ExecIO
+from orchestrator.ssh.workers.runner import WorkerRunner
 
 if TYPE_CHECKING:
-    import asyncssh
-
-    from orchestrator.ssh.container_channel import ContainerConnections, Endpoint, NotStarted
     from orchestrator.ssh.transport import SSHPool
-    from orchestrator.ssh.workers.runner import WorkerContainerConnections, WorkerRunner
+    from orchestrator.ssh.workers.runner import WorkerContainerConnections
 
 _T = TypeVar("_T")
 
@@ -190,10 +191,6 @@ def read_keys(state_dir: Path, hosts: Sequence[str]) -> tuple[asyncssh.SSHKey, d
     """The cluster's user key and each host's sshd public key (`ssh-ed25519
     AAAA`), as `cvs up` left them; nothing is created (OSError, ValueError
     when they are missing or unreadable)."""
-    import asyncssh
-
-    from orchestrator.ssh.keys import USER_KEY_FILE
-
     keys_dir = state_dir / "keys"
     user = asyncssh.import_private_key((keys_dir / USER_KEY_FILE).read_text())
     public: dict[str, str] = {}
@@ -253,10 +250,6 @@ class SSHExec:
             return False
         if not sshd_wanted(container, len(self.config.hosts)):
             return False
-        from orchestrator.ssh.container_channel import ContainerConnections
-        from orchestrator.ssh.keys import default_state_dir
-        from orchestrator.ssh.workers.runner import WorkerRunner
-
         try:
             key, self._host_keys = read_keys(
                 default_state_dir(self.config), [h.name for h in self.config.hosts]
@@ -387,8 +380,6 @@ class SSHExec:
 
     def endpoint(self, host: str, way: Sshd) -> Endpoint:
         """The connection `way` names, for the container connections."""
-        from orchestrator.ssh.container_channel import Endpoint
-
         container_id = way.container.container_id
         return Endpoint(host, way.address, way.port, way.user, way.host_key, container_id)
 
@@ -449,8 +440,6 @@ class SSHExec:
         once, else the host goes to `docker exec` with one warning (nothing
         said, and for this command only, when the host itself was not
         reached: the docker path reports that)."""
-        from orchestrator.ssh.container_channel import NotStarted
-
         was_open = host in self._worked
         for attempt in (1, 2):
             try:

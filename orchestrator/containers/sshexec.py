@@ -68,11 +68,10 @@ from orchestrator.ssh.envpass import env_block, new_token
 from orchestrator.ssh.keys import USER_KEY_FILE, default_state_dir
 from orchestrator.ssh.libsearch import asyncssh
 from orchestrator.ssh.stdin import ExecIO
-from orchestrator.ssh.workers.runner import WorkerRunner
 
 if TYPE_CHECKING:
     from orchestrator.ssh.transport import SSHPool
-    from orchestrator.ssh.workers.runner import WorkerContainerConnections
+    from orchestrator.ssh.workers.runner import WorkerContainerConnections, WorkerRunner
 
 _T = TypeVar("_T")
 
@@ -258,6 +257,11 @@ class SSHExec:
             self._keys_missing = True
             return False  # no keys here (yet): this state directory never brought it up
         self._keys_missing = False
+        # The worker fleet's modules (pickle, the frames) only where a fleet
+        # runs commands through the containers' sshd: `cvs status` and `up`
+        # import this module for its route facts (containers.probe).
+        from orchestrator.ssh.workers.runner import WorkerRunner
+
         if isinstance(self.pool, WorkerRunner):
             # Worker processes: each opens its hosts' containers' connections.
             self.connections = self.pool.container_connections(key.export_private_key())

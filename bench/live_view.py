@@ -27,7 +27,7 @@ def fleet(count: int) -> object:
     from rich.console import Console
 
     from orchestrator.events import CommandFinished, CommandStarted, ConnectFailed
-    from orchestrator.render import RichSink
+    from orchestrator.render.live import RichSink
     from orchestrator.results import HostResult
 
     def terminal() -> Console:
@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args()
-    from orchestrator.render import progress_lines
+    from orchestrator.render.live import progress_lines
 
     sink = fleet(args.hosts)
     walls, cpus = [], []

@@ -26,15 +26,14 @@ from orchestrator.config import (
     load_cluster,
     sshd_wanted,
 )
-from orchestrator.config.hostlist import SelectionError, abbreviate_hosts
-from orchestrator.config.hostlist import select_hosts as _select
+from orchestrator.config.selection import select_hosts as select_hosts
 from orchestrator.containers.exec import (
     NOT_RUNNING_EXIT,
     container_command,
     kill_command,
     pidfile_of,
 )
-from orchestrator.errors import CvsError, Param, Phrase, Text, UsageError, first_line, join_text
+from orchestrator.errors import CvsError, Phrase, Text, UsageError, first_line, join_text
 from orchestrator.errors import HostSelectionError as HostSelectionError
 from orchestrator.events import EventSink, Message, NullSink
 from orchestrator.results import HostResult, exit_code_for
@@ -65,22 +64,6 @@ if TYPE_CHECKING:
 
 
 _IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
-
-
-def select_hosts(cluster: ClusterConfig, pattern: str | None) -> list[str]:
-    """Hosts picked by a comma-separated list of names, hostlists (`node[1-3,7]`),
-    globs (only parts with `*` or `?`), `head` and `all`, in cluster order.
-
-    Hostlists are expanded first and matched exactly (`config.hostlist.select_hosts`).
-    Raises HostSelectionError (exit 2) naming the part that does not fit.
-    """
-    names = [h.name for h in cluster.hosts]
-    try:
-        return _select(names, pattern, head=cluster.head_host.name)
-    except SelectionError as exc:
-        raise HostSelectionError(
-            Phrase(Param("hosts"), f" {pattern!r}: {exc} (hosts: {abbreviate_hosts(names)})")
-        ) from None
 
 
 class UpFailed(CvsError):

@@ -25,7 +25,8 @@ from orchestrator.cli.common import CLI_STYLE, chosen_hosts
 from orchestrator.config import load_cluster
 from orchestrator.containers.status import HostStatus
 from orchestrator.errors import UsageError
-from orchestrator.render import STATUS_HEADERS, print_grouped, print_status_table
+from orchestrator.render import STATUS_HEADERS, print_grouped
+from orchestrator.render.live import print_status_table
 from orchestrator.results import HostResult
 
 REPO = Path(__file__).resolve().parent.parent
@@ -180,7 +181,7 @@ def test_status_table_on_a_terminal_colours_the_state(monkeypatch: pytest.Monkey
     from rich.console import Console
 
     Console(file=out, force_terminal=True, width=160).print(
-        __import__("orchestrator.render", fromlist=["status_table"]).status_table(_statuses())
+        __import__("orchestrator.render.live", fromlist=["status_table"]).status_table(_statuses())
     )
     text = out.getvalue()
     assert "\x1b[32mrunning" in text  # green
@@ -224,7 +225,7 @@ def test_exec_group_header_has_count_and_compressed_hostlist() -> None:
 def test_exec_group_on_a_terminal_colours_each_header(monkeypatch: pytest.MonkeyPatch) -> None:
     from rich.console import Console
 
-    from orchestrator.render import print_grouped_rich
+    from orchestrator.render.live import print_grouped_rich
 
     monkeypatch.delenv("NO_COLOR", raising=False)
     results = {

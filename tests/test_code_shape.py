@@ -157,3 +157,103 @@ def test_every_directory_of_the_package_is_in_pyprojects_packages() -> None:
         and any(f.is_file() and not f.name.endswith((".pyc",)) for f in d.iterdir())
     }
     assert found - listed == set()
+
+
+# ---- imports live at the top of a module, laziness at a few boundaries --------------
+
+# Where imports may wait for first use, each for its callers' start-up time.
+LAZY_BOUNDARIES = {
+    # The CLI's dispatch: a command's module once it is chosen; cli.common
+    # (the config model, pydantic) on the error paths only. `cvs --help`
+    # loads neither (tests/test_startup.py).
+    "cli/__init__.py",
+    # The package's public names, imported on first use: `import orchestrator` is cheap.
+    "__init__.py",
+    # The API's entry points: each operation (up, cp, status, a command in a
+    # container...) imports its modules when called, so `cvs exec --host-os`
+    # never loads the lifecycle, copy, probe or docker modules (tests/test_startup.py).
+    "api.py",
+    # The pytest plugin: every pytest in the environment loads it (entry point
+    # pytest11), CVS's runs included; the engine and its SSH stack come in
+    # only when a test asks for them.
+    "pytest_plugin.py",
+    "compat/pytest_engine.py",
+    "compat/pytest_child.py",
+}
+
+# Function-level imports elsewhere: (file, module) -> why. Each site says why
+# in a comment too.
+LAZY_EXCEPTIONS = {
+    ("cli/common.py", "orchestrator.render.live"): "rich, for the live view on a terminal only",
+    ("cli/exec.py", "orchestrator.render.live"): "rich, for --group on a terminal only",
+    ("cli/cluster.py", "orchestrator.render.live"): "rich, for the status table on a terminal",
+    ("cli/files.py", "rich.console"): "rich, for cp's progress bar on a terminal only",
+    ("cli/files.py", "rich.progress"): "rich, for cp's progress bar on a terminal only",
+    ("cli/run.py", "rich.console"): "rich, for the run's table on a terminal only",
+    ("cli/run.py", "rich.table"): "rich, for the run's table on a terminal only",
+    ("cli/run.py", "orchestrator.compat.runner"): "`cvs run TEST` (CVS's pytest tests): a mode",
+    ("cli/run.py", "orchestrator.suites.runner"): "a suite run's SSH stack: not for --list",
+    ("cli/writer.py", "tempfile"): "7 ms of every piped start: only once output spills",
+    ("containers/sshexec.py", "orchestrator.ssh.workers.runner"): "pickle and frames: a fleet only",
+    ("containers/exec.py", "orchestrator.containers.argv"): "not for `cvs exec --host-os`",
+    ("containers/exec.py", "orchestrator.remote.runtime"): "not for `cvs exec --host-os`",
+    ("config/hostlist.py", "ClusterShell.NodeSet"): "30 ms: only when a list is folded",
+    ("config/documents.py", "difflib"): "only for a misspelt key (tests/test_startup.py)",
+    ("config/cvs_json.py", "difflib"): "only for a misspelt key (tests/test_startup.py)",
+    ("ssh/libsearch.py", "asyncssh"): "imported inside the patched find_library's window",
+}
+
+
+def lazy_imports(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, module) of each import inside a function (at any depth): a
+    module-level `if TYPE_CHECKING:`, `try:` or `with` block does not count."""
+    found: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if in_function and isinstance(child, ast.Import):
+                found.extend((child.lineno, alias.name) for alias in child.names)
+            elif in_function and isinstance(child, ast.ImportFrom):
+                found.append((child.lineno, "." * child.level + (child.module or "")))
+            inner = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            visit(child, inner)
+
+    visit(tree, False)
+    return found
+
+
+def test_imports_wait_for_first_use_only_at_the_boundaries() -> None:
+    """A function-level import outside LAZY_BOUNDARIES and LAZY_EXCEPTIONS:
+    move it to the top of its module (an import cycle it was hiding is fixed
+    by moving the shared thing down a layer), or, when it keeps a module off
+    a start-up that tests/test_startup.py pins, add it there with why."""
+    found = [
+        f"{where}:{line} {module}"
+        for path, tree in modules()
+        if (where := str(path.relative_to(PACKAGE))) not in LAZY_BOUNDARIES
+        for line, module in lazy_imports(tree)
+        if (where, module) not in LAZY_EXCEPTIONS
+    ]
+    assert found == [], found
+
+
+def test_every_lazy_exception_is_still_one() -> None:
+    seen = {
+        (str(path.relative_to(PACKAGE)), module)
+        for path, tree in modules()
+        for _, module in lazy_imports(tree)
+    }
+    assert set(LAZY_EXCEPTIONS) - seen == set()
+    assert {p for p in LAZY_BOUNDARIES if not (PACKAGE / p).is_file()} == set()
+
+
+def test_the_lazy_import_check_sees_methods_and_nested_functions_only() -> None:
+    code = (
+        "import os\n"
+        "if TYPE_CHECKING:\n    import rich\n"
+        "try:\n    import shtab\nexcept ImportError:\n    shtab = None\n"
+        "def f():\n    import json\n"
+        "class C:\n    def m(self):\n        def g():\n            from .x import y\n"
+        "async def h():\n    from a.b import c\n"
+    )
+    assert lazy_imports(ast.parse(code)) == [(9, "json"), (13, ".x"), (15, "a.b")]

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from orchestrator.events import CommandFinished, CommandStarted, ConnectFailed, OutputLine
-from orchestrator.render import LIVE_HZ, RichSink, progress_lines
+from orchestrator.render.live import LIVE_HZ, RichSink, progress_lines
 from orchestrator.results import HostResult
 
 

@@ -274,7 +274,7 @@ def test_the_status_tables_access_column_is_named_for_the_clusters_runtime() -> 
     import io
 
     from orchestrator.containers.status import HostStatus
-    from orchestrator.render import print_status_table
+    from orchestrator.render.live import print_status_table
 
     def row(runtime: str) -> HostStatus:
         return HostStatus(

@@ -101,7 +101,7 @@ def test_a_question_mark_for_an_exited_container_comes_with_its_reason(
 ) -> None:
     """Issue 30: `?` with no reason for an exited container."""
     from orchestrator.cli.common import CLI_STYLE
-    from orchestrator.render import print_status
+    from orchestrator.render.live import print_status
 
     exited = HostState(host="node3", access="direct", container="exited", container_status="exited")
     rows = [

@@ -3,6 +3,11 @@
 One module per command group (cluster, run, sandbox), shared helpers in
 `common`, the parser in `parser`; no command module imports another. Errors
 become messages and exit codes in one place: `main` (codes: errors.ExitCode).
+
+This module is one of the few boundaries where imports are lazy
+(tests/test_code_shape.py): a command's module is imported only once it is
+chosen (`args.func`, "module:function"), and `cli.common` (the config model,
+pydantic) only on the error paths, so `cvs --help` loads neither.
 """
 
 from __future__ import annotations
@@ -12,17 +17,17 @@ import contextlib
 import errno
 import gc
 import importlib
+import json
 import os
 import shlex
 import signal
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+from orchestrator.cli import collector, cvs_cli
 from orchestrator.cli.parser import build_parser
-
-if TYPE_CHECKING:
-    from orchestrator.errors import CvsError
+from orchestrator.cli.writer import BackgroundWriter
+from orchestrator.errors import CvsError, ExitCode, PolicyRefused, worst
 
 __all__ = ["build_parser", "main"]
 
@@ -34,8 +39,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     reading blocks only that thread, never the work, so the hosts' locks are
     released when the work is done, not when the reader catches up.
     """
-    from orchestrator.cli import collector
-
     # The process's own entry point: no garbage collection during start-up
     # (collector.start); `_main` calls collector.tune before the command runs.
     process_owned = argv is None
@@ -49,9 +52,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main_with_writers(argv: Sequence[str] | None) -> int:
-    from orchestrator.cli import cvs_cli
-    from orchestrator.cli.common import BackgroundWriter
-
     words = list(sys.argv[1:] if argv is None else argv)
     if cvs_cli.cvs_importable() and cvs_cli.wants_cvs_cli(words, _our_commands()):
         cvs_cli.exec_cvs_cli(words)  # does not return
@@ -110,8 +110,6 @@ def _stdout_closed() -> int:
     """Whoever read our stdout went away (`cvs status | head -1`): one line on
     stderr, no traceback, whatever the command (the work itself was done or
     stopped as the command does it; only its output was cut)."""
-    from orchestrator.errors import ExitCode
-
     with contextlib.suppress(OSError):
         sys.stderr.write("cvs: stdout closed by its reader: the rest of the output was dropped\n")
     return ExitCode.INTERRUPTED
@@ -155,14 +153,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
             _json_error(next((w for w in argv if w in commands), None), "usage error")
         raise
     _apply_color(getattr(args, "color", None))
-    from orchestrator.errors import CvsError, ExitCode, PolicyRefused
-
     module_name, _, func_name = args.func.partition(":")
     try:
         handler = getattr(importlib.import_module(f"orchestrator.cli.{module_name}"), func_name)
         if process_owned:
-            from orchestrator.cli import collector
-
             _terminate_as_interrupt()
 
             collector.import_for(handler)  # what it imports when it runs, too
@@ -224,7 +218,6 @@ def _report_all(errors: list[CvsError], args: argparse.Namespace) -> int:
     """Several hosts' errors as one report: a line per distinct error, the
     refusals' reasons in one refusal list; the worst exit code of them all."""
     from orchestrator.cli.common import cli_reasons, print_refusal, write_json_result
-    from orchestrator.errors import PolicyRefused, worst
 
     refusals = [r for e in errors if isinstance(e, PolicyRefused) for r in e.refusals]
     others = list(dict.fromkeys(str(e) for e in errors if not isinstance(e, PolicyRefused)))
@@ -252,7 +245,6 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     argparse would otherwise give those words to FUNCTION.
     """
     parser = build_parser()
-    from orchestrator.cli import cvs_cli
 
     if cvs_cli.cvs_importable():
         # `cvs --help` says which commands are CVS's.
@@ -315,8 +307,6 @@ def _misplaced_option(parser: argparse.ArgumentParser, argv: list[str]) -> str |
 
 
 def _first_expected(group: BaseExceptionGroup) -> BaseException | None:
-    from orchestrator.errors import CvsError
-
     for exc in group.exceptions:
         if isinstance(exc, BaseExceptionGroup):
             found = _first_expected(exc)
@@ -336,8 +326,6 @@ _USAGE_ERRNOS = frozenset(
 
 def _report(exc: BaseException, args: argparse.Namespace | None = None) -> int:
     """One line on stderr (and the result line under --json); the exit code."""
-    from orchestrator.errors import CvsError, ExitCode
-
     if isinstance(exc, KeyboardInterrupt):
         message, code = "interrupted", ExitCode.INTERRUPTED
     elif isinstance(exc, CvsError):
@@ -369,8 +357,6 @@ def _apply_color(choice: str | None) -> None:
 
 
 def _json_error(command: str | None, error: str) -> None:
-    import json
-
     doc = {"command": command, "ok": False, "exit_code": 2, "error": error}
     sys.stdout.write(json.dumps(doc) + "\n")
     sys.stdout.flush()

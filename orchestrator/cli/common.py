@@ -9,10 +9,16 @@ import os
 import re
 import stat
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+import anyio
+
+from orchestrator.cli.writer import BackgroundWriter
+from orchestrator.config import load_cluster
+from orchestrator.config.hostlist import split_patterns
+from orchestrator.config.selection import select_hosts
 from orchestrator.errors import (
     Call,
     ExitCode,
@@ -27,10 +33,11 @@ from orchestrator.errors import (
     say,
 )
 from orchestrator.events import EventSink, JsonLinesSink, PlainSink, wants_plain
+from orchestrator.render import compress_hosts, failure_groups
 from orchestrator.results import HostResult
 
 if TYPE_CHECKING:
-    from orchestrator.api import Cluster
+    pass
 
 _T = TypeVar("_T")
 
@@ -57,8 +64,6 @@ def cluster_path(args: argparse.Namespace) -> Path:
 
 def load(args: argparse.Namespace, **kwargs: Any) -> Any:
     """The cluster file, with the command line's --hosts-from and --forks/--limit applied."""
-    from orchestrator.config import load_cluster
-
     hosts_from = getattr(args, "hosts_from", None)
     if getattr(args, "job_over_ok", False):  # `down`, `status`: what an ended job left
         kwargs.setdefault("job_over_ok", True)
@@ -82,16 +87,12 @@ def load(args: argparse.Namespace, **kwargs: Any) -> Any:
 
 def chosen_hosts(cluster: Any, args: argparse.Namespace) -> list[str]:
     """--hosts minus -x/--exclude, in cluster order; UsageError when nothing is left."""
-    from orchestrator.api import select_hosts
-
     hosts = select_hosts(cluster, getattr(args, "hosts", None))
     exclude = getattr(args, "exclude", None)
     if not exclude:
         return hosts
     # Unlike pdsh -x, a part that matches no host is an error: a typo in an
     # exclusion would otherwise run the command on the host meant to be spared.
-    from orchestrator.config.hostlist import split_patterns
-
     dropped: set[str] = set()
     for part in split_patterns(exclude):
         try:
@@ -125,7 +126,8 @@ def make_sink(args: argparse.Namespace, *, output: bool = True, cluster: Any = N
     if wants_plain(sys.stdout):
         sink = PlainSink(verbose=args.verbose, output=output)
     else:
-        from orchestrator.render import RichSink
+        # rich only on a terminal: piped output never loads it (tests/test_startup.py).
+        from orchestrator.render.live import RichSink
 
         sink = RichSink(verbose=args.verbose, output=output)
     sink.style = CLI_STYLE
@@ -176,8 +178,6 @@ def failure_summary(
     results: dict[str, HostResult], aliases: dict[str, list[str]] | None = None
 ) -> list[str]:
     """One line per distinct failure, hosts folded: `node[2-4] (3): failed: exit code 1`."""
-    from orchestrator.render import compress_hosts, failure_groups
-
     errors = {
         h: f"{r.status}: {cli_text(r.error)}" if r.error else r.status for h, r in results.items()
     }
@@ -198,35 +198,6 @@ def print_json_summary(
     )
 
 
-def run_with_cluster(
-    args: argparse.Namespace,
-    work: Callable[[Cluster], Awaitable[_T]],
-    *,
-    output: bool = False,
-    connect_failures: bool = True,
-) -> _T:
-    """Open the cluster, run `work(cluster)`, close; events go to the chosen sink.
-    `connect_failures` False: the command reports them itself (not twice)."""
-    from orchestrator.api import Cluster
-
-    cluster_cfg = load(args)
-    sink = make_sink(args, output=output, cluster=cluster_cfg)
-    if hasattr(sink, "connect_failures"):
-        sink.connect_failures = connect_failures
-
-    async def main() -> _T:
-        async with Cluster.open(cluster_cfg, sink=sink) as cluster:
-            # What the API hands back, in the CLI's words from here on.
-            return restyled(await work(cluster), CLI_STYLE)
-
-    try:
-        import anyio
-
-        return anyio.run(main)
-    finally:
-        sink.close()
-
-
 @contextlib.asynccontextmanager
 async def while_stdout_is_read(sink: EventSink | RawWriter) -> AsyncIterator[Any]:
     """A cancel scope for the work that is cancelled once whoever reads our
@@ -238,8 +209,6 @@ async def while_stdout_is_read(sink: EventSink | RawWriter) -> AsyncIterator[Any
     nothing. Anything else (a terminal, a file) cannot lose its reader; the
     sinks also stop at the first write that fails (`on_broken`).
     """
-    import anyio
-
     with anyio.CancelScope() as scope:
         if hasattr(sink, "on_broken"):
             sink.on_broken = scope.cancel
@@ -306,8 +275,6 @@ def _stdout_is_a_pipe() -> bool:
 
 
 async def _cancel_when_reader_leaves(scope: Any) -> None:
-    import anyio
-
     try:
         # Never readable: what wakes this is the error condition (EPOLLERR)
         # of a pipe whose read end closed, which the event loop reports as
@@ -423,108 +390,3 @@ def tell_stdout_closed(what: str) -> None:
     sys.stderr.write(f"cvs: stdout closed by its reader: {what}\n")
     if isinstance(sys.stdout, BackgroundWriter):
         sys.stdout.told = True
-
-
-class BackgroundWriter:
-    """A text stream written by a thread, so a full pipe blocks that thread and
-    never the event loop: a reader that stops reading our output must not keep
-    the hosts' locks held (the work goes on and releases them; the output waits).
-
-    Memory stays bounded: past `limit` characters queued, what comes next is
-    spilled to an unlinked temporary file and written from there, in order.
-    `drain()` (at exit, after the work) writes what is left.
-    """
-
-    def __init__(self, stream: Any, limit: int = 16 << 20) -> None:
-        import collections
-        import threading
-
-        self._stream = stream
-        self._limit = limit
-        self._queue: collections.deque[str] = collections.deque()
-        self._size = 0
-        self._spill: IO[str] | None = None  # temporary file once the queue is full
-        self._spill_read = 0
-        self._spill_write = 0
-        self._closed = False
-        self._error: OSError | None = None  # the write that failed (reader gone)
-        # The command said itself what a closed stdout stopped (tell_stdout_closed).
-        self.told = False
-        self._cv = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name="cvs-output", daemon=True)
-        self._thread.start()
-
-    def write(self, text: str) -> int:
-        if self._error is not None:
-            # The reader went away: say so to the caller (the sinks stop the
-            # run on a BrokenPipeError), in the caller's thread.
-            raise type(self._error)(*self._error.args)
-        with self._cv:
-            if self._spill is not None or self._size + len(text) > self._limit:
-                self._to_spill(text)
-            else:
-                self._queue.append(text)
-                self._size += len(text)
-            self._cv.notify_all()
-        return len(text)
-
-    def _to_spill(self, text: str) -> None:
-        import tempfile
-
-        if self._spill is None:
-            self._spill = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")  # noqa: SIM115 (closed by the writer thread once drained)
-            self._spill_read = self._spill_write = self._spill.tell()
-        self._spill.seek(self._spill_write)
-        self._spill.write(text)
-        self._spill_write = self._spill.tell()
-
-    def _next_chunk(self) -> str | None:
-        """What to write next, in order (queue first, then the spill); None: done."""
-        with self._cv:
-            while not self._queue and self._spill is None and not self._closed:
-                self._cv.wait()
-            if self._queue:
-                chunk = "".join(self._queue)
-                self._queue.clear()
-                self._size = 0
-                return chunk
-            if self._spill is not None:
-                self._spill.flush()
-                self._spill.seek(self._spill_read)
-                chunk = self._spill.read(1 << 20)
-                self._spill_read = self._spill.tell()
-                if self._spill_read == self._spill_write:
-                    self._spill.close()
-                    self._spill = None
-                return chunk
-            return None
-
-    def flush(self) -> None:
-        """Nothing to wait for: the thread flushes after every chunk it writes."""
-
-    def _run(self) -> None:
-        broken = False
-        while (chunk := self._next_chunk()) is not None:
-            if broken:
-                continue
-            try:
-                self._stream.write(chunk)
-                self._stream.flush()
-            except OSError as exc:
-                broken, self._error = True, exc  # the reader went away: drop the rest
-            except ValueError:
-                broken = True
-
-    @property
-    def broken(self) -> bool:
-        """Its reader went away (a write failed): what comes next is dropped."""
-        return self._error is not None
-
-    def drain(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
-        self._thread.join()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)

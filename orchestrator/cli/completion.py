@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from types import ModuleType
 
+from orchestrator.cli.common import write_json_result
 from orchestrator.cli.parser import build_parser
 from orchestrator.errors import ExitCode, UsageError
+
+shtab: ModuleType | None
+try:
+    import shtab
+except ImportError:  # a dependency, but said plainly if it went missing (completion_script)
+    shtab = None
+
 
 # Host names for HOST, --hosts and -x, from the cluster file the line names with -c
 # (else $CVS_CLUSTER, else ./cluster.yaml), read by `cvs validate --json`.
@@ -89,10 +98,8 @@ _cvs_runs() {{
 
 
 def completion_script(shell: str) -> str:
-    try:
-        import shtab
-    except ImportError:  # a dependency, but say so plainly if it went missing
-        raise UsageError("cvs completion: needs the shtab package (pip install shtab)") from None
+    if shtab is None:  # a dependency, but say so plainly if it went missing
+        raise UsageError("cvs completion: needs the shtab package (pip install shtab)")
     preamble = BASH_PREAMBLE if shell == "bash" else ZSH_PREAMBLE
     return str(shtab.complete(build_parser(), shell=shell, preamble=preamble))
 
@@ -100,8 +107,6 @@ def completion_script(shell: str) -> str:
 def cmd_completion(args: argparse.Namespace) -> int:
     script = completion_script(args.shell)
     if getattr(args, "json", False):
-        from orchestrator.cli.common import write_json_result
-
         # JSON lines on stdout for every command: the script is the result's.
         write_json_result(args, ok=True, exit_code=ExitCode.OK, shell=args.shell, script=script)
     else:

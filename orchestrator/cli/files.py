@@ -7,10 +7,10 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import anyio
 
+from orchestrator.api import Cluster
 from orchestrator.cli.collector import imports_first
 from orchestrator.cli.common import (
     CLI_STYLE,
@@ -22,12 +22,11 @@ from orchestrator.cli.common import (
     make_sink,
     print_json_summary,
 )
+from orchestrator.containers.copy import CopyError, Payload
 from orchestrator.errors import UsageError, restyled
 from orchestrator.events import EventSink, PlainSink, wants_plain
+from orchestrator.render import summary_line
 from orchestrator.results import HostResult, exit_code_for
-
-if TYPE_CHECKING:
-    from rich.console import Console
 
 
 @contextmanager
@@ -38,6 +37,8 @@ def progress_bar(
     if not show:
         yield lambda host, n: None
         return
+    # rich only for a bar shown on a terminal: piped `cvs cp` never loads it.
+    from rich.console import Console
     from rich.progress import (
         BarColumn,
         DownloadColumn,
@@ -54,25 +55,13 @@ def progress_bar(
         TransferSpeedColumn(),
         TimeRemainingColumn(),
     ]
-    with Progress(*columns, transient=True, console=_stderr_console()) as bar:
+    with Progress(*columns, transient=True, console=Console(stderr=True)) as bar:
         task = bar.add_task(label, total=total)
         yield lambda host, n: bar.advance(task, n)
 
 
-def _stderr_console() -> Console:
-    from rich.console import Console
-
-    return Console(stderr=True)
-
-
 @imports_first(*CONNECTING)
 def cmd_cp(args: argparse.Namespace) -> int:
-    from orchestrator.api import Cluster
-    from orchestrator.containers.copy import (
-        CopyError,
-        Payload,
-    )
-
     cluster_cfg = load(args)
     hosts = chosen_hosts(cluster_cfg, args)
     show = not args.json and not wants_plain(sys.stderr)
@@ -133,7 +122,5 @@ def cmd_cp(args: argparse.Namespace) -> int:
     for host, r in results.items():
         text = r.stdout if r.ok else f"{r.status}: {cli_text(r.error or '')}"
         sys.stdout.write(f"{host:<{width}}  {text}\n")
-    from orchestrator.render import summary_line
-
     sys.stdout.write(summary_line(results) + "\n")
     return code

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from orchestrator import __version__
+
 if TYPE_CHECKING:
     # What `ArgumentParser.add_subparsers()` returns; argparse has no public name for it.
     _Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -56,8 +58,6 @@ class Parser(argparse.ArgumentParser):
 
 
 def _version() -> str:
-    from orchestrator import __version__
-
     return __version__
 
 
@@ -251,7 +251,7 @@ def _add_validate_parser(sub: _Subparsers, common: argparse.ArgumentParser) -> N
         action="store_true",
         help="do not require identity files and setup scripts to exist here",
     )
-    p.set_defaults(func="cluster:cmd_validate")
+    p.set_defaults(func="validate:cmd_validate")
 
 
 def _add_exec_parser(sub: _Subparsers, common: argparse.ArgumentParser) -> None:
@@ -308,7 +308,7 @@ def _add_exec_parser(sub: _Subparsers, common: argparse.ArgumentParser) -> None:
         metavar="-- CMD ...",
         help="the command: one argument is shell text, several are argv",
     )
-    p.set_defaults(func="cluster:cmd_exec")
+    p.set_defaults(func="exec:cmd_exec")
 
 
 def _add_lifecycle_parsers(sub: _Subparsers, common: argparse.ArgumentParser) -> None:

@@ -59,6 +59,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.list:
         return _list(args)
     if args.cluster_file is not None or args.config_file is not None:
+        # A mode of its own (CVS's pytest tests): its modules only when chosen.
         from orchestrator.compat.runner import run_cvs_test
 
         return run_cvs_test(
@@ -151,6 +152,7 @@ def print_report(outcome: RunOutcome, recorder: RunRecorder, out: IO[str]) -> No
     failures = failure_report(outcome)
     tty = hasattr(out, "isatty") and out.isatty()
     if tty:
+        # rich only on a terminal: a piped report never loads it.
         from rich.console import Console
         from rich.table import Table
 

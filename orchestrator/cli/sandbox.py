@@ -7,13 +7,14 @@ import os
 import sys
 from pathlib import Path
 
+import yaml
+
 from orchestrator.cli.common import DEFAULT_SANDBOX_DIR, write_json_result
 from orchestrator.errors import ExitCode, UsageError
+from orchestrator.sandbox import SandboxError, sandbox_down, sandbox_up
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
-    from orchestrator.sandbox import SandboxError, sandbox_down, sandbox_up
-
     directory = Path(args.dir or os.environ.get("CVS_SANDBOX_DIR") or DEFAULT_SANDBOX_DIR)
 
     def progress(text: str) -> None:
@@ -80,8 +81,6 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
 
 
 def _set_sandbox_lifetime(path: Path, lifetime: str) -> None:
-    import yaml
-
     doc = yaml.safe_load(path.read_text())
     doc["container"]["lifetime"] = lifetime
     header = "".join(line + "\n" for line in path.read_text().splitlines() if line.startswith("#"))

@@ -14,11 +14,16 @@ import argparse
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 from typing import TYPE_CHECKING
 
 from orchestrator.cli.common import load
+from orchestrator.config import container_name
+from orchestrator.containers.copy import cluster_runtime, in_container
+from orchestrator.containers.exec import NOT_RUNNING_EXIT
 from orchestrator.errors import ExitCode, UsageError
+from orchestrator.ssh.openssh import openssh_argv
 
 if TYPE_CHECKING:
     from orchestrator.config import ClusterConfig
@@ -37,9 +42,6 @@ def remote_command(
 ) -> str:
     """What runs on the host: the shell (or `command`), inside the container
     unless `host_os`."""
-    from orchestrator.config import container_name
-    from orchestrator.containers.copy import cluster_runtime, in_container
-
     # The cluster's `env` is not passed: its values are secrets, which never go in
     # an argv, and an interactive shell's stdin is the terminal, not a channel for them.
     argv = command or ["sh", "-c", LOGIN_SHELL]
@@ -60,11 +62,6 @@ def _not_running(cluster: ClusterConfig, host: str) -> str | None:
     first, in a round trip of its own: once ssh has the terminal, its exit
     status is the shell's, and a shell may exit 125 too); None otherwise,
     also when the check itself cannot tell (ssh then says why)."""
-    import subprocess
-
-    from orchestrator.containers.exec import NOT_RUNNING_EXIT
-    from orchestrator.ssh.openssh import openssh_argv
-
     check = remote_command(cluster, host_os=False, tty=False, host=host, command=["true"])
     try:
         done = subprocess.run(
@@ -84,8 +81,6 @@ def _not_running(cluster: ClusterConfig, host: str) -> str | None:
 
 
 def cmd_shell(args: argparse.Namespace) -> int:
-    from orchestrator.ssh.openssh import openssh_argv
-
     if args.json:
         # The terminal is ssh's, with nothing of ours to say in JSON lines.
         raise UsageError("cvs shell is interactive: it has no --json form")

@@ -21,6 +21,8 @@ import functools
 import logging
 import math
 import shlex
+import shutil
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +32,7 @@ import anyio
 
 from orchestrator.api import Cluster
 from orchestrator.config import CONTAINER_NAME_RE, ClusterConfig, container_name
+from orchestrator.containers.copy import CopyError, Payload, copy_to_hosts, gather_from_hosts
 from orchestrator.errors import CvsError, PolicyRefused
 from orchestrator.events import EventSink, NullSink, TeeSink
 from orchestrator.results import HostResult
@@ -634,8 +637,6 @@ class CvsOrchestrator:
     # ---- files to and from the hosts' own OS (orch.all / orch.head) -----------------
 
     def _upload(self, call: str, plan: dict[str, tuple[str, str]]) -> dict[str, HostResult]:
-        from orchestrator.containers.copy import CopyError, Payload, copy_to_hosts
-
         loop, cluster = self._fleet()
         started = time.monotonic()
         by_pair: dict[tuple[str, str], list[str]] = {}
@@ -664,11 +665,6 @@ class CvsOrchestrator:
         return results
 
     def _download(self, remote: str, paths: dict[str, str]) -> dict[str, HostResult]:
-        import shutil
-        import tempfile
-
-        from orchestrator.containers.copy import gather_from_hosts
-
         loop, cluster = self._fleet()
         started = time.monotonic()
         known = [h for h in paths if h in self.hosts]

@@ -7,6 +7,8 @@ import os
 import re
 from typing import Any
 
+import yaml
+
 from orchestrator.config.documents import ConfigError
 from orchestrator.config.hostlist import abbreviate_hosts
 from orchestrator.config.model import CONTAINER_NAME_RE, ClusterConfig, ContainerConfig, Limits
@@ -213,8 +215,6 @@ def cvs_import_notes(cluster: ClusterConfig) -> list[str]:
     wide = [c for c in container.cap_add if c in _WIDE_CAPS]
     if not container.privileged and not wide:
         return notes
-    import yaml
-
     tightened = container.model_dump(
         mode="json",
         include={

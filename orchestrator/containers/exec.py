@@ -13,6 +13,7 @@ run.sh before it starts the command.
 from __future__ import annotations
 
 import re
+import secrets
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
@@ -24,7 +25,7 @@ from orchestrator.ssh.envpass import env_block, new_token
 if TYPE_CHECKING:
     from orchestrator.remote.runtime import ContainerRuntime
 
-# containers.argv (with limits.*), remote.runtime and secrets are imported
+# containers.argv (with limits.*) and remote.runtime are imported
 # where a container command is built: `cvs exec --host-os` needs only
 # NOT_RUNNING_EXIT of this module (tests/test_startup.py).
 
@@ -100,8 +101,6 @@ def container_command(
     holds. The check is then skipped, so the command costs one docker process
     on the host instead of two.
     """
-    import secrets
-
     from orchestrator.containers.argv import validate_container_name
     from orchestrator.remote.runtime import ContainerRuntime
 

@@ -64,13 +64,13 @@ from orchestrator.errors import Call, Phrase, Text
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
+from orchestrator.ssh.container_channel import ContainerConnections, Endpoint, NotStarted
 from orchestrator.ssh.envpass import env_block, new_token
+from orchestrator.ssh.keys import USER_KEY_FILE, default_state_dir
+from orchestrator.ssh.libsearch import asyncssh
 from orchestrator.ssh.stdin import ExecIO
 
 if TYPE_CHECKING:
-    import asyncssh
-
-    from orchestrator.ssh.container_channel import ContainerConnections, Endpoint, NotStarted
     from orchestrator.ssh.transport import SSHPool
     from orchestrator.ssh.workers.runner import WorkerContainerConnections, WorkerRunner
 
@@ -191,10 +191,6 @@ def read_keys(state_dir: Path, hosts: Sequence[str]) -> tuple[asyncssh.SSHKey, d
     """The cluster's user key and each host's sshd public key (`ssh-ed25519
     AAAA`), as `cvs up` left them; nothing is created (OSError, ValueError
     when they are missing or unreadable)."""
-    import asyncssh
-
-    from orchestrator.ssh.keys import USER_KEY_FILE
-
     keys_dir = state_dir / "keys"
     user = asyncssh.import_private_key((keys_dir / USER_KEY_FILE).read_text())
     public: dict[str, str] = {}
@@ -254,10 +250,6 @@ class SSHExec:
             return False
         if not sshd_wanted(container, len(self.config.hosts)):
             return False
-        from orchestrator.ssh.container_channel import ContainerConnections
-        from orchestrator.ssh.keys import default_state_dir
-        from orchestrator.ssh.workers.runner import WorkerRunner
-
         try:
             key, self._host_keys = read_keys(
                 default_state_dir(self.config), [h.name for h in self.config.hosts]
@@ -266,6 +258,11 @@ class SSHExec:
             self._keys_missing = True
             return False  # no keys here (yet): this state directory never brought it up
         self._keys_missing = False
+        # The worker fleet's modules (pickle, the frames) only where a fleet
+        # runs commands through the containers' sshd: `cvs status` and `up`
+        # import this module for its route facts (containers.probe).
+        from orchestrator.ssh.workers.runner import WorkerRunner
+
         if isinstance(self.pool, WorkerRunner):
             # Worker processes: each opens its hosts' containers' connections.
             self.connections = self.pool.container_connections(key.export_private_key())
@@ -388,8 +385,6 @@ class SSHExec:
 
     def endpoint(self, host: str, way: Sshd) -> Endpoint:
         """The connection `way` names, for the container connections."""
-        from orchestrator.ssh.container_channel import Endpoint
-
         container_id = way.container.container_id
         return Endpoint(host, way.address, way.port, way.user, way.host_key, container_id)
 
@@ -450,8 +445,6 @@ class SSHExec:
         once, else the host goes to `docker exec` with one warning (nothing
         said, and for this command only, when the host itself was not
         reached: the docker path reports that)."""
-        from orchestrator.ssh.container_channel import NotStarted
-
         was_open = host in self._worked
         for attempt in (1, 2):
             try:

@@ -17,6 +17,7 @@ import json
 import secrets
 import shutil
 import socket
+import urllib.request
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +25,12 @@ from pathlib import Path
 
 from . import network, procs
 from .errors import SandboxError
+
+# The registry's htpasswd accepts bcrypt only; glibc's libxcrypt makes it
+# (crypt: deprecated since 3.11, its warning silenced here, where it is imported).
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import crypt
 
 REGISTRY_BINARY = "docker-registry"
 REGISTRY_USER = "cvsbot"
@@ -44,11 +51,6 @@ class SandboxRegistry:
 
 
 def _bcrypt(password: str) -> str:
-    # The registry's htpasswd accepts bcrypt only; glibc's libxcrypt makes it.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import crypt
-
     return crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))
 
 
@@ -210,8 +212,6 @@ def image_bytes(reference: str, username: str, password: str, timeout: float = 3
     """What pulling `reference` (host:port/repository:tag, on a sandbox
     registry) moves: its config's and layers' sizes as the registry's
     manifest states them (the compressed size S)."""
-    import urllib.request
-
     server, _, rest = reference.partition("/")
     repository, _, tag = rest.rpartition(":")
     request = urllib.request.Request(

@@ -22,6 +22,15 @@ from typing import Any
 
 from orchestrator.ssh.libsearch import asyncssh
 
+# asyncssh's internal names for SSH_MSG_IGNORE; where a version moved them,
+# send_ignore declines (why: _NO_IGNORE) instead of failing the import.
+_NO_IGNORE: str | None = None
+try:
+    from asyncssh.constants import MSG_IGNORE
+    from asyncssh.packet import String
+except ImportError as exc:
+    _NO_IGNORE = str(exc)
+
 # The asyncssh versions the hooks were tested on: >= the first, < the second
 # (pyproject's `asyncssh>=2.14,<2.25`).
 TESTED: tuple[tuple[int, int], tuple[int, int]] = ((2, 14), (2, 25))
@@ -74,11 +83,8 @@ def send_ignore(conn: Any) -> bool:
     the hook declines (nothing is sent)."""
     if not _usable("send_ignore", conn, "send_packet"):
         return False
-    try:
-        from asyncssh.constants import MSG_IGNORE
-        from asyncssh.packet import String
-    except ImportError as exc:
-        _declined("send_ignore", str(exc))
+    if _NO_IGNORE is not None:
+        _declined("send_ignore", _NO_IGNORE)
         return False
     conn.send_packet(MSG_IGNORE, String(b""))
     return True

@@ -17,6 +17,7 @@ import functools
 import os
 import random
 import shlex
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 import anyio
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
+from tenacity.stop import stop_base
 
 from orchestrator.config import ClusterConfig, HostSpec, jump_hops
 from orchestrator.config.units import parse_size
@@ -61,7 +64,7 @@ from orchestrator.ssh.stdin import ExecIO, RawOutput
 
 if TYPE_CHECKING:
     from anyio.abc import ObjectReceiveStream
-    from tenacity import AsyncRetrying, RetryCallState
+    from tenacity import RetryCallState
 
 PREFERRED_CIPHERS = [
     "aes128-gcm@openssh.com",
@@ -161,12 +164,9 @@ class _Spent:
 
 
 def _connect_retrying(retries: int, budget: float, spent: _Spent) -> AsyncRetrying:
-    """How a host's connect attempts are retried (tenacity, imported here: a
-    command that connects nowhere does not pay for it): the retried kinds,
+    """How a host's connect attempts are retried (tenacity): the retried kinds,
     at most `retries` times, while the backoff before the next attempt stays
     within what is left of `budget`; random exponential waits."""
-    from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
-    from tenacity.stop import stop_base
 
     class OutOfBudget(stop_base):
         def __call__(self, retry_state: RetryCallState) -> bool:
@@ -1057,8 +1057,6 @@ def _one_newline_off(text: str) -> str:
 
 
 def _signal_number(name: str) -> int:
-    import signal
-
     try:
         return int(signal.Signals[f"SIG{name}"])
     except KeyError:

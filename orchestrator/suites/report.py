@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote
+
+import jinja2
 
 from orchestrator.config.hostlist import compress_hostlist
 from orchestrator.suites.records import RunOutcome, StepOutcome, utc_stamp
-
-if TYPE_CHECKING:
-    import jinja2
 
 # Above this many hosts a step's text row names hosts per status instead of one column per host.
 WIDE_TABLE_HOSTS = 8
@@ -211,8 +210,6 @@ def report_context(outcome: RunOutcome, run_dir: Path | None = None) -> dict[str
 
 
 def _environment() -> jinja2.Environment:
-    import jinja2
-
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("orchestrator.suites", "templates"),
         autoescape=True,  # host output and names are untrusted text

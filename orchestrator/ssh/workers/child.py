@@ -27,7 +27,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Any, assert_never
+from typing import IO, Any, assert_never
 
 import anyio
 from anyio.abc import TaskGroup
@@ -35,12 +35,11 @@ from anyio.abc import TaskGroup
 from orchestrator.errors import ConnectError
 from orchestrator.events import Event
 from orchestrator.results import HostResult
+from orchestrator.ssh.container_channel import ContainerConnections, NotStarted
 from orchestrator.ssh.fanout import fan_out
+from orchestrator.ssh.libsearch import asyncssh
 from orchestrator.ssh.transport import SSHPool
 from orchestrator.ssh.workers import frames as f
-
-if TYPE_CHECKING:
-    from orchestrator.ssh.container_channel import ContainerConnections
 
 
 class FrameSink:
@@ -145,8 +144,6 @@ class Child:
             failed = f.ConnectFailed(exc.host, exc.status, exc.message, exc.attempts)
             answer = f.Failed(call.cid, failed)
         except Exception as exc:
-            from orchestrator.ssh.container_channel import NotStarted
-
             if isinstance(exc, NotStarted):
                 answer = f.Failed(call.cid, f.NotStartedFailed(exc.host, exc.kind, exc.reason))
             else:
@@ -278,10 +275,6 @@ class Child:
     # -- commands through a container's sshd ----------------------------------------------
 
     def keys(self, private_key: bytes) -> None:
-        import asyncssh
-
-        from orchestrator.ssh.container_channel import ContainerConnections
-
         key = asyncssh.import_private_key(private_key)
         self.containers = ContainerConnections(self.pool, key, sink=self.pool.sink)
 

@@ -57,7 +57,9 @@ from orchestrator.config.views import usable_cores, workers_clamped
 from orchestrator.errors import ConnectError
 from orchestrator.events import CommandFinished, EventSink, Message, named_here
 from orchestrator.results import HostResult
+from orchestrator.ssh.container_channel import NotStarted
 from orchestrator.ssh.seam import Request
+from orchestrator.ssh.sshconfig import config_route
 from orchestrator.ssh.workers import frames as f
 
 # When `concurrency.workers` is unset, workers are used from this fleet size,
@@ -109,8 +111,6 @@ def _sshd_groups(cluster: ClusterConfig, hosts: Sequence[str]) -> dict[str, list
         address = (spec.address if spec else None) or host
         key = address
         if cluster.ssh.use_ssh_config:
-            from orchestrator.ssh.sshconfig import config_route
-
             port = (spec.port if spec else None) or cluster.ssh.port
             route = config_route(address, port, (spec.user if spec else None) or cluster.ssh.user)
             key = (
@@ -377,8 +377,6 @@ def _rebuilt(error: f.ConnectFailed | f.NotStartedFailed | str) -> BaseException
     if isinstance(error, f.ConnectFailed):
         return ConnectError(error.host, error.status, error.message, error.attempts)
     if isinstance(error, f.NotStartedFailed):
-        from orchestrator.ssh.container_channel import NotStarted
-
         return NotStarted(error.host, error.kind, error.reason)
     return ConnectionError(error)
 

@@ -43,9 +43,12 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import anyio
 
 from orchestrator.config import ClusterConfig
+from orchestrator.config.units import parse_size
 from orchestrator.errors import ConnectError
 from orchestrator.events import CommandFinished, EventSink, NullSink
 from orchestrator.results import HostResult
+from orchestrator.ssh.container_channel import Counters, NotStarted
+from orchestrator.ssh.keys import load_identities
 from orchestrator.ssh.seam import Command, HostRunner, Request
 from orchestrator.ssh.workers import frames as f
 from orchestrator.ssh.workers.parent import (
@@ -57,7 +60,7 @@ from orchestrator.ssh.workers.parent import (
 )
 
 if TYPE_CHECKING:
-    from orchestrator.ssh.container_channel import Counters, Endpoint
+    from orchestrator.ssh.container_channel import Endpoint
 
 
 @dataclass(frozen=True)
@@ -186,8 +189,6 @@ class WorkerContainerConnections:
     @property
     def counters(self) -> Counters:
         """The workers' counters, summed (as of their last answers)."""
-        from orchestrator.ssh.container_channel import Counters
-
         total = Counters()
         for c in self._counters.values():
             total.connects += c.connects
@@ -210,8 +211,6 @@ class WorkerContainerConnections:
         on_timeout: str | None = None,
     ) -> HostResult:
         """As ContainerConnections.run: NotStarted when it could not start."""
-        from orchestrator.ssh.container_channel import NotStarted
-
         worker = self.fleet.worker_of(ep.host)
         op = f.ContainerRun(ep, text, timeout, input, label, stream_output, on_timeout)
         try:
@@ -243,8 +242,6 @@ class WorkerContainerConnections:
         """As ContainerConnections.held_process (a copy's in-container end), the
         process held in the worker holding the host's connection; NotStarted,
         before the block, when it could not start."""
-        from orchestrator.ssh.container_channel import NotStarted
-
         worker = self.fleet.worker_of(ep.host)
 
         def opening(hid: int) -> f.Op:
@@ -272,8 +269,6 @@ class WorkerRunner(HostRunner):
         workers: int,
         output_tail: int | None = None,
     ) -> None:
-        from orchestrator.config.units import parse_size
-
         self.cluster = cluster
         self.sink: EventSink = sink or NullSink()
         self.output_tail = parse_size(cluster.output_tail) if output_tail is None else output_tail
@@ -283,8 +278,6 @@ class WorkerRunner(HostRunner):
 
     async def __aenter__(self) -> WorkerRunner:
         if self.cluster.ssh.identity_files:
-            from orchestrator.ssh.keys import load_identities
-
             load_identities(self.cluster.ssh.identity_files)  # a bad file: one error, now
         tg = await self._stack.enter_async_context(anyio.create_task_group())
         # Runs before the task group ends: the workers close, their frame tasks end.

@@ -1,4 +1,6 @@
-"""Turning results and events into what a person reads."""
+"""The views drawn with rich: the live view on a terminal (`RichSink`), the
+coloured `cvs status` table, `cvs exec --group`'s headers. Imported only
+where output goes to a terminal (tests/test_startup.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +11,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
 
-from orchestrator.config.hostlist import compress_hostlist
-from orchestrator.errors import API_STYLE, Call, Phrase, Style, say
-from orchestrator.errors import Text as Said
-from orchestrator.errortext import SeenErrors, fold_errors
+from rich.console import Console, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.errors import API_STYLE, Style, say
+from orchestrator.errortext import SeenErrors
 from orchestrator.events import (
     CommandFinished,
     CommandStarted,
@@ -27,55 +32,23 @@ from orchestrator.events import (
     in_words,
     progress_text,
 )
+from orchestrator.render import (
+    STATUS_HEADERS,
+    STATUS_STYLES,
+    UNKNOWN,
+    _header_labels,
+    _status_errors,
+    compress_hosts,
+    failure_groups,
+    group_results,
+    print_status_lines,
+    status_cells,
+    status_columns,
+)
 from orchestrator.results import HostResult
 
 if TYPE_CHECKING:
-    # rich is imported where a rich view is drawn, not here: plain output (a
-    # pipe, a file, `--json`) never loads it (tests/test_startup.py).
-    from rich.console import Console, RenderableType
-    from rich.table import Table
-    from rich.text import Text
-
     from orchestrator.containers.status import HostStatus
-
-# Host lists folded the Slurm way (`gpu[01-04]`); the commands use it too.
-compress_hosts = compress_hostlist
-
-
-def group_results(results: Mapping[str, HostResult]) -> list[tuple[list[str], HostResult]]:
-    """Hosts with identical output, status and error folded together, like
-    `dshbak -c` (the error too: a refused host and a timed-out one are both
-    `unreachable`, and a group shows one sample's error)."""
-    buckets: dict[tuple[str, str, str, int | None, Said | None], list[str]] = {}
-    sample: dict[tuple[str, str, str, int | None, Said | None], HostResult] = {}
-    for host, r in results.items():
-        key = (r.status, r.stdout, r.stderr, r.exit_code, r.error)
-        buckets.setdefault(key, []).append(host)
-        sample.setdefault(key, r)
-    return [(hosts, sample[k]) for k, hosts in buckets.items()]
-
-
-def print_grouped(results: Mapping[str, HostResult], out: IO[str] = sys.stdout) -> None:
-    for hosts, r in group_results(results):
-        title = f"{compress_hosts(hosts)} ({len(hosts)}) {r.status}"
-        if r.exit_code not in (None, 0):
-            title += f" exit {r.exit_code}"
-        if r.error and r.status != "failed":
-            title += f": {r.error!s}"
-        bar = "-" * min(max(len(title), 16), 78)
-        out.write(f"{bar}\n{title}\n{bar}\n")
-        body = "\n".join(x for x in (r.stdout, r.stderr) if x)
-        if body:
-            out.write(body + "\n")
-
-
-def summary_line(results: Mapping[str, HostResult]) -> str:
-    counts: dict[str, int] = {}
-    for r in results.values():
-        counts[r.status] = counts.get(r.status, 0) + 1
-    order = ["ok", "failed", "timeout", "unreachable", "auth", "host_key"]
-    parts = [f"{counts[s]} {s}" for s in order if s in counts]
-    return f"{len(results)} host{'s' if len(results) != 1 else ''}: " + ", ".join(parts)
 
 
 # The live view redraws at most this often, whatever the output volume: output
@@ -127,10 +100,6 @@ class RichSink:
         verbose: bool = False,
         output: bool = True,
     ) -> None:
-        from rich.console import Console
-        from rich.live import Live
-        from rich.text import Text
-
         self.console = console or Console()
         self.err = err_console or Console(stderr=True)
         self.verbose = verbose
@@ -190,8 +159,6 @@ class RichSink:
             self._emit(event)
 
     def _emit(self, event: Event) -> None:
-        from rich.text import Text
-
         match event:
             case Connecting(host=h):
                 self._set(h, "[cyan]connecting", "connecting")
@@ -236,8 +203,6 @@ class RichSink:
 
     def _flush(self) -> None:
         """Print queued output above the view (one redraw), else just redraw."""
-        from rich.text import Text
-
         with self._lock:
             pending, self._pending, self._pending_chars = self._pending, Text(), 0
             if pending:
@@ -252,8 +217,6 @@ class RichSink:
             self._flush()
 
     def view(self) -> RenderableType:
-        from rich.table import Table
-        from rich.text import Text
 
         with self._lock:
             if len(self.hosts) <= ROWS_MAX:
@@ -276,8 +239,6 @@ class RichSink:
 
 def progress_lines(hosts: Mapping[str, _HostView], *, now: float, top: int = 5) -> list[Text]:
     """The summary a large fleet gets instead of a row per host."""
-    from rich.text import Text
-
     phases: dict[str, list[str]] = {}
     for host, v in hosts.items():
         phases.setdefault(v.phase, []).append(host)
@@ -311,90 +272,6 @@ def progress_lines(hosts: Mapping[str, _HostView], *, now: float, top: int = 5) 
     return lines
 
 
-def failure_groups(
-    errors: Mapping[str, str], aliases: Mapping[str, Sequence[str]] | None = None
-) -> list[tuple[list[str], str]]:
-    """Hosts that failed with the same error, largest group first: the same once
-    host names and addresses (`aliases`: per host, its address and VPC
-    address), container IDs and docker's usage hints are set aside
-    (`errortext.fold_errors`)."""
-    return fold_errors(errors, aliases)
-
-
-STATUS_HEADERS = [
-    "host",
-    "reachable",
-    "access",
-    "state",
-    "image",
-    "tag",
-    "stale",
-    "sshd",
-    "provisioned",
-    "limits",
-    "drift",
-]
-
-
-# A cell whose value could not be probed (null in `--json`); explained once under the table.
-UNKNOWN = "?"
-UNKNOWN_NOTE = "? in the table: not known, for this reason"
-
-
-def _cell(value: object) -> str:
-    if value is None:
-        return UNKNOWN
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    return str(value)
-
-
-def status_cells(status: HostStatus) -> list[str]:
-    """One `cvs status` table row: the `--json` row's values (null as `?`, no
-    container as `-`), limits and drift folded."""
-    row = status.to_dict()
-    hard_limits = {k: v for k, v in status.limits.items() if k in ("cpus", "memory", "pids")}
-    cells = {k: _cell(v) for k, v in row.items()}  # state stays "unknown": the word says it
-    if status.probed:
-        for key in ("image", "tag"):
-            cells[key] = "-" if row[key] is None else cells[key]  # no container / no tag
-    cells["limits"] = " ".join(f"{k}={v}" for k, v in hard_limits.items()) or "-"
-    cells["drift"] = ("; ".join(status.drift) or "-") if status.probed else UNKNOWN
-    return [cells[h] for h in STATUS_HEADERS]
-
-
-def _status_errors(
-    rows: Sequence[HostStatus], out: IO[str] | None = None, style: Style = API_STYLE
-) -> None:
-    """Each host's reason on stderr, `HOST: reason`; the first one also says
-    what the table's `?` means (once: the table's rows stay one per host)."""
-    explained = False
-    for r in rows:
-        init = r.init_note()
-        if init is not None:
-            sys.stderr.write(f"{r.host}: note: {init}\n")
-        if r.error:
-            note = ""
-            if not explained and (not r.probed or r.access is None):
-                note, explained = f"; {UNKNOWN_NOTE}", True
-            sys.stderr.write(f"{r.host}: {r.error!s}{note}\n")
-            continue
-        # No error, yet a `?` (an exited container: no sshd or marker to ask): why.
-        cells = dict(zip(STATUS_HEADERS, status_cells(r), strict=True))
-        unknown = [k for k in STATUS_NARROW if cells[k] == UNKNOWN]
-        if unknown:
-            state = cells["state"]
-            why: Said = (
-                Phrase(
-                    f"not known while the container is {state} (", Call("up"), " starts it again)"
-                )
-                if state != "running"
-                else "not known: the probe could not tell"
-            )
-            said = why.render(style) if isinstance(why, Phrase) else why
-            sys.stderr.write(f"{r.host}: {', '.join(unknown)} {said}\n")
-
-
 def print_status(rows: Sequence[HostStatus], *, plain: bool, style: Style = API_STYLE) -> None:
     """The `cvs status` table; probe errors follow on stderr, one line per host."""
     if plain:
@@ -405,9 +282,6 @@ def print_status(rows: Sequence[HostStatus], *, plain: bool, style: Style = API_
                 "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() + "\n"
             )
     else:
-        from rich.console import Console
-        from rich.table import Table
-
         table = Table(*STATUS_HEADERS)
         for r in rows:
             table.add_row(*status_cells(r))
@@ -415,45 +289,8 @@ def print_status(rows: Sequence[HostStatus], *, plain: bool, style: Style = API_
     _status_errors(rows, style=style)
 
 
-# ---- cvs status -o table|wide: a colour-coded table -------------------------------------
-
-# The default table; `-o wide` shows every STATUS_HEADERS column.
-STATUS_NARROW = ["host", "reachable", "state", "image", "stale", "sshd", "provisioned", "drift"]
-# Cell text -> style, per column: green is what a run wants, red what stops it.
-STATUS_STYLES: dict[str, dict[str, str]] = {
-    "reachable": {"yes": "green", "no": "bold red"},
-    "state": {
-        "running": "green",
-        "exited": "yellow",
-        "paused": "yellow",
-        "created": "yellow",
-        "restarting": "yellow",
-        "absent": "dim",
-        "unknown": "bold red",
-        "dead": "bold red",
-    },
-    "stale": {"yes": "yellow", "no": "dim"},
-    "sshd": {"listening": "green", "down": "red", "off": "dim"},
-    "provisioned": {"yes": "green", "no": "yellow"},
-}
-
-
-def status_columns(*, wide: bool) -> list[str]:
-    return list(STATUS_HEADERS) if wide else list(STATUS_NARROW)
-
-
-def _header_labels(columns: Sequence[str], rows: Sequence[HostStatus]) -> list[str]:
-    """Column headers as shown: the access column is named for the cluster's
-    runtime (`podman` on a podman cluster; the cells' keys stay the same)."""
-    runtimes = {r.runtime for r in rows}
-    access = runtimes.pop() if len(runtimes) == 1 else "docker"
-    return [access if c == "access" else c for c in columns]
-
-
 def status_table(rows: Sequence[HostStatus], *, wide: bool = False) -> Table:
     """`cvs status` as a rich table, state and health colour-coded per cell."""
-    from rich.table import Table
-    from rich.text import Text
 
     columns = status_columns(wide=wide)
     table = Table(*_header_labels(columns, rows), header_style="bold")
@@ -487,19 +324,11 @@ def print_status_table(
     """The `cvs status` table on stdout: rich and coloured on a terminal, aligned text
     otherwise (pipes, CI, NO_COLOR); probe errors follow on stderr (calls named
     in `style`'s words)."""
-    out = out or sys.stdout
     if plain:
-        columns = status_columns(wide=wide)
-        index = [STATUS_HEADERS.index(c) for c in columns]
-        data = [_header_labels(columns, rows)] + [[status_cells(r)[i] for i in index] for r in rows]
-        widths = [max(len(r[i]) for r in data) for i in range(len(columns))]
-        for line in data:
-            cells = (c.ljust(w) for c, w in zip(line, widths, strict=True))
-            out.write("  ".join(cells).rstrip() + "\n")
-    else:
-        from rich.console import Console
-
-        Console(file=out).print(status_table(rows, wide=wide))
+        print_status_lines(rows, wide=wide, out=out, style=style)
+        return
+    out = out or sys.stdout
+    Console(file=out).print(status_table(rows, wide=wide))
     _status_errors(rows, out, style)
 
 
@@ -508,8 +337,6 @@ def print_status_table(
 
 def group_header(hosts: Sequence[str], result: HostResult) -> Text:
     """`node[01-12,14] (13) ok`: the hostlist, the count and the outcome, coloured by it."""
-    from rich.text import Text
-
     style = "bold green" if result.ok else "bold red"
     header = Text(compress_hosts(hosts), style="bold cyan") + Text(f" ({len(hosts)}) ")
     outcome = result.status + (
@@ -522,8 +349,6 @@ def group_header(hosts: Sequence[str], result: HostResult) -> Text:
 
 def print_grouped_rich(results: Mapping[str, HostResult], console: Console | None = None) -> None:
     """`print_grouped` for a terminal: a rule with the group header, then its output as is."""
-    from rich.console import Console
-    from rich.text import Text
 
     console = console or Console()
     for hosts, r in group_results(results):

@@ -38,8 +38,8 @@ _EXPORTS: dict[str, str] = {
     "ConfigError": "orchestrator.config",
     "load_cluster": "orchestrator.config",
     "parse_cluster": "orchestrator.config",
-    "Plan": "orchestrator.containers.plan",
-    "HostAction": "orchestrator.containers.plan",
+    "Plan": "orchestrator.containers.plan.model",
+    "HostAction": "orchestrator.containers.plan.model",
     "UpReport": "orchestrator.containers.lifecycle",
     "EventSink": "orchestrator.events",
     "PlainSink": "orchestrator.events",
@@ -85,7 +85,7 @@ if TYPE_CHECKING:
     )
     from orchestrator.config import ClusterConfig, ConfigError, load_cluster, parse_cluster
     from orchestrator.containers.lifecycle import UpReport
-    from orchestrator.containers.plan import HostAction, Plan
+    from orchestrator.containers.plan.model import HostAction, Plan
     from orchestrator.containers.status import HostStatus
     from orchestrator.errors import CvsError, ExitCode, PolicyRefused, UsageError
     from orchestrator.events import EventSink, JsonLinesSink, NullSink, PlainSink

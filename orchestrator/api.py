@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from orchestrator.containers.lifecycle import Lifecycle, UpReport
     from orchestrator.containers.locks import HostLocks
     from orchestrator.containers.mpi import MPICheck
-    from orchestrator.containers.plan import Plan
+    from orchestrator.containers.plan.model import Plan
     from orchestrator.containers.probe import HostState
     from orchestrator.containers.sshexec import SSHExec
     from orchestrator.containers.status import HostStatus

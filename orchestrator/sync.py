@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from orchestrator.containers.jobleft import Verdict
     from orchestrator.containers.lifecycle import UpReport
     from orchestrator.containers.mpi import MPICheck
-    from orchestrator.containers.plan import Plan
+    from orchestrator.containers.plan.model import Plan
     from orchestrator.containers.sshexec import SSHExec
 
 

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from orchestrator.api import Cluster
     from orchestrator.config import ClusterConfig
     from orchestrator.containers.lifecycle import UpReport
-    from orchestrator.containers.plan import Plan
+    from orchestrator.containers.plan.model import Plan
 
 
 SLURM_AT_RUN_TIME = (
@@ -365,7 +365,7 @@ def _write_host_lines(lines: dict[str, str]) -> None:
 
 @imports_first(*CONNECTING)
 def cmd_down(args: argparse.Namespace) -> int:
-    from orchestrator.containers.plan import down_leftovers
+    from orchestrator.containers.plan.down import down_leftovers
 
     async def down(cluster: Any) -> tuple[Any, Plan, dict[str, HostResult], list[Any]]:
         # A refusal (PolicyRefused: a busy lock under --no-wait) is reported by cli.main.

@@ -58,17 +58,11 @@ from orchestrator.containers.docker import (
 from orchestrator.containers.drift import limits_drift
 from orchestrator.containers.jobend import JOB_LIFETIMES, tie_to_job
 from orchestrator.containers.locks import HostLocks, Mode
-from orchestrator.containers.plan import (
-    DOWN_FORCE,
-    GPUChoice,
-    HostAction,
-    Plan,
-    check_tag_identity,
-    choose_gpus,
-    decide_down,
-    decide_plan,
-    with_host_facts,
-)
+from orchestrator.containers.plan.down import decide_down
+from orchestrator.containers.plan.facts import GPUChoice, choose_gpus, with_host_facts
+from orchestrator.containers.plan.images import check_tag_identity
+from orchestrator.containers.plan.lifetimes import decide_plan
+from orchestrator.containers.plan.model import DOWN_FORCE, HostAction, Plan
 from orchestrator.containers.probe import HostState, parse_probe_output, probe_argv
 from orchestrator.containers.provision import (
     MARKER_PATH,

@@ -40,7 +40,7 @@ _EXPORTS: dict[str, str] = {
     "parse_cluster": "orchestrator.config",
     "Plan": "orchestrator.containers.plan.model",
     "HostAction": "orchestrator.containers.plan.model",
-    "UpReport": "orchestrator.containers.lifecycle",
+    "UpReport": "orchestrator.containers.outcome",
     "EventSink": "orchestrator.events",
     "PlainSink": "orchestrator.events",
     "JsonLinesSink": "orchestrator.events",
@@ -84,7 +84,7 @@ if TYPE_CHECKING:
         select_hosts,
     )
     from orchestrator.config import ClusterConfig, ConfigError, load_cluster, parse_cluster
-    from orchestrator.containers.lifecycle import UpReport
+    from orchestrator.containers.outcome import UpReport
     from orchestrator.containers.plan.model import HostAction, Plan
     from orchestrator.containers.status import HostStatus
     from orchestrator.errors import CvsError, ExitCode, PolicyRefused, UsageError

@@ -53,9 +53,10 @@ if TYPE_CHECKING:
     # (tests/test_startup.py).
     from orchestrator.containers.copy import Payload, Progress
     from orchestrator.containers.jobleft import Verdict
-    from orchestrator.containers.lifecycle import Lifecycle, UpReport
+    from orchestrator.containers.lifecycle import Lifecycle
     from orchestrator.containers.locks import HostLocks
     from orchestrator.containers.mpi import MPICheck
+    from orchestrator.containers.outcome import UpReport
     from orchestrator.containers.plan.model import Plan
     from orchestrator.containers.probe import HostState
     from orchestrator.containers.sshexec import SSHExec

@@ -23,7 +23,7 @@ from orchestrator.containers.causes import (
     wants_diagnosis,
     with_cause,
 )
-from orchestrator.containers.lifecycle import HostOutcome, UpReport
+from orchestrator.containers.outcome import HostOutcome, UpReport
 from orchestrator.containers.peers import launches_mpi
 from orchestrator.containers.plan.model import HostAction, Plan
 from orchestrator.results import HostResult

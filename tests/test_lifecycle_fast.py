@@ -12,7 +12,8 @@ import pytest
 from scripted import IMAGE_ID, ScriptedHosts, probe_output
 
 from orchestrator.config import ClusterConfig, ContainerConfig, HostSpec
-from orchestrator.containers.lifecycle import Lifecycle, UpReport
+from orchestrator.containers.lifecycle import Lifecycle
+from orchestrator.containers.outcome import UpReport
 from orchestrator.errors import PolicyRefused
 from orchestrator.events import NullSink
 
@@ -158,7 +159,7 @@ def test_a_pull_failing_on_one_host_reports_no_host_ready_and_starts_nothing() -
 
 
 def test_a_held_back_hosts_summary_reads_the_why_field_not_the_error_text() -> None:
-    from orchestrator.containers.lifecycle import HostOutcome
+    from orchestrator.containers.outcome import HostOutcome
     from orchestrator.containers.plan.model import HostAction
 
     outcome = HostOutcome("h1", HostAction("cold_start", "none present"))

@@ -33,7 +33,8 @@ from scripted import ScriptedHosts
 
 from orchestrator.config import ClusterConfig, ContainerConfig, HostSpec
 from orchestrator.containers.docker import LABEL_LIFETIME, managed_labels
-from orchestrator.containers.lifecycle import Lifecycle, UpReport
+from orchestrator.containers.lifecycle import Lifecycle
+from orchestrator.containers.outcome import UpReport
 from orchestrator.containers.plan.model import Plan
 from orchestrator.containers.probe import HostState
 from orchestrator.errors import PolicyRefused, Refusal

@@ -39,7 +39,7 @@ from orchestrator.results import HostResult, exit_code_for
 if TYPE_CHECKING:
     from orchestrator.api import Cluster
     from orchestrator.config import ClusterConfig
-    from orchestrator.containers.lifecycle import UpReport
+    from orchestrator.containers.outcome import UpReport
     from orchestrator.containers.plan.model import Plan
 
 

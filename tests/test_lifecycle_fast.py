@@ -115,11 +115,28 @@ def test_a_change_takes_the_locks_exclusively_then_converts_them_to_shared() -> 
         assert modes == ["s"] * 3 + ["x"] * 3
         assert all(p.stdin.written == ["shared\n"] for p in hosts.held[3:])
         assert all(p.closed for p in hosts.held[:3])
-        assert lc.locks.mode == "shared" and sorted(lc.locks.ready) == HOSTS
+        assert lc.locks.mode == "shared" and sorted(lc.facts.ready) == HOSTS
         await lc.locks.release()
 
     anyio.run(main)
     assert all(p.closed for p in hosts.held)
+
+
+def test_the_invocation_holds_what_up_probed_and_forgets_ready_hosts_with_their_locks() -> None:
+    hosts = started_hosts()
+    lc = lifecycle(hosts)
+
+    async def main() -> None:
+        await lc.up()
+        # The last probe (the exclusive one) is the invocation's, not the locks'.
+        assert sorted(lc.facts.states) == HOSTS
+        assert all(s.container == "absent" for s in lc.facts.states.values())
+        await lc.locks.release(["h1"])
+        assert sorted(lc.facts.ready) == ["h2", "h3"]  # h1's container may be replaced now
+        await lc.locks.release()
+        assert lc.facts.ready == {}
+
+    anyio.run(main)
 
 
 def test_forks_one_acts_on_one_host_at_a_time() -> None:

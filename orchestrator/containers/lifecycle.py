@@ -15,7 +15,6 @@ no other step waits for the fleet.
 from __future__ import annotations
 
 import fnmatch
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -52,6 +51,7 @@ from orchestrator.containers.docker import (
 )
 from orchestrator.containers.down import only_started_by, remove_all, remove_command
 from orchestrator.containers.drift import limits_drift
+from orchestrator.containers.invocation import Invocation
 from orchestrator.containers.jobend import JOB_LIFETIMES
 from orchestrator.containers.locks import HostLocks, Mode
 from orchestrator.containers.outcome import HostOutcome, UpReport, changed_so_far, run_failed
@@ -95,11 +95,6 @@ from orchestrator.ssh.seam import HostRunner
 STOPPED_STALE_SETUP = "cvs: stopped a setup script still running"
 
 
-def new_invocation_id() -> str:
-    """Labels what one invocation starts, so it removes exactly that and no more."""
-    return uuid.uuid4().hex[:16]
-
-
 @dataclass
 class Prepared:
     """What the prepare step found on a launching host."""
@@ -124,7 +119,7 @@ class Lifecycle:
         sink: EventSink,
         *,
         locks: HostLocks | None = None,
-        invocation: str | None = None,
+        invocation: Invocation | None = None,
     ) -> None:
         if cluster.container is None:
             raise ValueError("the cluster file has no `container` block")
@@ -136,11 +131,13 @@ class Lifecycle:
         self.identity = cluster_identity(cluster)
         self.hash = config_hash(self.cfg)
         self._script: SetupScript | None = None
-        self.invocation = invocation or new_invocation_id()
+        # This invocation's id and probed facts (containers/invocation.py).
+        self.facts = invocation or Invocation()
+        self.invocation = self.facts.id
         self.purpose = "up"  # what other invocations waiting on our locks are told
         # GPUs per host as the last `up` gave them (the hostfile's slots).
         self.gpu_counts: dict[str, int] = {}
-        self.locks = locks or host_locks(cluster, pool, sink)
+        self.locks = locks or host_locks(cluster, pool, sink, self.facts)
 
     @property
     def forks(self) -> int:
@@ -232,6 +229,7 @@ class Lifecycle:
             probe=self._probe_argv,
             purpose=purpose,
         )
+        self.facts.probed({h: a.state for h, a in answers.items() if a.state is not None})
         return {
             h: a.state or HostState.unreachable(h, a.error or a.status) for h, a in answers.items()
         }
@@ -470,7 +468,7 @@ class Lifecycle:
             await tie_launches(self.cluster.slurm, self.cfg.lifetime, self.invocation, plan, states)
             report = await self._execute(plan, states)
             await self.locks.downgrade()
-            self.locks.ready = {
+            self.facts.ready = {
                 h: states[h].runtime
                 for h, o in report.outcomes.items()
                 if o.ok and states[h].runtime.known
@@ -950,8 +948,11 @@ class Lifecycle:
             await self.locks.release()
 
 
-def host_locks(cluster: ClusterConfig, pool: HostRunner, sink: EventSink) -> HostLocks:
-    """The lock set for this cluster's container on its hosts."""
+def host_locks(
+    cluster: ClusterConfig, pool: HostRunner, sink: EventSink, invocation: Invocation | None = None
+) -> HostLocks:
+    """The lock set for this cluster's container on its hosts; what it lets go
+    `invocation` hears of."""
     cfg = cluster.container
     wait = float(cfg.start_timeout) if cfg is not None else 900.0
     return HostLocks(
@@ -962,6 +963,7 @@ def host_locks(cluster: ClusterConfig, pool: HostRunner, sink: EventSink) -> Hos
         wait_seconds=wait,
         probe_seconds=cfg.runtime_timeout if cfg is not None else 30.0,
         runtime=cfg.runtime if cfg is not None else "docker",
+        on_release=invocation.let_go if invocation is not None else None,
     )
 
 

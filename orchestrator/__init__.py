@@ -38,9 +38,9 @@ _EXPORTS: dict[str, str] = {
     "ConfigError": "orchestrator.config",
     "load_cluster": "orchestrator.config",
     "parse_cluster": "orchestrator.config",
-    "Plan": "orchestrator.containers.plan",
-    "HostAction": "orchestrator.containers.plan",
-    "UpReport": "orchestrator.containers.lifecycle",
+    "Plan": "orchestrator.containers.plan.model",
+    "HostAction": "orchestrator.containers.plan.model",
+    "UpReport": "orchestrator.containers.outcome",
     "EventSink": "orchestrator.events",
     "PlainSink": "orchestrator.events",
     "JsonLinesSink": "orchestrator.events",
@@ -84,8 +84,8 @@ if TYPE_CHECKING:
         select_hosts,
     )
     from orchestrator.config import ClusterConfig, ConfigError, load_cluster, parse_cluster
-    from orchestrator.containers.lifecycle import UpReport
-    from orchestrator.containers.plan import HostAction, Plan
+    from orchestrator.containers.outcome import UpReport
+    from orchestrator.containers.plan.model import HostAction, Plan
     from orchestrator.containers.status import HostStatus
     from orchestrator.errors import CvsError, ExitCode, PolicyRefused, UsageError
     from orchestrator.events import EventSink, JsonLinesSink, NullSink, PlainSink

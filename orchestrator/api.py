@@ -33,6 +33,7 @@ from orchestrator.containers.exec import (
     kill_command,
     pidfile_of,
 )
+from orchestrator.containers.invocation import Invocation
 from orchestrator.errors import CvsError, Phrase, Text, UsageError, first_line, join_text
 from orchestrator.errors import HostSelectionError as HostSelectionError
 from orchestrator.events import EventSink, Message, NullSink
@@ -52,10 +53,11 @@ if TYPE_CHECKING:
     # (tests/test_startup.py).
     from orchestrator.containers.copy import Payload, Progress
     from orchestrator.containers.jobleft import Verdict
-    from orchestrator.containers.lifecycle import Lifecycle, UpReport
+    from orchestrator.containers.lifecycle import Lifecycle
     from orchestrator.containers.locks import HostLocks
     from orchestrator.containers.mpi import MPICheck
-    from orchestrator.containers.plan import Plan
+    from orchestrator.containers.outcome import UpReport
+    from orchestrator.containers.plan.model import Plan
     from orchestrator.containers.probe import HostState
     from orchestrator.containers.sshexec import SSHExec
     from orchestrator.containers.status import HostStatus
@@ -164,7 +166,8 @@ class Cluster:
         # The per-host locks this Cluster holds: shared from a successful
         # `up` until `down` or close (the containers are in use meanwhile).
         self._locks: HostLocks | None = None
-        self._invocation: str | None = None
+        # This invocation's id and probed facts (containers/invocation.py).
+        self._invocation = Invocation()
         # What a waiting invocation is told this one is doing (e.g. "run SUITE").
         self.purpose = "up"
         # Commands in the containers through their sshd (containers/sshexec.py).
@@ -201,7 +204,7 @@ class Cluster:
 
     def _lifecycle(self) -> Lifecycle:
         """The container lifecycle (needs a `container` block)."""
-        from orchestrator.containers.lifecycle import Lifecycle, host_locks, new_invocation_id
+        from orchestrator.containers.lifecycle import Lifecycle, host_locks
 
         if self.config.container is None:
             raise UsageError(
@@ -209,8 +212,7 @@ class Cluster:
                 "add one (image, lifetime) to manage containers"
             )
         if self._locks is None:
-            self._locks = host_locks(self.config, self.pool, self.sink)
-            self._invocation = new_invocation_id()
+            self._locks = host_locks(self.config, self.pool, self.sink, self._invocation)
         lifecycle = Lifecycle(
             self.config, self.pool, self.sink, locks=self._locks, invocation=self._invocation
         )
@@ -267,7 +269,7 @@ class Cluster:
             force=force, reprovision=reprovision, adopt=adopt, wait=wait, only=only, heal=heal
         )
         for host, outcome in report.outcomes.items():
-            state = lifecycle.locks.states.get(host)
+            state = self._invocation.states.get(host)
             if outcome.ok and outcome.action.kind == "attach" and state is not None:
                 # Attached: the probe's inspect holds what commands through the
                 # container's sshd need; no inspect of their own.
@@ -290,7 +292,7 @@ class Cluster:
         if container is None:
             return None, ["an mpi step runs in the head's container: the cluster has none"]
         head = self.config.head_host.name
-        ready = self._lifecycle().locks.ready
+        ready = self._invocation.ready
         if head not in ready:
             return None, [f"{head}: the head's container is not up (up first)"]
         per_peer, bound = mpi_check_bound(self.config)
@@ -327,7 +329,7 @@ class Cluster:
         if self.config.container is None:
             raise UsageError("start_sshd: the cluster has no container block")
         lifecycle = self._lifecycle()
-        ready = lifecycle.locks.ready
+        ready = self._invocation.ready
         keys = ClusterKeys.load_or_create(default_state_dir(self.config), self.hosts)
         name = container_name(self.config)
 
@@ -372,7 +374,7 @@ class Cluster:
             # output bounds, in the hosts' workers when there are workers),
             # not on the HostRunner seam.
             pool = cast("SSHPool | WorkerRunner", self.pool)
-            self._ssh_exec = SSHExec(self.config, pool, self.sink)
+            self._ssh_exec = SSHExec(self.config, pool, self.sink, self._invocation)
         return self._ssh_exec
 
     @property
@@ -381,9 +383,7 @@ class Cluster:
         `up` left running (probed under the lock it still holds). A host
         missing here is not known: the host decides on each command, by the
         same rule (remote/access.sh)."""
-        if self._locks is None:
-            return MappingProxyType({})
-        return MappingProxyType(dict(self._locks.ready))
+        return MappingProxyType(dict(self._invocation.ready))
 
     @property
     def runtimes(self) -> Mapping[str, ContainerRuntime]:
@@ -628,7 +628,7 @@ class Cluster:
         as_user = self._exec_user(name, user, workdir)
         locks = self._lifecycle().locks
         own_lock = not locks.holds(selected)
-        ready = dict(locks.ready)
+        ready = dict(self._invocation.ready)
         before: dict[str, HostResult] = {}
         if own_lock:
             before = await self._lock_for_exec(selected, name, ready, wait=wait)
@@ -722,7 +722,7 @@ class Cluster:
         from orchestrator.containers.peers import name_ended_peers
 
         name = container_name(self.config)
-        ready = self._lifecycle().locks.ready
+        ready = self._invocation.ready
         runtimes = {h: ready.get(h) or self.runtimes[h] for h in self.hosts}
         return await name_ended_peers(self.pool, self.config, name, runtimes, results)
 

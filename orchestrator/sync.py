@@ -26,9 +26,9 @@ from orchestrator.ssh.stdin import RawOutput
 
 if TYPE_CHECKING:
     from orchestrator.containers.jobleft import Verdict
-    from orchestrator.containers.lifecycle import UpReport
     from orchestrator.containers.mpi import MPICheck
-    from orchestrator.containers.plan import Plan
+    from orchestrator.containers.outcome import UpReport
+    from orchestrator.containers.plan.model import Plan
     from orchestrator.containers.sshexec import SSHExec
 
 

@@ -7,7 +7,7 @@ from plan_states import IMG_B, cfg, host, kinds, states
 
 from orchestrator.cli.common import cli_text
 from orchestrator.containers.labels import LABEL_OWNER
-from orchestrator.containers.plan import decide_plan
+from orchestrator.containers.plan.lifetimes import decide_plan
 from orchestrator.remote.frames import parse_sections
 from orchestrator.remote.records import adopted_argv, adopted_records
 

@@ -23,9 +23,9 @@ from orchestrator.containers.causes import (
     wants_diagnosis,
     with_cause,
 )
-from orchestrator.containers.lifecycle import HostOutcome, UpReport
+from orchestrator.containers.outcome import HostOutcome, UpReport
 from orchestrator.containers.peers import launches_mpi
-from orchestrator.containers.plan import HostAction, Plan
+from orchestrator.containers.plan.model import HostAction, Plan
 from orchestrator.results import HostResult
 from orchestrator.suites.model import Step
 from orchestrator.suites.records import StepOutcome

@@ -21,7 +21,7 @@ from orchestrator.api import select_hosts
 from orchestrator.cli.common import _FLAGS, _PARAMS, CLI_STYLE, cli_reasons, cli_text
 from orchestrator.cli.parser import build_parser
 from orchestrator.config import ConfigError, load_cluster
-from orchestrator.containers.plan import decide_plan
+from orchestrator.containers.plan.lifetimes import decide_plan
 from orchestrator.errors import (
     Call,
     HostSelectionError,

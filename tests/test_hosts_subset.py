@@ -7,7 +7,8 @@ from __future__ import annotations
 from plan_states import cfg, host, kinds, states
 
 from orchestrator.cli.common import CLI_STYLE
-from orchestrator.containers.plan import Plan, decide_plan
+from orchestrator.containers.plan.lifetimes import decide_plan
+from orchestrator.containers.plan.model import Plan
 from orchestrator.containers.probe import HostState
 from orchestrator.containers.subset import narrowed
 

@@ -21,7 +21,7 @@ from labtools import Lab, cvs, docker, explain, inspect
 
 from orchestrator.api import Cluster
 from orchestrator.config import load_cluster
-from orchestrator.containers.lifecycle import UpReport
+from orchestrator.containers.outcome import UpReport
 from orchestrator.errors import CvsError, PolicyRefused
 from orchestrator.events import CollectingSink, Event, HostStep, Message, TeeSink
 from orchestrator.sandbox import (

@@ -19,7 +19,7 @@ import pytest
 from orchestrator.config import ContainerConfig
 from orchestrator.config.rootless import rootless_notes
 from orchestrator.containers.argv import run_argv
-from orchestrator.containers.plan import decide_plan
+from orchestrator.containers.plan.lifetimes import decide_plan
 from orchestrator.containers.probe import HostState, parse_probe_output, probe_argv
 from orchestrator.limits.rootless import device_group_access
 from orchestrator.remote.runtime import ContainerRuntime

@@ -12,7 +12,8 @@ import pytest
 from scripted import IMAGE_ID, ScriptedHosts, probe_output
 
 from orchestrator.config import ClusterConfig, ContainerConfig, HostSpec
-from orchestrator.containers.lifecycle import Lifecycle, UpReport
+from orchestrator.containers.lifecycle import Lifecycle
+from orchestrator.containers.outcome import UpReport
 from orchestrator.errors import PolicyRefused
 from orchestrator.events import NullSink
 
@@ -114,11 +115,28 @@ def test_a_change_takes_the_locks_exclusively_then_converts_them_to_shared() -> 
         assert modes == ["s"] * 3 + ["x"] * 3
         assert all(p.stdin.written == ["shared\n"] for p in hosts.held[3:])
         assert all(p.closed for p in hosts.held[:3])
-        assert lc.locks.mode == "shared" and sorted(lc.locks.ready) == HOSTS
+        assert lc.locks.mode == "shared" and sorted(lc.facts.ready) == HOSTS
         await lc.locks.release()
 
     anyio.run(main)
     assert all(p.closed for p in hosts.held)
+
+
+def test_the_invocation_holds_what_up_probed_and_forgets_ready_hosts_with_their_locks() -> None:
+    hosts = started_hosts()
+    lc = lifecycle(hosts)
+
+    async def main() -> None:
+        await lc.up()
+        # The last probe (the exclusive one) is the invocation's, not the locks'.
+        assert sorted(lc.facts.states) == HOSTS
+        assert all(s.container == "absent" for s in lc.facts.states.values())
+        await lc.locks.release(["h1"])
+        assert sorted(lc.facts.ready) == ["h2", "h3"]  # h1's container may be replaced now
+        await lc.locks.release()
+        assert lc.facts.ready == {}
+
+    anyio.run(main)
 
 
 def test_forks_one_acts_on_one_host_at_a_time() -> None:
@@ -158,8 +176,8 @@ def test_a_pull_failing_on_one_host_reports_no_host_ready_and_starts_nothing() -
 
 
 def test_a_held_back_hosts_summary_reads_the_why_field_not_the_error_text() -> None:
-    from orchestrator.containers.lifecycle import HostOutcome
-    from orchestrator.containers.plan import HostAction
+    from orchestrator.containers.outcome import HostOutcome
+    from orchestrator.containers.plan.model import HostAction
 
     outcome = HostOutcome("h1", HostAction("cold_start", "none present"))
     outcome.hold_back("not started: said by a peer")

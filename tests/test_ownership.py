@@ -26,7 +26,8 @@ from orchestrator.containers.locks import (
     lock_command,
     lock_path,
 )
-from orchestrator.containers.plan import decide_down, decide_plan
+from orchestrator.containers.plan.down import decide_down
+from orchestrator.containers.plan.lifetimes import decide_plan
 from orchestrator.containers.probe import (
     HostState,
     parse_probe_output,

@@ -13,11 +13,9 @@ from properties import examples
 from orchestrator.cli.common import cli_reasons, cli_text
 from orchestrator.config import ContainerConfig
 from orchestrator.containers.labels import LABEL_CONFIG_HASH, managed_labels
-from orchestrator.containers.plan import (
-    check_tag_identity,
-    decide_down,
-    decide_plan,
-)
+from orchestrator.containers.plan.down import decide_down
+from orchestrator.containers.plan.images import check_tag_identity
+from orchestrator.containers.plan.lifetimes import decide_plan
 from orchestrator.containers.probe import HostState
 
 REBUILD = "`cvs down --force && cvs up`"  # the way out, as the CLI shows it
@@ -513,7 +511,7 @@ def test_down_never_removes_foreign_or_unknown_without_force(
 
 
 def test_down_leftovers_name_unknown_and_failed_hosts_and_how_to_finish() -> None:
-    from orchestrator.containers.plan import down_leftovers
+    from orchestrator.containers.plan.down import down_leftovers
 
     hs = states(host("h1", R), HostState.unreachable("h2", "connection refused"), host("h3", R))
     plan = decide_down(cfg("persistent"), hs, force=True)
@@ -528,7 +526,7 @@ def test_down_leftovers_name_unknown_and_failed_hosts_and_how_to_finish() -> Non
 
 
 def test_down_leftovers_take_the_unknown_hosts_reason_from_the_plan_not_its_words() -> None:
-    from orchestrator.containers.plan import down_leftovers
+    from orchestrator.containers.plan.down import down_leftovers
 
     hs = states(HostState.unreachable("h2", "state unknown: said by sshd"))
     plan = decide_down(cfg("persistent"), hs, force=True)
@@ -539,7 +537,7 @@ def test_down_leftovers_take_the_unknown_hosts_reason_from_the_plan_not_its_word
 
 
 def test_down_leftovers_empty_when_everything_is_gone() -> None:
-    from orchestrator.containers.plan import down_leftovers
+    from orchestrator.containers.plan.down import down_leftovers
 
     hs = states(host("h1", R), host("h2", A))
     plan = decide_down(cfg("per_run"), hs)
@@ -547,7 +545,7 @@ def test_down_leftovers_empty_when_everything_is_gone() -> None:
 
 
 def test_down_leftovers_list_kept_containers_with_the_reason() -> None:
-    from orchestrator.containers.plan import down_leftovers
+    from orchestrator.containers.plan.down import down_leftovers
 
     plan = decide_down(cfg("persistent"), states(host("h1", R)))
     (text,) = down_leftovers(cfg("persistent"), plan, {}, force=False).values()

@@ -33,8 +33,9 @@ from scripted import ScriptedHosts
 
 from orchestrator.config import ClusterConfig, ContainerConfig, HostSpec
 from orchestrator.containers.labels import LABEL_LIFETIME, managed_labels
-from orchestrator.containers.lifecycle import Lifecycle, UpReport
-from orchestrator.containers.plan import Plan
+from orchestrator.containers.lifecycle import Lifecycle
+from orchestrator.containers.outcome import UpReport
+from orchestrator.containers.plan.model import Plan
 from orchestrator.containers.probe import HostState
 from orchestrator.errors import PolicyRefused, Refusal
 from orchestrator.events import NullSink

@@ -7,7 +7,7 @@ adds, the daemon's version)."""
 from __future__ import annotations
 
 from orchestrator.config import ContainerConfig
-from orchestrator.containers.plan import decide_plan
+from orchestrator.containers.plan.lifetimes import decide_plan
 from orchestrator.containers.probe import HostState
 from orchestrator.limits.cdi import SpecFile
 from orchestrator.limits.gpus import GPU

@@ -18,7 +18,7 @@ from scripted import ScriptedHosts, probe_output
 
 from orchestrator.config import ClusterConfig, ContainerConfig, HostSpec
 from orchestrator.containers.lifecycle import Lifecycle
-from orchestrator.containers.plan import Plan
+from orchestrator.containers.plan.model import Plan
 from orchestrator.errors import ConnectError
 from orchestrator.events import NullSink
 from orchestrator.ssh.fanout import fan_out

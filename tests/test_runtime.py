@@ -313,7 +313,7 @@ def test_the_real_probe_reaches_rootful_podman_through_sudo_when_not_root(tmp_pa
 
 
 def test_the_plan_lists_a_rootless_cap_refusal_before_anything_starts():
-    from orchestrator.containers.plan import decide_plan
+    from orchestrator.containers.plan.lifetimes import decide_plan
     from orchestrator.containers.probe import HostState
 
     cfg = ContainerConfig(image="img:1", runtime="podman", rootless=True, lifetime="per_run")

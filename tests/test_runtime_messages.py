@@ -27,7 +27,8 @@ from orchestrator.containers.causes import (
     read_diagnosis,
 )
 from orchestrator.containers.hints import hint_for
-from orchestrator.containers.plan import check_tag_identity, decide_plan
+from orchestrator.containers.plan.images import check_tag_identity
+from orchestrator.containers.plan.lifetimes import decide_plan
 from orchestrator.remote.runtime import ContainerRuntime, runtime_hung
 
 NOW = 1_800_000_000.0

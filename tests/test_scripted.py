@@ -16,8 +16,9 @@ from scripted import probe_output
 
 from orchestrator import remote
 from orchestrator.config import ClusterConfig, ContainerConfig, HostSpec
-from orchestrator.containers.lifecycle import Lifecycle, UpReport
+from orchestrator.containers.lifecycle import Lifecycle
 from orchestrator.containers.locks import lock_command
+from orchestrator.containers.outcome import UpReport
 from orchestrator.events import NullSink
 from orchestrator.testing import (
     HANG,

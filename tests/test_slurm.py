@@ -42,7 +42,7 @@ from orchestrator.containers.jobleft import (
     remove_argv,
 )
 from orchestrator.containers.labels import LABEL_GPUS, managed_labels
-from orchestrator.containers.plan import decide_plan
+from orchestrator.containers.plan.lifetimes import decide_plan
 from orchestrator.containers.probe import HostState
 from orchestrator.limits.gpus import GPU, GPUSelection, Unsatisfiable
 from orchestrator.limits.slurm_gpus import select_in_job

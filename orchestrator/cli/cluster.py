@@ -25,7 +25,7 @@ from orchestrator.cli.connect import run_with_cluster
 from orchestrator.config.documents import key_lines
 from orchestrator.containers.hints import hint_for
 from orchestrator.containers.jobleft import describe
-from orchestrator.containers.plan import down_leftovers
+from orchestrator.containers.plan.down import down_leftovers
 from orchestrator.containers.status import status_exit_code
 from orchestrator.errors import ExitCode, restyled
 from orchestrator.events import wants_plain
@@ -35,8 +35,8 @@ from orchestrator.results import HostResult, exit_code_for
 if TYPE_CHECKING:
     from orchestrator.api import Cluster
     from orchestrator.config import ClusterConfig
-    from orchestrator.containers.lifecycle import UpReport
-    from orchestrator.containers.plan import Plan
+    from orchestrator.containers.outcome import UpReport
+    from orchestrator.containers.plan.model import Plan
 
 
 @imports_first(*CONNECTING)

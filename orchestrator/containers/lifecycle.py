@@ -15,12 +15,9 @@ no other step waits for the fleet.
 from __future__ import annotations
 
 import fnmatch
-import shlex
-import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Literal
 
 import anyio
 
@@ -33,7 +30,6 @@ from orchestrator.config import (
     deprecation_warnings,
     sshd_wanted,
 )
-from orchestrator.config.hostlist import abbreviate_hosts
 from orchestrator.containers import mpi
 from orchestrator.containers.argv import (
     CONTAINER_ID_RE,
@@ -43,29 +39,25 @@ from orchestrator.containers.argv import (
     login_command,
     pull_argv,
     remove_started_by_command,
-    rm_id_argv,
     run_argv,
     run_env_file,
     start_argv,
     unpause_argv,
 )
 from orchestrator.containers.causes import output_cause, pull_cause
+from orchestrator.containers.down import only_started_by, remove_all, remove_command
 from orchestrator.containers.drift import limits_drift
 from orchestrator.containers.inspection import parse_image_inspect, parse_run_id
-from orchestrator.containers.jobend import JOB_LIFETIMES, tie_to_job
-from orchestrator.containers.labels import LABEL_INVOCATION, config_hash, managed_labels
+from orchestrator.containers.invocation import Invocation
+from orchestrator.containers.jobend import JOB_LIFETIMES
+from orchestrator.containers.labels import config_hash, managed_labels
 from orchestrator.containers.locks import HostLocks, Mode
-from orchestrator.containers.plan import (
-    DOWN_FORCE,
-    GPUChoice,
-    HostAction,
-    Plan,
-    check_tag_identity,
-    choose_gpus,
-    decide_down,
-    decide_plan,
-    with_host_facts,
-)
+from orchestrator.containers.outcome import HostOutcome, UpReport, changed_so_far, run_failed
+from orchestrator.containers.plan.down import decide_down
+from orchestrator.containers.plan.facts import GPUChoice, choose_gpus, with_host_facts
+from orchestrator.containers.plan.images import check_tag_identity
+from orchestrator.containers.plan.lifetimes import decide_plan
+from orchestrator.containers.plan.model import DOWN_FORCE, HostAction, Plan
 from orchestrator.containers.probe import HostState, parse_probe_output, probe_argv
 from orchestrator.containers.provision import (
     MARKER_PATH,
@@ -75,26 +67,15 @@ from orchestrator.containers.provision import (
     mpi_check_bound,
     run_setup_script,
 )
+from orchestrator.containers.slurm_tie import tie_launches
 from orchestrator.containers.spread import Prepare, spread_and_prepare
 from orchestrator.containers.spread_plan import SpreadPlan, decide_spread
 from orchestrator.containers.subset import deciding, healed, narrowed, unread
-from orchestrator.errors import (
-    ExitCode,
-    Phrase,
-    PolicyRefused,
-    Refusal,
-    Text,
-    UsageError,
-    first_line,
-)
+from orchestrator.containers.timeouts import StartBudget, runtime_gave_up, timeout_message
+from orchestrator.errors import Phrase, PolicyRefused, Refusal, Text, UsageError
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.limits.cdi import SpecFile, describe_devices, spec_files
-from orchestrator.limits.gpus import (
-    GPU,
-    GPUSelection,
-    discovery_argv,
-    parse_discovery,
-)
+from orchestrator.limits.gpus import GPU, GPUSelection, discovery_argv, parse_discovery
 from orchestrator.limits.resources import (
     EffectiveResources,
     clamp_warnings,
@@ -102,7 +83,7 @@ from orchestrator.limits.resources import (
 )
 from orchestrator.limits.rootless import wants_devices
 from orchestrator.remote import records
-from orchestrator.remote.runtime import ContainerRuntime, runtime_hung
+from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.keys import ClusterKeys, default_state_dir
@@ -110,103 +91,6 @@ from orchestrator.ssh.seam import HostRunner
 
 # What remote/setup.sh says on stderr when it stopped an earlier, orphaned run.
 STOPPED_STALE_SETUP = "cvs: stopped a setup script still running"
-
-
-def new_invocation_id() -> str:
-    """Labels what one invocation starts, so it removes exactly that and no more."""
-    return uuid.uuid4().hex[:16]
-
-
-# What a host ended as after `up`: the renderers read this, never the error text.
-#   ready        its container is there and ready
-#   failed       one of its own steps failed (`error` says which and why)
-#   rolled_back  its own steps passed, but a rollback removed what it started
-#                because another host failed (`rolled_back` says why)
-#   not_started  nothing was started here because another host's preparation
-#                failed (a start goes everywhere or nowhere)
-OutcomeState = Literal["ready", "failed", "rolled_back", "not_started"]
-
-
-@dataclass
-class HostOutcome:
-    """What `up` did on one host: the steps run and the state it ended in."""
-
-    host: str
-    action: HostAction
-    steps: list[tuple[str, HostResult]] = field(default_factory=list)
-    state: OutcomeState = "ready"
-    error: Text | None = None
-    unreachable: bool = False
-    # What `docker run -d` printed: the container this attempt made here.
-    container_id: str | None = None
-    # Why a rollback removed what this host's pipeline had started (a later
-    # step elsewhere undid it): the host is then not ready, whatever its
-    # own steps said. Set on a failed host too (its state stays failed).
-    rolled_back: Text | None = None
-    # Why nothing was started here (`hold_back`): kept apart from `error`,
-    # which says it after "not started: ", so `summary` need not take it apart.
-    held_back: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        """Ready: the container is there and nothing undid it."""
-        return self.state == "ready"
-
-    def fail(self, step: str, result: HostResult | None, message: Text) -> None:
-        self.state = "failed"
-        self.unreachable = result is not None and not result.reached
-        tail = result.tail(15) if result is not None else ""
-        self.error = Phrase(f"{step}: ", message, f"\n{tail}" if tail else "")
-
-    def roll_back(self, why: Text) -> None:
-        """The container this host started was removed again: not ready.
-
-        A host that failed on its own keeps its state and error (`summary`
-        adds that it was rolled back); one whose own steps all passed is now
-        rolled_back and says why.
-        """
-        self.rolled_back = why
-        if self.state == "ready":
-            self.state = "rolled_back"
-            self.error = Phrase("rolled back: ", why)
-
-    def hold_back(self, why: str) -> None:
-        """Nothing was started here because another host's preparation failed
-        (a start goes everywhere or nowhere): not ready, and says why."""
-        if self.state == "ready":
-            self.state = "not_started"
-            self.held_back = why
-            self.error = Phrase("not started: ", why)
-
-    @property
-    def summary(self) -> Text:
-        """One line: what the host ended as (`cold_start ok (pull, run)`,
-        `cold_start ROLLED BACK: ...`, `cold_start FAILED at run: ...`)."""
-        kind = self.action.kind
-        if self.state == "ready":
-            return f"{kind} ok ({', '.join(name for name, _ in self.steps) or 'nothing to do'})"
-        if self.state == "rolled_back":
-            return Phrase(f"{kind} ROLLED BACK: ", self.rolled_back or "")
-        if self.state == "not_started" and self.held_back is not None:
-            return Phrase(f"{kind} NOT STARTED: ", first_line(self.held_back))
-        first = first_line(self.error or "failed")
-        removed = " (rolled back)" if self.rolled_back is not None else ""
-        return Phrase(f"{kind} FAILED at ", first, removed)
-
-
-class StartBudget:
-    """What is left of `container.start_timeout` for one host's image steps:
-    login, load and pull share it (docs/design.md), so a stalled login cannot
-    add its own wait to the pull's."""
-
-    def __init__(self, seconds: float, covers: str) -> None:
-        self.deadline = time.monotonic() + seconds
-        self.covers = covers  # the steps it bounds, for the message
-
-    def left(self) -> float:
-        # A step that starts with nothing left still gets a moment to fail
-        # on its own instead of a zero timeout that reads as a hang.
-        return max(0.5, self.deadline - time.monotonic())
 
 
 @dataclass
@@ -223,67 +107,6 @@ class Prepared:
     runtime_version: str | None = None  # asked only where CDI depends on it
 
 
-@dataclass
-class UpReport:
-    plan: Plan
-    outcomes: dict[str, HostOutcome]
-
-    @property
-    def ok(self) -> bool:
-        return all(o.ok for o in self.outcomes.values())
-
-    @property
-    def ready(self) -> list[str]:
-        """Hosts whose container is there and ready now (not failed, not rolled back)."""
-        return [h for h, o in self.outcomes.items() if o.ok]
-
-    @property
-    def error(self) -> Text | None:
-        """One line for the whole `up` when some host is not ready, else None."""
-        failed = {h: o for h, o in self.outcomes.items() if not o.ok}
-        if not failed:
-            return None
-        own = {h: o for h, o in failed.items() if o.state != "rolled_back"}
-        first_host, first = next(iter((own or failed).items()))
-        detail = first_line(first.error or "failed")
-        rolled = [h for h, o in failed.items() if o.state == "rolled_back"]
-        others = len(own) - 1
-        return Phrase(
-            f"up: {len(self.ready)}/{len(self.outcomes)} hosts ready; {first_host}: ",
-            detail,
-            f"; rolled back on {', '.join(rolled)}" if rolled else "",
-            f" (and {others} more failed host(s))" if others > 0 else "",
-        )
-
-    @property
-    def exit_code(self) -> ExitCode:
-        if any(o.unreachable for o in self.outcomes.values()):
-            return ExitCode.UNREACHABLE
-        return ExitCode.OK if self.ok else ExitCode.FAILED
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "exit_code": self.exit_code,
-            "lifetime": self.plan.lifetime,
-            "warnings": self.plan.warnings,
-            "error": self.error,
-            "ready": len(self.ready),
-            "hosts": {
-                h: {
-                    "action": o.action.kind,
-                    "reason": o.action.reason,
-                    "ok": o.ok,
-                    "state": o.state,
-                    "error": o.error,
-                    "rolled_back": o.rolled_back,
-                    "steps": {name: r.status for name, r in o.steps},
-                }
-                for h, o in self.outcomes.items()
-            },
-        }
-
-
 class Lifecycle:
     """The container lifecycle of one cluster over a `HostRunner` (an open `SSHPool`)."""
 
@@ -294,7 +117,7 @@ class Lifecycle:
         sink: EventSink,
         *,
         locks: HostLocks | None = None,
-        invocation: str | None = None,
+        invocation: Invocation | None = None,
     ) -> None:
         if cluster.container is None:
             raise ValueError("the cluster file has no `container` block")
@@ -306,11 +129,13 @@ class Lifecycle:
         self.identity = cluster_identity(cluster)
         self.hash = config_hash(self.cfg)
         self._script: SetupScript | None = None
-        self.invocation = invocation or new_invocation_id()
+        # This invocation's id and probed facts (containers/invocation.py).
+        self.facts = invocation or Invocation()
+        self.invocation = self.facts.id
         self.purpose = "up"  # what other invocations waiting on our locks are told
         # GPUs per host as the last `up` gave them (the hostfile's slots).
         self.gpu_counts: dict[str, int] = {}
-        self.locks = locks or host_locks(cluster, pool, sink)
+        self.locks = locks or host_locks(cluster, pool, sink, self.facts)
 
     @property
     def forks(self) -> int:
@@ -402,6 +227,7 @@ class Lifecycle:
             probe=self._probe_argv,
             purpose=purpose,
         )
+        self.facts.probed({h: a.state for h, a in answers.items() if a.state is not None})
         return {
             h: a.state or HostState.unreachable(h, a.error or a.status) for h, a in answers.items()
         }
@@ -474,7 +300,7 @@ class Lifecycle:
         if not result.ok:
             message: Text = result.error or result.status
             if result.status == "timeout":
-                message = self._timeout_message(step, budget, timeout)
+                message = timeout_message(self.cfg, step, budget, timeout)
             else:
                 # The cause when the output names one (a full disk), not just the code.
                 cause = output_cause(result.stdout, result.stderr)
@@ -492,26 +318,8 @@ class Lifecycle:
         return result
 
     def runtime_hung_error(self, what: str) -> str:
-        """Why a runtime call was given up on: the runtime (docker or podman),
-        the bound, its name, the suspect."""
-        return runtime_hung(self.cfg.runtime, self.cfg.runtime_timeout, what) + "; stopped"
-
-    def _timeout_message(self, step: str, budget: StartBudget | None, timeout: float) -> str:
-        """Which bound stopped `step`, and the setting that raises it."""
-        if budget is not None:
-            shared = f", for {budget.covers} together" if " and " in budget.covers else ""
-            return (
-                f"{step} did not finish within container.start_timeout "
-                f"({self.cfg.start_timeout:g}s{shared}): stopped, nothing started on this host"
-            )
-        if timeout == self.cfg.start_timeout:
-            return (
-                f"{step} did not finish within container.start_timeout "
-                f"({self.cfg.start_timeout:g}s): stopped, nothing started on this host"
-            )
-        if timeout == self.cfg.runtime_timeout:
-            return self.runtime_hung_error(step)
-        return f"{step} did not finish within {timeout:g}s: stopped"
+        """Why a runtime call was given up on (timeouts.py)."""
+        return runtime_gave_up(self.cfg, what)
 
     async def _prepare(
         self, host: str, state: HostState, outcome: HostOutcome, peer_image: str | None = None
@@ -655,10 +463,10 @@ class Lifecycle:
                     )
             if plan.refused:
                 raise PolicyRefused(plan.refusals)
-            await self._tie_to_slurm_job(plan, states)
+            await tie_launches(self.cluster.slurm, self.cfg.lifetime, self.invocation, plan, states)
             report = await self._execute(plan, states)
             await self.locks.downgrade()
-            self.locks.ready = {
+            self.facts.ready = {
                 h: states[h].runtime
                 for h, o in report.outcomes.items()
                 if o.ok and states[h].runtime.known
@@ -701,18 +509,6 @@ class Lifecycle:
             return plan
         steps = {h: a.image_step if a.launches else None for h, a in plan.actions.items()}
         return replace(plan, spread=decide_spread(self.cfg, steps))
-
-    async def _tie_to_slurm_job(self, plan: Plan, states: Mapping[str, HostState]) -> None:
-        """Inside a Slurm job, the per_run and per_job containers this `up`
-        will start are tied to the job before any starts (containers/jobend.py):
-        TieError, nothing started, when the tie cannot be made. A persistent
-        container never goes with a job."""
-        job = self.cluster.slurm
-        if job is None or self.cfg.lifetime not in JOB_LIFETIMES:
-            return
-        nodes = [h for h, a in plan.actions.items() if a.launches and states[h].runtime.known]
-        prefixes = {h: states[h].runtime.prefix for h in nodes}
-        await tie_to_job(job, self.invocation, nodes, prefixes)
 
     async def _execute(self, plan: Plan, states: Mapping[str, HostState]) -> UpReport:
         """Act on a plan that was not refused: prepare the launching hosts,
@@ -776,7 +572,7 @@ class Lifecycle:
         failed = ", ".join(h for h in launching if not outcomes[h].ok)
         if self.cfg.lifetime == "per_run" and any(not o.ok for o in outcomes.values()):
             await self._roll_back(started, states, f"a per_run start failed on {failed}", outcomes)
-        elif any(not outcomes[h].ok and _run_failed(outcomes[h]) for h in launching):
+        elif any(not outcomes[h].ok and run_failed(outcomes[h]) for h in launching):
             # A partial cold start would leave a partial persistent set.
             await self._roll_back(started, states, f"the cold start failed on {failed}", outcomes)
         return UpReport(plan, outcomes)
@@ -902,7 +698,7 @@ class Lifecycle:
                 choices[host] = choice
         if reasons:
             raise PolicyRefused(
-                reasons, changed=_changed_so_far(self.cfg.image, launching, outcomes)
+                reasons, changed=changed_so_far(self.cfg.image, launching, outcomes)
             )
         for host, choice in choices.items():
             if choice.cdi is not None:
@@ -1129,44 +925,32 @@ class Lifecycle:
     async def down(
         self, *, force: bool = False, wait: bool = True, own_only: bool = False
     ) -> tuple[Plan, dict[str, HostResult]]:
-        """Remove per the lifetime, holding every host's lock exclusively.
-
-        Removal is by the container ID probed under the lock. `own_only`
-        (a run's tear-down) removes only containers this invocation started.
+        """Remove per the lifetime (plan/down.py), holding every host's lock
+        exclusively; the removals by the container ID probed under the lock
+        (containers/down.py). `own_only` (a run's tear-down) removes only
+        containers this invocation started.
         """
         try:
             states = await self.lock_and_probe("exclusive", wait=wait, purpose="down")
             plan = decide_down(self.cfg, states, force=force, cluster_name=self.identity)
             if own_only:
-                plan = _only_started_by(plan, states, self.invocation)
+                plan = only_started_by(plan, states, self.invocation)
             for w in plan.warnings:
                 self.sink.emit(Message(level="warning", text=w))
             removing = plan.hosts("remove")
-
-            async def remove(host: str) -> HostResult:
-                prefix = states[host].runtime.prefix
-                self._step(host, "remove", "started")
-                r = await self.pool.run(
-                    host,
-                    remove_command(prefix, states[host].container_id or ""),
-                    timeout=self.cfg.runtime_timeout,
-                    stream_output=False,
-                    label="remove",
-                )
-                if r.status == "timeout":
-                    r = replace(r, error=self.runtime_hung_error(f"{self.cfg.runtime} rm"))
-                self._step(host, "remove", "ok" if r.ok else "failed", r.error or "")
-                return r
-
-            with anyio.CancelScope(shield=True):
-                removed = await fan_out(removing, remove, limit=self.forks)
+            removed = await remove_all(
+                self.pool, self.sink, self.cfg, states, removing, forks=self.forks
+            )
             return plan, removed
         finally:
             await self.locks.release()
 
 
-def host_locks(cluster: ClusterConfig, pool: HostRunner, sink: EventSink) -> HostLocks:
-    """The lock set for this cluster's container on its hosts."""
+def host_locks(
+    cluster: ClusterConfig, pool: HostRunner, sink: EventSink, invocation: Invocation | None = None
+) -> HostLocks:
+    """The lock set for this cluster's container on its hosts; what it lets go
+    `invocation` hears of."""
     cfg = cluster.container
     wait = float(cfg.start_timeout) if cfg is not None else 900.0
     return HostLocks(
@@ -1177,6 +961,7 @@ def host_locks(cluster: ClusterConfig, pool: HostRunner, sink: EventSink) -> Hos
         wait_seconds=wait,
         probe_seconds=cfg.runtime_timeout if cfg is not None else 30.0,
         runtime=cfg.runtime if cfg is not None else "docker",
+        on_release=invocation.let_go if invocation is not None else None,
     )
 
 
@@ -1193,54 +978,5 @@ def gpu_counts(
     return counts
 
 
-def _only_started_by(plan: Plan, states: Mapping[str, HostState], invocation: str) -> Plan:
-    """`plan` with removals limited to containers labelled with `invocation`."""
-    actions = dict(plan.actions)
-    kept: list[str] = []
-    for host, action in plan.actions.items():
-        if action.kind == "remove" and states[host].labels.get(LABEL_INVOCATION) != invocation:
-            actions[host] = HostAction("none", "started by another invocation: left alone")
-            kept.append(host)
-    warnings = list(plan.warnings)
-    if kept:
-        warnings.append(
-            f"the container on {', '.join(kept)} was started by another cvs invocation "
-            "since this one started it: left alone"
-        )
-    return replace(plan, actions=actions, warnings=warnings)
-
-
-def remove_command(prefix: Sequence[str], container_id: str) -> str:
-    """`docker rm -f ID`, then the host's records of that container go too."""
-    argv = rm_id_argv(prefix, container_id)
-    return f"{shlex.join(argv)} && {shlex.join(records.forget_argv(container_id))}"
-
-
-def _changed_so_far(
-    image: str, launching: Sequence[str], outcomes: Mapping[str, HostOutcome]
-) -> list[str]:
-    """What the prepare step changed before a barrier refusal (`login to the
-    registry on h1`, `image X pulled on node[1-2]`): the refusal must not say
-    nothing changed. No container was started by then."""
-    out = []
-    for step, what in (
-        ("login", "login to the registry"),
-        ("pull", f"image {image} pulled"),
-        ("load", f"image {image} loaded"),
-    ):
-        done = [h for h in launching if any(s == step and r.ok for s, r in outcomes[h].steps)]
-        if done:
-            out.append(f"{what} on {abbreviate_hosts(done)} (left in place)")
-    return out
-
-
 def _valid_id(container_id: str | None) -> str | None:
     return container_id if container_id and CONTAINER_ID_RE.fullmatch(container_id) else None
-
-
-def _run_failed(outcome: HostOutcome) -> bool:
-    return any(
-        s in ("pull", "load", "login", "run", "image", "remove")
-        for s, r in outcome.steps
-        if not r.ok
-    )

@@ -59,7 +59,7 @@ from orchestrator.containers.probe import HostState, parse_probe_output
 from orchestrator.errors import ConnectError, Option, PolicyRefused, Refusal, WayOut
 from orchestrator.events import EventSink, Message
 from orchestrator.remote.frames import FRAME, READY, split_lock_frames
-from orchestrator.remote.runtime import ContainerRuntime, runtime_hung
+from orchestrator.remote.runtime import runtime_hung
 from orchestrator.ssh.envpass import new_token
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.seam import HostRunner
@@ -175,6 +175,7 @@ class HostLocks:
         wait_seconds: float,
         probe_seconds: float = 30.0,
         runtime: str = "docker",
+        on_release: Callable[[Sequence[str]], None] | None = None,
     ) -> None:
         self.pool = pool
         self.sink = sink
@@ -188,12 +189,9 @@ class HostLocks:
         self.description = holder_description("cvs")
         self.mode: Mode | None = None
         self._held: dict[str, tuple[contextlib.AsyncExitStack, Any]] = {}
-        # Host -> how to reach docker there, for hosts whose container an `up`
-        # under these locks left running: while they are held, nothing can
-        # replace it.
-        self.ready: dict[str, ContainerRuntime] = {}
-        # What the last probe under these locks found, per host.
-        self.states: dict[str, HostState] = {}
+        # Told the hosts let go, on every release (containers/invocation.py:
+        # what an `up` left ready there is no longer held).
+        self._on_release = on_release
         self._guarded: set[str] = set()
 
     @property
@@ -237,7 +235,6 @@ class HostLocks:
         if problems:
             await self.release()
             raise PolicyRefused(problems)
-        self.states = {h: a.state for h, a in answers.items() if a.state is not None}
         return answers
 
     async def _take_in_order(
@@ -432,8 +429,8 @@ class HostLocks:
             with contextlib.suppress(Exception):
                 self._held[h][1].stdin.write("release\n")
         stacks = [self._held.pop(h)[0] for h in chosen]
-        for h in chosen:
-            self.ready.pop(h, None)
+        if self._on_release is not None:
+            self._on_release(chosen)
         if not stacks:
             return
         with anyio.CancelScope(shield=True):

@@ -1,4 +1,4 @@
-"""One round trip per host -> HostState (facts only; plan.py decides).
+"""One round trip per host -> HostState (facts only; containers/plan/ decides).
 
 The probe is a program file, `orchestrator/remote/probe.sh` (its header says
 what it does on the host and why the attach path costs one docker process);

@@ -50,13 +50,12 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import anyio
-
 from orchestrator import remote
 from orchestrator.config import ClusterConfig, container_name, sshd_wanted
 from orchestrator.config.model import WORKDIR_RE
 from orchestrator.containers.argv import validate_container_name
 from orchestrator.containers.exec import ContainerCommand, kill_command, pidfile_of
+from orchestrator.containers.invocation import Invocation
 from orchestrator.containers.labels import LABEL_SSHD_PORT
 from orchestrator.containers.route import ExecFacts, Route, RouteFacts, RuntimeExec, Sshd
 from orchestrator.containers.route import route as decide
@@ -207,15 +206,19 @@ class SSHExec:
     `-v`), the connections, and which hosts went back to `docker exec`."""
 
     def __init__(
-        self, config: ClusterConfig, pool: SSHPool | WorkerRunner, sink: EventSink
+        self,
+        config: ClusterConfig,
+        pool: SSHPool | WorkerRunner,
+        sink: EventSink,
+        invocation: Invocation | None = None,
     ) -> None:
         self.config = config
         self.pool = pool
         self.sink = sink
         self.connections: ContainerConnections | WorkerContainerConnections | None = None
         self._host_keys: dict[str, str] = {}
-        self._facts: dict[str, ExecFacts | None] = {}
-        self._facts_lock: dict[str, anyio.Lock] = {}
+        # The containers' exec facts are this invocation's (containers/invocation.py).
+        self.invocation = invocation or Invocation()
         self.off: dict[str, Text] = {}  # host -> why it takes docker exec (said once)
         self._worked: set[str] = set()  # hosts where a command ran through the sshd
         self._warming: dict[str, asyncio.Task[bool]] = {}  # warm_up's connects
@@ -372,16 +375,11 @@ class SSHExec:
     def known(self, host: str, facts: ExecFacts | None) -> None:
         """Facts read under this invocation's lock (the probe's inspect): no
         inspect of its own for this host."""
-        if facts is not None and host not in self._facts:
-            self._facts[host] = facts
+        self.invocation.known(host, facts)
 
     async def facts(self, host: str, runtime: ContainerRuntime) -> ExecFacts | None:
         """The container's facts, read once per invocation (None: unreadable)."""
-        if host not in self._facts:
-            async with self._facts_lock.setdefault(host, anyio.Lock()):
-                if host not in self._facts:
-                    self._facts[host] = await self._read_facts(host, runtime)
-        return self._facts[host]
+        return await self.invocation.exec_facts(host, lambda: self._read_facts(host, runtime))
 
     def endpoint(self, host: str, way: Sshd) -> Endpoint:
         """The connection `way` names, for the container connections."""
@@ -557,7 +555,7 @@ class SSHExec:
         if not now.running:
             return Phrase(exc.reason, ": the container is not running")
         if now.started_at != before.started_at:
-            self._facts[host] = now
+            self.invocation.reread(host, now)
             return Phrase(
                 exc.reason,
                 f": the container restarted at {now.started_at} (its sshd did not come back; ",

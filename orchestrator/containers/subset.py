@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from orchestrator.config import ContainerConfig
 from orchestrator.containers.labels import is_ours
-from orchestrator.containers.plan import RESUMABLE, HostAction, Plan
+from orchestrator.containers.plan.model import RESUMABLE, HostAction, Plan
 from orchestrator.containers.probe import HostState
 from orchestrator.errors import Call, Option, Param, Phrase, Refusal, WayOut
 

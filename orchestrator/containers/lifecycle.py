@@ -78,6 +78,7 @@ from orchestrator.containers.provision import (
     mpi_check_bound,
     run_setup_script,
 )
+from orchestrator.containers.pull_progress import PullProgress
 from orchestrator.containers.spread import Prepare, spread_and_prepare
 from orchestrator.containers.spread_plan import SpreadPlan, decide_spread
 from orchestrator.containers.subset import deciding, healed, narrowed, unread
@@ -305,6 +306,7 @@ class Lifecycle:
         self.cfg: ContainerConfig = cluster.container
         self.pool = pool
         self.sink = sink
+        self._pulls: PullProgress | None = None  # the pulling hosts' progress
         self.name = container_name(cluster)
         self.identity = cluster_identity(cluster)
         self.hash = config_hash(self.cfg)
@@ -456,6 +458,7 @@ class Lifecycle:
         timeout: float | None = None,
         input: str | None = None,
         budget: StartBudget | None = None,
+        watch: PullProgress | None = None,
     ) -> HostResult | None:
         """Run one pipeline step; on failure mark the outcome and return None.
 
@@ -470,9 +473,14 @@ class Lifecycle:
             command = bounded_argv(command)  # nothing left running when it gives up
         elif timeout is None:
             timeout = self.cfg.runtime_timeout
+        # `watch`: the step's bytes as it runs (a pull, on a terminal).
+        io = watch.io(outcome.host) if watch is not None else None
         result = await self.pool.run(
-            outcome.host, command, timeout=timeout, input=input, stream_output=False, label=step
-        )
+            outcome.host, command, timeout=timeout, input=input, stream_output=False,
+            label=step, io=io, pty=watch is not None,
+        )  # fmt: skip
+        if watch is not None:
+            result = watch.finish(outcome.host, result)
         outcome.steps.append((step, result))
         if not result.ok:
             message: Text = result.error or result.status
@@ -552,7 +560,11 @@ class Lifecycle:
         if action.image_step == "load" and cfg.image_tar is not None:
             r = await self._cmd(outcome, "load", load_argv(prefix, cfg.image_tar), budget=budget)
         else:
-            r = await self._cmd(outcome, "pull", pull_argv(prefix, cfg.image), budget=budget)
+            watch = PullProgress.for_pool(self.pool, self.sink, cfg.runtime, cfg.image)
+            if watch is not None:
+                self._pulls = watch = self._pulls or watch  # one fleet ETA
+            argv = pull_argv(prefix, cfg.image)
+            r = await self._cmd(outcome, "pull", argv, budget=budget, watch=watch)
         if r is None:
             return None
         r = await self._cmd(outcome, "image", image_inspect_argv(prefix, cfg.image))

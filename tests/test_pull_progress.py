@@ -20,11 +20,16 @@ DOCKER = (
     b"\x1b[2A\x1b[2K\r4f4fb700ef54: Download complete \r\x1b[2B"
     b"\x1b[2A\x1b[2K\r4f4fb700ef54: Extracting [=>   ]  1.1MB/3MB\r\x1b[2B"
 )
+# `podman pull` (4.3.1) on a 200-column terminal, as recorded (two frames
+# and the end), and a blob the host has.
 PODMAN = (
-    b"Trying to pull reg:5000/cvs/sshd:1.0...\r\n"
     b"Getting image source signatures\r\n"
-    b"Copying blob 4f4fb700ef54 [=>-------] 1.5MiB / 3.0MiB | 1.0 MiB/s\r\n"
-    b"Copying blob 111111111111 skipped: already exists\r\n"
+    b"Copying blob 0fc960695fc7 [>----------------] 3.4MiB / 135.7MiB\r\n"
+    b"Copying blob 95ba14513ddb [=================] 22.0KiB / 22.0KiB\r\n"
+    b"\x1b[2A\x1b[JCopying blob 0fc960695fc7 [==>--------------] 9.0MiB / 135.7MiB\r\n"
+    b"Copying blob 95ba14513ddb done  \r\n"
+    b"Copying blob 111111111111 skipped: already exists  \r\n"
+    b"Copying config 580b0648c2 [=================] 1.2KiB / 1.2KiB\r\n"
 )
 
 
@@ -83,8 +88,11 @@ def test_podman_bars_count_binary_units_and_skip_blobs_the_host_has() -> None:
     for line in PODMAN.decode().split("\r\n"):
         state.segment(line)
 
-    assert (state.done, state.total) == (int(1.5 * 2**20), 3 * 2**20)
-    assert state.segment("Copying blob 4f4fb700ef54 done   |")
+    assert (state.done, state.total) == (
+        int(9.0 * 2**20) + 22 * 2**10,
+        int(135.7 * 2**20) + 22 * 2**10,
+    )
+    assert state.segment("Copying blob 0fc960695fc7 done  ")
     assert state.done == state.total
 
 

@@ -58,7 +58,7 @@ _CONTROL = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Za-z0-9]|\x1b.?")
 # Segments: the CLIs redraw a line with \r, move between lines with CSI;
 # a segment that followed an ESC starts with the rest of its sequence.
 _BREAKS = re.compile(r"[\r\n\x1b]")
-_CSI_REST = re.compile(r"^\x1b?(?:\[[0-9;?]*[A-Za-z]|[()][A-Za-z0-9])")
+_CSI_REST = re.compile(r"^(?:\x1b?(?:\[[0-9;?]*[A-Za-z]|[()][A-Za-z0-9]))+")
 _DOCKER = re.compile(r"^([0-9a-f]{12}): (.*)$")
 _PODMAN = re.compile(r"^Copying blob (?:sha256:)?([0-9a-f]{12})[0-9a-f]*(.*)$")
 _COUNTS = re.compile(

@@ -560,7 +560,8 @@ class Lifecycle:
         if action.image_step == "load" and cfg.image_tar is not None:
             r = await self._cmd(outcome, "load", load_argv(prefix, cfg.image_tar), budget=budget)
         else:
-            watch = PullProgress.for_pool(self.pool, self.sink, cfg.runtime, cfg.image)
+            rt = ContainerRuntime.unprobed(cfg.runtime, cfg.rootless)
+            watch = PullProgress.for_pool(self.pool, self.sink, rt, cfg.image)
             if watch is not None:
                 self._pulls = watch = self._pulls or watch  # one fleet ETA
             argv = pull_argv(prefix, cfg.image)

@@ -1,6 +1,6 @@
 """Bytes done of the total while a host pulls the image (the `registry` mode).
 
-    progress = PullProgress.for_pool(pool, sink, runtime, image)  # None: not here
+    progress = PullProgress.for_pool(pool, sink, runtime, image)  # None: not watched
     result = await pool.run(host, argv, pty=True, io=progress.io(host))
     result = progress.finish(host, result)
 
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 
 from orchestrator.containers.docker import image_registry
 from orchestrator.events import EventSink, ImageProgress
+from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
 from orchestrator.ssh.seam import HostRunner
 from orchestrator.ssh.stdin import ExecIO
@@ -132,13 +133,13 @@ class PullProgress:
 
     @classmethod
     def for_pool(
-        cls, pool: HostRunner, sink: EventSink, runtime: str, image: str
+        cls, pool: HostRunner, sink: EventSink, runtime: ContainerRuntime, image: str
     ) -> PullProgress | None:
         """A watcher when `pool` can hand this process the output as it comes
         (SSHPool; a worker runner cannot): None, and the pull runs as before,
         without progress, when not. podman on a terminal asks which registry
         a short name means, so its pull is watched only when `image` names one."""
-        if not pool.raw_output or (runtime == "podman" and image_registry(image) is None):
+        if not pool.raw_output or (runtime.pull_asks_on_a_terminal and not image_registry(image)):
             return None
         return cls(sink)
 

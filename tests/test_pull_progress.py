@@ -3,9 +3,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+
 from orchestrator.containers.pull_progress import PullProgress, PullState, clean_terminal
-from orchestrator.events import CollectingSink, ImageProgress
+from orchestrator.events import CollectingSink, ImageProgress, Message
 from orchestrator.results import HostResult
+from orchestrator.ssh.seam import Command, HostRunner, Request
 
 # What `docker pull` writes to a terminal: every layer named, then bars
 # redrawn in place (cursor up, clear line, \r).
@@ -116,3 +122,39 @@ def test_the_kept_partial_segment_is_bounded() -> None:
 
 def test_clean_terminal_keeps_each_redrawn_line_last_state() -> None:
     assert clean_terminal("a: 1MB\ra: 2MB\r\n\x1b[1Ab\r\n") == "a: 2MB\nb"
+
+
+class _NoTerminal(HostRunner):
+    """An sshd that refuses a terminal (what asyncssh's refusal reads as)
+    and runs the command without one."""
+
+    def __init__(self) -> None:
+        self.requests: list[Request] = []
+
+    async def send(self, host: str, request: Request) -> HostResult:
+        self.requests.append(request)
+        if request.pty:
+            return HostResult(
+                host, "unreachable", error="could not open a channel: PTY request failed"
+            )
+        return HostResult(host, "ok", exit_code=0, stdout="pulled\n")
+
+    async def send_many(
+        self, requests: Mapping[str, Request], *, limit: int | None = None
+    ) -> dict[str, HostResult]:
+        return {h: await self.send(h, r) for h, r in requests.items()}
+
+    def held_process(self, host: str, command: Command, *, encoding: str | None = "utf-8") -> Any:
+        raise NotImplementedError
+
+
+def test_an_sshd_that_refuses_a_terminal_gets_the_pull_as_before_and_says_why() -> None:
+    sink, pool = CollectingSink(), _NoTerminal()
+
+    result = anyio.run(lambda: PullProgress(sink).run(pool, "node1", ["docker", "pull", "x"]))
+
+    assert result.ok and result.stdout == "pulled\n"
+    assert [r.pty for r in pool.requests] == [True, False]
+    said = [str(e.text) for e in sink.events if isinstance(e, Message) and e.host == "node1"]
+    assert said == ["no pull progress: its sshd refused a terminal (PermitTTY, no-pty)"]
+    assert events_of(sink) == []

@@ -15,6 +15,7 @@ no other step waits for the fleet.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import shlex
 import time
 import uuid
@@ -474,13 +475,10 @@ class Lifecycle:
         elif timeout is None:
             timeout = self.cfg.runtime_timeout
         # `watch`: the step's bytes as it runs (a pull, on a terminal).
-        io = watch.io(outcome.host) if watch is not None else None
-        result = await self.pool.run(
-            outcome.host, command, timeout=timeout, input=input, stream_output=False,
-            label=step, io=io, pty=watch is not None,
-        )  # fmt: skip
-        if watch is not None:
-            result = watch.finish(outcome.host, result)
+        run = self.pool.run if watch is None else functools.partial(watch.run, self.pool)
+        result = await run(
+            outcome.host, command, timeout=timeout, input=input, stream_output=False, label=step
+        )
         outcome.steps.append((step, result))
         if not result.ok:
             message: Text = result.error or result.status

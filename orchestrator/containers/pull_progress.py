@@ -1,8 +1,7 @@
 """Bytes done of the total while a host pulls the image (the `registry` mode).
 
     progress = PullProgress.for_pool(pool, sink, runtime, image)  # None: not watched
-    result = await pool.run(host, argv, pty=True, io=progress.io(host))
-    result = progress.finish(host, result)
+    result = await progress.run(pool, host, argv, timeout=..., label="pull")
 
 Only what the hosts have: the runtime's own CLI prints each layer's bytes
 (`docker pull`: `4f4fb700ef54: Downloading [==>  ] 12.35MB/45.67MB`;
@@ -30,14 +29,17 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from orchestrator.containers.docker import image_registry
-from orchestrator.events import EventSink, ImageProgress
+from orchestrator.events import EventSink, ImageProgress, Message
 from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
-from orchestrator.ssh.seam import HostRunner
+from orchestrator.ssh.seam import Command, HostRunner
 from orchestrator.ssh.stdin import ExecIO
 
+# What asyncssh says when sshd refuses the terminal (ChannelOpenError's text).
+PTY_REFUSED = "PTY request failed"
 # At most one event a second per host (as containers/spread.py).
 PROGRESS_EVERY = 1.0
 # A terminal segment longer than this is no progress line: dropped.
@@ -164,6 +166,21 @@ class PullProgress:
                 self._emit(host)
 
         return take
+
+    async def run(
+        self, pool: HostRunner, host: str, command: Command, **options: Any
+    ) -> HostResult:
+        """`command` (the pull) on `host` on a terminal, its bars read as
+        they come. An sshd that refuses a terminal (`PermitTTY no`, a key's
+        `no-pty`) gets the pull as before, without progress, and that is
+        said once per host."""
+        result = await pool.run(host, command, io=self.io(host), pty=True, **options)
+        if result.status == "unreachable" and PTY_REFUSED in (result.error or ""):
+            self.states.pop(host, None)
+            why = "no pull progress: its sshd refused a terminal (PermitTTY, no-pty)"
+            self.sink.emit(Message(level="info", host=host, text=why))
+            return await pool.run(host, command, **options)
+        return self.finish(host, result)
 
     def io(self, host: str) -> ExecIO:
         return ExecIO(raw=self.reader(host))

@@ -198,7 +198,8 @@ class HostStep(Event):
 class ImageProgress(Event):
     """The image moving onto `host` (containers/spread.py): `done` of `total`
     bytes (0: not known), at `rate` bytes/s, from `source` (the host feeding
-    it); `eta`: seconds until every receiving host has it (None: not known
+    it, or `registry`: the host's own pull, containers/pull_progress.py);
+    `eta`: seconds until every receiving host has it (None: not known
     yet). At most one a second per host."""
 
     host: str

@@ -4,6 +4,7 @@ is shaped with tc, and `sandbox down` taking all of it away again."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 from collections.abc import Callable
@@ -175,3 +176,50 @@ def test_a_registry_rate_without_the_registry_is_refused(tmp_path: Path) -> None
 def test_rates_tc_reads_are_accepted_whole() -> None:
     for rate in ("20mbit", "512kbit", "1gbit", "800bit"):
         assert network.check_rate(rate) == rate
+
+
+def shaped(env: dict[str, str], rate: str) -> None:
+    """The registry's link at `rate` (tbf, as `sandbox up --registry-rate`)."""
+    subprocess.run(
+        ["ip", "netns", "exec", env["REGISTRY_NETNS"], "tc", "qdisc", "replace", "dev",
+         env["REGISTRY_IF"], "root", "tbf", "rate", rate, "burst", "64kb", "latency", "50ms"],
+        check=True,
+    )  # fmt: skip
+
+
+def test_every_host_pulling_shows_its_bytes_growing_to_the_total_at_most_once_a_second(
+    registry_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    sb = registry_sandbox
+    env = registry_env(sb)
+    image = env["REGISTRY_IMAGE"]
+    size = image_bytes(image, REGISTRY_USER, password(sb))
+    doc = yaml.safe_load(sb.cluster_file.read_text())
+    doc["container"]["distribute"] = "registry"
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump(doc))
+    # Slow enough for several seconds of pull (the fixture's 200mbit is ~1 s).
+    shaped(env, "40mbit")
+    try:
+        up = cvs("--json", "up", cluster=cluster, timeout=600)
+
+        assert up.returncode == 0, explain(up)
+        events = [json.loads(x) for x in up.stdout.splitlines() if x.startswith("{")]
+        progress = [e for e in events if e.get("event") == "ImageProgress"]
+        for h in sb.nodes:
+            mine = [e for e in progress if e["host"] == h.name]
+            assert len(mine) >= 3, (h.name, mine)  # >= 2 during, 1 at the end
+            done = [e["done"] for e in mine]
+            assert done == sorted(done) and done[0] < done[-1], done
+            last = mine[-1]
+            # The layers' sizes (the config, a few KB, is not a layer's).
+            assert last["done"] == last["total"] and 0.9 * size <= last["total"] <= 1.01 * size
+            assert all(e["source"] == "registry" for e in mine)
+            # At most once a second (the last, at the end, may come sooner).
+            gaps = [b["ts"] - a["ts"] for a, b in itertools.pairwise(mine[:-1])]
+            assert all(g >= 0.99 for g in gaps), gaps
+    finally:
+        shaped(env, "200mbit")
+        cvs("down", "--force", cluster=cluster, timeout=300)
+        for h in sb.nodes:
+            docker(sb, h.name, "rmi", image, check=False)

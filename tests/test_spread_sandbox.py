@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,9 +26,9 @@ from labtools import Lab, cvs, docker, explain, inspect
 from sandboxtools import pids_in_netns, wait_until
 from spreadtools import FOUR, THREE, image_ids, image_tar, lab, last_json
 
+from orchestrator import remote
 from orchestrator.api import Cluster
 from orchestrator.containers import spread as spread_mod
-from orchestrator.containers import spread_plan
 from orchestrator.events import CollectingSink, ImageProgress, Message
 from orchestrator.sandbox import SSHD_TAG, Sandbox
 from orchestrator.sandbox.registry import SandboxRegistry
@@ -158,31 +160,105 @@ def test_a_relay_killed_mid_spread_its_child_is_fed_from_another_host(
     assert spread_processes(lab) == []
 
 
+@contextlib.contextmanager
+def small_disk(directory: Path, size: int) -> Iterator[None]:
+    """`directory` (a host's dockerd data-root, dockerd running) seen as a
+    filesystem with `size` bytes free: an overlay whose lower layer is the
+    directory itself (nothing copied, everything still there) and whose upper
+    layer is a tmpfs of `size`. df (the spread's free-space check) reads the
+    upper's statfs. Unmounted, and its tmpfs with it, on every exit path."""
+    scratch = Path(tempfile.mkdtemp(prefix="cvs-small-disk-"))
+    mounted: list[Path] = []
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(scratch)],
+                       check=True)  # fmt: skip
+        mounted.append(scratch)
+        (scratch / "upper").mkdir()
+        (scratch / "work").mkdir()
+        options = f"lowerdir={directory},upperdir={scratch}/upper,workdir={scratch}/work"
+        subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(directory)],
+                       check=True)  # fmt: skip
+        mounted.append(directory)
+        yield
+    finally:
+        for path in reversed(mounted):
+            subprocess.run(["umount", str(path)], check=False)
+        scratch.rmdir()
+
+
+@contextlib.contextmanager
+def searchable(path: Path) -> Iterator[None]:
+    """`path`'s parents searchable by anyone (the login user's df must reach
+    the root it reads; pytest's tmp dirs are root's, closed): restored after."""
+    parents = [p for p in path.parents if p != Path("/")]
+    modes = {p: p.stat().st_mode & 0o7777 for p in parents}
+    try:
+        for p, mode in modes.items():
+            p.chmod(mode | 0o001)
+        yield
+    finally:
+        for p, mode in modes.items():
+            p.chmod(mode)
+
+
+def free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
 def test_a_host_short_of_space_is_named_before_any_byte_moves(
     lab: Lab, image_tar: tuple[str, Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tag, tar, _ = image_tar
     path = lab.cluster(lifetime="persistent", hosts=THREE, image=tag, image_tar=str(tar))
-
-    # The sandbox's disks are large: ask for a million times the image instead.
-    def huge(size: int, free: dict[str, int | None]) -> dict[str, str]:
-        return spread_plan.space_shortfalls(size, free, 1e6)
-
-    monkeypatch.setattr(spread_mod, "space_shortfalls", huge)
+    size = int(docker(lab.sandbox, "node1", "image", "inspect", "-f", "{{.Size}}", SSHD_TAG))
+    root = next(n for n in lab.sandbox.nodes if n.name == "node3").data_root
     moved: list[str] = []
     monkeypatch.setattr(
         spread_mod.Spread, "mangle", staticmethod(lambda h, c, o: moved.append(h) or c)
     )
     sink = CollectingSink()
-    assert not run_up(path, sink)
+    # node3's dockerd stores images on a filesystem with half the image free
+    # (the spread asks for twice it: the image and its unpacking).
+    with searchable(root), small_disk(root, size // 2):
+        assert free_bytes(root) < size  # (the tmpfs rounds up to pages)
+        assert not run_up(path, sink)
+    assert free_bytes(root) > 10 * size  # the mount is gone
+
     errors = [e for e in sink.events if isinstance(e, Message) and e.level == "error"]
-    assert {e.host for e in errors} == {"node2", "node3"}, errors
-    assert all("not enough space" in str(e.text) for e in errors)
-    assert moved == []  # nothing moved to any receiver
-    assert not any(isinstance(e, ImageProgress) for e in sink.events)
-    ids = image_ids(lab, ["node2", "node3"], tag)
-    assert ids == {"node2": "", "node3": ""}, ids
+    assert [e.host for e in errors if "not enough space" in str(e.text)] == ["node3"], errors
+    said = next(str(e.text) for e in errors if e.host == "node3")
+    assert "free space in the runtime's root directory" in said, said
+    # Named before any byte moved anywhere, and nothing ever moved to node3.
+    first_error = sink.events.index(errors[0])
+    progress = [i for i, e in enumerate(sink.events) if isinstance(e, ImageProgress)]
+    assert all(i > first_error for i in progress)
+    assert "node3" not in moved
+    assert not any(isinstance(e, ImageProgress) and e.host == "node3" for e in sink.events)
+    assert image_ids(lab, ["node3"], tag) == {"node3": ""}
     assert all(inspect(lab.sandbox, h, lab.name) is None for h in THREE)
+
+
+@pytest.mark.sandbox
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a filesystem: needs root")
+def test_a_root_of_its_own_behind_a_closed_parent_is_not_known_rather_than_the_parents() -> None:
+    closed = Path(tempfile.mkdtemp(prefix="cvs-closed-"))  # 0700, root's
+    root = closed / "docker"
+    root.mkdir()
+    script = (Path(remote.__file__).parent / "spread_space.sh").read_text()
+    try:
+        with small_disk(root, 1 << 20):
+            # The login user (nobody) cannot reach `root`; df reads `/tmp`,
+            # another filesystem than `root`'s.
+            out = subprocess.run(
+                ["sudo", "-n", "-u", "nobody", "sh", "-s", "--", "echo", str(root)],
+                input=script, capture_output=True, text=True, check=False,
+            )  # fmt: skip
+    finally:
+        shutil.rmtree(closed)
+
+    assert out.returncode == 0 and out.stdout == "", out
+    assert "its free space is not known" in out.stderr, out
 
 
 def test_ctrl_c_mid_spread_leaves_no_partial_image_and_no_process(

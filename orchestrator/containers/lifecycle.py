@@ -15,6 +15,7 @@ no other step waits for the fleet.
 from __future__ import annotations
 
 import fnmatch
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -67,6 +68,7 @@ from orchestrator.containers.provision import (
     mpi_check_bound,
     run_setup_script,
 )
+from orchestrator.containers.pull_progress import PullProgress
 from orchestrator.containers.slurm_tie import tie_launches
 from orchestrator.containers.spread import Prepare, spread_and_prepare
 from orchestrator.containers.spread_plan import SpreadPlan, decide_spread
@@ -125,6 +127,7 @@ class Lifecycle:
         self.cfg: ContainerConfig = cluster.container
         self.pool = pool
         self.sink = sink
+        self._pulls: PullProgress | None = None  # the pulling hosts' progress
         self.name = container_name(cluster)
         self.identity = cluster_identity(cluster)
         self.hash = config_hash(self.cfg)
@@ -279,6 +282,7 @@ class Lifecycle:
         timeout: float | None = None,
         input: str | None = None,
         budget: StartBudget | None = None,
+        watch: PullProgress | None = None,
     ) -> HostResult | None:
         """Run one pipeline step; on failure mark the outcome and return None.
 
@@ -293,7 +297,9 @@ class Lifecycle:
             command = bounded_argv(command)  # nothing left running when it gives up
         elif timeout is None:
             timeout = self.cfg.runtime_timeout
-        result = await self.pool.run(
+        # `watch`: the step's bytes as it runs (a pull, on a terminal).
+        run = self.pool.run if watch is None else functools.partial(watch.run, self.pool)
+        result = await run(
             outcome.host, command, timeout=timeout, input=input, stream_output=False, label=step
         )
         outcome.steps.append((step, result))
@@ -357,7 +363,12 @@ class Lifecycle:
         if action.image_step == "load" and cfg.image_tar is not None:
             r = await self._cmd(outcome, "load", load_argv(prefix, cfg.image_tar), budget=budget)
         else:
-            r = await self._cmd(outcome, "pull", pull_argv(prefix, cfg.image), budget=budget)
+            rt = ContainerRuntime.unprobed(cfg.runtime, cfg.rootless)
+            watch = PullProgress.for_pool(self.pool, self.sink, rt, cfg.image)
+            if watch is not None:
+                self._pulls = watch = self._pulls or watch  # one fleet ETA
+            argv = pull_argv(prefix, cfg.image)
+            r = await self._cmd(outcome, "pull", argv, budget=budget, watch=watch)
         if r is None:
             return None
         r = await self._cmd(outcome, "image", image_inspect_argv(prefix, cfg.image))

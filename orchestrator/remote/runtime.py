@@ -154,6 +154,13 @@ class ContainerRuntime:
         return 127 if self.name == "podman" else 126
 
     @property
+    def pull_asks_on_a_terminal(self) -> bool:
+        """Whether `RUNTIME pull` of a short name (no registry in it) may ask,
+        on a terminal, which registry it means (podman's short-name prompt);
+        docker takes Docker Hub."""
+        return self.name == "podman"
+
+    @property
     def gpu_vendors_without_cdi(self) -> frozenset[str]:
         """The GPU vendors whose GPUs reach this runtime's containers without
         CDI: AMD's device nodes everywhere, NVIDIA's through docker's `--gpus`

@@ -52,6 +52,10 @@ class Request:
     # `cvs exec`'s own stdin and byte output (ssh/stdin.py): SSHPool only, in
     # this process (a worker process has no terminal to stream).
     io: ExecIO | None = None
+    # On a pseudo-terminal (echo and signal keys off): a CLI that prints its
+    # progress only to a terminal (containers/pull_progress.py). stdout and
+    # stderr come merged, as on a terminal. SSHPool only (`raw_output`).
+    pty: bool = False
 
     @property
     def text(self) -> str:
@@ -64,6 +68,10 @@ class HostRunner(abc.ABC):
     scripted fake. An implementation writes `send`, `send_many` and
     `held_process`; `run` and `run_many`, the keyword forms most callers
     use, build the Requests here, the one place their keywords are spelled."""
+
+    # Whether `Request.io`'s raw callback and `Request.pty` are served in
+    # this process (SSHPool); a runner that sends requests elsewhere cannot.
+    raw_output: bool = False
 
     @abc.abstractmethod
     async def send(self, host: str, request: Request) -> HostResult:
@@ -99,11 +107,12 @@ class HostRunner(abc.ABC):
         label: str | None = None,
         on_timeout: Callable[[], Command] | None = None,
         io: ExecIO | None = None,
+        pty: bool = False,
     ) -> HostResult:
         """`command` on `host` (see Request); `on_timeout` is asked at once (the
         callers' are constants: `lambda: kill`)."""
         kill = None if on_timeout is None else on_timeout()
-        request = Request(command, timeout, input, env, stream_output, label, kill, io)
+        request = Request(command, timeout, input, env, stream_output, label, kill, io, pty)
         return await self.send(host, request)
 
     async def run_many(

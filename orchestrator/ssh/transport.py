@@ -305,6 +305,8 @@ async def keepalive_while_waiting(link: KeptAlive, interval: float) -> AsyncIter
 class SSHPool(HostRunner):
     """Connections to a cluster's hosts, opened lazily, one per host, reused."""
 
+    raw_output = True
+
     def __init__(
         self,
         cluster: ClusterConfig,
@@ -772,7 +774,10 @@ class SSHPool(HostRunner):
         tail = self.output_tail
         try:
             chan, client_session = await link.conn.create_session(
-                lambda: _CommandSession(host, emit, tail, io.raw), text, encoding=None
+                lambda: _CommandSession(host, emit, tail, io.raw),
+                text,
+                encoding=None,
+                **(_PTY if request.pty else {}),
             )
         except (asyncssh.Error, OSError) as exc:
             if io.stdin is not None:
@@ -905,6 +910,22 @@ class SSHPool(HostRunner):
             with anyio.move_on_after(5), contextlib.suppress(asyncssh.Error, OSError):
                 async with link.control:
                     await link.conn.run(script, check=False)
+
+
+# A pseudo-terminal for a CLI that prints progress only to one
+# (Request.pty): wide enough that no bar is cut; no echo of what we write
+# (the environment block), no signal or flow-control keys, input raw.
+_PTY: dict[str, Any] = {
+    "term_type": "xterm",
+    "term_size": (200, 50),
+    "term_modes": {
+        asyncssh.PTY_ECHO: 0,
+        asyncssh.PTY_ICANON: 0,
+        asyncssh.PTY_ISIG: 0,
+        asyncssh.PTY_IEXTEN: 0,
+        asyncssh.PTY_IXON: 0,
+    },
+}
 
 
 class _CommandSession(asyncssh.SSHClientSession[bytes]):

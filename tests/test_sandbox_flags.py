@@ -18,6 +18,7 @@ from clitools import cvs_in_process, explain
         (["--rootless"], "--rootless is rootless podman; add --runtime podman"),
         (["--rootless", "--runtime", "docker"], "add --runtime podman"),
         (["--runtime", "podman", "--egress"], "the --egress host runs docker only"),
+        (["--lifetime", "per_job"], "--lifetime per_job keeps containers until their Slurm"),
     ],
 )
 def test_sandbox_flags_that_do_not_go_together_are_refused_before_anything_is_built(

@@ -445,9 +445,10 @@ def _add_sandbox_parser(sub: _Subparsers, common: argparse.ArgumentParser) -> No
     up.add_argument("--dir", help=f"where it lives (default {DEFAULT_SANDBOX_DIR})")
     up.add_argument(
         "--lifetime",
-        choices=["per_run", "persistent", "no_launch"],
+        choices=["per_run", "persistent", "no_launch", "per_job"],
         default="per_run",
-        help="container lifetime written into the cluster file (default per_run)",
+        help="container lifetime written into the cluster file (default per_run; per_job, "
+        "with --slurm: kept across invocations inside one Slurm job, gone with it)",
     )
     up.add_argument(
         "--egress", action="store_true", help="add a host whose containers reach Debian mirrors"

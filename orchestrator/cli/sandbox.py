@@ -37,6 +37,11 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
                 )
             if args.gpus < 0 or args.gpus > 16:
                 raise UsageError("cvs sandbox up: --gpus must be between 0 and 16")
+            if args.lifetime == "per_job" and not args.slurm:
+                raise UsageError(
+                    "cvs sandbox up: --lifetime per_job keeps containers until their Slurm job "
+                    "ends; add --slurm"
+                )
             if args.slurm and args.egress:
                 raise UsageError(
                     "cvs sandbox up: the --egress host is not a Slurm node; leave out --egress "

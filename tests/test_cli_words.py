@@ -240,6 +240,7 @@ def test_a_refusal_reaches_a_python_caller_as_keywords_and_the_cli_user_as_flags
     assert "rerun with --force" in cli and "force=True" not in cli
 
 
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_a_host_selection_error_names_the_parameter_or_the_flag(tmp_path: Path) -> None:
     path = tmp_path / "cluster.yaml"
     path.write_text("name: c\nhosts: [node1, node2]\n")

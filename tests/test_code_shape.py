@@ -128,11 +128,10 @@ def test_the_getattr_check_sees_concatenations_and_f_strings() -> None:
 def test_no_module_imports_traversable_from_importlib_abc() -> None:
     """importlib.abc.Traversable is deprecated since 3.12 and gone in 3.14:
     importlib.resources.abc holds it."""
-    package = Path(__file__).resolve().parents[1] / "orchestrator"
     found = [
         str(path)
-        for path in package.rglob("*.py")
-        for node in ast.walk(ast.parse(path.read_text()))
+        for path, tree in modules()
+        for node in ast.walk(tree)
         if isinstance(node, ast.ImportFrom) and node.module == "importlib.abc"
     ]
     assert found == []

@@ -52,11 +52,15 @@ if importlib.util.find_spec("hypothesis") is not None:
 REQUIRED_TOOLS = ("ip", "nsenter", "dockerd", "sshd", "debootstrap", "ssh", "sudo")
 
 # The pytests these tests start (`cvs run`'s child, plain pytest in a temporary
-# directory) run small suites that never use hypothesis, a test dependency
-# whose pytest plugin costs each of them about a second of CPU at start (most
-# of what such a test spends). They inherit this; our own session has read it.
+# directory) run small suites that never use hypothesis, anyio's plugin or
+# pytest-benchmark, test dependencies whose plugins cost each of them about a
+# second of CPU at start (most of what such a test spends). They inherit this;
+# our own session has read it.
 os.environ["PYTEST_ADDOPTS"] = " ".join(
-    filter(None, [os.environ.get("PYTEST_ADDOPTS"), "-p no:hypothesispytest"])
+    filter(
+        None,
+        [os.environ.get("PYTEST_ADDOPTS"), "-p no:hypothesispytest -p no:anyio -p no:benchmark"],
+    )
 )
 
 

@@ -12,7 +12,7 @@ import subprocess
 import time
 import uuid
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,9 @@ from orchestrator.sandbox import SSHD_TAG, Sandbox
 
 THREE = ["node1", "node2", "node3"]
 CLI_TIMEOUT = 180
+# What the sandbox's own container block says about its hosts' runtime (podman,
+# rootless): every variant keeps it, or a podman sandbox's file would ask for docker.
+RUNTIME_KEYS = ("runtime", "rootless", "ipc")
 __all__ = [
     "CLI_TIMEOUT",
     "THREE",
@@ -77,7 +80,7 @@ def wait_for_holders(name: str, hosts: list[str], count: int = 1, timeout: float
 
 @dataclass
 class Lab:
-    """Cluster-file variants over the session sandbox, and what to clean up."""
+    """Cluster-file variants over a sandbox, and what to clean up."""
 
     sandbox: Sandbox
     directory: Path
@@ -87,6 +90,10 @@ class Lab:
     prefix: str = "cvs-lc"
     # Container keys every `container_file` sets (a test module's defaults).
     base: dict[str, Any] = field(default_factory=dict)
+    # Top-level keys every file sets (`concurrency`, ...).
+    top: dict[str, Any] = field(default_factory=dict)
+    # The state directory (keys) of every file, under `directory`.
+    state: str = "state"
 
     def __post_init__(self) -> None:
         self.name = self.name or f"{self.prefix}-{uuid.uuid4().hex[:8]}"
@@ -94,6 +101,20 @@ class Lab:
     @property
     def sb(self) -> Sandbox:
         return self.sandbox
+
+    @property
+    def runtime(self) -> str:
+        """The sandbox hosts' container runtime (docker or podman)."""
+        return self.sandbox.nodes[0].runtime
+
+    def _document(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The sandbox's cluster file with our state directory and `top`, and
+        the runtime keys of its container block."""
+        doc = yaml.safe_load(self.sandbox.cluster_file.read_text())
+        doc["state_dir"] = str(self.directory / self.state)
+        doc.update(self.top)
+        runtime = {k: v for k, v in doc["container"].items() if k in RUNTIME_KEYS}
+        return doc, runtime
 
     def cluster(
         self,
@@ -103,16 +124,20 @@ class Lab:
         image: str = SSHD_TAG,
         user: str | None = None,
         sshd_port: int | None = None,
+        host_extra: dict[str, dict[str, Any]] | None = None,
         **container: Any,
     ) -> Path:
-        """A cluster file: the sandbox's, with our container name and the given changes."""
-        doc = yaml.safe_load(self.sandbox.cluster_file.read_text())
+        """A cluster file: the sandbox's, with our container name and the given
+        changes (`host_extra`: keys added to the named hosts' entries)."""
+        doc, runtime = self._document()
         wanted = hosts or THREE
-        doc["hosts"] = [h for h in doc["hosts"] if h["name"] in wanted]
+        extra = host_extra or {}
+        doc["hosts"] = [
+            {**h, **extra.get(h["name"], {})} for h in doc["hosts"] if h["name"] in wanted
+        ]
         if user is not None:
             doc["ssh"]["user"] = user
-        doc["state_dir"] = str(self.directory / "state")
-        block: dict[str, Any] = {"image": image, "name": self.name, "lifetime": lifetime}
+        block: dict[str, Any] = {**runtime, "image": image, "name": self.name, "lifetime": lifetime}
         block["sshd"] = {"enabled": False} if sshd_port is None else {"port": sshd_port}
         block.update(container)
         doc["container"] = block
@@ -122,21 +147,30 @@ class Lab:
         return path
 
     def container_file(self, lifetime: str = "persistent", **container: Any) -> Path:
-        """The sandbox's cluster file as it is (all its hosts, its ssh user),
-        with a container block of our name, the lifetime, `base` and the given
-        keys (nothing else: no sshd block unless given)."""
-        doc = yaml.safe_load(self.sandbox.cluster_file.read_text())
-        doc["state_dir"] = str(self.directory / "state")
-        block = {"image": SSHD_TAG, "name": self.name, "lifetime": lifetime}
+        """The sandbox's cluster file as it is (all its hosts, its ssh user, its
+        runtime), with a container block of our name, the lifetime, `base` and
+        the given keys (nothing else: no sshd block unless given)."""
+        doc, runtime = self._document()
+        block = {**runtime, "image": SSHD_TAG, "name": self.name, "lifetime": lifetime}
         doc["container"] = {**block, **self.base, **container}
         path = self.directory / f"cluster-{uuid.uuid4().hex[:6]}.yaml"
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         return path
 
+    @cached_property
+    def shared_file(self) -> Path:
+        """`container_file()`, written once: the file of a module's shared
+        persistent container (its sshd on, so commands go through it)."""
+        return self.container_file()
+
     def lock_dir(self, host: str) -> Path:
         """The lock directory of our container on `host` (the sandbox's hosts
         share this machine's /tmp)."""
         return Path(f"/tmp/cvs-{self.name}-{host}.lock")
+
+    def holders(self, hosts: list[str]) -> list[int]:
+        """Lock holder files on each host (one per live holder)."""
+        return [len(list(self.lock_dir(h).glob("h.*"))) for h in hosts]
 
     def tag(self, host: str, source: str, tag: str) -> None:
         docker(self.sandbox, host, "tag", source, tag)
@@ -144,7 +178,9 @@ class Lab:
 
     def clean(self) -> None:
         for node in self.sandbox.nodes:
-            docker(self.sandbox, node.name, "rm", "-f", "-v", self.name, check=False)
+            # podman waits out a stop timeout even under -f unless told not to.
+            now = ["-t", "0"] if node.runtime == "podman" else []
+            docker(self.sandbox, node.name, "rm", "-f", "-v", *now, self.name, check=False)
             for tag in set(self.tags):
                 docker(self.sandbox, node.name, "rmi", tag, check=False)
 

@@ -71,6 +71,7 @@ def test_shell_says_on_which_host_the_container_is_not_running(tmp_path: object)
     assert "running here" not in script
 
 
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_bash_completes_suite_names_and_run_ids(tmp_path: object) -> None:
     import os
     import subprocess

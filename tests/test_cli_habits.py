@@ -60,6 +60,7 @@ def test_every_help_has_an_example(path: list[str], capsys: pytest.CaptureFixtur
     assert "cvs " in text.split("xample")[-1] or "Start here" in text
 
 
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_help_imports_no_heavy_dependency() -> None:
     code = (
         "import sys\nfrom orchestrator.cli import main\n"
@@ -72,6 +73,7 @@ def test_help_imports_no_heavy_dependency() -> None:
     assert proc.stderr.strip() == "[]"
 
 
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_version_prints_the_package_version() -> None:
     proc = cvs_as_typed("--version")
     assert proc.returncode == 0
@@ -243,6 +245,7 @@ def test_exec_group_on_a_terminal_colours_each_header(monkeypatch: pytest.Monkey
 # ---- completion ---------------------------------------------------------------------------
 
 
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_bash_completion_is_valid_bash_and_knows_the_commands() -> None:
     proc = cvs_as_typed("completion", "bash")
     assert proc.returncode == 0, proc.stderr
@@ -259,6 +262,7 @@ def test_bash_completion_is_valid_bash_and_knows_the_commands() -> None:
     assert loaded.returncode == 0 and "cvs" in loaded.stdout
 
 
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_bash_completes_host_names_from_the_cluster_file(tmp_path: Path) -> None:
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(CLUSTER)
@@ -283,6 +287,7 @@ def test_bash_completes_host_names_from_the_cluster_file(tmp_path: Path) -> None
     assert exclude_words == "login"
 
 
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_zsh_completion_is_a_compdef_for_cvs(tmp_path: Path) -> None:
     proc = cvs_as_typed("completion", "zsh")
     assert proc.returncode == 0, proc.stderr

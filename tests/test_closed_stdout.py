@@ -120,6 +120,7 @@ def test_a_closed_stdout_gives_no_traceback(
         assert cvs_in_process(*argv, cwd=cluster.parent).stdout == ""
 
 
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_a_closed_pipe_as_a_process_gets_one_line_and_no_exception_at_exit(
     cluster: Path,
 ) -> None:

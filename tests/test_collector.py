@@ -106,6 +106,7 @@ print(json.dumps({"code": code, "seen": seen}))
 """
 
 
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_cvs_exec_imports_asyncssh_and_the_api_before_the_collector_is_tuned(
     tmp_path: Path,
 ) -> None:

@@ -451,6 +451,7 @@ def test_cvs_run_html_without_pytest_html_says_what_to_install_and_runs_nothing(
 
 
 @pytest.mark.parametrize("made_here", [True, False])
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_a_pytest_option_pytest_refuses_leaves_no_run_record(
     standin: None,
     capfd: pytest.CaptureFixture[str],
@@ -546,6 +547,7 @@ def test_cvs_tests_are_found_in_extension_test_directories(extension: Path) -> N
     assert find_cvs_test("compat_checks").parent.name == "compat"
 
 
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_cvs_run_by_name_runs_an_extension_test(
     extension: Path, tmp_path: Path, key_file: Path
 ) -> None:
@@ -647,6 +649,7 @@ def test_beta():
     ],
     ids=["unknown-options", "after-double-dash"],
 )
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_cvs_run_k_selects_the_tests_pytest_runs(
     tmp_path: Path, key_file: Path, extra: list[str]
 ) -> None:
@@ -1081,6 +1084,7 @@ def test_cvs_json_with_our_sections_loads_through_the_cli(
     assert "ssh.user: conflicts with username" in capsys.readouterr().err
 
 
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_cvs_run_of_a_test_file_path_with_json_summary(tmp_path: Path, key_file: Path) -> None:
     # A CVS-style test file given by path, with its own conftest for the two options;
     # it does not touch the cluster, so no hosts are needed.

@@ -23,46 +23,25 @@ import shutil
 import signal
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-import yaml
 from clitools import CVS, explain, json_lines
+from labtools import Lab
 from labtools import docker as runtime_cli
 from sandboxtools import sandbox_pids_holding, wait_until
 
 from orchestrator.api import Cluster
 from orchestrator.containers.locks import LEASE_SECONDS
 from orchestrator.results import HostResult
-from orchestrator.sandbox import Sandbox, sandbox_down, sandbox_up
+from orchestrator.sandbox import sandbox_down, sandbox_up
 
 pytestmark = pytest.mark.sandbox
 
 HOSTS = ["node1", "node2"]
-
-
-@dataclass
-class Lab:
-    sb: Sandbox
-    cluster_file: Path
-    runtime: str
-    name: str
-    directory: Path
-
-
-def _cluster_file(sb: Sandbox, directory: Path, name: str) -> Path:
-    doc = yaml.safe_load(sb.cluster_file.read_text())
-    doc["name"] = name
-    doc["state_dir"] = str(directory / f"state-{name}")
-    doc["container"] = {**doc["container"], "name": name, "lifetime": "persistent"}
-    path = directory / f"cluster-{name}.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
 
 
 def _up(path: Path) -> None:
@@ -75,18 +54,18 @@ def _up(path: Path) -> None:
 
 @pytest.fixture(scope="module", params=["docker", "podman"])
 def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """A sandbox of the runtime and our persistent container (its sshd on) in it."""
     runtime = str(request.param)
     if os.geteuid() != 0:
         pytest.skip("sandbox tests need root")
     if runtime == "podman" and shutil.which("podman") is None:
         pytest.skip("podman hosts need podman")
     directory = tmp_path_factory.mktemp(f"streams-{runtime}")
-    name = f"cvs-io-{uuid.uuid4().hex[:8]}"
     try:
         sb = sandbox_up(directory / "sb", hosts=len(HOSTS), runtime=runtime)
-        path = _cluster_file(sb, directory, name)
-        _up(path)
-        yield Lab(sb, path, runtime, name, directory)
+        lab = Lab(sb, directory, prefix="cvs-io")
+        _up(lab.shared_file)
+        yield lab
     finally:
         sandbox_down(directory / "sb")
 
@@ -94,7 +73,7 @@ def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 def cvs_bytes(lab: Lab, *args: str, input: bytes = b"") -> subprocess.CompletedProcess[bytes]:
     """`cvs -c FILE args…` with `input` on its stdin, output as bytes."""
     return subprocess.run(
-        [*CVS, "-c", str(lab.cluster_file), *args],
+        [*CVS, "-c", str(lab.shared_file), *args],
         input=input,
         capture_output=True,
         env={**os.environ, "CI": "1"},
@@ -132,7 +111,7 @@ def test_stdin_reaches_the_command_through_the_runtime_exec_too(lab: Lab) -> Non
     out: dict[str, dict[str, HostResult]] = {}
 
     async def main() -> None:
-        async with Cluster.open(lab.cluster_file) as cluster:
+        async with Cluster.open(lab.shared_file) as cluster:
             cluster.ssh_exec.enabled = False  # `docker exec -i` / `podman exec -i`
             out["results"] = await cluster.exec("cat; echo end", stdin=read)
 
@@ -149,7 +128,7 @@ def test_stdin_reaches_the_command_through_the_runtime_exec_too(lab: Lab) -> Non
 
 def test_a_stdin_that_never_ends_does_not_keep_cvs_once_the_commands_end(lab: Lab) -> None:
     proc = subprocess.Popen(
-        [*CVS, "-c", str(lab.cluster_file), "exec", "--", "echo ran"],
+        [*CVS, "-c", str(lab.shared_file), "exec", "--", "echo ran"],
         stdin=subprocess.PIPE,  # open, never written, never closed
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -235,11 +214,9 @@ def test_status_notes_a_container_made_without_an_init(
         return [a for a in made(*args, **kwargs) if a != "--init"]
 
     monkeypatch.setattr(lifecycle, "run_argv", without_init)
-    name = f"cvs-old-{uuid.uuid4().hex[:6]}"
-    path = _cluster_file(lab.sb, lab.directory, name)
-    doc = yaml.safe_load(path.read_text())
-    doc["container"]["sshd"] = {**doc["container"].get("sshd", {}), "port": 2471}
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    old = Lab(lab.sb, lab.directory / "old", prefix="cvs-old", base={"sshd": {"port": 2471}})
+    old.directory.mkdir()
+    path = old.shared_file
     _up(path)
     monkeypatch.undo()
     try:
@@ -270,7 +247,7 @@ def test_a_command_whose_sshd_dies_is_ended_through_the_host_and_said(lab: Lab) 
             )
 
     async def main() -> None:
-        async with Cluster.open(lab.cluster_file) as cluster, anyio.create_task_group() as tg:
+        async with Cluster.open(lab.shared_file) as cluster, anyio.create_task_group() as tg:
             tg.start_soon(kill_sshd_once_running)
             with anyio.fail_after(120):
                 out["results"] = await cluster.exec("sleep 4646; echo never")
@@ -280,7 +257,7 @@ def test_a_command_whose_sshd_dies_is_ended_through_the_host_and_said(lab: Lab) 
         # Ended at once, not when it would have finished (77 min from now).
         assert gone(lab, b"sleep\x004646", timeout=10)
     finally:
-        _up(lab.cluster_file)  # its sshd again
+        _up(lab.shared_file)  # its sshd again
     for r in out["results"].values():
         assert r.status == "failed" and r.exit_code is None, r
         assert "sshd closed the connection while the command ran" in str(r.error), r.error
@@ -289,7 +266,7 @@ def test_a_command_whose_sshd_dies_is_ended_through_the_host_and_said(lab: Lab) 
 
 def test_a_cvs_killed_with_sigkill_leaves_no_command_past_its_lease(lab: Lab) -> None:
     proc = subprocess.Popen(
-        [*CVS, "-c", str(lab.cluster_file), "exec", "-n", "--", "sleep 4747"],
+        [*CVS, "-c", str(lab.shared_file), "exec", "-n", "--", "sleep 4747"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**os.environ, "CI": "1"},

@@ -131,6 +131,7 @@ def test_expected_failures_are_cvs_errors_with_their_exit_code(
     assert cls.exit_code is code
 
 
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_cli_turns_a_cvs_error_into_one_line_and_its_exit_code(tmp_path: Path) -> None:
     missing = tmp_path / "nope.yaml"
     out = run_cvs("validate", cluster=missing, ci=False, timeout=None)

@@ -33,8 +33,8 @@ import pytest
 import yaml
 from clitools import CVS, cvs_on, explain, last_json
 from clitools import cvs as cli
+from labtools import THREE, Lab, inspect, wait_for_holders
 from labtools import docker as podman
-from labtools import inspect, wait_for_holders
 from terminal import Tmux
 
 from orchestrator.sandbox import DOCKER_USER, SSHD_TAG, Sandbox, sandbox_down, sandbox_up
@@ -43,7 +43,6 @@ from orchestrator.sandbox.registry import SandboxRegistry
 
 pytestmark = pytest.mark.sandbox
 
-THREE = ["node1", "node2", "node3"]
 REPO = Path(__file__).resolve().parent.parent
 CDI_DIR = Path("/etc/cdi")
 CDI_LOCK = Path("/run/cvs-sandbox-cdi.lock")
@@ -78,41 +77,10 @@ def ids(sb: Sandbox, name: str, hosts: list[str] = THREE) -> dict[str, str | Non
     return out
 
 
-class Lab:
-    def __init__(self, sb: Sandbox, directory: Path) -> None:
-        self.sb = sb
-        self.directory = directory
-        self.name = f"cvs-pm-{uuid.uuid4().hex[:8]}"
-        self.tags: list[str] = []
-        self._n = 0
-
-    def cluster(
-        self, *, lifetime: str, hosts: list[str] = THREE, sshd_port: int | None = None, **kw: Any
-    ) -> Path:
-        doc = yaml.safe_load(self.sb.cluster_file.read_text())
-        doc["name"] = self.name
-        doc["hosts"] = [h for h in doc["hosts"] if h["name"] in hosts]
-        doc["state_dir"] = str(self.directory / "state")
-        host_extra = kw.pop("host_extra", {})
-        doc["hosts"] = [{**h, **host_extra.get(h["name"], {})} for h in doc["hosts"]]
-        block = {**doc["container"], "name": self.name, "lifetime": lifetime, **kw}
-        block["sshd"] = {"enabled": False} if sshd_port is None else {"port": sshd_port}
-        doc["container"] = block
-        self._n += 1
-        path = self.directory / f"cluster{self._n}.yaml"
-        path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        return path
-
-    def clean(self) -> None:
-        for host in THREE:
-            podman(self.sb, host, "rm", "-f", "-t", "0", self.name, check=False)
-            for tag in self.tags:
-                podman(self.sb, host, "rmi", "-f", tag, check=False)
-
-
 @pytest.fixture
 def lab(podman_sandbox: Sandbox, tmp_path: Path) -> Iterator[Lab]:
-    lab = Lab(podman_sandbox, tmp_path)
+    name = f"cvs-pm-{uuid.uuid4().hex[:8]}"
+    lab = Lab(podman_sandbox, tmp_path, name=name, top={"name": name})  # the cluster named so too
     try:
         yield lab
     finally:

@@ -62,6 +62,7 @@ def _pytest(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_a_conftest_registering_cvs_options_keeps_them_with_our_plugin_loaded(
     tmp_path: Path,
 ) -> None:
@@ -88,6 +89,7 @@ def test_every_option_of_the_plugin_is_namespaced() -> None:
         assert opt.dest.startswith("cvs_orchestrator"), opt.dest
 
 
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_loading_the_plugin_imports_only_pytest() -> None:
     probe = (
         "import sys, orchestrator.pytest_plugin; "
@@ -100,6 +102,7 @@ def test_loading_the_plugin_imports_only_pytest() -> None:
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_the_engine_flag_without_cvs_says_to_install_it(tmp_path: Path) -> None:
     (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
     env_free = subprocess.run(
@@ -143,6 +146,7 @@ def pytest_addoption(parser):
 """
 
 
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_cvs_run_gives_pytest_an_interpreter_with_nothing_of_ours_loaded(
     tmp_path: Path,
 ) -> None:
@@ -200,6 +204,7 @@ def test_ssh_library_info_becomes_debug_and_warnings_stay(
     assert [(r.name, r.levelname) for r in caplog.records] == [(DEMOTED_LOGGER, "DEBUG")]
 
 
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_ctrl_c_during_cvs_run_stops_pytest_and_records_the_interruption(
     tmp_path: Path,
 ) -> None:

@@ -68,6 +68,7 @@ def test_every_program_and_library_is_a_file_in_the_package() -> None:
 
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_shellcheck_reads_every_program_as_posix_sh() -> None:
     files = sorted(str(p) for p in REMOTE_DIR.glob("*.sh"))
     out = subprocess.run(["shellcheck", "--shell=sh", *files], capture_output=True, text=True)

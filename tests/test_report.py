@@ -59,6 +59,7 @@ browser = pytest.mark.skipif(browser_skip_reason() is not None, reason=str(brows
 
 
 @browser
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_report_opens_in_chromium_and_shows_the_failing_cell(tmp_path: Path) -> None:
     recorder = RunRecorder.create(tmp_path / "run")
     recorder.finish(failing_outcome(), report=write_report)

@@ -124,6 +124,7 @@ def probe(*args: str) -> dict[str, object]:
     ],
     ids=lambda a: " ".join(x for x in a if not x.startswith("/")),
 )
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_commands_that_do_not_connect_never_import_asyncssh(args: list[str]) -> None:
     doc = probe(*args)
     assert doc["asyncssh"] is False, doc
@@ -131,10 +132,12 @@ def test_commands_that_do_not_connect_never_import_asyncssh(args: list[str]) -> 
 
 
 @pytest.mark.parametrize("args", [["--help"], ["exec", "--help"]], ids=" ".join)
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_help_never_imports_rich(args: list[str]) -> None:
     assert not_for_exec(probe(*args)["modules"]) == []
 
 
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_plain_cvs_exec_imports_neither_rich_nor_other_commands_modules(tmp_path: Path) -> None:
     # A host whose port refuses: the whole exec path runs (asyncssh, the event
     # loop, the per-host failure and its summary) with no sshd needed.
@@ -152,6 +155,7 @@ def test_plain_cvs_exec_imports_neither_rich_nor_other_commands_modules(tmp_path
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the loopback farm starts sshd (root)")
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_plain_cvs_exec_on_a_real_sshd_imports_neither_rich_nor_other_commands_modules() -> None:
     sys.path.insert(0, str(REPO))
     from bench.loopback import loopback_farm
@@ -162,6 +166,7 @@ def test_plain_cvs_exec_on_a_real_sshd_imports_neither_rich_nor_other_commands_m
     assert not_for_exec(doc["modules"], NOT_FOR_HOST_EXEC) == []
 
 
+@pytest.mark.sandbox  # starts real programs: out of the fast subset
 def test_importing_the_transport_spawns_no_process() -> None:
     script = (
         "import json, subprocess, sys\n"

@@ -22,7 +22,6 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ import anyio
 import pytest
 import yaml
 from clitools import CVS, cvs_on, explain, json_docs
+from labtools import Lab
 from sandboxtools import sandbox_pids_holding, wait_until
 
 from orchestrator.api import Cluster
@@ -44,56 +44,47 @@ pytestmark = pytest.mark.sandbox
 HOSTS = ["node1", "node2"]
 
 
-@dataclass
-class Lab:
-    sb: Sandbox
-    directory: Path
-    files: dict[int, Path]  # workers -> cluster file
-    names: dict[int, str]  # workers -> container name
-
-    def holders(self, workers: int) -> list[int]:
-        """Lock holder files per host (one per live holder)."""
-        name = self.names[workers]
-        return [len(list(Path(f"/tmp/cvs-{name}-{h}.lock").glob("h.*"))) for h in HOSTS]
-
-
-def _cluster_file(sb: Sandbox, directory: Path, workers: int, name: str) -> Path:
-    doc = yaml.safe_load(sb.cluster_file.read_text())
-    doc["name"] = name
-    doc["state_dir"] = str(directory / f"state-{workers}")
-    doc["container"] = {**doc["container"], "name": name, "lifetime": "persistent"}
-    doc["concurrency"] = {"workers": workers}
-    path = directory / f"workers-{workers}.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
-def cvs_with(lab: Lab, workers: int, *args: str) -> subprocess.CompletedProcess[str]:
-    """`cvs -c FILE args` with the cluster file that asks for `workers` workers."""
-    return cvs_on(lab.files[workers], *args, cwd=lab.directory, timeout=300)
+def cvs_with(lab: Lab, *args: str) -> subprocess.CompletedProcess[str]:
+    """`cvs -c FILE args` with the lab's cluster file (its number of workers)."""
+    return cvs_on(lab.shared_file, *args, cwd=lab.directory, timeout=300)
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+def labs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, Lab]]:
+    """One sandbox; per number of workers (1, 2) a persistent container of its
+    own, its cluster file asking for that many workers (one directory)."""
     if os.geteuid() != 0:
         pytest.skip("sandbox tests need root")
     directory = tmp_path_factory.mktemp("workers")
     tag = uuid.uuid4().hex[:6]
-    names = {1: f"cvs-w1-{tag}", 2: f"cvs-w2-{tag}"}
     try:
         sb = sandbox_up(directory / "sb", hosts=len(HOSTS))
-        files = {w: _cluster_file(sb, directory, w, n) for w, n in names.items()}
-        yield Lab(sb, directory, files, names)
+        yield {
+            w: Lab(
+                sb,
+                directory,
+                name=f"cvs-w{w}-{tag}",
+                top={"concurrency": {"workers": w}},
+                state=f"state-{w}",
+            )
+            for w in (1, 2)
+        }
     finally:
         sandbox_down(directory / "sb")
 
 
 @pytest.fixture
-def down_after(lab: Lab) -> Iterator[None]:
+def lab(labs: dict[int, Lab]) -> Lab:
+    """The container whose cluster file asks for two workers."""
+    return labs[2]
+
+
+@pytest.fixture
+def down_after(labs: dict[int, Lab]) -> Iterator[None]:
     """Each test leaves no container behind (the next one starts cold)."""
     yield
-    for workers in lab.files:
-        cvs_with(lab, workers, "down", "--force")
+    for lab in labs.values():
+        cvs_with(lab, "down", "--force")
 
 
 # -- the same as one process ------------------------------------------------------
@@ -129,7 +120,7 @@ def _sequence(lab: Lab, workers: int) -> dict[str, Any]:
         payload.mkdir()
         (payload / "a.bin").write_bytes(os.urandom(300_000))
         (payload / "b.txt").write_text("b\n")
-    name = lab.names[workers]
+    name = lab.name
     commands = {
         "up-cold": ["up"],
         "up-attach": ["up"],
@@ -144,11 +135,11 @@ def _sequence(lab: Lab, workers: int) -> dict[str, Any]:
     seen: dict[str, Any] = {}
     for what, (command, *rest) in commands.items():
         rest = [r.replace("back-W", f"back-{workers}") for r in rest]
-        proc = cvs_with(lab, workers, command, "--json", *rest)
+        proc = cvs_with(lab, command, "--json", *rest)
         docs = json_docs(proc.stdout)
         result = [d for d in docs if "event" not in d]
         text = json.dumps(result, sort_keys=True).replace(name, "C")
-        text = text.replace(str(lab.files[workers]), "FILE").replace(f"run-{workers}", "RUN")
+        text = text.replace(str(lab.shared_file), "FILE").replace(f"run-{workers}", "RUN")
         text = text.replace(f"back-{workers}", "BACK")
         seen[what] = {
             "rc": proc.returncode,
@@ -159,10 +150,11 @@ def _sequence(lab: Lab, workers: int) -> dict[str, Any]:
 
 
 def test_every_command_through_two_workers_gives_what_one_process_gives(
-    lab: Lab, down_after: None
+    labs: dict[int, Lab], down_after: None
 ) -> None:
-    alone = _sequence(lab, 1)
-    spread = _sequence(lab, 2)
+    alone = _sequence(labs[1], 1)
+    spread = _sequence(labs[2], 2)
+    lab = labs[2]
 
     codes = {k: v["rc"] for k, v in spread.items()}
     assert codes == {
@@ -205,14 +197,17 @@ def test_through_workers_the_lock_is_held_and_each_container_keeps_one_connectio
     seen: dict[str, Any] = {}
 
     async def main() -> None:
-        async with Cluster.open(lab.files[2]) as cluster:
+        async with Cluster.open(lab.shared_file) as cluster:
             assert isinstance(cluster.pool, WorkerRunner)
             assert len(cluster.pool.fleet.workers) == 2
             assert cluster.pool.fleet.assigned["node1"] is not cluster.pool.fleet.assigned["node2"]
             await cluster.up()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(
-                    _when_running, lab, b"sleep\x002.4242", lambda: seen.update(held=lab.holders(2))
+                    _when_running,
+                    lab,
+                    b"sleep\x002.4242",
+                    lambda: seen.update(held=lab.holders(HOSTS)),
                 )
                 first = await cluster.exec("sleep 2.4242; echo slept")
             seen["first"] = {h: (r.status, r.stdout) for h, r in first.items()}
@@ -220,7 +215,7 @@ def test_through_workers_the_lock_is_held_and_each_container_keeps_one_connectio
                 assert all(r.ok for r in (await cluster.exec("true")).values())
             counters = cluster.ssh_exec.connections.counters  # type: ignore[union-attr]
             seen["connects"], seen["channels"] = counters.connects, counters.channels
-        seen["after"] = lab.holders(2)
+        seen["after"] = lab.holders(HOSTS)
 
     anyio.run(main)
     assert seen["first"] == {h: ("ok", "slept") for h in HOSTS}
@@ -238,7 +233,7 @@ def test_through_workers_a_copy_goes_through_the_containers_sshd_and_arrives_who
     seen: dict[str, Any] = {}
 
     async def main() -> None:
-        async with Cluster.open(lab.files[2]) as cluster:
+        async with Cluster.open(lab.shared_file) as cluster:
             assert isinstance(cluster.pool, WorkerRunner)
             await cluster.up()
             assert all(r.ok for r in (await cluster.exec("true")).values())
@@ -269,11 +264,11 @@ def _kill_worker_of(cluster: Cluster, host: str) -> int:
 def test_a_worker_killed_mid_exec_loses_its_host_by_name_and_that_lock_goes_with_it(
     lab: Lab, down_after: None
 ) -> None:
-    assert cvs_with(lab, 2, "up").returncode == 0
+    assert cvs_with(lab, "up").returncode == 0
     seen: dict[str, Any] = {}
 
     async def main() -> None:
-        async with Cluster.open(lab.files[2]) as cluster:
+        async with Cluster.open(lab.shared_file) as cluster:
             await cluster.up()  # attach: the shared lock is held until close
 
             def kill() -> None:
@@ -287,10 +282,10 @@ def test_a_worker_killed_mid_exec_loses_its_host_by_name_and_that_lock_goes_with
             # node1's holder ends with the worker's connection (its stdin
             # ends), and within the lease whatever happens; node2's stays.
             assert await anyio.to_thread.run_sync(
-                wait_until, lambda: lab.holders(2)[0] == 0, LEASE_SECONDS + 10
-            ), lab.holders(2)
+                wait_until, lambda: lab.holders(HOSTS)[0] == 0, LEASE_SECONDS + 10
+            ), lab.holders(HOSTS)
             seen["released_in"] = time.monotonic() - started
-            seen["node2_held"] = lab.holders(2)[1]
+            seen["node2_held"] = lab.holders(HOSTS)[1]
             again = await cluster.exec("echo again")
             seen["again"] = {h: (r.status, r.stdout, r.error) for h, r in again.items()}
 
@@ -304,7 +299,7 @@ def test_a_worker_killed_mid_exec_loses_its_host_by_name_and_that_lock_goes_with
     assert seen["again"]["node2"][:2] == ("ok", "again")
     assert seen["again"]["node1"][0] == "unreachable"
     assert "lost: the worker process" in (seen["again"]["node1"][2] or "")
-    assert lab.holders(2) == [0, 0]
+    assert lab.holders(HOSTS) == [0, 0]
 
 
 class _KillAt:
@@ -333,14 +328,14 @@ def test_a_worker_killed_mid_up_loses_its_host_by_name_the_other_finishes_and_it
     seen: dict[str, Any] = {}
 
     async def main() -> None:
-        async with Cluster.open(lab.files[2], sink=sink) as cluster:
+        async with Cluster.open(lab.shared_file, sink=sink) as cluster:
             sink.cluster = cluster
             report = await cluster.up(check=False)
             seen["outcomes"] = {
                 h: (o.state, str(o.error or "")) for h, o in report.outcomes.items()
             }
             seen["released"] = await anyio.to_thread.run_sync(
-                wait_until, lambda: lab.holders(2)[0] == 0, LEASE_SECONDS + 10
+                wait_until, lambda: lab.holders(HOSTS)[0] == 0, LEASE_SECONDS + 10
             )
 
     anyio.run(main)
@@ -350,8 +345,8 @@ def test_a_worker_killed_mid_up_loses_its_host_by_name_the_other_finishes_and_it
     # node2 finished its pipeline: ready, or rolled back by the plan's decision
     # for a partial set, as one process decides when a host is lost.
     assert seen["outcomes"]["node2"][0] in ("ready", "rolled_back"), seen
-    assert seen["released"], lab.holders(2)
-    assert lab.holders(2) == [0, 0]
+    assert seen["released"], lab.holders(HOSTS)
+    assert lab.holders(HOSTS) == [0, 0]
 
 
 # -- Ctrl-C -------------------------------------------------------------------------
@@ -362,9 +357,9 @@ def test_ctrl_c_on_cvs_exec_in_containers_through_workers_exits_130_and_leaves_n
     lab: Lab, down_after: None, user: list[str]
 ) -> None:
     # The sshd lets in root and the image's user: `nobody` takes `docker exec`.
-    assert cvs_with(lab, 2, "up").returncode == 0
+    assert cvs_with(lab, "up").returncode == 0
     proc = subprocess.Popen(
-        [*CVS, "-c", str(lab.files[2]), "exec", *user, "--", "sleep 46.46"],
+        [*CVS, "-c", str(lab.shared_file), "exec", *user, "--", "sleep 46.46"],
         env={**os.environ, "CI": "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -378,7 +373,7 @@ def test_ctrl_c_on_cvs_exec_in_containers_through_workers_exits_130_and_leaves_n
         stdout, stderr = proc.communicate(timeout=30)
         assert proc.returncode == 130, explain(subprocess.CompletedProcess([], 130, stdout, stderr))
         assert wait_until(lambda: not _processes(lab.sb, b"sleep\x0046.46"), 10)
-        assert wait_until(lambda: lab.holders(2) == [0, 0], 10), lab.holders(2)
+        assert wait_until(lambda: lab.holders(HOSTS) == [0, 0], 10), lab.holders(HOSTS)
         assert not [p for p in workers if Path(f"/proc/{p}").exists()]
     finally:
         if proc.poll() is None:

@@ -66,6 +66,9 @@ PROGRESS_EVERY = 1.0
 # (receiving host, chunk, offset of the chunk in the stream) -> the bytes
 # sent. Tests set it to corrupt one hop; None in use.
 Mangle = Callable[[str, bytes, int], bytes]
+# (receiving host, its load argv) -> the argv its direct hop runs. Tests set
+# it to corrupt one direct hop (cvs sees none of its bytes); None in use.
+DirectLoad = Callable[[str, list[str]], list[str]]
 
 
 @dataclass
@@ -108,6 +111,7 @@ class _Progress:
 class Spread:
     # Tests corrupt one hop through this (tests/test_spread_sandbox.py).
     mangle: ClassVar[Mangle | None] = None
+    direct_load: ClassVar[DirectLoad | None] = None
 
     def __init__(
         self,
@@ -179,7 +183,7 @@ class Spread:
         progress = _Progress(self.sink, size, receivers)
         feeds = tree(seed, receivers) if result.short else dict(plan.feeds)
         if plan.transport == "direct" and self.endpoints is not None:
-            broken, dead = await self._direct(feeds, expected_id, result), set[str]()
+            broken, dead = await self._direct(feeds, progress), set[str]()
         else:
             broken, dead = await self._round(feeds, progress, result)
         await self._verify(receivers, expected_id, result, broken)
@@ -203,22 +207,24 @@ class Spread:
         return result
 
     async def _direct(
-        self, feeds: Mapping[str, tuple[str, ...]], expected: str, result: SpreadResult
+        self, feeds: Mapping[str, tuple[str, ...]], progress: _Progress
     ) -> dict[str, str]:
         """The direct transport (containers/spread_direct.py) on every edge
         whose hosts reach each other: receiver -> why it is not served that
         way (the retry round feeds it through cvs)."""
         assert self.endpoints is not None
+        tamper = Spread.direct_load
         cmds = {
             h: (
                 [*self.runtimes[h].prefix, "save", *self.runtimes[h].archive_args, self.image],
-                [*self.runtimes[h].prefix, "load"],
+                tamper(h, [*rt.prefix, "load"]) if tamper else [*rt.prefix, "load"],
             )
             for h in {*feeds, *(k for kids in feeds.values() for k in kids)}
+            for rt in [self.runtimes[h]]
         }
         hop = DirectHop(
             self.pool, self.runtimes, cmds, timeout=self.cfg.runtime_timeout, budget=self.budget,
-            run_id=secrets.token_hex(6),
+            run_id=secrets.token_hex(6), stall=self.stall, progress=progress.add,
         )  # fmt: skip
         split = await hop.probe(feeds, self.endpoints)
         for host, why in split.relayed.items():

@@ -224,6 +224,13 @@ class DirectHop:
                     with contextlib.suppress(OSError, asyncssh.Error):
                         await proc.stderr.read()
                         await proc.wait()
+                # The sources' fans end with their own children's ssh: a
+                # receiver under a relay that died may still be waiting on
+                # a connection that will say nothing more. Every receiver
+                # that reports its count ends, or is cut after `stall`.
+                watch.sources_done = True
+                while watch.open():
+                    await anyio.sleep(0.2)
                 tg.cancel_scope.cancel()
         if scope.cancelled_caught:
             for src in procs:
@@ -254,6 +261,13 @@ class _Watch:
         self.moved: dict[str, float] = {}  # host -> when its count last changed
         self.ended: set[str] = set()
         self.cut: set[str] = set()
+        # The sources' streams ended: any receiver still open is an orphan,
+        # cut after `stall` however few bytes it had.
+        self.sources_done = False
+
+    def open(self) -> list[str]:
+        """Receivers that report their count and have neither ended nor been cut."""
+        return [h for h in self.moved if h not in self.ended and h not in self.cut]
 
     async def read(self, host: str, lease: Any) -> None:
         with contextlib.suppress(OSError, asyncssh.Error):
@@ -276,7 +290,7 @@ class _Watch:
             for h, t in self.moved.items()
             if h not in self.ended
             and h not in self.cut
-            and self.count[h] > FLOWING
+            and (self.count[h] > FLOWING or self.sources_done)
             and now - t >= self.stall
         ]
         self.cut.update(out)

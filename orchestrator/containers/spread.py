@@ -10,15 +10,17 @@ others) is read over that host's existing SSH connection and written into
 passes the bytes on while loading them when that host feeds others). All
 streams of a round run at once: the image is pipelined down the tree.
 
-Why through the coordinator rather than host to host: it needs nothing new
-on any host (no listener, no key, no port, no file) and so nothing can be
-left behind by a SIGKILL of cvs: when cvs dies its SSH channels close, the
-loads read a cut archive and tag nothing, the saves lose their reader. The
-cost is the coordinator's link, which carries every hop (measured in
-docs/distribution.md). With `container.spread_transport: direct` the edges
-whose hosts reach each other go host to host instead
-(containers/spread_direct.py: a key for this invocation, held by leases);
-the others, and whatever that round did not deliver, come through here.
+Two transports (`container.spread_transport`). `direct`, the default: the
+edges whose hosts reach each other go host to host
+(containers/spread_direct.py: a key for this invocation, held by leases;
+each receiver reports its own byte count, and one whose count stands still
+is cut), because the coordinator's link would otherwise carry every hop.
+`relay` (and, with `direct`, every edge that fails the probe and whatever
+that round did not deliver): the bytes come through here, which needs
+nothing new on any host (no listener, no key, no port, no file), so
+nothing can be left behind by a SIGKILL of cvs: when cvs dies its SSH
+channels close, the loads read a cut archive and tag nothing, the saves
+lose their reader (measured against direct in docs/distribution.md).
 
 Checks: before any byte moves, every receiver's free space in the runtime's
 root is read and a host short of about twice the image is named and left

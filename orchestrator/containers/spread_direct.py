@@ -28,6 +28,15 @@ ssh-keyscan of the receiver, bounded): the pure decision is
 spread_plan.direct_split; an edge that fails it goes through cvs instead,
 said and named by the caller. cvs sees no byte of a direct edge: the image
 ID check after the load (the caller's) is what accepts a host.
+
+Progress and the stall cut: each receiver's lease, told `watch`, reports
+the read count of its fan's tee once a second (remote/spread_lease.sh);
+the counts become the caller's progress events, and a receiver whose count
+stands still for `stall` seconds once bytes flowed is told `cut` (its fan
+ends; the caller feeds it and its subtree again). The round ends when the
+sources' fans have ended and every receiver that reports has ended or
+been cut: a receiver under a relay that died silently is not left waiting
+for the round's budget.
 """
 
 from __future__ import annotations

@@ -7,18 +7,24 @@ every exit path; hosts that cannot reach each other are fed through cvs.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
 import time
 from pathlib import Path
 
+import anyio
 import pytest
 from clitools import CVS
 from labtools import Lab, cvs, explain
 from sandboxtools import cmdline, pids_in_netns, wait_until
 from spreadtools import FOUR, THREE, image_ids, image_tar, lab, last_json
 
+from orchestrator.api import Cluster
+from orchestrator.containers import spread as spread_mod
+from orchestrator.events import CollectingSink, ImageProgress, Message
 from orchestrator.sandbox import Sandbox, network
 from orchestrator.sandbox.users import DOCKER_USER
 
@@ -83,8 +89,104 @@ def test_direct_spread_to_four_hosts_sends_no_image_bytes_through_cvs(
     # The relay would send 3 x the image; direct sends commands only.
     assert sent < size * 0.2, (sent, size)
     assert "not reached host to host" not in up.stdout, explain(up)
+    # Progress on direct edges: each receiver's lease reads its own count.
+    events = [json.loads(x) for x in up.stdout.splitlines() if x.startswith("{")]
+    progress = [e for e in events if e.get("event") == "ImageProgress"]
+    assert {e["host"] for e in progress} == set(FOUR[1:]), progress[:3]
+    assert all(e["total"] > 0 and 0 < e["done"] <= e["total"] * 1.1 for e in progress), progress
+    assert max(e["done"] for e in progress if e["host"] == "node4") > size // 2, progress
     assert keys_state() == before_keys
     assert leftovers(lab) == []
+
+
+def run_up(path: Path, sink: CollectingSink) -> bool:
+    async def main() -> bool:
+        async with Cluster.open(path, sink=sink) as cluster:
+            report = await cluster.up(check=False)
+            return report.ok
+
+    return anyio.run(main)
+
+
+def test_direct_corrupted_bytes_on_one_hop_are_refused_and_fetched_again(
+    lab: Lab, image_tar: tuple[str, Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tag, tar, image_id = image_tar
+    path = lab.cluster(lifetime="persistent", hosts=THREE, image=tag, image_tar=str(tar))
+
+    def corrupt(host: str, load: list[str]) -> list[str]:
+        # node3's direct hop: every "0" arrives as "1" (the tar headers' octal
+        # fields and checksums, the config's digest: the hosts hold the
+        # layers already, so a load skips their bytes); the second round
+        # (through cvs) is clean.
+        if host != "node3":
+            return load
+        return ["sh", "-c", 'tr 0 1 | "$@"', "sh", *load]
+
+    monkeypatch.setattr(spread_mod.Spread, "direct_load", staticmethod(corrupt))
+    sink = CollectingSink()
+    assert run_up(path, sink), [str(e) for e in sink.events if isinstance(e, Message)]
+    said = [str(e.text) for e in sink.events if isinstance(e, Message) and e.host == "node3"]
+    assert any("refused" in m or "not present after the load" in m for m in said), said
+    assert any("fed again" in m for m in said), said
+    assert not any(isinstance(e, Message) and e.host == "node2" and e.level == "warning"
+                   for e in sink.events), said  # fmt: skip
+    assert set(image_ids(lab, THREE, tag).values()) == {image_id}
+    assert leftovers(lab) == []
+
+
+def test_direct_relay_host_killed_mid_spread_its_child_is_fed_from_another_host(
+    lab: Lab, image_tar: tuple[str, Path, str]
+) -> None:
+    tag, tar, image_id = image_tar
+    # The stall bound is container.runtime_timeout: 10 s here.
+    path = lab.cluster(
+        lifetime="persistent", hosts=FOUR, image=tag, image_tar=str(tar), runtime_timeout=10
+    )
+    node2, node4 = (next(n for n in lab.sandbox.nodes if n.name == x) for x in ("node2", "node4"))
+    assert node2.netns is not None
+    # node2 feeds node4 (the tree: node1 -> node2, node3; node2 -> node4).
+    # Once node4 has 1 MiB, node2 dies as a host does: no FIN reaches node4
+    # (its packets to node4 dropped), and its spread's processes are gone.
+    rule = ["OUTPUT", "-d", node4.address, "-j", "DROP"]
+    ipt = ["ip", "netns", "exec", node2.netns, "iptables"]
+    killed: list[int] = []
+
+    class Killer(CollectingSink):
+        def emit(self, event: object) -> None:
+            super().emit(event)  # type: ignore[arg-type]
+            if (isinstance(event, ImageProgress) and event.host == "node4"
+                    and event.done > (1 << 20) and not killed):  # fmt: skip
+                subprocess.run([*ipt, "-I", *rule], check=True)
+                for pid in pids_in_netns(node2.netns or "", _direct_fan):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+
+    sink = Killer()
+    start = time.monotonic()
+    try:
+        ok = run_up(path, sink)
+    finally:
+        if killed:
+            subprocess.run([*ipt, "-D", *rule], check=False)
+    seconds = time.monotonic() - start
+    assert killed, "node2's spread processes were not found"
+    said = " ".join(str(e.text) for e in sink.events if isinstance(e, Message))
+    assert ok, said
+    assert "its feeder node2 stalled: no byte for 10s" in said, said
+    assert set(image_ids(lab, FOUR, tag).values()) == {image_id}
+    assert seconds < 300, seconds  # bounded: the stall cut, not the start budget (900 s)
+    assert wait_until(lambda: leftovers(lab) == [], 30), leftovers(lab)
+
+
+def _direct_fan(argv: list[str]) -> bool:
+    """A receiver's part of a direct spread: its fan, tee, load and ssh on."""
+    return (
+        any(x.endswith("/fan.sh") or x == "cvs-spread" for x in argv)
+        or argv[:1] == ["tee"]
+        or (argv[-1:] == ["load"])
+    )
 
 
 def test_direct_spread_unreachable_host_is_named_and_fed_through_cvs(

@@ -113,7 +113,7 @@ def test_refeed_spreads_the_failed_over_hosts_that_have_it_never_a_dead_one() ->
 
 def test_plan_lines_show_the_tree_and_the_saving() -> None:
     names = hosts(4)
-    plan = decide_spread(cfg(), dict.fromkeys(names, "pull"))
+    plan = decide_spread(cfg(spread_transport="relay"), dict.fromkeys(names, "pull"))
     assert plan.lines() == [
         "image: peers (4 hosts lack it): node1 pulls; 3 host(s) get it from a peer; "
         "fetches: 1 (registry mode: 4)",
@@ -128,7 +128,7 @@ def test_distribute_does_not_change_the_container_config_hash() -> None:
     from orchestrator.containers.labels import config_hash
 
     assert config_hash(cfg()) == config_hash(cfg(distribute="registry"))
-    assert config_hash(cfg()) == config_hash(cfg(spread_transport="direct"))
+    assert config_hash(cfg()) == config_hash(cfg(spread_transport="relay"))
 
 
 def test_distribute_rejects_other_words() -> None:
@@ -141,8 +141,8 @@ def test_distribute_rejects_other_words() -> None:
 K = frozenset({"ssh-ed25519 AAAAkey"})
 
 
-def test_plan_shows_the_direct_transport() -> None:
-    plan = decide_spread(cfg(spread_transport="direct"), dict.fromkeys(hosts(3), "pull"))
+def test_plan_shows_the_direct_transport_by_default() -> None:
+    plan = decide_spread(cfg(), dict.fromkeys(hosts(3), "pull"))
     assert plan.transport == "direct"
     assert plan.to_dict()["transport"] == "direct"
     assert plan.lines()[-1].startswith("  transport: direct (host to host over ssh")

@@ -78,6 +78,9 @@ def test_podman_spread_keeps_the_image_id_on_every_host(
         assert "image not received" not in up.stdout, explain(up)  # no second round
         hosts = last_json(up)["hosts"]
         assert hosts["node1"]["steps"]["load"] == "ok", hosts["node1"]
+        events = [json.loads(x) for x in up.stdout.splitlines() if x.startswith("{")]
+        progress = {e["host"] for e in events if e.get("event") == "ImageProgress"}
+        assert progress == set(THREE[1:]), progress  # direct: each receiver's own count
         for host in THREE[1:]:
             assert hosts[host]["steps"].get("spread") == "ok", hosts[host]
         ids = {

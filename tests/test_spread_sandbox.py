@@ -1,6 +1,8 @@
 """The image spread for real (containers/spread.py): one host loads
 `image_tar` (or pulls) once, the others get the image host to host through
-the coordinator's SSH connections, checked by image ID; the faults.
+the coordinator's SSH connections (`spread_transport: relay`, set in every
+cluster file here: the default is `direct`, tests/test_spread_direct.py),
+checked by image ID; the faults.
 
 The image is the sandbox's sshd image under a tag no host has (small: CI's
 budget), saved to a tar every host can read.
@@ -60,7 +62,9 @@ def test_spread_to_four_hosts_loads_once_and_ends_with_equal_image_ids(
     lab: Lab, image_tar: tuple[str, Path, str]
 ) -> None:
     tag, tar, image_id = image_tar
-    path = lab.cluster(lifetime="persistent", hosts=FOUR, image=tag, image_tar=str(tar))
+    path = lab.cluster(
+        spread_transport="relay", lifetime="persistent", hosts=FOUR, image=tag, image_tar=str(tar)
+    )
     plan = cvs(path, "plan")
     assert plan.returncode == 0, explain(plan)
     # The tree the plan shows (K = 2 for 3 receivers): node1 loads, feeds
@@ -88,7 +92,12 @@ def test_distribute_registry_loads_on_every_host(
 ) -> None:
     tag, tar, image_id = image_tar
     path = lab.cluster(
-        lifetime="persistent", hosts=THREE, image=tag, image_tar=str(tar), distribute="registry"
+        spread_transport="relay",
+        lifetime="persistent",
+        hosts=THREE,
+        image=tag,
+        image_tar=str(tar),
+        distribute="registry",
     )
     plan = cvs(path, "plan")
     assert "image: registry (container.distribute: registry); fetches: 3" in plan.stdout
@@ -112,7 +121,9 @@ def test_corrupted_bytes_on_one_hop_are_refused_and_fetched_again(
     lab: Lab, image_tar: tuple[str, Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tag, tar, image_id = image_tar
-    path = lab.cluster(lifetime="persistent", hosts=THREE, image=tag, image_tar=str(tar))
+    path = lab.cluster(
+        spread_transport="relay", lifetime="persistent", hosts=THREE, image=tag, image_tar=str(tar)
+    )
 
     def flip(host: str, chunk: bytes, offset: int) -> bytes:
         # Every byte past the first 64 KiB inverted on the way to node3 only.
@@ -133,7 +144,9 @@ def test_a_relay_killed_mid_spread_its_child_is_fed_from_another_host(
     lab: Lab, image_tar: tuple[str, Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tag, tar, image_id = image_tar
-    path = lab.cluster(lifetime="persistent", hosts=FOUR, image=tag, image_tar=str(tar))
+    path = lab.cluster(
+        spread_transport="relay", lifetime="persistent", hosts=FOUR, image=tag, image_tar=str(tar)
+    )
     node2 = next(n for n in lab.sandbox.nodes if n.name == "node2")
     killed: list[int] = []
 
@@ -210,7 +223,9 @@ def test_a_host_short_of_space_is_named_before_any_byte_moves(
     lab: Lab, image_tar: tuple[str, Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tag, tar, _ = image_tar
-    path = lab.cluster(lifetime="persistent", hosts=THREE, image=tag, image_tar=str(tar))
+    path = lab.cluster(
+        spread_transport="relay", lifetime="persistent", hosts=THREE, image=tag, image_tar=str(tar)
+    )
     size = int(docker(lab.sandbox, "node1", "image", "inspect", "-f", "{{.Size}}", SSHD_TAG))
     root = next(n for n in lab.sandbox.nodes if n.name == "node3").data_root
     moved: list[str] = []
@@ -265,7 +280,9 @@ def test_ctrl_c_mid_spread_leaves_no_partial_image_and_no_process(
     lab: Lab, image_tar: tuple[str, Path, str]
 ) -> None:
     tag, tar, image_id = image_tar
-    path = lab.cluster(lifetime="persistent", hosts=FOUR, image=tag, image_tar=str(tar))
+    path = lab.cluster(
+        spread_transport="relay", lifetime="persistent", hosts=FOUR, image=tag, image_tar=str(tar)
+    )
     proc = subprocess.Popen(
         [*CVS, "-c", str(path), "--json", "up"],
         stdout=subprocess.PIPE,
@@ -325,7 +342,9 @@ def test_spread_from_the_registry_pulls_once(
 ) -> None:
     reg, ref = registry_image
     credentials = {"username": reg.username, "password_file": str(reg.password_file)}
-    path = lab.cluster(lifetime="per_run", hosts=THREE, image=ref, registry=credentials)
+    path = lab.cluster(
+        spread_transport="relay", lifetime="per_run", hosts=THREE, image=ref, registry=credentials
+    )
     plan = cvs(path, "plan")
     assert "node1 pulls" in plan.stdout and "fetches: 1 (registry mode: 3)" in plan.stdout
     up = cvs(path, "--json", "up")
@@ -343,7 +362,9 @@ def test_sigkill_of_cvs_mid_spread_leaves_nothing_on_the_hosts(
     lab: Lab, image_tar: tuple[str, Path, str]
 ) -> None:
     tag, tar, image_id = image_tar
-    path = lab.cluster(lifetime="per_run", hosts=FOUR, image=tag, image_tar=str(tar))
+    path = lab.cluster(
+        spread_transport="relay", lifetime="per_run", hosts=FOUR, image=tag, image_tar=str(tar)
+    )
     proc = subprocess.Popen(
         [*CVS, "-c", str(path), "--json", "up"],
         stdout=subprocess.PIPE,
@@ -377,7 +398,12 @@ def test_a_stalled_relay_is_cut_off_within_the_bound_and_its_child_fed_again(
     tag, tar, image_id = image_tar
     # The stall bound is container.runtime_timeout: 10 s here.
     path = lab.cluster(
-        lifetime="per_run", hosts=FOUR, image=tag, image_tar=str(tar), runtime_timeout=10
+        spread_transport="relay",
+        lifetime="per_run",
+        hosts=FOUR,
+        image=tag,
+        image_tar=str(tar),
+        runtime_timeout=10,
     )
     node2 = next(n for n in lab.sandbox.nodes if n.name == "node2")
     stopped: list[int] = []

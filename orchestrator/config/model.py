@@ -602,11 +602,11 @@ class ContainerConfig(Model):
         "registry). See docs/distribution.md",
     )
     spread_transport: SpreadTransport = Field(
-        default="relay",
-        description="How a peers spread moves the bytes: relay (through cvs's own SSH "
-        "connections), direct (host to host over the hosts' ssh with a key for this "
-        "invocation only; hosts that cannot reach each other are relayed). See "
-        "docs/distribution.md",
+        default="direct",
+        description="How a peers spread moves the bytes: direct (host to host over the "
+        "hosts' ssh with a key for this invocation only; an edge whose hosts cannot reach "
+        "each other is relayed, and named), relay (every hop through cvs's own SSH "
+        "connections). See docs/distribution.md",
     )
     start_timeout: float = Field(
         default=900.0,

@@ -10,15 +10,17 @@ others) is read over that host's existing SSH connection and written into
 passes the bytes on while loading them when that host feeds others). All
 streams of a round run at once: the image is pipelined down the tree.
 
-Why through the coordinator rather than host to host: it needs nothing new
-on any host (no listener, no key, no port, no file) and so nothing can be
-left behind by a SIGKILL of cvs: when cvs dies its SSH channels close, the
-loads read a cut archive and tag nothing, the saves lose their reader. The
-cost is the coordinator's link, which carries every hop (measured in
-docs/distribution.md). With `container.spread_transport: direct` the edges
-whose hosts reach each other go host to host instead
-(containers/spread_direct.py: a key for this invocation, held by leases);
-the others, and whatever that round did not deliver, come through here.
+Two transports (`container.spread_transport`). `direct`, the default: the
+edges whose hosts reach each other go host to host
+(containers/spread_direct.py: a key for this invocation, held by leases;
+each receiver reports its own byte count, and one whose count stands still
+is cut), because the coordinator's link would otherwise carry every hop.
+`relay` (and, with `direct`, every edge that fails the probe and whatever
+that round did not deliver): the bytes come through here, which needs
+nothing new on any host (no listener, no key, no port, no file), so
+nothing can be left behind by a SIGKILL of cvs: when cvs dies its SSH
+channels close, the loads read a cut archive and tag nothing, the saves
+lose their reader (measured against direct in docs/distribution.md).
 
 Checks: before any byte moves, every receiver's free space in the runtime's
 root is read and a host short of about twice the image is named and left
@@ -67,6 +69,9 @@ PROGRESS_EVERY = 1.0
 # (receiving host, chunk, offset of the chunk in the stream) -> the bytes
 # sent. Tests set it to corrupt one hop; None in use.
 Mangle = Callable[[str, bytes, int], bytes]
+# (receiving host, its load argv) -> the argv its direct hop runs. Tests set
+# it to corrupt one direct hop (cvs sees none of its bytes); None in use.
+DirectLoad = Callable[[str, list[str]], list[str]]
 
 
 @dataclass
@@ -109,6 +114,7 @@ class _Progress:
 class Spread:
     # Tests corrupt one hop through this (tests/test_spread_sandbox.py).
     mangle: ClassVar[Mangle | None] = None
+    direct_load: ClassVar[DirectLoad | None] = None
 
     def __init__(
         self,
@@ -180,7 +186,7 @@ class Spread:
         progress = _Progress(self.sink, size, receivers)
         feeds = tree(seed, receivers) if result.short else dict(plan.feeds)
         if plan.transport == "direct" and self.endpoints is not None:
-            broken, dead = await self._direct(feeds, expected_id, result), set[str]()
+            broken, dead = await self._direct(feeds, progress), set[str]()
         else:
             broken, dead = await self._round(feeds, progress, result)
         await self._verify(receivers, expected_id, result, broken)
@@ -204,22 +210,24 @@ class Spread:
         return result
 
     async def _direct(
-        self, feeds: Mapping[str, tuple[str, ...]], expected: str, result: SpreadResult
+        self, feeds: Mapping[str, tuple[str, ...]], progress: _Progress
     ) -> dict[str, str]:
         """The direct transport (containers/spread_direct.py) on every edge
         whose hosts reach each other: receiver -> why it is not served that
         way (the retry round feeds it through cvs)."""
         assert self.endpoints is not None
+        tamper = Spread.direct_load
         cmds = {
             h: (
                 [*self.runtimes[h].prefix, "save", *self.runtimes[h].archive_args, self.image],
-                [*self.runtimes[h].prefix, "load"],
+                tamper(h, [*rt.prefix, "load"]) if tamper else [*rt.prefix, "load"],
             )
             for h in {*feeds, *(k for kids in feeds.values() for k in kids)}
+            for rt in [self.runtimes[h]]
         }
         hop = DirectHop(
             self.pool, self.runtimes, cmds, timeout=self.cfg.runtime_timeout, budget=self.budget,
-            run_id=secrets.token_hex(6),
+            run_id=secrets.token_hex(6), stall=self.stall, progress=progress.add,
         )  # fmt: skip
         split = await hop.probe(feeds, self.endpoints)
         for host, why in split.relayed.items():

@@ -28,13 +28,23 @@ ssh-keyscan of the receiver, bounded): the pure decision is
 spread_plan.direct_split; an edge that fails it goes through cvs instead,
 said and named by the caller. cvs sees no byte of a direct edge: the image
 ID check after the load (the caller's) is what accepts a host.
+
+Progress and the stall cut: each receiver's lease, told `watch`, reports
+the read count of its fan's tee once a second (remote/spread_lease.sh);
+the counts become the caller's progress events, and a receiver whose count
+stands still for `stall` seconds once bytes flowed is told `cut` (its fan
+ends; the caller feeds it and its subtree again). The round ends when the
+sources' fans have ended and every receiver that reports has ended or
+been cut: a receiver under a relay that died silently is not left waiting
+for the round's budget.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -56,6 +66,12 @@ PROBE_TIMEOUT = 5
 LEASE_MARGIN = 60.0
 _KEY = re.compile(r"@@cvs:key (\S+) (\d+) (\S+) (\S+)")
 _READY = re.compile(r"@@cvs:ready (/[A-Za-z0-9/._-]+) ([A-Za-z0-9._-]+)")
+_BYTES = re.compile(r"@@cvs:bytes (\d+)")
+# A receiver's tee has read this much once bytes flow (below: the loader's
+# own reads of the tee's libraries): the stall bound runs from then on.
+FLOWING = 64 * 1024
+# (receiving host, bytes more, its feeder): the caller's progress.
+Progress = Callable[[str, int, str], None]
 
 
 class _SetupError(Exception):
@@ -72,10 +88,16 @@ class DirectHop:
         timeout: float,
         budget: float,
         run_id: str,
+        stall: float | None = None,
+        progress: Progress | None = None,
     ) -> None:
         # cmds: host -> (its save argv, its load argv)
         self.pool, self.runtimes, self.cmds = pool, runtimes, cmds
         self.timeout, self.budget, self.run_id = timeout, budget, run_id
+        # Once bytes flow, a receiver whose count stands still this long is cut.
+        self.stall = stall if stall is not None else timeout
+        self.progress = progress
+        self._held: dict[str, Any] = {}  # host -> its lease
 
     # -- the probe -----------------------------------------------------------
 
@@ -122,6 +144,9 @@ class DirectHop:
             except (TimeoutError, _SetupError, ConnectError, OSError, asyncssh.Error) as exc:
                 why = f"the direct hop could not be set up: {exc or 'no answer'}"
                 return dict.fromkeys(receivers, why)
+            for kid in receivers:
+                with contextlib.suppress(OSError, asyncssh.Error):
+                    self._held[kid].stdin.write("watch\n")
             await self._stream(sources, ready, feeds, broken, stack)
         return broken
 
@@ -143,6 +168,7 @@ class DirectHop:
         for host in hosts:
             argv = remote.argv("spread_lease", self.run_id, limit)
             leases[host] = await stack.enter_async_context(self.pool.held_process(host, argv))
+        self._held = leases
         for host, lease in leases.items():
             lines = self._setup_lines(host, host in parent)
             if host in parent:
@@ -196,15 +222,88 @@ class DirectHop:
                     broken[kid] = f"its feeder {src} could not start: {exc}"
                 continue
             stack.callback(_terminate, procs[src])
+        parent = {k: f for f, kids in feeds.items() for k in kids}
         with anyio.move_on_after(self.budget) as scope:
-            for proc in procs.values():
-                with contextlib.suppress(OSError, asyncssh.Error):
-                    await proc.stderr.read()
-                    await proc.wait()
+            async with anyio.create_task_group() as tg:
+                watch = _Watch(parent, self.stall, self.progress)
+                for kid in parent:
+                    tg.start_soon(watch.read, kid, self._held[kid])
+                tg.start_soon(self._cut_stalled, watch, broken)
+                for proc in procs.values():
+                    with contextlib.suppress(OSError, asyncssh.Error):
+                        await proc.stderr.read()
+                        await proc.wait()
+                # The sources' fans end with their own children's ssh: a
+                # receiver under a relay that died may still be waiting on
+                # a connection that will say nothing more. Every receiver
+                # that reports its count ends, or is cut after `stall`.
+                watch.sources_done = True
+                while watch.open():
+                    await anyio.sleep(0.2)
+                tg.cancel_scope.cancel()
         if scope.cancelled_caught:
             for src in procs:
                 for kid in feeds[src]:
                     broken.setdefault(kid, f"the transfer did not finish within {self.budget:g}s")
+
+    async def _cut_stalled(self, watch: _Watch, broken: dict[str, str]) -> None:
+        """Once a second: a receiver whose bytes stopped for `stall` seconds
+        is cut (its lease TERMs its fan: its load fails on the cut archive,
+        its own children's streams end) and named; the caller's second
+        round feeds it, and them, from a host that has the image."""
+        while True:
+            await anyio.sleep(1.0)
+            for kid in watch.stalled(time.monotonic()):
+                broken[kid] = (
+                    f"its feeder {watch.parent[kid]} stalled: no byte for {self.stall:g}s (cut)"
+                )
+                with contextlib.suppress(OSError, asyncssh.Error):
+                    self._held[kid].stdin.write("cut\n")
+
+
+class _Watch:
+    """The receivers' byte counts as their leases report them."""
+
+    def __init__(self, parent: Mapping[str, str], stall: float, progress: Progress | None) -> None:
+        self.parent, self.stall, self.progress = parent, stall, progress
+        self.count = dict.fromkeys(parent, 0)
+        self.moved: dict[str, float] = {}  # host -> when its count last changed
+        self.ended: set[str] = set()
+        self.cut: set[str] = set()
+        # The sources' streams ended: any receiver still open is an orphan,
+        # cut after `stall` however few bytes it had.
+        self.sources_done = False
+
+    def open(self) -> list[str]:
+        """Receivers that report their count and have neither ended nor been cut."""
+        return [h for h in self.moved if h not in self.ended and h not in self.cut]
+
+    async def read(self, host: str, lease: Any) -> None:
+        with contextlib.suppress(OSError, asyncssh.Error):
+            async for line in lease.stdout:
+                m = _BYTES.fullmatch(line.strip())
+                if m is not None:
+                    n = int(m[1])
+                    if self.progress is not None and n > self.count[host]:
+                        self.progress(host, n - self.count[host], self.parent[host])
+                    self.count[host] = n
+                    self.moved[host] = time.monotonic()
+                elif line.strip() == "@@cvs:end":
+                    self.ended.add(host)
+                    return
+
+    def stalled(self, now: float) -> list[str]:
+        """Receivers to cut now: bytes flowed, then none for `stall` seconds."""
+        out = [
+            h
+            for h, t in self.moved.items()
+            if h not in self.ended
+            and h not in self.cut
+            and (self.count[h] > FLOWING or self.sources_done)
+            and now - t >= self.stall
+        ]
+        self.cut.update(out)
+        return out
 
 
 def _terminate(proc: Any) -> None:

@@ -19,8 +19,10 @@ the shape, and every feeder one stream in: sqrt(N) feeders keep what the
 coordinator reads small while the depth (hops a byte takes, each adding a
 host's load latency) stays at 2 for any N up to K^2.
 
-With `container.spread_transport: direct`, direct_split decides per edge,
-from the reachability probe's facts, which edges go host to host.
+With `container.spread_transport: direct` (the default), direct_split
+decides per edge, from the reachability probe's facts, which edges go host
+to host; the same K then bounds what one feeder's own link carries (K
+copies), and the depth stays 2.
 
 Everything here is a function of probed facts and the config, so `cvs plan`
 shows the spread `up` then does (the same call, in Lifecycle.decide_for).

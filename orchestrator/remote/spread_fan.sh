@@ -13,7 +13,8 @@
 # to every kid as it arrives (tee into a fifo per kid) while it loads: a
 # pipelined relay. `@@cvs:kid N STATUS` on stderr says how each kid's
 # ssh (its load, its own kids) ended. The exit status is the local
-# command's. On TERM, HUP or INT the whole process group ends; on the seed
+# command's. A receiver writes DIR/fan.pid (this shell) and DIR/tee.pid
+# (what reads the stream) for its lease's `watch` and `cut`. On TERM, HUP or INT the whole process group ends; on the seed
 # also when stdin (cvs's channel) closes.
 dir=$1 mode=${2:-load}
 exec 4<&0
@@ -34,18 +35,28 @@ if [ -s "$dir/kids" ]; then
   done <"$dir/kids"
 fi
 trap 'trap "" TERM HUP INT; kill -TERM 0; sleep 0.3; kill -KILL 0' TERM HUP INT
+# GNU tee's -p: a reader that is gone (a kid's ssh, or this host's own load)
+# does not end the stream to the others; a tee without it ends on the first.
+tp=''
+if tee -p </dev/null >/dev/null 2>&1; then tp=-p; fi
 # $fifos: paths without blanks (spread_lease.sh refuses a directory with any).
 # shellcheck disable=SC2086
 if [ "$mode" = send ]; then
-  { "$@" | tee $fifos >/dev/null; } &
+  { "$@" | tee $tp $fifos >/dev/null; } &
   child=$!
   # The seed's fan is cvs's own command: when cvs's channel closes (cvs let
   # go, or died) its stdin ends, and so does the whole stream.
   { cat >/dev/null; kill -TERM $$; } <&4 &
 else
-  # A background job's stdin is /dev/null unless redirected.
-  { tee $fifos | "$@" >&2; } <&4 &
+  # A background job's stdin is /dev/null unless redirected. The tee is a
+  # process of its own whose pid the lease reads: its read count is the
+  # bytes received (progress), and the lease's `cut` ends this fan.
+  printf '%s\n' "$$" >"$dir/fan.pid"
+  mkfifo "$dir/f.in" || exit 1
+  "$@" <"$dir/f.in" >&2 &
   child=$!
+  tee $tp $fifos <&4 >"$dir/f.in" &
+  printf '%s\n' "$!" >"$dir/tee.pid.new" && mv -f "$dir/tee.pid.new" "$dir/tee.pid"
 fi
 exec 4<&-
 wait "$child"

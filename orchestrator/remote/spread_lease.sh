@@ -14,6 +14,13 @@
 #                 no pty, no forwarding), tagged cvs-spread-ID
 #   go            print `@@cvs:ready DIR USER`
 #   sync          print `@@cvs:synced`
+#   watch         (a receiver) once a second, `@@cvs:bytes N` when the bytes
+#                 received so far (the read count of the fan's tee, from
+#                 /proc/PID/io) changed, `@@cvs:end` once that tee is gone;
+#                 nothing where /proc/PID/io cannot be read
+#   cut           (a receiver) TERM to the fan (DIR/fan.pid), which ends its
+#                 process group: its load reads a cut archive and tags
+#                 nothing, its own children's streams end
 #
 # When stdin closes (the coordinator let go, or died: its connection
 # closed), on TERM, HUP or INT, or after LIMIT seconds, the line added is
@@ -96,6 +103,28 @@ while IFS= read -r line; do
       ;;
     go) printf '@@cvs:ready %s %s\n' "$dir" "$(id -un)" ;;
     sync) echo '@@cvs:synced' ;;
+    watch)
+      (
+        last=''
+        while :; do
+          if [ -s "$dir/tee.pid" ]; then
+            pid=$(cat "$dir/tee.pid")
+            # Gone, or a zombie not yet reaped: the stream has ended.
+            state=$(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null)
+            case $state in '' | Z | X) echo '@@cvs:end'; break ;; esac
+            n=$(awk '$1 == "rchar:" { print $2 }' "/proc/$pid/io" 2>/dev/null)
+            [ -n "$n" ] || break
+            [ "$n" = "$last" ] || echo "@@cvs:bytes $n"
+            last=$n
+          fi
+          sleep 1
+        done
+      ) &
+      ;;
+    cut)
+      pid=$(cat "$dir/fan.pid" 2>/dev/null)
+      case $pid in '' | *[!0-9]*) ;; *) kill -TERM "$pid" 2>/dev/null ;; esac
+      ;;
     *) echo '@@cvs:error bad line'; exit 2 ;;
   esac
 done

@@ -471,6 +471,7 @@ class ContainerConnections:
         except (asyncssh.Error, OSError) as exc:
             return await self._lost(link, exc, on_timeout)
         except BaseException:
+            session.discard()  # as SSHPool's: nobody reads it now
             with anyio.CancelScope(shield=True):
                 await self._kill(link, chan, session, on_timeout)
                 chan.close()

@@ -803,6 +803,7 @@ class SSHPool(HostRunner):
             status, error = "unreachable", self._lost(exc, label, command)
         except BaseException:
             # Cancelled (Ctrl-C, a sibling failed): stop the remote side too.
+            session.discard()
             with anyio.CancelScope(shield=True):
                 await self._kill(link, chan, session, on_timeout)
                 chan.close()
@@ -938,6 +939,7 @@ class _CommandSession(asyncssh.SSHClientSession[bytes]):
         self.exit_code: int | None = None
         self.lost: Exception | None = None
         self.closed = anyio.Event()
+        self.discarding = False
         self._writable = anyio.Event()
         self._writable.set()
 
@@ -951,7 +953,17 @@ class _CommandSession(asyncssh.SSHClientSession[bytes]):
 
         return line
 
+    def discard(self) -> None:
+        """Drop what the command prints from now on: cvs gave up on it (a
+        cancellation), so nobody reads it, and a chatty command's output,
+        decoded and sent on as lines while its kill runs, kept the event loop
+        busy enough to delay the kill's own timers by seconds (four hosts
+        printing `seq 1 300000`: 11 s from the cancel to the kill's end)."""
+        self.discarding = True
+
     def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
+        if self.discarding:
+            return
         stream = "stderr" if datatype == asyncssh.EXTENDED_DATA_STDERR else "stdout"
         if self.raw is not None:
             # As they came: kept as bytes, decoded (the tail only) at the end.
@@ -1023,11 +1035,12 @@ class _CommandSession(asyncssh.SSHClientSession[bytes]):
         self.exit_code = 128 + _signal_number(signal)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        for stream, decoder in self.decoders.items():
-            if self.raw is None:
-                self._text(stream, decoder.flush())
-        for splitter in self.splitters.values():
-            splitter.flush()
+        if not self.discarding:
+            for stream, decoder in self.decoders.items():
+                if self.raw is None:
+                    self._text(stream, decoder.flush())
+            for splitter in self.splitters.values():
+                splitter.flush()
         self.lost = exc
         self.closed.set()
 

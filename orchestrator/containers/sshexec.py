@@ -64,6 +64,7 @@ from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
 from orchestrator.ssh.envpass import env_block, new_token
+from orchestrator.ssh.seam import Request
 from orchestrator.ssh.stdin import ExecIO
 
 if TYPE_CHECKING:
@@ -500,16 +501,10 @@ class SSHExec:
             token=token,
         )
         kill = kill_command(container_name(self.config), pidfile_of(token), runtime)
-        bound = self.config.ssh.command_timeout if timeout is None else timeout
+        request = Request(cmd.script, timeout, cmd.stdin, label=label, on_timeout=kill, io=io)
         ep = self.endpoint(host, way)
-        options: dict[str, Any] = {"timeout": bound, "input": cmd.stdin, "label": label}
-        if io is not None:
-            options["io"] = io  # only then: worker processes take no `io` (api.py)
         return await self._started(
-            host,
-            runtime,
-            way.container,
-            lambda: connections.run(ep, cmd.script, on_timeout=kill, **options),
+            host, runtime, way.container, lambda: connections.send(ep, request)
         )
 
     async def held_process(

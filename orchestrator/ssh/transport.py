@@ -60,7 +60,7 @@ from orchestrator.ssh.sshconfig import config_route, sshd_key
 from orchestrator.ssh.stdin import ExecIO, RawOutput
 
 if TYPE_CHECKING:
-    from anyio.abc import ObjectReceiveStream
+    from anyio.abc import ObjectReceiveStream, TaskGroup
     from tenacity import AsyncRetrying, RetryCallState
 
 PREFERRED_CIPHERS = [
@@ -336,16 +336,35 @@ class SSHPool(HostRunner):
         self._cluster_jump: _JumpChain | None = None
         self._config_jumps: dict[str, _JumpChain] = {}
         self.jump_connects = 0  # handshakes with jump hosts that succeeded (for the tests)
+        self._stack = contextlib.AsyncExitStack()
+        self._background: TaskGroup | None = None
 
     async def __aenter__(self) -> SSHPool:
         if self.cluster.ssh.identity_files:
             self._client_keys()  # a bad identity file: one error now, before any host
+        self._background = await self._stack.enter_async_context(anyio.create_task_group())
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    @property
+    def background(self) -> TaskGroup | None:
+        """The task group of work the pool runs for its callers without one
+        of them waiting on it (a container's sshd connected ahead of its first
+        command: containers/sshexec.py), cancelled when the pool closes. None
+        outside `async with` (nothing is started in the background then)."""
+        return self._background
+
     async def aclose(self) -> None:
+        if self._background is not None:
+            # Cancelled, then left without the caller's exception: the
+            # caller's own propagates as it was (a task group given it would
+            # wrap it in an ExceptionGroup). Not under a scope of its own:
+            # the task group's scope must be the innermost when it exits.
+            self._background.cancel_scope.cancel()
+            self._background = None
+        await self._stack.aclose()
         with anyio.CancelScope(shield=True):
             for link in self._links.values():
                 link.conn.close()

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import anyio
+from anyio.abc import TaskGroup
 
 from orchestrator.config import ClusterConfig
 from orchestrator.errors import ConnectError
@@ -272,13 +273,14 @@ class WorkerRunner(HostRunner):
         self.count = workers
         self.fleet: WorkerFleet = new_fleet(cluster, self.sink, self.output_tail)
         self._stack = contextlib.AsyncExitStack()
+        self._background: TaskGroup | None = None
 
     async def __aenter__(self) -> WorkerRunner:
         if self.cluster.ssh.identity_files:
             from orchestrator.ssh.keys import load_identities
 
             load_identities(self.cluster.ssh.identity_files)  # a bad file: one error, now
-        tg = await self._stack.enter_async_context(anyio.create_task_group())
+        tg = self._background = await self._stack.enter_async_context(anyio.create_task_group())
         # Runs before the task group ends: the workers close, their frame tasks end.
         self._stack.push_async_callback(self._close, tg)
         try:
@@ -292,7 +294,14 @@ class WorkerRunner(HostRunner):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    @property
+    def background(self) -> TaskGroup | None:
+        """As SSHPool.background: the runner's own task group (None outside
+        `async with`)."""
+        return self._background
+
     async def _close(self, tg: anyio.abc.TaskGroup) -> None:
+        self._background = None
         await self.fleet.aclose()  # shielded: the workers end also when cancelled
         tg.cancel_scope.cancel()  # a frame task still waiting on a worker that never ended
 

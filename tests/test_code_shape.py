@@ -157,3 +157,15 @@ def test_every_directory_of_the_package_is_in_pyprojects_packages() -> None:
         and any(f.is_file() and not f.name.endswith((".pyc",)) for f in d.iterdir())
     }
     assert found - listed == set()
+
+
+def test_no_task_is_started_outside_a_task_group() -> None:
+    """A task outlives whoever started it unless a task group owns it (the
+    pool's background group, a fan-out's): no `create_task`/`ensure_future`."""
+    found = {
+        f"{path.relative_to(PACKAGE)}:{node.lineno}"
+        for path, tree in modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr in ("create_task", "ensure_future")
+    }
+    assert not found, f"a task no task group owns: {found}"

@@ -364,16 +364,18 @@ class SSHPool(HostRunner):
             # the task group's scope must be the innermost when it exits.
             self._background.cancel_scope.cancel()
             self._background = None
-        await self._stack.aclose()
-        with anyio.CancelScope(shield=True):
-            for link in self._links.values():
-                link.conn.close()
-            for link in self._links.values():
-                with anyio.move_on_after(2), contextlib.suppress(Exception):
-                    await link.conn.wait_closed()
-            self._links.clear()
-            # After the hosts: their connections are channels of the jumps'.
-            await self._close_jumps()
+        try:
+            await self._stack.aclose()
+        finally:  # also when a cancellation reached us while the group ended
+            with anyio.CancelScope(shield=True):
+                for link in self._links.values():
+                    link.conn.close()
+                for link in self._links.values():
+                    with anyio.move_on_after(2), contextlib.suppress(Exception):
+                        await link.conn.wait_closed()
+                self._links.clear()
+                # After the hosts: their connections are channels of the jumps'.
+                await self._close_jumps()
 
     # -- connecting ---------------------------------------------------------
 

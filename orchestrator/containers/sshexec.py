@@ -368,9 +368,11 @@ class SSHExec:
             addresses=(),  # on a bridge the address comes with the probe's facts
             sshd_port=None,
         )
-        background = self.pool.background
+        # A pool outside `async with` (or a runner with no such group: the
+        # scripted fake) runs nothing in the background.
+        background = getattr(self.pool, "background", None)
         if background is None:
-            return  # a pool outside `async with` runs nothing in the background
+            return
         for host in hosts:
             if host in self._warming:
                 continue

@@ -39,7 +39,7 @@ from orchestrator.errors import HostSelectionError as HostSelectionError
 from orchestrator.events import EventSink, Message, NullSink
 from orchestrator.results import HostResult, exit_code_for
 from orchestrator.ssh.fanout import fan_out, run_on_hosts
-from orchestrator.ssh.seam import HostRunner
+from orchestrator.ssh.seam import HostRunner, Request
 from orchestrator.ssh.stdin import ExecIO, RawOutput
 from orchestrator.ssh.streams import ExecStreams
 from orchestrator.ssh.transport import SSHPool
@@ -666,7 +666,6 @@ class Cluster:
                 command,
                 token,
                 runtime,
-                io,
                 streams,
                 timeout=timeout,
                 env=container_env,
@@ -732,7 +731,6 @@ class Cluster:
         command: str | Sequence[str],
         token: str,
         runtime: ContainerRuntime,
-        io: ExecStreams,
         streams: ExecIO | None,
         *,
         timeout: float | None,
@@ -741,7 +739,8 @@ class Cluster:
         workdir: str | None,
     ) -> HostResult:
         """`command` in `host`'s container through `RUNTIME exec` (the
-        container's sshd is not the way this time)."""
+        container's sshd is not the way this time): the host's send of the
+        same `Request` the sshd's endpoint takes (SSHExec.run)."""
         name = container_name(self.config)
         script, kill, stdin = container_command(
             name,
@@ -755,9 +754,8 @@ class Cluster:
             runtime=runtime,
             stdin=streams is not None and streams.stdin is not None,
         )
-        result = await io.run(
-            host, script, timeout=timeout, input=stdin, on_timeout=lambda: kill, io=streams
-        )
+        request = Request(script, timeout, stdin, label="exec", on_timeout=kill, io=streams)
+        result = await self.pool.send(host, request)
         if result.exit_code == NOT_RUNNING_EXIT and result.stderr.startswith("container "):
             # The host's shell says "here"; the reader needs to know where.
             here = result.stderr.strip()

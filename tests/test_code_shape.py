@@ -269,3 +269,15 @@ def test_the_lazy_import_check_sees_methods_and_nested_functions_only() -> None:
         "async def h():\n    from a.b import c\n"
     )
     assert lazy_imports(ast.parse(code)) == [(9, "json"), (13, ".x"), (15, "a.b")]
+
+
+def test_no_task_is_started_outside_a_task_group() -> None:
+    """A task outlives whoever started it unless a task group owns it (the
+    pool's background group, a fan-out's): no `create_task`/`ensure_future`."""
+    found = {
+        f"{path.relative_to(PACKAGE)}:{node.lineno}"
+        for path, tree in modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr in ("create_task", "ensure_future")
+    }
+    assert not found, f"a task no task group owns: {found}"

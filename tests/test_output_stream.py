@@ -15,6 +15,7 @@ from orchestrator.events import OutputLine
 from orchestrator.results import HostResult
 from orchestrator.ssh.envpass import env_block, env_reader
 from orchestrator.ssh.output import LineSplitter, StreamTail, as_result_text
+from orchestrator.ssh.transport import _CommandSession
 from orchestrator.suites.records import RunOutcome, RunRecorder
 from orchestrator.suites.report import write_report
 
@@ -53,6 +54,20 @@ def test_tail_keeps_the_last_characters_and_counts_the_rest(chunks: list[str], l
     data = "".join(chunks)
     assert tail.text() == data[max(0, len(data) - limit) :]
     assert tail.dropped == max(0, len(data) - limit)
+
+
+def test_a_command_given_up_on_has_its_output_dropped_unread() -> None:
+    # A cancelled command's output keeps coming while its kill runs; decoding
+    # and sending it on as lines kept the event loop from the kill's timers.
+    lines: list[OutputLine] = []
+    session = _CommandSession("h1", lines.append, 1000)
+    session.data_received(b"kept\n", None)
+    session.discard()
+    session.data_received(b"dropped\nhalf", None)
+    session.connection_lost(None)
+    assert [line.line for line in lines] == ["kept"]
+    assert session.closed.is_set()
+    assert session.result("failed", None, None, 0.0).stdout == "kept"
 
 
 def test_result_text_drops_one_trailing_newline_like_joined_lines() -> None:

@@ -342,6 +342,15 @@ def test_a_container_not_running_is_one_line_and_exit_125(
     assert out.returncode == 125 and out.stderr == "not here\n"
 
 
+# --- bounded.sh: a host step that a timeout stops whole ----------------------------------
+
+
+def test_bounded_passes_its_stdin_and_exit_status_to_the_command(sh: tuple[str, ...]) -> None:
+    # A background job's stdin is /dev/null unless redirected (dash, busybox).
+    out = run(sh, remote.argv("bounded", "sh", "-c", "cat; exit 3"), input="the input\n")
+    assert (out.returncode, out.stdout) == (3, "the input\n"), out.stderr
+
+
 # --- run.sh + kill_tree.sh: `cvs exec` in the container --------------------------------
 
 

@@ -326,3 +326,88 @@ def test_keys_a_cold_start_of_the_same_invocation_makes_open_the_sshd_path(
     (keys / USER_KEY_FILE).write_bytes(key.export_private_key())
     assert ssh_exec._on()  # `up` made them: the next command takes the sshd
     assert ssh_exec.connections is not None
+
+
+def _keyed_config(tmp_path: Path) -> Any:
+    """A two-host cluster whose state directory holds the keys `up` makes."""
+    import asyncssh
+
+    from orchestrator.config import ClusterConfig
+    from orchestrator.ssh.keys import USER_KEY_FILE
+
+    keys = tmp_path / "keys"
+    (keys / "hosts").mkdir(parents=True)
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    (keys / USER_KEY_FILE).write_bytes(key.export_private_key())
+    host_key = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode()
+    (keys / "hosts" / "node1_ed25519.pub").write_text(host_key)
+    return ClusterConfig.model_validate(
+        {
+            "hosts": [
+                {"name": "node1", "address": "127.0.0.1"},
+                {"name": "node2", "address": "127.0.0.1"},
+            ],
+            "state_dir": str(tmp_path),
+            "container": {"image": "img:1", "name": "c1", "lifetime": "persistent"},
+        }
+    )
+
+
+def test_a_pool_ends_its_background_work_on_close_and_passes_the_callers_error_on(
+    tmp_path: Path,
+) -> None:
+    from orchestrator.ssh.transport import SSHPool
+
+    ended: list[bool] = []
+
+    async def forever() -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            ended.append(True)
+
+    async def main() -> None:
+        async with SSHPool(_keyed_config(tmp_path)) as pool:
+            assert pool.background is not None
+            pool.background.start_soon(forever)
+            await anyio.sleep(0)
+            raise KeyError("the caller's")
+
+    with pytest.raises(KeyError):  # as raised: in no ExceptionGroup
+        anyio.run(main)
+    assert ended == [True]
+
+
+def test_a_warm_up_runs_in_the_pools_group_and_ends_with_the_pool(
+    tmp_path: Path,
+) -> None:
+    from orchestrator.containers.sshexec import SSHExec
+    from orchestrator.events import CollectingSink
+    from orchestrator.ssh.transport import SSHPool
+
+    warming = anyio.Event()
+    ended: list[str] = []
+
+    class NeverAnswers:
+        async def warm(self, ep: Any) -> bool:
+            warming.set()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                ended.append(ep.host)
+            return True
+
+        async def aclose(self) -> None:
+            pass
+
+    async def main() -> None:
+        config = _keyed_config(tmp_path)
+        with anyio.fail_after(5):
+            async with SSHPool(config) as pool:
+                ssh_exec = SSHExec(config, pool, CollectingSink())
+                ssh_exec.connections = NeverAnswers()  # type: ignore[assignment]
+                ssh_exec.warm_up(["node1", "node2"])  # node2: no host key, no warm-up
+                await warming.wait()
+        assert ended == ["node1"]
+
+    anyio.run(main)

@@ -191,10 +191,10 @@ def test_run_into_head_stops_the_run_and_removes_its_per_run_containers(
         err = (tmp_path / "stderr").read_text()
         assert first.endswith(" | 1\n"), (first, err)
         assert code == 130, err
-        # 11.9 s at rest on 2026-11-29 (main 283106b: under 10 s): a step through
-        # `docker exec` now waits about 11 s between its cancel and the removal
-        # (events.jsonl); left open in the session's note, bounded here at 5x.
-        assert took < 60, f"took {took:.1f}s after its reader went away"
+        # 4.0-4.7 s measured (2026-11-29, load average 10-16), bounded at 5x.
+        # Output still arriving after the cancel is dropped unread: decoded and
+        # sent on as lines it held the loop off the kill's timers (40 s then).
+        assert took < 25, f"took {took:.1f}s after its reader went away"
         assert "Traceback" not in err
         assert err.splitlines()[-1] == (
             f"cvs: stdout closed by its reader: run stopped (record: {run_dir})"

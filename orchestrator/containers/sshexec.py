@@ -41,7 +41,6 @@ for kill_tree.sh, the OOM line, the exit status).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import secrets
@@ -49,6 +48,8 @@ import shlex
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
 
 from orchestrator import remote
 from orchestrator.config import ClusterConfig, container_name, sshd_wanted
@@ -67,6 +68,7 @@ from orchestrator.ssh.container_channel import ContainerConnections, Endpoint, N
 from orchestrator.ssh.envpass import env_block, new_token
 from orchestrator.ssh.keys import USER_KEY_FILE, default_state_dir
 from orchestrator.ssh.libsearch import asyncssh
+from orchestrator.ssh.seam import Request
 from orchestrator.ssh.stdin import ExecIO
 
 if TYPE_CHECKING:
@@ -79,6 +81,8 @@ _T = TypeVar("_T")
 # (the daemon's `CreateDaemonEnvironment`); HOSTNAME is the container's.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _IPV4_RE_PARTS = 4
+# How long closing waits for warm-ups it cancelled (each ends at once).
+WARM_END_BOUND = 5.0
 
 
 def facts_command(name: str, runtime: ContainerRuntime) -> list[str]:
@@ -200,6 +204,23 @@ def read_keys(state_dir: Path, hosts: Sequence[str]) -> tuple[asyncssh.SSHKey, d
     return user, public
 
 
+async def _warm(
+    connections: ContainerConnections | WorkerContainerConnections,
+    ep: Endpoint,
+    scope: anyio.CancelScope,
+    ended: anyio.Event,
+) -> None:
+    """`connections.warm(ep)` within `scope`; `ended` set however it ends.
+    Never raises: a failure here is nobody's (the command that needs the
+    connection tries again), and a task of the pool's group that raised
+    would cancel the group's owner."""
+    try:
+        with scope, contextlib.suppress(Exception):
+            await connections.warm(ep)
+    finally:
+        ended.set()
+
+
 class SSHExec:
     """The sshd path of one invocation (one `Cluster`): the facts read once
     per host, the route each host's commands take (decided once, shown under
@@ -221,7 +242,9 @@ class SSHExec:
         self.invocation = invocation or Invocation()
         self.off: dict[str, Text] = {}  # host -> why it takes docker exec (said once)
         self._worked: set[str] = set()  # hosts where a command ran through the sshd
-        self._warming: dict[str, asyncio.Task[bool]] = {}  # warm_up's connects
+        # warm_up's connects, in the pool's background group: each one's scope
+        # (cancelled on close) and its end.
+        self._warming: dict[str, tuple[anyio.CancelScope, anyio.Event]] = {}
         # (host, user, workdir) -> the way decided (containers/route.py).
         self._routes: dict[tuple[str, str | None, str | None], Route] = {}
         self._shown: dict[str, Route] = {}  # host -> the route last said under -v
@@ -287,11 +310,12 @@ class SSHExec:
         return "the sshd path is closed in this invocation"
 
     async def aclose(self) -> None:
-        for task in self._warming.values():
-            task.cancel()
-        for task in self._warming.values():
-            with contextlib.suppress(BaseException):
-                await task
+        for scope, _ in self._warming.values():
+            scope.cancel()
+        # Each ends at its next checkpoint: bounded all the same.
+        with anyio.CancelScope(shield=True), anyio.move_on_after(WARM_END_BOUND):
+            for _, ended in self._warming.values():
+                await ended.wait()
         if self.connections is not None:
             await self.connections.aclose()
 
@@ -347,7 +371,11 @@ class SSHExec:
             addresses=(),  # on a bridge the address comes with the probe's facts
             sshd_port=None,
         )
-        loop = asyncio.get_running_loop()
+        # A pool outside `async with` (or a runner with no such group: the
+        # scripted fake) runs nothing in the background.
+        background = getattr(self.pool, "background", None)
+        if background is None:
+            return
         for host in hosts:
             if host in self._warming:
                 continue
@@ -363,14 +391,16 @@ class SSHExec:
                 )
             )
             if isinstance(way, Sshd):
+                scope, ended = self._warming[host] = anyio.CancelScope(), anyio.Event()
                 ep = self.endpoint(host, way)
-                self._warming[host] = loop.create_task(self.connections.warm(ep))
+                background.start_soon(_warm, self.connections, ep, scope, ended)
 
     async def _warmed(self, host: str) -> None:
-        task = self._warming.get(host)
-        if task is not None and not task.done():
-            with contextlib.suppress(Exception):
-                await asyncio.shield(task)
+        """Until `host`'s warm-up (if any) has ended; a caller cancelled
+        meanwhile leaves it running for the next."""
+        warming = self._warming.get(host)
+        if warming is not None:
+            await warming[1].wait()
 
     def known(self, host: str, facts: ExecFacts | None) -> None:
         """Facts read under this invocation's lock (the probe's inspect): no
@@ -492,16 +522,10 @@ class SSHExec:
             token=token,
         )
         kill = kill_command(container_name(self.config), pidfile_of(token), runtime)
-        bound = self.config.ssh.command_timeout if timeout is None else timeout
+        request = Request(cmd.script, timeout, cmd.stdin, label=label, on_timeout=kill, io=io)
         ep = self.endpoint(host, way)
-        options: dict[str, Any] = {"timeout": bound, "input": cmd.stdin, "label": label}
-        if io is not None:
-            options["io"] = io  # only then: worker processes take no `io` (api.py)
         return await self._started(
-            host,
-            runtime,
-            way.container,
-            lambda: connections.run(ep, cmd.script, on_timeout=kill, **options),
+            host, runtime, way.container, lambda: connections.send(ep, request)
         )
 
     async def held_process(

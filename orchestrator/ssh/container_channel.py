@@ -19,13 +19,15 @@ What this module does not know is what a container is: the command text, the
 endpoint and what to do when the sshd cannot be reached are the caller's
 (containers/sshexec.py). A command that could not start (no connection, the
 channel refused) raises `NotStarted`, so the caller may take another path;
-once started, the result says how it ended, as `SSHPool.run`'s does.
+once started, the result says how it ended, as `SSHPool.send`'s does: both
+take the same `Request` (ssh/seam.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import shlex
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -38,6 +40,7 @@ from orchestrator.errors import Call, Option, Phrase, Text
 from orchestrator.events import CommandFinished, EventSink, NullSink, started
 from orchestrator.results import HostResult, Status
 from orchestrator.ssh import hooks
+from orchestrator.ssh.seam import Request
 from orchestrator.ssh.segments import coalesce_writes
 from orchestrator.ssh.stdin import ExecIO
 from orchestrator.ssh.transport import (
@@ -332,35 +335,34 @@ class ContainerConnections:
         self.counters.connects += 1
         return conn
 
-    async def run(
-        self,
-        ep: Endpoint,
-        text: str,
-        *,
-        timeout: float,
-        input: str | None = None,
-        label: str | None = None,
-        stream_output: bool = True,
-        on_timeout: str | None = None,
-        io: ExecIO | None = None,
-    ) -> HostResult:
-        """Run shell text `text` (the login shell reads it) in `ep`'s container.
+    async def send(self, ep: Endpoint, request: Request) -> HostResult:
+        """Run `request` (shell text the login shell reads) in `ep`'s container,
+        as `SSHPool.send` runs one on a host: the same `Request`.
 
         Raises NotStarted when it could not start. Once started, it is the
         caller's: the result's status says how it ended. When cvs gives up on
         it (a timeout, a cancellation, the connection to the sshd lost while
-        it ran), the session's process group is signalled and `on_timeout`,
-        shell text for the HOST, runs there on the channel its connection
-        keeps for it: that is what ends the command's processes in the
-        container (the containers' sshd refuses channel signals for a root
-        login, "session signalling requires privilege separation", and a lost
-        connection leaves them running), and the result says so. `io`:
-        stdin fed while it runs, output as bytes (ssh/stdin.py).
+        it ran), the session's process group is signalled and
+        `request.on_timeout`, a command for the HOST, runs there on the channel
+        its connection keeps for it: that is what ends the command's processes
+        in the container (the containers' sshd refuses channel signals for a
+        root login, "session signalling requires privilege separation", and a
+        lost connection leaves them running), and the result says so.
+        `request.io`: stdin fed while it runs, output as bytes (ssh/stdin.py).
+        `request.env` is refused: the container's environment travels in
+        `input`, as the script it runs reads it (containers/sshexec.py).
         """
+        if request.env:
+            raise ValueError("a container endpoint takes its environment in the input")
         start = time.monotonic()
-        io = io or ExecIO()
+        text, label, io = request.text, request.label, request.io or ExecIO()
+        timeout = request.timeout
+        if timeout is None:
+            timeout = self.pool.cluster.ssh.command_timeout
+        kill = request.on_timeout
+        on_timeout = kill if kill is None or isinstance(kill, str) else shlex.join(kill)
         link = await self._link(ep)
-        emit = self.sink.emit if stream_output else None
+        emit = self.sink.emit if request.stream_output else None
         tail = self.pool.output_tail
         raw = io.raw
         async with link.channels:
@@ -375,7 +377,9 @@ class ContainerConnections:
             session = cast(_CommandSession, client_session)
             try:
                 async with self._waiting_on(link):
-                    result = await self._wait(link, chan, session, timeout, input, on_timeout, io)
+                    result = await self._wait(
+                        link, chan, session, timeout, request.input, on_timeout, io
+                    )
             finally:
                 self.counters.open_channels -= 1
         host_result = session.result(*result, start)
@@ -452,7 +456,7 @@ class ContainerConnections:
         chan: asyncssh.SSHClientChannel[bytes],
         session: _CommandSession,
         timeout: float,
-        input: str | None,
+        input: str | bytes | None,
         on_timeout: str | None,
         io: ExecIO,
     ) -> tuple[Status, int | None, str | None]:
@@ -462,7 +466,7 @@ class ContainerConnections:
                 # directory it could not enter): what it did not read is moot.
                 with contextlib.suppress(asyncssh.Error, OSError):
                     if input is not None:
-                        chan.write(input.encode())
+                        chan.write(input.encode() if isinstance(input, str) else input)
                 await _fed_until_closed(chan, session, io.stdin)
         except TimeoutError:
             ended = await self._kill(link, chan, session, on_timeout)
@@ -471,6 +475,7 @@ class ContainerConnections:
         except (asyncssh.Error, OSError) as exc:
             return await self._lost(link, exc, on_timeout)
         except BaseException:
+            session.discard()  # as SSHPool's: nobody reads it now
             with anyio.CancelScope(shield=True):
                 await self._kill(link, chan, session, on_timeout)
                 chan.close()

@@ -14,7 +14,7 @@ and no stream, so there they are refused, naming the way out.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import anyio
 from anyio.abc import ObjectReceiveStream, TaskGroup
@@ -82,32 +82,6 @@ class ExecStreams:
         finally:
             if stream is not None:
                 await stream.aclose()
-
-    async def run(
-        self,
-        host: str,
-        command: Command,
-        *,
-        timeout: float | None,
-        input: str | None,
-        on_timeout: Callable[[], Command],
-        io: ExecIO | None,
-    ) -> HostResult:
-        """`pool.run` of an exec's command, with `io` when there is one."""
-        if io is None:
-            return await self.pool.run(
-                host, command, timeout=timeout, input=input, label="exec", on_timeout=on_timeout
-            )
-        assert isinstance(self.pool, SSHPool)  # feeding() refused worker processes
-        return await self.pool.run(
-            host,
-            command,
-            timeout=timeout,
-            input=input,
-            label="exec",
-            on_timeout=on_timeout,
-            io=io,
-        )
 
     async def on_hosts(
         self,

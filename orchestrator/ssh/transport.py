@@ -63,7 +63,7 @@ from orchestrator.ssh.sshconfig import config_route, sshd_key
 from orchestrator.ssh.stdin import ExecIO, RawOutput
 
 if TYPE_CHECKING:
-    from anyio.abc import ObjectReceiveStream
+    from anyio.abc import ObjectReceiveStream, TaskGroup
     from tenacity import RetryCallState
 
 PREFERRED_CIPHERS = [
@@ -338,25 +338,46 @@ class SSHPool(HostRunner):
         self._cluster_jump: _JumpChain | None = None
         self._config_jumps: dict[str, _JumpChain] = {}
         self.jump_connects = 0  # handshakes with jump hosts that succeeded (for the tests)
+        self._stack = contextlib.AsyncExitStack()
+        self._background: TaskGroup | None = None
 
     async def __aenter__(self) -> SSHPool:
         if self.cluster.ssh.identity_files:
             self._client_keys()  # a bad identity file: one error now, before any host
+        self._background = await self._stack.enter_async_context(anyio.create_task_group())
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    @property
+    def background(self) -> TaskGroup | None:
+        """The task group of work the pool runs for its callers without one
+        of them waiting on it (a container's sshd connected ahead of its first
+        command: containers/sshexec.py), cancelled when the pool closes. None
+        outside `async with` (nothing is started in the background then)."""
+        return self._background
+
     async def aclose(self) -> None:
-        with anyio.CancelScope(shield=True):
-            for link in self._links.values():
-                link.conn.close()
-            for link in self._links.values():
-                with anyio.move_on_after(2), contextlib.suppress(Exception):
-                    await link.conn.wait_closed()
-            self._links.clear()
-            # After the hosts: their connections are channels of the jumps'.
-            await self._close_jumps()
+        if self._background is not None:
+            # Cancelled, then left without the caller's exception: the
+            # caller's own propagates as it was (a task group given it would
+            # wrap it in an ExceptionGroup). Not under a scope of its own:
+            # the task group's scope must be the innermost when it exits.
+            self._background.cancel_scope.cancel()
+            self._background = None
+        try:
+            await self._stack.aclose()
+        finally:  # also when a cancellation reached us while the group ended
+            with anyio.CancelScope(shield=True):
+                for link in self._links.values():
+                    link.conn.close()
+                for link in self._links.values():
+                    with anyio.move_on_after(2), contextlib.suppress(Exception):
+                        await link.conn.wait_closed()
+                self._links.clear()
+                # After the hosts: their connections are channels of the jumps'.
+                await self._close_jumps()
 
     # -- connecting ---------------------------------------------------------
 
@@ -808,6 +829,7 @@ class SSHPool(HostRunner):
             status, error = "unreachable", self._lost(exc, label, command)
         except BaseException:
             # Cancelled (Ctrl-C, a sibling failed): stop the remote side too.
+            session.discard()
             with anyio.CancelScope(shield=True):
                 await self._kill(link, chan, session, on_timeout)
                 chan.close()
@@ -959,6 +981,7 @@ class _CommandSession(asyncssh.SSHClientSession[bytes]):
         self.exit_code: int | None = None
         self.lost: Exception | None = None
         self.closed = anyio.Event()
+        self.discarding = False
         self._writable = anyio.Event()
         self._writable.set()
 
@@ -972,7 +995,17 @@ class _CommandSession(asyncssh.SSHClientSession[bytes]):
 
         return line
 
+    def discard(self) -> None:
+        """Drop what the command prints from now on: cvs gave up on it (a
+        cancellation), so nobody reads it, and a chatty command's output,
+        decoded and sent on as lines while its kill runs, kept the event loop
+        busy enough to delay the kill's own timers by seconds (four hosts
+        printing `seq 1 300000`: 11 s from the cancel to the kill's end)."""
+        self.discarding = True
+
     def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
+        if self.discarding:
+            return
         stream = "stderr" if datatype == asyncssh.EXTENDED_DATA_STDERR else "stdout"
         if self.raw is not None:
             # As they came: kept as bytes, decoded (the tail only) at the end.
@@ -1044,11 +1077,12 @@ class _CommandSession(asyncssh.SSHClientSession[bytes]):
         self.exit_code = 128 + _signal_number(signal)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        for stream, decoder in self.decoders.items():
-            if self.raw is None:
-                self._text(stream, decoder.flush())
-        for splitter in self.splitters.values():
-            splitter.flush()
+        if not self.discarding:
+            for stream, decoder in self.decoders.items():
+                if self.raw is None:
+                    self._text(stream, decoder.flush())
+            for splitter in self.splitters.values():
+                splitter.flush()
         self.lost = exc
         self.closed.set()
 

@@ -192,15 +192,7 @@ class Child:
                 return None
             case f.ContainerRun():
                 containers = self._containers()
-                result = await containers.run(
-                    op.ep,
-                    op.text,
-                    timeout=op.timeout,
-                    input=op.input,
-                    label=op.label,
-                    stream_output=op.stream_output,
-                    on_timeout=op.on_timeout,
-                )
+                result = await containers.send(op.ep, op.request)
                 return result, containers.counters
             case f.ContainerWarm():
                 containers = self._containers()

@@ -118,15 +118,10 @@ class HeldClose:
 
 @dataclass(frozen=True)
 class ContainerRun:
-    """`ContainerConnections.run`."""
+    """`ContainerConnections.send`."""
 
     ep: Endpoint
-    text: str
-    timeout: float
-    input: str | None
-    label: str | None
-    stream_output: bool
-    on_timeout: str | None
+    request: Request
 
 
 @dataclass(frozen=True)

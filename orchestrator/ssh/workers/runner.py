@@ -11,16 +11,17 @@ parent as in one process, on the same `HostResult`s and events.
 
 The runner forwards the seam's calls and nothing else:
 
-- `run`: one call to the host's worker (`SSHPool.run` there); its events
+- `send`: one call to the host's worker (`SSHPool.send` there); its events
   come back as frames, ahead of the result.
-- `run_many`: each worker gets its whole shard at once and fans out there.
+- `send_many`: each worker gets its whole shard at once and fans out there.
 - `held_process`: the process is opened and held in the worker; the object
   yielded here proxies what the callers use (`stdout.readline/read`,
   `stderr.read`, `stdin.write/drain/write_eof`, `wait`, `send_signal`,
   `exit_status`) by frames. Writes are queued in order and never wait; a
   lock holder's lease renewals reach it as they would in one process.
-- `container_connections`: commands through a container's sshd, tunnelled
-  over the worker's own connection to the host (one connection per
+- `container_connections`: commands through a container's sshd (the same
+  `Request`, sent to an `Endpoint`), tunnelled over the worker's own
+  connection to the host (one connection per
   container, in that worker).
 
 The runner owns the task group every frame task runs in: nothing outlives
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import anyio
+from anyio.abc import TaskGroup
 
 from orchestrator.config import ClusterConfig
 from orchestrator.config.units import parse_size
@@ -179,7 +181,7 @@ async def _held(
 
 class WorkerContainerConnections:
     """`ContainerConnections` (ssh/container_channel.py) in the hosts' workers:
-    `run` and `warm` go to the worker holding the host's connection."""
+    `send` and `warm` go to the worker holding the host's connection."""
 
     def __init__(self, fleet: WorkerFleet, private_key: bytes) -> None:
         self.fleet = fleet
@@ -199,22 +201,13 @@ class WorkerContainerConnections:
                 total.failures[kind] = total.failures.get(kind, 0) + n
         return total
 
-    async def run(
-        self,
-        ep: Endpoint,
-        text: str,
-        *,
-        timeout: float,
-        input: str | None = None,
-        label: str | None = None,
-        stream_output: bool = True,
-        on_timeout: str | None = None,
-    ) -> HostResult:
-        """As ContainerConnections.run: NotStarted when it could not start."""
+    async def send(self, ep: Endpoint, request: Request) -> HostResult:
+        """As ContainerConnections.send, in the host's worker: NotStarted when
+        it could not start. `request.io` stays None (a worker process has no
+        terminal to stream)."""
         worker = self.fleet.worker_of(ep.host)
-        op = f.ContainerRun(ep, text, timeout, input, label, stream_output, on_timeout)
         try:
-            answer = await worker.call(op)
+            answer = await worker.call(f.ContainerRun(ep, request))
         except WorkerLost as lost:
             raise NotStarted(ep.host, "host", lost.text) from None
         result, self._counters[worker] = cast("tuple[HostResult, Counters]", answer)
@@ -275,11 +268,12 @@ class WorkerRunner(HostRunner):
         self.count = workers
         self.fleet: WorkerFleet = new_fleet(cluster, self.sink, self.output_tail)
         self._stack = contextlib.AsyncExitStack()
+        self._background: TaskGroup | None = None
 
     async def __aenter__(self) -> WorkerRunner:
         if self.cluster.ssh.identity_files:
             load_identities(self.cluster.ssh.identity_files)  # a bad file: one error, now
-        tg = await self._stack.enter_async_context(anyio.create_task_group())
+        tg = self._background = await self._stack.enter_async_context(anyio.create_task_group())
         # Runs before the task group ends: the workers close, their frame tasks end.
         self._stack.push_async_callback(self._close, tg)
         try:
@@ -293,7 +287,14 @@ class WorkerRunner(HostRunner):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    @property
+    def background(self) -> TaskGroup | None:
+        """As SSHPool.background: the runner's own task group (None outside
+        `async with`)."""
+        return self._background
+
     async def _close(self, tg: anyio.abc.TaskGroup) -> None:
+        self._background = None
         await self.fleet.aclose()  # shielded: the workers end also when cancelled
         tg.cancel_scope.cancel()  # a frame task still waiting on a worker that never ended
 

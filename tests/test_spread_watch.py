@@ -3,7 +3,9 @@ logic over the counts the receivers' leases report."""
 
 from __future__ import annotations
 
+from orchestrator.containers.spread import _Progress
 from orchestrator.containers.spread_direct import FLOWING, _Watch
+from orchestrator.events import CollectingSink, ImageProgress
 
 
 def watch() -> _Watch:
@@ -35,3 +37,17 @@ def test_a_receiver_that_never_reported_is_not_waited_for() -> None:
     w = watch()
     w.sources_done = True
     assert w.open() == [] and w.stalled(100.0) == []
+
+
+def test_bytes_past_the_total_are_throttled_after_one_event_at_the_total() -> None:
+    # An archive is larger than the image's size: what passes the total is
+    # still at most once a second (it was an event per chunk).
+    sink = CollectingSink()
+    progress = _Progress(sink, total=1000, hosts=["node2"])
+    progress.add("node2", 100, "node1")  # the first: said
+    for _ in range(9):
+        progress.add("node2", 100, "node1")  # within the second; the last reaches 1000
+    for _ in range(40):
+        progress.add("node2", 256, "node1")  # past the total, within the second
+    said = [e for e in sink.events if isinstance(e, ImageProgress)]
+    assert [e.done for e in said] == [100, 1000]

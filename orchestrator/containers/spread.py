@@ -92,9 +92,13 @@ class _Progress:
         self.last: dict[str, float] = {}
 
     def add(self, host: str, n: int, source: str) -> None:
-        self.done[host] = self.done.get(host, 0) + n
+        before = self.done.get(host, 0)
+        self.done[host] = before + n
         now = time.monotonic()
-        if now - self.last.get(host, 0.0) < PROGRESS_EVERY and self.done[host] < self.total:
+        # Once a second, and once more when the total is reached: an archive
+        # is larger than the image's size, so the bytes past it are throttled too.
+        reached = before < self.total <= self.done[host]
+        if now - self.last.get(host, 0.0) < PROGRESS_EVERY and not reached:
             return
         self.last[host] = now
         elapsed = max(now - self.start, 1e-6)

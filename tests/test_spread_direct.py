@@ -2,7 +2,8 @@
 `container.spread_transport: direct`): the bytes go feeder to receiver over
 the hosts' own ssh with a key for this invocation only; cvs carries none of
 them. The key's line in authorized_keys, the key files and the lease go on
-every exit path; hosts that cannot reach each other are fed through cvs.
+every exit path; a host its feeder cannot reach loads the image itself
+(distribute `auto`) or is fed through cvs (`peers`).
 """
 
 from __future__ import annotations
@@ -189,16 +190,17 @@ def _direct_fan(argv: list[str]) -> bool:
     )
 
 
-def test_direct_spread_unreachable_host_is_named_and_fed_through_cvs(
-    lab: Lab, image_tar: tuple[str, Path, str]
-) -> None:
+def _up_with_node3_unreachable_from_node1(
+    lab: Lab, image_tar: tuple[str, Path, str], **container: str
+) -> subprocess.CompletedProcess[str]:
+    """`cvs --json up` on node1..node3 (node1 seeds and feeds node2 and
+    node3) while node1 cannot open a connection to node3's sshd; cvs still can."""
     tag, tar, image_id = image_tar
     path = lab.cluster(
-        lifetime="persistent", hosts=THREE, image=tag, image_tar=str(tar), spread_transport="direct"
+        lifetime="persistent", hosts=THREE, image=tag, image_tar=str(tar), **container
     )
     node1, node3 = (next(n for n in lab.sandbox.nodes if n.name == x) for x in ("node1", "node3"))
     assert node1.netns is not None
-    # node1 (the seed) cannot open a connection to node3's sshd; cvs still can.
     rule = ["OUTPUT", "-d", node3.address, "-p", "tcp", "--dport", str(node3.port), "-j", "REJECT"]
     ipt = ["ip", "netns", "exec", node1.netns, "iptables"]
     subprocess.run([*ipt, "-I", *rule], check=True)
@@ -208,13 +210,35 @@ def test_direct_spread_unreachable_host_is_named_and_fed_through_cvs(
     finally:
         subprocess.run([*ipt, "-D", *rule], check=True)
     assert up.returncode == 0, explain(up)
+    assert set(image_ids(lab, THREE, tag).values()) == {image_id}
+    assert keys_state() == before_keys
+    assert leftovers(lab) == []
+    return up
+
+
+def test_direct_spread_auto_unreachable_host_is_named_and_loads_image_tar_itself(
+    lab: Lab, image_tar: tuple[str, Path, str]
+) -> None:
+    # distribute: auto (the default): "else registry" for a host its feeder cannot reach.
+    up = _up_with_node3_unreachable_from_node1(lab, image_tar)
+    said = "not reachable from node1 (no sshd answer): loads image_tar itself"
+    assert said in up.stdout, explain(up)
+    assert "not reached host to host" not in up.stdout, explain(up)
+    hosts = last_json(up)["hosts"]
+    steps = hosts["node3"]["steps"]  # type: ignore[index]
+    assert steps.get("load") == "ok" and "spread" not in steps, steps
+    steps = hosts["node2"]["steps"]  # type: ignore[index]
+    assert steps.get("spread") == "ok" and "load" not in steps, steps
+
+
+def test_direct_spread_peers_unreachable_host_is_named_and_fed_through_cvs(
+    lab: Lab, image_tar: tuple[str, Path, str]
+) -> None:
+    up = _up_with_node3_unreachable_from_node1(lab, image_tar, distribute="peers")
     assert "node1 cannot reach it" in up.stdout, explain(up)
     assert "not reached host to host" in up.stdout, explain(up)
     steps = last_json(up)["hosts"]["node3"]["steps"]  # type: ignore[index]
     assert steps.get("spread") == "ok" and "load" not in steps, steps
-    assert set(image_ids(lab, THREE, tag).values()) == {image_id}
-    assert keys_state() == before_keys
-    assert leftovers(lab) == []
 
 
 def test_direct_spread_sigkill_of_cvs_leaves_no_key_no_file_no_process(

@@ -175,3 +175,35 @@ def test_direct_split_refuses_a_key_the_receiver_does_not_show_itself() -> None:
     split = spread_plan.direct_split(feeds, {("node1", "node2"): other}, {"node2": K})
     assert not split.feeds
     assert "host key" in split.relayed["node2"]
+
+
+def test_direct_split_in_auto_an_unreachable_receiver_fetches_itself_its_subtree_is_relayed() -> (
+    None
+):
+    feeds = {"node1": ("node2", "node3"), "node2": ("node4",)}
+    scanned = {("node1", "node2"): None, ("node1", "node3"): K, ("node2", "node4"): K}
+    own = {h: K for h in ["node2", "node3", "node4"]}
+    split = spread_plan.direct_split(feeds, scanned, own, "registry")
+    assert dict(split.feeds) == {"node1": ("node3",)}
+    assert dict(split.fallback) == {"node2": "not reachable from node1 (no sshd answer)"}
+    assert dict(split.relayed) == {"node4": "its feeder node2 gets the image on its own"}
+
+
+def test_direct_split_in_auto_a_wrong_host_key_is_a_fallback_too() -> None:
+    other = frozenset({"ssh-ed25519 AAAAother"})
+    split = spread_plan.direct_split(
+        {"node1": ("node2",)}, {("node1", "node2"): other}, {"node2": K}, "registry"
+    )
+    assert not split.feeds and not split.relayed
+    assert "not reachable from node1 (the host key" in split.fallback["node2"]
+
+
+@pytest.mark.parametrize(("distribute", "unreached"), [("auto", "registry"), ("peers", "relay")])
+def test_spread_plan_auto_falls_back_to_the_registry_peers_relays(
+    distribute: str, unreached: str
+) -> None:
+    plan = decide_spread(cfg(distribute=distribute), dict.fromkeys(hosts(3), "pull"))
+    assert plan.unreached == unreached
+    assert plan.to_dict()["unreached"] == unreached
+    tail = plan.lines()[-1]
+    assert ("cannot reach pulls itself" in tail) == (unreached == "registry"), tail

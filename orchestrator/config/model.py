@@ -599,14 +599,15 @@ class ContainerConfig(Model):
         description="How hosts lacking the image get it: registry (each pulls, or loads "
         "`image_tar`), peers (one host pulls or loads once, the others get it host to host, "
         "pipelined, image ID checked), auto (peers when two or more hosts lack it, else "
-        "registry). See docs/distribution.md",
+        "registry; a receiver its feeder cannot reach host to host runs its own pull or "
+        "load, and is named). See docs/distribution.md",
     )
     spread_transport: SpreadTransport = Field(
         default="direct",
         description="How a peers spread moves the bytes: direct (host to host over the "
-        "hosts' ssh with a key for this invocation only; an edge whose hosts cannot reach "
-        "each other is relayed, and named), relay (every hop through cvs's own SSH "
-        "connections). See docs/distribution.md",
+        "hosts' ssh with a key for this invocation only; a receiver its feeder cannot reach "
+        "is relayed with distribute peers, fetches itself with auto, and is named), relay "
+        "(every hop through cvs's own SSH connections). See docs/distribution.md",
     )
     start_timeout: float = Field(
         default=900.0,

@@ -15,10 +15,12 @@ edges whose hosts reach each other go host to host
 (containers/spread_direct.py: a key for this invocation, held by leases;
 each receiver reports its own byte count, and one whose count stands still
 is cut), because the coordinator's link would otherwise carry every hop.
-`relay` (and, with `direct`, every edge that fails the probe and whatever
-that round did not deliver): the bytes come through here, which needs
-nothing new on any host (no listener, no key, no port, no file), so
-nothing can be left behind by a SIGKILL of cvs: when cvs dies its SSH
+`relay` (and, with `direct`, every edge that fails the probe under
+distribute `peers`, the subtree of one that fails it under `auto`, whose
+receiver fetches itself instead, and whatever that round did not
+deliver): the bytes come through here, which needs nothing new on any
+host (no listener, no key, no port, no file), so nothing can be left
+behind by a SIGKILL of cvs: when cvs dies its SSH
 channels close, the loads read a cut archive and tag nothing, the saves
 lose their reader (measured against direct in docs/distribution.md).
 
@@ -41,6 +43,7 @@ siblings. Ctrl-C or any exit: every remote process of the round gets TERM
 from __future__ import annotations
 
 import contextlib
+import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -79,6 +82,8 @@ class SpreadResult:
     got: dict[str, str] = field(default_factory=dict)  # host -> verified image ID
     failed: dict[str, str] = field(default_factory=dict)  # host -> why (fetch it yourself)
     short: dict[str, str] = field(default_factory=dict)  # host -> not enough space (not fed)
+    # host -> why its feeder cannot reach it (distribute `auto`): its own pull or load.
+    fallback: dict[str, str] = field(default_factory=dict)
     sent: dict[str, int] = field(default_factory=dict)  # feeder -> bytes it passed on
 
 
@@ -90,6 +95,10 @@ class _Progress:
         self.start = time.monotonic()
         self.done = dict.fromkeys(hosts, 0)
         self.last: dict[str, float] = {}
+
+    def drop(self, host: str) -> None:
+        """`host` gets no bytes from a peer (it fetches itself): the ETA waits not for it."""
+        self.done.pop(host, None)
 
     def add(self, host: str, n: int, source: str) -> None:
         before = self.done.get(host, 0)
@@ -131,8 +140,12 @@ class Spread:
         stall: float | None = None,
         budget: float | None = None,
         endpoints: Mapping[str, Endpoint] | None = None,
+        on_fallback: Callable[[str], object] | None = None,
     ) -> None:
         self.pool, self.sink, self.cfg, self.plan = pool, sink, cfg, plan
+        # Told each receiver that fetches itself (result.fallback) once the
+        # probe knows: its pull need not wait for the spread.
+        self.on_fallback = on_fallback
         # Where peers reach each host's sshd: the `direct` transport needs it.
         self.endpoints = endpoints
         self.runtimes = runtimes
@@ -190,7 +203,8 @@ class Spread:
         progress = _Progress(self.sink, size, receivers)
         feeds = tree(seed, receivers) if result.short else dict(plan.feeds)
         if plan.transport == "direct" and self.endpoints is not None:
-            broken, dead = await self._direct(feeds, progress), set[str]()
+            broken, dead = await self._direct(feeds, progress, result), set[str]()
+            receivers = [h for h in receivers if h not in result.fallback]
         else:
             broken, dead = await self._round(feeds, progress, result)
         await self._verify(receivers, expected_id, result, broken)
@@ -214,11 +228,13 @@ class Spread:
         return result
 
     async def _direct(
-        self, feeds: Mapping[str, tuple[str, ...]], progress: _Progress
+        self, feeds: Mapping[str, tuple[str, ...]], progress: _Progress, result: SpreadResult
     ) -> dict[str, str]:
         """The direct transport (containers/spread_direct.py) on every edge
         whose hosts reach each other: receiver -> why it is not served that
-        way (the retry round feeds it through cvs)."""
+        way (the retry round feeds it through cvs). With distribute `auto`, a
+        receiver its feeder cannot reach goes to result.fallback instead (its
+        own pull or load; the caller runs it)."""
         assert self.endpoints is not None
         tamper = Spread.direct_load
         cmds = {
@@ -233,7 +249,14 @@ class Spread:
             self.pool, self.runtimes, cmds, timeout=self.cfg.runtime_timeout, budget=self.budget,
             run_id=secrets.token_hex(6), stall=self.stall, progress=progress.add,
         )  # fmt: skip
-        split = await hop.probe(feeds, self.endpoints)
+        split = await hop.probe(feeds, self.endpoints, self.plan.unreached)
+        fetch = "pulls from the registry" if self.plan.source == "registry" else "loads image_tar"
+        for host, why in split.fallback.items():
+            result.fallback[host] = why
+            progress.drop(host)
+            self.sink.emit(Message(level="warning", host=host, text=f"{why}: {fetch} itself"))
+            if self.on_fallback is not None:
+                self.on_fallback(host)
         for host, why in split.relayed.items():
             text = f"not reached host to host: {why}; it gets the image through cvs"
             self.sink.emit(Message(level="warning", host=host, text=text))
@@ -449,7 +472,9 @@ async def spread_and_prepare(
     """The launching hosts' image steps with a spread: the seed's first,
     then the spread to the receivers while the hosts that need nothing
     prepare; a receiver the spread could not serve runs its own image step
-    (the registry or image_tar: another source), one short of space fails
+    (the registry or image_tar: another source; with distribute `auto`, one
+    its feeder cannot reach starts it as soon as the probe says so, while
+    the spread goes on), one short of space fails
     before anything moved to it. None: the seed's fetch failed, and no other
     host fetches (a start goes everywhere or nowhere: the caller holds them
     back, naming the seed)."""
@@ -474,7 +499,16 @@ async def spread_and_prepare(
             tg.start_soon(others)
         start = time.monotonic()
         size = await image_size(pool, cfg, seed, runtimes[seed])
-        spread = Spread(pool, sink, cfg, runtimes, plan, endpoints=endpoints)
+        limiter = anyio.CapacityLimiter(forks or math.inf)
+
+        async def fetch_itself(host: str) -> None:
+            async with limiter:
+                await own(host)
+
+        spread = Spread(
+            pool, sink, cfg, runtimes, plan, endpoints=endpoints,
+            on_fallback=lambda host: tg.start_soon(fetch_itself, host),
+        )  # fmt: skip
         result = await spread.run(expected, size)
         for host in result.got:
             received(host, plan.parent(host) or seed, time.monotonic() - start)

@@ -25,8 +25,9 @@ round's bound. The streams are remote/spread_fan.sh's.
 
 Before the round every edge is probed (remote/spread_reach.sh: the feeder's
 ssh-keyscan of the receiver, bounded): the pure decision is
-spread_plan.direct_split; an edge that fails it goes through cvs instead,
-said and named by the caller. cvs sees no byte of a direct edge: the image
+spread_plan.direct_split; an edge that fails it goes through cvs instead
+(with distribute `auto`: its receiver runs its own pull or load), said and
+named by the caller. cvs sees no byte of a direct edge: the image
 ID check after the load (the caller's) is what accepts a host.
 
 Progress and the stall cut: each receiver's lease, told `watch`, reports
@@ -50,7 +51,7 @@ from typing import Any
 import anyio
 
 from orchestrator import remote
-from orchestrator.containers.spread_plan import DirectSplit, direct_split
+from orchestrator.containers.spread_plan import DirectSplit, Unreached, direct_split
 from orchestrator.errors import ConnectError
 from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.ssh.fanout import fan_out
@@ -114,7 +115,10 @@ class DirectHop:
         return {e: frozenset(k) for e, k in seen.items()}
 
     async def probe(
-        self, feeds: Mapping[str, tuple[str, ...]], endpoints: Mapping[str, Endpoint]
+        self,
+        feeds: Mapping[str, tuple[str, ...]],
+        endpoints: Mapping[str, Endpoint],
+        unreached: Unreached = "relay",
     ) -> DirectSplit:
         """Every edge: does the feeder reach the receiver's sshd, with a host
         key the receiver confirms (one bounded round trip per host)."""
@@ -123,9 +127,8 @@ class DirectHop:
         seen = await fan_out(feeders, lambda f: self._keys(f, [endpoints[k] for k in feeds[f]]))
         own = await fan_out(receivers, lambda r: self._keys(r, [endpoints[r]]))
         scanned = {(f, k): seen[f].get(endpoints[k]) for f, kids in feeds.items() for k in kids}
-        return direct_split(
-            feeds, scanned, {r: own[r].get(endpoints[r], frozenset()) for r in receivers}
-        )
+        confirmed = {r: own[r].get(endpoints[r], frozenset()) for r in receivers}
+        return direct_split(feeds, scanned, confirmed, unreached)
 
     # -- the round -----------------------------------------------------------
 

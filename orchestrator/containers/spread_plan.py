@@ -9,7 +9,9 @@ seed: the first host lacking it, which pulls or loads as it would alone),
 and every other one lacking it gets it from a host that has it,
 pipelined: each receiver loads the bytes while passing them on to the hosts
 it feeds (containers/spread.py moves them). `auto`: peers when two or more
-hosts lack the image, else registry.
+hosts lack the image (and they can reach each other: a receiver its feeder
+cannot reach host to host runs its own pull or load, see direct_split),
+else registry.
 
 The shape is a tree in host order: the seed feeds the first K receivers,
 each of them the next K, and so on, K = ceil(sqrt(N)) (at least 2). Why
@@ -41,6 +43,9 @@ from orchestrator.config import ContainerConfig
 Mode = Literal["peers", "registry"]
 ImageStep = Literal["pull", "load"] | None
 Transport = Literal["relay", "direct"]
+# What a receiver its feeder cannot reach host to host gets: the bytes
+# through cvs (`relay`), or its own pull or load (`registry`).
+Unreached = Literal["relay", "registry"]
 
 # `docker load` unpacks into the runtime's root before it commits the layers
 # (../shared/DESIGN.md, "Runtimes"): a receiver needs about twice the image.
@@ -64,6 +69,9 @@ class SpreadPlan:
     # How the bytes move (`container.spread_transport`); `direct` edges are
     # decided per edge by a probe before the spread (direct_split).
     transport: Transport = "relay"
+    # `auto`: a receiver its feeder cannot reach pulls (or loads image_tar)
+    # itself, as the issue's auto asks; an explicit `peers` relays it.
+    unreached: Unreached = "relay"
 
     @property
     def peers(self) -> bool:
@@ -86,6 +94,7 @@ class SpreadPlan:
             "registry_fetches": self.registry_fetches,
             "registry_fetches_without": self.registry_fetches_without,
             "transport": self.transport,
+            "unreached": self.unreached,
         }
 
     def lines(self) -> list[str]:
@@ -99,11 +108,15 @@ class SpreadPlan:
             f"{self.registry_fetches_without})"
         ]
         out += [f"  {feeder} -> {', '.join(kids)}" for feeder, kids in self.feeds.items()]
+        fetch = "pulls" if self.source == "registry" else "loads image_tar"
         out.append(
-            "  transport: direct (host to host over ssh; an edge whose hosts cannot reach "
+            "  transport: relay (through cvs's own SSH connections)"
+            if self.transport != "direct"
+            else "  transport: direct (host to host over ssh; a receiver its feeder cannot "
+            f"reach {fetch} itself)"
+            if self.unreached == "registry"
+            else "  transport: direct (host to host over ssh; an edge whose hosts cannot reach "
             "each other goes through cvs)"
-            if self.transport == "direct"
-            else "  transport: relay (through cvs's own SSH connections)"
         )
         return out
 
@@ -153,6 +166,7 @@ def decide_spread(cfg: ContainerConfig, image_steps: Mapping[str, ImageStep]) ->
         registry_fetches_without=every,
         source=source,
         transport=cfg.spread_transport,
+        unreached="registry" if cfg.distribute == "auto" else "relay",
     )
 
 
@@ -206,12 +220,18 @@ class DirectSplit:
     host_keys: Mapping[str, str]
     # receiver -> why not direct (it, and those under it, go through the coordinator).
     relayed: Mapping[str, str]
+    # With `unreached="registry"`: receiver -> why its feeder cannot reach it
+    # ("not reachable from node1 (no sshd answer)"): it runs its own pull or
+    # load; those under it are in `relayed` (fed through cvs by a host that
+    # has the image, after the round).
+    fallback: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def direct_split(
     feeds: Mapping[str, tuple[str, ...]],
     scanned: Mapping[tuple[str, str], frozenset[str] | None],
     own: Mapping[str, frozenset[str]],
+    unreached: Unreached = "relay",
 ) -> DirectSplit:
     """The direct part of `feeds` from probed facts: `scanned[(feeder,
     receiver)]` the host keys the feeder saw at the receiver's sshd (None: no
@@ -220,10 +240,14 @@ def direct_split(
     coordinator's verified connection). An edge is direct when the feeder
     reached the receiver and saw a key the receiver confirms; a receiver
     under a relayed one is relayed too (its feeder never gets the bytes
-    directly), and is fed by the coordinator from a host that has them."""
+    directly), and is fed by the coordinator from a host that has them.
+    With `unreached="registry"` (distribute `auto`) a receiver whose own
+    edge fails is in `fallback` instead (its own pull or load); its
+    subtree is relayed as above."""
     out: dict[str, list[str]] = {}
     keys: dict[str, str] = {}
     relayed: dict[str, str] = {}
+    fallback: dict[str, str] = {}
     receivers = {kid for kids in feeds.values() for kid in kids}
     sources = [f for f in feeds if f not in receivers]
     order = list(sources)
@@ -232,12 +256,22 @@ def direct_split(
             order.append(kid)
             seen = scanned.get((feeder, kid))
             confirmed = sorted(seen & own.get(kid, frozenset())) if seen else []
-            if feeder in relayed:
+            if feeder in fallback:
+                relayed[kid] = f"its feeder {feeder} gets the image on its own"
+            elif feeder in relayed:
                 relayed[kid] = f"its feeder {feeder} is fed through the coordinator"
-            elif seen is None:
-                relayed[kid] = f"{feeder} cannot reach it (no sshd answer)"
-            elif not confirmed:
-                relayed[kid] = f"the host key {feeder} sees is not the one it shows itself"
+            elif seen is None or not confirmed:
+                why = (
+                    "no sshd answer"
+                    if seen is None
+                    else f"the host key {feeder} sees is not the one it shows itself"
+                )
+                if unreached == "registry":
+                    fallback[kid] = f"not reachable from {feeder} ({why})"
+                elif seen is None:
+                    relayed[kid] = f"{feeder} cannot reach it ({why})"
+                else:
+                    relayed[kid] = why
             else:
                 out.setdefault(feeder, []).append(kid)
                 keys[kid] = confirmed[0]
@@ -245,4 +279,5 @@ def direct_split(
         MappingProxyType({f: tuple(c) for f, c in out.items()}),
         MappingProxyType(keys),
         MappingProxyType(relayed),
+        MappingProxyType(fallback),
     )

@@ -204,6 +204,23 @@ def test_login_reads_password_from_stdin_never_argv() -> None:
     )
 
 
+def test_registry_tls_verify_false_gives_podman_login_and_pull_no_tls_verify() -> None:
+    registry = Registry(username="bob", password_file="/pw", server="10.0.0.1:5000")
+    assert login_command(["podman"], registry, tls_verify=False) == (
+        "podman login --tls-verify=false --username bob --password-stdin 10.0.0.1:5000 < /pw"
+    )
+    assert pull_argv(["podman"], "10.0.0.1:5000/i:1", tls_verify=False) == [
+        "podman", "pull", "--tls-verify=false", "10.0.0.1:5000/i:1"
+    ]  # fmt: skip
+
+
+def test_registry_tls_verify_false_with_docker_is_refused_naming_the_fix() -> None:
+    with pytest.raises(ValueError, match=r"needs runtime: podman.*insecure-registries"):
+        ContainerConfig(image="img:1", registry_tls_verify=False)
+    podman = ContainerConfig(image="i:1", runtime="podman", registry_tls_verify=False)
+    assert not podman.registry_tls_verify
+
+
 def test_exec_argv_places_options_before_name_and_command() -> None:
     argv = exec_argv(
         ["docker"], "c", ["sh", "-c", "echo $X"], interactive=True, user="1000", env={"X": "1"}

@@ -594,6 +594,12 @@ class ContainerConfig(Model):
     registry: Registry | None = Field(
         default=None, description="Registry login before a pull (the password never in argv)"
     )
+    registry_tls_verify: bool = Field(
+        default=True,
+        description="false: the registry serves plain HTTP; podman's login and pull get "
+        "`--tls-verify=false` (no host setting changes). podman only: docker reads that "
+        "from its daemon's `insecure-registries`",
+    )
     distribute: Distribute = Field(
         default="auto",
         description="How hosts lacking the image get it: registry (each pulls, or loads "
@@ -808,6 +814,16 @@ class ContainerConfig(Model):
             raise ValueError(
                 f"mpi.slots {slots} is more than the container's CPUs (resources.cpus "
                 f"{cpus:g}): lower mpi.slots or raise resources.cpus"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _tls_verify_is_podman(self) -> ContainerConfig:
+        if not self.registry_tls_verify and self.runtime != "podman":
+            raise ValueError(
+                "registry_tls_verify: false needs runtime: podman (docker has no such flag: "
+                "a plain-HTTP registry goes into each daemon's `insecure-registries`, a host "
+                "setting cvs does not change); remove the key"
             )
         return self
 

@@ -211,8 +211,13 @@ def stop_argv(prefix: Sequence[str], name: str, *, timeout: int | None = None) -
     return [*argv, validate_container_name(name)]
 
 
-def pull_argv(prefix: Sequence[str], ref: str) -> list[str]:
-    return [*prefix, "pull", validate_image_ref(ref)]
+# podman's flag for a registry on plain HTTP (`container.registry_tls_verify:
+# false`); docker has none (its daemon's insecure-registries decides).
+NO_TLS_VERIFY = "--tls-verify=false"
+
+
+def pull_argv(prefix: Sequence[str], ref: str, *, tls_verify: bool = True) -> list[str]:
+    return [*prefix, "pull", *([] if tls_verify else [NO_TLS_VERIFY]), validate_image_ref(ref)]
 
 
 def load_argv(prefix: Sequence[str], tar_path: str) -> list[str]:
@@ -221,11 +226,14 @@ def load_argv(prefix: Sequence[str], tar_path: str) -> list[str]:
     return [*prefix, "load", "-i", tar_path]
 
 
-def login_argv(prefix: Sequence[str], username: str, server: str | None = None) -> list[str]:
+def login_argv(
+    prefix: Sequence[str], username: str, server: str | None = None, *, tls_verify: bool = True
+) -> list[str]:
     """`docker login … --password-stdin`: the password never appears in argv."""
     if not username or username.startswith("-"):
         raise ValueError(f"invalid registry username {username!r}")
-    argv = [*prefix, "login", "--username", username, "--password-stdin"]
+    argv = [*prefix, "login", *([] if tls_verify else [NO_TLS_VERIFY])]
+    argv += ["--username", username, "--password-stdin"]
     if server:
         if server.startswith("-"):
             raise ValueError(f"invalid registry server {server!r}")
@@ -242,7 +250,9 @@ def image_registry(image: str) -> str | None:
     return None
 
 
-def login_command(prefix: Sequence[str], registry: Registry, image: str | None = None) -> str:
+def login_command(
+    prefix: Sequence[str], registry: Registry, image: str | None = None, *, tls_verify: bool = True
+) -> str:
     """Shell text for a host: `docker login` reading the password file on that host.
 
     The password stays on the host: it goes from `registry.password_file`
@@ -251,7 +261,7 @@ def login_command(prefix: Sequence[str], registry: Registry, image: str | None =
     user means), not to Docker Hub.
     """
     server = registry.server or (image_registry(image) if image else None)
-    argv = login_argv(prefix, registry.username, server)
+    argv = login_argv(prefix, registry.username, server, tls_verify=tls_verify)
     return f"{shlex.join(argv)} < {shlex.quote(registry.password_file)}"
 
 

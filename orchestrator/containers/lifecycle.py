@@ -357,7 +357,9 @@ class Lifecycle:
         steps = [*(["login"] if action.login else []), action.image_step or "pull"]
         budget = StartBudget(cfg.start_timeout, " and ".join(steps))
         if action.login and cfg.registry is not None:
-            login = login_command(prefix, cfg.registry, cfg.image)
+            login = login_command(
+                prefix, cfg.registry, cfg.image, tls_verify=cfg.registry_tls_verify
+            )
             if await self._cmd(outcome, "login", login, budget=budget) is None:
                 return None
         if action.image_step == "load" and cfg.image_tar is not None:
@@ -367,7 +369,7 @@ class Lifecycle:
             watch = PullProgress.for_pool(self.pool, self.sink, rt, cfg.image)
             if watch is not None:
                 self._pulls = watch = self._pulls or watch  # one fleet ETA
-            argv = pull_argv(prefix, cfg.image)
+            argv = pull_argv(prefix, cfg.image, tls_verify=cfg.registry_tls_verify)
             r = await self._cmd(outcome, "pull", argv, budget=budget, watch=watch)
         if r is None:
             return None

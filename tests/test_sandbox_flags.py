@@ -19,6 +19,10 @@ from clitools import cvs_in_process, explain
         (["--rootless", "--runtime", "docker"], "add --runtime podman"),
         (["--runtime", "podman", "--egress"], "the --egress host runs docker only"),
         (["--lifetime", "per_job"], "--lifetime per_job keeps containers until their Slurm"),
+        (
+            ["--runtime", "podman", "--rootless", "--registry"],
+            "--registry is built for rootful hosts only; leave out --rootless",
+        ),
     ],
 )
 def test_sandbox_flags_that_do_not_go_together_are_refused_before_anything_is_built(

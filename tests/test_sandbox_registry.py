@@ -106,6 +106,40 @@ def test_every_host_pulls_the_image_through_the_registry_which_serves_its_compre
             docker(sb, h.name, "rmi", image, check=False)
 
 
+def test_a_podman_fleet_pulls_through_the_registry_over_plain_http_told_by_the_cluster_file(
+    make_sandbox: Callable[..., Sandbox], tmp_path: Path
+) -> None:
+    sb = make_sandbox(2, runtime="podman", registry=True)
+    env = registry_env(sb)
+    doc = yaml.safe_load(sb.cluster_file.read_text())
+    image = doc["container"]["image"]
+    # The sandbox says "plain HTTP" in the cluster file, not in the hosts'
+    # registries.conf (which names only the bridge's gateway).
+    assert doc["container"]["registry_tls_verify"] is False
+    assert (
+        env["REGISTRY"].split(":")[0] not in (sb.nodes[0].host_dir / "registries.conf").read_text()
+    )
+    assert not any(has_image(sb, h.name, image) for h in sb.nodes)
+    doc["container"]["distribute"] = "registry"  # every host pulls
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump(doc))
+    before = tx_bytes(env)
+    try:
+        up = cvs("--json", "up", cluster=cluster, timeout=600)
+        served = tx_bytes(env) - before
+
+        assert up.returncode == 0, explain(up)
+        assert all(has_image(sb, h.name, image) for h in sb.nodes)
+        docs = [json.loads(x) for x in up.stdout.splitlines() if x.startswith("{")]
+        hosts = docs[-1]["hosts"]
+        for h in sb.nodes:
+            steps = hosts[h.name]["steps"]
+            assert steps.get("login") == "ok" and steps.get("pull") == "ok", (h.name, steps)
+        assert served > 1_000_000, served  # the image's bytes came from the registry
+    finally:
+        cvs("down", "--force", cluster=cluster, timeout=300)
+
+
 def test_with_mpi_the_registry_holds_the_mpi_image_and_no_node_has_it(
     make_sandbox: Callable[..., Sandbox],
 ) -> None:

@@ -504,10 +504,11 @@ def _add_sandbox_registry_args(up: argparse.ArgumentParser) -> None:
     up.add_argument(
         "--registry",
         action="store_true",
-        help="docker hosts: a registry in a network namespace of its own on the bridge holds "
-        "the cluster's image under a name no host has (the hosts pull it at `cvs up`); the "
-        "cluster file names it and its login; DIR/registry.env sets REGISTRY, REGISTRY_NETNS "
-        "and REGISTRY_IF (whose tx_bytes count what it served)",
+        help="docker or rootful podman hosts: a registry in a network namespace of its own "
+        "on the bridge holds the cluster's image under a name no host has (the hosts pull it "
+        "at `cvs up`); the cluster file names it and its login; DIR/registry.env sets "
+        "REGISTRY, REGISTRY_NETNS and REGISTRY_IF (whose tx_bytes count what it served); "
+        "podman: the cluster file sets container.registry_tls_verify: false (plain HTTP)",
     )
     up.add_argument(
         "--registry-rate",

@@ -510,6 +510,11 @@ def _cluster_yaml(
     container: dict[str, Any] = {"image": image, "name": CONTAINER_NAME, "lifetime": "per_run"}
     if login is not None:
         container["registry"] = login
+        if podman_hosts:
+            # The `--registry` serves plain HTTP: podman is told so per call
+            # (`--tls-verify=false`), as a user of a real fleet would, not
+            # through the hosts' registries.conf (which names the gateway only).
+            container["registry_tls_verify"] = False
     if podman_hosts:
         # Rootful podman: the login user reaches it through `sudo -n podman`.
         container["runtime"] = "podman"
@@ -684,8 +689,8 @@ def _check_options(
         if not registry:
             raise SandboxError("--registry-rate shapes the --registry; add --registry")
         network.check_rate(registry_rate)
-    if registry and runtime != "docker":
-        raise SandboxError("--registry is built for docker hosts only; leave out --runtime podman")
+    if registry and rootless:
+        raise SandboxError("--registry is built for rootful hosts only; leave out --rootless")
 
 
 def sandbox_up(
@@ -831,7 +836,7 @@ def _start_registry(sb: Sandbox, source: str, holders: list[SandboxHost], say: P
     _push(sb, reg, source, ref)
 
     def forget(h: SandboxHost) -> None:
-        procs.run([*sb.docker_argv(h), "rmi", source])
+        procs.run([*sb.runtime_argv(h), "rmi", source])
 
     _parallel(forget, holders)
     sb.registry_image = ref
@@ -853,8 +858,11 @@ def _start_registry(sb: Sandbox, source: str, holders: list[SandboxHost], say: P
 
 def _push(sb: Sandbox, reg: SandboxRegistry, source: str, ref: str) -> None:
     """`docker push` of `source` as `ref` by node1's dockerd, logged in through
-    a DOCKER_CONFIG of our own (removed after); node1 keeps no `ref` tag."""
-    docker = sb.docker_argv(sb.nodes[0])
+    a DOCKER_CONFIG of our own (removed after); node1 keeps no `ref` tag.
+    podman: node1's store pushes, with that file as its `--authfile` (the
+    same format) and `--tls-verify=false` (the registry is plain HTTP)."""
+    node1 = sb.nodes[0]
+    docker = sb.runtime_argv(node1)
     config_dir = reg.directory / "docker-config"
     config_dir.mkdir(mode=0o700)
     try:
@@ -862,8 +870,12 @@ def _push(sb: Sandbox, reg: SandboxRegistry, source: str, ref: str) -> None:
         with os.fdopen(fd, "w") as fh:
             fh.write(docker_config(reg))
         env = {**os.environ, "DOCKER_CONFIG": str(config_dir)}
+        push = [*docker, "push", "-q", ref]
+        if node1.runtime == "podman":
+            auth = ["--authfile", str(config_dir / "config.json"), "--tls-verify=false"]
+            push = [*docker, "push", "-q", *auth, ref]
         procs.run([*docker, "tag", source, ref])
-        procs.run_env([*docker, "push", "-q", ref], env=env, timeout=PUSH_TIMEOUT)
+        procs.run_env(push, env=env, timeout=PUSH_TIMEOUT)
         procs.run([*docker, "rmi", ref])
     finally:
         shutil.rmtree(config_dir, ignore_errors=True)

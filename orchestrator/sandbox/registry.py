@@ -26,12 +26,6 @@ from pathlib import Path
 from . import network, procs
 from .errors import SandboxError
 
-# The registry's htpasswd accepts bcrypt only; glibc's libxcrypt makes it
-# (crypt: deprecated since 3.11, its warning silenced here, where it is imported).
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import crypt
-
 REGISTRY_BINARY = "docker-registry"
 REGISTRY_USER = "cvsbot"
 
@@ -51,6 +45,13 @@ class SandboxRegistry:
 
 
 def _bcrypt(password: str) -> str:
+    # The registry's htpasswd accepts bcrypt only; glibc's libxcrypt makes it.
+    # crypt is imported here, when a registry is built: Python 3.13 has no
+    # crypt module, and the fast subset imports this module there (its
+    # deprecation warning since 3.11 is silenced where it is imported).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import crypt
     return crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))
 
 

@@ -319,7 +319,15 @@ def text(r: dict[str, Any]) -> str:
 
 def run_all(source: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     work = Path(tempfile.mkdtemp(prefix="cvs-bench-step-work-", dir="/tmp"))
-    work.chmod(0o755)
+    # Gone on every way out (an error, Ctrl-C), not only after the last figure.
+    try:
+        work.chmod(0o755)
+        return _run_all_in(work, source, args)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_all_in(work: Path, source: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     named = source
     for_cvs = bool(args.cvs_python)
 
@@ -352,7 +360,6 @@ def run_all(source: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
             )
     if args.sandbox_hosts:
         anyio.run(_down, first)
-    shutil.rmtree(work, ignore_errors=True)
     return results
 
 

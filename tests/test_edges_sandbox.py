@@ -266,6 +266,9 @@ def test_a_step_whose_container_stopped_tells_cvs_up_in_the_console_and_results(
         while '"step": "nap", "status": "started"' not in (
             events.read_text() if events.exists() else ""
         ):
+            assert proc.poll() is None, "cvs run ended before the step started: " + "".join(
+                proc.communicate()
+            )
             assert time.monotonic() < deadline, "the step never started"
             time.sleep(0.2)
         time.sleep(2)

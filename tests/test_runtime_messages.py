@@ -136,6 +136,49 @@ def test_diagnose_sh_on_a_podman_host_asks_podman_for_one_word_times(tmp_path: P
     assert facts.started_at is not None and facts.finished_at is not None
 
 
+STALE_PODMAN = """#!/bin/sh
+# A stand-in podman whose first inspect still says "running" (the runtime has
+# not yet recorded the stop the kernel already made) and which cannot start a
+# process in the container; its next inspect says exited.
+case $1 in
+  exec) echo "Error: container state improper" >&2; exit 125 ;;
+esac
+n=$(cat "$COUNT_FILE" 2>/dev/null || echo 0); echo $((n + 1)) > "$COUNT_FILE"
+if [ "$n" -eq 0 ]; then state=running; else state=exited; fi
+echo "{ID} $state false 137 2027-01-15T08:00:00.123456789Z 2027-01-15T08:00:30.000000000Z 0"
+"""
+
+
+def test_diagnose_sh_looks_again_when_running_is_stale_and_nothing_starts_in_it(
+    tmp_path: Path,
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "podman"
+    fake.write_text(STALE_PODMAN.replace("{ID}", "a" * 64))
+    fake.chmod(0o755)
+    count = tmp_path / "count"
+    argv = [
+        "dash", "-c", remote.program("diagnose"), "cvs-diagnose",
+        "--podman-rootless", "ctr", "/tmp/cvs-run-1.pid",
+    ]  # fmt: skip
+    proc = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "COUNT_FILE": str(count)},
+    )
+
+    assert proc.returncode == 0, proc.stderr
+    facts = read_diagnosis(proc.stdout, "podman")
+    assert facts.status == "exited", proc.stdout
+    assert facts.pidfile_left is None  # nothing was read in a container that is not running
+    cause = container_cause(facts, elapsed=5.0, runtime="podman", exit_code=137)
+    assert cause is not None and "kept running" not in str(cause)
+    assert "stopped" in str(cause)
+
+
 # --- the planner ---------------------------------------------------------------------
 
 

@@ -8,7 +8,8 @@
 #   now EPOCH                  the host's clock, to place StartedAt/FinishedAt
 #   state ID STATUS OOMKILLED EXITCODE STARTEDAT FINISHEDAT RESTARTS
 #   pidfile left MTIME | pidfile gone
-#                              (with PIDFILE, a running container) the command's
+#                              (with PIDFILE, a running container, "running"
+#                              checked by starting a process in it) the command's
 #                              run.sh records its pid there when it starts and
 #                              removes it when the command ends: left behind,
 #                              run.sh itself was killed; MTIME (epoch seconds,
@@ -20,7 +21,7 @@ name=$1 pidfile=${2-}
 # In the container, as root: `left MTIME` or `gone` (date -r: GNU and busybox;
 # %N where the date has it, whole seconds where it prints it literally).
 # shellcheck disable=SC2016  # expanded by the container's shell, not this one
-look='if [ -e "$1" ]; then
+look='if [ -n "$1" ] && [ -e "$1" ]; then
   t=$(date -r "$1" +%s.%N 2>/dev/null) || t=-
   rm -f "$1"; echo "left ${t%.%N}"
 else echo gone; fi'
@@ -46,13 +47,28 @@ for m in $cvs_order; do
       again=$(cvs_docker "$m" inspect --type container -f "$fmt" "$name" 2>&1) || break
       out=$again
     done
-    printf 'state %s\n' "$out"
+    seen=
     case $out in
       *' running '*)
-        if [ -n "$pidfile" ] && seen=$(cvs_docker "$m" exec -u 0 "$name" sh -c "$look" sh "$pidfile" 2>/dev/null); then
-          printf 'pidfile %s\n' "$seen"
+        # "running" can be stale: the runtime records a stop a moment after
+        # the kernel has killed what ran in the container (the command's 137
+        # can reach cvs first). A process started in it says it really runs;
+        # when none can be, look again for up to 2.5 s.
+        if ! seen=$(cvs_docker "$m" exec -u 0 "$name" sh -c "$look" sh "$pidfile" 2>/dev/null); then
+          seen='' tries=5
+          while [ "$tries" -gt 0 ]; do
+            tries=$((tries - 1))
+            sleep 0.5
+            again=$(cvs_docker "$m" inspect --type container -f "$fmt" "$name" 2>&1) || break
+            out=$again
+            case $out in *' running '*) ;; *) break ;; esac
+          done
         fi ;;
     esac
+    printf 'state %s\n' "$out"
+    if [ -n "$pidfile" ] && [ -n "$seen" ]; then
+      printf 'pidfile %s\n' "$seen"
+    fi
     exit 0
   fi
   # The first access's answer is the one to report (sudo's refusal says less).

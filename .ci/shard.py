@@ -1,7 +1,7 @@
 """Split the sandbox half of the suite into shards that run side by side.
 
-    python3 .ci/shard.py SHARDS DIR     writes DIR/1 .. DIR/SHARDS, one test file per line
-    python3 .ci/shard.py --times JUNIT...  prints the seconds per test file (for sandbox-seconds.tsv)
+    python3 .ci/shard.py SHARDS DIR        DIR/1 .. DIR/SHARDS: one test file per line
+    python3 .ci/shard.py --times JUNIT...  seconds per test file (sandbox-seconds.tsv)
 
 Most of the sandbox half's wall time is waiting (real daemons coming up,
 Slurm's one-minute limit, bounds waited out), not CPU, so two shards on this

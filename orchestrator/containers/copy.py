@@ -41,7 +41,7 @@ import anyio
 
 from orchestrator import remote
 from orchestrator.config import ClusterConfig, container_name
-from orchestrator.containers.exec import in_running_container
+from orchestrator.containers.exec import container_command, in_running_container
 from orchestrator.containers.route import RuntimeExec, Sshd
 from orchestrator.errors import ConnectError
 from orchestrator.remote.runtime import ContainerRuntime
@@ -54,6 +54,9 @@ if TYPE_CHECKING:
     from orchestrator.containers.sshexec import SSHExec
 
 CHUNK = 256 * 1024
+# How long the kill of a copy's in-container end may take (kill_tree.sh: TERM,
+# 0.3 s, KILL; plus the runtime's exec).
+KILL_BOUND = 10.0
 # The line the remote side prints before its checksums: where the copy went.
 FINAL_MARK = "@@cvs-final:"
 
@@ -222,6 +225,21 @@ def _wrap(
     return in_container(name, argv, runtime=runtime or cluster_runtime(cluster), host=host)
 
 
+def _stoppable(
+    cluster: ClusterConfig, argv: list[str], host_os: bool, *, host: str = ""
+) -> tuple[str, str | None]:
+    """(host shell text running `argv` where the copy's end runs, the text
+    that stops it there or None): in a container, under run.sh, whose pid
+    kill_tree.sh ends (remote/run.sh; containers/exec.py)."""
+    if host_os or cluster.container is None:
+        return shlex.join(argv), None
+    runtime = cluster_runtime(cluster)
+    command = container_command(
+        container_name(cluster), argv, runtime=runtime, stdin=True, host=host
+    )
+    return command.script, command.kill
+
+
 def _human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -270,10 +288,14 @@ def _opener(
     argv: Sequence[str],
     ssh_exec: SSHExec | None,
     runtime: ContainerRuntime,
+    kill: str | None = None,
 ) -> Opener:
     """The copy's remote end: `argv` in the container through its sshd when
     `ssh_exec` routes it there (containers/route.py decides, as for `exec`), else
-    `script` (`docker exec -i ...`, or the host's shell) on a host channel."""
+    `script` (`docker exec -i ...`, or the host's shell) on a host channel.
+    `kill`: host shell text that ends what `script` started in the container,
+    run when the copy's block ends before the process did (closing the
+    channel ends the `docker exec` client, never what it started)."""
 
     async def open_(stack: contextlib.AsyncExitStack[Any]) -> Any:
         if ssh_exec is not None:
@@ -282,9 +304,21 @@ def _opener(
                 process = await ssh_exec.held_process(stack, way, host, argv, runtime=runtime)
                 if not isinstance(process, RuntimeExec):
                     return process
-        return await stack.enter_async_context(pool.held_process(host, script, encoding=None))
+        process = await stack.enter_async_context(pool.held_process(host, script, encoding=None))
+        if kill is not None:
+            stack.push_async_callback(_end_unless_ended, pool, host, process, kill)
+        return process
 
     return open_
+
+
+async def _end_unless_ended(pool: HostRunner, host: str, process: Any, kill: str) -> None:
+    """`kill` on `host` when `process` has not exited (a timeout, an error, a
+    cancel), shielded and bounded: what the copy started ends with it."""
+    if process.exit_status is not None:
+        return
+    with anyio.CancelScope(shield=True):
+        await pool.run(host, kill, timeout=KILL_BOUND, stream_output=False, label="kill")
 
 
 async def _copy_one(
@@ -464,8 +498,10 @@ async def gather_from_hosts(
     runtime = cluster_runtime(cluster)
 
     async def one(host: str) -> HostResult:
-        script = _wrap(cluster, send, host_os, host=host)
-        open_ = _opener(pool, host, script, send, via, runtime)
+        # The send reads the whole file (sha256sum, then cat) and never reads
+        # its stdin: a gather cut short has it ended (`kill`), not left reading.
+        script, kill = _stoppable(cluster, send, host_os, host=host)
+        open_ = _opener(pool, host, script, send, via, runtime, kill)
         return await _gather_one(open_, host, dest_dir / host / name, limit, progress)
 
     return await fan_out(list(hosts), one, limit=cluster.concurrency.hosts)

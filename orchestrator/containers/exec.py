@@ -87,6 +87,7 @@ def container_command(
     workdir: str | None = None,
     runtime: ContainerRuntime | None = None,
     stdin: bool = False,
+    host: str = "",
 ) -> ContainerCommand:
     """How to run `command` in container `name` (and stop it on timeout).
 
@@ -94,7 +95,8 @@ def container_command(
     the same round trip as the command itself. The command runs as `user`
     (`docker exec -u`; default: the image's USER) in `workdir` (default: the
     image's WORKDIR). `stdin`: the caller streams the command's stdin after
-    the environment block (`docker exec -i`).
+    the environment block (`docker exec -i`). `host`: the cluster's name for
+    the host, in the line saying the container is not running.
 
     A known `runtime` says the container is known to run and how to reach
     docker: an `up` of this invocation probed it under the lock it still
@@ -125,7 +127,7 @@ def container_command(
         exec_opts = ["-i", *exec_opts]
     run = remote.argv("run", _pidfile(token), env_token, *argv)
     inner = ["exec", *exec_opts, name, *run]
-    script = in_running_container(name, inner, runtime)
+    script = in_running_container(name, inner, runtime, host=host)
     kill = kill_command(name, _pidfile(token), runtime or ContainerRuntime())
     return ContainerCommand(script, kill, block)
 

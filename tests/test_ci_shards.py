@@ -8,6 +8,8 @@ from collections import Counter
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 SHARD_PY = Path(__file__).resolve().parent.parent / ".ci" / "shard.py"
 
 
@@ -46,7 +48,9 @@ def test_a_file_never_measured_counts_as_its_tests_times_the_median_per_test() -
     assert ["tests/test_new.py"] in dealt
 
 
-def test_junit_times_sum_setup_call_and_teardown_per_file(tmp_path: Path, capsys: object) -> None:
+def test_junit_times_sum_setup_call_and_teardown_per_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     xml = tmp_path / "1.xml"
     xml.write_text(
         '<testsuites><testsuite name="pytest">'
@@ -56,6 +60,6 @@ def test_junit_times_sum_setup_call_and_teardown_per_file(tmp_path: Path, capsys
         "</testsuite></testsuites>"
     )
     shard_module().junit_times([str(xml)])
-    out = capsys.readouterr().out.splitlines()  # type: ignore[attr-defined]
+    out = capsys.readouterr().out.splitlines()
 
     assert out[1:] == ["tests/test_b.py 7 1", "tests/test_a.py 4 2"]

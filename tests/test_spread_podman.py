@@ -1,8 +1,11 @@
 """The image spread with rootful podman hosts (containers/spread.py): the
-archive is a docker-archive, whose load keeps the image ID.
+archive is a docker-archive, whose load keeps the image ID; and the faults
+of a direct spread (the default transport) as on docker
+(tests/test_spread_direct.py, whose bodies are tests/spreadtools.py's).
 
-A sandbox of its own whose three nodes run podman (as tests/test_podman.py
-builds it); the image is the sandbox's sshd image under a tag no host has.
+One sandbox for the module whose four nodes run podman (as tests/test_podman.py
+builds it); the image is the sandbox's sshd image under a tag no host has;
+every test's containers and tags go before and after it.
 """
 
 from __future__ import annotations
@@ -10,21 +13,25 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
-from clitools import cvs_on, explain, last_json
-from labtools import docker as podman
+from labtools import Lab, cvs, explain
+from spreadtools import (
+    THREE,
+    corrupted_direct_hop_is_refused_and_fetched_again,
+    ctrl_c_mid_spread_exits_130_and_leaves_nothing,
+    image_ids,
+    last_json,
+    relay_host_killed_its_child_is_fed_from_another_host,
+    saved_image,
+    sigkill_of_cvs_mid_spread_leaves_nothing,
+)
 
-from orchestrator.sandbox import SSHD_TAG, Sandbox, sandbox_down, sandbox_up
+from orchestrator.sandbox import Sandbox, sandbox_down, sandbox_up
 
 pytestmark = pytest.mark.sandbox
-
-THREE = ["node1", "node2", "node3"]
 
 
 @pytest.fixture(scope="module")
@@ -35,61 +42,71 @@ def podman_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox
         pytest.skip("podman hosts need podman (apt-get install podman uidmap)")
     directory = tmp_path_factory.mktemp("podman-spread") / "sb"
     try:
-        yield sandbox_up(directory, hosts=3, runtime="podman")
+        yield sandbox_up(directory, hosts=4, runtime="podman")
     finally:
         sandbox_down(directory)
 
 
+@pytest.fixture
+def lab(podman_sandbox: Sandbox, tmp_path: Path) -> Iterator[Lab]:
+    lab = Lab(podman_sandbox, tmp_path, prefix="cvs-sp")
+    lab.clean()
+    try:
+        yield lab
+    finally:
+        lab.clean()
+
+
+@pytest.fixture
+def image_tar(lab: Lab) -> Iterator[tuple[str, Path, str]]:
+    """(tag no host has, a docker-archive of it every host reads, its image ID)."""
+    with saved_image(lab, "node3") as saved:
+        yield saved
+
+
 @pytest.mark.parametrize("transport", ["relay", "direct"])
 def test_podman_spread_keeps_the_image_id_on_every_host(
-    podman_sandbox: Sandbox, tmp_path: Path, transport: str
+    lab: Lab, image_tar: tuple[str, Path, str], transport: str
 ) -> None:
-    sb = podman_sandbox
-    name = f"cvs-sp-{uuid.uuid4().hex[:8]}"
-    tag = f"localhost/cvs-spread/{name}:1"
-    directory = Path(tempfile.mkdtemp(prefix="cvs-spread-pm-"))
-    directory.chmod(0o755)
-    tar = directory / "image.tar"
-    try:
-        podman(sb, "node3", "tag", SSHD_TAG, tag)
-        podman(sb, "node3", "save", "--format", "docker-archive", "-o", str(tar), tag)
-        image_id = podman(sb, "node3", "image", "inspect", "-f", "{{.Id}}", tag).strip()
-        podman(sb, "node3", "rmi", tag)
-        tar.chmod(0o644)
-        doc = yaml.safe_load(sb.cluster_file.read_text())
-        doc["name"] = name
-        doc["state_dir"] = str(tmp_path / "state")
-        doc["container"] = {
-            **doc["container"],
-            "name": name,
-            "lifetime": "per_run",
-            "image": tag,
-            "image_tar": str(tar),
-            "sshd": {"enabled": False},
-            "spread_transport": transport,
-        }
-        path = tmp_path / "cluster.yaml"
-        path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        plan = cvs_on(path, "plan", timeout=240)
-        assert "node1 -> node2, node3" in plan.stdout, explain(plan)
-        up = cvs_on(path, "--json", "up", timeout=240)
-        assert up.returncode == 0, explain(up)
-        assert "not reached host to host" not in up.stdout, explain(up)
-        assert "image not received" not in up.stdout, explain(up)  # no second round
-        hosts = last_json(up)["hosts"]
-        assert hosts["node1"]["steps"]["load"] == "ok", hosts["node1"]
-        events = [json.loads(x) for x in up.stdout.splitlines() if x.startswith("{")]
-        progress = {e["host"] for e in events if e.get("event") == "ImageProgress"}
-        assert progress == set(THREE[1:]), progress  # direct: each receiver's own count
-        for host in THREE[1:]:
-            assert hosts[host]["steps"].get("spread") == "ok", hosts[host]
-        ids = {
-            h: podman(sb, h, "image", "inspect", "-f", "{{.Id}}", tag, check=False).strip()
-            for h in THREE
-        }
-        assert set(ids.values()) == {image_id}, json.dumps(ids)
-    finally:
-        for host in THREE:
-            podman(sb, host, "rm", "-f", "-t", "0", name, check=False)
-            podman(sb, host, "rmi", "-f", tag, check=False)
-        shutil.rmtree(directory, ignore_errors=True)
+    tag, tar, image_id = image_tar
+    path = lab.cluster(
+        lifetime="per_run", hosts=THREE, image=tag, image_tar=str(tar), spread_transport=transport
+    )
+    plan = cvs(path, "plan", timeout=240)
+    assert "node1 -> node2, node3" in plan.stdout, explain(plan)
+    up = cvs(path, "--json", "up", timeout=240)
+    assert up.returncode == 0, explain(up)
+    assert "not reached host to host" not in up.stdout, explain(up)
+    assert "image not received" not in up.stdout, explain(up)  # no second round
+    hosts = last_json(up)["hosts"]
+    assert hosts["node1"]["steps"]["load"] == "ok", hosts["node1"]  # type: ignore[index]
+    events = [json.loads(x) for x in up.stdout.splitlines() if x.startswith("{")]
+    progress = {e["host"] for e in events if e.get("event") == "ImageProgress"}
+    assert progress == set(THREE[1:]), progress  # direct: each receiver's own count
+    for host in THREE[1:]:
+        assert hosts[host]["steps"].get("spread") == "ok", hosts[host]  # type: ignore[index]
+    assert set(image_ids(lab, THREE, tag).values()) == {image_id}
+
+
+def test_podman_direct_corrupted_bytes_on_one_hop_are_refused_and_fetched_again(
+    lab: Lab, image_tar: tuple[str, Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    corrupted_direct_hop_is_refused_and_fetched_again(lab, image_tar, monkeypatch)
+
+
+def test_podman_direct_relay_host_killed_mid_spread_its_child_is_fed_from_another_host(
+    lab: Lab, image_tar: tuple[str, Path, str]
+) -> None:
+    relay_host_killed_its_child_is_fed_from_another_host(lab, image_tar)
+
+
+def test_podman_direct_sigkill_of_cvs_mid_spread_leaves_nothing_and_the_next_up_works(
+    lab: Lab, image_tar: tuple[str, Path, str]
+) -> None:
+    sigkill_of_cvs_mid_spread_leaves_nothing(lab, image_tar)
+
+
+def test_podman_direct_ctrl_c_mid_spread_exits_130_and_leaves_nothing(
+    lab: Lab, image_tar: tuple[str, Path, str]
+) -> None:
+    ctrl_c_mid_spread_exits_130_and_leaves_nothing(lab, image_tar)

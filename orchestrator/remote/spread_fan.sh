@@ -34,7 +34,32 @@ if [ -s "$dir/kids" ]; then
     fifos="$fifos $dir/f.$n"
   done <"$dir/kids"
 fi
-trap 'trap "" TERM HUP INT; kill -TERM 0; sleep 0.3; kill -KILL 0' TERM HUP INT
+# On TERM (the lease's `cut`), HUP or INT: a receiver first ends the tee,
+# so that its load reads a cut archive and fails on its own, and waits for
+# it (5 s at most): podman (4.x) copies an archive it loads from stdin to a
+# file under its TMPDIR (/var/tmp: sudo keeps no TMPDIR) and removes it only
+# when the load returns; TERMed or killed, it leaves the copy there (an
+# image's size, on every cut). Then the whole process group ends.
+feed='' child=''
+# shellcheck disable=SC2317  # run by the trap below
+stop() {
+  trap '' TERM HUP INT
+  if [ -n "$feed" ] && [ -n "$child" ]; then
+    kill -TERM "$feed" 2>/dev/null
+    n=0
+    while [ "$n" -lt 50 ]; do
+      # Gone, or a zombie not yet reaped: the load has ended.
+      state=$(awk '{ print $3 }' "/proc/$child/stat" 2>/dev/null)
+      case $state in '' | Z | X) break ;; esac
+      sleep 0.1
+      n=$((n + 1))
+    done
+  fi
+  kill -TERM 0
+  sleep 0.3
+  kill -KILL 0
+}
+trap 'stop' TERM HUP INT
 # GNU tee's -p: a reader that is gone (a kid's ssh, or this host's own load)
 # does not end the stream to the others; a tee without it ends on the first.
 tp=''
@@ -56,7 +81,8 @@ else
   "$@" <"$dir/f.in" >&2 &
   child=$!
   tee $tp $fifos <&4 >"$dir/f.in" &
-  printf '%s\n' "$!" >"$dir/tee.pid.new" && mv -f "$dir/tee.pid.new" "$dir/tee.pid"
+  feed=$!
+  printf '%s\n' "$feed" >"$dir/tee.pid.new" && mv -f "$dir/tee.pid.new" "$dir/tee.pid"
 fi
 exec 4<&-
 wait "$child"

@@ -51,6 +51,8 @@ from orchestrator.api import Cluster
 from orchestrator.config import ClusterConfig, load_cluster
 
 RUNS = 5
+# How long a run waits for the machine to quiet down before timing (--settle).
+SETTLE_S = 60.0
 WRAPPER = """#!/bin/sh
 # cvs bench: log every docker CLI process, then run the real one.
 [ -n "$CVS_DOCKER_LOG" ] && printf '%s\\n' "$1" >> "$CVS_DOCKER_LOG"
@@ -204,13 +206,15 @@ def settle(limit: float = 0.15, timeout: float = 60.0) -> float:
     return busy
 
 
-def measure(cluster: ClusterConfig, docker: DockerCalls, runs: int = RUNS) -> dict[str, Any]:
+def measure(
+    cluster: ClusterConfig, docker: DockerCalls, runs: int = RUNS, quiet_s: float = SETTLE_S
+) -> dict[str, Any]:
     first = time.perf_counter()
     warm = anyio.run(up_once, cluster)
     first_up = time.perf_counter() - first
     if not warm.ok:
         raise SystemExit(f"the first `up` failed: {warm.to_dict()}")
-    busy = settle()
+    busy = settle(timeout=quiet_s)
     hosts = [h.name for h in cluster.hosts]
     seconds: list[float] = []
     cpu: list[float] = []
@@ -332,6 +336,13 @@ def main() -> int:
         action="store_true",
         help="with --runtime podman: the login user's own rootless podman on each host",
     )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=SETTLE_S,
+        help=f"seconds to wait for a quiet machine before timing (default {SETTLE_S:g}; "
+        "0: a smoke run, which times nothing it reports on)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON line per size on stdout")
     args = parser.parse_args()
     if args.rootless and (args.runtime != "podman" or args.cluster is not None):
@@ -340,7 +351,9 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     if args.cluster is not None:
         results.append(
-            measure(persistent(load_cluster(args.cluster)), DockerCalls(None), args.runs)
+            measure(
+                persistent(load_cluster(args.cluster)), DockerCalls(None), args.runs, args.settle
+            )
         )
     else:
         with counted_sandbox(max(args.sandbox_hosts), args.runtime, args.rootless) as (
@@ -350,7 +363,7 @@ def main() -> int:
             for n in args.sandbox_hosts:
                 sized = persistent(cluster, n)
                 try:
-                    results.append(measure(sized, docker, args.runs))
+                    results.append(measure(sized, docker, args.runs, args.settle))
                 finally:
                     anyio.run(down_once, sized)  # the next size starts from nothing
 

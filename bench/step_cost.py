@@ -53,7 +53,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.attach import cpu_seconds, settle
+from bench.attach import SETTLE_S, cpu_seconds, settle
 from orchestrator.api import Cluster
 from orchestrator.config import load_cluster
 
@@ -338,7 +338,7 @@ def _run_all_in(work: Path, source: Path, args: argparse.Namespace) -> list[dict
     first = variant(named, work, widest, "sshd")
     anyio.run(_attach, first)  # cold start (or attach) everywhere once
     results: list[dict[str, Any]] = []
-    busy = settle()
+    busy = settle(timeout=args.settle)
     sys.stderr.write(f"step_cost: machine {busy:.0%} busy before the runs\n")
     for n in args.sizes:
         for path in STEP_PATHS:
@@ -383,6 +383,13 @@ def main() -> int:
         "--cvs-python",
         type=Path,
         help="the Python of a venv with the real CVS main installed: time its exec and attach",
+    )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=SETTLE_S,
+        help=f"seconds to wait for a quiet machine before timing (default {SETTLE_S:g}; "
+        "0: a smoke run, which times nothing it reports on)",
     )
     parser.add_argument("--json", action="store_true", help="one JSON line per measurement")
     args = parser.parse_args()

@@ -1148,17 +1148,21 @@ def test_cvs_install_then_checks_in_a_new_process_on_podmans_persistent_containe
 def test_a_podman_container_stopped_under_exec_is_named_from_podmans_own_facts(lab: Lab) -> None:
     path = lab.cluster(lifetime="persistent", hosts=TWO)
     assert cvs(path, "up").returncode == 0
-    running = start_cvs(path, "--json", "exec", "--", "echo begun; sleep 60")
+    # node1's sleep is the wait for the whole invocation; node2's is stopped
+    # 1.5 s after it is seen (at load 15-20), far within its 15 s.
+    running = start_cvs(path, "--json", "exec", "--", "echo begun; sleep 15")
     try:
         deadline = time.monotonic() + 120
         # The command runs in node2's container once its sleep is there.
-        # `6[0]`: the pattern must not match the grep (or its shell) that looks.
-        probe = ["exec", lab.name, "sh", "-c", "grep -l 'sleep 6[0]' /proc/[0-9]*/cmdline"]
+        # `1[5]`: the pattern must not match the grep (or its shell) that looks.
+        probe = ["exec", lab.name, "sh", "-c", "grep -l 'sleep 1[5]' /proc/[0-9]*/cmdline"]
         while podman(lab.sb, "node2", *probe, check=False) == "":
             assert time.monotonic() < deadline, "the command never started on node2"
             time.sleep(0.5)
+        seen = time.monotonic()
         time.sleep(1)
         podman(lab.sb, "node2", "stop", "-t", "1", lab.name)
+        print(f"node2's container stopped {time.monotonic() - seen:.1f}s after its sleep was seen")
         out, err = running.communicate(timeout=180)
     finally:
         if running.poll() is None:

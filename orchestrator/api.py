@@ -204,7 +204,8 @@ class Cluster:
 
     def _lifecycle(self) -> Lifecycle:
         """The container lifecycle (needs a `container` block)."""
-        from orchestrator.containers.lifecycle import Lifecycle, host_locks
+        from orchestrator.containers.lifecycle import Lifecycle
+        from orchestrator.containers.locks import host_locks
 
         if self.config.container is None:
             raise UsageError(

@@ -27,18 +27,22 @@ from orchestrator.config import (
     sshd_wanted,
 )
 from orchestrator.config.selection import select_hosts as select_hosts
+from orchestrator.config.slurm import job_state
 from orchestrator.containers.exec import (
     NOT_RUNNING_EXIT,
     container_command,
     kill_command,
+    launches_mpi,
     pidfile_of,
 )
 from orchestrator.containers.invocation import Invocation
+from orchestrator.containers.route import Sshd
 from orchestrator.errors import CvsError, Phrase, Text, UsageError, first_line, join_text
 from orchestrator.errors import HostSelectionError as HostSelectionError
 from orchestrator.events import EventSink, Message, NullSink
 from orchestrator.results import HostResult, exit_code_for
 from orchestrator.ssh.fanout import fan_out, run_on_hosts
+from orchestrator.ssh.keys import ClusterKeys, default_state_dir
 from orchestrator.ssh.seam import HostRunner, Request
 from orchestrator.ssh.stdin import ExecIO, RawOutput
 from orchestrator.ssh.streams import ExecStreams
@@ -48,9 +52,10 @@ from orchestrator.ssh.transport import SSHPool
 JOB_SCOPED = ("per_run", "per_job")
 
 if TYPE_CHECKING:
-    # Imported where used: `cvs exec` needs none of copy, probe, status or drift,
-    # and `cvs exec --host-os` none of causes, docker or limits.gpus either
-    # (tests/test_startup.py).
+    # Imported at the operations that use them (the public methods, and the
+    # few private gates tests/test_code_shape.py lists): `cvs exec` needs none
+    # of copy, probe, status or drift, and `cvs exec --host-os` none of
+    # causes, argv, limits or remote.runtime either (tests/test_startup.py).
     from orchestrator.containers.copy import Payload, Progress
     from orchestrator.containers.jobleft import Verdict
     from orchestrator.containers.lifecycle import Lifecycle
@@ -144,7 +149,8 @@ def _runner(config: ClusterConfig, sink: EventSink) -> AbstractAsyncContextManag
     processes sharing the hosts (ssh/workers/runner.py)."""
     if len(config.hosts) < 2:
         # workers.worker_count: one host is one process whatever is set;
-        # `cvs exec` on one host imports no ssh.workers (tests/test_startup.py).
+        # `cvs exec` on one host imports no ssh.workers (pickle, the frames:
+        # tests/test_startup.py), so they are imported here, past that test.
         return SSHPool(config, sink)
     from orchestrator.ssh.workers.parent import planned_workers
 
@@ -203,19 +209,22 @@ class Cluster:
         return [h.name for h in self.config.hosts]
 
     def _lifecycle(self) -> Lifecycle:
-        """The container lifecycle (needs a `container` block)."""
-        from orchestrator.containers.lifecycle import Lifecycle, host_locks
+        """The container lifecycle (needs a `container` block); the first one
+        makes the locks this Cluster holds from then on."""
+        # The gate of every operation on containers (up, down, plan, status,
+        # exec's lock): `cvs exec --host-os` loads no lifecycle, locks or
+        # probe (tests/test_startup.py).
+        from orchestrator.containers.lifecycle import Lifecycle
 
         if self.config.container is None:
             raise UsageError(
                 f"{self.config.source or 'the cluster file'}: no `container` block: "
                 "add one (image, lifetime) to manage containers"
             )
-        if self._locks is None:
-            self._locks = host_locks(self.config, self.pool, self.sink, self._invocation)
         lifecycle = Lifecycle(
             self.config, self.pool, self.sink, locks=self._locks, invocation=self._invocation
         )
+        self._locks = lifecycle.locks
         lifecycle.purpose = self.purpose
         return lifecycle
 
@@ -324,7 +333,6 @@ class Cluster:
         this Cluster's `up` did not leave ready fails with that reason.
         """
         from orchestrator.containers.provision import ensure_sshd
-        from orchestrator.ssh.keys import ClusterKeys, default_state_dir
 
         if self.config.container is None:
             raise UsageError("start_sshd: the cluster has no container block")
@@ -463,6 +471,8 @@ class Cluster:
 
     async def container_image_ids(self) -> dict[str, str]:
         """host -> the image ID its container runs; hosts not read are left out."""
+        from orchestrator.containers.inspection import normalize_image_id
+
         name = container_name(self.config)
         inspect = ["inspect", "--type", "container", "-f", "{{.Image}}", name]
 
@@ -476,8 +486,6 @@ class Cluster:
             )
 
         results = await fan_out(self.hosts, one, limit=self.config.concurrency.hosts)
-        from orchestrator.containers.inspection import normalize_image_id
-
         ids = {h: normalize_image_id(r.stdout.strip()) for h, r in results.items() if r.ok}
         return {h: i for h, i in ids.items() if _IMAGE_ID_RE.fullmatch(i)}
 
@@ -487,14 +495,12 @@ class Cluster:
         them), each with its verdict; `remove`: those whose job is over are
         removed, by ID (containers/jobleft.py). [] inside a job, and for
         no_launch and persistent (whose names carry no job)."""
-        from orchestrator.config.slurm import job_state
         from orchestrator.containers.jobleft import survey
+        from orchestrator.remote.runtime import ContainerRuntime
 
         cfg = self.config.container
         if self.config.slurm is not None or cfg is None or cfg.lifetime not in JOB_SCOPED:
             return []
-        from orchestrator.remote.runtime import ContainerRuntime
-
         flag = ContainerRuntime.unprobed(cfg.runtime, cfg.rootless).flag
         hosts = [h.name for h in self.config.hosts]
         identity = cluster_identity(self.config)
@@ -540,6 +546,8 @@ class Cluster:
             return env
         request = container.gpus
         count = request.count if isinstance(request, GPURequest) else None
+        # Only a container's environment is guarded (up, exec in a container):
+        # `cvs exec --host-os` loads no limits (tests/test_startup.py).
         from orchestrator.limits.gpus import guard_visible_devices
 
         kept, warnings = guard_visible_devices(env, request, count=count)
@@ -616,8 +624,6 @@ class Cluster:
         wait: bool = True,
         io: ExecStreams | None = None,
     ) -> dict[str, HostResult]:
-        from orchestrator.containers.route import Sshd
-
         selected = list(hosts or self.hosts)
         io = io or ExecStreams(None, None, self.pool)
         io.start(selected)
@@ -707,8 +713,6 @@ class Cluster:
         self, command: str | Sequence[str], results: dict[str, HostResult]
     ) -> dict[str, HostResult]:
         """A failed `mpirun` (or mpiexec) names the peers whose container ended."""
-        from orchestrator.containers.peers import launches_mpi
-
         return await self.name_ended_peers(results) if launches_mpi(command) else results
 
     async def name_ended_peers(self, results: dict[str, HostResult]) -> dict[str, HostResult]:
@@ -807,6 +811,9 @@ class Cluster:
         removed, runtime gone or hung), bounded by container.runtime_timeout."""
         if result.ok:
             return result
+        # Only a failed command in a container is explained: causes brings
+        # argv and limits (about 0.2 s here), which `cvs exec --host-os` and
+        # every successful command never load (tests/test_startup.py).
         from orchestrator.containers.causes import (
             container_cause,
             diagnosis_command,

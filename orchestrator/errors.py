@@ -312,17 +312,6 @@ def first_line(text: Text) -> Text:
     return Phrase(*parts)
 
 
-def without_prefix(text: Text, prefix: str) -> Text | None:
-    """`text` less `prefix` when it starts with it (a Phrase: its first part
-    does), else None: `str.removeprefix` that keeps a Phrase's parts."""
-    if isinstance(text, str):
-        return text[len(prefix) :] if text.startswith(prefix) else None
-    head = text.parts[0] if text.parts else ""
-    if not isinstance(head, str) or not head.startswith(prefix):
-        return None
-    return Phrase(head[len(prefix) :], *text.parts[1:])
-
-
 def join_text(separator: str, texts: Iterable[Text]) -> Text:
     """`separator.join(texts)`, a Phrase when any of them is one."""
     items = list(texts)

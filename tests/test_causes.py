@@ -23,8 +23,8 @@ from orchestrator.containers.causes import (
     wants_diagnosis,
     with_cause,
 )
+from orchestrator.containers.exec import launches_mpi
 from orchestrator.containers.outcome import HostOutcome, UpReport
-from orchestrator.containers.peers import launches_mpi
 from orchestrator.containers.plan.model import HostAction, Plan
 from orchestrator.results import HostResult
 from orchestrator.suites.model import Step

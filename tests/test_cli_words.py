@@ -52,7 +52,6 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
         {"--json", "--gpus"},
         "amd-smi's and rocm-smi's argv, run on the hosts; docker's own --gpus flag",
     ),
-    "containers/lifecycle.py": ({"--gpus"}, "docker's own --gpus flag, which podman lacks"),
     "containers/jobend.py": ({"--mpi"}, "srun's own --mpi flag, in the holder step's argv"),
 }
 # The sandbox is a developer's tool with one caller, `cvs sandbox` (and tests):

@@ -260,6 +260,45 @@ def test_every_lazy_exception_is_still_one() -> None:
     assert {p for p in LAZY_BOUNDARIES if not (PACKAGE / p).is_file()} == set()
 
 
+# In api.py, imports wait at the operations (its public functions and
+# methods) and at these private gates only, each shared by several operations.
+API_GATES = {
+    "_runner": "Cluster.open's worker processes (pickle, frames): a fleet only",
+    "_lifecycle": "every container operation's lifecycle, locks and probe",
+    "_guard_gpu_env": "limits, for a container's environment only (up, exec)",
+    "_explain": "causes (argv, limits) for a failed command in a container only",
+}
+
+
+def lazy_imports_by_function(tree: ast.Module) -> dict[str, list[str]]:
+    """Module-level function or method name -> the modules it imports inside."""
+    found: dict[str, list[str]] = {}
+    for node in tree.body:
+        members = node.body if isinstance(node, ast.ClassDef) else [node]
+        for member in members:
+            if isinstance(member, ast.FunctionDef | ast.AsyncFunctionDef):
+                wrapper = ast.Module(body=[member], type_ignores=[])
+                modules = [module for _, module in lazy_imports(wrapper)]
+                if modules:
+                    found.setdefault(member.name, []).extend(modules)
+    return found
+
+
+def test_the_api_imports_lazily_only_at_its_operations_and_gates() -> None:
+    """A private helper of api.py importing on its own hides a module's
+    weight from the operation that pays it: import at the top of api.py when
+    `cvs exec --host-os` may load it (tests/test_startup.py), else at the
+    operation, or name the helper a gate here, with why."""
+    tree = dict((str(p.relative_to(PACKAGE)), t) for p, t in modules())["api.py"]
+    private = {
+        name: found
+        for name, found in lazy_imports_by_function(tree).items()
+        if name.startswith("_") and not name.startswith("__") and name not in API_GATES
+    }
+    assert private == {}
+    assert set(API_GATES) <= set(lazy_imports_by_function(tree))
+
+
 def test_the_lazy_import_check_sees_methods_and_nested_functions_only() -> None:
     code = (
         "import os\n"

@@ -206,14 +206,14 @@ def test_a_container_made_by_cvs_runs_an_init_that_reaps_orphans(lab: Lab) -> No
 def test_status_notes_a_container_made_without_an_init(
     lab: Lab, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestrator.containers import lifecycle
+    from orchestrator.containers import pipeline
 
-    made = lifecycle.run_argv
+    made = pipeline.run_argv
 
     def without_init(*args: Any, **kwargs: Any) -> list[str]:
         return [a for a in made(*args, **kwargs) if a != "--init"]
 
-    monkeypatch.setattr(lifecycle, "run_argv", without_init)
+    monkeypatch.setattr(pipeline, "run_argv", without_init)
     old = Lab(lab.sb, lab.directory / "old", prefix="cvs-old", base={"sshd": {"port": 2471}})
     old.directory.mkdir()
     path = old.shared_file

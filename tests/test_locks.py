@@ -23,6 +23,7 @@ from labtools import Lab, cvs, explain, inspect, wait_for_holders
 
 from orchestrator.api import Cluster
 from orchestrator.containers.labels import LABEL_INVOCATION, LABEL_LIFETIME
+from orchestrator.containers.rollback import roll_back
 from orchestrator.sandbox import Sandbox
 
 TWO = ["node1", "node2"]
@@ -201,7 +202,7 @@ def test_rollback_removes_only_containers_this_invocation_started(
                  "sleep", "infinity"],
                 check=True, capture_output=True,
             )  # fmt: skip
-            await lc._roll_back(["node1"], states, "test")
+            await roll_back(lc.steps, lc.invocation, ["node1"], states, "test")
 
     anyio.run(main)
     doc = inspect(sandbox, "node1", lab.name)

@@ -345,12 +345,12 @@ def test_a_lifecycle_refusing_what_the_plan_did_not_fails_the_check(
     """A deliberately broken `up`: its barrier decides the GPUs again and
     refuses on its own (as `up` did with CDI before the plan made that
     decision). The agreement check must fail on it."""
-    import orchestrator.containers.lifecycle as lifecycle_module
+    import orchestrator.containers.barrier as barrier_module
 
-    def refuse(self: Lifecycle, host: str, action: Any, prepared: Any) -> Refusal:
+    def refuse(cluster: Any, cfg: Any, host: str, action: Any, prepared: Any) -> Refusal:
         return Refusal("cdi", f"{host}: decided while acting", (host,))
 
-    monkeypatch.setattr(lifecycle_module.Lifecycle, "_gpu_choice", refuse)
+    monkeypatch.setattr(barrier_module, "gpu_choice", refuse)
     config = cfg(gpus={"count": 1})
     states = {"h1": state("h1", gpus=TWO_GPUS)}
     plan, up = plan_and_up(lifecycle(config, ("h1",)), states)

@@ -24,13 +24,13 @@ from orchestrator.config.slurm import (
     SlurmError,
     SlurmJob,
     SlurmNode,
+    expand_nodes,
     job_sshd_port,
     job_state,
     parse_gpu_indices,
     parse_job,
     parse_node_addresses,
     query_job,
-    slurm_hosts,
 )
 from orchestrator.config.views import job_container_name
 from orchestrator.containers.jobend import holder_argv, holder_env, ready_nodes
@@ -80,7 +80,7 @@ def fake_scontrol(job: str = JOB, nodes: str = NODES):  # type: ignore[no-untype
         if argv[:3] == ["scontrol", "show", "hostnames"]:
             return (
                 0,
-                "".join(f"{n}\n" for n in slurm_hosts({"SLURM_NODELIST": argv[3]}, where="")),
+                "".join(f"{n}\n" for n in expand_nodes(argv[3], what="")),
                 "",
             )
         if argv[:3] == ["scontrol", "show", "node"]:
@@ -94,9 +94,9 @@ def fake_scontrol(job: str = JOB, nodes: str = NODES):  # type: ignore[no-untype
 IN_JOB = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node[1-2]"}
 
 
-def test_slurm_nodelist_expands_in_slurm_order() -> None:
-    env = {"SLURM_JOB_NODELIST": "gpu[01-03,07],login2"}
-    assert slurm_hosts(env, where="x") == ["gpu01", "gpu02", "gpu03", "gpu07", "login2"]
+def test_a_nodelist_expands_in_slurm_order() -> None:
+    expanded = expand_nodes("gpu[01-03,07],login2", what="x")
+    assert expanded == ["gpu01", "gpu02", "gpu03", "gpu07", "login2"]
 
 
 def test_job_facts_read_state_nodes_and_per_node_gres() -> None:

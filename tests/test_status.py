@@ -101,7 +101,7 @@ def test_a_question_mark_for_an_exited_container_comes_with_its_reason(
 ) -> None:
     """Issue 30: `?` with no reason for an exited container."""
     from orchestrator.cli.common import CLI_STYLE
-    from orchestrator.render.live import print_status
+    from orchestrator.render import print_status_lines
 
     exited = HostState(host="node3", access="direct", container="exited", container_status="exited")
     rows = [
@@ -114,7 +114,7 @@ def test_a_question_mark_for_an_exited_container_comes_with_its_reason(
         )
         for s in (HEALTHY, exited)
     ]
-    print_status(rows, plain=True, style=CLI_STYLE)
+    print_status_lines(rows, wide=True, style=CLI_STYLE)
     out, err = capsys.readouterr()
     table = dict(line.split(None, 1) for line in out.splitlines()[1:])
     assert "?" in table["node3"], out

@@ -26,8 +26,6 @@ from orchestrator.config.documents import ConfigError
 from orchestrator.config.hostlist import HostlistError, expand_hostlist, split_patterns
 from orchestrator.errors import Call, ExitCode, Phrase, Text
 
-# SLURM_NODELIST is the older name; both are set inside allocations today.
-NODELIST_VARIABLES = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
 JOB_ID_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID")
 HOST_SOURCES = ("slurm",)
 # Each scontrol call; slurmctld's own MessageTimeout defaults to 10 s.
@@ -102,15 +100,6 @@ def job_sshd_port(job_id: str) -> int:
     """20000 + job ID mod 10000: jobs whose IDs differ by less than 10000 (any
     two running at once on a node, in practice) get different ports."""
     return JOB_PORT_BASE + int(job_id) % JOB_PORT_SPAN
-
-
-def slurm_nodelist(env: Mapping[str, str]) -> tuple[str, str] | None:
-    """(variable name, value) of the allocation's node list, or None outside one."""
-    for name in NODELIST_VARIABLES:
-        value = env.get(name, "").strip()
-        if value:
-            return name, value
-    return None
 
 
 def slurm_job_id(env: Mapping[str, str]) -> str | None:
@@ -197,16 +186,6 @@ def expand_nodes(value: str, *, what: Text) -> list[str]:
     except HostlistError as exc:
         raise SlurmError(Phrase(what, f"={value!r} is not a hostlist: {exc}")) from None
     return list(dict.fromkeys(names))  # a node named twice is one host
-
-
-def slurm_hosts(env: Mapping[str, str], *, where: Text) -> list[str]:
-    """The allocation's host names from SLURM_JOB_NODELIST alone (no Slurm
-    asked). ConfigError (exit 2) outside an allocation."""
-    found = slurm_nodelist(env)
-    if found is None:
-        raise _outside_job(where)
-    variable, value = found
-    return expand_nodes(value, what=Phrase(where, f": {variable}"))
 
 
 def _outside_job(where: Text) -> SlurmError:

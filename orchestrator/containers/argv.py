@@ -204,13 +204,6 @@ def unpause_argv(prefix: Sequence[str], name: str) -> list[str]:
     return [*prefix, "unpause", validate_container_name(name)]
 
 
-def stop_argv(prefix: Sequence[str], name: str, *, timeout: int | None = None) -> list[str]:
-    argv = [*prefix, "stop"]
-    if timeout is not None:
-        argv += ["-t", str(int(timeout))]
-    return [*argv, validate_container_name(name)]
-
-
 # podman's flag for a registry on plain HTTP (`container.registry_tls_verify:
 # false`); docker has none (its daemon's insecure-registries decides).
 NO_TLS_VERIFY = "--tls-verify=false"

@@ -12,6 +12,7 @@ run.sh before it starts the command.
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import shlex
@@ -30,6 +31,10 @@ if TYPE_CHECKING:
 # NOT_RUNNING_EXIT of this module (tests/test_startup.py).
 
 NOT_RUNNING_EXIT = 125
+
+# What an MPI launch starts with (`cvs exec -- mpirun ...`); an `mpi: true`
+# suite step is one by definition.
+LAUNCHERS = frozenset({"mpirun", "mpiexec", "orterun", "prterun"})
 
 
 def pidfile_of(token: str) -> str:
@@ -151,3 +156,19 @@ def kill_command(
     # As root: the command may run as any user (or -u root).
     kill_argv = ["exec", "-u", "0", name, *remote.argv("kill_tree", *which)]
     return shlex.join(runtime.read(kill_argv))
+
+
+def launches_mpi(command: str | Sequence[str]) -> bool:
+    """Whether the command runs an MPI launcher (by a word of it: `mpirun`,
+    `/usr/bin/mpiexec`, inside `sh -c "..."` too)."""
+    text = command if isinstance(command, str) else " ".join(command)
+    try:
+        words = shlex.split(text)
+    except ValueError:
+        words = text.split()
+    # A word of a `sh -c` string is itself shell text: its own words count.
+    for word in words:
+        for part in word.replace(";", " ").replace("&", " ").replace("|", " ").split():
+            if os.path.basename(part) in LAUNCHERS:
+                return True
+    return False

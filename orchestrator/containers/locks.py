@@ -55,6 +55,8 @@ from typing import Any, Literal
 import anyio
 
 from orchestrator import remote
+from orchestrator.config import ClusterConfig, container_name
+from orchestrator.containers.invocation import Invocation
 from orchestrator.containers.probe import HostState, parse_probe_output
 from orchestrator.errors import ConnectError, Option, PolicyRefused, Refusal, WayOut
 from orchestrator.events import EventSink, Message
@@ -495,3 +497,22 @@ async def _drain(stream: Any) -> str:
     with anyio.move_on_after(1), contextlib.suppress(Exception):
         return str(await stream.read())
     return ""
+
+
+def host_locks(
+    cluster: ClusterConfig, pool: HostRunner, sink: EventSink, invocation: Invocation | None = None
+) -> HostLocks:
+    """The lock set for this cluster's container on its hosts; what it lets go
+    `invocation` hears of."""
+    cfg = cluster.container
+    wait = float(cfg.start_timeout) if cfg is not None else 900.0
+    return HostLocks(
+        pool,
+        sink,
+        container_name(cluster),
+        head=cluster.head_host.name,
+        wait_seconds=wait,
+        probe_seconds=cfg.runtime_timeout if cfg is not None else 30.0,
+        runtime=cfg.runtime if cfg is not None else "docker",
+        on_release=invocation.let_go if invocation is not None else None,
+    )

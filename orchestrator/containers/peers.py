@@ -10,15 +10,12 @@ OOMKilled); the decision is causes.peers_cause, pure.
 
     results = await name_ended_peers(pool, cluster, name, runtimes, results)
 
-`launches_mpi` says whether a command is an MPI launch (`cvs exec -- mpirun
-...`); an `mpi: true` suite step is one by definition.
+Whether a command is an MPI launch is containers/exec.py's `launches_mpi`.
 """
 
 from __future__ import annotations
 
-import os
-import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from orchestrator.config import ClusterConfig
 from orchestrator.containers.causes import (
@@ -33,24 +30,6 @@ from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.seam import HostRunner
-
-LAUNCHERS = frozenset({"mpirun", "mpiexec", "orterun", "prterun"})
-
-
-def launches_mpi(command: str | Sequence[str]) -> bool:
-    """Whether the command runs an MPI launcher (by a word of it: `mpirun`,
-    `/usr/bin/mpiexec`, inside `sh -c "..."` too)."""
-    text = command if isinstance(command, str) else " ".join(command)
-    try:
-        words = shlex.split(text)
-    except ValueError:
-        words = text.split()
-    # A word of a `sh -c` string is itself shell text: its own words count.
-    for word in words:
-        for part in word.replace(";", " ").replace("&", " ").replace("|", " ").split():
-            if os.path.basename(part) in LAUNCHERS:
-                return True
-    return False
 
 
 async def name_ended_peers(

@@ -1,7 +1,8 @@
 """PURE: what `cvs status` reports per host, as typed records built from a probe.
 
 `Cluster.status()` returns one `HostStatus` per host; the CLI renders them as a
-table (render.print_status) or, with `--json`, as `HostStatus.to_dict()`.
+table (render.print_status_lines, render.live.print_status_table) or, with
+`--json`, as `HostStatus.to_dict()`.
 """
 
 from __future__ import annotations

@@ -272,23 +272,6 @@ def progress_lines(hosts: Mapping[str, _HostView], *, now: float, top: int = 5) 
     return lines
 
 
-def print_status(rows: Sequence[HostStatus], *, plain: bool, style: Style = API_STYLE) -> None:
-    """The `cvs status` table; probe errors follow on stderr, one line per host."""
-    if plain:
-        data = [_header_labels(STATUS_HEADERS, rows)] + [status_cells(r) for r in rows]
-        widths = [max(len(r[i]) for r in data) for i in range(len(STATUS_HEADERS))]
-        for line in data:
-            sys.stdout.write(
-                "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() + "\n"
-            )
-    else:
-        table = Table(*STATUS_HEADERS)
-        for r in rows:
-            table.add_row(*status_cells(r))
-        Console().print(table)
-    _status_errors(rows, style=style)
-
-
 def status_table(rows: Sequence[HostStatus], *, wide: bool = False) -> Table:
     """`cvs status` as a rich table, state and health colour-coded per cell."""
 

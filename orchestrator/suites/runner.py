@@ -29,9 +29,9 @@ from orchestrator.config import ClusterConfig, ConfigError
 from orchestrator.config.documents import key_lines
 from orchestrator.config.hostlist import compress_hostlist
 from orchestrator.containers.copy import CopyError, Payload
+from orchestrator.containers.exec import launches_mpi
 from orchestrator.containers.hints import hint_for
 from orchestrator.containers.mpi import MPIHosts, host_slots, parse_hostfile
-from orchestrator.containers.peers import launches_mpi
 from orchestrator.errors import Call, ExitCode, Phrase, PolicyRefused, Text
 from orchestrator.errortext import fold_errors
 from orchestrator.events import EventSink, HostStep, Message

@@ -191,6 +191,8 @@ def _reason(exc: BaseException, ep: Endpoint, timeout: float) -> Text:
 
 
 class HostConnection(Protocol):
+    """A host's connection, which a container's is tunnelled through."""
+
     conn: asyncssh.SSHClientConnection
 
 

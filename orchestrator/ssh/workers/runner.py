@@ -15,9 +15,9 @@ The runner forwards the seam's calls and nothing else:
   come back as frames, ahead of the result.
 - `send_many`: each worker gets its whole shard at once and fans out there.
 - `held_process` (a host's or a container's): the process is opened and
-  held in the worker; the object yielded here proxies what the callers use (`stdout.readline/read`,
-  `stderr.read`, `stdin.write/drain/write_eof`, `wait`, `send_signal`,
-  `exit_status`) by frames. Writes are queued in order and never wait; a
+  held in the worker; the object yielded here proxies what the callers use
+  (`stdout.readline/read`, `stderr.read`, `stdin.write/drain/write_eof`,
+  `wait`, `send_signal`, `exit_status`) by frames. Writes are queued in order and never wait; a
   lock holder's lease renewals reach it as they would in one process.
 - an `Endpoint` target (a container's sshd) goes to its host's worker too,
   whose `SSHPool` tunnels it over its own connection to the host (one

@@ -56,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.attach import SETTLE_S, cpu_seconds, settle
 from orchestrator.api import Cluster
 from orchestrator.config import load_cluster
+from orchestrator.ssh.transport import SSHPool
 
 PATHS = ("sshd", "exec")
 # A step's paths: ours through the sshd, through `docker exec`, and the floor
@@ -104,9 +105,10 @@ async def _bare_sessions(cluster: Cluster) -> Callable[[], Awaitable[bool]]:
     ssh_exec, conns = cluster.ssh_exec, []
     for host in cluster.hosts:
         way = await ssh_exec.route(host, cluster.runtimes[host], "root")
-        if not isinstance(way, Sshd) or ssh_exec.connections is None:
+        containers = cluster.pool.containers if isinstance(cluster.pool, SSHPool) else None
+        if not isinstance(way, Sshd) or containers is None:
             raise SystemExit(f"{host}: no sshd to run a bare session on ({way})")
-        conns.append(await ssh_exec.connections.connection(ssh_exec.endpoint(host, way)))
+        conns.append(await containers.connection(ssh_exec.endpoint(host, way)))
 
     async def step() -> bool:
         done = await asyncio.gather(
@@ -136,14 +138,13 @@ async def _steps(cluster_file: Path, steps: int, bare: bool = False) -> dict[str
             if not ok:
                 raise SystemExit("a step failed")
         cpu, own = cpu_seconds() - cpu0, time.process_time() - own0
-        connections = cluster.ssh_exec.connections
-        counters = connections.counters if connections is not None else None
+        counters = cluster.ssh_exec.counters
         return {
             "walls": walls,
             "cpu": cpu,
             "own": own,
-            "connects": counters.connects if counters else 0,
-            "channels": counters.channels if counters else 0,
+            "connects": counters.connects,
+            "channels": counters.channels,
             "fell_back": dict(cluster.ssh_exec.off),
         }
 

@@ -374,13 +374,12 @@ class Cluster:
     @property
     def ssh_exec(self) -> SSHExec:
         """The containers' sshd path of this Cluster's commands (one connection
-        per container, opened on first use; `.connections.counters` counts)."""
+        per container, opened on first use, in the pool; `.counters` counts)."""
         if self._ssh_exec is None:
             from orchestrator.containers.sshexec import SSHExec
 
-            # The sshd path rides on the pool's own connections (its links and
-            # output bounds, in the hosts' workers when there are workers),
-            # not on the HostRunner seam.
+            # The sshd path's targets go through the pool's seam; the pool
+            # (SSHPool or WorkerRunner) owns the containers' connections.
             pool = cast("SSHPool | WorkerRunner", self.pool)
             self._ssh_exec = SSHExec(self.config, pool, self.sink, self._invocation)
         return self._ssh_exec

@@ -17,6 +17,9 @@ an unexpected step cannot pass for a success. An answer may take time
 a `timeout` result when that timeout has passed, as over SSH; one with no
 timeout that never ends is an error (every remote operation is bounded).
 
+A command to a container's sshd (an `Endpoint` target) is answered by the
+same rules, as its host's (`endpoints` records where each went).
+
 Every command is recorded (`calls`). The remote programs' argv (`sh -c
 PROGRAM cvs-NAME ARG…`, orchestrator/remote) is read by the program's name
 and its arguments' names (`RemoteProgram`), never by position in the argv.
@@ -35,7 +38,8 @@ import anyio
 
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
-from orchestrator.ssh.seam import Command, HostRunner, Request
+from orchestrator.ssh.seam import Command, HeldRequest, HostRunner, Request
+from orchestrator.ssh.target import Endpoint, Target, host_of
 
 __all__ = [
     "HANG",
@@ -149,6 +153,7 @@ class ScriptedHosts(HostRunner):
         self.calls: list[tuple[str, str, str]] = []  # (host, label, command text)
         self.timeouts: list[tuple[str, str, float | None]] = []  # (host, label, timeout)
         self.held: list[HeldProcess] = []
+        self.endpoints: list[Endpoint] = []  # the Endpoint targets, in order
         self._rules: dict[str, list[Rule]] = {}
         self._succeeding: set[str] = set()  # labels answered with success after every rule
 
@@ -164,8 +169,10 @@ class ScriptedHosts(HostRunner):
     def labels(self, host: str | None = None) -> list[str]:
         return [label for h, label, _ in self.calls if host is None or h == host]
 
-    async def send(self, host: str, request: Request) -> HostResult:
-        text, label, timeout = request.text, request.label, request.timeout
+    async def send(self, target: Target, request: Request) -> HostResult:
+        host, text, label, timeout = host_of(target), request.text, request.label, request.timeout
+        if isinstance(target, Endpoint):
+            self.endpoints.append(target)
         self.calls.append((host, label or "", text))
         self.timeouts.append((host, label or "", timeout))
         await anyio.sleep(0.001)  # other hosts' work goes on meanwhile, as over SSH
@@ -205,12 +212,10 @@ class ScriptedHosts(HostRunner):
         raise Unscripted(f"{host}: no answer scripted for label {label!r}: {text[:200]}")
 
     @contextlib.asynccontextmanager
-    async def held_process(
-        self, host: str, command: Command, *, encoding: str | None = "utf-8"
-    ) -> AsyncIterator[Any]:
-        text = command if isinstance(command, str) else shlex.join(command)
+    async def held_process(self, target: Target, held: HeldRequest) -> AsyncIterator[Any]:
+        host, text = host_of(target), held.text
         self.calls.append((host, "held", text))
-        program = remote_program(command)
+        program = remote_program(held.command) if isinstance(target, str) else None
         if program is None or program.name != "lock":
             raise Unscripted(f"{host}: only the lock is a held process here, not {text[:200]}")
         frames = self.lock.get(host, f"@@cvs:lock held {program.args['mode']}\n")

@@ -206,7 +206,6 @@ LAZY_EXCEPTIONS = {
     ("cli/run.py", "orchestrator.compat.runner"): "`cvs run TEST` (CVS's pytest tests): a mode",
     ("cli/run.py", "orchestrator.suites.runner"): "a suite run's SSH stack: not for --list",
     ("cli/writer.py", "tempfile"): "7 ms of every piped start: only once output spills",
-    ("containers/sshexec.py", "orchestrator.ssh.workers.runner"): "pickle and frames: a fleet only",
     ("containers/exec.py", "orchestrator.containers.argv"): "not for `cvs exec --host-os`",
     ("containers/exec.py", "orchestrator.remote.runtime"): "not for `cvs exec --host-os`",
     ("config/hostlist.py", "ClusterShell.NodeSet"): "30 ms: only when a list is folded",

@@ -23,6 +23,7 @@ import anyio
 from orchestrator.containers.locks import HostLocks
 from orchestrator.errors import PolicyRefused
 from orchestrator.events import NullSink
+from orchestrator.ssh.seam import HeldRequest
 
 
 class _Out:
@@ -66,10 +67,8 @@ class FlockModel:
 
         class Pool:
             @contextlib.asynccontextmanager
-            async def held_process(
-                self, host: str, command: str, *, encoding: str | None = "utf-8"
-            ) -> AsyncIterator[Any]:
-                argv = shlex.split(command)  # sh -c LOCK cvs-lock PATH MODE WAIT DESC LEASE
+            async def held_process(self, host: str, held: HeldRequest) -> AsyncIterator[Any]:
+                argv = shlex.split(held.text)  # sh -c LOCK cvs-lock PATH MODE WAIT DESC LEASE
                 wait = argv[6]
                 model.tries.append((who, host, wait))
                 sent = False

@@ -15,7 +15,7 @@ from orchestrator.events import OutputLine
 from orchestrator.results import HostResult
 from orchestrator.ssh.envpass import env_block, env_reader
 from orchestrator.ssh.output import LineSplitter, StreamTail, as_result_text
-from orchestrator.ssh.transport import _CommandSession
+from orchestrator.ssh.session import CommandSession
 from orchestrator.suites.records import RunOutcome, RunRecorder
 from orchestrator.suites.report import write_report
 
@@ -60,7 +60,7 @@ def test_a_command_given_up_on_has_its_output_dropped_unread() -> None:
     # A cancelled command's output keeps coming while its kill runs; decoding
     # and sending it on as lines kept the event loop from the kill's timers.
     lines: list[OutputLine] = []
-    session = _CommandSession("h1", lines.append, 1000)
+    session = CommandSession("h1", lines.append, 1000)
     session.data_received(b"kept\n", None)
     session.discard()
     session.data_received(b"dropped\nhalf", None)

@@ -36,6 +36,7 @@ import yaml
 
 from orchestrator.api import Cluster
 from orchestrator.sandbox import Sandbox, sandbox_down, sandbox_up
+from orchestrator.ssh.transport import SSHPool
 
 pytestmark = pytest.mark.sandbox
 
@@ -96,8 +97,9 @@ async def _container(cluster: Cluster) -> asyncssh.SSHClientConnection:
 
     ssh_exec = cluster.ssh_exec
     way = await ssh_exec.route("node1", cluster.runtimes["node1"], "root")
-    assert isinstance(way, Sshd) and ssh_exec.connections is not None, way
-    return await ssh_exec.connections.connection(ssh_exec.endpoint("node1", way))
+    assert isinstance(cluster.pool, SSHPool) and cluster.pool.containers is not None
+    assert isinstance(way, Sshd), way
+    return await cluster.pool.containers.connection(ssh_exec.endpoint("node1", way))
 
 
 def test_the_first_request_after_a_host_login_is_answered_without_a_delayed_ack(

@@ -11,7 +11,7 @@ import anyio
 from orchestrator.containers.pull_progress import PullProgress, PullState, clean_terminal
 from orchestrator.events import CollectingSink, ImageProgress, Message
 from orchestrator.results import HostResult
-from orchestrator.ssh.seam import Command, HostRunner, Request
+from orchestrator.ssh.seam import HostRunner, Request
 
 # What `docker pull` writes to a terminal: every layer named, then bars
 # redrawn in place (cursor up, clear line, \r).
@@ -144,7 +144,7 @@ class _NoTerminal(HostRunner):
     ) -> dict[str, HostResult]:
         return {h: await self.send(h, r) for h, r in requests.items()}
 
-    def held_process(self, host: str, command: Command, *, encoding: str | None = "utf-8") -> Any:
+    def held_process(self, target: Any, held: Any) -> Any:
         raise NotImplementedError
 
 

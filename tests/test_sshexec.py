@@ -200,8 +200,8 @@ class _Pool:
         self.scripts: list[str] = []
 
     @contextlib.asynccontextmanager
-    async def held_process(self, host: str, command: str, *, encoding: str | None = None) -> Any:
-        self.scripts.append(command)
+    async def held_process(self, host: str, held: Any) -> Any:
+        self.scripts.append(held.command)
         raise OSError("not a host")
         yield
 
@@ -309,6 +309,7 @@ def test_keys_a_cold_start_of_the_same_invocation_makes_open_the_sshd_path(
     from orchestrator.config import ClusterConfig
     from orchestrator.containers.sshexec import SSHExec
     from orchestrator.ssh.keys import USER_KEY_FILE
+    from orchestrator.ssh.transport import SSHPool
 
     config = ClusterConfig.model_validate(
         {
@@ -317,15 +318,16 @@ def test_keys_a_cold_start_of_the_same_invocation_makes_open_the_sshd_path(
             "container": {"image": "img:1", "name": "c1", "lifetime": "persistent"},
         }
     )
-    pool: Any = type("Pool", (), {"cluster": config})()
+    pool = SSHPool(config)  # nothing connects: the key is only kept
     ssh_exec = SSHExec(config, pool, sink=None)  # type: ignore[arg-type]
     assert not ssh_exec._on()  # no keys yet: docker exec
+    assert pool.containers is None
     keys = tmp_path / "keys"
     keys.mkdir()
     key = asyncssh.generate_private_key("ssh-ed25519")
     (keys / USER_KEY_FILE).write_bytes(key.export_private_key())
     assert ssh_exec._on()  # `up` made them: the next command takes the sshd
-    assert ssh_exec.connections is not None
+    assert pool.containers is not None  # the pool's, given the key
 
 
 def _keyed_config(tmp_path: Path) -> Any:
@@ -388,24 +390,20 @@ def test_a_warm_up_runs_in_the_pools_group_and_ends_with_the_pool(
     warming = anyio.Event()
     ended: list[str] = []
 
-    class NeverAnswers:
-        async def warm(self, ep: Any) -> bool:
-            warming.set()
-            try:
-                await anyio.sleep_forever()
-            finally:
-                ended.append(ep.host)
-            return True
-
-        async def aclose(self) -> None:
-            pass
+    async def never_answers(ep: Any) -> bool:
+        warming.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            ended.append(ep.host)
+        return True
 
     async def main() -> None:
         config = _keyed_config(tmp_path)
         with anyio.fail_after(5):
             async with SSHPool(config) as pool:
                 ssh_exec = SSHExec(config, pool, CollectingSink())
-                ssh_exec.connections = NeverAnswers()  # type: ignore[assignment]
+                pool.warm = never_answers  # type: ignore[method-assign]
                 ssh_exec.warm_up(["node1", "node2"])  # node2: no host key, no warm-up
                 await warming.wait()
         assert ended == ["node1"]

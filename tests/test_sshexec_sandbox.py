@@ -38,6 +38,7 @@ from orchestrator.containers.locks import LEASE_SECONDS
 from orchestrator.events import CollectingSink, Message
 from orchestrator.results import HostResult
 from orchestrator.sandbox import Sandbox, sandbox_down, sandbox_up
+from orchestrator.ssh.transport import SSHPool
 
 pytestmark = pytest.mark.sandbox
 
@@ -108,8 +109,7 @@ def _shape(results: dict[str, HostResult]) -> dict[str, tuple[Any, ...]]:
 
 
 def _channels(cluster: Cluster) -> int:
-    connections = cluster.ssh_exec.connections
-    return connections.counters.channels if connections is not None else 0
+    return cluster.ssh_exec.counters.channels
 
 
 MATRIX: dict[str, tuple[str | list[str], dict[str, Any]]] = {
@@ -266,7 +266,7 @@ def test_a_host_key_other_than_cvs_gave_is_refused_and_said_once(lab: Lab) -> No
     warnings = [e.text for e in sink.events if isinstance(e, Message) and e.level == "warning"]
     assert len(warnings) == len(HOSTS)
     assert all("host key other than the one cvs gave it: refused" in w for w in warnings)
-    counters = cluster.ssh_exec.connections.counters  # type: ignore[union-attr]
+    counters = cluster.ssh_exec.counters
     assert counters.connects == 0 and counters.failures == {"host_key": len(HOSTS)}
 
 
@@ -377,7 +377,8 @@ def test_a_thousand_steps_use_one_connection_per_container_and_leak_no_channel(
             for _ in range(steps):
                 results = await cluster.exec("true")
                 assert all(r.ok for r in results.values())
-            connections = cluster.ssh_exec.connections
+            assert isinstance(cluster.pool, SSHPool)
+            connections = cluster.pool.containers
             assert connections is not None
             links = list(connections._links.values())
             return {

@@ -32,6 +32,7 @@ from orchestrator.config.documents import ConfigError
 from orchestrator.events import CollectingSink, CommandStarted, Event, Message
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import run_on_hosts
+from orchestrator.ssh.seam import HeldRequest
 from orchestrator.ssh.transport import SSHPool
 from orchestrator.ssh.workers import parent
 from orchestrator.ssh.workers.parent import WORKERS_FROM, planned_workers, shards, worker_count
@@ -364,7 +365,7 @@ HELD = "while read l; do echo got $l; done; echo bye >&2; exit 5"
 
 async def _held_transcript(runner: Any) -> list[Any]:
     seen: list[Any] = []
-    async with runner.held_process("lo2", HELD) as p:
+    async with runner.held_process("lo2", HeldRequest(HELD)) as p:
         p.stdin.write("a\n")
         seen.append(await p.stdout.readline())
         p.stdin.write("b\n")
@@ -373,7 +374,7 @@ async def _held_transcript(runner: Any) -> list[Any]:
         p.stdin.write_eof()
         seen += [await p.stdout.read(), await p.stderr.read()]
         seen.append((await p.wait()).exit_status)
-    async with runner.held_process("lo3", "cat", encoding=None) as p:
+    async with runner.held_process("lo3", HeldRequest("cat", encoding=None)) as p:
         p.stdin.write(b"x" * 300_000)
         await p.stdin.drain()
         p.stdin.write_eof()
@@ -414,7 +415,7 @@ def test_a_worker_that_dies_ends_its_held_processes_and_names_itself_to_later_ca
         async with WorkerRunner(config(farm_file, 2), sink, workers=2) as runner:
             victim = runner.fleet.assigned["lo1"]
             other = next(h for h, w in runner.fleet.assigned.items() if w is not victim)
-            async with runner.held_process("lo1", "cat") as p:
+            async with runner.held_process("lo1", HeldRequest("cat")) as p:
                 p.stdin.write("one\n")
                 assert await p.stdout.readline() == "one\n"
                 os.kill(victim.process.pid, signal.SIGKILL)
@@ -424,7 +425,7 @@ def test_a_worker_that_dies_ends_its_held_processes_and_names_itself_to_later_ca
                 with pytest.raises(BrokenPipeError):
                     p.stdin.write("two\n")
             with pytest.raises(ConnectError) as refused:
-                async with runner.held_process("lo1", "cat"):
+                async with runner.held_process("lo1", HeldRequest("cat")):
                     pass
             seen["refused"] = refused.value.message
             seen["run"] = await runner.run("lo1", "true", label="probe")
@@ -491,8 +492,8 @@ def test_a_held_process_that_ends_in_a_worker_shows_its_exit_status_as_in_one_pr
     async def statuses(runner: Any) -> list[int | None]:
         seen = []
         async with (
-            runner.held_process("lo1", "cat") as alive,
-            runner.held_process("lo2", "exit 3") as ended,
+            runner.held_process("lo1", HeldRequest("cat")) as alive,
+            runner.held_process("lo2", HeldRequest("exit 3")) as ended,
         ):
             with anyio.move_on_after(10):
                 while ended.exit_status is None:

@@ -213,7 +213,7 @@ def test_through_workers_the_lock_is_held_and_each_container_keeps_one_connectio
             seen["first"] = {h: (r.status, r.stdout) for h, r in first.items()}
             for _ in range(3):
                 assert all(r.ok for r in (await cluster.exec("true")).values())
-            counters = cluster.ssh_exec.connections.counters  # type: ignore[union-attr]
+            counters = cluster.ssh_exec.counters
             seen["connects"], seen["channels"] = counters.connects, counters.channels
         seen["after"] = lab.holders(HOSTS)
 
@@ -237,11 +237,11 @@ def test_through_workers_a_copy_goes_through_the_containers_sshd_and_arrives_who
             assert isinstance(cluster.pool, WorkerRunner)
             await cluster.up()
             assert all(r.ok for r in (await cluster.exec("true")).values())
-            counters = cluster.ssh_exec.connections.counters  # type: ignore[union-attr]
+            counters = cluster.ssh_exec.counters
             before = counters.channels
             copied = await cluster.copy_to(Payload.from_path(payload), "/tmp/payload.bin")
             seen["copied"] = {h: r.status for h, r in copied.items()}
-            counters = cluster.ssh_exec.connections.counters  # type: ignore[union-attr]
+            counters = cluster.ssh_exec.counters
             seen["channels"] = counters.channels - before
             sums = await cluster.exec("sha256sum /tmp/payload.bin")
             seen["sums"] = {h: r.stdout.split()[0] for h, r in sums.items()}

@@ -48,7 +48,7 @@ from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.libsearch import asyncssh
-from orchestrator.ssh.seam import HostRunner
+from orchestrator.ssh.seam import HeldRequest, HostRunner
 
 if TYPE_CHECKING:
     from orchestrator.containers.sshexec import SSHExec
@@ -304,7 +304,9 @@ def _opener(
                 process = await ssh_exec.held_process(stack, way, host, argv, runtime=runtime)
                 if not isinstance(process, RuntimeExec):
                     return process
-        process = await stack.enter_async_context(pool.held_process(host, script, encoding=None))
+        process = await stack.enter_async_context(
+            pool.held_process(host, HeldRequest(script, encoding=None))
+        )
         if kill is not None:
             stack.push_async_callback(_end_unless_ended, pool, host, process, kill)
         return process

@@ -64,7 +64,7 @@ from orchestrator.remote.frames import FRAME, READY, split_lock_frames
 from orchestrator.remote.runtime import runtime_hung
 from orchestrator.ssh.envpass import new_token
 from orchestrator.ssh.fanout import fan_out
-from orchestrator.ssh.seam import HostRunner
+from orchestrator.ssh.seam import HeldRequest, HostRunner
 
 Mode = Literal["shared", "exclusive"]
 # The lock's lease (issue 22): we renew it every RENEW_SECONDS over the SSH
@@ -312,7 +312,9 @@ class HostLocks:
         command = lock_command(path, mode, wait=wait, description=self.description, probe=probe)
         stack = contextlib.AsyncExitStack()
         try:
-            process = await stack.enter_async_context(self.pool.held_process(host, command))
+            process = await stack.enter_async_context(
+                self.pool.held_process(host, HeldRequest(command))
+            )
         except ConnectError as exc:
             await stack.aclose()
             return LockAnswer(host, "unreachable", state=HostState.unreachable(host, exc.message))

@@ -63,7 +63,7 @@ from orchestrator.events import EventSink, ImageProgress, Message
 from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.libsearch import asyncssh
-from orchestrator.ssh.seam import HostRunner
+from orchestrator.ssh.seam import HeldRequest, HostRunner
 
 CHUNK = 256 * 1024
 # Progress events: at most one a second per host.
@@ -319,7 +319,7 @@ class Spread:
                 )
                 try:
                     procs[host] = await stack.enter_async_context(
-                        self.pool.held_process(host, command, encoding=None)
+                        self.pool.held_process(host, HeldRequest(command, encoding=None))
                     )
                 except (ConnectError, OSError, asyncssh.Error) as exc:
                     broken[host] = f"could not start the transfer: {exc}"

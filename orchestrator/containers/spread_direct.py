@@ -56,7 +56,7 @@ from orchestrator.errors import ConnectError
 from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.libsearch import asyncssh
-from orchestrator.ssh.seam import HostRunner
+from orchestrator.ssh.seam import HeldRequest, HostRunner
 
 # (address, sshd port) a peer reaches a host at.
 Endpoint = tuple[str, int]
@@ -170,7 +170,9 @@ class DirectHop:
         leases: dict[str, Any] = {}
         for host in hosts:
             argv = remote.argv("spread_lease", self.run_id, limit)
-            leases[host] = await stack.enter_async_context(self.pool.held_process(host, argv))
+            leases[host] = await stack.enter_async_context(
+                self.pool.held_process(host, HeldRequest(argv))
+            )
         self._held = leases
         for host, lease in leases.items():
             lines = self._setup_lines(host, host in parent)
@@ -218,7 +220,7 @@ class DirectHop:
             d = ready[src][0]
             try:
                 procs[src] = await stack.enter_async_context(
-                    self.pool.held_process(src, ["sh", f"{d}/fan.sh", d, "send"])
+                    self.pool.held_process(src, HeldRequest(["sh", f"{d}/fan.sh", d, "send"]))
                 )
             except (ConnectError, OSError, asyncssh.Error) as exc:
                 for kid in feeds[src]:

@@ -10,7 +10,9 @@ go (containers/route.py decides from the facts below, once per invocation
 per host, and `-v` says it), then runs on that way: `SSHExec.run` for the
 sshd, the `docker exec` path (containers/exec.py) for the runtime; a copy
 (containers/copy.py) takes the same route for its in-container end
-(`SSHExec.held_process`, else `docker exec -i`).
+(`SSHExec.held_process`, else `docker exec -i`). Both go through the pool's
+seam with the container's `Endpoint` as the target: the pool (`SSHPool`, or
+the worker holding the host) owns the one connection per container.
 
 Which way, from facts (containers/route.py's table):
 
@@ -64,16 +66,16 @@ from orchestrator.errors import Call, Phrase, Text
 from orchestrator.events import EventSink, HostStep, Message
 from orchestrator.remote.runtime import ContainerRuntime
 from orchestrator.results import HostResult
-from orchestrator.ssh.container_channel import ContainerConnections, Endpoint, NotStarted
 from orchestrator.ssh.envpass import env_block, new_token
 from orchestrator.ssh.keys import USER_KEY_FILE, default_state_dir
 from orchestrator.ssh.libsearch import asyncssh
-from orchestrator.ssh.seam import Request
+from orchestrator.ssh.seam import HeldRequest, Request
 from orchestrator.ssh.stdin import ExecIO
+from orchestrator.ssh.target import Counters, Endpoint, NotStarted
 
 if TYPE_CHECKING:
     from orchestrator.ssh.transport import SSHPool
-    from orchestrator.ssh.workers.runner import WorkerContainerConnections, WorkerRunner
+    from orchestrator.ssh.workers.runner import WorkerRunner
 
 _T = TypeVar("_T")
 
@@ -205,18 +207,18 @@ def read_keys(state_dir: Path, hosts: Sequence[str]) -> tuple[asyncssh.SSHKey, d
 
 
 async def _warm(
-    connections: ContainerConnections | WorkerContainerConnections,
+    pool: SSHPool | WorkerRunner,
     ep: Endpoint,
     scope: anyio.CancelScope,
     ended: anyio.Event,
 ) -> None:
-    """`connections.warm(ep)` within `scope`; `ended` set however it ends.
+    """`pool.warm(ep)` within `scope`; `ended` set however it ends.
     Never raises: a failure here is nobody's (the command that needs the
     connection tries again), and a task of the pool's group that raised
     would cancel the group's owner."""
     try:
         with scope, contextlib.suppress(Exception):
-            await connections.warm(ep)
+            await pool.warm(ep)
     finally:
         ended.set()
 
@@ -224,7 +226,8 @@ async def _warm(
 class SSHExec:
     """The sshd path of one invocation (one `Cluster`): the facts read once
     per host, the route each host's commands take (decided once, shown under
-    `-v`), the connections, and which hosts went back to `docker exec`."""
+    `-v`), and which hosts went back to `docker exec`. The connections are
+    the pool's (`SSHPool.use_container_key`)."""
 
     def __init__(
         self,
@@ -236,7 +239,6 @@ class SSHExec:
         self.config = config
         self.pool = pool
         self.sink = sink
-        self.connections: ContainerConnections | WorkerContainerConnections | None = None
         self._host_keys: dict[str, str] = {}
         # The containers' exec facts are this invocation's (containers/invocation.py).
         self.invocation = invocation or Invocation()
@@ -284,21 +286,19 @@ class SSHExec:
             self._keys_missing = True
             return False  # no keys here (yet): this state directory never brought it up
         self._keys_missing = False
-        # The worker fleet's modules (pickle, the frames) only where a fleet
-        # runs commands through the containers' sshd: `cvs status` and `up`
-        # import this module for its route facts (containers.probe).
-        from orchestrator.ssh.workers.runner import WorkerRunner
-
-        if isinstance(self.pool, WorkerRunner):
-            # Worker processes: each opens its hosts' containers' connections.
-            self.connections = self.pool.container_connections(key.export_private_key())
-        else:
-            self.connections = ContainerConnections(self.pool, key, sink=self.sink)
+        # The pool opens the containers' connections (in the hosts' workers
+        # when there are workers) and closes them with its own.
+        self.pool.use_container_key(key)
         return True
+
+    @property
+    def counters(self) -> Counters:
+        """What the pool's container connections did (all workers' summed)."""
+        return self.pool.container_counters
 
     def _closed(self) -> Text | None:
         """Why this invocation has no sshd path (None: it has one)."""
-        if self._on() and self.connections is not None:
+        if self._on():
             return None
         container = self.config.container
         if container is None or not container.sshd.exec:
@@ -316,8 +316,6 @@ class SSHExec:
         with anyio.CancelScope(shield=True), anyio.move_on_after(WARM_END_BOUND):
             for _, ended in self._warming.values():
                 await ended.wait()
-        if self.connections is not None:
-            await self.connections.aclose()
 
     def _fall_back(self, host: str, why: Text, runtime: ContainerRuntime) -> None:
         if host in self.off:
@@ -357,7 +355,7 @@ class SSHExec:
         anew; a container that is not there (a cold start) costs a refused
         connection, said nowhere."""
         container = self.config.container
-        if container is None or self._closed() is not None or self.connections is None:
+        if container is None or self._closed() is not None:
             return
         expected = ExecFacts(
             container_id="",
@@ -393,7 +391,7 @@ class SSHExec:
             if isinstance(way, Sshd):
                 scope, ended = self._warming[host] = anyio.CancelScope(), anyio.Event()
                 ep = self.endpoint(host, way)
-                background.start_soon(_warm, self.connections, ep, scope, ended)
+                background.start_soon(_warm, self.pool, ep, scope, ended)
 
     async def _warmed(self, host: str) -> None:
         """Until `host`'s warm-up (if any) has ended; a caller cancelled
@@ -412,7 +410,7 @@ class SSHExec:
         return await self.invocation.exec_facts(host, lambda: self._read_facts(host, runtime))
 
     def endpoint(self, host: str, way: Sshd) -> Endpoint:
-        """The connection `way` names, for the container connections."""
+        """The target `way` names, for the pool's seam."""
         container_id = way.container.container_id
         return Endpoint(host, way.address, way.port, way.user, way.host_key, container_id)
 
@@ -511,8 +509,6 @@ class SSHExec:
         the command: through the host's runtime (`RUNTIME exec -u 0 NAME
         kill_tree.sh`), so that it works when the connection to the sshd is
         what was lost. `io`: stdin, raw output."""
-        connections = self.connections
-        assert connections is not None  # an Sshd route is only given with them
         token = token or secrets.token_hex(6)
         cmd = ssh_command(
             command,
@@ -525,7 +521,7 @@ class SSHExec:
         request = Request(cmd.script, timeout, cmd.stdin, label=label, on_timeout=kill, io=io)
         ep = self.endpoint(host, way)
         return await self._started(
-            host, runtime, way.container, lambda: connections.send(ep, request)
+            host, runtime, way.container, lambda: self.pool.send(ep, request)
         )
 
     async def held_process(
@@ -543,20 +539,15 @@ class SSHExec:
         `stack` closes (the container's user, its environment and working
         directory: what `docker exec -i NAME ARGV` gives); a RuntimeExec when
         it could not start there, as for `run`."""
-        connections = self.connections
-        assert connections is not None  # an Sshd route is only given with them
         env = exec_env(way.container, runtime, {})
         cmd = ssh_command(argv, env, workdir=way.workdir, runtime=runtime.name)
         ep = self.endpoint(host, way)
+        held = HeldRequest(cmd.script, None, cmd.stdin or "", label, cmd.kill)
         return await self._started(
             host,
             runtime,
             way.container,
-            lambda: stack.enter_async_context(
-                connections.held_process(
-                    ep, cmd.script, stdin=cmd.stdin or "", label=label, on_end=cmd.kill
-                )
-            ),
+            lambda: stack.enter_async_context(self.pool.held_process(ep, held)),
         )
 
     async def _why(

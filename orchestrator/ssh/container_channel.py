@@ -30,8 +30,8 @@ import functools
 import shlex
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import anyio
 import asyncssh
@@ -40,47 +40,23 @@ from orchestrator.errors import Call, Option, Phrase, Text
 from orchestrator.events import CommandFinished, EventSink, NullSink, started
 from orchestrator.results import HostResult, Status
 from orchestrator.ssh import hooks
-from orchestrator.ssh.seam import Request
+from orchestrator.ssh.seam import HeldRequest, Request
 from orchestrator.ssh.segments import coalesce_writes
-from orchestrator.ssh.stdin import ExecIO
-from orchestrator.ssh.transport import (
+from orchestrator.ssh.session import (
     PREFERRED_CIPHERS,
-    SSHPool,
-    _CommandSession,
-    _fed_until_closed,
+    CommandSession,
+    fed_until_closed,
     keepalive_while_waiting,
 )
+from orchestrator.ssh.stdin import ExecIO
+from orchestrator.ssh.target import ConnectKind, Counters, Endpoint, NotStarted
+
+if TYPE_CHECKING:
+    from orchestrator.config import ClusterConfig
 
 # How long ending a command's processes through the host may take (a
 # `RUNTIME exec` of kill_tree.sh: its TERM, 0.3 s, then KILL).
 KILL_BOUND = 10.0
-
-# Why a container's sshd could not be used.
-ConnectKind = Literal["refused", "timeout", "host_key", "auth", "host", "protocol"]
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """One container's sshd as reached from its host (all of it checked by the caller)."""
-
-    host: str  # the cluster's name for the host
-    address: str  # as the host sees it (127.0.0.1 with host networking)
-    port: int
-    username: str  # root, or the image's user
-    host_key: str  # `ssh-ed25519 AAAA...`: the only key accepted
-    # What the connection was opened to (for messages); not compared: a
-    # connection opened before the probe named the container serves it.
-    container_id: str = field(default="", compare=False)
-
-
-class NotStarted(Exception):
-    """The command did not start: no connection to the sshd, or no channel on it."""
-
-    def __init__(self, host: str, kind: ConnectKind, reason: Text) -> None:
-        super().__init__(reason)
-        self.host = host
-        self.kind = kind
-        self.reason = reason
 
 
 @dataclass
@@ -90,17 +66,6 @@ class _Link:
     channels: anyio.Semaphore
     control: anyio.Semaphore
     active: int = 0
-
-
-@dataclass
-class Counters:
-    """What the connections did (for the leak tests and the benchmark)."""
-
-    connects: int = 0  # handshakes that succeeded
-    channels: int = 0  # command channels opened
-    open_channels: int = 0  # command channels open right now
-    closed_links: int = 0  # connections found closed and dropped
-    failures: dict[str, int] = field(default_factory=dict)  # by ConnectKind
 
 
 _T = TypeVar("_T")
@@ -225,12 +190,32 @@ def _reason(exc: BaseException, ep: Endpoint, timeout: float) -> Text:
     return f"{where} could not be reached: {text or type(exc).__name__}"
 
 
+class HostConnection(Protocol):
+    """A host's connection, which a container's is tunnelled through."""
+
+    conn: asyncssh.SSHClientConnection
+
+
+class Hosts(Protocol):
+    """What the container connections need of the hosts' (SSHPool, their owner)."""
+
+    cluster: ClusterConfig
+    output_tail: int
+
+    async def link(self, host: str) -> HostConnection: ...
+
+    def host_open(self, host: str) -> bool: ...
+
+    async def run_control(self, host: str, script: str, *, bound: float = 5.0) -> str | None: ...
+
+
 class ContainerConnections:
-    """At most one connection per container (and login user) for an invocation."""
+    """At most one connection per container (and login user) for an
+    invocation, owned by the pool of its hosts' connections (`SSHPool`)."""
 
     def __init__(
         self,
-        pool: SSHPool,
+        pool: Hosts,
         client_key: asyncssh.SSHKey,
         *,
         sink: EventSink | None = None,
@@ -255,6 +240,11 @@ class ContainerConnections:
             for link in links:
                 with anyio.move_on_after(2), contextlib.suppress(Exception):
                     await link.conn.wait_closed()
+
+    def use_key(self, client_key: asyncssh.SSHKey) -> None:
+        """The key connections opened from now on log in with (a cold start
+        of this invocation made the cluster's keys since)."""
+        self._key = client_key
 
     def drop(self, ep: Endpoint) -> None:
         """Forget (and close) the connection to `ep`'s container."""
@@ -371,10 +361,10 @@ class ContainerConnections:
                 text,
                 label,
                 link.conn.create_session(
-                    lambda: _CommandSession(ep.host, emit, tail, raw), text, encoding=None
+                    lambda: CommandSession(ep.host, emit, tail, raw), text, encoding=None
                 ),
             )
-            session = cast(_CommandSession, client_session)
+            session = cast(CommandSession, client_session)
             try:
                 async with self._waiting_on(link):
                     result = await self._wait(
@@ -402,28 +392,25 @@ class ContainerConnections:
         return opened
 
     @contextlib.asynccontextmanager
-    async def held_process(
-        self,
-        ep: Endpoint,
-        text: str,
-        *,
-        stdin: str = "",
-        label: str | None = None,
-        on_end: str | None = None,
-    ) -> AsyncIterator[asyncssh.SSHClientProcess[bytes]]:
-        """Shell text `text` in `ep`'s container as a process whose bytes the
-        block streams (a copy's in-container end), `stdin` written first (an
-        environment block). Raises NotStarted, before the block, when it could
-        not start. However the block ends, the process ends as `_end_process`
-        says (`on_end`: what kills it, run when it has not ended)."""
+    async def held_process(self, ep: Endpoint, held: HeldRequest) -> AsyncIterator[Any]:
+        """`held.command` (shell text) in `ep`'s container as a process the
+        block streams (a copy's in-container end, in bytes with `encoding`
+        None), `held.stdin` written first (an environment block). Raises
+        NotStarted, before the block, when it could not start. However the
+        block ends, the process ends as `_end_process` says (`on_end`: what
+        kills it, run when it has not ended)."""
         link = await self._link(ep)
+        text, stdin, on_end = held.text, held.stdin, held.end_text
         async with link.channels:
             process = await self._opened(
-                ep, text, label, link.conn.create_process(text, encoding=None)
+                ep,
+                text,
+                held.label,
+                link.conn.create_process(text, encoding=held.encoding, errors="replace"),
             )
             try:
                 if stdin:
-                    process.stdin.write(stdin.encode())
+                    process.stdin.write(stdin.encode() if held.encoding is None else stdin)
                 async with self._waiting_on(link):
                     yield process
             finally:
@@ -432,7 +419,7 @@ class ContainerConnections:
                 self.counters.open_channels -= 1
 
     async def _end_process(
-        self, link: _Link, process: asyncssh.SSHClientProcess[bytes], on_end: str | None
+        self, link: _Link, process: asyncssh.SSHClientProcess[Any], on_end: str | None
     ) -> None:
         """A held process's end, as `SSHPool.held_process` ends one under
         `docker exec -i`: its stdin closed (a copy's receiving end then removes
@@ -454,7 +441,7 @@ class ContainerConnections:
         self,
         link: _Link,
         chan: asyncssh.SSHClientChannel[bytes],
-        session: _CommandSession,
+        session: CommandSession,
         timeout: float,
         input: str | bytes | None,
         on_timeout: str | None,
@@ -467,7 +454,7 @@ class ContainerConnections:
                 with contextlib.suppress(asyncssh.Error, OSError):
                     if input is not None:
                         chan.write(input.encode() if isinstance(input, str) else input)
-                await _fed_until_closed(chan, session, io.stdin)
+                await fed_until_closed(chan, session, io.stdin)
         except TimeoutError:
             ended = await self._kill(link, chan, session, on_timeout)
             chan.close()
@@ -497,9 +484,8 @@ class ContainerConnections:
         `unreachable` when the host's own connection went too."""
         ep = link.endpoint
         self.drop(ep)
-        host_link = self.pool._links.get(ep.host)
         why = f": {exc}" if exc is not None else ""
-        if host_link is None or host_link.conn.is_closed():
+        if not self.pool.host_open(ep.host):
             return "unreachable", None, f"connection to {ep.host} lost while running{why}"
         ended = await self._end_on_host(ep.host, on_timeout)
         return (
@@ -532,7 +518,7 @@ class ContainerConnections:
         self,
         link: _Link,
         chan: asyncssh.SSHClientChannel[bytes],
-        session: _CommandSession,
+        session: CommandSession,
         on_timeout: str | None,
     ) -> str:
         """TERM the session's process group, KILL if it lingers, then

@@ -2,8 +2,11 @@
 
 Everything above this layer (the lifecycle, the locks, provisioning) decides
 *what* to run, as argv or shell text, and reads back a `HostResult` or a held
-process's output; `HostRunner` is all it needs of *how*. `SSHPool`
-implements it over one asyncssh connection per host; a scripted fake
+process's output; `HostRunner` is all it needs of *how*. A command goes to
+a target (ssh/target.py): a host, or a container's sshd (`Endpoint`, the way
+containers/route.py chose). `SSHPool` implements it over one asyncssh
+connection per host and one per container, tunnelled through its host's
+(ssh/container_channel.py); a scripted fake
 (`orchestrator/testing.py`, shipped with the package) implements it too,
 so rollback, the barrier, lock conversion, timeouts and partial failures
 are tested without root or hosts, the way
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.results import HostResult
+from orchestrator.ssh.target import Target
 
 if TYPE_CHECKING:
     from orchestrator.ssh.stdin import ExecIO
@@ -63,20 +67,54 @@ class Request:
         return self.command if isinstance(self.command, str) else shlex.join(self.command)
 
 
+@dataclass(frozen=True)
+class HeldRequest:
+    """One process held open while a block runs (a lock holder, a copy's
+    end): what to run and how, for `HostRunner.held_process`.
+
+    `encoding` None: its streams carry bytes (a copy's). `stdin` is written
+    to it first (a container's environment block). `on_end` (a container's
+    only) is what ends it when it has not exited once its stdin closed: the
+    containers' sshd takes no channel signals for root; a host's process
+    ends with its channel. `label` names it in the events ("held" by default).
+    """
+
+    command: Command
+    encoding: str | None = "utf-8"
+    stdin: str = ""
+    label: str | None = None
+    on_end: Command | None = None
+
+    @property
+    def text(self) -> str:
+        """The command as the remote shell reads it."""
+        return self.command if isinstance(self.command, str) else shlex.join(self.command)
+
+    @property
+    def end_text(self) -> str | None:
+        """`on_end` as shell text."""
+        end = self.on_end
+        return end if end is None or isinstance(end, str) else shlex.join(end)
+
+
 class HostRunner(abc.ABC):
     """Run commands on the cluster's hosts: `SSHPool`, `WorkerRunner`, the
-    scripted fake. An implementation writes `send`, `send_many` and
-    `held_process`; `run` and `run_many`, the keyword forms most callers
-    use, build the Requests here, the one place their keywords are spelled."""
+    scripted fake. A target is a host's name or a container's `Endpoint`.
+    An implementation writes `send`, `send_many` and `held_process`; `run`
+    and `run_many`, the keyword forms most callers use, build the Requests
+    here, the one place their keywords are spelled."""
 
     # Whether `Request.io`'s raw callback and `Request.pty` are served in
     # this process (SSHPool); a runner that sends requests elsewhere cannot.
     raw_output: bool = False
 
     @abc.abstractmethod
-    async def send(self, host: str, request: Request) -> HostResult:
-        """Run `request` on `host` and wait for it: never raises for the
-        host's sake (unreachable, failed, timed out: the result says)."""
+    async def send(self, target: Target, request: Request) -> HostResult:
+        """Run `request` on `target` and wait for it: never raises for a
+        host's sake (unreachable, failed, timed out: the result says). For an
+        `Endpoint`, raises `NotStarted` (ssh/target.py) when the command could
+        not start there (the caller takes another way); once started, the
+        result says how it ended, as for a host."""
 
     @abc.abstractmethod
     async def send_many(
@@ -87,13 +125,12 @@ class HostRunner(abc.ABC):
         order. Never raises for a host's sake, as `send`."""
 
     @abc.abstractmethod
-    def held_process(
-        self, host: str, command: Command, *, encoding: str | None = "utf-8"
-    ) -> AbstractAsyncContextManager[Any]:
+    def held_process(self, target: Target, held: HeldRequest) -> AbstractAsyncContextManager[Any]:
         """A remote process kept running while the block runs (a lock
         holder, a copy's stream): `.stdout.readline()`, `.stdin.write()`,
-        `.stderr.read()`, `.wait()`. Raises ConnectError when the host is not
-        reached; on exit its stdin is closed."""
+        `.stderr.read()`, `.wait()`. Raises ConnectError when a host is not
+        reached (NotStarted for an `Endpoint`, before the block); on exit its
+        stdin is closed."""
 
     async def run(
         self,

@@ -17,12 +17,11 @@ import functools
 import os
 import random
 import shlex
-import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import anyio
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
@@ -39,40 +38,32 @@ from orchestrator.events import (
     EventSink,
     Message,
     NullSink,
-    OutputLine,
     started,
 )
 from orchestrator.results import HostResult, Status
 from orchestrator.ssh import hooks
 from orchestrator.ssh.admission import AdmissionGate, AimdWindow
+from orchestrator.ssh.container_channel import ContainerConnections
 from orchestrator.ssh.envpass import env_block, env_reader, new_token
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.keys import load_identities, strict_known_hosts
 from orchestrator.ssh.libsearch import asyncssh
-from orchestrator.ssh.output import (
-    BytesTail,
-    LineSplitter,
-    MarkingDecoder,
-    StreamTail,
-    as_result_text,
-)
 from orchestrator.ssh.resolver import widen_default_executor
-from orchestrator.ssh.seam import Command, HostRunner, Request
+from orchestrator.ssh.seam import Command, HeldRequest, HostRunner, Request
 from orchestrator.ssh.segments import acknowledge_promptly, coalesce_writes, tcp_socket
+from orchestrator.ssh.session import (
+    PREFERRED_CIPHERS,
+    CommandSession,
+    fed_until_closed,
+    keepalive_while_waiting,
+)
 from orchestrator.ssh.sshconfig import config_route, sshd_key
-from orchestrator.ssh.stdin import ExecIO, RawOutput
+from orchestrator.ssh.stdin import ExecIO
+from orchestrator.ssh.target import Counters, Endpoint, NotStarted, Target
 
 if TYPE_CHECKING:
-    from anyio.abc import ObjectReceiveStream, TaskGroup
+    from anyio.abc import TaskGroup
     from tenacity import RetryCallState
-
-PREFERRED_CIPHERS = [
-    "aes128-gcm@openssh.com",
-    "aes256-gcm@openssh.com",
-    "aes128-ctr",
-    "aes256-ctr",
-    "chacha20-poly1305@openssh.com",
-]
 
 
 # How a connect attempt ended, as the error words say it. Only `timeout` and
@@ -276,34 +267,11 @@ class _HostLink:
     active: int = 0
 
 
-class KeptAlive(Protocol):
-    """A connection and how many commands wait on it right now."""
-
-    conn: asyncssh.SSHClientConnection
-    active: int
-
-
-@contextlib.asynccontextmanager
-async def keepalive_while_waiting(link: KeptAlive, interval: float) -> AsyncIterator[None]:
-    """Keepalives on `link` (every `interval` s, 0: none) while the block waits
-    on it. An idle connection needs none (the next command notices a dead one
-    within the bound), and they cost: 5000 connections kept open through a long
-    fan-out sent 82 000 keepalives, a third of our CPU."""
-    if interval and link.active == 0:
-        with contextlib.suppress(asyncssh.Error, OSError):
-            link.conn.set_keepalive(interval)
-    link.active += 1
-    try:
-        yield
-    finally:
-        link.active -= 1
-        if interval and link.active == 0:
-            with contextlib.suppress(asyncssh.Error, OSError):
-                link.conn.set_keepalive(0)
-
-
 class SSHPool(HostRunner):
-    """Connections to a cluster's hosts, opened lazily, one per host, reused."""
+    """Connections to a cluster's hosts, opened lazily, one per host, reused;
+    and to their containers' sshd (`Endpoint` targets), one per container,
+    tunnelled through the host's (ssh/container_channel.py), once the
+    cluster's key is given (`use_container_key`)."""
 
     raw_output = True
 
@@ -340,6 +308,36 @@ class SSHPool(HostRunner):
         self.jump_connects = 0  # handshakes with jump hosts that succeeded (for the tests)
         self._stack = contextlib.AsyncExitStack()
         self._background: TaskGroup | None = None
+        # The containers' sshd connections, once their key is given.
+        self.containers: ContainerConnections | None = None
+
+    def use_container_key(self, key: asyncssh.SSHKey) -> None:
+        """The cluster's user key, which the containers' sshd accept: commands
+        to an `Endpoint` can start from now on (a second key, made by a cold
+        start of this invocation, serves the connections opened after it)."""
+        if self.containers is None:
+            self.containers = ContainerConnections(self, key, sink=self.sink)
+        else:
+            self.containers.use_key(key)
+
+    @property
+    def container_counters(self) -> Counters:
+        """What the container connections did so far (zeros: none yet)."""
+        return self.containers.counters if self.containers is not None else Counters()
+
+    def _containers(self, ep: Endpoint) -> ContainerConnections:
+        if self.containers is None:
+            raise NotStarted(ep.host, "host", "no key for the containers' sshd was given")
+        return self.containers
+
+    async def warm(self, ep: Endpoint) -> bool:
+        """Connect to `ep`'s sshd ahead of its first command (ContainerConnections.warm)."""
+        return await self._containers(ep).warm(ep)
+
+    def host_open(self, host: str) -> bool:
+        """Whether `host`'s connection is open now."""
+        link = self._links.get(host)
+        return link is not None and not link.conn.is_closed()
 
     async def __aenter__(self) -> SSHPool:
         if self.cluster.ssh.identity_files:
@@ -370,6 +368,9 @@ class SSHPool(HostRunner):
             await self._stack.aclose()
         finally:  # also when a cancellation reached us while the group ended
             with anyio.CancelScope(shield=True):
+                # First: they are channels of the hosts' connections.
+                if self.containers is not None:
+                    await self.containers.aclose()
                 for link in self._links.values():
                     link.conn.close()
                 for link in self._links.values():
@@ -734,15 +735,19 @@ class SSHPool(HostRunner):
 
     # -- running ------------------------------------------------------------
 
-    async def send(self, host: str, request: Request) -> HostResult:
-        """Run `request` on `host` and wait for it (see `Request`): the
+    async def send(self, target: Target, request: Request) -> HostResult:
+        """Run `request` on `target` and wait for it (see `Request`); an
+        `Endpoint`'s goes to its container's connection (NotStarted when it
+        could not start: ContainerConnections.send). On a host: the
         command is an argv list (quoted here with `shlex.join`) or a shell
         string that the caller built from quoted pieces; cancellation kills
         the remote side too. Never raises for remote failures: the result's
         status says what happened. `request.io` streams stdin to it after
         `input` and takes its output as bytes (ssh/stdin.py).
         """
-        label, io = request.label, request.io
+        if isinstance(target, Endpoint):
+            return await self._containers(target).send(target, request)
+        host, label, io = target, request.label, request.io
         text = request.text
         timeout = self.cluster.ssh.command_timeout if request.timeout is None else request.timeout
         start = time.monotonic()
@@ -795,7 +800,7 @@ class SSHPool(HostRunner):
         tail = self.output_tail
         try:
             chan, client_session = await link.conn.create_session(
-                lambda: _CommandSession(host, emit, tail, io.raw),
+                lambda: CommandSession(host, emit, tail, io.raw),
                 text,
                 encoding=None,
                 **(_PTY if request.pty else {}),
@@ -810,8 +815,8 @@ class SSHPool(HostRunner):
                 error=f"could not open a channel: {exc}",
             )
         # asyncssh types the session as SSHClientSession whatever the factory
-        # makes; it is the _CommandSession made above.
-        session = cast(_CommandSession, client_session)
+        # makes; it is the CommandSession made above.
+        session = cast(CommandSession, client_session)
         status: Status = "ok"
         error: str | None = None
         try:
@@ -820,7 +825,7 @@ class SSHPool(HostRunner):
                     chan.write(prefix.encode())
                 if input is not None:
                     chan.write(input.encode() if isinstance(input, str) else input)
-                await _fed_until_closed(chan, session, io.stdin)
+                await fed_until_closed(chan, session, io.stdin)
         except TimeoutError:
             status, error = "timeout", f"timed out after {timeout:g}s; remote process killed"
             await self._kill(link, chan, session, on_timeout)
@@ -863,22 +868,29 @@ class SSHPool(HostRunner):
         return f"connection lost while running {what}: {exc}"
 
     @contextlib.asynccontextmanager
-    async def held_process(
-        self, host: str, command: Command, *, encoding: str | None = "utf-8"
-    ) -> AsyncIterator[Any]:
+    async def held_process(self, target: Target, held: HeldRequest) -> AsyncIterator[Any]:
         """A remote process kept running while the block runs (e.g. one holding a lock).
 
         Yields the asyncssh process (read its stdout for what it reports;
-        `encoding=None` for bytes, as a file copy streams them).
+        `encoding` None for bytes, as a file copy streams them).
         On exit its stdin is closed, which ends a process waiting on it, and
-        the channel is closed. Raises ConnectError when the host is not reached.
+        the channel is closed. Raises ConnectError when the host is not reached;
+        an `Endpoint`'s is ContainerConnections.held_process (NotStarted).
         """
-        text = command if isinstance(command, str) else shlex.join(command)
+        if isinstance(target, Endpoint):
+            async with self._containers(target).held_process(target, held) as process:
+                yield process
+            return
+        if held.on_end is not None:
+            raise ValueError("a host's held process ends with its channel: no on_end")
+        host, text = target, held.text
         link = await self.link(host)
         async with link.channels, self._waiting_on(link):
-            self.sink.emit(started(host, text, "held"))
-            process = await link.conn.create_process(text, encoding=encoding, errors="replace")
+            self.sink.emit(started(host, text, held.label or "held"))
+            process = await link.conn.create_process(text, encoding=held.encoding, errors="replace")
             try:
+                if held.stdin:
+                    process.stdin.write(held.stdin if held.encoding else held.stdin.encode())
                 yield process
             finally:
                 with (
@@ -909,7 +921,7 @@ class SSHPool(HostRunner):
         self,
         link: _HostLink,
         chan: asyncssh.SSHClientChannel[bytes],
-        session: _CommandSession,
+        session: CommandSession,
         on_timeout: Command | None,
     ) -> None:
         """Stop the command: TERM its process group, then KILL if it lingers.
@@ -948,171 +960,3 @@ _PTY: dict[str, Any] = {
         asyncssh.PTY_IXON: 0,
     },
 }
-
-
-class _CommandSession(asyncssh.SSHClientSession[bytes]):
-    """One command's output, straight from asyncssh's callbacks: streamed as
-    `OutputLine` events (or handed on as bytes: `raw`) and kept as a bounded
-    tail per stream; and its stdin, fed from `cvs exec`'s (ssh/stdin.py).
-
-    The channel carries bytes: output is decoded here, each byte that is not
-    UTF-8 text shown as a `\\xNN` escape and counted (ssh/output.py), never
-    replaced silently. Callbacks instead of reader tasks: a fan-out over
-    hundreds of reused connections spends its time here, and tasks per
-    channel doubled it.
-    """
-
-    def __init__(
-        self,
-        host: str,
-        emit: Callable[[OutputLine], None] | None,
-        tail: int,
-        raw: RawOutput | None = None,
-    ) -> None:
-        self.host = host
-        self.raw = raw
-        self.tails = {"stdout": StreamTail(tail), "stderr": StreamTail(tail)}
-        self.byte_tails = {"stdout": BytesTail(tail), "stderr": BytesTail(tail)}
-        self.decoders = {"stdout": MarkingDecoder(), "stderr": MarkingDecoder()}
-        self.splitters: dict[str, LineSplitter] = {}
-        if emit is not None and raw is None:
-            for stream in ("stdout", "stderr"):
-                self.splitters[stream] = LineSplitter(self._emitter(emit, stream))
-        self.exit_code: int | None = None
-        self.lost: Exception | None = None
-        self.closed = anyio.Event()
-        self.discarding = False
-        self._writable = anyio.Event()
-        self._writable.set()
-
-    def _emitter(
-        self, emit: Callable[[OutputLine], None], stream: str
-    ) -> Callable[[str, bool], None]:
-        host = self.host
-
-        def line(text: str, continues: bool) -> None:
-            emit(OutputLine(host=host, stream=stream, line=text, continues=continues))  # type: ignore[arg-type]
-
-        return line
-
-    def discard(self) -> None:
-        """Drop what the command prints from now on: cvs gave up on it (a
-        cancellation), so nobody reads it, and a chatty command's output,
-        decoded and sent on as lines while its kill runs, kept the event loop
-        busy enough to delay the kill's own timers by seconds (four hosts
-        printing `seq 1 300000`: 11 s from the cancel to the kill's end)."""
-        self.discarding = True
-
-    def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
-        if self.discarding:
-            return
-        stream = "stderr" if datatype == asyncssh.EXTENDED_DATA_STDERR else "stdout"
-        if self.raw is not None:
-            # As they came: kept as bytes, decoded (the tail only) at the end.
-            self.byte_tails[stream].add(data)
-            self.raw(stream, data)
-            return
-        self._text(stream, self.decoders[stream].decode(data))
-
-    def _text(self, stream: str, text: str) -> None:
-        self.tails[stream].add(text)
-        splitter = self.splitters.get(stream)
-        if splitter is not None:
-            splitter.feed(text)
-
-    def pause_writing(self) -> None:
-        self._writable = anyio.Event()
-
-    def resume_writing(self) -> None:
-        self._writable.set()
-
-    async def feed(
-        self, chan: asyncssh.SSHClientChannel[bytes], source: ObjectReceiveStream[bytes]
-    ) -> None:
-        """Write what `source` brings (this host's share of the stdin feed)
-        to the command's stdin, no faster than the channel drains, then close
-        it. Closing `source` however this ends drops the host from the feed;
-        a command that ended before reading it all is no error."""
-        async with source:
-            with contextlib.suppress(asyncssh.Error, OSError):
-                async for data in source:
-                    chan.write(data)
-                    await self._writable.wait()
-                chan.write_eof()
-
-    def result(
-        self, status: Status, exit_code: int | None, error: str | None, start: float
-    ) -> HostResult:
-        """The command's result: how it ended (the caller's reading), its kept
-        tails and what they dropped (bytes when handed on raw, else
-        characters), what was not text, and the time since `start`."""
-        kept: dict[str, tuple[str, int, int]] = {}
-        for stream in ("stdout", "stderr"):
-            if self.raw is not None:
-                decoder, tail = MarkingDecoder(), self.byte_tails[stream]
-                text = decoder.decode(tail.data(), final=True)
-                kept[stream] = (_one_newline_off(text), tail.dropped, decoder.not_text)
-            else:
-                chars, bad = self.tails[stream], self.decoders[stream].not_text
-                kept[stream] = (as_result_text(chars), chars.dropped, bad)
-        (out, out_dropped, out_bad), (err, err_dropped, err_bad) = kept["stdout"], kept["stderr"]
-        return HostResult(
-            self.host,
-            status,
-            exit_code=exit_code,
-            stdout=out,
-            stderr=err,
-            duration=time.monotonic() - start,
-            error=error,
-            stdout_dropped=out_dropped,
-            stderr_dropped=err_dropped,
-            stdout_not_text=out_bad,
-            stderr_not_text=err_bad,
-        )
-
-    def exit_status_received(self, status: int) -> None:
-        self.exit_code = status
-
-    def exit_signal_received(self, signal: str, core_dumped: bool, msg: str, lang: str) -> None:
-        self.exit_code = 128 + _signal_number(signal)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.discarding:
-            for stream, decoder in self.decoders.items():
-                if self.raw is None:
-                    self._text(stream, decoder.flush())
-            for splitter in self.splitters.values():
-                splitter.flush()
-        self.lost = exc
-        self.closed.set()
-
-
-async def _fed_until_closed(
-    chan: asyncssh.SSHClientChannel[bytes],
-    session: _CommandSession,
-    stdin: ObjectReceiveStream[bytes] | None,
-) -> None:
-    """Until the command ends: its stdin closed at once, or fed from `stdin`
-    (then closed) while it runs; what it did not read when it ended is moot."""
-    if stdin is None:
-        # A command may end before it reads its stdin (a working directory it
-        # could not enter): the channel may be closing already.
-        with contextlib.suppress(asyncssh.Error, OSError):
-            chan.write_eof()
-        await session.closed.wait()
-        return
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(session.feed, chan, stdin)
-        await session.closed.wait()
-        tg.cancel_scope.cancel()
-
-
-def _one_newline_off(text: str) -> str:
-    return text[:-1] if text.endswith("\n") else text
-
-
-def _signal_number(name: str) -> int:
-    try:
-        return int(signal.Signals[f"SIG{name}"])
-    except KeyError:
-        return 0

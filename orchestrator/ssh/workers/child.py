@@ -35,9 +35,9 @@ from anyio.abc import TaskGroup
 from orchestrator.errors import ConnectError
 from orchestrator.events import Event
 from orchestrator.results import HostResult
-from orchestrator.ssh.container_channel import ContainerConnections, NotStarted
 from orchestrator.ssh.fanout import fan_out
 from orchestrator.ssh.libsearch import asyncssh
+from orchestrator.ssh.target import Endpoint, NotStarted
 from orchestrator.ssh.transport import SSHPool
 from orchestrator.ssh.workers import frames as f
 
@@ -67,7 +67,7 @@ class _Held:
 
 
 class Child:
-    """What one worker serves: its pool, its held processes, its container sshd connections."""
+    """What one worker serves: its pool (hosts and their containers' sshd), its held processes."""
 
     def __init__(self, pool: SSHPool, limit: int, out: IO[bytes], tg: TaskGroup) -> None:
         self.out = out
@@ -76,7 +76,6 @@ class Child:
         self.pool = pool
         self.scopes: dict[int, anyio.CancelScope] = {}  # fan-outs and calls, by id
         self.held: dict[int, _Held] = {}
-        self.containers: ContainerConnections | None = None  # once the parent sends Keys
 
     def send(self, frame: f.ToParent) -> None:
         f.write_frame(self.out, frame)
@@ -158,20 +157,9 @@ class Child:
             case f.RunOp():
                 return await self.pool.send(op.host, op.request)
             case f.HeldOpen():
-                host, text, encoding = op.host, op.text, op.encoding
-                await self._open_held(
-                    op.hid, lambda: self.pool.held_process(host, text, encoding=encoding)
-                )
-                return None
-            case f.ContainerHeldOpen():
-                containers = self._containers()
-                await self._open_held(
-                    op.hid,
-                    lambda: containers.held_process(
-                        op.ep, op.text, stdin=op.stdin, label=op.label, on_end=op.on_end
-                    ),
-                )
-                return containers.counters
+                target, request = op.target, op.held
+                await self._open_held(op.hid, lambda: self.pool.held_process(target, request))
+                return self.pool.container_counters if isinstance(target, Endpoint) else None
             case f.HeldRead():
                 process = self._process(op.hid)
                 reader = process.stdout if op.stream == "stdout" else process.stderr
@@ -191,12 +179,10 @@ class Child:
                     await held.ended.wait()
                 return None
             case f.ContainerRun():
-                containers = self._containers()
-                result = await containers.send(op.ep, op.request)
-                return result, containers.counters
+                result = await self.pool.send(op.ep, op.request)
+                return result, self.pool.container_counters
             case f.ContainerWarm():
-                containers = self._containers()
-                return await containers.warm(op.ep), containers.counters
+                return await self.pool.warm(op.ep), self.pool.container_counters
             case _:
                 assert_never(op)
 
@@ -267,13 +253,8 @@ class Child:
     # -- commands through a container's sshd ----------------------------------------------
 
     def keys(self, private_key: bytes) -> None:
-        key = asyncssh.import_private_key(private_key)
-        self.containers = ContainerConnections(self.pool, key, sink=self.pool.sink)
-
-    def _containers(self) -> ContainerConnections:
-        if self.containers is None:
-            raise ConnectionError("no key for the containers' sshd was sent")
-        return self.containers
+        """The containers' key: the pool connects to their sshd (and closes them)."""
+        self.pool.use_container_key(asyncssh.import_private_key(private_key))
 
     async def aclose(self) -> None:
         for held in list(self.held.values()):
@@ -281,8 +262,6 @@ class Child:
         for held in list(self.held.values()):
             with anyio.move_on_after(10):
                 await held.ended.wait()
-        if self.containers is not None:
-            await self.containers.aclose()
 
 
 async def serve(stdin: IO[bytes], out: IO[bytes]) -> None:

@@ -24,11 +24,11 @@ from typing import IO, TYPE_CHECKING, Literal
 from orchestrator.errors import Text
 from orchestrator.events import Event
 from orchestrator.results import HostResult, Status
-from orchestrator.ssh.seam import Request
+from orchestrator.ssh.seam import HeldRequest, Request
 
 if TYPE_CHECKING:
     from orchestrator.config import ClusterConfig
-    from orchestrator.ssh.container_channel import ConnectKind, Endpoint
+    from orchestrator.ssh.target import ConnectKind, Endpoint, Target
 
 HEADER = struct.Struct("!I")
 
@@ -73,24 +73,12 @@ class RunOp:
 
 @dataclass(frozen=True)
 class HeldOpen:
-    """`SSHPool.held_process`, held under id `hid` until `HeldClose`."""
+    """`SSHPool.held_process` (a host's or a container's), held under id
+    `hid` until `HeldClose`; answered with the container counters."""
 
     hid: int
-    host: str
-    text: str
-    encoding: str | None
-
-
-@dataclass(frozen=True)
-class ContainerHeldOpen:
-    """`ContainerConnections.held_process` (a copy's in-container end), held as above."""
-
-    hid: int
-    ep: Endpoint
-    text: str
-    stdin: str
-    label: str | None
-    on_end: str | None
+    target: Target
+    held: HeldRequest
 
 
 @dataclass(frozen=True)
@@ -118,7 +106,7 @@ class HeldClose:
 
 @dataclass(frozen=True)
 class ContainerRun:
-    """`ContainerConnections.send`."""
+    """`SSHPool.send` to an `Endpoint`, answered with the container counters too."""
 
     ep: Endpoint
     request: Request
@@ -126,22 +114,12 @@ class ContainerRun:
 
 @dataclass(frozen=True)
 class ContainerWarm:
-    """`ContainerConnections.warm`."""
+    """`SSHPool.warm`."""
 
     ep: Endpoint
 
 
-Op = (
-    RunOp
-    | HeldOpen
-    | ContainerHeldOpen
-    | HeldRead
-    | HeldDrain
-    | HeldWait
-    | HeldClose
-    | ContainerRun
-    | ContainerWarm
-)
+Op = RunOp | HeldOpen | HeldRead | HeldDrain | HeldWait | HeldClose | ContainerRun | ContainerWarm
 
 
 # -- parent to child ----------------------------------------------------------------
@@ -254,7 +232,7 @@ class ConnectFailed:
 
 @dataclass(frozen=True)
 class NotStartedFailed:
-    """The call raised container_channel.NotStarted."""
+    """The call raised target.NotStarted."""
 
     host: str
     kind: ConnectKind

@@ -57,9 +57,9 @@ from orchestrator.config.views import usable_cores, workers_clamped
 from orchestrator.errors import ConnectError
 from orchestrator.events import CommandFinished, EventSink, Message, named_here
 from orchestrator.results import HostResult
-from orchestrator.ssh.container_channel import NotStarted
 from orchestrator.ssh.seam import Request
 from orchestrator.ssh.sshconfig import config_route
+from orchestrator.ssh.target import NotStarted
 from orchestrator.ssh.workers import frames as f
 
 # When `concurrency.workers` is unset, workers are used from this fleet size,

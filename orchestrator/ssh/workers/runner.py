@@ -14,15 +14,15 @@ The runner forwards the seam's calls and nothing else:
 - `send`: one call to the host's worker (`SSHPool.send` there); its events
   come back as frames, ahead of the result.
 - `send_many`: each worker gets its whole shard at once and fans out there.
-- `held_process`: the process is opened and held in the worker; the object
-  yielded here proxies what the callers use (`stdout.readline/read`,
-  `stderr.read`, `stdin.write/drain/write_eof`, `wait`, `send_signal`,
-  `exit_status`) by frames. Writes are queued in order and never wait; a
+- `held_process` (a host's or a container's): the process is opened and
+  held in the worker; the object yielded here proxies what the callers use
+  (`stdout.readline/read`, `stderr.read`, `stdin.write/drain/write_eof`,
+  `wait`, `send_signal`, `exit_status`) by frames. Writes are queued in order and never wait; a
   lock holder's lease renewals reach it as they would in one process.
-- `container_connections`: commands through a container's sshd (the same
-  `Request`, sent to an `Endpoint`), tunnelled over the worker's own
-  connection to the host (one connection per
-  container, in that worker).
+- an `Endpoint` target (a container's sshd) goes to its host's worker too,
+  whose `SSHPool` tunnels it over its own connection to the host (one
+  connection per container, in that worker), once `use_container_key`
+  gave the workers the key.
 
 The runner owns the task group every frame task runs in: nothing outlives
 `async with WorkerRunner(...)`.
@@ -36,7 +36,6 @@ lock holders see their input end and let go (the lease bounds it anyway).
 from __future__ import annotations
 
 import contextlib
-import shlex
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -49,9 +48,9 @@ from orchestrator.config.units import parse_size
 from orchestrator.errors import ConnectError
 from orchestrator.events import CommandFinished, EventSink, NullSink
 from orchestrator.results import HostResult
-from orchestrator.ssh.container_channel import Counters, NotStarted
 from orchestrator.ssh.keys import load_identities
-from orchestrator.ssh.seam import Command, HostRunner, Request
+from orchestrator.ssh.seam import HeldRequest, HostRunner, Request
+from orchestrator.ssh.target import Counters, Endpoint, NotStarted, Target, host_of
 from orchestrator.ssh.workers import frames as f
 from orchestrator.ssh.workers.parent import (
     WorkerFleet,
@@ -62,7 +61,7 @@ from orchestrator.ssh.workers.parent import (
 )
 
 if TYPE_CHECKING:
-    from orchestrator.ssh.container_channel import Endpoint
+    from orchestrator.ssh.libsearch import asyncssh
 
 
 @dataclass(frozen=True)
@@ -179,78 +178,6 @@ async def _held(
         worker.on_exit.pop(hid, None)
 
 
-class WorkerContainerConnections:
-    """`ContainerConnections` (ssh/container_channel.py) in the hosts' workers:
-    `send` and `warm` go to the worker holding the host's connection."""
-
-    def __init__(self, fleet: WorkerFleet, private_key: bytes) -> None:
-        self.fleet = fleet
-        self._counters: dict[WorkerProcess, Counters] = {}
-        fleet.post_all(f.Keys(private_key))
-
-    @property
-    def counters(self) -> Counters:
-        """The workers' counters, summed (as of their last answers)."""
-        total = Counters()
-        for c in self._counters.values():
-            total.connects += c.connects
-            total.channels += c.channels
-            total.open_channels += c.open_channels
-            total.closed_links += c.closed_links
-            for kind, n in c.failures.items():
-                total.failures[kind] = total.failures.get(kind, 0) + n
-        return total
-
-    async def send(self, ep: Endpoint, request: Request) -> HostResult:
-        """As ContainerConnections.send, in the host's worker: NotStarted when
-        it could not start. `request.io` stays None (a worker process has no
-        terminal to stream)."""
-        worker = self.fleet.worker_of(ep.host)
-        try:
-            answer = await worker.call(f.ContainerRun(ep, request))
-        except WorkerLost as lost:
-            raise NotStarted(ep.host, "host", lost.text) from None
-        result, self._counters[worker] = cast("tuple[HostResult, Counters]", answer)
-        return result
-
-    async def warm(self, ep: Endpoint) -> bool:
-        worker = self.fleet.worker_of(ep.host)
-        try:
-            answer = await worker.call(f.ContainerWarm(ep))
-        except WorkerLost:
-            return False
-        ok, self._counters[worker] = cast("tuple[bool, Counters]", answer)
-        return ok
-
-    @contextlib.asynccontextmanager
-    async def held_process(
-        self,
-        ep: Endpoint,
-        text: str,
-        *,
-        stdin: str = "",
-        label: str | None = None,
-        on_end: str | None = None,
-    ) -> AsyncIterator[Any]:
-        """As ContainerConnections.held_process (a copy's in-container end), the
-        process held in the worker holding the host's connection; NotStarted,
-        before the block, when it could not start."""
-        worker = self.fleet.worker_of(ep.host)
-
-        def opening(hid: int) -> f.Op:
-            return f.ContainerHeldOpen(hid, ep, text, stdin, label, on_end)
-
-        def lost(text: str) -> Exception:
-            return NotStarted(ep.host, "host", text)
-
-        async with _held(worker, ep.host, None, opening, lost) as (held, counters):
-            self._counters[worker] = cast("Counters", counters)
-            yield held
-
-    async def aclose(self) -> None:
-        """The workers close these connections when the runner closes."""
-
-
 class WorkerRunner(HostRunner):
     """A HostRunner whose hosts are served by worker processes, one event loop each."""
 
@@ -269,6 +196,8 @@ class WorkerRunner(HostRunner):
         self.fleet: WorkerFleet = new_fleet(cluster, self.sink, self.output_tail)
         self._stack = contextlib.AsyncExitStack()
         self._background: TaskGroup | None = None
+        # The container counters of each worker, as of its last answer.
+        self._counters: dict[WorkerProcess, Counters] = {}
 
     async def __aenter__(self) -> WorkerRunner:
         if self.cluster.ssh.identity_files:
@@ -307,8 +236,31 @@ class WorkerRunner(HostRunner):
         """The workers' handshakes, admission figures and CPU (for the benchmark)."""
         return self.fleet.totals()
 
-    async def send(self, host: str, request: Request) -> HostResult:
-        """As SSHPool.send, in the host's worker."""
+    def use_container_key(self, key: asyncssh.SSHKey) -> None:
+        """As SSHPool.use_container_key, in every worker."""
+        self.fleet.post_all(f.Keys(key.export_private_key()))
+
+    @property
+    def container_counters(self) -> Counters:
+        """The workers' container counters, summed (as of their last answers)."""
+        return sum(self._counters.values(), Counters())
+
+    async def warm(self, ep: Endpoint) -> bool:
+        """As SSHPool.warm, in the host's worker."""
+        worker = self.fleet.worker_of(ep.host)
+        try:
+            answer = await worker.call(f.ContainerWarm(ep))
+        except WorkerLost:
+            return False
+        ok, self._counters[worker] = cast("tuple[bool, Counters]", answer)
+        return ok
+
+    async def send(self, target: Target, request: Request) -> HostResult:
+        """As SSHPool.send, in the host's worker (`request.io` stays None for
+        an `Endpoint`: a worker process has no terminal to stream)."""
+        if isinstance(target, Endpoint):
+            return await self._send_to_container(target, request)
+        host = target
         worker = self.fleet.worker_of(host)
         try:
             result = cast(HostResult, await worker.call(f.RunOp(host, request)))
@@ -326,22 +278,31 @@ class WorkerRunner(HostRunner):
         results = await self.fleet.run(requests)
         return {h: results[h] for h in requests}
 
+    async def _send_to_container(self, ep: Endpoint, request: Request) -> HostResult:
+        """NotStarted when it could not start (the worker lost, too)."""
+        worker = self.fleet.worker_of(ep.host)
+        try:
+            answer = await worker.call(f.ContainerRun(ep, request))
+        except WorkerLost as lost:
+            raise NotStarted(ep.host, "host", lost.text) from None
+        result, self._counters[worker] = cast("tuple[HostResult, Counters]", answer)
+        return result
+
     @contextlib.asynccontextmanager
-    async def held_process(
-        self, host: str, command: Command, *, encoding: str | None = "utf-8"
-    ) -> AsyncIterator[Any]:
+    async def held_process(self, target: Target, held: HeldRequest) -> AsyncIterator[Any]:
         """As SSHPool.held_process, the process held in the host's worker."""
+        host = host_of(target)
         worker = self.fleet.worker_of(host)
-        text = command if isinstance(command, str) else shlex.join(command)
 
         def opening(hid: int) -> f.Op:
-            return f.HeldOpen(hid, host, text, encoding)
+            return f.HeldOpen(hid, target, held)
 
         def lost(text: str) -> Exception:
+            if isinstance(target, Endpoint):
+                return NotStarted(host, "host", text)
             return ConnectError(host, "unreachable", text)
 
-        async with _held(worker, host, encoding, opening, lost) as (held, _answer):
-            yield held
-
-    def container_connections(self, private_key: bytes) -> WorkerContainerConnections:
-        return WorkerContainerConnections(self.fleet, private_key)
+        async with _held(worker, host, held.encoding, opening, lost) as (process, counters):
+            if isinstance(counters, Counters):
+                self._counters[worker] = counters
+            yield process

@@ -104,27 +104,35 @@ def test_the_diagnosis_asks_the_hosts_runtime() -> None:
 
 FAKE_PODMAN = """#!/bin/sh
 # A stand-in podman: records its argv, answers like podman 4.3 would.
-printf '%s\\n' "$@" > "$ARGS_FILE"
+printf '%s\\n' "$@" > "$STATE_FILE"
 echo "{ID} exited false 137 2027-01-15T08:00:00.123456789Z 2027-01-15T08:00:30.000000000+01:00 0"
 """
 
 
-def test_diagnose_sh_on_a_podman_host_asks_podman_for_one_word_times(tmp_path: Path) -> None:
+def diagnose_with(
+    tmp_path: Path, stand_in: str, *args: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """remote/diagnose.sh ARGS under dash, as root on a podman host (plain
+    podman, no sudo, as the access rule says), with `stand_in` as podman;
+    the stand-in may write to $STATE_FILE (returned)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "podman"
-    fake.write_text(FAKE_PODMAN.replace("{ID}", "a" * 64))
+    fake.write_text(stand_in.replace("{ID}", "a" * 64))
     fake.chmod(0o755)
-    args_file = tmp_path / "args"
-    # As root: plain podman (no sudo), as the access rule says for rootful podman.
-    argv = ["dash", "-c", remote.program("diagnose"), "cvs-diagnose", "--podman-rootless", "ctr"]
+    state = tmp_path / "state"
     proc = subprocess.run(
-        argv,
+        ["dash", "-c", remote.program("diagnose"), "cvs-diagnose", "--podman-rootless", *args],
         capture_output=True,
         text=True,
         timeout=30,
-        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "ARGS_FILE": str(args_file)},
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "STATE_FILE": str(state)},
     )
+    return proc, state
+
+
+def test_diagnose_sh_on_a_podman_host_asks_podman_for_one_word_times(tmp_path: Path) -> None:
+    proc, args_file = diagnose_with(tmp_path, FAKE_PODMAN, "ctr")
 
     assert proc.returncode == 0, proc.stderr
     asked = args_file.read_text().splitlines()
@@ -143,7 +151,7 @@ STALE_PODMAN = """#!/bin/sh
 case $1 in
   exec) echo "Error: container state improper" >&2; exit 125 ;;
 esac
-n=$(cat "$COUNT_FILE" 2>/dev/null || echo 0); echo $((n + 1)) > "$COUNT_FILE"
+n=$(cat "$STATE_FILE" 2>/dev/null || echo 0); echo $((n + 1)) > "$STATE_FILE"
 if [ "$n" -eq 0 ]; then state=running; else state=exited; fi
 echo "{ID} $state false 137 2027-01-15T08:00:00.123456789Z 2027-01-15T08:00:30.000000000Z 0"
 """
@@ -152,23 +160,7 @@ echo "{ID} $state false 137 2027-01-15T08:00:00.123456789Z 2027-01-15T08:00:30.0
 def test_diagnose_sh_looks_again_when_running_is_stale_and_nothing_starts_in_it(
     tmp_path: Path,
 ) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "podman"
-    fake.write_text(STALE_PODMAN.replace("{ID}", "a" * 64))
-    fake.chmod(0o755)
-    count = tmp_path / "count"
-    argv = [
-        "dash", "-c", remote.program("diagnose"), "cvs-diagnose",
-        "--podman-rootless", "ctr", "/tmp/cvs-run-1.pid",
-    ]  # fmt: skip
-    proc = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "COUNT_FILE": str(count)},
-    )
+    proc, _ = diagnose_with(tmp_path, STALE_PODMAN, "ctr", "/tmp/cvs-run-1.pid")
 
     assert proc.returncode == 0, proc.stderr
     facts = read_diagnosis(proc.stdout, "podman")

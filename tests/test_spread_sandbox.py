@@ -21,15 +21,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import anyio
 import pytest
 from clitools import CVS
 from labtools import Lab, cvs, docker, explain, inspect
 from sandboxtools import pids_in_netns, wait_until
-from spreadtools import FOUR, THREE, image_ids, image_tar, lab, last_json
+from spreadtools import FOUR, THREE, image_ids, image_tar, lab, last_json, run_up
 
 from orchestrator import remote
-from orchestrator.api import Cluster
 from orchestrator.containers import spread as spread_mod
 from orchestrator.events import CollectingSink, ImageProgress, Message
 from orchestrator.sandbox import SSHD_TAG, Sandbox
@@ -106,15 +104,6 @@ def test_distribute_registry_loads_on_every_host(
     for host, entry in last_json(up)["hosts"].items():  # type: ignore[union-attr]
         assert entry["steps"]["load"] == "ok" and "spread" not in entry["steps"], (host, entry)
     assert set(image_ids(lab, THREE, tag).values()) == {image_id}
-
-
-def run_up(path: Path, sink: CollectingSink) -> bool:
-    async def main() -> bool:
-        async with Cluster.open(path, sink=sink) as cluster:
-            report = await cluster.up(check=False)
-            return report.ok
-
-    return anyio.run(main)
 
 
 def test_corrupted_bytes_on_one_hop_are_refused_and_fetched_again(

@@ -22,6 +22,11 @@ from collections import Counter
 from pathlib import Path
 
 TIMES = Path(__file__).with_name("sandbox-seconds.tsv")
+# Files that share a session fixture whose state ages run in one shard, one
+# after the other: the time-limited Slurm jobs (tests/conftest.py) end while
+# the first module runs, and the second reads their end from `scontrol`,
+# which forgets a job MinJobAge (300 s) after it ended.
+TOGETHER = [("tests/test_slurm_jobs_sandbox.py", "tests/test_slurm_sandbox.py")]
 
 
 def sandbox_files() -> Counter[str]:
@@ -51,12 +56,17 @@ def deal(counts: Counter[str], times: dict[str, tuple[float, int]], shards: int)
     per_test = [s / n for s, n in times.values() if n] or [5.0]
     median = statistics.median(per_test)
     cost = {f: times[f][0] if f in times else n * median for f, n in counts.items()}
+    # A unit: one file, or files that must run together, in their order.
+    units = [tuple(f for f in group if f in cost) for group in TOGETHER]
+    units = [u for u in units if u]
+    grouped = {f for u in units for f in u}
+    units += [(f,) for f in cost if f not in grouped]
     loads = [0.0] * shards
     dealt: list[list[str]] = [[] for _ in range(shards)]
-    for name in sorted(cost, key=lambda f: (-cost[f], f)):
+    for unit in sorted(units, key=lambda u: (-sum(cost[f] for f in u), u)):
         least = loads.index(min(loads))
-        dealt[least].append(name)
-        loads[least] += cost[name]
+        dealt[least].extend(unit)
+        loads[least] += sum(cost[f] for f in unit)
     return dealt
 
 

@@ -63,3 +63,17 @@ def test_junit_times_sum_setup_call_and_teardown_per_file(
     out = capsys.readouterr().out.splitlines()
 
     assert out[1:] == ["tests/test_b.py 7 1", "tests/test_a.py 4 2"]
+
+
+def test_the_slurm_modules_sharing_the_time_limited_jobs_run_in_one_shard_one_after_the_other() -> (
+    None
+):
+    jobs, slurm = "tests/test_slurm_jobs_sandbox.py", "tests/test_slurm_sandbox.py"
+    counts = Counter({jobs: 13, slurm: 21, **{f"tests/test_{i}.py": 10 for i in range(6)}})
+    times = {jobs: (276.0, 13), slurm: (250.0, 21)} | {
+        f"tests/test_{i}.py": (300.0 - i, 10) for i in range(6)
+    }
+    dealt = shard_module().deal(counts, times, 2)
+
+    [shard] = [s for s in dealt if jobs in s]
+    assert shard.index(slurm) == shard.index(jobs) + 1

@@ -66,17 +66,6 @@ def test_a_pool_without_the_containers_key_starts_nothing_in_a_container(
     assert pool.container_counters == Counters()
 
 
-def test_a_host_held_process_refuses_a_containers_kill() -> None:
-    pool = SSHPool(ClusterConfig.model_validate({"hosts": [{"name": "h1"}]}))
-
-    async def main() -> None:
-        async with pool.held_process("h1", HeldRequest("cat", on_end="kill")):
-            pass
-
-    with pytest.raises(ValueError, match="no on_end"):
-        anyio.run(main)
-
-
 class _Conn:
     """What the pool's close calls on a connection, recorded."""
 

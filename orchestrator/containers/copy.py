@@ -54,9 +54,6 @@ if TYPE_CHECKING:
     from orchestrator.containers.sshexec import SSHExec
 
 CHUNK = 256 * 1024
-# How long the kill of a copy's in-container end may take (kill_tree.sh: TERM,
-# 0.3 s, KILL; plus the runtime's exec).
-KILL_BOUND = 10.0
 # The line the remote side prints before its checksums: where the copy went.
 FINAL_MARK = "@@cvs-final:"
 
@@ -304,23 +301,11 @@ def _opener(
                 process = await ssh_exec.held_process(stack, way, host, argv, runtime=runtime)
                 if not isinstance(process, RuntimeExec):
                     return process
-        process = await stack.enter_async_context(
-            pool.held_process(host, HeldRequest(script, encoding=None))
+        return await stack.enter_async_context(
+            pool.held_process(host, HeldRequest(script, encoding=None, on_end=kill))
         )
-        if kill is not None:
-            stack.push_async_callback(_end_unless_ended, pool, host, process, kill)
-        return process
 
     return open_
-
-
-async def _end_unless_ended(pool: HostRunner, host: str, process: Any, kill: str) -> None:
-    """`kill` on `host` when `process` has not exited (a timeout, an error, a
-    cancel), shielded and bounded: what the copy started ends with it."""
-    if process.exit_status is not None:
-        return
-    with anyio.CancelScope(shield=True):
-        await pool.run(host, kill, timeout=KILL_BOUND, stream_output=False, label="kill")
 
 
 async def _copy_one(

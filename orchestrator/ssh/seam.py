@@ -73,10 +73,10 @@ class HeldRequest:
     end): what to run and how, for `HostRunner.held_process`.
 
     `encoding` None: its streams carry bytes (a copy's). `stdin` is written
-    to it first (a container's environment block). `on_end` (a container's
-    only) is what ends it when it has not exited once its stdin closed: the
-    containers' sshd takes no channel signals for root; a host's process
-    ends with its channel. `label` names it in the events ("held" by default).
+    to it first (a container's environment block). `on_end` is what ends it
+    when it has not exited once its stdin closed: the containers' sshd takes
+    no channel signals for root, and on a host what `docker exec` started
+    outlives the channel. `label` names it in the events ("held" by default).
     """
 
     command: Command

@@ -881,26 +881,34 @@ class SSHPool(HostRunner):
             async with self._containers(target).held_process(target, held) as process:
                 yield process
             return
-        if held.on_end is not None:
-            raise ValueError("a host's held process ends with its channel: no on_end")
-        host, text = target, held.text
+        host, text, on_end = target, held.text, held.end_text
         link = await self.link(host)
         async with link.channels, self._waiting_on(link):
             self.sink.emit(started(host, text, held.label or "held"))
             process = await link.conn.create_process(text, encoding=held.encoding, errors="replace")
+            # Cut short (an error, a timeout, a cancel): `on_end` at once.
+            wait = 0.0
             try:
                 if held.stdin:
                     process.stdin.write(held.stdin if held.encoding else held.stdin.encode())
                 yield process
+                wait = 5.0
             finally:
-                with (
-                    anyio.CancelScope(shield=True),
-                    anyio.move_on_after(5),
-                    contextlib.suppress(asyncssh.Error, OSError),
-                ):
-                    process.stdin.write_eof()
-                    await process.wait_closed()
-                process.close()
+                with anyio.CancelScope(shield=True):
+                    await self._end_held(host, process, on_end, wait)
+
+    async def _end_held(self, host: str, process: Any, on_end: str | None, wait: float) -> None:
+        """A host's held process's end: its stdin closed and `wait` s to exit
+        (with `on_end`; 5 s without); what still runs then (a process inside
+        `docker exec`, which closing the channel does not end) is ended by
+        `on_end` on the connection's control channel; the channel closed."""
+        with contextlib.suppress(asyncssh.Error, OSError):
+            process.stdin.write_eof()
+            with anyio.move_on_after(wait if on_end is not None else 5.0):
+                await process.wait_closed()
+        if process.exit_status is None and on_end is not None:
+            await self.run_control(host, on_end, bound=10.0)
+        process.close()
 
     async def run_control(self, host: str, script: str, *, bound: float = 5.0) -> str | None:
         """Run shell text `script` on `host` on the channel its connection

@@ -17,7 +17,12 @@ from labtools import docker
 
 from orchestrator.sandbox import Sandbox, network, sandbox_down
 from orchestrator.sandbox.images import MPI_TAG
-from orchestrator.sandbox.registry import REGISTRY_USER, image_bytes, netns_registry_dir
+from orchestrator.sandbox.registry import (
+    REGISTRY_USER,
+    config_digest,
+    image_bytes,
+    netns_registry_dir,
+)
 
 
 def registry_env(sb: Sandbox) -> dict[str, str]:
@@ -42,6 +47,12 @@ def password(sb: Sandbox) -> str:
 
 def has_image(sb: Sandbox, host: str, ref: str) -> bool:
     return bool(docker(sb, host, "images", "-q", ref))
+
+
+def image_id(sb: Sandbox, host: str, ref: str) -> str:
+    """`ref`'s image ID on `host` (hex: podman's has no sha256: before it), "" where none."""
+    out = docker(sb, host, "image", "inspect", "-f", "{{.Id}}", ref, check=False)
+    return out.strip().removeprefix("sha256:")
 
 
 def test_the_registry_runs_in_a_namespace_of_its_own_with_its_link_shaped(
@@ -136,6 +147,44 @@ def test_a_podman_fleet_pulls_through_the_registry_over_plain_http_told_by_the_c
             steps = hosts[h.name]["steps"]
             assert steps.get("login") == "ok" and steps.get("pull") == "ok", (h.name, steps)
         assert served > 1_000_000, served  # the image's bytes came from the registry
+    finally:
+        cvs("down", "--force", cluster=cluster, timeout=300)
+
+
+@pytest.mark.parametrize("runtime", ["docker", "podman"])
+def test_a_spread_to_three_hosts_pulls_once_and_every_host_ends_with_the_registrys_image_id(
+    make_sandbox: Callable[..., Sandbox], tmp_path: Path, runtime: str
+) -> None:
+    sb = make_sandbox(3, runtime=runtime, registry=True)
+    env = registry_env(sb)
+    image = env["REGISTRY_IMAGE"]
+    size = image_bytes(image, REGISTRY_USER, password(sb))
+    registry_id = config_digest(image, REGISTRY_USER, password(sb))
+    doc = yaml.safe_load(sb.cluster_file.read_text())
+    assert "distribute" not in doc["container"]  # auto, the default: the spread
+    doc["container"]["lifetime"] = "per_run"
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump(doc))
+    plan = cvs("plan", cluster=cluster, timeout=300)
+    assert "node1 pulls" in plan.stdout and "fetches: 1 (registry mode: 3)" in plan.stdout, explain(
+        plan
+    )
+    before = tx_bytes(env)
+    try:
+        up = cvs("--json", "up", cluster=cluster, timeout=600)
+        served = tx_bytes(env) - before
+
+        assert up.returncode == 0, explain(up)
+        hosts = json.loads(up.stdout.splitlines()[-1])["hosts"]
+        assert hosts["node1"]["steps"].get("pull") == "ok", hosts["node1"]
+        for h in ("node2", "node3"):
+            steps = hosts[h]["steps"]
+            assert steps.get("spread") == "ok" and "pull" not in steps, (h, steps)
+        assert all(hosts[h.name]["ok"] is True for h in sb.nodes), hosts
+        ids = {h.name: image_id(sb, h.name, image) for h in sb.nodes}
+        assert set(ids.values()) == {registry_id.removeprefix("sha256:")}, (ids, registry_id)
+        # One pull of S (plus HTTP's and TCP's own bytes), not three.
+        assert size <= served < 1.3 * size, (served, size)
     finally:
         cvs("down", "--force", cluster=cluster, timeout=300)
 

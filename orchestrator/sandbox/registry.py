@@ -22,6 +22,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import network, procs
 from .errors import SandboxError
@@ -209,10 +210,8 @@ MANIFEST_TYPES = ", ".join(
 )
 
 
-def image_bytes(reference: str, username: str, password: str, timeout: float = 30.0) -> int:
-    """What pulling `reference` (host:port/repository:tag, on a sandbox
-    registry) moves: its config's and layers' sizes as the registry's
-    manifest states them (the compressed size S)."""
+def _manifest(reference: str, username: str, password: str, timeout: float) -> dict[str, Any]:
+    """The registry's manifest of `reference` (host:port/repository:tag)."""
     server, _, rest = reference.partition("/")
     repository, _, tag = rest.rpartition(":")
     request = urllib.request.Request(
@@ -224,5 +223,19 @@ def image_bytes(reference: str, username: str, password: str, timeout: float = 3
         },
     )
     with urllib.request.urlopen(request, timeout=timeout) as answer:
-        manifest = json.loads(answer.read(1 << 20))
+        manifest: dict[str, Any] = json.loads(answer.read(1 << 20))
+    return manifest
+
+
+def image_bytes(reference: str, username: str, password: str, timeout: float = 30.0) -> int:
+    """What pulling `reference` (host:port/repository:tag, on a sandbox
+    registry) moves: its config's and layers' sizes as the registry's
+    manifest states them (the compressed size S)."""
+    manifest = _manifest(reference, username, password, timeout)
     return int(manifest["config"]["size"]) + sum(int(x["size"]) for x in manifest["layers"])
+
+
+def config_digest(reference: str, username: str, password: str, timeout: float = 30.0) -> str:
+    """The image ID the registry names for `reference`: its config's digest
+    (sha256:...), which a pull, and a spread, must end with on every host."""
+    return str(_manifest(reference, username, password, timeout)["config"]["digest"])

@@ -21,7 +21,7 @@ import anyio
 import pytest
 import yaml
 from clitools import CVS
-from labtools import Lab, cvs, docker, explain
+from labtools import Lab, cvs, docker, explain, inspect
 from sandboxtools import cmdline, pids_in_netns, wait_until
 
 from orchestrator.api import Cluster
@@ -168,6 +168,159 @@ def open_copies(pid: int) -> set[Path]:
                 if target.parent == PODMAN_TEMP and target.name.startswith("podman"):
                     found.add(target)
     return found
+
+
+@contextlib.contextmanager
+def small_disk(directory: Path, size: int, *, keep: bool = True) -> Iterator[None]:
+    """`directory` (a host's dockerd data-root, dockerd running) seen as a
+    filesystem with `size` bytes free: an overlay whose lower layer is the
+    directory itself (nothing copied, everything still there) and whose upper
+    layer is a tmpfs of `size`. df (the spread's free-space check) reads the
+    upper's statfs. Unmounted, and its tmpfs with it, on every exit path.
+
+    `keep=False`: the tmpfs itself over `directory`, whose files are hidden
+    while it is mounted (podman's overlay driver refuses a graph root on
+    overlayfs; an empty store is what a host without the image has anyway)."""
+    scratch = Path(tempfile.mkdtemp(prefix="cvs-small-disk-"))
+    mounted: list[Path] = []
+    try:
+        tmpfs = str(scratch if keep else directory)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", tmpfs],
+                       check=True)  # fmt: skip
+        if not keep:
+            mounted.append(directory)
+            yield
+            return
+        mounted.append(scratch)
+        (scratch / "upper").mkdir()
+        (scratch / "work").mkdir()
+        options = f"lowerdir={directory},upperdir={scratch}/upper,workdir={scratch}/work"
+        subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(directory)],
+                       check=True)  # fmt: skip
+        mounted.append(directory)
+        yield
+    finally:
+        for path in reversed(mounted):
+            subprocess.run(["umount", str(path)], check=False)
+        scratch.rmdir()
+
+
+@contextlib.contextmanager
+def searchable(path: Path) -> Iterator[None]:
+    """`path`'s parents searchable by anyone (the login user's df must reach
+    the root it reads; pytest's tmp dirs are root's, closed): restored after."""
+    parents = [p for p in path.parents if p != Path("/")]
+    modes = {p: p.stat().st_mode & 0o7777 for p in parents}
+    try:
+        for p, mode in modes.items():
+            p.chmod(mode | 0o001)
+        yield
+    finally:
+        for p, mode in modes.items():
+            p.chmod(mode)
+
+
+def free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def host_short_of_space_is_named_before_any_byte_moves(
+    lab: Lab, image_tar: tuple[str, Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tag, tar, _ = image_tar
+    path = lab.cluster(
+        spread_transport="relay", lifetime="persistent", hosts=THREE, image=tag, image_tar=str(tar)
+    )
+    size = int(docker(lab.sandbox, "node1", "image", "inspect", "-f", "{{.Size}}", SSHD_TAG))
+    node3 = next(n for n in lab.sandbox.nodes if n.name == "node3")
+    root = node3.podman_root if lab.runtime == "podman" else node3.data_root
+    moved: list[str] = []
+    monkeypatch.setattr(
+        spread_mod.Spread, "mangle", staticmethod(lambda h, c, o: moved.append(h) or c)
+    )
+    sink = CollectingSink()
+    # node3's runtime stores images on a filesystem with half the image free
+    # (the spread asks for twice it: the image and its unpacking).
+    with searchable(root), small_disk(root, size // 2, keep=lab.runtime != "podman"):
+        assert free_bytes(root) < size  # (the tmpfs rounds up to pages)
+        assert not run_up(path, sink)
+    assert free_bytes(root) > 10 * size  # the mount is gone
+
+    errors = [e for e in sink.events if isinstance(e, Message) and e.level == "error"]
+    assert [e.host for e in errors if "not enough space" in str(e.text)] == ["node3"], errors
+    said = next(str(e.text) for e in errors if e.host == "node3")
+    assert "free space in the runtime's root directory" in said, said
+    # Named before any byte moved anywhere, and nothing ever moved to node3.
+    first_error = sink.events.index(errors[0])
+    progress = [i for i, e in enumerate(sink.events) if isinstance(e, ImageProgress)]
+    assert all(i > first_error for i in progress)
+    assert "node3" not in moved
+    assert not any(isinstance(e, ImageProgress) and e.host == "node3" for e in sink.events)
+    assert image_ids(lab, ["node3"], tag) == {"node3": ""}
+    assert all(inspect(lab.sandbox, h, lab.name) is None for h in THREE)
+
+
+def _spreading(argv: list[str]) -> bool:
+    """A spread's program, its tee, or the runtime CLI's load or save."""
+    return (
+        any(a.startswith("cvs-spread_") for a in argv)
+        or argv[:2] == ["tee", "/dev/fd/3"]
+        or argv[-1:] == ["load"]
+        or "save" in argv
+    )
+
+
+def spread_processes(lab: Lab) -> list[int]:
+    """Anything of a spread still running on any host (a load, a save)."""
+    found: list[int] = []
+    for node in lab.sandbox.nodes:
+        if node.netns is None:
+            continue
+        found += pids_in_netns(node.netns, _spreading)
+    return found
+
+
+def relay_ctrl_c_mid_spread_leaves_no_partial_image_and_no_process(
+    lab: Lab, image_tar: tuple[str, Path, str]
+) -> None:
+    tag, tar, image_id = image_tar
+    path = lab.cluster(
+        spread_transport="relay", lifetime="persistent", hosts=FOUR, image=tag, image_tar=str(tar)
+    )
+    since = time.time()
+    proc = subprocess.Popen(
+        [*CVS, "-c", str(path), "--json", "up"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "CI": "1"},
+    )
+    try:
+        # Mid-spread: the first progress event of a receiver.
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if '"ImageProgress"' in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+
+    def left() -> list[str]:
+        """Spread processes; on podman hosts, the copies of archives its loads left."""
+        copies = podman_copies(since) if lab.runtime == "podman" else set()
+        return [str(p) for p in spread_processes(lab)] + [str(p) for p in sorted(copies)]
+
+    assert wait_until(lambda: left() == [], 30), left()
+    ids = image_ids(lab, FOUR[1:], tag)
+    assert all(i in ("", image_id) for i in ids.values()), ids  # nothing partial, nothing wrong
+    up = cvs(path, "up")  # and the next `up` works
+    assert up.returncode == 0, explain(up)
+    assert set(image_ids(lab, FOUR, tag).values()) == {image_id}
 
 
 # The fault scenarios of a direct spread (the default transport), one body
@@ -318,3 +471,87 @@ def ctrl_c_mid_spread_exits_130_and_leaves_nothing(
     up = cvs(path, "up")
     assert up.returncode == 0, explain(up)
     assert set(image_ids(lab, THREE, tag).values()) == {image_id}
+
+
+# Hosts that cannot reach each other (a direct spread: the default transport).
+
+
+def up_with_unreachable(
+    lab: Lab,
+    image_tar: tuple[str, Path, str],
+    hosts: list[str],
+    blocked: str,
+    **container: str,
+) -> subprocess.CompletedProcess[str]:
+    """`cvs --json up` on `hosts` (node1 seeds and feeds node2 and node3;
+    node2 feeds node4) while node1 cannot open a connection to `blocked`'s
+    sshd; cvs still can."""
+    tag, tar, image_id = image_tar
+    path = lab.cluster(
+        lifetime="persistent", hosts=hosts, image=tag, image_tar=str(tar), **container
+    )
+    node1, target = (next(n for n in lab.sandbox.nodes if n.name == x) for x in ("node1", blocked))
+    assert node1.netns is not None
+    rule = [
+        "OUTPUT",
+        "-d",
+        target.address,
+        "-p",
+        "tcp",
+        "--dport",
+        str(target.port),
+        "-j",
+        "REJECT",
+    ]
+    ipt = ["ip", "netns", "exec", node1.netns, "iptables"]
+    subprocess.run([*ipt, "-I", *rule], check=True)
+    try:
+        before_keys, since = keys_state(lab), time.time()
+        up = cvs(path, "--json", "up")
+    finally:
+        subprocess.run([*ipt, "-D", *rule], check=True)
+    assert up.returncode == 0, explain(up)
+    assert set(image_ids(lab, hosts, tag).values()) == {image_id}
+    assert keys_state(lab) == before_keys
+    assert leftovers(lab, since) == []
+    return up
+
+
+def auto_unreachable_host_is_named_and_loads_image_tar_itself(
+    lab: Lab, image_tar: tuple[str, Path, str]
+) -> None:
+    # distribute: auto (the default): "else registry" for a host its feeder cannot reach.
+    up = up_with_unreachable(lab, image_tar, THREE, "node3")
+    said = "not reachable from node1 (no sshd answer): loads image_tar itself"
+    assert said in up.stdout, explain(up)
+    assert "not reached host to host" not in up.stdout, explain(up)
+    hosts = last_json(up)["hosts"]
+    steps = hosts["node3"]["steps"]  # type: ignore[index]
+    assert steps.get("load") == "ok" and "spread" not in steps, steps
+    steps = hosts["node2"]["steps"]  # type: ignore[index]
+    assert steps.get("spread") == "ok" and "load" not in steps, steps
+
+
+def auto_unreachable_relay_host_loads_itself_its_child_is_fed_through_cvs(
+    lab: Lab, image_tar: tuple[str, Path, str]
+) -> None:
+    up = up_with_unreachable(lab, image_tar, FOUR, "node2")
+    said = "not reachable from node1 (no sshd answer): loads image_tar itself"
+    assert said in up.stdout, explain(up)
+    assert "its feeder node2 gets the image on its own" in up.stdout, explain(up)
+    hosts = last_json(up)["hosts"]
+    steps = hosts["node2"]["steps"]  # type: ignore[index]
+    assert steps.get("load") == "ok" and "spread" not in steps, steps
+    for host in ("node3", "node4"):  # node3 host to host, node4 through cvs
+        steps = hosts[host]["steps"]  # type: ignore[index]
+        assert steps.get("spread") == "ok" and "load" not in steps, (host, steps)
+
+
+def peers_unreachable_host_is_named_and_fed_through_cvs(
+    lab: Lab, image_tar: tuple[str, Path, str]
+) -> None:
+    up = up_with_unreachable(lab, image_tar, THREE, "node3", distribute="peers")
+    assert "node1 cannot reach it" in up.stdout, explain(up)
+    assert "not reached host to host" in up.stdout, explain(up)
+    steps = last_json(up)["hosts"]["node3"]["steps"]  # type: ignore[index]
+    assert steps.get("spread") == "ok" and "load" not in steps, steps

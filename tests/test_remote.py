@@ -533,3 +533,62 @@ def test_the_sshd_program_refuses_a_truncated_payload(sh: tuple[str, ...], tmp_p
 def test_gpu_discovery_without_gpus_finds_none(sh: tuple[str, ...], tmp_path: Path) -> None:
     out = run(sh, gpus.discovery_argv(str(tmp_path)), env={"PATH": "/usr/bin:/bin"})
     assert out.returncode == 0 and gpus.parse_discovery(out.stdout) == []
+
+
+# --- an image spread's receiver (spread_load.sh) ------------------------------------
+
+# A load as podman 4.x does it from stdin: the archive copied to a file, the
+# copy removed only when the load returns on its own (here: the stream ended
+# cut, so it fails); TERMed or killed, the copy stays.
+PODMAN_LIKE_LOAD = """copy="$LOAD_DIR/copy"
+cat >"$copy"
+rm -f "$copy"
+echo "cut archive" >&2
+exit 1
+"""
+
+
+@pytest.mark.parametrize("forward", ["0", "1"])
+def test_a_receiver_passes_the_stream_to_its_load_and_on(
+    sh: tuple[str, ...], tmp_path: Path, forward: str
+) -> None:
+    env = stand_in(tmp_path, "load", 'cat >"$LOAD_DIR/got"\n')
+    data = secrets.token_bytes(300_000)
+    out = subprocess.run([*sh, *remote.argv("spread_load", forward, "load")[1:]], input=data,
+                         capture_output=True, env={**env, "LOAD_DIR": str(tmp_path)},
+                         timeout=60, check=False)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "got").read_bytes() == data
+    assert out.stdout == (data if forward == "1" else b"")
+
+
+@pytest.mark.parametrize("forward", ["0", "1"])
+def test_a_receiver_stopped_mid_stream_ends_its_feed_first_and_its_load_removes_its_copy(
+    sh: tuple[str, ...], tmp_path: Path, forward: str
+) -> None:
+    env = stand_in(tmp_path, "load", PODMAN_LIKE_LOAD)
+    copy = tmp_path / "copy"
+    # A session of its own, as sshd starts it.
+    started = subprocess.Popen([*sh, *remote.argv("spread_load", forward, "load")[1:]],
+                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, env={**env, "LOAD_DIR": str(tmp_path)},
+                               start_new_session=True)  # fmt: skip
+    assert started.stdin is not None
+    try:
+        started.stdin.write(secrets.token_bytes(100_000))
+        started.stdin.flush()
+        for _ in range(200):
+            if copy.exists() and copy.stat().st_size >= 100_000:
+                break
+            time.sleep(0.05)
+        assert copy.exists(), "the load never started"
+        # cvs's stop: sshd sends TERM to the session's whole process group
+        # (the program's, here); the channel stays open.
+        os.killpg(started.pid, 15)
+        started.wait(timeout=20)
+    finally:
+        if started.poll() is None:
+            os.killpg(started.pid, 9)
+            started.wait()
+    assert started.returncode != 0
+    assert not copy.exists()  # the load ended on a cut stream, not on a signal

@@ -147,6 +147,12 @@ def test_a_podman_fleet_pulls_through_the_registry_over_plain_http_told_by_the_c
             steps = hosts[h.name]["steps"]
             assert steps.get("login") == "ok" and steps.get("pull") == "ok", (h.name, steps)
         assert served > 1_000_000, served  # the image's bytes came from the registry
+        # podman's pull shows its bytes too (read from its own progress lines).
+        progress = [e for e in docs if e.get("event") == "ImageProgress"]
+        for h in sb.nodes:
+            mine = [e for e in progress if e["host"] == h.name]
+            assert mine and all(e["source"] == "registry" for e in mine), (h.name, mine)
+            assert 0 < mine[-1]["done"] <= mine[-1]["total"] * 1.01, mine[-1]
     finally:
         cvs("down", "--force", cluster=cluster, timeout=300)
 

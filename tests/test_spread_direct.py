@@ -9,14 +9,14 @@ every exit path; a host its feeder cannot reach loads the image itself
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 from labtools import Lab, cvs, explain
 from spreadtools import (
     FOUR,
-    THREE,
+    auto_unreachable_host_is_named_and_loads_image_tar_itself,
+    auto_unreachable_relay_host_loads_itself_its_child_is_fed_through_cvs,
     corrupted_direct_hop_is_refused_and_fetched_again,
     ctrl_c_mid_spread_exits_130_and_leaves_nothing,
     image_ids,
@@ -25,6 +25,7 @@ from spreadtools import (
     lab,
     last_json,
     leftovers,
+    peers_unreachable_host_is_named_and_fed_through_cvs,
     relay_host_killed_its_child_is_fed_from_another_host,
     sigkill_of_cvs_mid_spread_leaves_nothing,
 )
@@ -87,85 +88,22 @@ def test_direct_relay_host_killed_mid_spread_its_child_is_fed_from_another_host(
     relay_host_killed_its_child_is_fed_from_another_host(lab, image_tar)
 
 
-def _up_with_unreachable(
-    lab: Lab,
-    image_tar: tuple[str, Path, str],
-    hosts: list[str],
-    blocked: str,
-    **container: str,
-) -> subprocess.CompletedProcess[str]:
-    """`cvs --json up` on `hosts` (node1 seeds and feeds node2 and node3;
-    node2 feeds node4) while node1 cannot open a connection to `blocked`'s
-    sshd; cvs still can."""
-    tag, tar, image_id = image_tar
-    path = lab.cluster(
-        lifetime="persistent", hosts=hosts, image=tag, image_tar=str(tar), **container
-    )
-    node1, target = (next(n for n in lab.sandbox.nodes if n.name == x) for x in ("node1", blocked))
-    assert node1.netns is not None
-    rule = [
-        "OUTPUT",
-        "-d",
-        target.address,
-        "-p",
-        "tcp",
-        "--dport",
-        str(target.port),
-        "-j",
-        "REJECT",
-    ]
-    ipt = ["ip", "netns", "exec", node1.netns, "iptables"]
-    subprocess.run([*ipt, "-I", *rule], check=True)
-    try:
-        before_keys = keys_state(lab)
-        up = cvs(path, "--json", "up")
-    finally:
-        subprocess.run([*ipt, "-D", *rule], check=True)
-    assert up.returncode == 0, explain(up)
-    assert set(image_ids(lab, hosts, tag).values()) == {image_id}
-    assert keys_state(lab) == before_keys
-    assert leftovers(lab) == []
-    return up
-
-
 def test_direct_spread_auto_unreachable_host_is_named_and_loads_image_tar_itself(
     lab: Lab, image_tar: tuple[str, Path, str]
 ) -> None:
-    # distribute: auto (the default): "else registry" for a host its feeder cannot reach.
-    up = _up_with_unreachable(lab, image_tar, THREE, "node3")
-    said = "not reachable from node1 (no sshd answer): loads image_tar itself"
-    assert said in up.stdout, explain(up)
-    assert "not reached host to host" not in up.stdout, explain(up)
-    hosts = last_json(up)["hosts"]
-    steps = hosts["node3"]["steps"]  # type: ignore[index]
-    assert steps.get("load") == "ok" and "spread" not in steps, steps
-    steps = hosts["node2"]["steps"]  # type: ignore[index]
-    assert steps.get("spread") == "ok" and "load" not in steps, steps
+    auto_unreachable_host_is_named_and_loads_image_tar_itself(lab, image_tar)
 
 
 def test_direct_spread_auto_unreachable_relay_host_loads_itself_its_child_is_fed_through_cvs(
     lab: Lab, image_tar: tuple[str, Path, str]
 ) -> None:
-    up = _up_with_unreachable(lab, image_tar, FOUR, "node2")
-    said = "not reachable from node1 (no sshd answer): loads image_tar itself"
-    assert said in up.stdout, explain(up)
-    assert "its feeder node2 gets the image on its own" in up.stdout, explain(up)
-    hosts = last_json(up)["hosts"]
-    steps = hosts["node2"]["steps"]  # type: ignore[index]
-    assert steps.get("load") == "ok" and "spread" not in steps, steps
-    for host in ("node3", "node4"):  # node3 host to host, node4 through cvs
-        steps = hosts[host]["steps"]  # type: ignore[index]
-        assert steps.get("spread") == "ok" and "load" not in steps, (host, steps)
+    auto_unreachable_relay_host_loads_itself_its_child_is_fed_through_cvs(lab, image_tar)
 
 
 def test_direct_spread_peers_unreachable_host_is_named_and_fed_through_cvs(
     lab: Lab, image_tar: tuple[str, Path, str]
 ) -> None:
-    up = _up_with_unreachable(lab, image_tar, THREE, "node3", distribute="peers")
-    assert "node1 cannot reach it" in up.stdout, explain(up)
-    assert "not reached host to host" in up.stdout, explain(up)
-    steps = last_json(up)["hosts"]["node3"]["steps"]  # type: ignore[index]
-    assert steps.get("spread") == "ok" and "load" not in steps, steps
+    peers_unreachable_host_is_named_and_fed_through_cvs(lab, image_tar)
 
 
 def test_direct_spread_sigkill_of_cvs_leaves_no_key_no_file_no_process(

@@ -1,7 +1,11 @@
 """The image spread with rootful podman hosts (containers/spread.py): the
 archive is a docker-archive, whose load keeps the image ID; and the faults
-of a direct spread (the default transport) as on docker
-(tests/test_spread_direct.py, whose bodies are tests/spreadtools.py's).
+as on docker (tests/test_spread_direct.py, tests/test_spread_sandbox.py:
+the bodies are tests/spreadtools.py's): a corrupted hop, a relay host
+killed, SIGKILL and Ctrl-C of cvs (direct, and relay: podman's copy of a
+cut stream in /var/tmp goes too), a host short of space, hosts that cannot
+reach each other. The registry-seeded spread (one pull) is
+tests/test_sandbox_registry.py's.
 
 One sandbox for the module whose four nodes run podman (as tests/test_podman.py
 builds it); the image is the sandbox's sshd image under a tag no host has;
@@ -20,10 +24,14 @@ import pytest
 from labtools import Lab, cvs, explain
 from spreadtools import (
     THREE,
+    auto_unreachable_host_is_named_and_loads_image_tar_itself,
     corrupted_direct_hop_is_refused_and_fetched_again,
     ctrl_c_mid_spread_exits_130_and_leaves_nothing,
+    host_short_of_space_is_named_before_any_byte_moves,
     image_ids,
     last_json,
+    peers_unreachable_host_is_named_and_fed_through_cvs,
+    relay_ctrl_c_mid_spread_leaves_no_partial_image_and_no_process,
     relay_host_killed_its_child_is_fed_from_another_host,
     saved_image,
     sigkill_of_cvs_mid_spread_leaves_nothing,
@@ -110,3 +118,27 @@ def test_podman_direct_ctrl_c_mid_spread_exits_130_and_leaves_nothing(
     lab: Lab, image_tar: tuple[str, Path, str]
 ) -> None:
     ctrl_c_mid_spread_exits_130_and_leaves_nothing(lab, image_tar)
+
+
+def test_podman_host_short_of_space_is_named_before_any_byte_moves(
+    lab: Lab, image_tar: tuple[str, Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host_short_of_space_is_named_before_any_byte_moves(lab, image_tar, monkeypatch)
+
+
+def test_podman_direct_auto_unreachable_host_is_named_and_loads_image_tar_itself(
+    lab: Lab, image_tar: tuple[str, Path, str]
+) -> None:
+    auto_unreachable_host_is_named_and_loads_image_tar_itself(lab, image_tar)
+
+
+def test_podman_direct_peers_unreachable_host_is_named_and_fed_through_cvs(
+    lab: Lab, image_tar: tuple[str, Path, str]
+) -> None:
+    peers_unreachable_host_is_named_and_fed_through_cvs(lab, image_tar)
+
+
+def test_podman_relay_ctrl_c_mid_spread_exits_130_and_leaves_no_process_and_no_copy(
+    lab: Lab, image_tar: tuple[str, Path, str]
+) -> None:
+    relay_ctrl_c_mid_spread_leaves_no_partial_image_and_no_process(lab, image_tar)

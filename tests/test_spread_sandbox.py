@@ -25,35 +25,27 @@ import pytest
 from clitools import CVS
 from labtools import Lab, cvs, docker, explain, inspect
 from sandboxtools import pids_in_netns, wait_until
-from spreadtools import FOUR, THREE, image_ids, image_tar, lab, last_json, run_up
+from spreadtools import (
+    FOUR,
+    THREE,
+    host_short_of_space_is_named_before_any_byte_moves,
+    image_ids,
+    image_tar,
+    lab,
+    last_json,
+    relay_ctrl_c_mid_spread_leaves_no_partial_image_and_no_process,
+    run_up,
+    small_disk,
+    spread_processes,
+)
 
 from orchestrator import remote
 from orchestrator.containers import spread as spread_mod
-from orchestrator.events import CollectingSink, ImageProgress, Message
+from orchestrator.events import CollectingSink, Message
 from orchestrator.sandbox import SSHD_TAG, Sandbox
 from orchestrator.sandbox.registry import SandboxRegistry
 
 __all__ = ["image_tar", "lab"]  # fixtures, used by name
-
-
-def _spreading(argv: list[str]) -> bool:
-    """A spread's program, its tee, or the runtime CLI's load or save."""
-    return (
-        any(a.startswith("cvs-spread_") for a in argv)
-        or argv[:2] == ["tee", "/dev/fd/3"]
-        or argv[-1:] == ["load"]
-        or "save" in argv
-    )
-
-
-def spread_processes(lab: Lab) -> list[int]:
-    """Anything of a spread still running on any host (a load, a save)."""
-    found: list[int] = []
-    for node in lab.sandbox.nodes:
-        if node.netns is None:
-            continue
-        found += pids_in_netns(node.netns, _spreading)
-    return found
 
 
 def test_spread_to_four_hosts_loads_once_and_ends_with_equal_image_ids(
@@ -162,85 +154,10 @@ def test_a_relay_killed_mid_spread_its_child_is_fed_from_another_host(
     assert spread_processes(lab) == []
 
 
-@contextlib.contextmanager
-def small_disk(directory: Path, size: int) -> Iterator[None]:
-    """`directory` (a host's dockerd data-root, dockerd running) seen as a
-    filesystem with `size` bytes free: an overlay whose lower layer is the
-    directory itself (nothing copied, everything still there) and whose upper
-    layer is a tmpfs of `size`. df (the spread's free-space check) reads the
-    upper's statfs. Unmounted, and its tmpfs with it, on every exit path."""
-    scratch = Path(tempfile.mkdtemp(prefix="cvs-small-disk-"))
-    mounted: list[Path] = []
-    try:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(scratch)],
-                       check=True)  # fmt: skip
-        mounted.append(scratch)
-        (scratch / "upper").mkdir()
-        (scratch / "work").mkdir()
-        options = f"lowerdir={directory},upperdir={scratch}/upper,workdir={scratch}/work"
-        subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(directory)],
-                       check=True)  # fmt: skip
-        mounted.append(directory)
-        yield
-    finally:
-        for path in reversed(mounted):
-            subprocess.run(["umount", str(path)], check=False)
-        scratch.rmdir()
-
-
-@contextlib.contextmanager
-def searchable(path: Path) -> Iterator[None]:
-    """`path`'s parents searchable by anyone (the login user's df must reach
-    the root it reads; pytest's tmp dirs are root's, closed): restored after."""
-    parents = [p for p in path.parents if p != Path("/")]
-    modes = {p: p.stat().st_mode & 0o7777 for p in parents}
-    try:
-        for p, mode in modes.items():
-            p.chmod(mode | 0o001)
-        yield
-    finally:
-        for p, mode in modes.items():
-            p.chmod(mode)
-
-
-def free_bytes(path: Path) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
 def test_a_host_short_of_space_is_named_before_any_byte_moves(
     lab: Lab, image_tar: tuple[str, Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tag, tar, _ = image_tar
-    path = lab.cluster(
-        spread_transport="relay", lifetime="persistent", hosts=THREE, image=tag, image_tar=str(tar)
-    )
-    size = int(docker(lab.sandbox, "node1", "image", "inspect", "-f", "{{.Size}}", SSHD_TAG))
-    root = next(n for n in lab.sandbox.nodes if n.name == "node3").data_root
-    moved: list[str] = []
-    monkeypatch.setattr(
-        spread_mod.Spread, "mangle", staticmethod(lambda h, c, o: moved.append(h) or c)
-    )
-    sink = CollectingSink()
-    # node3's dockerd stores images on a filesystem with half the image free
-    # (the spread asks for twice it: the image and its unpacking).
-    with searchable(root), small_disk(root, size // 2):
-        assert free_bytes(root) < size  # (the tmpfs rounds up to pages)
-        assert not run_up(path, sink)
-    assert free_bytes(root) > 10 * size  # the mount is gone
-
-    errors = [e for e in sink.events if isinstance(e, Message) and e.level == "error"]
-    assert [e.host for e in errors if "not enough space" in str(e.text)] == ["node3"], errors
-    said = next(str(e.text) for e in errors if e.host == "node3")
-    assert "free space in the runtime's root directory" in said, said
-    # Named before any byte moved anywhere, and nothing ever moved to node3.
-    first_error = sink.events.index(errors[0])
-    progress = [i for i, e in enumerate(sink.events) if isinstance(e, ImageProgress)]
-    assert all(i > first_error for i in progress)
-    assert "node3" not in moved
-    assert not any(isinstance(e, ImageProgress) and e.host == "node3" for e in sink.events)
-    assert image_ids(lab, ["node3"], tag) == {"node3": ""}
-    assert all(inspect(lab.sandbox, h, lab.name) is None for h in THREE)
+    host_short_of_space_is_named_before_any_byte_moves(lab, image_tar, monkeypatch)
 
 
 @pytest.mark.sandbox
@@ -268,36 +185,7 @@ def test_a_root_of_its_own_behind_a_closed_parent_is_not_known_rather_than_the_p
 def test_ctrl_c_mid_spread_leaves_no_partial_image_and_no_process(
     lab: Lab, image_tar: tuple[str, Path, str]
 ) -> None:
-    tag, tar, image_id = image_tar
-    path = lab.cluster(
-        spread_transport="relay", lifetime="persistent", hosts=FOUR, image=tag, image_tar=str(tar)
-    )
-    proc = subprocess.Popen(
-        [*CVS, "-c", str(path), "--json", "up"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "CI": "1"},
-    )
-    try:
-        # Mid-spread: the first progress event of a receiver.
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if '"ImageProgress"' in line:
-                break
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130, err
-    assert wait_until(lambda: spread_processes(lab) == [], 30), spread_processes(lab)
-    ids = image_ids(lab, FOUR[1:], tag)
-    assert all(i in ("", image_id) for i in ids.values()), ids  # nothing partial, nothing wrong
-    up = cvs(path, "up")  # and the next `up` works
-    assert up.returncode == 0, explain(up)
-    assert set(image_ids(lab, FOUR, tag).values()) == {image_id}
+    relay_ctrl_c_mid_spread_leaves_no_partial_image_and_no_process(lab, image_tar)
 
 
 PUSHER = "node4"  # pushes the image; the test uses node1..node3

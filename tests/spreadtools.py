@@ -125,16 +125,25 @@ def direct_fan(argv: list[str]) -> bool:
 
 
 # Where podman (4.x) copies an archive it loads from stdin (its TMPDIR, unset
-# under sudo): a load TERMed or killed leaves the copy there.
+# under sudo; podmanNNN), and where a save to stdout keeps its fifo
+# (pipeDirNNN/saveio) and a copy of each layer (NNN): a load or save TERMed
+# or killed leaves them there.
 PODMAN_TEMP = Path("/var/tmp")
 
 
+def _podman_temp(p: Path) -> bool:
+    name = p.name
+    return name.isdigit() or (
+        (name.startswith("podman") or name.startswith("pipeDir")) and name[-1:].isdigit()
+    )
+
+
 def podman_copies(since: float) -> set[Path]:
-    """podman's stdin copies written since `since` (time.time())."""
+    """podman's load copies and save temp files written since `since` (time.time())."""
     found = set()
-    for p in PODMAN_TEMP.glob("podman*"):
+    for p in PODMAN_TEMP.iterdir():
         with contextlib.suppress(FileNotFoundError):
-            if p.is_file() and p.stat().st_mtime >= since:
+            if _podman_temp(p) and p.stat().st_mtime >= since:
                 found.add(p)
     return found
 
@@ -449,11 +458,17 @@ def ctrl_c_mid_spread_exits_130_and_leaves_nothing(
         lifetime="persistent", hosts=THREE, image=tag, image_tar=str(tar), spread_transport="direct"
     )
     before_keys, since = keys_state(lab), time.time()
-    proc = subprocess.Popen([*CVS, "-c", str(path), "up"], stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([*CVS, "-c", str(path), "--json", "up"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "CI": "1"})  # fmt: skip
     try:
-        assert wait_until(lambda: "cvs-spread-" in keys_state(lab)[2], timeout=180), "no key line"
+        # Mid-stream: a receiver's first count (the seed's save is running),
+        # with this spread's key line in authorized_keys.
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if '"ImageProgress"' in line:
+                break
+        assert "cvs-spread-" in keys_state(lab)[2], "no key line"
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
     finally:

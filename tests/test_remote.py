@@ -592,3 +592,57 @@ def test_a_receiver_stopped_mid_stream_ends_its_feed_first_and_its_load_removes_
             started.wait()
     assert started.returncode != 0
     assert not copy.exists()  # the load ended on a cut stream, not on a signal
+
+
+# A save as podman 4.x does it to stdout: a temp copy under /var/tmp, removed
+# only when the save returns; TERMed, or killed by SIGPIPE, it stays.
+PODMAN_LIKE_SAVE = """temp="$SAVE_DIR/temp"
+: >"$temp"
+for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+  head -c 100000 /dev/zero || exit 1
+  sleep 0.02
+done
+rm -f "$temp"
+"""
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="setsid is not installed")
+def test_a_feeder_passes_its_save_whole_and_its_status(sh: tuple[str, ...], tmp_path: Path) -> None:
+    env = stand_in(tmp_path, "save", PODMAN_LIKE_SAVE)
+    for drain in ("0", "1"):
+        out = subprocess.run([*sh, *remote.argv("spread_send", drain, "save")[1:]],
+                             capture_output=True, env={**env, "SAVE_DIR": str(tmp_path)},
+                             timeout=60, check=False)  # fmt: skip
+        assert out.returncode == 0 and out.stdout == bytes(2_000_000), (drain, out.stderr)
+        assert not (tmp_path / "temp").exists()
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="setsid is not installed")
+def test_a_feeder_cut_mid_stream_with_drain_lets_its_save_end_and_remove_its_copy(
+    sh: tuple[str, ...], tmp_path: Path
+) -> None:
+    if sh[0] == "busybox":
+        pytest.skip("busybox sh runs its own tee, which has no -p: no drain (spread_send.sh)")
+    env = stand_in(tmp_path, "save", PODMAN_LIKE_SAVE)
+    temp = tmp_path / "temp"
+    # A session of its own, as sshd starts it.
+    started = subprocess.Popen([*sh, *remote.argv("spread_send", "1", "save")[1:]],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               env={**env, "SAVE_DIR": str(tmp_path)},
+                               start_new_session=True)  # fmt: skip
+    assert started.stdout is not None
+    try:
+        assert started.stdout.read(300_000) == bytes(300_000)
+        # cvs's cut: sshd TERMs the session's process group, the channel closes.
+        os.killpg(started.pid, 15)
+        started.stdout.close()
+        started.wait(timeout=20)
+        for _ in range(100):  # the drained save ends by itself (0.4 s of stream)
+            if not temp.exists():
+                break
+            time.sleep(0.1)
+    finally:
+        if started.poll() is None:
+            os.killpg(started.pid, 9)
+            started.wait()
+    assert not temp.exists()  # TERMed, or killed by SIGPIPE, the save would have left it

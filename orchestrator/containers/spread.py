@@ -290,7 +290,8 @@ class Spread:
 
     def _send_argv(self, host: str) -> list[str]:
         rt = self.runtimes[host]
-        return remote.argv("spread_send", *rt.prefix, "save", *rt.archive_args, self.image)
+        drain = "1" if rt.drains_a_cut_save else "0"
+        return remote.argv("spread_send", drain, *rt.prefix, "save", *rt.archive_args, self.image)
 
     def _load_argv(self, host: str, forward: bool) -> list[str]:
         rt = self.runtimes[host]

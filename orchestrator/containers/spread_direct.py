@@ -204,6 +204,8 @@ class DirectHop:
     def _setup_lines(self, host: str, receiving: bool) -> list[str]:
         save, load = self.cmds[host]
         lines = [f"w cmd {a}" for a in (load if receiving else save)]
+        if not receiving and self.runtimes[host].drains_a_cut_save:
+            lines.append("w drain 1")
         return lines + [f"w fan.sh {x}" for x in remote.program("spread_fan").splitlines()]
 
     async def _stream(

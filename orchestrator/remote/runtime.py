@@ -101,6 +101,16 @@ class ContainerRuntime:
         return ["--format", "docker-archive"] if self.name == "podman" else []
 
     @property
+    def drains_a_cut_save(self) -> bool:
+        """Whether a spread's `save` cut short runs to its end into /dev/null
+        (remote/spread_send.sh, spread_fan.sh): podman (4.x) writes a save to
+        stdout through a fifo and a copy of each layer under /var/tmp, and
+        removes them only when the save returns; TERMed, or killed by
+        SIGPIPE when its reader goes, it leaves an image's size behind. A
+        docker save cut short is cleaned up by dockerd."""
+        return self.name == "podman"
+
+    @property
     def root_dir_args(self) -> list[str]:
         """`info` arguments printing the directory the runtime unpacks images into."""
         if self.name == "podman":

@@ -7,7 +7,8 @@
 #
 # DIR/cmd: the local command, one argument a line (with `send`, on the seed:
 # `docker save … IMAGE`, whose output is the stream; else, on a receiver:
-# `docker load`, whose input is the stream). DIR/kids: `N USER ADDRESS PORT` a line, the hosts
+# `docker load`, whose input is the stream). DIR/drain, on the seed: its
+# save cut short runs to its end (podman; spread_send.sh). DIR/kids: `N USER ADDRESS PORT` a line, the hosts
 # this one feeds, each reached with ssh using DIR/key.N and only the host
 # keys in DIR/known_hosts (nothing of the user's ssh config). The stream goes
 # to every kid as it arrives (tee into a fifo per kid) while it loads: a
@@ -67,7 +68,14 @@ if tee -p </dev/null >/dev/null 2>&1; then tp=-p; fi
 # $fifos: paths without blanks (spread_lease.sh refuses a directory with any).
 # shellcheck disable=SC2086
 if [ "$mode" = send ]; then
-  { "$@" | tee $tp $fifos >/dev/null; } &
+  # DIR/drain (podman): a save cut short runs to its end into /dev/null, in
+  # a session of its own behind a `tee -p` that goes on once the fan's tee
+  # is gone (remote/spread_send.sh says why).
+  if [ -s "$dir/drain" ] && [ -n "$tp" ] && command -v setsid >/dev/null 2>&1; then
+    { setsid "$@" | setsid tee -p /dev/null | tee $tp $fifos >/dev/null; } &
+  else
+    { "$@" | tee $tp $fifos >/dev/null; } &
+  fi
   child=$!
   # The seed's fan is cvs's own command: when cvs's channel closes (cvs let
   # go, or died) its stdin ends, and so does the whole stream.

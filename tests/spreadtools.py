@@ -14,7 +14,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
@@ -97,6 +97,30 @@ def run_up(path: Path, sink: CollectingSink) -> bool:
     return anyio.run(main)
 
 
+def up_signalled_mid_stream(
+    path: Path, sig: signal.Signals, at_progress: Callable[[], None] | None = None
+) -> tuple[int, str]:
+    """`cvs --json up` sent `sig` at its first receiver's count (mid-stream;
+    `at_progress` runs just before): (its exit status, its stderr)."""
+    proc = subprocess.Popen([*CVS, "-c", str(path), "--json", "up"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "CI": "1"})  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if '"ImageProgress"' in line:
+                break
+        if at_progress is not None:
+            at_progress()
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, err
+
+
 def authorized_keys(lab: Lab) -> Path:
     """The cluster file's login user's authorized_keys (the sandbox's hosts
     share this machine's homes): docker's user, or podman's sudo user."""
@@ -138,7 +162,7 @@ def _podman_temp(p: Path) -> bool:
     )
 
 
-def podman_copies(since: float) -> set[Path]:
+def podman_temp_files(since: float) -> set[Path]:
     """podman's load copies and save temp files written since `since` (time.time())."""
     found = set()
     for p in PODMAN_TEMP.iterdir():
@@ -163,7 +187,7 @@ def leftovers(
             for pid in pids_in_netns(node.netns, _direct)
         ]
     if lab.runtime == "podman" and since is not None:
-        found += [str(p) for p in sorted(podman_copies(since) - spared)]
+        found += [str(p) for p in sorted(podman_temp_files(since) - spared)]
     return found
 
 
@@ -298,31 +322,12 @@ def relay_ctrl_c_mid_spread_leaves_no_partial_image_and_no_process(
         spread_transport="relay", lifetime="persistent", hosts=FOUR, image=tag, image_tar=str(tar)
     )
     since = time.time()
-    proc = subprocess.Popen(
-        [*CVS, "-c", str(path), "--json", "up"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "CI": "1"},
-    )
-    try:
-        # Mid-spread: the first progress event of a receiver.
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if '"ImageProgress"' in line:
-                break
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130, err
+    rc, err = up_signalled_mid_stream(path, signal.SIGINT)
+    assert rc == 130, err
 
     def left() -> list[str]:
-        """Spread processes; on podman hosts, the copies of archives its loads left."""
-        copies = podman_copies(since) if lab.runtime == "podman" else set()
-        return [str(p) for p in spread_processes(lab)] + [str(p) for p in sorted(copies)]
+        """Spread processes, and anything else a spread leaves (podman's temp files)."""
+        return [str(p) for p in spread_processes(lab)] + leftovers(lab, since)
 
     assert wait_until(lambda: left() == [], 30), left()
     ids = image_ids(lab, FOUR[1:], tag)
@@ -458,24 +463,12 @@ def ctrl_c_mid_spread_exits_130_and_leaves_nothing(
         lifetime="persistent", hosts=THREE, image=tag, image_tar=str(tar), spread_transport="direct"
     )
     before_keys, since = keys_state(lab), time.time()
-    proc = subprocess.Popen([*CVS, "-c", str(path), "--json", "up"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "CI": "1"})  # fmt: skip
-    try:
-        # Mid-stream: a receiver's first count (the seed's save is running),
-        # with this spread's key line in authorized_keys.
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if '"ImageProgress"' in line:
-                break
+
+    def key_line_is_in() -> None:  # mid-stream: the seed's save is running
         assert "cvs-spread-" in keys_state(lab)[2], "no key line"
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130, err
+
+    rc, err = up_signalled_mid_stream(path, signal.SIGINT, key_line_is_in)
+    assert rc == 130, err
     # Cleanup by cvs itself (its leases' channels close): no wait for a bound.
     gone = wait_until(
         lambda: keys_state(lab) == before_keys and not leftovers(lab, since), timeout=30

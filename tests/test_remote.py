@@ -6,6 +6,7 @@ commands where a program calls docker. The real thing runs on the sandbox
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -594,13 +595,50 @@ def test_a_receiver_stopped_mid_stream_ends_its_feed_first_and_its_load_removes_
     assert not copy.exists()  # the load ended on a cut stream, not on a signal
 
 
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="setsid is not installed")
+@pytest.mark.sandbox  # waits out the 5 s bound: out of the fast subset
+def test_a_receiver_whose_load_ignores_the_cut_ends_it_after_the_bound(
+    sh: tuple[str, ...], tmp_path: Path
+) -> None:
+    # A load that never reads its input: the cut stream does not end it.
+    env = stand_in(
+        tmp_path,
+        "load",
+        'echo "$$" >"$LOAD_DIR/pid.new"; mv "$LOAD_DIR/pid.new" "$LOAD_DIR/pid"; exec sleep 60\n',
+    )
+    pidfile = tmp_path / "pid"
+    started = subprocess.Popen([*sh, *remote.argv("spread_load", "0", "load")[1:]],
+                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, env={**env, "LOAD_DIR": str(tmp_path)},
+                               start_new_session=True)  # fmt: skip
+    try:
+        for _ in range(200):
+            if pidfile.exists():
+                break
+            time.sleep(0.05)
+        load = int(pidfile.read_text())
+        os.killpg(started.pid, 15)  # sshd's TERM to the session's group
+        started.wait(timeout=30)  # 5 s for the load, then its own session
+        for _ in range(100):
+            if not Path(f"/proc/{load}").exists():
+                break
+            time.sleep(0.1)
+        assert not Path(f"/proc/{load}").exists(), "the load outlived its receiver"
+    finally:
+        if started.poll() is None:
+            os.killpg(started.pid, 9)
+            started.wait()
+        with contextlib.suppress(ProcessLookupError, ValueError, FileNotFoundError):
+            os.kill(int(pidfile.read_text()), 9)
+
+
 # A save as podman 4.x does it to stdout: a temp copy under /var/tmp, removed
 # only when the save returns; TERMed, or killed by SIGPIPE, it stays.
 PODMAN_LIKE_SAVE = """temp="$SAVE_DIR/temp"
 : >"$temp"
 for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
   head -c 100000 /dev/zero || exit 1
-  sleep 0.02
+  sleep "${SAVE_PAUSE:-0.02}"
 done
 rm -f "$temp"
 """
@@ -611,7 +649,8 @@ def test_a_feeder_passes_its_save_whole_and_its_status(sh: tuple[str, ...], tmp_
     env = stand_in(tmp_path, "save", PODMAN_LIKE_SAVE)
     for drain in ("0", "1"):
         out = subprocess.run([*sh, *remote.argv("spread_send", drain, "save")[1:]],
-                             capture_output=True, env={**env, "SAVE_DIR": str(tmp_path)},
+                             capture_output=True,
+                             env={**env, "SAVE_DIR": str(tmp_path), "SAVE_PAUSE": "0"},
                              timeout=60, check=False)  # fmt: skip
         assert out.returncode == 0 and out.stdout == bytes(2_000_000), (drain, out.stderr)
         assert not (tmp_path / "temp").exists()

@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clitools import CVS
 from labtools import Lab, cvs, docker, explain, inspect
 from sandboxtools import pids_in_netns, wait_until
 from spreadtools import (
@@ -37,6 +36,7 @@ from spreadtools import (
     run_up,
     small_disk,
     spread_processes,
+    up_signalled_mid_stream,
 )
 
 from orchestrator import remote
@@ -242,24 +242,8 @@ def test_sigkill_of_cvs_mid_spread_leaves_nothing_on_the_hosts(
     path = lab.cluster(
         spread_transport="relay", lifetime="per_run", hosts=FOUR, image=tag, image_tar=str(tar)
     )
-    proc = subprocess.Popen(
-        [*CVS, "-c", str(path), "--json", "up"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "CI": "1"},
-    )
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if '"ImageProgress"' in line:
-                break
-        proc.kill()
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    rc, _ = up_signalled_mid_stream(path, signal.SIGKILL)
+    assert rc == -signal.SIGKILL
     # Its channels closed with it: the loads read a cut archive, the save lost its reader.
     assert wait_until(lambda: spread_processes(lab) == [], 60), spread_processes(lab)
     ids = image_ids(lab, FOUR[1:], tag)

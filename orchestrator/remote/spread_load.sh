@@ -17,7 +17,9 @@
 # (4.x) copies an archive it loads from stdin to a file under its TMPDIR
 # (/var/tmp: sudo keeps no TMPDIR) and removes it only when the load
 # returns: TERMed or killed, it leaves the copy there (an image's size on
-# every host). A load still running 5 s after its feeder ended is TERMed.
+# every host). A load still running 5 s after its feeder ended is TERMed,
+# then killed (the docker CLI outlives a single TERM). Without setsid on the
+# host the load stays in this group, and the first TERM ends it too.
 # A background job's stdin is /dev/null unless redirected: the channel's
 # stdin goes to the feeder through fd 4.
 fwd=$1
@@ -36,7 +38,10 @@ stop() {
     n=$((n + 1))
   done
   # The load's session: its leader is the load (setsid ran it in place).
-  if [ -n "$child" ]; then kill -TERM -- "-$child" 2>/dev/null; fi
+  if [ -n "$child" ] && kill -TERM "-$child" 2>/dev/null; then
+    sleep 0.3
+    kill -KILL "-$child" 2>/dev/null
+  fi
   kill -KILL 0
 }
 trap 'stop' TERM HUP INT
